@@ -1,0 +1,37 @@
+"""The attention metadata of one step: a flattened (varlen) batch over the paged KV cache.
+
+Tokens of all scheduled requests are concatenated into one sequence of num_tokens. Request i owns
+query rows query_start_loc[i]:query_start_loc[i+1]; those are the last query_len tokens of its
+context, which is seq_lens[i] tokens long once this step's keys and values are written. A query
+token at context position p attends to context positions 0..p (causal).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class AttentionMetadata:
+    # [num_tokens] int64: flat cache slot (block_id * block_size + offset) where each token's key
+    # and value are written. Padding tokens point at the null block 0.
+    slot_mapping: torch.Tensor
+    # [num_reqs + 1] int32: prefix sums of query lengths.
+    query_start_loc: torch.Tensor
+    # [num_reqs] int32: context length of each request after this step.
+    seq_lens: torch.Tensor
+    # [num_reqs, max_blocks_per_req] int32: physical block ids, padded with 0 (the null block).
+    block_tables: torch.Tensor
+    max_query_len: int
+    max_seq_len: int
+    block_size: int
+    # Host copies, for backends that loop over requests (the CPU reference backend). They cost
+    # nothing extra: the runner builds them before the one host-to-device copy.
+    query_start_loc_host: list[int]
+    seq_lens_host: list[int]
+
+    @property
+    def num_reqs(self) -> int:
+        return len(self.seq_lens_host)

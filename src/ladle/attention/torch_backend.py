@@ -1,0 +1,60 @@
+"""Reference attention in plain torch: gathers each request's context from the paged cache and
+runs SDPA with a causal offset mask. Correct for any mix of prefill chunks and decodes; used on
+the CPU and as the reference that the Triton kernels are tested against."""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+from ladle.attention.backend import write_kv_cache
+from ladle.attention.metadata import AttentionMetadata
+
+
+class TorchAttentionBackend:
+    name = "torch"
+
+    def forward(
+        self,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+    ) -> torch.Tensor:
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        return paged_attention_reference(query, kv_cache, metadata, scale)
+
+
+def paged_attention_reference(
+    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+) -> torch.Tensor:
+    """Attention of every query row over its request's cached context, one request at a time."""
+    num_heads = query.shape[1]
+    num_kv_heads = kv_cache.shape[3]
+    block_size = metadata.block_size
+    output = torch.empty_like(query)
+    starts = metadata.query_start_loc_host
+    for index, seq_len in enumerate(metadata.seq_lens_host):
+        start, end = starts[index], starts[index + 1]
+        query_len = end - start
+        if query_len == 0:
+            continue
+        num_blocks = (seq_len + block_size - 1) // block_size
+        blocks = metadata.block_tables[index, :num_blocks].long()
+        keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
+        values = kv_cache[1, blocks].reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
+        # [heads, tokens, dim]; GQA by repeating each kv head over its query group.
+        q = query[start:end].transpose(0, 1)
+        k = keys.transpose(0, 1).repeat_interleave(num_heads // num_kv_heads, dim=0)
+        v = values.transpose(0, 1).repeat_interleave(num_heads // num_kv_heads, dim=0)
+        # Query row i sits at context position seq_len - query_len + i and sees positions <= it.
+        query_positions = torch.arange(seq_len - query_len, seq_len, device=query.device)
+        key_positions = torch.arange(seq_len, device=query.device)
+        mask = key_positions[None, :] <= query_positions[:, None]
+        attended = F.scaled_dot_product_attention(
+            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale
+        )
+        output[start:end] = attended[0].transpose(0, 1)
+    return output

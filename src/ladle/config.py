@@ -1,0 +1,156 @@
+"""Engine configuration: frozen dataclasses, their defaults and their validation in one place.
+
+Every user-facing knob (LLM(...) keyword, `ladle serve` flag) maps onto one field here, and every
+bad value is rejected at construction with a ValueError that names the field.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+import torch
+
+SUPPORTED_DTYPES = {
+    "bfloat16": torch.bfloat16,
+    "bf16": torch.bfloat16,
+    "float16": torch.float16,
+    "fp16": torch.float16,
+    "half": torch.float16,
+    "float32": torch.float32,
+    "fp32": torch.float32,
+    "float": torch.float32,
+}
+LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+
+
+def resolve_device(device: str) -> torch.device:
+    """'auto' picks CUDA when present, else the CPU."""
+    if device == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    resolved = torch.device(device)
+    if resolved.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"device={device!r} was asked for but CUDA is not available")
+    return resolved
+
+
+def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
+    """'auto' is bfloat16 on CUDA and float32 on the CPU (where bf16 matmuls are slow and inexact)."""
+    if isinstance(dtype, torch.dtype):
+        if dtype not in SUPPORTED_DTYPES.values():
+            raise ValueError(f"dtype {dtype} is not supported; use bfloat16, float16 or float32")
+        return dtype
+    if dtype == "auto":
+        return torch.bfloat16 if device.type == "cuda" else torch.float32
+    if dtype not in SUPPORTED_DTYPES:
+        raise ValueError(
+            f"dtype {dtype!r} is not supported; choose one of auto, {', '.join(SUPPORTED_DTYPES)}"
+        )
+    return SUPPORTED_DTYPES[dtype]
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    """Which weights to load and how.
+
+    model: a Hugging Face folder, a .gguf file, a dummy preset name (with load_format='dummy'),
+    or None for the embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF).
+    """
+
+    model: str | None = None
+    load_format: str = "auto"
+    dtype: str | torch.dtype = "auto"
+    device: str = "auto"
+    max_model_len: int | None = None
+    seed: int = 0
+    tokenizer: str | None = None
+    hf_overrides: dict = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if self.load_format not in LOAD_FORMATS:
+            raise ValueError(f"load_format {self.load_format!r} is not one of {LOAD_FORMATS}")
+        if self.max_model_len is not None and self.max_model_len < 1:
+            raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
+        if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto":
+            if self.dtype not in SUPPORTED_DTYPES:
+                raise ValueError(
+                    f"dtype {self.dtype!r} is not supported; choose one of auto, "
+                    f"{', '.join(SUPPORTED_DTYPES)}"
+                )
+
+
+@dataclass(frozen=True)
+class CacheConfig:
+    """The paged KV cache.
+
+    On CUDA the pool is sized from free memory after a measured peak forward pass, times
+    gpu_memory_utilization. On the CPU it is cpu_kv_cache_gib. num_kv_blocks overrides both
+    (tests use it to force preemption).
+    """
+
+    block_size: int = 16
+    gpu_memory_utilization: float = 0.90
+    cpu_kv_cache_gib: float = 1.0
+    num_kv_blocks: int | None = None
+    enable_prefix_caching: bool = True
+
+    def __post_init__(self) -> None:
+        if self.block_size < 1 or self.block_size > 1024:
+            raise ValueError(f"block_size must be in [1, 1024], got {self.block_size}")
+        if not 0.0 < self.gpu_memory_utilization <= 1.0:
+            raise ValueError(
+                f"gpu_memory_utilization must be in (0, 1], got {self.gpu_memory_utilization}"
+            )
+        if self.cpu_kv_cache_gib <= 0:
+            raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+        # Block 0 is the reserved null block, so a usable pool needs at least two.
+        if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
+            raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
+
+
+@dataclass(frozen=True)
+class SchedulerConfig:
+    """One token budget per step shared by prefill chunks and decodes."""
+
+    max_num_batched_tokens: int = 8192
+    max_num_seqs: int = 256
+    enable_chunked_prefill: bool = True
+
+    def __post_init__(self) -> None:
+        if self.max_num_batched_tokens < 1:
+            raise ValueError(
+                f"max_num_batched_tokens must be >= 1, got {self.max_num_batched_tokens}"
+            )
+        if self.max_num_seqs < 1:
+            raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    """Everything the engine core needs; built by LLM(...) and `ladle serve`."""
+
+    model: ModelConfig = field(default_factory=ModelConfig)
+    cache: CacheConfig = field(default_factory=CacheConfig)
+    scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+
+    @classmethod
+    def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:
+        """Split flat keyword options (as LLM() and the CLI take them) over the sub-configs."""
+        sections = {"model": {"model": model}, "cache": {}, "scheduler": {}}
+        owners = {
+            "model": ModelConfig,
+            "cache": CacheConfig,
+            "scheduler": SchedulerConfig,
+        }
+        for key, value in kwargs.items():
+            for section, config_class in owners.items():
+                if key in {f.name for f in dataclasses.fields(config_class)}:
+                    sections[section][key] = value
+                    break
+            else:
+                raise ValueError(f"unknown engine option {key!r}")
+        return cls(
+            model=ModelConfig(**sections["model"]),
+            cache=CacheConfig(**sections["cache"]),
+            scheduler=SchedulerConfig(**sections["scheduler"]),
+        )

@@ -1,0 +1,76 @@
+"""The messages between the front end (offline LLM or the API process) and the engine core.
+
+Plain dataclasses of plain values, so they cross a process boundary as they are (the server
+encodes them with msgspec) and the engine core never needs the server stack.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ladle.sampling_params import SamplingParams
+
+
+class RequestRejectedError(ValueError):
+    """A request that can never run (too long for the model or the KV pool). Raised at once, so
+    it is never queued and retried forever."""
+
+
+@dataclass
+class EngineCoreRequest:
+    """One sequence to generate. n > 1 is fanned out into n of these by the front end."""
+
+    request_id: str
+    prompt_token_ids: list[int]
+    sampling_params: SamplingParams
+    eos_token_ids: tuple[int, ...] = ()
+    arrival_time: float = 0.0
+    priority: int = 0
+
+
+@dataclass
+class TokenLogprobs:
+    """Logprobs of one generated token: its own, its rank, and the top candidates.
+
+    Logprobs are those of the model's raw distribution (log_softmax of the logits before
+    temperature, penalties and truncation), as vLLM and OpenAI report them.
+    """
+
+    token_id: int
+    logprob: float
+    rank: int
+    top_token_ids: list[int] = field(default_factory=list)
+    top_logprobs: list[float] = field(default_factory=list)
+
+
+@dataclass
+class EngineCoreOutput:
+    """What one step produced for one request."""
+
+    request_id: str
+    new_token_ids: list[int]
+    new_logprobs: list[TokenLogprobs] | None = None
+    finish_reason: str | None = None  # 'stop' | 'length' | 'abort' | 'error' | None (running)
+    stop_reason: int | None = None  # the stop token id that ended it, if one did
+    num_cached_tokens: int = 0
+    # Monotonic times (seconds) the front end turns into queue time, TTFT and decode time.
+    first_scheduled_time: float | None = None
+    first_token_time: float | None = None
+
+    @property
+    def finished(self) -> bool:
+        return self.finish_reason is not None
+
+
+@dataclass
+class SchedulerStats:
+    """A snapshot for metrics and for tests that check the pool drains."""
+
+    num_running_reqs: int = 0
+    num_waiting_reqs: int = 0
+    kv_cache_usage: float = 0.0
+    num_free_blocks: int = 0
+    num_total_blocks: int = 0
+    prefix_cache_queries: int = 0  # tokens looked up
+    prefix_cache_hits: int = 0  # tokens found
+    num_preemptions: int = 0
