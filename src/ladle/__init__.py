@@ -1,0 +1,15 @@
+"""ladle: an LLM inference serving engine (paged KV cache, continuous batching, prefix caching)."""
+
+from ladle.sampling_params import SamplingParams
+
+__version__ = "0.1.0"
+__all__ = ["LLM", "SamplingParams", "__version__"]
+
+
+def __getattr__(name: str):
+    # LLM pulls in torch and the model code; import it only when asked for.
+    if name == "LLM":
+        from ladle.entrypoints.llm import LLM
+
+        return LLM
+    raise AttributeError(f"module 'ladle' has no attribute {name!r}")

@@ -20,6 +20,8 @@ class UnsupportedModelError(ValueError):
 
 @dataclass(frozen=True)
 class ModelArchConfig:
+    """The shape and switches of one decoder-only model; everything the model code reads."""
+
     architecture: str
     vocab_size: int
     hidden_size: int
@@ -53,6 +55,12 @@ class ModelArchConfig:
             architecture == "MistralForCausalLM"
         ):
             raise UnsupportedModelError("Mistral with sliding-window attention is not supported")
+        if config.get("use_sliding_window") and config.get("sliding_window"):
+            raise UnsupportedModelError(
+                f"{architecture} with sliding-window attention is not supported"
+            )
+        if config.get("mlp_bias"):
+            raise UnsupportedModelError("MLP projections with bias (mlp_bias) are not supported")
         switches = SUPPORTED_ARCHITECTURES[architecture]
         num_heads = int(config["num_attention_heads"])
         hidden_size = int(config["hidden_size"])
@@ -91,6 +99,12 @@ class ModelArchConfig:
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
         )
+
+    @property
+    def has_o_proj_bias(self) -> bool:
+        """attention_bias covers o_proj too (HF Llama, Qwen3), except in Qwen2, which puts
+        bias on q/k/v only."""
+        return self.attention_bias and self.architecture != "Qwen2ForCausalLM"
 
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V for one token over all layers."""

@@ -1,0 +1,176 @@
+"""KVCacheManager: which KV blocks each request holds, and prefix-cache lookups.
+
+The manager says no, the scheduler decides: allocate_slots returns None when the pool cannot
+supply the blocks, changing nothing, and the scheduler preempts or waits. The life of a request:
+
+    blocks, num_hit = manager.get_computed_blocks(request)        # waiting request, no blocks yet
+    manager.allocate_slots(request, num_new_tokens, blocks, num_hit)
+    ... the step runs; the scheduler advances request.num_computed_tokens ...
+    manager.cache_computed_blocks(request)                        # full, computed blocks -> cache
+    manager.allocate_slots(request, 1)                             # each later decode step
+    manager.free(request)                                          # finished, aborted or preempted
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ladle.core.block_hash import extend_block_hashes
+from ladle.core.block_pool import BlockPool, KVBlock
+
+if TYPE_CHECKING:
+    from ladle.core.request import Request
+
+
+class KVCacheManager:
+    """Per-request block tables over one BlockPool, with prefix caching."""
+
+    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+        if block_size < 1:
+            raise ValueError(f"block_size must be >= 1, got {block_size}")
+        self.block_size = block_size
+        self.enable_caching = enable_caching
+        self.block_pool = BlockPool(num_blocks, enable_caching)
+        self._blocks_by_request: dict[str, list[KVBlock]] = {}
+        # How many leading blocks of each request are already in the hash map, so that
+        # cache_computed_blocks only looks at the blocks completed since its last call.
+        self._num_cached_blocks_by_request: dict[str, int] = {}
+        # Tokens looked up / tokens found, for the hit-rate metric. Counted on every
+        # get_computed_blocks call, so a request that is looked up again after failing to get
+        # blocks (or after preemption) counts again.
+        self.prefix_cache_queries = 0
+        self.prefix_cache_hits = 0
+
+    @property
+    def num_free_blocks(self) -> int:
+        return self.block_pool.num_free_blocks
+
+    @property
+    def usage(self) -> float:
+        """Fraction of usable blocks held by requests, in [0, 1]."""
+        return self.block_pool.usage
+
+    def num_blocks_needed(self, num_tokens: int) -> int:
+        """Blocks that num_tokens tokens occupy."""
+        return -(-num_tokens // self.block_size)
+
+    def can_ever_fit(self, num_tokens: int) -> bool:
+        """Whether a request of num_tokens tokens fits in the pool even with nothing else in it."""
+        return self.num_blocks_needed(num_tokens) <= self.block_pool.num_usable_blocks
+
+    def get_block_ids(self, request_id: str) -> list[int]:
+        """The request's block table; [] for a request that holds no blocks."""
+        return [block.block_id for block in self._blocks_by_request.get(request_id, ())]
+
+    def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
+        """The longest run of the request's leading full blocks already in the prefix cache.
+
+        Returns (blocks, num_tokens_hit) without taking references: pass both to allocate_slots.
+        Stops short of the last token, even on a fully cached prompt, so that at least one token
+        is computed and yields the logits of the next token. Meant for a request holding no
+        blocks (new, or preempted and reset to num_computed_tokens 0).
+        """
+        if not self.enable_caching:
+            return [], 0
+        extend_block_hashes(request, self.block_size)
+        max_hit_blocks = max(0, (request.num_tokens - 1) // self.block_size)
+        hit_blocks: list[KVBlock] = []
+        for block_hash in request.block_hashes[:max_hit_blocks]:
+            block = self.block_pool.get_cached_block(block_hash)
+            if block is None:
+                break  # hashes chain, so nothing after a miss can hit
+            hit_blocks.append(block)
+        num_tokens_hit = len(hit_blocks) * self.block_size
+        self.prefix_cache_queries += request.num_tokens
+        self.prefix_cache_hits += num_tokens_hit
+        return hit_blocks, num_tokens_hit
+
+    def allocate_slots(
+        self,
+        request: Request,
+        num_new_tokens: int,
+        new_computed_blocks: list[KVBlock] | None = None,
+        num_new_computed_tokens: int = 0,
+    ) -> list[KVBlock] | None:
+        """Make the request hold blocks for all of its computed, hit and new tokens.
+
+        That is num_computed_tokens + num_new_computed_tokens + num_new_tokens tokens.
+        new_computed_blocks are the prefix hits from get_computed_blocks: they are referenced and
+        become the head of the block table. Returns the newly allocated blocks (possibly []), or
+        None, with nothing changed, when the free blocks do not suffice.
+        """
+        if num_new_tokens < 0:
+            raise ValueError(f"num_new_tokens must be >= 0, got {num_new_tokens}")
+        new_computed_blocks = new_computed_blocks or []
+        if num_new_computed_tokens > len(new_computed_blocks) * self.block_size:
+            raise ValueError(
+                f"{num_new_computed_tokens} computed tokens do not fit in "
+                f"{len(new_computed_blocks)} computed blocks"
+            )
+        request_blocks = self._blocks_by_request.get(request.request_id, [])
+        if new_computed_blocks and request_blocks:
+            # Prefix hits cover the start of the sequence; a request with blocks already has one.
+            raise ValueError(f"request {request.request_id} already holds blocks; no prefix hits")
+
+        num_total_tokens = request.num_computed_tokens + num_new_computed_tokens + num_new_tokens
+        num_blocks_to_allocate = max(
+            0,
+            self.num_blocks_needed(num_total_tokens)
+            - len(request_blocks)
+            - len(new_computed_blocks),
+        )
+        # A hit on a free cached block takes it out of the free queue, so it is not there to be
+        # allocated as well.
+        num_revived = sum(1 for block in new_computed_blocks if block.ref_count == 0)
+        if num_blocks_to_allocate > self.block_pool.num_free_blocks - num_revived:
+            return None
+
+        # Touch before allocating: otherwise get_new_blocks could evict the very blocks just hit.
+        self.block_pool.touch(new_computed_blocks)
+        new_blocks = self.block_pool.get_new_blocks(num_blocks_to_allocate)
+        request_blocks = self._blocks_by_request.setdefault(request.request_id, [])
+        request_blocks.extend(new_computed_blocks)
+        request_blocks.extend(new_blocks)
+        if new_computed_blocks:
+            self._num_cached_blocks_by_request[request.request_id] = len(new_computed_blocks)
+        return new_blocks
+
+    def cache_computed_blocks(self, request: Request) -> None:
+        """Enter the request's full, computed blocks into the prefix cache.
+
+        Called after each step, once request.num_computed_tokens has advanced. The only way
+        blocks enter the hash map: a block whose KV is not all written must never be a hit.
+        """
+        if not self.enable_caching:
+            return
+        request_blocks = self._blocks_by_request.get(request.request_id)
+        if not request_blocks:
+            return
+        extend_block_hashes(request, self.block_size)
+        num_full_computed_blocks = min(
+            request.num_computed_tokens // self.block_size,
+            len(request_blocks),
+            len(request.block_hashes),
+        )
+        num_cached_blocks = self._num_cached_blocks_by_request.get(request.request_id, 0)
+        if num_full_computed_blocks <= num_cached_blocks:
+            return
+        self.block_pool.cache_full_blocks(
+            request, request_blocks, num_cached_blocks, num_full_computed_blocks
+        )
+        self._num_cached_blocks_by_request[request.request_id] = num_full_computed_blocks
+
+    def free(self, request: Request) -> None:
+        """Release the request's blocks and forget it. A no-op for an unknown request.
+
+        Blocks are freed tail first: the tail is the least likely to be shared, so it should be
+        the first to be evicted, while the shared prefix stays cached the longest.
+        """
+        request_blocks = self._blocks_by_request.pop(request.request_id, None)
+        self._num_cached_blocks_by_request.pop(request.request_id, None)
+        if request_blocks:
+            self.block_pool.free_blocks(reversed(request_blocks))
+
+    def reset_prefix_cache(self) -> bool:
+        """Forget every cached block; False (nothing done) while any request holds blocks."""
+        return self.block_pool.reset_prefix_cache()

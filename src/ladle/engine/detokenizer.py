@@ -1,0 +1,125 @@
+"""Incremental detokenization: token ids in, text deltas out, in O(new tokens) per step.
+
+Decoding every output id again at each step costs O(n) per token, O(n^2) per request. Decoding
+each new token alone is wrong twice over: a character whose UTF-8 bytes are split across
+byte-level tokens decodes to U+FFFD halves, and SentencePiece-style decoders drop the leading
+space of the first token they see. So we decode a short window of ids with and without the new
+tokens and emit the difference:
+
+    window:  prefix tokens (already emitted) | pending tokens (not yet emitted)
+             0 ........................ read_offset ..................... end
+
+The prefix tokens give the decoder its context (the word boundary before the new token, the
+start of a character); the text they decode to is already out, so only what follows it is new.
+When the new text ends in a complete character the window moves on: the pending tokens become
+the prefix for the next ones. A text ending in U+FFFD means bytes of a character are still to
+come, so we wait for the next token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+# Enough prompt tokens to give the first output token its context (a leading space, the start of
+# a character) without decoding the whole prompt.
+NUM_PROMPT_CONTEXT_TOKENS = 5
+REPLACEMENT_CHARACTER = "\ufffd"
+
+
+class IncrementalDetokenizer:
+    """Turns one request's output token ids into text, a delta per call.
+
+    The concatenated deltas equal ``hf_tokenizer.decode(output_ids, skip_special_tokens=...,
+    clean_up_tokenization_spaces=False)`` when the prompt is empty, and the continuation of the
+    prompt's text otherwise (so a SentencePiece word after the prompt keeps its leading space).
+    Call ``flush()`` once when the request finishes: it emits text that was waiting for the rest
+    of a character that never came (as U+FFFD, as a full decode would show it).
+    """
+
+    def __init__(
+        self,
+        hf_tokenizer: Any,
+        prompt_token_ids: Sequence[int],
+        skip_special_tokens: bool = True,
+    ) -> None:
+        self.skip_special_tokens = skip_special_tokens
+        self.token_ids: list[int] = []
+        self._tokenizer = hf_tokenizer
+        self._vocab_size = len(hf_tokenizer)
+        context_ids = list(prompt_token_ids[-NUM_PROMPT_CONTEXT_TOKENS:])
+        self._check_in_vocab(context_ids)
+        self._window_ids: list[int] = context_ids
+        self._read_offset = len(context_ids)
+        self._prefix_text = self._decode(context_ids)
+        self._text = ""
+
+    @property
+    def text(self) -> str:
+        """All output text emitted so far."""
+        return self._text
+
+    def add_tokens(self, new_token_ids: Sequence[int]) -> str:
+        """Appends output token ids; returns the text they complete (may be empty)."""
+        new_token_ids = list(new_token_ids)
+        self._check_in_vocab(new_token_ids)
+        self.token_ids.extend(new_token_ids)
+        self._window_ids.extend(new_token_ids)
+        delta = self._emit_up_to(len(self._window_ids))
+        if not delta and len(new_token_ids) > 1:
+            # The batch ends mid-character; earlier tokens in it may still complete text.
+            # Offsets shift as the window moves, but the distance from its end does not.
+            pieces = []
+            for num_after in range(len(new_token_ids) - 1, -1, -1):
+                pieces.append(self._emit_up_to(len(self._window_ids) - num_after))
+            delta = "".join(pieces)
+        return delta
+
+    def flush(self) -> str:
+        """Emits whatever text is still held back; call when the request has finished."""
+        end = len(self._window_ids)
+        new_text = self._decode(self._window_ids)
+        if end == self._read_offset or len(new_text) <= len(self._prefix_text):
+            return ""
+        return self._advance(new_text, end)
+
+    def _emit_up_to(self, end: int) -> str:
+        """Emits the text of pending window ids before `end` if it ends in a whole character."""
+        if end <= self._read_offset:
+            return ""
+        new_text = self._decode(self._window_ids[:end])
+        # Not longer: special tokens being skipped, or a decoder still waiting on context.
+        if len(new_text) <= len(self._prefix_text) or new_text.endswith(REPLACEMENT_CHARACTER):
+            return ""
+        return self._advance(new_text, end)
+
+    def _advance(self, new_text: str, end: int) -> str:
+        delta = new_text[len(self._prefix_text):]
+        self._prefix_text = self._decode(self._window_ids[self._read_offset:end])
+        del self._window_ids[: self._read_offset]
+        self._read_offset = end - self._read_offset
+        # A local name lets CPython grow the string in place instead of copying all the text.
+        text = self._text
+        self._text = ""
+        text += delta
+        self._text = text
+        return delta
+
+    def _decode(self, token_ids: list[int]) -> str:
+        if not token_ids:
+            return ""
+        # No clean-up: it rewrites text across token boundaries (" ." -> "."), which would change
+        # characters we have already emitted.
+        return self._tokenizer.decode(
+            token_ids,
+            skip_special_tokens=self.skip_special_tokens,
+            clean_up_tokenization_spaces=False,
+        )
+
+    def _check_in_vocab(self, token_ids: list[int]) -> None:
+        for token_id in token_ids:
+            if not 0 <= token_id < self._vocab_size:
+                raise ValueError(
+                    f"token id {token_id} is outside the tokenizer's vocabulary "
+                    f"(ids 0..{self._vocab_size - 1}); the model may have a padded vocab"
+                )

@@ -1,0 +1,127 @@
+"""EngineCore: schedule -> execute -> update, one step at a time.
+
+It holds the scheduler, the KV cache manager and the model runner, and speaks only in
+EngineCoreRequest / EngineCoreOutput, so it runs the same in-process (offline LLM) or in its own
+process behind ZMQ (the server).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import random
+import time
+
+from ladle.config import EngineConfig
+from ladle.core.kv_cache_manager import KVCacheManager
+from ladle.core.request import Request, RequestStatus
+from ladle.core.scheduler import Scheduler
+from ladle.engine.messages import (
+    EngineCoreOutput,
+    EngineCoreRequest,
+    RequestRejectedError,
+    SchedulerStats,
+)
+from ladle.worker.model_runner import ModelRunner
+
+logger = logging.getLogger(__name__)
+
+
+class EngineCore:
+    def __init__(self, config: EngineConfig, print_budget: bool = True) -> None:
+        self.config = config
+        self.runner = ModelRunner(config)
+        self.max_model_len = self.runner.max_model_len
+        self.vocab_size = self.runner.arch.vocab_size
+        budget = self.runner.memory_budget
+        if print_budget:
+            print(f"[ladle] {budget.describe()}", flush=True)
+        self.kv_cache_manager = KVCacheManager(
+            num_blocks=budget.num_blocks,
+            block_size=config.cache.block_size,
+            enable_caching=config.cache.enable_prefix_caching,
+        )
+        self.scheduler = Scheduler(
+            config.scheduler, config.cache, self.kv_cache_manager, self.max_model_len
+        )
+        # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
+        self._seed_source = random.Random(config.model.seed)
+
+    # ----- requests ------------------------------------------------------------------------
+
+    def add_request(self, core_request: EngineCoreRequest) -> None:
+        """Queue a request, or raise RequestRejectedError if it can never run."""
+        prompt = core_request.prompt_token_ids
+        params = core_request.sampling_params
+        self._validate_prompt(prompt)
+        room = self.max_model_len - len(prompt)
+        if params.max_tokens is None:
+            params = dataclasses.replace(params, max_tokens=room)
+        elif params.max_tokens > room:
+            raise RequestRejectedError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
+                f"model length limit max_model_len={self.max_model_len}"
+            )
+        total_tokens = len(prompt) + params.max_tokens
+        if not self.kv_cache_manager.can_ever_fit(total_tokens):
+            raise RequestRejectedError(
+                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) needs more KV "
+                f"cache than the whole pool holds ({self.runner.memory_budget.num_token_slots} "
+                "tokens)"
+            )
+        request = Request(
+            request_id=core_request.request_id,
+            prompt_token_ids=list(prompt),
+            sampling_params=params,
+            eos_token_ids=tuple(core_request.eos_token_ids),
+            priority=core_request.priority,
+            arrival_time=core_request.arrival_time or time.monotonic(),
+        )
+        request.sampling_seed = (
+            params.seed if params.seed is not None else self._seed_source.getrandbits(31)
+        )
+        self.scheduler.add_request(request)
+
+    def _validate_prompt(self, prompt: list[int]) -> None:
+        if not prompt:
+            raise RequestRejectedError("the prompt is empty; give at least one token")
+        if len(prompt) >= self.max_model_len:
+            raise RequestRejectedError(
+                f"the prompt has {len(prompt)} tokens, which leaves no room to generate within "
+                f"max_model_len={self.max_model_len}"
+            )
+        lowest, highest = min(prompt), max(prompt)
+        if lowest < 0 or highest >= self.vocab_size:
+            bad = lowest if lowest < 0 else highest
+            raise RequestRejectedError(
+                f"prompt token id {bad} is outside the vocabulary [0, {self.vocab_size})"
+            )
+
+    def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
+        """End requests now and free their blocks; returns their final 'abort' outputs."""
+        finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        return [
+            EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason="abort")
+            for r in finished
+        ]
+
+    # ----- the loop ------------------------------------------------------------------------
+
+    def step(self) -> list[EngineCoreOutput]:
+        scheduler_output = self.scheduler.schedule()
+        if not scheduler_output.scheduled_requests:
+            return []
+        block_ids = [
+            self.kv_cache_manager.get_block_ids(r.request_id)
+            for r in scheduler_output.scheduled_requests
+        ]
+        runner_output = self.runner.execute(scheduler_output, block_ids)
+        return self.scheduler.update_from_output(
+            scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
+        )
+
+    def has_unfinished_requests(self) -> bool:
+        return self.scheduler.has_unfinished_requests()
+
+    def get_stats(self) -> SchedulerStats:
+        return self.scheduler.get_stats()

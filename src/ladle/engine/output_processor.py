@@ -1,0 +1,204 @@
+"""The front end's half of a request: token ids from the engine core in, RequestOutputs out.
+
+It lives where the tokenizer lives (the offline LLM's process, or the server's API process), so
+detokenization and stop strings never cost the engine loop time. It fans n > 1 out into n child
+requests, each with a seed of its own, and folds their outputs back into one RequestOutput.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+
+from ladle.engine.detokenizer import IncrementalDetokenizer
+from ladle.engine.messages import EngineCoreOutput, EngineCoreRequest
+from ladle.engine.stop_checker import StopChecker
+from ladle.engine.tokenizer import TextTokenizer
+from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ladle.sampling_params import SamplingParams
+
+CHILD_SEPARATOR = "#"
+
+
+def child_seed(seed: int | None, index: int) -> int | None:
+    """Sample 0 keeps the request's seed (so n=1 and n>1 agree on it); the others get distinct
+    seeds derived from it."""
+    if seed is None or index == 0:
+        return seed
+    return (seed * 1_000_003 + index * 7_919) & 0x7FFFFFFF
+
+
+@dataclass
+class _SampleState:
+    completion: CompletionOutput
+    detokenizer: IncrementalDetokenizer | None
+    stop_checker: StopChecker
+    num_streamed_chars: int = 0
+
+
+@dataclass
+class _RequestState:
+    output: RequestOutput
+    params: SamplingParams
+    samples: list[_SampleState]
+    num_finished: int = 0
+    touched: bool = False
+    child_ids: list[str] = field(default_factory=list)
+
+
+class OutputProcessor:
+    def __init__(self, tokenizer: TextTokenizer | None, eos_token_ids: tuple[int, ...] = ()) -> None:
+        self.tokenizer = tokenizer
+        self.eos_token_ids = tuple(eos_token_ids) or (tokenizer.eos_token_ids if tokenizer else ())
+        self._requests: dict[str, _RequestState] = {}
+        self._child_to_parent: dict[str, tuple[str, int]] = {}
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        arrival_time: float,
+        priority: int = 0,
+        eos_token_ids: tuple[int, ...] | None = None,
+    ) -> list[EngineCoreRequest]:
+        """Register a request; returns the n engine-core requests to submit for it."""
+        if request_id in self._requests:
+            raise ValueError(f"request id {request_id!r} is already in use")
+        samples = []
+        core_requests = []
+        for index in range(params.n):
+            child_id = request_id if params.n == 1 else f"{request_id}{CHILD_SEPARATOR}{index}"
+            child_params = params if params.n == 1 else params.with_seed(child_seed(params.seed, index))
+            detokenizer = None
+            if self.tokenizer is not None:
+                detokenizer = IncrementalDetokenizer(
+                    self.tokenizer.hf_tokenizer, prompt_token_ids, params.skip_special_tokens
+                )
+            samples.append(
+                _SampleState(
+                    completion=CompletionOutput(
+                        index=index, logprobs=[] if params.logprobs is not None else None
+                    ),
+                    detokenizer=detokenizer,
+                    stop_checker=StopChecker.from_sampling_params(params),
+                )
+            )
+            core_requests.append(
+                EngineCoreRequest(
+                    request_id=child_id,
+                    prompt_token_ids=prompt_token_ids,
+                    sampling_params=child_params,
+                    eos_token_ids=self.eos_token_ids if eos_token_ids is None else eos_token_ids,
+                    arrival_time=arrival_time,
+                    priority=priority,
+                )
+            )
+            self._child_to_parent[child_id] = (request_id, index)
+        output = RequestOutput(
+            request_id=request_id,
+            prompt=prompt,
+            prompt_token_ids=prompt_token_ids,
+            outputs=[s.completion for s in samples],
+            metrics=RequestMetrics(arrival_time=arrival_time),
+        )
+        self._requests[request_id] = _RequestState(
+            output=output, params=params, samples=samples,
+            child_ids=[r.request_id for r in core_requests],
+        )
+        return core_requests
+
+    def process_outputs(
+        self, core_outputs: list[EngineCoreOutput]
+    ) -> tuple[list[RequestOutput], list[str]]:
+        """Apply one step's outputs. Returns the RequestOutputs that changed (their *_delta
+        fields hold this step's additions) and the child ids the engine core must abort
+        because a stop string ended them."""
+        touched: list[_RequestState] = []
+        to_abort: list[str] = []
+        now = time.monotonic()
+        for core_output in core_outputs:
+            parent = self._child_to_parent.get(core_output.request_id)
+            if parent is None:
+                continue  # already finished here (e.g. a stop string) or aborted
+            state = self._requests[parent[0]]
+            sample = state.samples[parent[1]]
+            if not state.touched:
+                state.touched = True
+                for other in state.samples:
+                    other.completion.text_delta = ""
+                    other.completion.token_ids_delta = []
+                    other.completion.logprobs_delta = [] if state.params.logprobs is not None else None
+                touched.append(state)
+            stopped_by_string = self._apply(state, sample, core_output, now)
+            if stopped_by_string and core_output.finish_reason is None:
+                to_abort.append(core_output.request_id)
+            if sample.completion.finished:
+                self._finish_sample(state, core_output.request_id, now)
+        for state in touched:
+            state.touched = False
+        return [state.output for state in touched], to_abort
+
+    def _apply(
+        self, state: _RequestState, sample: _SampleState, core_output: EngineCoreOutput, now: float
+    ) -> bool:
+        """Add one core output to one sample; True if a stop string ended it."""
+        completion = sample.completion
+        metrics = state.output.metrics
+        state.output.num_cached_tokens = core_output.num_cached_tokens
+        if core_output.first_scheduled_time is not None and metrics.first_scheduled_time is None:
+            metrics.first_scheduled_time = core_output.first_scheduled_time
+        if core_output.new_token_ids:
+            if metrics.first_token_time is None:
+                metrics.first_token_time = core_output.first_token_time or now
+            metrics.last_token_time = now
+        completion.token_ids.extend(core_output.new_token_ids)
+        completion.token_ids_delta.extend(core_output.new_token_ids)
+        if core_output.new_logprobs and completion.logprobs is not None:
+            completion.logprobs.extend(core_output.new_logprobs)
+            completion.logprobs_delta.extend(core_output.new_logprobs)
+        finishing = core_output.finish_reason is not None
+        if sample.detokenizer is None:
+            if finishing:
+                completion.finish_reason = core_output.finish_reason
+                completion.stop_reason = core_output.stop_reason
+            return False
+        delta = sample.detokenizer.add_tokens(core_output.new_token_ids)
+        if finishing:
+            delta += sample.detokenizer.flush()
+        result = sample.stop_checker.check(sample.detokenizer.text, len(delta), is_final=finishing)
+        if result.matched:
+            final_text = result.truncated_text
+            completion.finish_reason = "stop"
+            completion.stop_reason = result.stop_string
+        else:
+            final_text = sample.detokenizer.text[: result.safe_length]
+            if finishing:
+                completion.finish_reason = core_output.finish_reason
+                completion.stop_reason = core_output.stop_reason
+        completion.text_delta += final_text[sample.num_streamed_chars :]
+        completion.text = final_text
+        sample.num_streamed_chars = len(final_text)
+        return result.matched
+
+    def _finish_sample(self, state: _RequestState, child_id: str, now: float) -> None:
+        del self._child_to_parent[child_id]
+        state.num_finished += 1
+        if state.num_finished == len(state.samples):
+            state.output.finished = True
+            state.output.metrics.finished_time = now
+            del self._requests[state.output.request_id]
+
+    def abort_request(self, request_id: str) -> list[str]:
+        """Forget a request; returns the child ids the engine core must abort."""
+        state = self._requests.pop(request_id, None)
+        if state is None:
+            return []
+        live = [child for child in state.child_ids if child in self._child_to_parent]
+        for child in live:
+            del self._child_to_parent[child]
+        return live
+
+    def has_unfinished_requests(self) -> bool:
+        return bool(self._requests)

@@ -1,0 +1,240 @@
+"""LLM: offline batch generation on the same engine core the server uses, in-process."""
+
+from __future__ import annotations
+
+import itertools
+import time
+from collections.abc import Sequence
+
+from tqdm.auto import tqdm
+
+from ladle.config import EngineConfig
+from ladle.engine.engine_core import EngineCore
+from ladle.engine.output_processor import OutputProcessor
+from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
+from ladle.outputs import CompletionOutput, RequestOutput, RequestMetrics
+from ladle.sampling_params import SamplingParams
+
+PromptInput = str | Sequence[int]
+
+
+class RequestErrors(ValueError):
+    """Some requests of a generate()/chat() call could not run. The others did: `outputs` holds
+    every request's RequestOutput in input order, the failed ones with finish_reason 'error' and
+    their reason in `.error`."""
+
+    def __init__(self, message: str, outputs: list[RequestOutput]) -> None:
+        super().__init__(message)
+        self.outputs = outputs
+
+
+class LLM:
+    """Offline generation.
+
+    LLM() runs the embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF); LLM(model=path)
+    a Hugging Face folder or a .gguf file; LLM(model='qwen3-0.6b', load_format='dummy') random
+    weights of a named shape. Engine options (dtype, block_size, max_num_batched_tokens,
+    max_num_seqs, gpu_memory_utilization, max_model_len, num_kv_blocks, ...) go as keywords.
+    """
+
+    def __init__(self, model: str | None = None, **engine_options) -> None:
+        if model is None and engine_options.get("load_format", "auto") != "dummy":
+            from ladle.model.default_model import resolve_default_model
+
+            model = str(resolve_default_model())
+        self.config = EngineConfig.from_kwargs(model=model, **engine_options)
+        self.engine = EngineCore(self.config)
+        self.tokenizer = self._load_tokenizer()
+        self.output_processor = OutputProcessor(self.tokenizer)
+        self._request_counter = itertools.count()
+
+    def _load_tokenizer(self) -> TextTokenizer | None:
+        source = self.config.model.tokenizer or self.engine.runner.model_path
+        if source is None:
+            return None  # dummy weights of a preset: token ids in, token ids out
+        return load_tokenizer(source, self.engine.runner.arch)
+
+    def get_tokenizer(self) -> TextTokenizer | None:
+        return self.tokenizer
+
+    # ----- public API ----------------------------------------------------------------------
+
+    def generate(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        priority: Sequence[int] | None = None,
+        raise_on_error: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate for text prompts or token-id lists; outputs come back in input order.
+
+        A request that cannot run (empty prompt, too long, ...) does not stop the others: they
+        complete, and then RequestErrors (a ValueError) names each problem, carrying all
+        outputs. With raise_on_error=False the outputs are returned and the failed ones have
+        finish_reason 'error' and `.error` set.
+        """
+        prompt_list = _as_prompt_list(prompts)
+        encoded = [self._encode_prompt(prompt) for prompt in prompt_list]
+        return self._run(encoded, sampling_params, use_tqdm, priority, raise_on_error)
+
+    def chat(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        use_tqdm: bool = True,
+        add_generation_prompt: bool = True,
+        chat_template_kwargs: dict | None = None,
+        raise_on_error: bool = True,
+    ) -> list[RequestOutput]:
+        """Generate replies to conversations (one list of {'role', 'content'} dicts each),
+        formatted by the tokenizer's chat template."""
+        if self.tokenizer is None:
+            raise ValueError("chat needs a tokenizer; this model was loaded without one")
+        if isinstance(messages, list) and messages and isinstance(messages[0], dict):
+            conversations = [messages]
+        else:
+            conversations = list(messages)
+        encoded = []
+        for conversation in conversations:
+            try:
+                token_ids = self.tokenizer.apply_chat_template(
+                    conversation,
+                    add_generation_prompt=add_generation_prompt,
+                    **(chat_template_kwargs or {}),
+                )
+                encoded.append((None, token_ids, None))
+            except ValueError as error:
+                encoded.append((None, None, str(error)))
+        return self._run(encoded, sampling_params, use_tqdm, None, raise_on_error)
+
+    # ----- internals -----------------------------------------------------------------------
+
+    def _encode_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int] | None, str | None]:
+        """(prompt text, token ids, error)"""
+        if isinstance(prompt, str):
+            if self.tokenizer is None:
+                return prompt, None, "this model has no tokenizer; pass token-id lists"
+            return prompt, self.tokenizer.encode(prompt), None
+        token_ids = list(prompt)
+        if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
+            return None, None, "a token-id prompt must be a list of integers"
+        return None, token_ids, None
+
+    def _run(
+        self,
+        encoded: list[tuple[str | None, list[int] | None, str | None]],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None,
+        use_tqdm: bool,
+        priority: Sequence[int] | None,
+        raise_on_error: bool,
+    ) -> list[RequestOutput]:
+        params_list = _broadcast_params(sampling_params, len(encoded))
+        if priority is not None and len(priority) != len(encoded):
+            raise ValueError(f"priority has {len(priority)} entries for {len(encoded)} prompts")
+        results: dict[str, RequestOutput] = {}
+        order: list[str] = []
+        errors: list[str] = []
+        eos_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.engine.runner.arch.eos_token_ids
+        for index, ((text, token_ids, error), params) in enumerate(zip(encoded, params_list)):
+            request_id = str(next(self._request_counter))
+            order.append(request_id)
+            arrival = time.monotonic()
+            if error is None:
+                error = self._submit(
+                    request_id, text, token_ids, params, arrival,
+                    priority[index] if priority is not None else 0, eos_ids,
+                )
+            if error is not None:
+                errors.append(f"request {index}: {error}")
+                results[request_id] = _error_output(request_id, text, token_ids, params, arrival, error)
+
+        progress = tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm,
+                        dynamic_ncols=True)
+        progress.update(len(results))
+        num_generated = 0
+        started = time.perf_counter()
+        while self.engine.has_unfinished_requests():
+            core_outputs = self.engine.step()
+            request_outputs, to_abort = self.output_processor.process_outputs(core_outputs)
+            if to_abort:
+                self.engine.abort_requests(to_abort)
+            for output in request_outputs:
+                num_generated += sum(len(c.token_ids_delta) for c in output.outputs)
+                if output.finished:
+                    results[output.request_id] = output
+                    progress.update(1)
+            elapsed = time.perf_counter() - started
+            if elapsed > 0:
+                progress.set_postfix_str(f"{num_generated / elapsed:.1f} tok/s", refresh=False)
+        progress.close()
+        outputs = [results[request_id] for request_id in order]
+        if errors and raise_on_error:
+            raise RequestErrors("; ".join(errors), outputs)
+        return outputs
+
+    def _submit(
+        self,
+        request_id: str,
+        text: str | None,
+        token_ids: list[int],
+        params: SamplingParams,
+        arrival: float,
+        priority: int,
+        eos_ids: tuple[int, ...],
+    ) -> str | None:
+        """Queue one request (and its n samples); returns the reason if it cannot run."""
+        core_requests = self.output_processor.add_request(
+            request_id, text, token_ids, params, arrival, priority, eos_ids
+        )
+        added = []
+        try:
+            for core_request in core_requests:
+                self.engine.add_request(core_request)
+                added.append(core_request.request_id)
+        except ValueError as error:
+            self.engine.abort_requests(added)
+            self.output_processor.abort_request(request_id)
+            return str(error)
+        return None
+
+
+def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
+    if isinstance(prompts, str):
+        return [prompts]
+    prompts = list(prompts)
+    if prompts and all(isinstance(p, int) for p in prompts):
+        return [prompts]  # one token-id prompt
+    return prompts
+
+
+def _broadcast_params(
+    sampling_params: SamplingParams | Sequence[SamplingParams] | None, count: int
+) -> list[SamplingParams]:
+    if sampling_params is None:
+        return [SamplingParams()] * count
+    if isinstance(sampling_params, SamplingParams):
+        return [sampling_params] * count
+    params = list(sampling_params)
+    if len(params) != count:
+        raise ValueError(f"got {len(params)} sampling params for {count} prompts")
+    return params
+
+
+def _error_output(
+    request_id: str,
+    text: str | None,
+    token_ids: list[int] | None,
+    params: SamplingParams,
+    arrival: float,
+    error: str,
+) -> RequestOutput:
+    return RequestOutput(
+        request_id=request_id,
+        prompt=text,
+        prompt_token_ids=token_ids or [],
+        outputs=[CompletionOutput(index=i, finish_reason="error") for i in range(params.n)],
+        finished=True,
+        metrics=RequestMetrics(arrival_time=arrival, finished_time=time.monotonic()),
+        error=error,
+    )

@@ -1,0 +1,358 @@
+"""Paged attention in Triton for a flattened varlen batch that mixes prefill chunks and decodes.
+
+Layout (one layer): kv_cache [2, num_blocks, block_size, num_kv_heads, head_dim], contiguous;
+block_tables [num_reqs, max_blocks] int32; query_start_loc [num_reqs + 1] int32; seq_lens
+[num_reqs] int32. Query token i of a request sits at context position seq_len - query_len + i and
+attends to context positions <= it. The torch reference is
+ladle.attention.torch_backend.paged_attention_reference.
+
+One program owns one query tile (up to BLOCK_M tokens of one request) times all the query heads
+of one kv head, so each K/V tile is loaded once per GQA group: the tile has BLOCK_M * GROUP rows,
+row r being token r // GROUP_PADDED and head r % GROUP_PADDED of the group. It streams the
+request's context in BLOCK_N-token tiles, gathering each token's page through the block table,
+with an online softmax in fp32 (base 2, the scale folded into log2(e)).
+
+Finding the request of a tile without a host sync: request i's tiles are numbered from
+query_start_loc[i] // BLOCK_M + i. That start is non-decreasing in i and leaves room for
+ceil(query_len / BLOCK_M) tiles, so a grid of num_tokens // BLOCK_M + num_reqs tiles covers every
+request, and a binary search over query_start_loc maps a tile to its request; spare tiles exit.
+When every query is one token (decode), tile i is simply request i, and the context can be split
+over NUM_SPLITS programs (split-KV, merged by a second kernel) so that small batches of long
+contexts still fill the GPU. The grid then depends only on the batch size, which CUDA graphs need.
+"""
+
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+LOG2_E = 1.4426950408889634
+
+
+@triton.jit
+def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_M: tl.constexpr):
+    """The last request whose first tile (query_start_loc[i] // BLOCK_M + i) is <= tile."""
+    low = tile * 0  # a tensor from the start, so the loop-carried types agree
+    high = low + num_reqs
+    while high - low > 1:
+        middle = (low + high) // 2
+        first_tile = tl.load(query_start_loc_ptr + middle) // BLOCK_M + middle
+        is_at_or_before = first_tile <= tile
+        low = tl.where(is_at_or_before, middle, low)
+        high = tl.where(is_at_or_before, high, middle)
+    return low
+
+
+@triton.jit
+def _paged_attention_kernel(
+    output_ptr,
+    query_ptr,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_tables_ptr,
+    query_start_loc_ptr,
+    seq_lens_ptr,
+    split_output_ptr,  # [num_reqs, num_heads, NUM_SPLITS, HEAD_DIM] fp32, when NUM_SPLITS > 1
+    split_lse_ptr,  # [num_reqs, num_heads, NUM_SPLITS] fp32 (log2 units)
+    scale_log2,
+    num_reqs,
+    num_heads,
+    stride_query_token,
+    stride_query_head,
+    stride_output_token,
+    stride_output_head,
+    stride_cache_block,
+    stride_cache_token,
+    stride_cache_head,
+    stride_block_tables,
+    GROUP: tl.constexpr,
+    GROUP_PADDED: tl.constexpr,
+    BLOCK_M: tl.constexpr,
+    BLOCK_ROWS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    TILES_ARE_REQUESTS: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+):
+    tile = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    split = tl.program_id(2)
+
+    if TILES_ARE_REQUESTS:
+        request = tile
+        tile_in_request = 0
+    else:
+        request = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_M)
+    query_start = tl.load(query_start_loc_ptr + request)
+    query_len = tl.load(query_start_loc_ptr + request + 1) - query_start
+    if not TILES_ARE_REQUESTS:
+        tile_in_request = tile - (query_start // BLOCK_M + request)
+    first_token = tile_in_request * BLOCK_M
+    if first_token >= query_len:
+        return
+    seq_len = tl.load(seq_lens_ptr + request)
+    context_start = seq_len - query_len  # context position of the request's query token 0
+
+    rows = tl.arange(0, BLOCK_ROWS)
+    token_in_request = first_token + rows // GROUP_PADDED
+    head_in_group = rows % GROUP_PADDED
+    head = kv_head * GROUP + head_in_group
+    is_row_valid = (token_in_request < query_len) & (head_in_group < GROUP)
+    query_position = context_start + token_in_request
+    dims = tl.arange(0, HEAD_DIM)
+
+    query_rows = (query_start + token_in_request).to(tl.int64)
+    query_offsets = query_rows * stride_query_token + head * stride_query_head
+    query = tl.load(
+        query_ptr + query_offsets[:, None] + dims[None, :], mask=is_row_valid[:, None], other=0.0
+    )
+    query = query.to(key_cache_ptr.dtype.element_ty)
+
+    # Keys past the tile's last query position are masked for every row: stop there.
+    last_token = tl.minimum(first_token + BLOCK_M, query_len)
+    context_end = context_start + last_token
+    num_kv_tiles = tl.cdiv(context_end, BLOCK_N)
+    if NUM_SPLITS > 1:
+        tiles_per_split = tl.cdiv(num_kv_tiles, NUM_SPLITS)
+        kv_tile_begin = split * tiles_per_split
+        kv_tile_end = tl.minimum(kv_tile_begin + tiles_per_split, num_kv_tiles)
+    else:
+        kv_tile_begin = 0
+        kv_tile_end = num_kv_tiles
+
+    row_max = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
+    row_sum = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
+    accumulator = tl.zeros([BLOCK_ROWS, HEAD_DIM], dtype=tl.float32)
+    block_table = block_tables_ptr + request.to(tl.int64) * stride_block_tables
+    head_offset = kv_head * stride_cache_head
+    for kv_tile in range(kv_tile_begin, kv_tile_end):
+        positions = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        is_in_context = positions < context_end
+        block_ids = tl.load(block_table + positions // BLOCK_SIZE, mask=is_in_context, other=0)
+        kv_offsets = (
+            block_ids.to(tl.int64) * stride_cache_block
+            + (positions % BLOCK_SIZE) * stride_cache_token
+            + head_offset
+        )
+        kv_pointers = kv_offsets[:, None] + dims[None, :]
+        key = tl.load(key_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
+        scores = tl.dot(query, tl.trans(key)) * scale_log2
+        is_visible = positions[None, :] <= query_position[:, None]
+        scores = tl.where(is_visible & is_in_context[None, :], scores, float("-inf"))
+        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+        # A row that has seen no visible key yet keeps -inf; shift it by 0 to avoid inf - inf.
+        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
+        correction = tl.exp2(row_max - safe_max)
+        probabilities = tl.exp2(scores - safe_max[:, None])
+        row_sum = row_sum * correction + tl.sum(probabilities, axis=1)
+        value = tl.load(value_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
+        accumulator = accumulator * correction[:, None] + tl.dot(
+            probabilities.to(value.dtype), value
+        )
+        row_max = new_max
+
+    safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
+    accumulator = accumulator / safe_sum[:, None]
+    if NUM_SPLITS > 1:
+        # Always written, also by an empty split (sum 0 -> lse -inf), so the merge reads no garbage.
+        lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
+        split_row = (request.to(tl.int64) * num_heads + head) * NUM_SPLITS + split
+        tl.store(split_lse_ptr + split_row, lse, mask=is_row_valid)
+        tl.store(
+            split_output_ptr + split_row[:, None] * HEAD_DIM + dims[None, :],
+            accumulator,
+            mask=is_row_valid[:, None],
+        )
+    else:
+        output_offsets = query_rows * stride_output_token + head * stride_output_head
+        tl.store(
+            output_ptr + output_offsets[:, None] + dims[None, :],
+            accumulator.to(output_ptr.dtype.element_ty),
+            mask=is_row_valid[:, None],
+        )
+
+
+@triton.jit
+def _merge_splits_kernel(
+    output_ptr,
+    split_output_ptr,
+    split_lse_ptr,
+    query_start_loc_ptr,
+    num_heads,
+    stride_output_token,
+    stride_output_head,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_PADDED: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+):
+    """Combine the per-split softmax results of one decode request and query head."""
+    request = tl.program_id(0)
+    head = tl.program_id(1)
+    query_start = tl.load(query_start_loc_ptr + request)
+    if tl.load(query_start_loc_ptr + request + 1) == query_start:
+        return
+    splits = tl.arange(0, SPLITS_PADDED)
+    dims = tl.arange(0, HEAD_DIM)
+    split_rows = (request.to(tl.int64) * num_heads + head) * NUM_SPLITS + splits
+    lse = tl.load(split_lse_ptr + split_rows, mask=splits < NUM_SPLITS, other=float("-inf"))
+    has_keys = lse > float("-inf")
+    max_lse = tl.max(lse, axis=0)  # finite: split 0 always holds the first key
+    weights = tl.where(has_keys, tl.exp2(lse - max_lse), 0.0)
+    partial = tl.load(
+        split_output_ptr + split_rows[:, None] * HEAD_DIM + dims[None, :],
+        mask=has_keys[:, None],
+        other=0.0,
+    )
+    merged = tl.sum(partial * weights[:, None], axis=0) / tl.sum(weights, axis=0)
+    output_offsets = query_start.to(tl.int64) * stride_output_token + head * stride_output_head
+    tl.store(output_ptr + output_offsets + dims, merged.to(output_ptr.dtype.element_ty))
+
+
+@dataclass(frozen=True)
+class LaunchConfig:
+    """Tile shape and compiler settings of one launch; None fields take the defaults."""
+
+    block_rows: int | None = None  # query rows (tokens x heads of a group) per program
+    block_n: int | None = None  # context tokens per inner step
+    num_warps: int | None = None
+    num_stages: int | None = None
+    num_splits: int | None = None  # decode only: programs sharing one request's context
+
+
+@functools.cache
+def _num_multiprocessors(device_index: int) -> int:
+    return torch.cuda.get_device_properties(device_index).multi_processor_count
+
+
+def choose_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
+    """Split-KV factor for a decode batch: enough programs for about two waves of the GPU.
+
+    It depends on the batch shape only (not on context lengths), so a CUDA graph captured for a
+    batch size stays efficient for any context; short contexts leave splits empty, which is cheap.
+    """
+    if device.type != "cuda":
+        return 1
+    target_programs = 2 * _num_multiprocessors(device.index or 0)
+    programs = max(1, num_reqs * num_kv_heads)
+    return max(1, min(16, triton.cdiv(target_programs, programs)))
+
+
+def paged_attention(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    *,
+    max_query_len: int,
+    scale: float,
+    output: torch.Tensor | None = None,
+    config: LaunchConfig | None = None,
+) -> torch.Tensor:
+    """Attention of query [num_tokens, num_heads, head_dim] over the paged cache; no host syncs.
+
+    max_query_len is a host int (metadata.max_query_len) that picks the launch: 1 means a pure
+    decode batch (grid [num_reqs, num_kv_heads, num_splits]). Rows of output past the last request
+    (padding tokens) are left unwritten.
+    """
+    num_tokens, num_heads, head_dim = query.shape
+    _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
+    num_reqs = seq_lens.shape[0]
+    assert cache_head_dim == head_dim, "query and cache head_dim differ"
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, "head_dim must be a power of two >= 16"
+    assert block_size & (block_size - 1) == 0, "block_size must be a power of two"
+    assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
+    assert kv_cache.is_contiguous(), "kv_cache must be contiguous"
+    assert query.stride(2) == 1, "query's head_dim must be contiguous"
+    config = config or LaunchConfig()
+    if output is None:
+        output = torch.empty_like(query)
+    if num_tokens == 0 or num_reqs == 0:
+        return output
+
+    group = num_heads // num_kv_heads
+    group_padded = triton.next_power_of_2(group)
+    is_decode = max_query_len <= 1
+    if is_decode:
+        block_m = 1
+        block_rows = max(16, group_padded)
+        block_n = config.block_n or 64
+        num_warps = config.num_warps or 4
+        num_stages = config.num_stages or 3
+        num_splits = config.num_splits or choose_num_splits(num_reqs, num_kv_heads, query.device)
+        grid = (num_reqs, num_kv_heads, num_splits)
+    else:
+        # Rows of a tile are BLOCK_M tokens x the padded group; short queries (speculative
+        # tokens, small chunks) get a tile no taller than they need.
+        block_rows = config.block_rows or 128
+        block_rows = max(16, group_padded, min(block_rows, triton.next_power_of_2(max_query_len) * group_padded))
+        block_m = block_rows // group_padded
+        block_n = config.block_n or 64
+        num_warps = config.num_warps or (8 if block_rows >= 128 else 4)
+        num_stages = config.num_stages or 2
+        num_splits = 1
+        grid = (num_tokens // block_m + num_reqs, num_kv_heads, 1)
+
+    if num_splits > 1:
+        split_output = torch.empty(
+            (num_reqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=query.device
+        )
+        split_lse = torch.empty(
+            (num_reqs, num_heads, num_splits), dtype=torch.float32, device=query.device
+        )
+    else:
+        split_output = split_lse = output  # unused
+
+    _paged_attention_kernel[grid](
+        output,
+        query,
+        kv_cache[0],
+        kv_cache[1],
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        split_output,
+        split_lse,
+        scale * LOG2_E,
+        num_reqs,
+        num_heads,
+        query.stride(0),
+        query.stride(1),
+        output.stride(0),
+        output.stride(1),
+        kv_cache.stride(1),
+        kv_cache.stride(2),
+        kv_cache.stride(3),
+        block_tables.stride(0),
+        GROUP=group,
+        GROUP_PADDED=group_padded,
+        BLOCK_M=block_m,
+        BLOCK_ROWS=block_rows,
+        BLOCK_N=block_n,
+        HEAD_DIM=head_dim,
+        BLOCK_SIZE=block_size,
+        TILES_ARE_REQUESTS=is_decode,
+        NUM_SPLITS=num_splits,
+        num_warps=num_warps,
+        num_stages=num_stages,
+    )
+    if num_splits > 1:
+        _merge_splits_kernel[(num_reqs, num_heads)](
+            output,
+            split_output,
+            split_lse,
+            query_start_loc,
+            num_heads,
+            output.stride(0),
+            output.stride(1),
+            NUM_SPLITS=num_splits,
+            SPLITS_PADDED=triton.next_power_of_2(num_splits),
+            HEAD_DIM=head_dim,
+            num_warps=4 if head_dim >= 128 else 2,
+        )
+    return output

@@ -1,0 +1,53 @@
+"""The attention layer: reshapes projected q/k/v into heads and hands them, with this layer's
+slice of the paged KV cache and the step's metadata, to the attention backend."""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ladle.attention.backend import AttentionBackend
+from ladle.attention.metadata import AttentionMetadata
+
+
+class Attention(nn.Module):
+    """Paged attention for one decoder layer. Holds no weights and no cache: the cache tensor and
+    the metadata are passed in each call, so the same module serves any batch."""
+
+    def __init__(
+        self,
+        num_heads: int,
+        num_kv_heads: int,
+        head_dim: int,
+        scale: float,
+        backend: AttentionBackend,
+    ) -> None:
+        super().__init__()
+        if num_heads % num_kv_heads != 0:
+            raise ValueError(
+                f"num_heads ({num_heads}) must be a multiple of num_kv_heads ({num_kv_heads})"
+            )
+        self.num_heads = num_heads
+        self.num_kv_heads = num_kv_heads
+        self.head_dim = head_dim
+        self.scale = scale
+        self.backend = backend
+
+    def forward(
+        self,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim] or flat
+        kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+        num_tokens = query.shape[0]
+        value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
+        output = self.backend.forward(query, key, value, kv_cache, metadata, self.scale)
+        return output.reshape(num_tokens, self.num_heads * self.head_dim)
+
+    def extra_repr(self) -> str:
+        return (
+            f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "
+            f"backend={getattr(self.backend, 'name', type(self.backend).__name__)}"
+        )

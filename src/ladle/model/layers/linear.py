@@ -1,0 +1,90 @@
+"""Linear layers that know how to load their checkpoint weights.
+
+Each layer owns a weight_loader(param, loaded_weight, shard_id) that copies one checkpoint tensor
+into its slice of the parameter. Merged layers (QKV, gate_up) run one matmul instead of three or
+two, and load their checkpoint's separate q/k/v or gate/up tensors into row slices. Tensor
+parallelism would add column/row-parallel variants whose loaders also slice by rank; these are
+the single-device versions, kept explicit so that change is local.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ladle.model.loader.errors import ModelLoadError
+
+
+class Linear(nn.Module):
+    """y = x W^T + b, with W [output_size, input_size]. Parameters start uninitialised."""
+
+    def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
+        super().__init__()
+        self.input_size = input_size
+        self.output_size = output_size
+        self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
+        self.bias = (
+            nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return F.linear(x, self.weight, self.bias)
+
+    def shard_rows(self, shard_id: str | int | None) -> tuple[int, int]:
+        """(first row, number of rows) of the parameter that one checkpoint tensor fills."""
+        if shard_id is not None:
+            raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
+        return 0, self.output_size
+
+    @torch.no_grad()
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
+    ) -> None:
+        """Copy a checkpoint tensor (weight or bias) into its rows, casting dtype and device."""
+        start, num_rows = self.shard_rows(shard_id)
+        target = param.data.narrow(0, start, num_rows)
+        if tuple(loaded_weight.shape) != tuple(target.shape):
+            raise ModelLoadError(
+                f"shape {tuple(loaded_weight.shape)} does not fit {tuple(target.shape)}"
+                + ("" if shard_id is None else f" (shard {shard_id!r})")
+            )
+        target.copy_(loaded_weight)
+
+    def extra_repr(self) -> str:
+        return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"
+
+
+class MergedLinear(Linear):
+    """Several projections of the same input stacked along the output: gate_up = [gate; up].
+    Checkpoint shards are loaded by index into the stack."""
+
+    def __init__(self, input_size: int, output_sizes: list[int], bias: bool = False) -> None:
+        super().__init__(input_size, sum(output_sizes), bias)
+        self.output_sizes = list(output_sizes)
+
+    def shard_rows(self, shard_id: str | int | None) -> tuple[int, int]:
+        if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
+            raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")
+        return sum(self.output_sizes[:shard_id]), self.output_sizes[shard_id]
+
+
+class QKVLinear(MergedLinear):
+    """The merged query/key/value projection; output is [q (num_heads * head_dim); k; v]."""
+
+    def __init__(
+        self, hidden_size: int, head_dim: int, num_heads: int, num_kv_heads: int, bias: bool
+    ) -> None:
+        self.q_size = num_heads * head_dim
+        self.kv_size = num_kv_heads * head_dim
+        super().__init__(hidden_size, [self.q_size, self.kv_size, self.kv_size], bias)
+
+    def shard_rows(self, shard_id: str | int | None) -> tuple[int, int]:
+        index = {"q": 0, "k": 1, "v": 2}.get(shard_id) if isinstance(shard_id, str) else None
+        if index is None:
+            raise ValueError(f"QKVLinear has no shard {shard_id!r}; use 'q', 'k' or 'v'")
+        return super().shard_rows(index)
+
+    def split(self, qkv: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """Split the merged output [num_tokens, q + 2 * kv] into q, k, v views."""
+        return qkv.split([self.q_size, self.kv_size, self.kv_size], dim=-1)

@@ -1,0 +1,169 @@
+"""Named model shapes for load_format='dummy': the real config.json values of public checkpoints,
+so benchmarks and memory sizing can run a model's exact shape with random weights and no download.
+"""
+
+from __future__ import annotations
+
+import copy
+
+
+def _llama(**values: object) -> dict:
+    return {"architectures": ["LlamaForCausalLM"], "model_type": "llama", **values}
+
+
+def _qwen3(**values: object) -> dict:
+    base = {
+        "architectures": ["Qwen3ForCausalLM"],
+        "model_type": "qwen3",
+        "vocab_size": 151936,
+        "head_dim": 128,
+        "num_key_value_heads": 8,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 40960,
+        "attention_bias": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151645,
+    }
+    return {**base, **values}
+
+
+_LLAMA3_ROPE_SCALING = {
+    "rope_type": "llama3",
+    "factor": 8.0,
+    "low_freq_factor": 1.0,
+    "high_freq_factor": 4.0,
+    "original_max_position_embeddings": 8192,
+}
+
+# Preset name -> Hugging Face config.json dict (only the fields ModelArchConfig reads).
+PRESETS: dict[str, dict] = {
+    "qwen3-0.6b": _qwen3(
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-1.7b": _qwen3(
+        hidden_size=2048,
+        intermediate_size=6144,
+        num_hidden_layers=28,
+        num_attention_heads=16,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-4b": _qwen3(
+        hidden_size=2560,
+        intermediate_size=9728,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        tie_word_embeddings=True,
+    ),
+    "qwen3-8b": _qwen3(
+        hidden_size=4096,
+        intermediate_size=12288,
+        num_hidden_layers=36,
+        num_attention_heads=32,
+        tie_word_embeddings=False,
+    ),
+    "qwen2.5-0.5b": {
+        "architectures": ["Qwen2ForCausalLM"],
+        "model_type": "qwen2",
+        "vocab_size": 151936,
+        "hidden_size": 896,
+        "intermediate_size": 4864,
+        "num_hidden_layers": 24,
+        "num_attention_heads": 14,
+        "num_key_value_heads": 2,
+        "rms_norm_eps": 1e-6,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+        "tie_word_embeddings": True,
+        "use_sliding_window": False,
+        "bos_token_id": 151643,
+        "eos_token_id": 151643,
+    },
+    "llama-3.1-8b": _llama(
+        vocab_size=128256,
+        hidden_size=4096,
+        intermediate_size=14336,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=dict(_LLAMA3_ROPE_SCALING),
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
+    "llama-3.2-1b": _llama(
+        vocab_size=128256,
+        hidden_size=2048,
+        intermediate_size=8192,
+        num_hidden_layers=16,
+        num_attention_heads=32,
+        num_key_value_heads=8,
+        head_dim=64,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling={**_LLAMA3_ROPE_SCALING, "factor": 32.0},
+        max_position_embeddings=131072,
+        tie_word_embeddings=True,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
+    "llama-2-7b": _llama(
+        vocab_size=32000,
+        hidden_size=4096,
+        intermediate_size=11008,
+        num_hidden_layers=32,
+        num_attention_heads=32,
+        num_key_value_heads=32,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=4096,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    # SmolLM2-135M-Instruct (the embedded default model): bos <|im_start|>, eos <|im_end|>.
+    "smollm2-135m": _llama(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        rms_norm_eps=1e-5,
+        rope_theta=100000.0,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    # A few-megabyte model for fast engine tests that need no real weights.
+    "tiny-llama": _llama(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        rms_norm_eps=1e-5,
+        rope_theta=10000.0,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+}
+
+
+def get_preset(name: str) -> dict | None:
+    """A fresh copy of the preset's config dict (callers merge overrides into it), or None."""
+    preset = PRESETS.get(name.lower())
+    return copy.deepcopy(preset) if preset is not None else None

@@ -1,0 +1,261 @@
+"""The Llama-family decoder: Llama 2/3/3.1/3.2, SmolLM2, Mistral (no sliding window), Qwen2
+(q/k/v bias) and Qwen3 (per-head q/k RMSNorm), told apart only by ModelArchConfig switches.
+
+Module names mirror Hugging Face's (model.layers.N.self_attn...), so loading a checkpoint is a
+rename of q/k/v -> qkv_proj and gate/up -> gate_up_proj and nothing else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+
+import torch
+from torch import nn
+
+from ladle.attention.backend import AttentionBackend
+from ladle.attention.metadata import AttentionMetadata
+from ladle.model.arch_config import ModelArchConfig
+from ladle.model.layers.activation import SiluAndMul
+from ladle.model.layers.attention import Attention
+from ladle.model.layers.embedding import LMHead, VocabEmbedding, compute_logits
+from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
+from ladle.model.layers.norm import RMSNorm
+from ladle.model.layers.rotary import RotaryEmbedding
+from ladle.model.loader.errors import ModelLoadError
+
+# Checkpoint name fragment -> (our merged parameter's fragment, shard of it).
+_MERGED_WEIGHTS = (
+    (".q_proj.", ".qkv_proj.", "q"),
+    (".k_proj.", ".qkv_proj.", "k"),
+    (".v_proj.", ".qkv_proj.", "v"),
+    (".gate_proj.", ".gate_up_proj.", 0),
+    (".up_proj.", ".gate_up_proj.", 1),
+)
+# Checkpoint tensors that are not weights: cached rotary frequencies some exporters saved.
+_IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+
+
+class LlamaAttention(nn.Module):
+    """Self-attention block: merged qkv projection, optional q/k norm, rotary, paged attention."""
+
+    def __init__(
+        self, config: ModelArchConfig, rotary: RotaryEmbedding, backend: AttentionBackend
+    ) -> None:
+        super().__init__()
+        self.num_heads = config.num_attention_heads
+        self.num_kv_heads = config.num_key_value_heads
+        self.head_dim = config.head_dim
+        self.qkv_proj = QKVLinear(
+            config.hidden_size,
+            self.head_dim,
+            self.num_heads,
+            self.num_kv_heads,
+            bias=config.attention_bias,
+        )
+        self.o_proj = Linear(
+            self.num_heads * self.head_dim, config.hidden_size, bias=config.has_o_proj_bias
+        )
+        self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
+        # Not a submodule of this layer: one rotary table is shared by every layer (nn.Module
+        # attribute assignment would register it, hence the tuple wrapper).
+        self._rotary = (rotary,)
+        self.attn = Attention(
+            self.num_heads, self.num_kv_heads, self.head_dim, self.head_dim**-0.5, backend
+        )
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        num_tokens = hidden_states.shape[0]
+        query, key, value = self.qkv_proj.split(self.qkv_proj(hidden_states))
+        query = query.view(num_tokens, self.num_heads, self.head_dim)
+        key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
+        if self.q_norm is not None:
+            # Qwen3 normalises each head before rotary.
+            query = self.q_norm(query)
+            key = self.k_norm(key)
+        query, key = self._rotary[0](positions, query, key)
+        output = self.attn(query, key, value, kv_cache, attn_metadata)
+        return self.o_proj(output)
+
+
+class LlamaMLP(nn.Module):
+    """down(silu(gate(x)) * up(x)), with gate and up merged into one matmul."""
+
+    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+        super().__init__()
+        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size])
+        self.act_fn = SiluAndMul()
+        self.down_proj = Linear(intermediate_size, hidden_size)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+
+
+class LlamaDecoderLayer(nn.Module):
+    """Pre-norm block. The residual stream is carried between layers and added inside the next
+    norm (RMSNorm's fused add), so each layer returns (hidden_states, residual)."""
+
+    def __init__(
+        self, config: ModelArchConfig, rotary: RotaryEmbedding, backend: AttentionBackend
+    ) -> None:
+        super().__init__()
+        self.self_attn = LlamaAttention(config, rotary, backend)
+        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        positions: torch.Tensor,
+        hidden_states: torch.Tensor,
+        residual: torch.Tensor | None,
+        kv_cache: torch.Tensor,
+        attn_metadata: AttentionMetadata,
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        if residual is None:
+            residual = hidden_states
+            hidden_states = self.input_layernorm(hidden_states)
+        else:
+            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        return self.mlp(hidden_states), residual
+
+
+class LlamaModel(nn.Module):
+    """Embedding, decoder layers and final norm (HF's `model.` prefix)."""
+
+    def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.rotary_emb = RotaryEmbedding(
+            config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
+        )
+        self.layers = nn.ModuleList(
+            LlamaDecoderLayer(config, self.rotary_emb, attention_backend)
+            for _ in range(config.num_hidden_layers)
+        )
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        if len(kv_caches) != len(self.layers):
+            raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
+        hidden_states = self.embed_tokens(input_ids)
+        residual = None
+        for layer, kv_cache in zip(self.layers, kv_caches):
+            hidden_states, residual = layer(
+                positions, hidden_states, residual, kv_cache, attn_metadata
+            )
+        hidden_states, _ = self.norm(hidden_states, residual)
+        return hidden_states
+
+
+class LlamaForCausalLM(nn.Module):
+    """A decoder-only causal LM over a flattened (varlen) batch and a paged KV cache.
+
+    Build it on the meta device and let the loader materialise it: parameters are created
+    uninitialised and only ever filled once, from the checkpoint or the dummy filler.
+    """
+
+    def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:
+        super().__init__()
+        self.config = config
+        self.model = LlamaModel(config, attention_backend)
+        # Tied: logits reuse the embedding table instead of a second parameter.
+        self.lm_head = (
+            None if config.tie_word_embeddings else LMHead(config.vocab_size, config.hidden_size)
+        )
+
+    def forward(
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        kv_caches: list[torch.Tensor],
+        attn_metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden_size].
+        kv_caches[i] is layer i's [2, num_blocks, block_size, num_kv_heads, head_dim]; this
+        step's keys and values are written into it at attn_metadata.slot_mapping."""
+        return self.model(input_ids, positions, kv_caches, attn_metadata)
+
+    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """[n, hidden_size] -> float32 logits [n, vocab_size]. Callers pass only the rows they
+        sample from (usually each request's last token), which keeps this matmul small."""
+        if self.lm_head is None:
+            return compute_logits(hidden_states, self.model.embed_tokens.weight)
+        return self.lm_head(hidden_states)
+
+    @torch.no_grad()
+    def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load Hugging Face-named tensors (any dtype, any device), merging q/k/v and gate/up.
+
+        Raises ModelLoadError naming the weight when one is unexpected, wrongly shaped, loaded
+        twice, or when any parameter (or shard of a merged one) is still missing at the end.
+        """
+        params = dict(self.named_parameters())
+        expected = self._expected_shards()
+        loaded: set[tuple[str, str | int | None]] = set()
+        for checkpoint_name, tensor in weights:
+            if checkpoint_name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if checkpoint_name == "lm_head.weight" and self.lm_head is None:
+                # Some tied checkpoints also store the (identical) output matrix.
+                continue
+            name, shard_id = _to_param_name(checkpoint_name)
+            param = params.get(name)
+            if param is None or (name, shard_id) not in expected:
+                raise ModelLoadError(f"unexpected weight {checkpoint_name!r} in checkpoint")
+            if (name, shard_id) in loaded:
+                raise ModelLoadError(f"weight {checkpoint_name!r} appears twice in checkpoint")
+            owner = self.get_submodule(name.rsplit(".", 1)[0])
+            try:
+                if shard_id is None:
+                    owner.weight_loader(param, tensor)
+                else:
+                    owner.weight_loader(param, tensor, shard_id)
+            except ModelLoadError as error:
+                raise ModelLoadError(f"weight {checkpoint_name!r}: {error}") from None
+            loaded.add((name, shard_id))
+        missing = sorted(_to_checkpoint_name(*key) for key in expected - loaded)
+        if missing:
+            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            raise ModelLoadError(f"checkpoint is missing {len(missing)} weight(s): {shown}")
+
+    def _expected_shards(self) -> set[tuple[str, str | int | None]]:
+        """Every (parameter name, shard id) a complete checkpoint must fill."""
+        expected: set[tuple[str, str | int | None]] = set()
+        for name, _ in self.named_parameters():
+            module = self.get_submodule(name.rsplit(".", 1)[0])
+            if isinstance(module, QKVLinear):
+                expected.update((name, shard) for shard in ("q", "k", "v"))
+            elif isinstance(module, MergedLinear):
+                expected.update((name, index) for index in range(len(module.output_sizes)))
+            else:
+                expected.add((name, None))
+        return expected
+
+
+def _to_param_name(checkpoint_name: str) -> tuple[str, str | int | None]:
+    for fragment, merged_fragment, shard_id in _MERGED_WEIGHTS:
+        if fragment in checkpoint_name:
+            return checkpoint_name.replace(fragment, merged_fragment), shard_id
+    return checkpoint_name, None
+
+
+def _to_checkpoint_name(param_name: str, shard_id: str | int | None) -> str:
+    for fragment, merged_fragment, merged_shard in _MERGED_WEIGHTS:
+        if merged_fragment in param_name and shard_id == merged_shard:
+            return param_name.replace(merged_fragment, fragment)
+    return param_name

@@ -1,0 +1,104 @@
+"""Size the KV cache from a memory budget and say where the memory goes.
+
+CUDA: the pool gets what is left of gpu_memory_utilization x total memory after the weights, the
+CUDA context and the peak of a measured worst-case forward pass (max_num_batched_tokens tokens).
+CPU: a configured size (cpu_kv_cache_gib), since system memory is shared with everything else.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ladle.config import CacheConfig
+from ladle.model.arch_config import ModelArchConfig
+
+GIB = 1024**3
+
+
+class InsufficientMemoryError(ValueError):
+    """The model (or its activations) leaves no room for even a minimal KV cache."""
+
+
+@dataclass(frozen=True)
+class MemoryBudget:
+    device: str
+    weights_bytes: int
+    activation_peak_bytes: int
+    kv_cache_bytes: int
+    block_bytes: int
+    num_blocks: int  # including the reserved null block
+    block_size: int
+
+    @property
+    def num_token_slots(self) -> int:
+        return (self.num_blocks - 1) * self.block_size
+
+    def describe(self) -> str:
+        return (
+            f"memory budget on {self.device}: weights {self.weights_bytes / GIB:.3f} GiB, "
+            f"activation peak {self.activation_peak_bytes / GIB:.3f} GiB, "
+            f"KV cache {self.kv_cache_bytes / GIB:.3f} GiB = {self.num_blocks - 1} blocks of "
+            f"{self.block_size} tokens ({self.block_bytes / 1024:.1f} KiB each), "
+            f"{self.num_token_slots} tokens fit"
+        )
+
+
+def kv_block_bytes(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -> int:
+    dtype_bytes = torch.empty(0, dtype=dtype).element_size()
+    return arch.kv_bytes_per_token(dtype_bytes) * block_size
+
+
+def module_bytes(module: torch.nn.Module) -> int:
+    tensors = list(module.parameters()) + list(module.buffers())
+    return sum(t.numel() * t.element_size() for t in tensors)
+
+
+def size_kv_cache(
+    cache_config: CacheConfig,
+    arch: ModelArchConfig,
+    dtype: torch.dtype,
+    device: torch.device,
+    weights_bytes: int,
+    run_peak_forward: Callable[[], None],
+) -> MemoryBudget:
+    """Decide how many KV blocks to allocate (run_peak_forward is only called on CUDA)."""
+    block_bytes = kv_block_bytes(arch, cache_config.block_size, dtype)
+    activation_peak = 0
+    if cache_config.num_kv_blocks is not None:
+        num_blocks = cache_config.num_kv_blocks
+    elif device.type == "cuda":
+        torch.cuda.synchronize(device)
+        torch.cuda.empty_cache()
+        torch.cuda.reset_peak_memory_stats(device)
+        allocated_before = torch.cuda.memory_allocated(device)
+        run_peak_forward()
+        torch.cuda.synchronize(device)
+        peak = torch.cuda.max_memory_allocated(device)
+        activation_peak = peak - allocated_before
+        torch.cuda.empty_cache()
+        free_now, total = torch.cuda.mem_get_info(device)
+        # Used now covers weights, the CUDA context and other processes; the activation peak
+        # comes back at run time on top of it.
+        used_now = total - free_now
+        available = total * cache_config.gpu_memory_utilization - used_now - activation_peak
+        num_blocks = int(available // block_bytes)
+    else:
+        num_blocks = int(cache_config.cpu_kv_cache_gib * GIB // block_bytes)
+    if num_blocks < 2:
+        raise InsufficientMemoryError(
+            f"no room for the KV cache on {device}: weights take {weights_bytes / GIB:.2f} GiB "
+            f"and the activation peak {activation_peak / GIB:.2f} GiB; lower "
+            "max_num_batched_tokens, raise gpu_memory_utilization or use a smaller model"
+        )
+    return MemoryBudget(
+        device=str(device),
+        weights_bytes=weights_bytes,
+        activation_peak_bytes=activation_peak,
+        kv_cache_bytes=num_blocks * block_bytes,
+        block_bytes=block_bytes,
+        num_blocks=num_blocks,
+        block_size=cache_config.block_size,
+    )

@@ -1,0 +1,147 @@
+"""Turn one SchedulerOutput into device tensors: the one place a batch becomes tensors.
+
+All integer metadata of the step (token ids, positions, cache slots, query offsets, sequence
+lengths, block tables, which rows to sample) and the per-request sampling rows (float32 values
+stored bit for bit as int32) are laid into ONE pinned int32 host buffer and moved with ONE
+non-blocking copy; the device tensors are views into it. Numpy builds the per-token arrays so the
+host cost grows with the number of requests, not with Python work per token.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ladle.attention.metadata import AttentionMetadata
+from ladle.core.request import Request
+from ladle.core.scheduler import SchedulerOutput
+
+
+@dataclass
+class StepInputs:
+    input_ids: torch.Tensor  # [num_tokens] int32
+    positions: torch.Tensor  # [num_tokens] int64
+    attn_metadata: AttentionMetadata
+    logits_indices: torch.Tensor  # [num_sampling_reqs] int64: rows of the hidden states to sample
+    sampling_rows: dict[str, torch.Tensor]  # [num_sampling_reqs] each, on the device
+    sampling_requests: list[Request]  # the requests that sample this step, in row order
+    sampling_positions: list[int]  # their positions in scheduler_output.scheduled_requests
+
+
+class StepInputBuilder:
+    """Keeps a pinned staging buffer that grows to the largest step seen."""
+
+    def __init__(self, device: torch.device, block_size: int) -> None:
+        self.device = device
+        self.block_size = block_size
+        self._staging = torch.empty(0, dtype=torch.int32)
+
+    def build(
+        self,
+        scheduler_output: SchedulerOutput,
+        block_ids: list[list[int]],
+        sampling_rows_host: dict[str, torch.Tensor],
+        sampling_positions: list[int],
+    ) -> StepInputs:
+        requests = scheduler_output.scheduled_requests
+        num_reqs = len(requests)
+        query_lens = np.fromiter(
+            (scheduler_output.num_scheduled_tokens[r.request_id] for r in requests),
+            dtype=np.int64,
+            count=num_reqs,
+        )
+        computed = np.fromiter(
+            (r.num_computed_tokens for r in requests), dtype=np.int64, count=num_reqs
+        )
+        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
+        np.cumsum(query_lens, out=query_start_loc[1:])
+        num_tokens = int(query_start_loc[-1])
+        seq_lens = computed + query_lens
+
+        # Position of every token: its request's first new position plus its offset in the chunk.
+        request_of_token = np.repeat(np.arange(num_reqs), query_lens)
+        offsets = np.arange(num_tokens) - query_start_loc[:-1][request_of_token]
+        positions = computed[request_of_token] + offsets
+
+        input_ids = np.concatenate(
+            [
+                np.asarray(r.all_token_ids[c : c + n], dtype=np.int64)
+                for r, c, n in zip(requests, computed.tolist(), query_lens.tolist())
+            ]
+        ) if num_reqs else np.zeros(0, dtype=np.int64)
+
+        max_blocks = max((len(ids) for ids in block_ids), default=1) or 1
+        block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int64)
+        for row, ids in enumerate(block_ids):
+            block_tables[row, : len(ids)] = ids
+        slot_mapping = (
+            block_tables[request_of_token, positions // self.block_size] * self.block_size
+            + positions % self.block_size
+        )
+        logits_indices = query_start_loc[1:][sampling_positions] - 1
+
+        int_parts = {
+            "input_ids": input_ids,
+            "positions": positions,
+            "slot_mapping": slot_mapping,
+            "query_start_loc": query_start_loc,
+            "seq_lens": seq_lens,
+            "block_tables": block_tables.reshape(-1),
+            "logits_indices": np.asarray(logits_indices, dtype=np.int64),
+        }
+        device_views = self._ship(int_parts, sampling_rows_host)
+
+        attn_metadata = AttentionMetadata(
+            slot_mapping=device_views["slot_mapping"].long(),
+            query_start_loc=device_views["query_start_loc"],
+            seq_lens=device_views["seq_lens"],
+            block_tables=device_views["block_tables"].view(num_reqs, max_blocks),
+            max_query_len=int(query_lens.max()) if num_reqs else 0,
+            max_seq_len=int(seq_lens.max()) if num_reqs else 0,
+            block_size=self.block_size,
+            query_start_loc_host=query_start_loc.tolist(),
+            seq_lens_host=seq_lens.tolist(),
+        )
+        sampling_rows = {
+            name: device_views["sampling:" + name].view(host.dtype)
+            for name, host in sampling_rows_host.items()
+        }
+        return StepInputs(
+            input_ids=device_views["input_ids"],
+            positions=device_views["positions"].long(),
+            attn_metadata=attn_metadata,
+            logits_indices=device_views["logits_indices"].long(),
+            sampling_rows=sampling_rows,
+            sampling_requests=[requests[p] for p in sampling_positions],
+            sampling_positions=sampling_positions,
+        )
+
+    def _ship(
+        self, int_parts: dict[str, np.ndarray], sampling_rows_host: dict[str, torch.Tensor]
+    ) -> dict[str, torch.Tensor]:
+        """Pack every part into one int32 buffer, copy it once, and return views per part."""
+        pieces: list[tuple[str, torch.Tensor]] = [
+            (name, torch.from_numpy(array.astype(np.int32, copy=False)))
+            for name, array in int_parts.items()
+        ]
+        for name, row in sampling_rows_host.items():
+            assert row.dtype in (torch.int32, torch.float32), f"sampling row {name}: {row.dtype}"
+            pieces.append(("sampling:" + name, row.contiguous().view(torch.int32)))
+        total = sum(piece.numel() for _, piece in pieces)
+        if self.device.type == "cpu":
+            packed = torch.cat([piece for _, piece in pieces]) if pieces else self._staging
+            on_device = packed
+        else:
+            if self._staging.numel() < total:
+                self._staging = torch.empty(max(total, 2 * self._staging.numel()),
+                                            dtype=torch.int32, pin_memory=True)
+            torch.cat([piece for _, piece in pieces], out=self._staging[:total])
+            on_device = self._staging[:total].to(self.device, non_blocking=True)
+        views = {}
+        offset = 0
+        for name, piece in pieces:
+            views[name] = on_device[offset : offset + piece.numel()]
+            offset += piece.numel()
+        return views

@@ -1,0 +1,52 @@
+"""Small factories for core tests: Requests from token ids, and a simulated engine step."""
+
+from __future__ import annotations
+
+from ladle.core.kv_cache_manager import KVCacheManager
+from ladle.core.request import Request
+from ladle.sampling_params import SamplingParams
+
+
+def make_request(
+    request_id: str,
+    prompt_token_ids: list[int],
+    *,
+    max_tokens: int = 16,
+    cache_salt: str | None = None,
+) -> Request:
+    """A waiting Request with the given prompt and default sampling."""
+    return Request(
+        request_id=request_id,
+        prompt_token_ids=list(prompt_token_ids),
+        sampling_params=SamplingParams(max_tokens=max_tokens),
+        cache_salt=cache_salt,
+    )
+
+
+def schedule_prefill(manager: KVCacheManager, request: Request) -> int:
+    """Look up prefix hits, allocate the whole prompt, and compute it, as one scheduler step would.
+
+    Returns the number of prompt tokens that hit the prefix cache. Fails the test if the pool is
+    too small.
+    """
+    hit_blocks, num_hit_tokens = manager.get_computed_blocks(request)
+    num_new_tokens = request.num_tokens - num_hit_tokens
+    allocated = manager.allocate_slots(request, num_new_tokens, hit_blocks, num_hit_tokens)
+    assert allocated is not None, f"no room for {request.request_id}"
+    request.num_computed_tokens = request.num_tokens
+    manager.cache_computed_blocks(request)
+    return num_hit_tokens
+
+
+def decode_step(manager: KVCacheManager, request: Request, token_id: int) -> bool:
+    """Sample token_id, allocate its slot and compute it, as one decode step would.
+
+    In the engine the sampled token's KV is written by the next step; here both happen at once.
+    Returns False (and changes nothing) when the pool has no room.
+    """
+    if manager.allocate_slots(request, 1) is None:
+        return False
+    request.append_output_token(token_id)
+    request.num_computed_tokens += 1
+    manager.cache_computed_blocks(request)
+    return True
