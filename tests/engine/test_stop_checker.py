@@ -28,7 +28,8 @@ def stream_through(checker: StopChecker, deltas: list[str]) -> StreamOutcome:
         text += delta
         result = checker.check(text, len(delta))
         assert result.safe_length >= previous_safe_length, "safe_length went backwards"
-        assert len(text) - result.safe_length <= max(checker.max_stop_length - 1, 0) or result.matched
+        max_hold_back = max(checker.max_stop_length - 1, 0)
+        assert result.matched or len(text) - result.safe_length <= max_hold_back
         previous_safe_length = result.safe_length
         emitted.append(text[num_streamed:result.safe_length])
         num_streamed = result.safe_length

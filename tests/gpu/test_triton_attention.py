@@ -170,12 +170,19 @@ def test_repeat_is_stable():
 INTERPRETED_CASES = [
     Case([(1, 1), (7, 7), (8, 8), (9, 20), (30, 30)], num_heads=2, num_kv_heads=2, head_dim=16,
          block_size=8, dtype=torch.float32),
+    # fp16, not bf16: the Triton 3.9 interpreter's tl.dot gives garbage on bf16 operands.
     Case([(1, 40), (0, 3), (9, 9), (1, 1), (5, 21)], num_heads=8, num_kv_heads=2, head_dim=32,
-         block_size=8, dtype=torch.bfloat16, num_padding_tokens=2),
+         block_size=8, dtype=torch.float16, num_padding_tokens=2),
     Case([(1, 40), (1, 9), (1, 17)], num_heads=6, num_kv_heads=2, head_dim=16, block_size=16,
          dtype=torch.float16, num_splits=3),
     Case([(17, 17), (1, 50)], num_heads=8, num_kv_heads=1, head_dim=16, block_size=16,
          dtype=torch.float32),
+    # Several query tiles per request (64 tokens x group 2 per tile) and a long cached prefix.
+    Case([(70, 90), (1, 5), (130, 130), (3, 3), (64, 200)], num_heads=2, num_kv_heads=1,
+         head_dim=16, block_size=32, dtype=torch.float32),
+    # More splits than context tiles: empty splits must merge to nothing.
+    Case([(1, 3), (1, 70), (1, 129)], num_heads=4, num_kv_heads=1, head_dim=16, block_size=8,
+         dtype=torch.float32, num_splits=16),
 ]
 
 

@@ -47,12 +47,24 @@ class IncrementalDetokenizer:
         self.token_ids: list[int] = []
         self._tokenizer = hf_tokenizer
         self._vocab_size = len(hf_tokenizer)
-        context_ids = list(prompt_token_ids[-NUM_PROMPT_CONTEXT_TOKENS:])
-        self._check_in_vocab(context_ids)
+        context_ids = self._prompt_context(list(prompt_token_ids[-NUM_PROMPT_CONTEXT_TOKENS - 3 :]))
         self._window_ids: list[int] = context_ids
         self._read_offset = len(context_ids)
         self._prefix_text = self._decode(context_ids)
         self._text = ""
+
+    def _prompt_context(self, prompt_tail_ids: list[int]) -> list[int]:
+        """The last few of the prompt's tail ids, starting on a character boundary.
+
+        A context starting inside a character decodes to U+FFFD there; for ByteFallback, which
+        decodes a run of byte tokens all or nothing, that would spoil every byte token after it
+        too. A character spans at most 4 bytes, so 3 steps back always reach its start.
+        """
+        self._check_in_vocab(prompt_tail_ids)
+        start = max(0, len(prompt_tail_ids) - NUM_PROMPT_CONTEXT_TOKENS)
+        while start > 0 and self._decode(prompt_tail_ids[start:]).startswith(REPLACEMENT_CHARACTER):
+            start -= 1
+        return prompt_tail_ids[start:]
 
     @property
     def text(self) -> str:

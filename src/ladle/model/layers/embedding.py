@@ -6,8 +6,6 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ladle.model.loader.errors import ModelLoadError
-
 
 class VocabEmbedding(nn.Module):
     """Looks up rows of a [vocab_size, hidden_size] table for int32 or int64 token ids."""
@@ -20,17 +18,6 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return F.embedding(input_ids, self.weight)
-
-    @torch.no_grad()
-    def weight_loader(
-        self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: None = None
-    ) -> None:
-        """Copy the checkpoint table in, casting dtype and device."""
-        if tuple(loaded_weight.shape) != tuple(param.shape):
-            raise ModelLoadError(
-                f"shape {tuple(loaded_weight.shape)} does not fit {tuple(param.shape)}"
-            )
-        param.data.copy_(loaded_weight)
 
     def extra_repr(self) -> str:
         return f"vocab={self.vocab_size}, hidden={self.hidden_size}"

@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ladle.model.loader.errors import ModelLoadError
+from ladle.model.layers.weight_loading import default_weight_loader
 
 
 class Linear(nn.Module):
@@ -24,9 +24,7 @@ class Linear(nn.Module):
         self.input_size = input_size
         self.output_size = output_size
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
-        self.bias = (
-            nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
-        )
+        self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return F.linear(x, self.weight, self.bias)
@@ -43,13 +41,7 @@ class Linear(nn.Module):
     ) -> None:
         """Copy a checkpoint tensor (weight or bias) into its rows, casting dtype and device."""
         start, num_rows = self.shard_rows(shard_id)
-        target = param.data.narrow(0, start, num_rows)
-        if tuple(loaded_weight.shape) != tuple(target.shape):
-            raise ModelLoadError(
-                f"shape {tuple(loaded_weight.shape)} does not fit {tuple(target.shape)}"
-                + ("" if shard_id is None else f" (shard {shard_id!r})")
-            )
-        target.copy_(loaded_weight)
+        default_weight_loader(param.data.narrow(0, start, num_rows), loaded_weight)
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"

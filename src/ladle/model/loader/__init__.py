@@ -1,0 +1,215 @@
+"""Model loading: find the weights a ModelConfig names, build the model on the meta device,
+materialise it once on the target device and dtype, and stream the weights in.
+
+    load_model(model_config, device, dtype, attention_backend) -> LoadedModel
+
+Sources, chosen from load_format and the model string:
+  dummy        a preset name (presets.py) or a local HF folder's config.json; random weights
+  gguf         a path ending in .gguf (or load_format='gguf')
+  safetensors  a local HF folder (config.json + *.safetensors, sharded or not), or a hub id
+               already in the local Hugging Face cache (nothing is downloaded)
+Every failure is a ModelLoadError (a ValueError) that names the path and the problem.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+from collections.abc import Iterable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+import torch
+from torch import nn
+
+from ladle.attention.backend import AttentionBackend
+from ladle.config import ModelConfig
+from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
+from ladle.model.loader.dummy import fill_dummy_weights
+from ladle.model.loader.errors import ModelLoadError
+from ladle.model.loader.presets import PRESETS, get_preset
+from ladle.model.loader.safetensors import (
+    check_safetensors_files,
+    find_safetensors_files,
+    iter_safetensors_weights,
+    read_hf_config,
+)
+
+__all__ = ["LoadedModel", "ModelLoadError", "build_model", "load_model"]
+
+ModelSource = Literal["safetensors", "gguf", "dummy"]
+
+
+@dataclass
+class LoadedModel:
+    """A model ready to run, and where it came from."""
+
+    model: nn.Module
+    arch_config: ModelArchConfig
+    model_path: str | None  # folder or .gguf file; None for a dummy preset
+    source: ModelSource
+
+
+def load_model(
+    model_config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention_backend: AttentionBackend,
+) -> LoadedModel:
+    """Load the model `model_config` names onto `device` in `dtype`, in eval mode."""
+    name = model_config.model
+    load_format = model_config.load_format
+    overrides = dict(model_config.hf_overrides or {})
+    if load_format == "dummy":
+        arch_config, model_path = _dummy_arch_config(name, overrides)
+        _check_max_model_len(arch_config, model_config, model_path or name)
+        model = build_model(arch_config, device, dtype, attention_backend)
+        fill_dummy_weights(model, model_config.seed)
+        return LoadedModel(model, arch_config, model_path, "dummy")
+    if name is None:
+        raise ModelLoadError(
+            "no model given: pass a Hugging Face folder, a .gguf file, or a preset name with "
+            "load_format='dummy'"
+        )
+    path = Path(name).expanduser()
+    if load_format == "gguf" or (load_format == "auto" and name.lower().endswith(".gguf")):
+        return _load_gguf(path, model_config, overrides, device, dtype, attention_backend)
+    model_dir = _resolve_model_dir(name, path)
+    config = read_hf_config(model_dir, overrides)
+    arch_config = _parse_arch_config(config, model_dir)
+    _check_max_model_len(arch_config, model_config, str(model_dir))
+    files = find_safetensors_files(model_dir)
+    check_safetensors_files(files)
+    model = build_model(arch_config, device, dtype, attention_backend)
+    _load_weights(model, iter_safetensors_weights(files), str(model_dir))
+    return LoadedModel(model, arch_config, str(model_dir), "safetensors")
+
+
+def build_model(
+    arch_config: ModelArchConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention_backend: AttentionBackend,
+) -> nn.Module:
+    """Build the model's modules on the meta device (no memory, no init), then allocate its
+    parameters once, uninitialised, on `device` in `dtype`; the caller fills them."""
+    # Imported here, not at the top: the layers import loader.errors, which runs this package's
+    # __init__ first, so a top-level import of the models would be circular.
+    from ladle.model.models.registry import get_model_class
+
+    model_class = get_model_class(arch_config.architecture)
+    with torch.device("meta"):
+        model = model_class(arch_config, attention_backend)
+    model = model.to(dtype=dtype).to_empty(device=device)
+    # Buffers that are computed rather than loaded (the rotary table) are filled here.
+    for module in model.modules():
+        init_buffers = getattr(module, "init_buffers", None)
+        if callable(init_buffers):
+            init_buffers()
+    return model.eval()
+
+
+def _resolve_model_dir(name: str, path: Path) -> Path:
+    if path.is_dir():
+        return path
+    if path.exists():
+        raise ModelLoadError(
+            f"model {name!r} is a file; expected a Hugging Face folder or a .gguf file"
+        )
+    cached = _hub_cache_dir(name)
+    if cached is not None:
+        return cached
+    hint = ""
+    if name.lower() in PRESETS:
+        hint = f"; {name!r} is a dummy preset: pass load_format='dummy' for random weights"
+    raise ModelLoadError(f"model path {name!r} does not exist{hint}")
+
+
+def _hub_cache_dir(name: str) -> Path | None:
+    """A hub id ('org/name') already downloaded into the local HF cache; never downloads."""
+    if name.count("/") != 1 or name.startswith((".", "/", "~")):
+        return None
+    try:
+        from huggingface_hub import snapshot_download
+
+        return Path(snapshot_download(name, local_files_only=True))
+    except Exception:  # noqa: BLE001 - not cached, not a valid id, hub missing: all "not here"
+        return None
+
+
+def _parse_arch_config(config: dict, where: str | os.PathLike) -> ModelArchConfig:
+    try:
+        return ModelArchConfig.from_hf_dict(config)
+    except KeyError as error:
+        raise ModelLoadError(f"config of {str(where)!r} lacks field {error}") from error
+    except UnsupportedModelError as error:
+        raise UnsupportedModelError(f"{str(where)!r}: {error}") from error
+    except (TypeError, ValueError) as error:
+        raise ModelLoadError(f"config of {str(where)!r} is invalid: {error}") from error
+
+
+def _dummy_arch_config(name: str | None, overrides: dict) -> tuple[ModelArchConfig, str | None]:
+    """A preset (None means the default model's shape) or a local folder's config.json."""
+    preset = get_preset(name or "smollm2-135m")
+    if preset is not None:
+        preset.update(overrides)
+        return _parse_arch_config(preset, f"preset {name}"), None
+    path = Path(name).expanduser()
+    if path.is_dir():
+        return _parse_arch_config(read_hf_config(path, overrides), path), str(path)
+    raise ModelLoadError(
+        f"dummy model {name!r} is neither a preset ({', '.join(PRESETS)}) nor a folder with a "
+        "config.json"
+    )
+
+
+def _load_gguf(
+    path: Path,
+    model_config: ModelConfig,
+    overrides: dict,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention_backend: AttentionBackend,
+) -> LoadedModel:
+    # Imported here: the gguf package is only needed for GGUF files.
+    from ladle.model.loader.gguf import iter_gguf_weights, open_gguf, read_gguf_arch_config
+
+    reader = open_gguf(path)
+    arch_config = read_gguf_arch_config(path, reader)
+    if overrides:
+        fields = {field.name for field in dataclasses.fields(ModelArchConfig)}
+        unknown = sorted(set(overrides) - fields)
+        if unknown:
+            raise ModelLoadError(
+                f"hf_overrides {unknown} do not apply to GGUF file {str(path)!r}; it accepts "
+                f"{', '.join(sorted(fields))}"
+            )
+        arch_config = dataclasses.replace(arch_config, **overrides)
+    _check_max_model_len(arch_config, model_config, str(path))
+    model = build_model(arch_config, device, dtype, attention_backend)
+    _load_weights(model, iter_gguf_weights(path, reader), str(path))
+    return LoadedModel(model, arch_config, str(path), "gguf")
+
+
+def _load_weights(
+    model: nn.Module, weights: Iterable[tuple[str, torch.Tensor]], where: str
+) -> None:
+    try:
+        model.load_weights(weights)
+    except ModelLoadError as error:
+        if where in str(error):
+            raise
+        raise ModelLoadError(f"{where!r}: {error}") from error
+
+
+def _check_max_model_len(
+    arch_config: ModelArchConfig, model_config: ModelConfig, where: str | None
+) -> None:
+    # The rotary table, and the model's training, stop at max_position_embeddings.
+    max_model_len = model_config.max_model_len
+    if max_model_len is not None and max_model_len > arch_config.max_position_embeddings:
+        raise ModelLoadError(
+            f"max_model_len={max_model_len} exceeds the max_position_embeddings "
+            f"({arch_config.max_position_embeddings}) of {where!r}"
+        )

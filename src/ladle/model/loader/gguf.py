@@ -222,11 +222,13 @@ def fit_llama3_rope_scaling(
     if np.allclose(factors, 1.0):
         return None
     factor = float(factors.max())
-    for original in (2**exponent for exponent in range(10, 18)):
-        for low in (0.5, 1.0, 2.0, 4.0):
-            for high in (1.0, 2.0, 4.0, 8.0, 16.0, 32.0):
-                if high <= low:
-                    continue
+    # Only original/low and original/high matter (scaling all three alike changes nothing), so
+    # several settings fit; trying low_freq_factor=1 first returns the one Meta published.
+    for low in (1.0, 2.0, 4.0, 0.5):
+        for high in (2.0, 4.0, 8.0, 16.0, 32.0, 1.0):
+            if high <= low:
+                continue
+            for original in (2**exponent for exponent in range(10, 18)):
                 scaling = {
                     "rope_type": "llama3",
                     "factor": factor,

@@ -21,6 +21,7 @@ from ladle.model.layers.embedding import LMHead, VocabEmbedding, compute_logits
 from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
 from ladle.model.layers.rotary import RotaryEmbedding
+from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.loader.errors import ModelLoadError
 
 # Checkpoint name fragment -> (our merged parameter's fragment, shard of it).
@@ -154,7 +155,7 @@ class LlamaModel(nn.Module):
             raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
         hidden_states = self.embed_tokens(input_ids)
         residual = None
-        for layer, kv_cache in zip(self.layers, kv_caches):
+        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden_states, residual = layer(
                 positions, hidden_states, residual, kv_cache, attn_metadata
             )
@@ -221,16 +222,19 @@ class LlamaForCausalLM(nn.Module):
                 raise ModelLoadError(f"weight {checkpoint_name!r} appears twice in checkpoint")
             owner = self.get_submodule(name.rsplit(".", 1)[0])
             try:
-                if shard_id is None:
+                if shard_id is not None:
+                    owner.weight_loader(param, tensor, shard_id)
+                elif hasattr(owner, "weight_loader"):
                     owner.weight_loader(param, tensor)
                 else:
-                    owner.weight_loader(param, tensor, shard_id)
+                    default_weight_loader(param.data, tensor)
             except ModelLoadError as error:
                 raise ModelLoadError(f"weight {checkpoint_name!r}: {error}") from None
             loaded.add((name, shard_id))
         missing = sorted(_to_checkpoint_name(*key) for key in expected - loaded)
         if missing:
-            shown = ", ".join(missing[:8]) + (f" and {len(missing) - 8} more" if len(missing) > 8 else "")
+            more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
+            shown = ", ".join(missing[:8]) + more
             raise ModelLoadError(f"checkpoint is missing {len(missing)} weight(s): {shown}")
 
     def _expected_shards(self) -> set[tuple[str, str | int | None]]:

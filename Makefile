@@ -1,0 +1,31 @@
+# Two entry points for a fresh machine: `make run` and `make test`. Each builds .venv itself.
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch that this machine's pip finds on local disk; other machines may pick
+# their own with `make TORCH_SPEC=torch ...`.
+TORCH_SPEC ?= torch==2.13.0
+PROMPT ?= What is the capital of France?
+
+.PHONY: run serve test venv clean
+
+$(BIN)/ladle: pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+	$(BIN)/pip install -q "$(TORCH_SPEC)"
+	$(BIN)/pip install -q -e ".[server,test]"
+	touch $(BIN)/ladle
+
+venv: $(BIN)/ladle
+
+run: venv
+	$(BIN)/ladle chat --prompt "$(PROMPT)"
+
+serve: venv
+	$(BIN)/ladle serve
+
+test: venv
+	$(BIN)/python -m pytest -q -x --timeout=900 tests
+
+clean:
+	rm -rf $(VENV)

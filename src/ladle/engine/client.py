@@ -1,0 +1,402 @@
+"""AsyncEngineClient: the API process's handle on the engine-core process.
+
+It starts the engine core in a process of its own (multiprocessing spawn), talks to it over two
+ZMQ sockets with the typed messages of wire.py, and owns the OutputProcessor, so tokenization's
+other half (detokenization, stop strings, n > 1 fan-in) runs here and never in the engine loop.
+
+    API process                                   engine-core process
+    add_request() --AddRequests/AbortRequests-->  EngineCoreLoop: inputs, step(), outputs
+    _read_outputs() <--EngineStep (+ stats)-----
+
+Each request gets a RequestStream: an async iterator of RequestOutputs whose *_delta fields
+hold what arrived since the previous item (several steps are merged when the reader falls
+behind, so a slow client costs one item, not one per step). Closing an unfinished stream aborts
+the request in the engine. If the engine process dies, every open stream raises EngineDeadError
+and so does every later add_request: nothing waits forever.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+
+import zmq
+import zmq.asyncio
+
+from ladle.engine import wire
+from ladle.engine.admission import AdmissionController
+from ladle.engine.core_process import run_engine_core
+from ladle.engine.messages import RequestRejectedError, SchedulerStats
+from ladle.engine.output_processor import OutputProcessor
+from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
+from ladle.metrics import ServerMetrics
+from ladle.outputs import RequestOutput
+from ladle.sampling_params import SamplingParams
+
+STARTUP_POLL_MS = 200
+
+
+class EngineDeadError(RuntimeError):
+    """The engine-core process is gone (crashed, killed, or shut down)."""
+
+
+class EngineStartError(RuntimeError):
+    """The engine-core process could not start (bad model, out of memory, ...)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class EngineInfo:
+    """What the API process learns about the engine when it is ready."""
+
+    max_model_len: int
+    num_token_slots: int
+    memory_budget: str
+    vocab_size: int
+
+
+def _snapshot(output: RequestOutput) -> RequestOutput:
+    """A copy that later steps cannot change: the OutputProcessor reuses its RequestOutput
+    objects and resets their deltas at the next step. Cumulative lists stay shared (copying them
+    each step would cost O(length)); they are complete once the output is finished."""
+    completions = [
+        dataclasses.replace(
+            completion,
+            token_ids_delta=list(completion.token_ids_delta),
+            logprobs_delta=(
+                None if completion.logprobs_delta is None else list(completion.logprobs_delta)
+            ),
+        )
+        for completion in output.outputs
+    ]
+    metrics = dataclasses.replace(output.metrics) if output.metrics is not None else None
+    return dataclasses.replace(output, outputs=completions, metrics=metrics)
+
+
+def _merge(earlier: RequestOutput, later: RequestOutput) -> RequestOutput:
+    """One output holding both outputs' deltas (later's cumulative state)."""
+    for before, after in zip(earlier.outputs, later.outputs, strict=True):
+        after.text_delta = before.text_delta + after.text_delta
+        after.token_ids_delta = before.token_ids_delta + after.token_ids_delta
+        if after.logprobs_delta is not None:
+            after.logprobs_delta = (before.logprobs_delta or []) + after.logprobs_delta
+    return later
+
+
+class _OutputBuffer:
+    """Outputs not yet read by a request's consumer, merged into one; or the error that ends it."""
+
+    def __init__(self) -> None:
+        self._pending: RequestOutput | None = None
+        self._error: BaseException | None = None
+        self._ready = asyncio.Event()
+        self.previous_token_time: float | None = None  # for the inter-token latency metric
+
+    def put(self, output: RequestOutput) -> None:
+        self._pending = output if self._pending is None else _merge(self._pending, output)
+        self._ready.set()
+
+    def fail(self, error: BaseException) -> None:
+        self._error = error
+        self._ready.set()
+
+    async def get(self) -> RequestOutput:
+        while True:
+            if self._pending is not None:
+                output, self._pending = self._pending, None
+                return output
+            if self._error is not None:
+                raise self._error
+            self._ready.clear()
+            await self._ready.wait()
+
+
+class RequestStream:
+    """One request's outputs, as an async iterator; close() aborts it if it has not finished.
+
+    Always close it (try/finally): that is how a client disconnect reaches the engine.
+    """
+
+    def __init__(self, client: AsyncEngineClient, request_id: str, buffer: _OutputBuffer) -> None:
+        self.request_id = request_id
+        self._client = client
+        self._buffer = buffer
+        self.finished = False
+        self._closed = False
+
+    def __aiter__(self) -> RequestStream:
+        return self
+
+    async def __anext__(self) -> RequestOutput:
+        if self.finished or self._closed:
+            raise StopAsyncIteration
+        output = await self._buffer.get()
+        if output.finished:
+            self.finished = True
+        return output
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        if not self.finished:
+            self._client.abort(self.request_id)
+
+
+class AsyncEngineClient:
+    """Starts and talks to the engine-core process; use from one asyncio event loop."""
+
+    def __init__(
+        self,
+        engine_options: dict,
+        metrics: ServerMetrics,
+        admission: AdmissionController,
+        startup_timeout_s: float = 1800.0,
+    ) -> None:
+        """engine_options: EngineConfig.from_kwargs keywords (model path resolved already)."""
+        self.engine_options = engine_options
+        self.metrics = metrics
+        self.admission = admission
+        self.startup_timeout_s = startup_timeout_s
+        self.info: EngineInfo | None = None
+        self.tokenizer: TextTokenizer | None = None
+        self.stats = SchedulerStats()
+        self.output_processor: OutputProcessor | None = None
+        self.dead_reason: str | None = None
+        self._process: multiprocessing.process.BaseProcess | None = None
+        self._buffers: dict[str, _OutputBuffer] = {}
+        self._parent_of: dict[str, str] = {}
+        self._children: dict[str, list[str]] = {}
+        self._reader_task: asyncio.Task | None = None
+        self._shutting_down = False
+        self._ids = itertools.count()
+        self._ipc_dir: str | None = None
+        self._sync_context: zmq.Context | None = None
+        self._async_context: zmq.asyncio.Context | None = None
+
+    # ----- life cycle ------------------------------------------------------------------------
+
+    @property
+    def engine_pid(self) -> int | None:
+        return self._process.pid if self._process is not None else None
+
+    @property
+    def is_alive(self) -> bool:
+        return self.dead_reason is None and self.info is not None
+
+    async def start(self) -> None:
+        """Spawn the engine core, wait until it is ready, load the tokenizer."""
+        self._ipc_dir = tempfile.mkdtemp(prefix="ladle-")
+        input_address = f"ipc://{self._ipc_dir}/input"
+        output_address = f"ipc://{self._ipc_dir}/output"
+        self._sync_context = zmq.Context()
+        self._input_socket = self._sync_context.socket(zmq.PUSH)
+        # Unbounded: add and abort must never block the event loop or be dropped.
+        self._input_socket.setsockopt(zmq.SNDHWM, 0)
+        self._input_socket.setsockopt(zmq.LINGER, 0)
+        self._input_socket.bind(input_address)
+        self._async_context = zmq.asyncio.Context()
+        self._output_socket = self._async_context.socket(zmq.PULL)
+        self._output_socket.setsockopt(zmq.RCVHWM, 0)
+        self._output_socket.setsockopt(zmq.LINGER, 0)
+        self._output_socket.bind(output_address)
+        spawn = multiprocessing.get_context("spawn")
+        self._process = spawn.Process(
+            target=run_engine_core,
+            args=(json.dumps(self.engine_options), input_address, output_address, os.getpid()),
+            name="ladle-engine-core",
+            daemon=True,
+        )
+        self._process.start()
+        ready = await self._wait_for_ready()
+        if ready.tokenizer_source is not None:
+            self.tokenizer = await asyncio.to_thread(
+                load_tokenizer, ready.tokenizer_source, ready.arch
+            )
+        eos_token_ids = self.tokenizer.eos_token_ids if self.tokenizer else ready.arch.eos_token_ids
+        self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids)
+        self.info = EngineInfo(
+            max_model_len=ready.max_model_len,
+            num_token_slots=ready.num_token_slots,
+            memory_budget=ready.memory_budget,
+            vocab_size=self.tokenizer.vocab_size if self.tokenizer else ready.arch.vocab_size,
+        )
+        loop = asyncio.get_running_loop()
+        # The process sentinel becomes readable the moment the process ends, however it ends.
+        loop.add_reader(self._process.sentinel, self._on_engine_exit)
+        self._reader_task = asyncio.create_task(self._read_outputs(), name="ladle-engine-reader")
+
+    async def _wait_for_ready(self) -> wire.EngineReady:
+        deadline = time.monotonic() + self.startup_timeout_s
+        while time.monotonic() < deadline:
+            if await self._output_socket.poll(STARTUP_POLL_MS):
+                message = wire.decode_output(await self._output_socket.recv())
+                if isinstance(message, wire.EngineReady):
+                    return message
+                if isinstance(message, wire.EngineFailed):
+                    await self._stop_process(timeout_s=5.0)
+                    raise EngineStartError(message.message)
+            elif not self._process.is_alive():
+                raise EngineStartError(
+                    f"the engine process exited during start-up (exit code "
+                    f"{self._process.exitcode})"
+                )
+        await self._stop_process(timeout_s=5.0)
+        raise EngineStartError(f"the engine was not ready after {self.startup_timeout_s:.0f}s")
+
+    async def shutdown(self, timeout_s: float = 10.0) -> None:
+        """Stop the engine process (politely, then by force) and release the sockets."""
+        self._shutting_down = True
+        await self._stop_process(timeout_s)
+        self._mark_dead("the server is shutting down")
+        if self._reader_task is not None:
+            self._reader_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._reader_task
+        for context in (self._async_context, self._sync_context):
+            if context is not None:
+                context.destroy(linger=0)
+        if self._ipc_dir is not None:
+            shutil.rmtree(self._ipc_dir, ignore_errors=True)
+
+    async def _stop_process(self, timeout_s: float) -> None:
+        process = self._process
+        if process is None or process.exitcode is not None:
+            return
+        with contextlib.suppress(zmq.ZMQError):
+            self._input_socket.send(wire.encode_input(wire.Shutdown()), zmq.NOBLOCK)
+        for signal_step in (None, process.terminate, process.kill):
+            if signal_step is not None:
+                signal_step()
+            deadline = time.monotonic() + timeout_s
+            while process.exitcode is None and time.monotonic() < deadline:
+                await asyncio.sleep(0.05)
+            if process.exitcode is not None:
+                return
+
+    def _on_engine_exit(self) -> None:
+        asyncio.get_running_loop().remove_reader(self._process.sentinel)
+        self._process.join(timeout=0)
+        if self._shutting_down:
+            self._mark_dead("the server is shutting down")
+        else:
+            self._mark_dead(f"the engine process died (exit code {self._process.exitcode})")
+
+    def _mark_dead(self, reason: str) -> None:
+        if self.dead_reason is not None:
+            return
+        self.dead_reason = reason
+        self.metrics.record_engine_dead()
+        error = EngineDeadError(reason)
+        for request_id, buffer in list(self._buffers.items()):
+            buffer.fail(error)
+            self._forget(request_id)
+        if self._reader_task is not None and self._reader_task is not asyncio.current_task():
+            self._reader_task.cancel()
+
+    # ----- requests --------------------------------------------------------------------------
+
+    def new_request_id(self, prefix: str) -> str:
+        return f"{prefix}-{next(self._ids)}-{os.urandom(4).hex()}"
+
+    def add_request(
+        self,
+        request_id: str,
+        prompt: str | None,
+        prompt_token_ids: list[int],
+        params: SamplingParams,
+        priority: int = 0,
+    ) -> RequestStream:
+        """Send a request to the engine now. Raises EngineDeadError, or QueueFullError when the
+        admission bound is reached (nothing is sent then)."""
+        if self.dead_reason is not None:
+            raise EngineDeadError(self.dead_reason)
+        assert self.output_processor is not None, "start() first"
+        self.admission.admit(request_id, params.n, len(prompt_token_ids) * params.n)
+        core_requests = self.output_processor.add_request(
+            request_id, prompt, prompt_token_ids, params, time.monotonic(), priority
+        )
+        buffer = _OutputBuffer()
+        self._buffers[request_id] = buffer
+        self._children[request_id] = [r.request_id for r in core_requests]
+        for core_request in core_requests:
+            self._parent_of[core_request.request_id] = request_id
+        self._send(wire.AddRequests(core_requests))
+        self.metrics.record_accepted(len(prompt_token_ids), params.n)
+        return RequestStream(self, request_id, buffer)
+
+    def abort(self, request_id: str) -> None:
+        """Forget a request here and end its sequences in the engine at its next step."""
+        if self.output_processor is None or request_id not in self._buffers:
+            return
+        child_ids = self.output_processor.abort_request(request_id)
+        self._forget(request_id)
+        if child_ids and self.dead_reason is None:
+            self._send(wire.AbortRequests(child_ids))
+            self.metrics.record_aborted()
+
+    def _forget(self, request_id: str) -> None:
+        self._buffers.pop(request_id, None)
+        self.admission.release(request_id)
+        for child_id in self._children.pop(request_id, ()):
+            self._parent_of.pop(child_id, None)
+
+    def _send(self, message: wire.EngineInput) -> None:
+        # The socket's queue is unbounded, so this never blocks; a dead peer is noticed by the
+        # process sentinel, not here.
+        self._input_socket.send(wire.encode_input(message), zmq.NOBLOCK)
+
+    @property
+    def num_open_requests(self) -> int:
+        return len(self._buffers)
+
+    # ----- outputs ---------------------------------------------------------------------------
+
+    async def _read_outputs(self) -> None:
+        try:
+            while True:
+                message = wire.decode_output(await self._output_socket.recv())
+                if isinstance(message, wire.EngineStep):
+                    self._apply_step(message)
+                elif isinstance(message, wire.EngineFailed):
+                    self._mark_dead(message.message)
+                    return
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - a broken reader must not leave requests hanging
+            self._mark_dead(f"lost the engine's output stream ({type(error).__name__}: {error})")
+
+    def _apply_step(self, step: wire.EngineStep) -> None:
+        if step.stats is not None:
+            self.stats = step.stats
+            self.metrics.record_engine_stats(step.stats)
+        for rejection in step.rejections:
+            parent_id = self._parent_of.get(rejection.request_id)
+            buffer = self._buffers.get(parent_id) if parent_id is not None else None
+            if buffer is not None:
+                self.abort(parent_id)  # its other samples, if any
+                buffer.fail(RequestRejectedError(rejection.message))
+        if not step.outputs:
+            return
+        request_outputs, to_abort = self.output_processor.process_outputs(step.outputs)
+        if to_abort:
+            self._send(wire.AbortRequests(to_abort))  # ended here by a stop string
+        for output in request_outputs:
+            buffer = self._buffers.get(output.request_id)
+            if buffer is None:
+                continue
+            self.admission.release(output.request_id)
+            self.metrics.record_step_output(output, buffer.previous_token_time)
+            if output.metrics is not None and output.metrics.last_token_time is not None:
+                buffer.previous_token_time = output.metrics.last_token_time
+            buffer.put(_snapshot(output))
+            if output.finished:
+                self.metrics.record_finished(output)
+                self._forget(output.request_id)

@@ -1,0 +1,172 @@
+"""The engine-core process: EngineCore.step() in a loop, fed and drained over ZMQ.
+
+The loop never waits on the API process while it has work: it takes whatever add / abort
+messages have arrived (without blocking), steps, and pushes the step's outputs. Aborts are
+applied before the next step, so a request whose client went away stops within one step and
+its KV blocks are freed. Idle, it blocks on its input for a short while, then sends a heartbeat
+with fresh stats.
+
+It exits when told to (Shutdown), when its parent (the API process) is gone however it died
+(its parent pid changes when it is re-parented), and after reporting a failure (EngineFailed).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import signal
+import sys
+import time
+import traceback
+
+import zmq
+
+from ladle.engine import wire
+from ladle.engine.messages import EngineCoreOutput, RequestRejectedError
+
+logger = logging.getLogger(__name__)
+
+# Idle: how long one wait for input lasts, which bounds how late a dead parent is noticed.
+IDLE_POLL_MS = 200
+# Idle: how often fresh stats go out when nothing else does.
+HEARTBEAT_INTERVAL_S = 1.0
+# How long one blocked send waits before checking that the parent is still there.
+SEND_TIMEOUT_MS = 1000
+
+
+def run_engine_core(
+    engine_options_json: str, input_address: str, output_address: str, parent_pid: int
+) -> None:
+    """Process entry point (multiprocessing spawn target). Arguments are plain strings, so the
+    process start carries no objects; engine_options_json is EngineConfig.from_kwargs' input."""
+    # Ctrl-C reaches the whole process group; the API process decides how to shut us down.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    context = zmq.Context()
+    input_socket = context.socket(zmq.PULL)
+    input_socket.connect(input_address)
+    output_socket = context.socket(zmq.PUSH)
+    output_socket.setsockopt(zmq.SNDTIMEO, SEND_TIMEOUT_MS)
+    output_socket.setsockopt(zmq.LINGER, 1000)
+    output_socket.connect(output_address)
+    exit_code = 0
+    try:
+        loop = _start(engine_options_json, input_socket, output_socket, parent_pid)
+        if loop is not None:
+            loop.run()
+    except Exception as error:  # noqa: BLE001 - any failure must reach the API as a message
+        exit_code = 1
+        detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+        logger.error("engine core failed:\n%s", traceback.format_exc())
+        _try_send(output_socket, wire.EngineFailed(f"engine core failed: {detail}"), parent_pid)
+    # Closing with linger lets a last message (EngineFailed) leave before the process ends.
+    input_socket.close(linger=0)
+    output_socket.close(linger=1000)
+    context.term()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    # Skip interpreter teardown: torch's thread pools can hang it, and there is nothing to save.
+    os._exit(exit_code)
+
+
+def _start(
+    engine_options_json: str, input_socket: zmq.Socket, output_socket: zmq.Socket, parent_pid: int
+) -> EngineCoreLoop | None:
+    # Imported here: the API process imports this module only to name the spawn target.
+    from ladle.config import EngineConfig
+    from ladle.engine.engine_core import EngineCore
+
+    options = json.loads(engine_options_json)
+    config = EngineConfig.from_kwargs(**options)
+    engine = EngineCore(config)
+    runner = engine.runner
+    ready = wire.EngineReady(
+        max_model_len=engine.max_model_len,
+        num_token_slots=int(runner.memory_budget.num_token_slots),
+        tokenizer_source=config.model.tokenizer or runner.model_path,
+        arch=runner.arch,
+        memory_budget=runner.memory_budget.describe(),
+    )
+    if not _try_send(output_socket, ready, parent_pid):
+        return None
+    return EngineCoreLoop(engine, input_socket, output_socket, parent_pid)
+
+
+def _parent_is_alive(parent_pid: int) -> bool:
+    # A dead parent's children are re-parented (to init or a subreaper), so getppid() changes.
+    return os.getppid() == parent_pid
+
+
+def _try_send(socket: zmq.Socket, message: wire.EngineOutput, parent_pid: int) -> bool:
+    """Send, retrying while the API process lives; False once it is gone."""
+    frame = wire.encode_output(message)
+    while True:
+        try:
+            socket.send(frame)
+            return True
+        except zmq.Again:
+            if not _parent_is_alive(parent_pid):
+                return False
+
+
+class EngineCoreLoop:
+    """Runs one EngineCore against its two sockets until shutdown or the parent's death."""
+
+    def __init__(
+        self, engine, input_socket: zmq.Socket, output_socket: zmq.Socket, parent_pid: int
+    ) -> None:
+        self.engine = engine
+        self.input_socket = input_socket
+        self.output_socket = output_socket
+        self.parent_pid = parent_pid
+        self.poller = zmq.Poller()
+        self.poller.register(input_socket, zmq.POLLIN)
+        self._should_stop = False
+
+    def run(self) -> None:
+        last_sent = time.monotonic()
+        while not self._should_stop:
+            busy = self.engine.has_unfinished_requests()
+            outputs, rejections, num_handled = self._take_inputs(0 if busy else IDLE_POLL_MS)
+            if self._should_stop or not _parent_is_alive(self.parent_pid):
+                return
+            if self.engine.has_unfinished_requests():
+                outputs += self.engine.step()
+            now = time.monotonic()
+            # Send after every step with outputs and after every input (so stats follow an
+            # abort at once); otherwise only a heartbeat now and then.
+            if outputs or rejections or num_handled or now - last_sent >= HEARTBEAT_INTERVAL_S:
+                message = wire.EngineStep(
+                    outputs=outputs, rejections=rejections, stats=self.engine.get_stats()
+                )
+                if not _try_send(self.output_socket, message, self.parent_pid):
+                    return
+                last_sent = now
+
+    def _take_inputs(
+        self, timeout_ms: int
+    ) -> tuple[list[EngineCoreOutput], list[wire.Rejection], int]:
+        """Apply every message that has arrived, waiting up to timeout_ms for the first."""
+        outputs: list[EngineCoreOutput] = []
+        rejections: list[wire.Rejection] = []
+        num_handled = 0
+        if not self.poller.poll(timeout_ms):
+            return outputs, rejections, num_handled
+        while True:
+            try:
+                frame = self.input_socket.recv(zmq.NOBLOCK)
+            except zmq.Again:
+                return outputs, rejections, num_handled
+            num_handled += 1
+            message = wire.decode_input(frame)
+            if isinstance(message, wire.AddRequests):
+                for request in message.requests:
+                    try:
+                        self.engine.add_request(request)
+                    except (RequestRejectedError, ValueError) as error:
+                        rejections.append(wire.Rejection(request.request_id, str(error)))
+            elif isinstance(message, wire.AbortRequests):
+                outputs += self.engine.abort_requests(message.request_ids)
+            elif isinstance(message, wire.Shutdown):
+                self._should_stop = True
+                return outputs, rejections, num_handled

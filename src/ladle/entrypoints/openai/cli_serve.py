@@ -1,0 +1,127 @@
+"""`ladle serve [MODEL]`: the OpenAI-compatible server on uvicorn.
+
+It resolves the model (the embedded default when none is given), starts the engine-core process
+(which prints the memory budget), binds to loopback unless --host says otherwise, and prints
+where it listens once it does. SIGTERM or Ctrl-C drains: no new connections, in-flight requests
+get --shutdown-timeout seconds to finish, then the engine process is stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+# Imported here, not lazily: `ladle.cli` shows `serve` only when this import succeeds, i.e. when
+# the server extra is installed.
+import uvicorn
+
+DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
+API_KEY_ENV = "LADLE_API_KEY"
+
+
+def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
+    from ladle.cli import add_engine_arguments
+
+    parser = subparsers.add_parser(
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
+        description="Serve a model over an OpenAI-compatible HTTP API (see docs/serving.md).",
+    )
+    parser.add_argument("model", nargs="?", default=None,
+                        help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M")
+    parser.add_argument("--model", dest="model_option", default=None)
+    server = parser.add_argument_group("server")
+    server.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: loopback only; 0.0.0.0 for all)")
+    server.add_argument("--port", type=int, default=8000, help="0 picks a free port")
+    server.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})")
+    server.add_argument("--served-model-name", default=None,
+                        help="the model name clients send (default: the model argument)")
+    server.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model's")
+    server.add_argument("--max-queued-requests", type=int, default=1024,
+                        help="sequences waiting for the engine before new requests get 429")
+    server.add_argument("--max-queued-tokens", type=int, default=1 << 20,
+                        help="prompt tokens waiting for the engine before new requests get 429")
+    server.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
+                        help="larger request bodies get 413")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    server.add_argument("--access-log", action="store_true", help="log every request")
+    add_engine_arguments(parser)
+    parser.set_defaults(handler=run_serve)
+
+
+def run_serve(args: argparse.Namespace) -> int:
+    from ladle.cli import engine_options_from_args
+    from ladle.config import EngineConfig
+    from ladle.engine.admission import AdmissionController
+    from ladle.engine.client import AsyncEngineClient
+    from ladle.entrypoints.openai.server import ServerSettings, build_app
+    from ladle.metrics import ServerMetrics
+
+    if args.max_request_bytes < 1:
+        raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
+    if args.shutdown_timeout < 0:
+        raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    options = engine_options_from_args(args)
+    if args.tokenizer:
+        options["tokenizer"] = args.tokenizer
+    model = args.model
+    if model is None and options["load_format"] != "dummy":
+        from ladle.model.default_model import resolve_default_model
+
+        model = str(resolve_default_model())
+        served_name = args.served_model_name or DEFAULT_SERVED_NAME
+    else:
+        served_name = args.served_model_name or model
+    # Bad options fail here, before a process is spawned, with the field named.
+    EngineConfig.from_kwargs(model=model, **options)
+    metrics = ServerMetrics(served_name)
+    admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
+    client = AsyncEngineClient({"model": model, **options}, metrics, admission)
+    settings = ServerSettings(
+        served_model_name=served_name,
+        api_key=args.api_key or None,
+        max_request_bytes=args.max_request_bytes,
+    )
+    app = build_app(client, settings)
+    config = uvicorn.Config(
+        app,
+        host=args.host,
+        port=args.port,
+        log_level=args.log_level,
+        access_log=args.access_log,
+        timeout_graceful_shutdown=args.shutdown_timeout,
+        lifespan="on",
+    )
+    server = _AnnouncingServer(config, served_name)
+    server.run()
+    if not server.started:
+        print("ladle: error: the server did not start (see the error above)", file=sys.stderr)
+        return 1
+    return 0
+
+
+class _AnnouncingServer(uvicorn.Server):
+    """Prints the bound address (the real port when --port 0) once it listens."""
+
+    def __init__(self, config: uvicorn.Config, served_name: str) -> None:
+        super().__init__(config)
+        self.served_name = served_name
+
+    async def startup(self, sockets=None) -> None:
+        await super().startup(sockets)
+        if not self.started or self.should_exit:
+            return
+        for listener in self.servers:
+            for sock in listener.sockets:
+                host, port = sock.getsockname()[:2]
+                shown = f"[{host}]" if ":" in host else host
+                print(
+                    f"[ladle] serving {self.served_name} on http://{shown}:{port} "
+                    "(OpenAI API under /v1; ready: GET /health -> 200)",
+                    flush=True,
+                )

@@ -1,0 +1,96 @@
+"""From an OpenAI request to SamplingParams, and the length rules a request must meet.
+
+SamplingParams validates every range itself (its ValueError names the field), so this module
+only maps names and defaults, and adds the checks that need the model: prompt + max_tokens must
+fit in max_model_len (and in the KV pool), and token ids must be in the vocabulary.
+"""
+
+from __future__ import annotations
+
+from ladle.entrypoints.openai.errors import BadRequestError, from_value_error
+from ladle.entrypoints.openai.protocol import _SamplingFields
+from ladle.sampling_params import SamplingParams
+
+
+def build_sampling_params(
+    request: _SamplingFields, max_tokens: int, logprobs: int | None
+) -> SamplingParams:
+    """SamplingParams of a validated request; raises BadRequestError naming a bad field."""
+    if request.logit_bias:
+        raise BadRequestError("logit_bias is not supported", param="logit_bias")
+    try:
+        return SamplingParams(
+            n=request.n,
+            temperature=1.0 if request.temperature is None else request.temperature,
+            top_p=1.0 if request.top_p is None else request.top_p,
+            top_k=-1 if request.top_k is None else request.top_k,
+            min_p=0.0 if request.min_p is None else request.min_p,
+            presence_penalty=request.presence_penalty or 0.0,
+            frequency_penalty=request.frequency_penalty or 0.0,
+            repetition_penalty=(
+                1.0 if request.repetition_penalty is None else request.repetition_penalty
+            ),
+            seed=request.seed,
+            stop=request.stop,
+            stop_token_ids=request.stop_token_ids,
+            ignore_eos=request.ignore_eos,
+            max_tokens=max_tokens,
+            min_tokens=request.min_tokens,
+            logprobs=logprobs,
+            include_stop_str_in_output=request.include_stop_str_in_output,
+            skip_special_tokens=request.skip_special_tokens,
+        )
+    except ValueError as error:
+        raise from_value_error(error) from error
+
+
+def resolve_max_tokens(
+    requested: int | None,
+    num_prompt_tokens: int,
+    max_model_len: int,
+    num_token_slots: int,
+    prompt_param: str,
+    max_tokens_param: str = "max_tokens",
+) -> int:
+    """The number of tokens to generate: the request's, or all the room left when it gives
+    none. Raises BadRequestError (naming the limit) when the request cannot fit."""
+    if requested is not None and requested < 1:
+        raise BadRequestError(
+            f"{max_tokens_param} must be at least 1, got {requested}", param=max_tokens_param
+        )
+    if num_prompt_tokens == 0:
+        raise BadRequestError("the prompt is empty; give at least one token", param=prompt_param)
+    if num_prompt_tokens >= max_model_len:
+        raise BadRequestError(
+            f"This model's maximum context length is {max_model_len} tokens (max_model_len), "
+            f"but the prompt has {num_prompt_tokens} tokens, which leaves no room to generate",
+            param=prompt_param,
+            code="context_length_exceeded",
+        )
+    room = max_model_len - num_prompt_tokens
+    if requested is None:
+        requested = room
+    elif requested > room:
+        raise BadRequestError(
+            f"This model's maximum context length is {max_model_len} tokens (max_model_len), "
+            f"but {num_prompt_tokens + requested} were requested ({num_prompt_tokens} in the "
+            f"prompt, {requested} for the completion); reduce {max_tokens_param} or the prompt",
+            param=max_tokens_param,
+            code="context_length_exceeded",
+        )
+    if num_prompt_tokens + requested > num_token_slots:
+        raise BadRequestError(
+            f"the prompt ({num_prompt_tokens} tokens) + {max_tokens_param} ({requested}) need more "
+            f"KV cache than the server's whole pool holds ({num_token_slots} tokens); reduce "
+            f"{max_tokens_param} or the prompt",
+            param=max_tokens_param,
+        )
+    return requested
+
+
+def check_token_ids(token_ids: list[int], vocab_size: int, param: str) -> None:
+    for token_id in token_ids:
+        if not 0 <= token_id < vocab_size:
+            raise BadRequestError(
+                f"token id {token_id} is outside the vocabulary [0, {vocab_size})", param=param
+            )

@@ -1,0 +1,169 @@
+"""The FastAPI app: routes, auth, error mapping and the engine's life cycle. No engine logic.
+
+    POST /v1/completions        serving_completions.py
+    POST /v1/chat/completions   serving_chat.py
+    GET  /v1/models
+    GET  /health                200 while the engine process is alive, else 503
+    GET  /version
+    GET  /metrics               Prometheus (metrics.py)
+
+Every error leaves as OpenAI's error body (errors.py); an unexpected exception is a 500 in the
+same format, logged with its traceback.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+from fastapi import APIRouter, Depends, FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, Response
+from starlette.exceptions import HTTPException as StarletteHTTPException
+from starlette.requests import ClientDisconnect
+
+import ladle
+from ladle.engine.client import AsyncEngineClient
+from ladle.entrypoints.openai.auth import make_api_key_check, read_body
+from ladle.entrypoints.openai.errors import (
+    APIError,
+    BadRequestError,
+    InternalServerError,
+    MethodNotAllowedError,
+    NotFoundError,
+    ServiceUnavailableError,
+    error_body,
+)
+from ladle.entrypoints.openai.protocol import ModelCard, ModelList
+from ladle.entrypoints.openai.serving_chat import OpenAIServingChat
+from ladle.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from ladle.entrypoints.openai.streaming import ClientDisconnected
+from ladle.metrics import CONTENT_TYPE
+
+logger = logging.getLogger("ladle.server")
+
+# nginx's name for "client closed the request"; nobody receives it, but access logs show it.
+CLIENT_CLOSED_REQUEST = 499
+
+
+@dataclass(frozen=True)
+class ServerSettings:
+    served_model_name: str
+    api_key: str | None = None
+    max_request_bytes: int = 4 * 1024 * 1024
+
+
+@dataclass
+class _Handlers:
+    completions: OpenAIServingCompletion
+    chat: OpenAIServingChat
+
+
+def build_app(client: AsyncEngineClient, settings: ServerSettings) -> FastAPI:
+    """The app for one engine client. Its lifespan starts the engine (so a model that fails to
+    load stops the server before it binds its port) and shuts it down on exit."""
+    handlers: list[_Handlers] = []  # filled once the engine (and tokenizer) is ready
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        await client.start()
+        handlers.append(
+            _Handlers(
+                completions=OpenAIServingCompletion(client, settings.served_model_name),
+                chat=OpenAIServingChat(client, settings.served_model_name),
+            )
+        )
+        try:
+            yield
+        finally:
+            await client.shutdown()
+
+    app = FastAPI(title="ladle", version=ladle.__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
+    _add_error_handlers(app, client)
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(make_api_key_check(settings.api_key))])
+
+    @v1.get("/models")
+    async def list_models() -> JSONResponse:
+        card = ModelCard(
+            id=settings.served_model_name,
+            max_model_len=client.info.max_model_len if client.info else None,
+        )
+        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @v1.post("/completions")
+    async def create_completion(request: Request) -> Response:
+        body = await read_body(request, settings.max_request_bytes)
+        return await handlers[0].completions.create(body, request)
+
+    @v1.post("/chat/completions")
+    async def create_chat_completion(request: Request) -> Response:
+        body = await read_body(request, settings.max_request_bytes)
+        return await handlers[0].chat.create(body, request)
+
+    app.include_router(v1)
+
+    @app.get("/health")
+    async def health() -> Response:
+        if not client.is_alive:
+            raise ServiceUnavailableError(
+                client.dead_reason or "the engine is not ready", code="engine_unavailable"
+            )
+        return Response(status_code=200)
+
+    @app.get("/version")
+    async def version() -> JSONResponse:
+        return JSONResponse({"version": ladle.__version__})
+
+    @app.get("/metrics")
+    async def metrics() -> Response:
+        return Response(client.metrics.render(), media_type=CONTENT_TYPE)
+
+    return app
+
+
+def _add_error_handlers(app: FastAPI, client: AsyncEngineClient) -> None:
+    @app.exception_handler(APIError)
+    async def api_error(request: Request, error: APIError) -> Response:
+        reason = _REJECTION_REASONS.get(error.status_code)
+        if reason is not None:
+            client.metrics.record_rejected(reason)
+        return error.to_response()
+
+    @app.exception_handler(StarletteHTTPException)
+    async def http_error(request: Request, error: StarletteHTTPException) -> Response:
+        if error.status_code == 404:
+            api_error_ = NotFoundError(f"no route {request.method} {request.url.path}")
+        elif error.status_code == 405:
+            api_error_ = MethodNotAllowedError(
+                f"method {request.method} is not allowed on {request.url.path}"
+            )
+        else:
+            return JSONResponse(
+                error_body(str(error.detail), "invalid_request_error"),
+                status_code=error.status_code,
+            )
+        return api_error_.to_response()
+
+    @app.exception_handler(RequestValidationError)
+    async def validation_error(request: Request, error: RequestValidationError) -> Response:
+        return BadRequestError(f"invalid request: {error.errors()[:1]}").to_response()
+
+    @app.exception_handler(ClientDisconnected)
+    @app.exception_handler(ClientDisconnect)
+    async def client_gone(request: Request, error: Exception) -> Response:
+        return Response(status_code=CLIENT_CLOSED_REQUEST)
+
+    @app.exception_handler(Exception)
+    async def unexpected_error(request: Request, error: Exception) -> Response:
+        logger.exception("unexpected error on %s %s", request.method, request.url.path)
+        return InternalServerError(
+            f"internal server error: {type(error).__name__}: {error}"
+        ).to_response()
+
+
+_REJECTION_REASONS = {
+    400: "bad_request", 401: "unauthorized", 404: "not_found", 413: "too_large", 429: "queue_full"
+}

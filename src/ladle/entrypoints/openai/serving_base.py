@@ -1,0 +1,98 @@
+"""What the completion and chat handlers share: the engine client, the served model's name,
+and turning engine-side failures into OpenAI errors."""
+
+from __future__ import annotations
+
+import time
+
+from ladle.engine.admission import QueueFullError
+from ladle.engine.client import AsyncEngineClient, EngineDeadError, RequestStream
+from ladle.engine.messages import RequestRejectedError
+from ladle.entrypoints.openai.errors import (
+    APIError,
+    BadRequestError,
+    InternalServerError,
+    NotFoundError,
+    RateLimitError,
+    ServiceUnavailableError,
+)
+from ladle.entrypoints.openai.logprobs import TokenTexts
+from ladle.entrypoints.openai.protocol import UsageInfo
+from ladle.outputs import RequestOutput
+from ladle.sampling_params import SamplingParams
+
+
+class OpenAIServing:
+    """Base of the endpoint handlers; holds state explicitly, no globals."""
+
+    def __init__(self, client: AsyncEngineClient, served_model_name: str) -> None:
+        self.client = client
+        self.served_model_name = served_model_name
+        self.token_texts = TokenTexts(client.tokenizer)
+
+    def check_model(self, model: str | None) -> None:
+        if model is not None and model != self.served_model_name:
+            raise NotFoundError(
+                f"The model `{model}` does not exist; this server serves "
+                f"`{self.served_model_name}`",
+                param="model",
+                code="model_not_found",
+            )
+
+    def check_engine(self) -> None:
+        if self.client.dead_reason is not None:
+            raise ServiceUnavailableError(self.client.dead_reason, code="engine_unavailable")
+
+    def admit_batch(self, num_sequences: int, num_prompt_tokens: int) -> None:
+        """All-or-nothing admission for a request that becomes several engine requests."""
+        try:
+            self.client.admission.check(num_sequences, num_prompt_tokens)
+        except QueueFullError as error:
+            raise self.queue_full(error) from error
+
+    def queue_full(self, error: QueueFullError) -> RateLimitError:
+        return RateLimitError(
+            str(error),
+            code="rate_limit_exceeded",
+            headers={"Retry-After": str(error.retry_after_seconds)},
+        )
+
+    def add_request(
+        self, prefix: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        priority: int,
+    ) -> RequestStream:
+        try:
+            return self.client.add_request(
+                self.client.new_request_id(prefix), prompt, prompt_token_ids, params, priority
+            )
+        except QueueFullError as error:
+            raise self.queue_full(error) from error
+        except EngineDeadError as error:
+            raise ServiceUnavailableError(str(error), code="engine_unavailable") from error
+
+    @staticmethod
+    def generation_error(error: Exception) -> APIError:
+        """The API error for an exception raised while a request ran in the engine."""
+        if isinstance(error, APIError):
+            return error
+        if isinstance(error, RequestRejectedError):
+            return BadRequestError(str(error))
+        if isinstance(error, EngineDeadError):
+            return InternalServerError(
+                f"the request failed: {error}", code="engine_dead"
+            )
+        return InternalServerError(f"the request failed: {type(error).__name__}: {error}")
+
+    @staticmethod
+    def usage(prompt_lengths: list[int], outputs: list[RequestOutput]) -> UsageInfo:
+        prompt_tokens = sum(prompt_lengths)
+        completion_tokens = sum(len(c.token_ids) for o in outputs for c in o.outputs)
+        return UsageInfo(
+            prompt_tokens=prompt_tokens,
+            completion_tokens=completion_tokens,
+            total_tokens=prompt_tokens + completion_tokens,
+        )
+
+    @staticmethod
+    def created() -> int:
+        return int(time.time())

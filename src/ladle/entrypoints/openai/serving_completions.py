@@ -1,0 +1,260 @@
+"""POST /v1/completions: prompts in, text out, streamed or whole.
+
+A request with several prompts becomes one engine request per prompt (each with its n samples);
+choice indices run prompt by prompt (prompt_index * n + sample index), as OpenAI numbers them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+
+from fastapi import Request
+from fastapi.responses import JSONResponse, Response
+from pydantic import ValidationError
+
+from ladle.engine.client import RequestStream
+from ladle.entrypoints.openai.errors import APIError, BadRequestError, from_validation_error
+from ladle.entrypoints.openai.logprobs import completion_logprobs
+from ladle.entrypoints.openai.protocol import (
+    CompletionChoice,
+    CompletionChunk,
+    CompletionRequest,
+    CompletionResponse,
+    parse_request,
+)
+from ladle.entrypoints.openai.sampling import (
+    build_sampling_params,
+    check_token_ids,
+    resolve_max_tokens,
+)
+from ladle.entrypoints.openai.serving_base import OpenAIServing
+from ladle.entrypoints.openai.streaming import (
+    SSE_DONE,
+    ClientDisconnected,
+    DisconnectAwareStreamingResponse,
+    merge_streams,
+    run_until_disconnect,
+    sse_event,
+)
+from ladle.outputs import RequestOutput
+from ladle.sampling_params import SamplingParams
+
+
+class OpenAIServingCompletion(OpenAIServing):
+    async def create(self, body: bytes, raw_request: Request) -> Response:
+        try:
+            request = parse_request(CompletionRequest, body)
+        except ValidationError as error:
+            raise from_validation_error(error) from error
+        self.check_model(request.model)
+        self.check_engine()
+        self._check_unsupported(request)
+        prompts = self._tokenize(request.prompt)
+        params_list = [self._params(request, token_ids) for _, token_ids in prompts]
+        self.admit_batch(
+            len(prompts) * request.n, sum(len(ids) for _, ids in prompts) * request.n
+        )
+        streams: list[RequestStream] = []
+        try:
+            for (text, token_ids), params in zip(prompts, params_list, strict=True):
+                streams.append(
+                    self.add_request("cmpl", text, token_ids, params, request.priority)
+                )
+        except BaseException:
+            for stream in streams:
+                stream.close()
+            raise
+        response_id = f"cmpl-{uuid.uuid4().hex}"
+        echo_texts = [self._echo_text(text, ids) if request.echo else "" for text, ids in prompts]
+        prompt_lengths = [len(ids) for _, ids in prompts]
+
+        def close_all() -> None:
+            for stream in streams:
+                stream.close()
+
+        if request.stream:
+            return DisconnectAwareStreamingResponse(
+                self._stream(request, response_id, streams, echo_texts, prompt_lengths),
+                on_close=close_all,
+            )
+        try:
+            outputs = await run_until_disconnect(raw_request, self._collect(streams))
+        except (ClientDisconnected, APIError):
+            raise
+        except Exception as error:  # noqa: BLE001 - rejected by the engine, or the engine died
+            raise self.generation_error(error) from error
+        finally:
+            close_all()
+        return JSONResponse(
+            self._response(request, response_id, outputs, echo_texts, prompt_lengths).model_dump()
+        )
+
+    # ----- request -----------------------------------------------------------------------------
+
+    @staticmethod
+    def _check_unsupported(request: CompletionRequest) -> None:
+        if request.suffix:
+            raise BadRequestError("suffix is not supported", param="suffix")
+        if request.best_of is not None and request.best_of != request.n:
+            raise BadRequestError("best_of other than n is not supported", param="best_of")
+        if request.echo and request.logprobs is not None:
+            raise BadRequestError(
+                "echo with logprobs is not supported (prompt logprobs are not computed)",
+                param="echo",
+            )
+
+    def _tokenize(
+        self, prompt: str | list[str] | list[int] | list[list[int]]
+    ) -> list[tuple[str | None, list[int]]]:
+        """(text, token ids) of each prompt."""
+        if isinstance(prompt, str):
+            items: list = [prompt]
+        elif prompt and isinstance(prompt[0], int):
+            items = [prompt]
+        else:
+            items = list(prompt)
+        if not items:
+            raise BadRequestError("prompt must not be an empty list", param="prompt")
+        vocab_size = self.client.info.vocab_size
+        tokenizer = self.client.tokenizer
+        result = []
+        for item in items:
+            if isinstance(item, str):
+                if tokenizer is None:
+                    raise BadRequestError(
+                        "this model has no tokenizer; send token ids as the prompt", param="prompt"
+                    )
+                result.append((item, tokenizer.encode(item)))
+            else:
+                check_token_ids(item, vocab_size, "prompt")
+                result.append((None, list(item)))
+        return result
+
+    def _params(self, request: CompletionRequest, token_ids: list[int]) -> SamplingParams:
+        info = self.client.info
+        max_tokens = resolve_max_tokens(
+            request.max_tokens, len(token_ids), info.max_model_len, info.num_token_slots, "prompt"
+        )
+        return build_sampling_params(request, max_tokens, request.logprobs)
+
+    def _echo_text(self, text: str | None, token_ids: list[int]) -> str:
+        if text is not None:
+            return text
+        tokenizer = self.client.tokenizer
+        return tokenizer.decode(token_ids) if tokenizer is not None else ""
+
+    # ----- response ----------------------------------------------------------------------------
+
+    @staticmethod
+    async def _collect(streams: list[RequestStream]) -> list[RequestOutput]:
+        finals: list[RequestOutput | None] = [None] * len(streams)
+        async for index, output in merge_streams(streams):
+            if output.finished:
+                finals[index] = output
+        return [output for output in finals if output is not None]
+
+    def _response(
+        self,
+        request: CompletionRequest,
+        response_id: str,
+        outputs: list[RequestOutput],
+        echo_texts: list[str],
+        prompt_lengths: list[int],
+    ) -> CompletionResponse:
+        choices = []
+        num_top = request.logprobs or 0
+        for prompt_index, output in enumerate(outputs):
+            for completion in output.outputs:
+                logprobs = None
+                if request.logprobs is not None:
+                    logprobs = completion_logprobs(
+                        completion.logprobs or [], self.token_texts, num_top, 0
+                    )
+                choices.append(
+                    CompletionChoice(
+                        index=prompt_index * request.n + completion.index,
+                        text=echo_texts[prompt_index] + completion.text,
+                        logprobs=logprobs,
+                        finish_reason=completion.finish_reason,
+                        stop_reason=completion.stop_reason,
+                    )
+                )
+        return CompletionResponse(
+            id=response_id,
+            model=self.served_model_name,
+            choices=choices,
+            usage=self.usage(prompt_lengths, outputs),
+        )
+
+    async def _stream(
+        self,
+        request: CompletionRequest,
+        response_id: str,
+        streams: list[RequestStream],
+        echo_texts: list[str],
+        prompt_lengths: list[int],
+    ) -> AsyncIterator[str]:
+        created = self.created()
+        n = request.n
+        num_top = request.logprobs or 0
+        num_choices = len(streams) * n
+        text_offsets = [0] * num_choices
+        echo_pending = [bool(echo_texts[i // n]) for i in range(num_choices)]
+        finish_sent = [False] * num_choices
+        finals: list[RequestOutput | None] = [None] * len(streams)
+        include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        try:
+            async for prompt_index, output in merge_streams(streams):
+                choices = []
+                for completion in output.outputs:
+                    index = prompt_index * n + completion.index
+                    text = completion.text_delta
+                    if echo_pending[index]:
+                        text = echo_texts[prompt_index] + text
+                        echo_pending[index] = False
+                    logprobs = None
+                    if request.logprobs is not None and completion.logprobs_delta:
+                        logprobs = completion_logprobs(
+                            completion.logprobs_delta, self.token_texts, num_top,
+                            text_offsets[index],
+                        )
+                    text_offsets[index] += len(text)
+                    finishing = completion.finish_reason is not None and not finish_sent[index]
+                    if not text and logprobs is None and not finishing:
+                        continue
+                    finish_sent[index] = finish_sent[index] or finishing
+                    choices.append(
+                        CompletionChoice(
+                            index=index,
+                            text=text,
+                            logprobs=logprobs,
+                            finish_reason=completion.finish_reason if finishing else None,
+                            stop_reason=completion.stop_reason if finishing else None,
+                        )
+                    )
+                if output.finished:
+                    finals[prompt_index] = output
+                if choices:
+                    chunk = CompletionChunk(
+                        id=response_id, created=created, model=self.served_model_name,
+                        choices=choices,
+                    )
+                    yield sse_event(chunk.model_dump_json())
+            if include_usage:
+                done = [output for output in finals if output is not None]
+                chunk = CompletionChunk(
+                    id=response_id, created=created, model=self.served_model_name, choices=[],
+                    usage=self.usage(prompt_lengths, done),
+                )
+                yield sse_event(chunk.model_dump_json())
+            yield SSE_DONE
+        except asyncio.CancelledError:
+            raise
+        except Exception as error:  # noqa: BLE001 - the status is sent; report in the stream
+            yield self.generation_error(error).to_sse()
+            yield SSE_DONE
+        finally:
+            for stream in streams:
+                stream.close()

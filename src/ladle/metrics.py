@@ -1,0 +1,180 @@
+"""Prometheus metrics of the server, under vLLM's names where vLLM has one.
+
+Dashboards and alerts written for vLLM work unchanged, so every metric vLLM also exports keeps
+its `vllm:` name, label (`model_name`) and meaning (`vllm:kv_cache_usage_perc` is a fraction in
+[0, 1], as in vLLM). Metrics vLLM does not have are prefixed `ladle:`. Counters get the `_total`
+suffix from prometheus-client, as vLLM's do.
+
+Two sources feed them:
+- the engine core's SchedulerStats snapshot (running / waiting counts, KV usage, prefix-cache
+  and preemption totals), exported by a collector at scrape time, so a scrape always shows the
+  latest snapshot and the engine's cumulative counters need no delta bookkeeping;
+- the API process's view of each request (tokens, TTFT, inter-token and end-to-end latency).
+
+Each ServerMetrics has its own registry: two servers in one process (tests) never collide.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.registry import Collector
+
+from ladle.engine.messages import SchedulerStats
+from ladle.outputs import RequestOutput
+
+CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+
+# vLLM's buckets, so histograms from the two engines can be compared bucket by bucket.
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                       5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+class _EngineStatsCollector(Collector):
+    """Exports the latest SchedulerStats snapshot at scrape time."""
+
+    def __init__(self, model_name: str) -> None:
+        self.model_name = model_name
+        self.stats = SchedulerStats()
+        self.engine_alive = True
+
+    def collect(self) -> Iterator:
+        labels = ["model_name"]
+        values = [self.model_name]
+        stats = self.stats
+
+        def gauge(name: str, documentation: str, value: float) -> GaugeMetricFamily:
+            family = GaugeMetricFamily(name, documentation, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        def counter(name: str, documentation: str, value: float) -> CounterMetricFamily:
+            family = CounterMetricFamily(name, documentation, labels=labels)
+            family.add_metric(values, value)
+            return family
+
+        yield gauge("vllm:num_requests_running", "Sequences in the running batch.",
+                    stats.num_running_reqs)
+        yield gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.",
+                    stats.num_waiting_reqs)
+        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).",
+                    stats.kv_cache_usage)
+        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      stats.prefix_cache_queries)
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      stats.prefix_cache_hits)
+        yield counter("vllm:num_preemptions", "Preemptions (by recompute) since start.",
+                      stats.num_preemptions)
+        hit_rate = (
+            stats.prefix_cache_hits / stats.prefix_cache_queries
+            if stats.prefix_cache_queries else 0.0
+        )
+        yield gauge("ladle:prefix_cache_hit_rate",
+                    "Prefix-cache hits / queries (tokens) since start.", hit_rate)
+        yield gauge("ladle:kv_cache_free_blocks", "KV cache blocks free (cached ones included).",
+                    stats.num_free_blocks)
+        yield gauge("ladle:kv_cache_total_blocks", "KV cache blocks in the pool.",
+                    stats.num_total_blocks)
+        yield gauge("ladle:engine_alive", "1 while the engine-core process is alive.",
+                    1.0 if self.engine_alive else 0.0)
+
+
+class ServerMetrics:
+    """The server's metrics; the engine client and the routes report into it."""
+
+    def __init__(self, model_name: str) -> None:
+        self.registry = CollectorRegistry()
+        self._engine = _EngineStatsCollector(model_name)
+        self.registry.register(self._engine)
+        labels = ["model_name"]
+        self._model_name = model_name
+        self.prompt_tokens = Counter(
+            "vllm:prompt_tokens", "Prompt tokens of accepted sequences.", labels,
+            registry=self.registry,
+        ).labels(model_name)
+        self.generation_tokens = Counter(
+            "vllm:generation_tokens", "Tokens generated.", labels, registry=self.registry,
+        ).labels(model_name)
+        self._request_success = Counter(
+            "vllm:request_success", "Finished requests by finish reason.",
+            ["model_name", "finished_reason"], registry=self.registry,
+        )
+        self.time_to_first_token = Histogram(
+            "vllm:time_to_first_token_seconds", "Arrival to first token.", labels,
+            buckets=TTFT_BUCKETS, registry=self.registry,
+        ).labels(model_name)
+        self.inter_token_latency = Histogram(
+            "vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sequence.",
+            labels, buckets=INTER_TOKEN_BUCKETS, registry=self.registry,
+        ).labels(model_name)
+        self.e2e_request_latency = Histogram(
+            "vllm:e2e_request_latency_seconds", "Arrival to last token.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
+        ).labels(model_name)
+        self.request_queue_time = Histogram(
+            "vllm:request_queue_time_seconds", "Arrival to first scheduled.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
+        ).labels(model_name)
+        self._rejected = Counter(
+            "ladle:requests_rejected", "Requests refused before reaching the engine, by reason "
+            "(queue_full, too_long, bad_request, unauthorized, too_large).",
+            ["model_name", "reason"], registry=self.registry,
+        )
+        self._aborted = Counter(
+            "ladle:requests_aborted", "Requests aborted in the engine (client gone, shutdown).",
+            labels, registry=self.registry,
+        ).labels(model_name)
+
+    # ----- reporting -------------------------------------------------------------------------
+
+    def record_engine_stats(self, stats: SchedulerStats) -> None:
+        self._engine.stats = stats
+
+    def record_engine_dead(self) -> None:
+        self._engine.engine_alive = False
+
+    def record_step_output(self, output: RequestOutput, previous_token_time: float | None) -> None:
+        """One RequestOutput that changed this step; previous_token_time is when this request
+        last received tokens (None before its first)."""
+        num_new_tokens = sum(len(c.token_ids_delta) for c in output.outputs)
+        if num_new_tokens == 0:
+            return
+        self.generation_tokens.inc(num_new_tokens)
+        metrics = output.metrics
+        if metrics is None or metrics.last_token_time is None:
+            return
+        if previous_token_time is None:
+            if metrics.time_to_first_token is not None:
+                self.time_to_first_token.observe(max(metrics.time_to_first_token, 0.0))
+        else:
+            self.inter_token_latency.observe(max(metrics.last_token_time - previous_token_time, 0.0))
+
+    def record_finished(self, output: RequestOutput) -> None:
+        metrics = output.metrics
+        for completion in output.outputs:
+            self._request_success.labels(self._model_name, completion.finish_reason or "abort").inc()
+        if metrics is None:
+            return
+        if metrics.e2e_latency is not None:
+            self.e2e_request_latency.observe(max(metrics.e2e_latency, 0.0))
+        if metrics.queue_time is not None:
+            self.request_queue_time.observe(max(metrics.queue_time, 0.0))
+
+    def record_accepted(self, num_prompt_tokens: int, num_sequences: int) -> None:
+        self.prompt_tokens.inc(num_prompt_tokens * num_sequences)
+
+    def record_rejected(self, reason: str) -> None:
+        self._rejected.labels(self._model_name, reason).inc()
+
+    def record_aborted(self) -> None:
+        self._aborted.inc()
+
+    def render(self) -> bytes:
+        """The Prometheus text exposition of every metric."""
+        return generate_latest(self.registry)

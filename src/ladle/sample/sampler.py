@@ -1,0 +1,95 @@
+"""The Sampler: logits in, one token per request out, as batched tensor ops on the device.
+
+Order, per row: min_tokens bans -> repetition / frequency / presence penalties -> greedy rows take
+the argmax of the penalised logits -> temperature -> min-p -> top-k -> top-p -> sample. Logprobs
+are those of the raw logits, before any of it.
+
+No Python loop over requests or the vocabulary and no host sync: what differs per request is a row
+tensor, what the whole batch can skip is a host flag (SamplingFlags). Random rows draw with the
+exponential race in log space (argmax of logits + Gumbel noise) from a counter-based stream, so a
+request's token depends only on its logits, its seed and its step, never on the batch around it
+(see rng.py for why there is no torch.Generator per request).
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ladle.sample.logprobs import gather_logprobs
+from ladle.sample.metadata import SamplingMetadata
+from ladle.sample.output import SamplerOutput
+from ladle.sample.penalties import apply_bans_, apply_penalties_
+from ladle.sample.rng import counter_gumbels
+from ladle.sample.truncation import apply_min_p_, apply_top_k_top_p_
+from ladle.sampling_params import GREEDY_TEMPERATURE
+
+
+class Sampler(nn.Module):
+    """Sample one token per request from [num_reqs, vocab] logits (see the module docstring)."""
+
+    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+        flags = metadata.flags
+        raw_logits = logits
+        logits = logits.to(torch.float32)
+        raw_logprobs = None
+        if flags.max_num_logprobs is not None:
+            raw_logprobs = torch.log_softmax(logits, dim=-1)
+
+        may_modify = (
+            metadata.banned_token_ids is not None or not flags.no_penalties or not flags.all_greedy
+        )
+        if may_modify and logits is raw_logits:
+            logits = logits.clone()  # every step below works in place; the caller's tensor stays
+        if metadata.banned_token_ids is not None:
+            apply_bans_(logits, metadata.banned_token_ids)
+        if not flags.no_penalties:
+            assert metadata.prompt_token_ids is not None and metadata.output_token_ids is not None
+            apply_penalties_(
+                logits,
+                metadata.prompt_token_ids,
+                metadata.output_token_ids,
+                metadata.presence_penalty,
+                metadata.frequency_penalty,
+                metadata.repetition_penalty,
+            )
+        sampled = self._sample(logits, metadata)
+
+        if raw_logprobs is None:
+            return SamplerOutput(sampled_token_ids=sampled)
+        token_ids, logprobs, ranks = gather_logprobs(raw_logprobs, sampled, flags.max_num_logprobs)
+        return SamplerOutput(
+            sampled_token_ids=sampled,
+            logprob_token_ids=token_ids,
+            logprobs=logprobs,
+            sampled_ranks=ranks,
+        )
+
+    @staticmethod
+    def _sample(logits: torch.Tensor, metadata: SamplingMetadata) -> torch.Tensor:
+        """Greedy rows: argmax of the penalised logits. Random rows: temperature, truncation, draw.
+        Works on logits in place."""
+        flags = metadata.flags
+        if flags.all_greedy:
+            return logits.argmax(dim=-1)
+        greedy_ids = None if flags.all_random else logits.argmax(dim=-1)
+
+        is_greedy = metadata.temperature < GREEDY_TEMPERATURE
+        # Greedy rows divide by 1 instead of ~0: their draw is thrown away, but no inf may appear.
+        temperature = torch.where(is_greedy, 1.0, metadata.temperature.to(logits.dtype))
+        logits.div_(temperature[:, None])
+        if not flags.no_min_p:
+            apply_min_p_(logits, metadata.min_p)
+        if not (flags.no_top_k and flags.no_top_p):
+            apply_top_k_top_p_(
+                logits,
+                metadata.top_k,
+                metadata.top_p,
+                apply_top_k=not flags.no_top_k,
+                apply_top_p=not flags.no_top_p,
+            )
+        gumbels = counter_gumbels(metadata.seed, metadata.step, logits.shape[-1])
+        random_ids = logits.add_(gumbels).argmax(dim=-1)
+        if greedy_ids is None:
+            return random_ids
+        return torch.where(is_greedy, greedy_ids, random_ids)

@@ -1,0 +1,127 @@
+"""The real default model's GGUF (SmolLM2-135M-Instruct, Q4_1) read by ladle against Hugging Face
+transformers' own GGUF loader: same config, same dequantized weights, same logits."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from ladle.attention.metadata import AttentionMetadata
+from ladle.model.default_model import resolve_default_model
+from ladle.model.loader.errors import ModelLoadError
+from ladle.model.loader.gguf import iter_gguf_weights, open_gguf, read_gguf_arch_config
+
+PROMPT = (
+    "The quick brown fox jumps over the lazy dog. Paged attention splits the key and value "
+    "cache into fixed-size blocks, so memory"
+)
+
+
+@pytest.fixture(scope="module")
+def gguf_path() -> Path:
+    return resolve_default_model(show_progress=False)
+
+
+@pytest.fixture(scope="module")
+def reader(gguf_path: Path):
+    return open_gguf(gguf_path)
+
+
+@pytest.fixture(scope="module")
+def hf_model(gguf_path: Path):
+    pytest.importorskip("accelerate", reason="transformers needs accelerate to load GGUF models")
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        str(gguf_path.parent), gguf_file=gguf_path.name, dtype=torch.float32
+    )
+    return model.eval()
+
+
+def test_arch_config_matches_hf(gguf_path: Path, reader, hf_model) -> None:
+    config = read_gguf_arch_config(gguf_path, reader)
+    hf = hf_model.config
+    assert config.architecture == "LlamaForCausalLM"
+    assert config.vocab_size == hf.vocab_size == 49152
+    assert config.hidden_size == hf.hidden_size
+    assert config.intermediate_size == hf.intermediate_size
+    assert config.num_hidden_layers == hf.num_hidden_layers
+    assert config.num_attention_heads == hf.num_attention_heads
+    assert config.num_key_value_heads == hf.num_key_value_heads
+    assert config.head_dim == hf.head_dim
+    assert config.rms_norm_eps == pytest.approx(hf.rms_norm_eps)
+    assert config.rope_theta == hf.rope_parameters["rope_theta"]
+    assert config.max_position_embeddings == hf.max_position_embeddings
+    assert config.tie_word_embeddings == hf.tie_word_embeddings is True
+    assert config.rope_scaling is None
+    assert not config.attention_bias and not config.qk_norm
+    assert config.bos_token_id == 1
+    assert config.eos_token_ids == (2,)  # <|im_end|>
+
+
+def test_weights_match_hf_dequantization(gguf_path: Path, reader, hf_model) -> None:
+    hf_state = hf_model.state_dict()
+    seen = set()
+    for name, tensor in iter_gguf_weights(gguf_path, reader):
+        assert tensor.dtype == torch.float32, name
+        torch.testing.assert_close(tensor, hf_state[name], rtol=0, atol=1e-6, msg=name)
+        seen.add(name)
+    # Tied embeddings: HF's state dict lists lm_head.weight as the embedding, the file does not.
+    assert set(hf_state) - seen == {"lm_head.weight"}
+
+
+def test_logits_match_hf(gguf_path: Path, reader, hf_model) -> None:
+    from ladle.attention.torch_backend import TorchAttentionBackend
+    from ladle.model.loader import build_model
+    from ladle.engine.tokenizer import load_tokenizer
+
+    config = read_gguf_arch_config(gguf_path, reader)
+    model = build_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
+    model.load_weights(iter_gguf_weights(gguf_path, reader))
+    # The converted tokenizer is cached in the ladle cache after its first build.
+    input_ids = torch.tensor(load_tokenizer(str(gguf_path), config).encode(PROMPT))
+    assert 25 <= input_ids.numel() <= 40
+    num_tokens, block_size = input_ids.numel(), 16
+    num_blocks = 1 + (num_tokens + block_size - 1) // block_size
+    # One prefill over blocks 1..: block 0 is the engine's null block.
+    metadata = AttentionMetadata(
+        slot_mapping=torch.arange(num_tokens) + block_size,
+        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32),
+        seq_lens=torch.tensor([num_tokens], dtype=torch.int32),
+        block_tables=torch.arange(1, num_blocks, dtype=torch.int32)[None],
+        max_query_len=num_tokens,
+        max_seq_len=num_tokens,
+        block_size=block_size,
+        query_start_loc_host=[0, num_tokens],
+        seq_lens_host=[num_tokens],
+    )
+    kv_caches = [
+        torch.zeros(2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
+        for _ in range(config.num_hidden_layers)
+    ]
+    with torch.no_grad():
+        hidden = model(input_ids, torch.arange(num_tokens), kv_caches, metadata)
+        logits = model.compute_logits(hidden)
+        expected = hf_model(input_ids[None]).logits[0]
+    torch.testing.assert_close(logits, expected, rtol=1e-4, atol=2e-4)
+    assert torch.equal(logits.argmax(-1), expected.argmax(-1))
+
+
+@pytest.mark.parametrize("keep_bytes", ["half", 100])
+def test_truncated_file_is_a_clear_error(gguf_path: Path, tmp_path: Path, keep_bytes) -> None:
+    size = gguf_path.stat().st_size
+    keep = size // 2 if keep_bytes == "half" else keep_bytes
+    truncated = tmp_path / "truncated.gguf"
+    with open(gguf_path, "rb") as source, open(truncated, "wb") as destination:
+        destination.write(source.read(keep))
+    with pytest.raises(ModelLoadError, match="truncated.gguf.*truncated or corrupt"):
+        read_gguf_arch_config(truncated)
+    with pytest.raises(ModelLoadError, match="truncated.gguf"):
+        list(iter_gguf_weights(truncated))
+
+
+def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
+    with pytest.raises(ModelLoadError, match="absent.gguf.*does not exist"):
+        read_gguf_arch_config(tmp_path / "absent.gguf")

@@ -1,0 +1,92 @@
+"""Layer-level checks against Hugging Face's own implementations."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers.tiny_models import LLAMA3_TINY_SCALING
+
+from ladle.model.layers.activation import SiluAndMul
+from ladle.model.layers.linear import MergedLinear, QKVLinear
+from ladle.model.layers.norm import RMSNorm
+from ladle.model.layers.rotary import RotaryEmbedding, compute_inv_freq
+from ladle.model.loader.errors import ModelLoadError
+
+
+@pytest.mark.parametrize(
+    ("head_dim", "theta", "scaling"),
+    [
+        (16, 10000.0, None),
+        (16, 10000.0, LLAMA3_TINY_SCALING),
+        (128, 500000.0, {**LLAMA3_TINY_SCALING, "original_max_position_embeddings": 8192}),
+        (
+            64,
+            500000.0,
+            {**LLAMA3_TINY_SCALING, "factor": 32.0, "original_max_position_embeddings": 8192},
+        ),
+    ],
+)
+def test_inv_freq_matches_transformers(head_dim, theta, scaling):
+    from transformers import LlamaConfig
+    from transformers.modeling_rope_utils import ROPE_INIT_FUNCTIONS
+
+    config = LlamaConfig(
+        hidden_size=head_dim * 4,
+        num_attention_heads=4,
+        head_dim=head_dim,
+        rope_theta=theta,
+        rope_scaling=dict(scaling) if scaling else None,
+    )
+    if scaling is None:
+        expected = 1.0 / (theta ** (torch.arange(0, head_dim, 2, dtype=torch.float) / head_dim))
+    else:
+        expected, _ = ROPE_INIT_FUNCTIONS["llama3"](config, "cpu")
+    torch.testing.assert_close(compute_inv_freq(head_dim, theta, scaling), expected, rtol=0, atol=0)
+
+
+def test_rotary_matches_hf_apply_rotary_pos_emb():
+    from transformers.models.llama.modeling_llama import apply_rotary_pos_emb
+
+    head_dim, max_positions = 16, 64
+    rotary = RotaryEmbedding(head_dim, max_positions, 10000.0, LLAMA3_TINY_SCALING)
+    positions = torch.tensor([0, 1, 2, 7, 3, 63, 5])
+    query = torch.randn(len(positions), 4, head_dim)
+    key = torch.randn(len(positions), 2, head_dim)
+    inv_freq = compute_inv_freq(head_dim, 10000.0, LLAMA3_TINY_SCALING)
+    freqs = positions[:, None].float() * inv_freq[None, :]
+    emb = torch.cat((freqs, freqs), dim=-1)
+    # HF layout: [batch, heads, tokens, dim] with cos/sin [batch, tokens, dim].
+    expected_q, expected_k = apply_rotary_pos_emb(
+        query.transpose(0, 1)[None], key.transpose(0, 1)[None], emb.cos()[None], emb.sin()[None]
+    )
+    actual_q, actual_k = rotary(positions, query, key)
+    torch.testing.assert_close(actual_q, expected_q[0].transpose(0, 1))
+    torch.testing.assert_close(actual_k, expected_k[0].transpose(0, 1))
+
+
+def test_rms_norm_fused_residual_add():
+    norm = RMSNorm(8, eps=1e-5)
+    torch.nn.init.normal_(norm.weight)
+    x, residual = torch.randn(3, 8), torch.randn(3, 8)
+    normed, new_residual = norm(x, residual)
+    torch.testing.assert_close(new_residual, x + residual)
+    variance = (x + residual).pow(2).mean(-1, keepdim=True)
+    torch.testing.assert_close(normed, norm.weight * (x + residual) / torch.sqrt(variance + 1e-5))
+
+
+def test_silu_and_mul():
+    x = torch.randn(5, 12)
+    torch.testing.assert_close(SiluAndMul()(x), torch.nn.functional.silu(x[:, :6]) * x[:, 6:])
+
+
+def test_merged_linears_load_shards_into_their_rows():
+    qkv = QKVLinear(hidden_size=8, head_dim=2, num_heads=4, num_kv_heads=2, bias=True)
+    q, k, v = torch.randn(8, 8), torch.randn(4, 8), torch.randn(4, 8)
+    for shard_id, weight in (("v", v), ("q", q), ("k", k)):
+        qkv.weight_loader(qkv.weight, weight, shard_id)
+    torch.testing.assert_close(qkv.weight.data, torch.cat([q, k, v]))
+    with pytest.raises(ModelLoadError, match=r"\(3, 8\)"):
+        qkv.weight_loader(qkv.weight, torch.randn(3, 8), "k")
+    gate_up = MergedLinear(4, [6, 6])
+    gate_up.weight_loader(gate_up.weight, torch.ones(6, 4), 1)
+    assert gate_up.weight.data[6:].eq(1).all()
