@@ -9,6 +9,7 @@ import time
 from pathlib import Path
 
 import pytest
+from helpers.tiny_models import EOS_ID, IM_START_ID, build_tiny_tokenizer
 
 from ladle.engine.tokenizer import (
     TextTokenizer,
@@ -17,7 +18,6 @@ from ladle.engine.tokenizer import (
 )
 from ladle.model.default_model import resolve_default_model
 from ladle.model.loader.errors import ModelLoadError
-from helpers.tiny_models import EOS_ID, IM_START_ID, build_tiny_tokenizer
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 IM_START, IM_END = 1, 2  # SmolLM2's ChatML ids
@@ -41,7 +41,9 @@ def cold(gguf_path: Path, tokenizer_cache: Path) -> TextTokenizer:
 
 
 @pytest.fixture(scope="module")
-def warm(gguf_path: Path, tokenizer_cache: Path, cold: TextTokenizer) -> tuple[TextTokenizer, float]:
+def warm(
+    gguf_path: Path, tokenizer_cache: Path, cold: TextTokenizer
+) -> tuple[TextTokenizer, float]:
     started = time.perf_counter()
     tokenizer = load_tokenizer(str(gguf_path), cache_dir=tokenizer_cache)
     return tokenizer, time.perf_counter() - started
@@ -64,8 +66,9 @@ def test_chat_template_matches_hf(cold: TextTokenizer, warm) -> None:
     assert ids == reference_ids
     assert cold.apply_chat_template(QUESTION) == reference_ids
     text = tokenizer.decode(ids, skip_special_tokens=False)
-    assert text.endswith("<|im_start|>user\nWhat is the capital of France?<|im_end|>\n"
-                         "<|im_start|>assistant\n")
+    assert text.endswith(
+        "<|im_start|>user\nWhat is the capital of France?<|im_end|>\n<|im_start|>assistant\n"
+    )
     without_prompt = tokenizer.apply_chat_template(QUESTION, add_generation_prompt=False)
     assert without_prompt == ids[: len(without_prompt)] and len(without_prompt) < len(ids)
 

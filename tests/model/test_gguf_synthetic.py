@@ -90,12 +90,17 @@ def hf_weights(seed: int = 0, bias: bool = False, qk_norm: bool = False, untied:
         "blk.0.ffn_norm.weight": ("model.layers.0.post_attention_layernorm.weight", rand(HIDDEN)),
         "blk.0.attn_q.weight": ("model.layers.0.self_attn.q_proj.weight", rand(HIDDEN, HIDDEN)),
         "blk.0.attn_k.weight": (
-            "model.layers.0.self_attn.k_proj.weight", rand(KV_HEADS * HEAD_DIM, HIDDEN)
+            "model.layers.0.self_attn.k_proj.weight",
+            rand(KV_HEADS * HEAD_DIM, HIDDEN),
         ),
         "blk.0.attn_v.weight": (
-            "model.layers.0.self_attn.v_proj.weight", rand(KV_HEADS * HEAD_DIM, HIDDEN)
+            "model.layers.0.self_attn.v_proj.weight",
+            rand(KV_HEADS * HEAD_DIM, HIDDEN),
         ),
-        "blk.0.attn_output.weight": ("model.layers.0.self_attn.o_proj.weight", rand(HIDDEN, HIDDEN)),
+        "blk.0.attn_output.weight": (
+            "model.layers.0.self_attn.o_proj.weight",
+            rand(HIDDEN, HIDDEN),
+        ),
         "blk.0.ffn_gate.weight": ("model.layers.0.mlp.gate_proj.weight", rand(FFN, HIDDEN)),
         "blk.0.ffn_up.weight": ("model.layers.0.mlp.up_proj.weight", rand(FFN, HIDDEN)),
         "blk.0.ffn_down.weight": ("model.layers.0.mlp.down_proj.weight", rand(HIDDEN, FFN)),
@@ -103,10 +108,12 @@ def hf_weights(seed: int = 0, bias: bool = False, qk_norm: bool = False, untied:
     if bias:
         weights["blk.0.attn_q.bias"] = ("model.layers.0.self_attn.q_proj.bias", rand(HIDDEN))
         weights["blk.0.attn_k.bias"] = (
-            "model.layers.0.self_attn.k_proj.bias", rand(KV_HEADS * HEAD_DIM)
+            "model.layers.0.self_attn.k_proj.bias",
+            rand(KV_HEADS * HEAD_DIM),
         )
         weights["blk.0.attn_v.bias"] = (
-            "model.layers.0.self_attn.v_proj.bias", rand(KV_HEADS * HEAD_DIM)
+            "model.layers.0.self_attn.v_proj.bias",
+            rand(KV_HEADS * HEAD_DIM),
         )
     if qk_norm:
         weights["blk.0.attn_q_norm.weight"] = ("model.layers.0.self_attn.q_norm.weight", rand(8))
@@ -169,7 +176,9 @@ def test_qwen_is_not_permuted(tmp_path: Path, arch: str) -> None:
         (GGMLQuantizationType.Q5_0, 0.3),
     ],
 )
-def test_quantized_types_dequantize(tmp_path: Path, qtype: GGMLQuantizationType, atol: float) -> None:
+def test_quantized_types_dequantize(
+    tmp_path: Path, qtype: GGMLQuantizationType, atol: float
+) -> None:
     weights = hf_weights(seed=1)
     on_disk = {name: array for name, (_, array) in weights.items()}
     name = "blk.0.ffn_up.weight"
@@ -236,7 +245,9 @@ def test_llama3_rope_scaling_is_recovered(tmp_path: Path) -> None:
 
 
 def test_unsupported_architecture_names_the_file(tmp_path: Path) -> None:
-    path = write_gguf(tmp_path / "gpt2.gguf", "gpt2", {"token_embd.weight": np.zeros((4, 4), np.float32)})
+    path = write_gguf(
+        tmp_path / "gpt2.gguf", "gpt2", {"token_embd.weight": np.zeros((4, 4), np.float32)}
+    )
     with pytest.raises(UnsupportedGGUFError, match="gpt2.gguf.*'gpt2'"):
         read_gguf_arch_config(path)
     with pytest.raises(ModelLoadError):

@@ -105,7 +105,10 @@ def validate_chat_messages(messages: Any) -> None:
         raise ValueError("messages must be a non-empty list of {'role', 'content'} dicts")
     for index, message in enumerate(messages):
         if not isinstance(message, dict):
-            raise ValueError(f"messages[{index}] must be a dict, got {type(message).__name__}")
+            # ValueError, not TypeError: every bad request is a ValueError (an HTTP 400).
+            raise ValueError(  # noqa: TRY004
+                f"messages[{index}] must be a dict, got {type(message).__name__}"
+            )
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise ValueError(
@@ -116,7 +119,7 @@ def validate_chat_messages(messages: Any) -> None:
         if content is None and role == "assistant" and message.get("tool_calls"):
             continue
         if not isinstance(content, str):
-            raise ValueError(
+            raise ValueError(  # noqa: TRY004
                 f"messages[{index}] content must be a string, got {type(content).__name__}"
             )
 
@@ -165,7 +168,7 @@ def load_tokenizer(
 
     try:
         hf_tokenizer = AutoTokenizer.from_pretrained(str(model_path), trust_remote_code=False)
-    except Exception as error:  # noqa: BLE001 - transformers raises many kinds for a bad folder
+    except Exception as error:
         raise ModelLoadError(
             f"cannot load a tokenizer from {str(model_path)!r} ({type(error).__name__}: {error})"
         ) from error
@@ -229,7 +232,7 @@ def _load_gguf_tokenizer(
         hf_tokenizer = AutoTokenizer.from_pretrained(
             str(gguf_path.parent), gguf_file=gguf_path.name, trust_remote_code=False
         )
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise ModelLoadError(
             f"cannot build a tokenizer from GGUF file {str(gguf_path)!r} "
             f"({type(error).__name__}: {error})"

@@ -40,7 +40,7 @@ def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_M: tl.constexpr):
     high = low + num_reqs
     while high - low > 1:
         middle = (low + high) // 2
-        first_tile = tl.load(query_start_loc_ptr + middle) // BLOCK_M
+        first_tile = tl.load(query_start_loc_ptr + middle) // BLOCK_M + middle
         is_at_or_before = first_tile <= tile
         low = tl.where(is_at_or_before, middle, low)
         high = tl.where(is_at_or_before, high, middle)

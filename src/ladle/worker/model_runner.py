@@ -25,10 +25,12 @@ from ladle.sample.metadata import (
     SamplingMetadata,
     build_banned_token_ids,
     build_penalty_token_ids,
+    build_sampling_metadata,
     build_sampling_rows,
 )
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.sampler import Sampler
+from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
 from ladle.worker.memory import MemoryBudget, module_bytes, size_kv_cache
 from ladle.worker.step_inputs import StepInputBuilder
 
@@ -113,7 +115,18 @@ class ModelRunner:
         hidden = self.model(input_ids, positions, caches, metadata)
         num_rows = min(scheduler_config.max_num_seqs, num_tokens)
         logits = self.model.compute_logits(hidden[:num_rows])
-        logits.softmax(dim=-1)
+        # The sampler's worst case (sort for top-k/top-p, penalties, logprobs) holds several
+        # logits-sized temporaries at once: measure it rather than guess.
+        worst_case = SamplingParams(
+            temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
+            frequency_penalty=0.5, logprobs=MAX_LOGPROBS,
+        )
+        metadata = build_sampling_metadata(
+            [worst_case] * num_rows, list(range(num_rows)), [1] * num_rows,
+            vocab_size=logits.shape[-1], prompt_token_ids=[[1, 2]] * num_rows,
+            output_token_ids=[[3]] * num_rows, device=self.device,
+        )
+        self.sampler(logits, metadata)
         del caches
 
     @torch.inference_mode()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from collections.abc import Callable
 
 # Imported here, not lazily: `ladle.cli` shows `serve` only when this import succeeds, i.e. when
 # the server extra is installed.
@@ -97,7 +98,7 @@ def run_serve(args: argparse.Namespace) -> int:
         timeout_graceful_shutdown=args.shutdown_timeout,
         lifespan="on",
     )
-    server = _AnnouncingServer(config, served_name)
+    server = _AnnouncingServer(config, served_name, lambda: client.engine_pid)
     server.run()
     if not server.started:
         print("ladle: error: the server did not start (see the error above)", file=sys.stderr)
@@ -108,14 +109,16 @@ def run_serve(args: argparse.Namespace) -> int:
 class _AnnouncingServer(uvicorn.Server):
     """Prints the bound address (the real port when --port 0) once it listens."""
 
-    def __init__(self, config: uvicorn.Config, served_name: str) -> None:
+    def __init__(self, config: uvicorn.Config, served_name: str, engine_pid: Callable[[], int]):
         super().__init__(config)
         self.served_name = served_name
+        self.engine_pid = engine_pid
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)
         if not self.started or self.should_exit:
             return
+        print(f"[ladle] engine core running in process {self.engine_pid()}", flush=True)
         for listener in self.servers:
             for sock in listener.sockets:
                 host, port = sock.getsockname()[:2]

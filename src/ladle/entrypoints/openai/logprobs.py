@@ -15,12 +15,53 @@ from ladle.entrypoints.openai.protocol import (
 _MAX_CACHED_TOKENS = 1 << 17
 
 
+def _byte_level_alphabet() -> dict[str, int]:
+    """Byte-level BPE's printable stand-in character for each byte (GPT-2's table), inverted."""
+    printable = (
+        list(range(ord("!"), ord("~") + 1))
+        + list(range(ord("\xa1"), ord("\xac") + 1))
+        + list(range(ord("\xae"), ord("\xff") + 1))
+    )
+    characters = list(printable)
+    next_code = 0
+    for byte in range(256):
+        if byte not in printable:
+            printable.append(byte)
+            characters.append(256 + next_code)
+            next_code += 1
+    return {chr(character): byte for byte, character in zip(printable, characters)}
+
+
 class TokenTexts:
-    """The text of single token ids, cached: logprobs name every candidate token."""
+    """The text and bytes of single token ids, cached: logprobs name every candidate token."""
 
     def __init__(self, tokenizer: TextTokenizer | None) -> None:
         self._tokenizer = tokenizer
         self._cache: dict[int, str] = {}
+        self._byte_cache: dict[int, list[int]] = {}
+        # A byte-level BPE token is a run of bytes that may split a character; its decoded text
+        # then shows U+FFFD, but OpenAI's `bytes` field must carry the real bytes.
+        self._byte_alphabet: dict[str, int] | None = None
+        if tokenizer is not None:
+            backend = getattr(tokenizer.hf_tokenizer, "backend_tokenizer", None)
+            decoder = getattr(backend, "decoder", None)
+            if type(decoder).__name__ == "ByteLevel":
+                self._byte_alphabet = _byte_level_alphabet()
+
+    def token_bytes(self, token_id: int) -> list[int]:
+        cached = self._byte_cache.get(token_id)
+        if cached is not None:
+            return cached
+        result = None
+        if self._byte_alphabet is not None:
+            piece = self._tokenizer.hf_tokenizer.convert_ids_to_tokens(token_id)
+            if piece and all(character in self._byte_alphabet for character in piece):
+                result = [self._byte_alphabet[character] for character in piece]
+        if result is None:
+            result = list(self(token_id).encode("utf-8"))
+        if len(self._byte_cache) < _MAX_CACHED_TOKENS:
+            self._byte_cache[token_id] = result
+        return result
 
     def __call__(self, token_id: int) -> str:
         text = self._cache.get(token_id)
@@ -68,13 +109,16 @@ def chat_logprobs(
             ChatTopLogprob(
                 token=token_text(token_id),
                 logprob=logprob,
-                bytes=list(token_text(token_id).encode("utf-8")),
+                bytes=token_text.token_bytes(token_id),
             )
             for token_id, logprob in list(zip(entry.top_token_ids, entry.top_logprobs))[:num_top]
         ]
         content.append(
             ChatTokenLogprob(
-                token=text, logprob=entry.logprob, bytes=list(text.encode("utf-8")), top_logprobs=top
+                token=text,
+                logprob=entry.logprob,
+                bytes=token_text.token_bytes(entry.token_id),
+                top_logprobs=top,
             )
         )
     return ChatChoiceLogprobs(content=content)

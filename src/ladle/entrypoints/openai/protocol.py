@@ -16,7 +16,16 @@ from __future__ import annotations
 import time
 from typing import Annotated, Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictFloat,
+    StrictInt,
+    StrictStr,
+    model_serializer,
+)
 
 # A JSON number: pydantic's strict float already takes JSON integers; this just says so.
 Number = StrictFloat | StrictInt
@@ -187,8 +196,14 @@ class ChatCompletionResponse(BaseModel):
 
 
 class ChatDelta(BaseModel):
+    """Only the fields a chunk changes are sent, as OpenAI does."""
+
     role: Literal["assistant"] | None = None
     content: str | None = None
+
+    @model_serializer(mode="wrap")
+    def _without_nones(self, handler: Any) -> dict:
+        return {key: value for key, value in handler(self).items() if value is not None}
 
 
 class ChatStreamChoice(BaseModel):

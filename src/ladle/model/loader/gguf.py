@@ -72,7 +72,7 @@ def open_gguf(path: str | os.PathLike):
         # The reader raises a mix of ValueError, KeyError, IndexError and struct errors on bad
         # input; each means the same thing to the user.
         return GGUFReader(path)
-    except Exception as error:  # noqa: BLE001
+    except Exception as error:
         raise ModelLoadError(
             f"GGUF file {str(path)!r} is truncated or corrupt ({type(error).__name__}: {error})"
         ) from error
@@ -124,14 +124,17 @@ def read_gguf_arch_config(path: str | os.PathLike, reader=None) -> ModelArchConf
             f"GGUF file {str(path)!r} uses partial rotary embeddings "
             f"({rotary_dim} of {head_dim} dims), which ladle does not support"
         )
+    embedding = _tensor(reader, "token_embd.weight")
     tokens = reader.fields.get("tokenizer.ggml.tokens")
-    if tokens is not None:
-        # The token list is the truth; {arch}.vocab_size is absent from many files.
+    if embedding is not None:
+        # The embedding's rows are what the model's shapes must match; the token list (which
+        # {arch}.vocab_size, absent from many files, repeats) has the same length in files
+        # llama.cpp writes, as it pads the list to the matrix.
+        vocab_size = int(embedding.shape[1])
+    elif tokens is not None:
         vocab_size = len(tokens.data)
-    elif arch_field("vocab_size") is not None:
-        vocab_size = int(arch_field("vocab_size"))
     else:
-        vocab_size = int(_tensor(reader, "token_embd.weight").shape[1])
+        raise ModelLoadError(f"GGUF file {str(path)!r} has no token_embd.weight")
     rope_theta = float(arch_field("rope.freq_base", 10000.0))
     switches = SUPPORTED_ARCHITECTURES[architecture]
     bos = _field(reader, "tokenizer.ggml.bos_token_id")
@@ -210,9 +213,7 @@ def llama3_rope_factors(scaling: dict, rope_theta: float, head_dim: int) -> np.n
     )
 
 
-def fit_llama3_rope_scaling(
-    factors: np.ndarray, rope_theta: float, head_dim: int
-) -> dict | None:
+def fit_llama3_rope_scaling(factors: np.ndarray, rope_theta: float, head_dim: int) -> dict | None:
     """Find llama3 rope-scaling parameters that reproduce stored factors; None when none do.
 
     Released llama3 models use small round values, so a search over those is exact in practice.
@@ -236,8 +237,9 @@ def fit_llama3_rope_scaling(
                     "high_freq_factor": high,
                     "original_max_position_embeddings": original,
                 }
-                if np.allclose(llama3_rope_factors(scaling, rope_theta, head_dim), factors,
-                               rtol=1e-4):
+                if np.allclose(
+                    llama3_rope_factors(scaling, rope_theta, head_dim), factors, rtol=1e-4
+                ):
                     return scaling
     return None
 
@@ -252,7 +254,7 @@ def _dequantize(tensor, path: Path) -> np.ndarray:
             f"GGUF file {str(path)!r}: tensor {tensor.name} has type {tensor.tensor_type.name}, "
             "which the gguf package cannot dequantize"
         ) from error
-    except Exception as error:  # noqa: BLE001 - numpy errors on bad data all mean "corrupt"
+    except Exception as error:
         raise ModelLoadError(
             f"GGUF file {str(path)!r}: tensor {tensor.name} is corrupt ({error})"
         ) from error
@@ -289,9 +291,7 @@ def unpermute_rope_rows(weight: torch.Tensor, num_heads: int) -> torch.Tensor:
     )
 
 
-def iter_gguf_weights(
-    path: str | os.PathLike, reader=None
-) -> Iterator[tuple[str, torch.Tensor]]:
+def iter_gguf_weights(path: str | os.PathLike, reader=None) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (Hugging Face name, float32 tensor) for every weight in a GGUF file.
 
     Tensors are dequantized one at a time, so peak memory is one float32 tensor beyond the model.
