@@ -138,7 +138,9 @@ def test_single_request(lengths, dtype):
 @pytest.mark.parametrize("head_dim", [64, 128])
 def test_mixed_batch_gqa(heads, head_dim):
     num_heads, num_kv_heads = heads
-    check_case(Case(MIXED, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim), "cuda")
+    check_case(
+        Case(MIXED, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim), "cuda"
+    )
 
 
 @needs_cuda
@@ -167,22 +169,108 @@ def test_repeat_is_stable():
         check_case(Case(MIXED, num_heads=16, num_kv_heads=8, head_dim=128), "cuda", seed=seed)
 
 
+@needs_cuda
+def test_decode_cuda_graph_replay():
+    """Capture one decode step, then replay it on new lengths, block tables and queries."""
+    from ladle.attention.torch_backend import paged_attention_reference
+    from ladle.attention.triton_backend import TritonAttentionBackend
+
+    generator = torch.Generator().manual_seed(7)
+    captured = Case([(1, 700)] * 12, num_heads=16, num_kv_heads=8, head_dim=128)
+    query, key, value, kv_cache, metadata = build_step(captured, "cuda", generator)
+    backend = TritonAttentionBackend()
+    scale = 128**-0.5
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        backend.forward(query, key, value, kv_cache, metadata, scale)  # compile outside capture
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = backend.forward(query, key, value, kv_cache, metadata, scale)
+
+    for seed in range(3):
+        seq_lens = torch.randint(1, 701, (12,), generator=generator).tolist()
+        fresh = Case(
+            [(1, seq_len) for seq_len in seq_lens], num_heads=16, num_kv_heads=8, head_dim=128
+        )
+        new_query, new_key, new_value, new_cache, new_metadata = build_step(
+            fresh, "cuda", generator
+        )
+        query.copy_(new_query)
+        key.copy_(new_key)
+        value.copy_(new_value)
+        kv_cache.normal_()
+        kv_cache[:, : new_cache.shape[1]].copy_(new_cache)
+        metadata.block_tables.zero_()
+        metadata.block_tables[:, : new_metadata.block_tables.shape[1]].copy_(
+            new_metadata.block_tables
+        )
+        metadata.slot_mapping.copy_(new_metadata.slot_mapping)
+        metadata.seq_lens.copy_(new_metadata.seq_lens)
+        output.fill_(float("nan"))
+        graph.replay()
+        new_metadata.block_tables = metadata.block_tables
+        reference = paged_attention_reference(query.float(), kv_cache.float(), new_metadata, scale)
+        error = ((output.float() - reference).norm() / reference.norm()).item()
+        assert error < TOLERANCE[torch.bfloat16], f"replay {seed}: relative error {error:.2e}"
+
+
 INTERPRETED_CASES = [
-    Case([(1, 1), (7, 7), (8, 8), (9, 20), (30, 30)], num_heads=2, num_kv_heads=2, head_dim=16,
-         block_size=8, dtype=torch.float32),
+    Case(
+        [(1, 1), (7, 7), (8, 8), (9, 20), (30, 30)],
+        num_heads=2,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=8,
+        dtype=torch.float32,
+    ),
     # fp16, not bf16: the Triton 3.9 interpreter's tl.dot gives garbage on bf16 operands.
-    Case([(1, 40), (0, 3), (9, 9), (1, 1), (5, 21)], num_heads=8, num_kv_heads=2, head_dim=32,
-         block_size=8, dtype=torch.float16, num_padding_tokens=2),
-    Case([(1, 40), (1, 9), (1, 17)], num_heads=6, num_kv_heads=2, head_dim=16, block_size=16,
-         dtype=torch.float16, num_splits=3),
-    Case([(17, 17), (1, 50)], num_heads=8, num_kv_heads=1, head_dim=16, block_size=16,
-         dtype=torch.float32),
+    Case(
+        [(1, 40), (0, 3), (9, 9), (1, 1), (5, 21)],
+        num_heads=8,
+        num_kv_heads=2,
+        head_dim=32,
+        block_size=8,
+        dtype=torch.float16,
+        num_padding_tokens=2,
+    ),
+    Case(
+        [(1, 40), (1, 9), (1, 17)],
+        num_heads=6,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=16,
+        dtype=torch.float16,
+        num_splits=3,
+    ),
+    Case(
+        [(17, 17), (1, 50)],
+        num_heads=8,
+        num_kv_heads=1,
+        head_dim=16,
+        block_size=16,
+        dtype=torch.float32,
+    ),
     # Several query tiles per request (64 tokens x group 2 per tile) and a long cached prefix.
-    Case([(70, 90), (1, 5), (130, 130), (3, 3), (64, 200)], num_heads=2, num_kv_heads=1,
-         head_dim=16, block_size=32, dtype=torch.float32),
+    Case(
+        [(70, 90), (1, 5), (130, 130), (3, 3), (64, 200)],
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        block_size=32,
+        dtype=torch.float32,
+    ),
     # More splits than context tiles: empty splits must merge to nothing.
-    Case([(1, 3), (1, 70), (1, 129)], num_heads=4, num_kv_heads=1, head_dim=16, block_size=8,
-         dtype=torch.float32, num_splits=16),
+    Case(
+        [(1, 3), (1, 70), (1, 129)],
+        num_heads=4,
+        num_kv_heads=1,
+        head_dim=16,
+        block_size=8,
+        dtype=torch.float32,
+        num_splits=16,
+    ),
 ]
 
 
@@ -197,9 +285,18 @@ def test_on_cpu_interpreter():
     """Run test_interpreted in a child with TRITON_INTERPRET=1, on the CPU."""
     environment = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
     result = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider",
-         f"{Path(__file__)}::test_interpreted"],
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-x",
+            "-p",
+            "no:cacheprovider",
+            f"{Path(__file__)}::test_interpreted",
+        ],
         env=environment,
+        check=False,
         capture_output=True,
         text=True,
         timeout=300,

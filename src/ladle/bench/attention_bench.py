@@ -41,13 +41,20 @@ def build(shape: Shape, device: str = "cuda"):
     blocks_per_req = triton.cdiv(shape.seq_len, shape.block_size)
     num_blocks = shape.num_reqs * blocks_per_req + 1
     kv_cache = torch.randn(
-        2, num_blocks, shape.block_size, shape.num_kv_heads, shape.head_dim,
-        dtype=shape.dtype, device=device,
+        2,
+        num_blocks,
+        shape.block_size,
+        shape.num_kv_heads,
+        shape.head_dim,
+        dtype=shape.dtype,
+        device=device,
     )
     block_tables = (torch.randperm(num_blocks - 1, device=device) + 1).to(torch.int32)
     block_tables = block_tables.view(shape.num_reqs, blocks_per_req)
     num_tokens = shape.num_reqs * shape.query_len
-    query = torch.randn(num_tokens, shape.num_heads, shape.head_dim, dtype=shape.dtype, device=device)
+    query = torch.randn(
+        num_tokens, shape.num_heads, shape.head_dim, dtype=shape.dtype, device=device
+    )
     query_start_loc = torch.arange(
         0, num_tokens + 1, shape.query_len, dtype=torch.int32, device=device
     )
@@ -100,18 +107,23 @@ def sdpa_peers(query, kv_cache, block_tables, shape: Shape) -> dict[str, float]:
     if shape.query_len > 1 and not is_causal:
         return {}
     results = {}
-    for backend in (SDPBackend.FLASH_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                    SDPBackend.CUDNN_ATTENTION):
+    for backend in (
+        SDPBackend.FLASH_ATTENTION,
+        SDPBackend.EFFICIENT_ATTENTION,
+        SDPBackend.CUDNN_ATTENTION,
+    ):
+
         def run(backend=backend):
             with sdpa_kernel([backend]):
                 return F.scaled_dot_product_attention(
                     q, keys, values, is_causal=is_causal, enable_gqa=True
                 )
+
         try:
             run()
             torch.cuda.synchronize()
             results[backend.name.lower()] = do_bench(run, warmup=25, rep=200, return_mode="median")
-        except Exception as error:  # a backend that refuses these shapes is simply not a peer
+        except Exception as error:  # noqa: BLE001 (a backend refusing these shapes is no peer)
             results[backend.name.lower()] = f"refused: {str(error).splitlines()[0][:80]}"
     return results
 
@@ -122,8 +134,15 @@ def time_paged(query, kv_cache, block_tables, query_start_loc, seq_lens, shape, 
 
     def run():
         paged_attention(
-            query, kv_cache, block_tables, query_start_loc, seq_lens,
-            max_query_len=shape.query_len, scale=scale, output=output, config=config,
+            query,
+            kv_cache,
+            block_tables,
+            query_start_loc,
+            seq_lens,
+            max_query_len=shape.query_len,
+            scale=scale,
+            output=output,
+            config=config,
         )
 
     if shape.query_len == 1:
@@ -138,14 +157,21 @@ def check_against_peer(query, kv_cache, block_tables, query_start_loc, seq_lens,
     q = query.view(shape.num_reqs, shape.query_len, shape.num_heads, shape.head_dim)
     mask = None
     if shape.query_len > 1:
-        query_positions = torch.arange(shape.seq_len - shape.query_len, shape.seq_len, device="cuda")
-        mask = torch.arange(shape.seq_len, device="cuda")[None, :] <= query_positions[:, None]
+        query_positions = torch.arange(
+            shape.seq_len - shape.query_len, shape.seq_len, device=query.device
+        )
+        mask = torch.arange(shape.seq_len, device=query.device)[None, :] <= query_positions[:, None]
     expected = F.scaled_dot_product_attention(
         q.transpose(1, 2).float(), keys.float(), values.float(), attn_mask=mask, enable_gqa=True
     ).transpose(1, 2)
     output = paged_attention(
-        query, kv_cache, block_tables, query_start_loc, seq_lens,
-        max_query_len=shape.query_len, scale=shape.head_dim**-0.5,
+        query,
+        kv_cache,
+        block_tables,
+        query_start_loc,
+        seq_lens,
+        max_query_len=shape.query_len,
+        scale=shape.head_dim**-0.5,
     ).view_as(expected)
     return ((output.float() - expected).norm() / expected.norm()).item()
 
@@ -173,11 +199,17 @@ PREFILL_SHAPES = [
 ]
 DECODE_SWEEP = [
     LaunchConfig(block_n=block_n, num_warps=warps, num_stages=stages)
-    for block_n in (32, 64, 128) for warps in (2, 4, 8) for stages in (2, 3, 4)
+    for block_n in (32, 64, 128)
+    for warps in (2, 4, 8)
+    for stages in (2, 3)
 ]
+SPLIT_SWEEP = [LaunchConfig(num_splits=splits) for splits in (1, 2, 4, 8, 16)]
 PREFILL_SWEEP = [
     LaunchConfig(block_rows=rows, block_n=block_n, num_warps=warps, num_stages=stages)
-    for rows in (64, 128) for block_n in (32, 64, 128) for warps in (4, 8) for stages in (2, 3)
+    for rows in (64, 128)
+    for block_n in (32, 64)
+    for warps in (4, 8)
+    for stages in (2, 3)
 ]
 
 
@@ -186,7 +218,7 @@ def run_sweep(shape: Shape, configs: list[LaunchConfig], inputs) -> list[dict]:
     for config in configs:
         try:
             milliseconds = time_paged(*inputs, shape, config)
-        except Exception as error:  # out of shared memory or registers: skip that config
+        except Exception as error:  # noqa: BLE001 (out of shared memory: skip the config)
             rows.append({"config": asdict(config), "error": str(error).splitlines()[0][:100]})
             continue
         rows.append({"config": asdict(config), "ms": milliseconds})
@@ -199,8 +231,13 @@ def main() -> None:
     parser.add_argument("--no-sweep", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
-    results: dict = {"device": torch.cuda.get_device_name(), "torch": torch.__version__,
-                     "triton": triton.__version__, "cases": [], "sweeps": {}}
+    results: dict = {
+        "device": torch.cuda.get_device_name(),
+        "torch": torch.__version__,
+        "triton": triton.__version__,
+        "cases": [],
+        "sweeps": {},
+    }
     bandwidth = copy_bandwidth()
     results["copy_gbps"] = bandwidth
     table = []
@@ -209,21 +246,29 @@ def main() -> None:
         error = check_against_peer(*inputs, shape)
         milliseconds = time_paged(*inputs, shape, None)
         peers = sdpa_peers(inputs[0], inputs[1], inputs[2], shape)
-        case = {"shape": shape.name, "ms": milliseconds, "rel_error": error, "peers": peers,
-                "gbps": bytes_moved(shape) / milliseconds / 1e6,
-                "tflops": flops(shape) / milliseconds / 1e9,
-                "floor_ms": bytes_moved(shape) / bandwidth / 1e6}
+        case = {
+            "shape": shape.name,
+            "ms": milliseconds,
+            "rel_error": error,
+            "peers": peers,
+            "gbps": bytes_moved(shape) / milliseconds / 1e6,
+            "tflops": flops(shape) / milliseconds / 1e9,
+            "floor_ms": bytes_moved(shape) / bandwidth / 1e6,
+        }
         results["cases"].append(case)
         table.append(case)
-        if not args.no_sweep and shape.name in ("decode 256x1024", "decode 16x8192"):
+        print(json.dumps(case, default=str), flush=True)
+        if not args.no_sweep and shape.name == "decode 256x1024":
             results["sweeps"][shape.name] = run_sweep(shape, DECODE_SWEEP, inputs)
+        if not args.no_sweep and shape.name == "decode 16x8192":
+            results["sweeps"][shape.name + " splits"] = run_sweep(shape, SPLIT_SWEEP, inputs)
         if not args.no_sweep and shape.name == "prefill 4x2048":
             results["sweeps"][shape.name] = run_sweep(shape, PREFILL_SWEEP, inputs)
         del inputs
         torch.cuda.empty_cache()
-    os.makedirs(args.out, exist_ok=True)
-    with open(os.path.join(args.out, "attention_bench.json"), "w") as file:
-        json.dump(results, file, indent=1, default=str)
+        os.makedirs(args.out, exist_ok=True)
+        with open(os.path.join(args.out, "attention_bench.json"), "w") as file:
+            json.dump(results, file, indent=1, default=str)  # after each case: a timeout keeps it
 
     for name, sweep in results["sweeps"].items():
         timed = sorted((row for row in sweep if "ms" in row), key=lambda row: row["ms"])
@@ -238,9 +283,11 @@ def main() -> None:
             f"{name}={value * 1e3:.1f}" if isinstance(value, float) else f"{name}:refused"
             for name, value in case["peers"].items()
         )
-        print(f"{case['shape']:24} {case['ms'] * 1e3:9.1f} {case['gbps']:7.0f} "
-              f"{100 * case['gbps'] / bandwidth:5.0f}% {case['tflops']:8.1f} "
-              f"{case['rel_error']:8.1e}  {peers}")
+        print(
+            f"{case['shape']:24} {case['ms'] * 1e3:9.1f} {case['gbps']:7.0f} "
+            f"{100 * case['gbps'] / bandwidth:5.0f}% {case['tflops']:8.1f} "
+            f"{case['rel_error']:8.1e}  {peers}"
+        )
 
 
 if __name__ == "__main__":

@@ -264,7 +264,9 @@ def paged_attention(
     _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
     num_reqs = seq_lens.shape[0]
     assert cache_head_dim == head_dim, "query and cache head_dim differ"
-    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, "head_dim must be a power of two >= 16"
+    assert head_dim >= 16 and head_dim & (head_dim - 1) == 0, (
+        "head_dim must be a power of two >= 16"
+    )
     assert block_size & (block_size - 1) == 0, "block_size must be a power of two"
     assert num_heads % num_kv_heads == 0, "num_heads must be a multiple of num_kv_heads"
     assert kv_cache.is_contiguous(), "kv_cache must be contiguous"
@@ -290,7 +292,9 @@ def paged_attention(
         # Rows of a tile are BLOCK_M tokens x the padded group; short queries (speculative
         # tokens, small chunks) get a tile no taller than they need.
         block_rows = config.block_rows or 128
-        block_rows = max(16, group_padded, min(block_rows, triton.next_power_of_2(max_query_len) * group_padded))
+        block_rows = max(
+            16, group_padded, min(block_rows, triton.next_power_of_2(max_query_len) * group_padded)
+        )
         block_m = block_rows // group_padded
         block_n = config.block_n or 64
         num_warps = config.num_warps or (8 if block_rows >= 128 else 4)
