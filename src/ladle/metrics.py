@@ -153,12 +153,14 @@ class ServerMetrics:
             if metrics.time_to_first_token is not None:
                 self.time_to_first_token.observe(max(metrics.time_to_first_token, 0.0))
         else:
-            self.inter_token_latency.observe(max(metrics.last_token_time - previous_token_time, 0.0))
+            interval = metrics.last_token_time - previous_token_time
+            self.inter_token_latency.observe(max(interval, 0.0))
 
     def record_finished(self, output: RequestOutput) -> None:
         metrics = output.metrics
         for completion in output.outputs:
-            self._request_success.labels(self._model_name, completion.finish_reason or "abort").inc()
+            reason = completion.finish_reason or "abort"
+            self._request_success.labels(self._model_name, reason).inc()
         if metrics is None:
             return
         if metrics.e2e_latency is not None:

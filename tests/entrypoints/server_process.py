@@ -10,6 +10,7 @@ import subprocess
 import sys
 import threading
 import time
+from typing import Self
 
 import httpx
 
@@ -87,7 +88,7 @@ class ServerProcess:
             self.process.kill()
             return self.process.wait(10)
 
-    def __enter__(self) -> ServerProcess:
+    def __enter__(self) -> Self:
         return self.start()
 
     def __exit__(self, *exc_info) -> None:

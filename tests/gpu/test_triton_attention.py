@@ -37,6 +37,8 @@ class Case:
     dtype: torch.dtype = torch.bfloat16
     num_padding_tokens: int = 0
     num_splits: int | None = None
+    block_n: int | None = None
+    block_rows: int | None = None
 
 
 def build_step(case: Case, device: str, generator: torch.Generator):
@@ -94,35 +96,55 @@ def check_case(case: Case, device: str, seed: int = 0) -> None:
 
     expected_cache = kv_cache.clone()
     write_kv_cache(key, value, expected_cache, metadata.slot_mapping)
-    backend = TritonAttentionBackend(LaunchConfig(num_splits=case.num_splits))
-    backend_output = backend.forward(query, key, value, kv_cache, metadata, scale)
-    assert torch.equal(kv_cache, expected_cache), "cache write differs from write_kv_cache"
-
-    # Poisoned output: any row the kernel forgets stays NaN and fails.
-    output = torch.full_like(query, float("nan"))
-    paged_attention(
-        query,
-        kv_cache,
-        metadata.block_tables,
-        metadata.query_start_loc,
-        metadata.seq_lens,
-        max_query_len=metadata.max_query_len,
-        scale=scale,
-        output=output,
-        config=LaunchConfig(num_splits=case.num_splits),
+    config = LaunchConfig(
+        num_splits=case.num_splits, block_n=case.block_n, block_rows=case.block_rows
     )
+    backend = TritonAttentionBackend(config)
+    backend_output = backend.forward(query, key, value, kv_cache, metadata, scale)
+    # Block 0 is the null block: padding tokens all write there, in no defined order.
+    assert torch.equal(kv_cache[:, 1:], expected_cache[:, 1:]), "cache write differs"
+
     reference = paged_attention_reference(query.float(), kv_cache.float(), metadata, scale)
     num_tokens = metadata.query_start_loc_host[-1]
-    output, reference = output[:num_tokens].float(), reference[:num_tokens]
-    assert torch.isfinite(output).all(), "unwritten or non-finite output rows"
+    reference = reference[:num_tokens]
+    tolerance = TOLERANCE[case.dtype]
+    check_close(backend_output[:num_tokens], reference, tolerance, f"backend, {case}")
+
+    # One launch, and decodes at the front launched apart; poisoned output: any row the kernel
+    # forgets stays NaN and fails.
+    starts = metadata.query_start_loc_host
+    num_leading_decodes = 0
+    while num_leading_decodes < len(case.lengths) and case.lengths[num_leading_decodes][0] <= 1:
+        num_leading_decodes += 1
+    for leading in sorted({0, num_leading_decodes}):
+        output = torch.full_like(query, float("nan"))
+        paged_attention(
+            query,
+            kv_cache,
+            metadata.block_tables,
+            metadata.query_start_loc,
+            metadata.seq_lens,
+            max_query_len=metadata.max_query_len,
+            scale=scale,
+            num_leading_decodes=leading,
+            output=output,
+            config=config,
+        )
+        check_close(output[:num_tokens], reference, tolerance, f"{leading} leading, {case}")
+    assert starts[-1] == num_tokens
+
+
+def check_close(output: torch.Tensor, reference: torch.Tensor, tolerance: float, what: str) -> None:
+    output = output.float()
+    assert torch.isfinite(output).all(), f"unwritten or non-finite output rows: {what}"
     error = ((output - reference).norm() / reference.norm()).item()
-    assert error < TOLERANCE[case.dtype], f"relative error {error:.2e} for {case}"
-    assert torch.equal(backend_output[:num_tokens].float(), output), "backend output differs"
+    assert error < tolerance, f"relative error {error:.2e}: {what}"
 
 
 # query_len, seq_len pairs: 1, 7, block size, block size + 1, long; with and without a prefix.
 SINGLE_LENGTHS = [(1, 1), (1, 37), (7, 7), (7, 50), (16, 16), (17, 17), (17, 100), (300, 300)]
 MIXED = [(1, 1), (1, 500), (7, 7), (0, 20), (17, 50), (300, 333), (16, 1000), (1, 33), (2, 2)]
+DECODES_FIRST = [(1, 300)] * 5 + [(0, 4), (1, 17), (40, 40), (1, 9), (17, 100), (300, 310)]
 DECODES = [(1, seq_len) for seq_len in (1, 15, 16, 17, 64, 65, 300, 1500, 4097, 9)]
 
 
@@ -141,6 +163,14 @@ def test_mixed_batch_gqa(heads, head_dim):
     check_case(
         Case(MIXED, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=head_dim), "cuda"
     )
+
+
+@needs_cuda
+@pytest.mark.parametrize("heads", [(16, 8), (32, 4)])
+def test_decodes_first_launched_apart(heads):
+    num_heads, num_kv_heads = heads
+    case = Case(DECODES_FIRST, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=128)
+    check_case(case, "cuda")
 
 
 @needs_cuda
@@ -260,6 +290,45 @@ INTERPRETED_CASES = [
         head_dim=16,
         block_size=32,
         dtype=torch.float32,
+    ),
+    # Small context tiles: many unmasked tiles before the diagonal, pages split across tiles.
+    Case(
+        [(20, 90), (1, 77), (33, 33)],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=8,
+        dtype=torch.float32,
+        block_n=16,
+    ),
+    Case(
+        [(1, 90), (1, 77), (1, 16)],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=32,
+        dtype=torch.float32,
+        block_n=16,
+        num_splits=3,
+    ),
+    # Decodes first, then prefill chunks: launched apart by the backend.
+    Case(
+        [(1, 20), (0, 3), (1, 9), (12, 12), (1, 5), (40, 47)],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=8,
+        dtype=torch.float32,
+    ),
+    # 20 decodes first, 8-token tiles: the prefill launch starts past tile 0 (spare tiles exit).
+    Case(
+        [(1, 5)] * 20 + [(12, 12), (1, 3), (30, 40)],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=8,
+        dtype=torch.float32,
+        block_rows=16,
     ),
     # More splits than context tiles: empty splits must merge to nothing.
     Case(

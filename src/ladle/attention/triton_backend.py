@@ -1,8 +1,10 @@
 """The GPU attention backend: a fused Triton cache write, then the paged attention kernel.
 
-No host syncs: launch decisions read only metadata's host ints (max_query_len) and tensor
-shapes. A pure decode step (max_query_len == 1) launches a grid that depends on the batch size
-alone, so it can be captured in a CUDA graph and replayed with new lengths and block tables.
+No host syncs: launch decisions read only metadata's host values (max_query_len, the host copy
+of query_start_loc) and tensor shapes. A pure decode step (max_query_len == 1) launches a grid
+that depends on the batch size alone, so it can be captured in a CUDA graph and replayed with new
+lengths and block tables. In a mixed step, the decodes at the front of the batch get their own
+launch (a runner that orders decodes first gets the most from this).
 """
 
 from __future__ import annotations
@@ -21,6 +23,20 @@ class TritonAttentionBackend:
 
     def __init__(self, config: LaunchConfig | None = None) -> None:
         self.config = config
+        # Every layer of a step sees the same metadata: count its leading decodes once.
+        self._counted_metadata: AttentionMetadata | None = None
+        self._num_leading_decodes = 0
+
+    def _leading_decodes(self, metadata: AttentionMetadata) -> int:
+        if metadata.max_query_len <= 1:
+            return 0
+        if metadata is not self._counted_metadata:
+            starts = metadata.query_start_loc_host
+            count = 0
+            while count < metadata.num_reqs and starts[count + 1] - starts[count] <= 1:
+                count += 1
+            self._counted_metadata, self._num_leading_decodes = metadata, count
+        return self._num_leading_decodes
 
     def forward(
         self,
@@ -40,5 +56,6 @@ class TritonAttentionBackend:
             metadata.seq_lens,
             max_query_len=metadata.max_query_len,
             scale=scale,
+            num_leading_decodes=self._leading_decodes(metadata),
             config=self.config,
         )

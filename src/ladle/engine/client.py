@@ -188,6 +188,10 @@ class AsyncEngineClient:
         return self._process.pid if self._process is not None else None
 
     @property
+    def is_started(self) -> bool:
+        return self.info is not None
+
+    @property
     def is_alive(self) -> bool:
         return self.dead_reason is None and self.info is not None
 
@@ -252,7 +256,10 @@ class AsyncEngineClient:
         raise EngineStartError(f"the engine was not ready after {self.startup_timeout_s:.0f}s")
 
     async def shutdown(self, timeout_s: float = 10.0) -> None:
-        """Stop the engine process (politely, then by force) and release the sockets."""
+        """Stop the engine process (politely, then by force) and release the sockets.
+        Idempotent."""
+        if self._shutting_down:
+            return
         self._shutting_down = True
         await self._stop_process(timeout_s)
         self._mark_dead("the server is shutting down")

@@ -52,13 +52,20 @@ def run_engine_core(
     exit_code = 0
     try:
         loop = _start(engine_options_json, input_socket, output_socket, parent_pid)
-        if loop is not None:
-            loop.run()
+    except ValueError as error:
+        # Bad configuration (missing model, unsupported architecture, no memory for the KV
+        # cache): the message says it all, a traceback would only bury it.
+        loop, exit_code = None, 1
+        _try_send(output_socket, wire.EngineFailed(str(error)), parent_pid)
     except Exception as error:  # noqa: BLE001 - any failure must reach the API as a message
-        exit_code = 1
-        detail = "".join(traceback.format_exception_only(type(error), error)).strip()
-        logger.error("engine core failed:\n%s", traceback.format_exc())
-        _try_send(output_socket, wire.EngineFailed(f"engine core failed: {detail}"), parent_pid)
+        loop, exit_code = None, 1
+        _report_failure(output_socket, error, parent_pid)
+    if loop is not None:
+        try:
+            loop.run()
+        except Exception as error:  # noqa: BLE001
+            exit_code = 1
+            _report_failure(output_socket, error, parent_pid)
     # Closing with linger lets a last message (EngineFailed) leave before the process ends.
     input_socket.close(linger=0)
     output_socket.close(linger=1000)
@@ -67,6 +74,12 @@ def run_engine_core(
     sys.stderr.flush()
     # Skip interpreter teardown: torch's thread pools can hang it, and there is nothing to save.
     os._exit(exit_code)
+
+
+def _report_failure(output_socket: zmq.Socket, error: Exception, parent_pid: int) -> None:
+    logger.error("engine core failed:\n%s", traceback.format_exc())
+    detail = "".join(traceback.format_exception_only(type(error), error)).strip()
+    _try_send(output_socket, wire.EngineFailed(f"engine core failed: {detail}"), parent_pid)
 
 
 def _start(

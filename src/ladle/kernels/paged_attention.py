@@ -48,6 +48,71 @@ def _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _attend_kv_tiles(
+    row_max,
+    row_sum,
+    accumulator,
+    query,
+    query_position,
+    key_cache_ptr,
+    value_cache_ptr,
+    block_table_ptr,
+    kv_tile_begin,
+    kv_tile_end,
+    context_end,
+    scale_log2,
+    stride_cache_block,
+    stride_cache_token,
+    BLOCK_N: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    BLOCK_SIZE: tl.constexpr,
+    MASKED: tl.constexpr,
+):
+    """Online softmax over context tiles [kv_tile_begin, kv_tile_end) of one kv head."""
+    dims = tl.arange(0, HEAD_DIM)
+    for kv_tile in range(kv_tile_begin, kv_tile_end):
+        positions = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
+        if MASKED:
+            is_in_context = positions < context_end
+            block_ids = tl.load(
+                block_table_ptr + positions // BLOCK_SIZE, mask=is_in_context, other=0
+            )
+        else:
+            block_ids = tl.load(block_table_ptr + positions // BLOCK_SIZE)
+        kv_offsets = (
+            block_ids.to(tl.int64) * stride_cache_block
+            + (positions % BLOCK_SIZE) * stride_cache_token
+        )
+        kv_pointers = kv_offsets[:, None] + dims[None, :]
+        if MASKED:
+            key = tl.load(key_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
+        else:
+            key = tl.load(key_cache_ptr + kv_pointers)
+        scores = tl.dot(query, tl.trans(key)) * scale_log2
+        if MASKED:
+            is_visible = (positions[None, :] <= query_position[:, None]) & is_in_context[None, :]
+            scores = tl.where(is_visible, scores, float("-inf"))
+            new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+            # A row that has seen no visible key keeps -inf; shift it by 0, not inf - inf.
+            shift = tl.where(new_max == float("-inf"), 0.0, new_max)
+        else:
+            new_max = tl.maximum(row_max, tl.max(scores, axis=1))
+            shift = new_max
+        correction = tl.exp2(row_max - shift)
+        probabilities = tl.exp2(scores - shift[:, None])
+        row_sum = row_sum * correction + tl.sum(probabilities, axis=1)
+        if MASKED:
+            value = tl.load(value_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
+        else:
+            value = tl.load(value_cache_ptr + kv_pointers)
+        accumulator = accumulator * correction[:, None] + tl.dot(
+            probabilities.to(value.dtype), value
+        )
+        row_max = new_max
+    return row_max, row_sum, accumulator
+
+
+@triton.jit
 def _paged_attention_kernel(
     output_ptr,
     query_ptr,
@@ -87,14 +152,22 @@ def _paged_attention_kernel(
         request = tile
         tile_in_request = 0
     else:
+        # Launch the last tiles first: near the diagonal they see the most keys (less tail).
+        tile = tl.num_programs(0) - 1 - tile
         request = _find_request(query_start_loc_ptr, tile, num_reqs, BLOCK_M)
     query_start = tl.load(query_start_loc_ptr + request)
     query_len = tl.load(query_start_loc_ptr + request + 1) - query_start
     if not TILES_ARE_REQUESTS:
         tile_in_request = tile - (query_start // BLOCK_M + request)
     first_token = tile_in_request * BLOCK_M
-    if first_token >= query_len:
-        return
+    if TILES_ARE_REQUESTS:
+        if query_len == 0:
+            return
+    else:
+        # Spare tiles: past the request's queries, or (when the requests handed in start after
+        # token 0, the leading decodes launched apart) before the first request's first tile.
+        if (first_token >= query_len) | (first_token < 0):
+            return
     seq_len = tl.load(seq_lens_ptr + request)
     context_start = seq_len - query_len  # context position of the request's query token 0
 
@@ -125,36 +198,56 @@ def _paged_attention_kernel(
         kv_tile_begin = 0
         kv_tile_end = num_kv_tiles
 
+    # Tiles wholly at or before the tile's first query position are visible to every row and
+    # inside the context: no masks there. Only the tiles near the diagonal (and a decode's last
+    # tile) pay for the causal and length masks.
+    num_unmasked_tiles = (context_start + first_token + 1) // BLOCK_N
     row_max = tl.full([BLOCK_ROWS], float("-inf"), dtype=tl.float32)
     row_sum = tl.zeros([BLOCK_ROWS], dtype=tl.float32)
     accumulator = tl.zeros([BLOCK_ROWS, HEAD_DIM], dtype=tl.float32)
     block_table = block_tables_ptr + request.to(tl.int64) * stride_block_tables
-    head_offset = kv_head * stride_cache_head
-    for kv_tile in range(kv_tile_begin, kv_tile_end):
-        positions = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-        is_in_context = positions < context_end
-        block_ids = tl.load(block_table + positions // BLOCK_SIZE, mask=is_in_context, other=0)
-        kv_offsets = (
-            block_ids.to(tl.int64) * stride_cache_block
-            + (positions % BLOCK_SIZE) * stride_cache_token
-            + head_offset
-        )
-        kv_pointers = kv_offsets[:, None] + dims[None, :]
-        key = tl.load(key_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
-        scores = tl.dot(query, tl.trans(key)) * scale_log2
-        is_visible = positions[None, :] <= query_position[:, None]
-        scores = tl.where(is_visible & is_in_context[None, :], scores, float("-inf"))
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        # A row that has seen no visible key yet keeps -inf; shift it by 0 to avoid inf - inf.
-        safe_max = tl.where(new_max == float("-inf"), 0.0, new_max)
-        correction = tl.exp2(row_max - safe_max)
-        probabilities = tl.exp2(scores - safe_max[:, None])
-        row_sum = row_sum * correction + tl.sum(probabilities, axis=1)
-        value = tl.load(value_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
-        accumulator = accumulator * correction[:, None] + tl.dot(
-            probabilities.to(value.dtype), value
-        )
-        row_max = new_max
+    key_cache_ptr += kv_head * stride_cache_head
+    value_cache_ptr += kv_head * stride_cache_head
+    row_max, row_sum, accumulator = _attend_kv_tiles(
+        row_max,
+        row_sum,
+        accumulator,
+        query,
+        query_position,
+        key_cache_ptr,
+        value_cache_ptr,
+        block_table,
+        kv_tile_begin,
+        tl.minimum(kv_tile_end, num_unmasked_tiles),
+        context_end,
+        scale_log2,
+        stride_cache_block,
+        stride_cache_token,
+        BLOCK_N,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        False,
+    )
+    row_max, row_sum, accumulator = _attend_kv_tiles(
+        row_max,
+        row_sum,
+        accumulator,
+        query,
+        query_position,
+        key_cache_ptr,
+        value_cache_ptr,
+        block_table,
+        tl.maximum(kv_tile_begin, num_unmasked_tiles),
+        kv_tile_end,
+        context_end,
+        scale_log2,
+        stride_cache_block,
+        stride_cache_token,
+        BLOCK_N,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        True,
+    )
 
     safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
     accumulator = accumulator / safe_sum[:, None]
@@ -251,13 +344,17 @@ def paged_attention(
     *,
     max_query_len: int,
     scale: float,
+    num_leading_decodes: int = 0,
     output: torch.Tensor | None = None,
     config: LaunchConfig | None = None,
 ) -> torch.Tensor:
     """Attention of query [num_tokens, num_heads, head_dim] over the paged cache; no host syncs.
 
-    max_query_len is a host int (metadata.max_query_len) that picks the launch: 1 means a pure
-    decode batch (grid [num_reqs, num_kv_heads, num_splits]). Rows of output past the last request
+    max_query_len (a host int, metadata.max_query_len) picks the launch: <= 1 means a pure decode
+    batch, grid [num_reqs, num_kv_heads, num_splits]. In a mixed batch whose first
+    num_leading_decodes requests have query_len <= 1 (host knowledge, e.g. from
+    metadata.query_start_loc_host), those get the decode launch and the rest the prefill launch,
+    so decodes do not pay for prefill-sized query tiles. Output rows past the last request
     (padding tokens) are left unwritten.
     """
     num_tokens, num_heads, head_dim = query.shape
@@ -276,7 +373,60 @@ def paged_attention(
         output = torch.empty_like(query)
     if num_tokens == 0 or num_reqs == 0:
         return output
+    if max_query_len <= 1 or not 0 < num_leading_decodes < num_reqs:
+        _launch(
+            query,
+            kv_cache,
+            block_tables,
+            query_start_loc,
+            seq_lens,
+            max_query_len,
+            scale,
+            output,
+            config,
+        )
+        return output
+    decodes = slice(0, num_leading_decodes)
+    rest = slice(num_leading_decodes, num_reqs)
+    _launch(
+        query,
+        kv_cache,
+        block_tables[decodes],
+        query_start_loc[: num_leading_decodes + 1],
+        seq_lens[decodes],
+        1,
+        scale,
+        output,
+        config,
+    )
+    _launch(
+        query,
+        kv_cache,
+        block_tables[rest],
+        query_start_loc[num_leading_decodes:],
+        seq_lens[rest],
+        max_query_len,
+        scale,
+        output,
+        config,
+    )
+    return output
 
+
+def _launch(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    block_tables: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    seq_lens: torch.Tensor,
+    max_query_len: int,
+    scale: float,
+    output: torch.Tensor,
+    config: LaunchConfig,
+) -> None:
+    num_tokens, num_heads, head_dim = query.shape
+    num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
+    num_reqs = seq_lens.shape[0]
     group = num_heads // num_kv_heads
     group_padded = triton.next_power_of_2(group)
     is_decode = max_query_len <= 1
@@ -285,19 +435,19 @@ def paged_attention(
         block_rows = max(16, group_padded)
         block_n = config.block_n or 64
         num_warps = config.num_warps or 4
-        num_stages = config.num_stages or 3
+        num_stages = config.num_stages or 2
         num_splits = config.num_splits or choose_num_splits(num_reqs, num_kv_heads, query.device)
         grid = (num_reqs, num_kv_heads, num_splits)
     else:
         # Rows of a tile are BLOCK_M tokens x the padded group; short queries (speculative
         # tokens, small chunks) get a tile no taller than they need.
-        block_rows = config.block_rows or 128
+        block_rows = config.block_rows or 64
         block_rows = max(
             16, group_padded, min(block_rows, triton.next_power_of_2(max_query_len) * group_padded)
         )
         block_m = block_rows // group_padded
         block_n = config.block_n or 64
-        num_warps = config.num_warps or (8 if block_rows >= 128 else 4)
+        num_warps = config.num_warps or 4
         num_stages = config.num_stages or 2
         num_splits = 1
         grid = (num_tokens // block_m + num_reqs, num_kv_heads, 1)
@@ -359,4 +509,3 @@ def paged_attention(
             HEAD_DIM=head_dim,
             num_warps=4 if head_dim >= 128 else 2,
         )
-    return output

@@ -9,6 +9,7 @@ get --shutdown-timeout seconds to finish, then the engine process is stopped.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import os
 import sys
 from collections.abc import Callable
@@ -59,7 +60,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.cli import engine_options_from_args
     from ladle.config import EngineConfig
     from ladle.engine.admission import AdmissionController
-    from ladle.engine.client import AsyncEngineClient
+    from ladle.engine.client import AsyncEngineClient, EngineStartError
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
 
@@ -99,11 +100,23 @@ def run_serve(args: argparse.Namespace) -> int:
         lifespan="on",
     )
     server = _AnnouncingServer(config, served_name, lambda: client.engine_pid)
-    server.run()
-    if not server.started:
-        print("ladle: error: the server did not start (see the error above)", file=sys.stderr)
-        return 1
-    return 0
+
+    async def serve() -> int:
+        # The engine starts before uvicorn does, so a model that fails to load is one clear
+        # error line (and no port was ever bound), not a lifespan traceback.
+        try:
+            await client.start()
+        except EngineStartError as error:
+            print(f"ladle: error: {error}", file=sys.stderr)
+            await client.shutdown()
+            return 1
+        try:
+            await server.serve()
+        finally:
+            await client.shutdown()  # a no-op when the app's lifespan already did it
+        return 0 if server.started else 1
+
+    return asyncio.run(serve())
 
 
 class _AnnouncingServer(uvicorn.Server):

@@ -106,11 +106,16 @@ def from_validation_error(error: ValidationError) -> BadRequestError:
     return BadRequestError(f"{where}{first['msg']}", param=param)
 
 
+_UNION_BRANCH_TAGS = frozenset({"str", "int", "float", "bool", "list", "dict", "none"})
+
+
 def _is_field(part: object) -> bool:
     # Branch tags look like 'str', 'list[int]', 'function-after[...]'; field names are plain.
-    return isinstance(part, str) and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part) is not None and part not in {
-        "str", "int", "float", "bool", "list", "dict", "none"
-    }
+    return (
+        isinstance(part, str)
+        and re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", part) is not None
+        and part not in _UNION_BRANCH_TAGS
+    )
 
 
 def from_value_error(error: ValueError) -> BadRequestError:

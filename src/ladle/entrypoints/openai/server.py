@@ -62,13 +62,14 @@ class _Handlers:
 
 
 def build_app(client: AsyncEngineClient, settings: ServerSettings) -> FastAPI:
-    """The app for one engine client. Its lifespan starts the engine (so a model that fails to
-    load stops the server before it binds its port) and shuts it down on exit."""
+    """The app for one engine client. Its lifespan starts the engine unless it already runs
+    (`ladle serve` starts it first, to report a failed start cleanly) and shuts it down."""
     handlers: list[_Handlers] = []  # filled once the engine (and tokenizer) is ready
 
     @contextlib.asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        await client.start()
+        if not client.is_started:
+            await client.start()
         handlers.append(
             _Handlers(
                 completions=OpenAIServingCompletion(client, settings.served_model_name),

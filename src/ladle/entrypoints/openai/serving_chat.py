@@ -77,7 +77,7 @@ class OpenAIServingChat(OpenAIServing):
             output = await run_until_disconnect(raw_request, self._collect(stream))
         except (ClientDisconnected, APIError):
             raise
-        except Exception as error:  # noqa: BLE001 - rejected by the engine, or the engine died
+        except Exception as error:
             raise self.generation_error(error) from error
         finally:
             stream.close()
@@ -125,7 +125,7 @@ class OpenAIServingChat(OpenAIServing):
             )
         except ValueError as error:
             raise BadRequestError(str(error), param="messages") from error
-        except Exception as error:  # noqa: BLE001 - a template fails only on what it was given
+        except Exception as error:
             raise BadRequestError(
                 f"the chat template failed on these messages: {type(error).__name__}: {error}",
                 param="messages",

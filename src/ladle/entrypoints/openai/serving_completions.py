@@ -83,7 +83,7 @@ class OpenAIServingCompletion(OpenAIServing):
             outputs = await run_until_disconnect(raw_request, self._collect(streams))
         except (ClientDisconnected, APIError):
             raise
-        except Exception as error:  # noqa: BLE001 - rejected by the engine, or the engine died
+        except Exception as error:
             raise self.generation_error(error) from error
         finally:
             close_all()

@@ -1,0 +1,68 @@
+"""Metric names (vLLM's where vLLM has one) and what feeds them."""
+
+from __future__ import annotations
+
+from ladle.engine.messages import SchedulerStats
+from ladle.metrics import ServerMetrics
+from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from tests.entrypoints.server_process import parse_metrics
+
+VLLM_NAMES = [
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
+    "vllm:e2e_request_latency_seconds_count",
+]
+
+
+def make_output(num_new: int, first_token_time: float, last_token_time: float,
+                finished: bool = False) -> RequestOutput:
+    completion = CompletionOutput(index=0, token_ids=[1] * num_new, token_ids_delta=[1] * num_new,
+                                  finish_reason="length" if finished else None)
+    metrics = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.1,
+                             first_token_time=first_token_time, last_token_time=last_token_time,
+                             finished_time=last_token_time if finished else None)
+    return RequestOutput("r", None, [1, 2], [completion], finished=finished, metrics=metrics)
+
+
+def test_names_and_values():
+    metrics = ServerMetrics("tiny")
+    metrics.record_engine_stats(SchedulerStats(
+        num_running_reqs=2, num_waiting_reqs=5, kv_cache_usage=0.5, prefix_cache_queries=100,
+        prefix_cache_hits=25, num_preemptions=3, num_free_blocks=7, num_total_blocks=10,
+    ))
+    metrics.record_accepted(num_prompt_tokens=10, num_sequences=2)
+    metrics.record_step_output(make_output(1, 0.5, 0.5), previous_token_time=None)
+    metrics.record_step_output(make_output(1, 0.5, 0.7), previous_token_time=0.5)
+    final = make_output(1, 0.5, 0.9, finished=True)
+    metrics.record_step_output(final, previous_token_time=0.7)
+    metrics.record_finished(final)
+    metrics.record_rejected("queue_full")
+    text = metrics.render().decode()
+    values = parse_metrics(text)
+    for name in VLLM_NAMES:
+        assert name in values, name
+    assert 'model_name="tiny"' in text
+    assert values["vllm:num_requests_running"] == 2
+    assert values["vllm:num_requests_waiting"] == 5
+    assert values["vllm:kv_cache_usage_perc"] == 0.5
+    assert values["vllm:prefix_cache_hits_total"] == 25
+    assert values["ladle:prefix_cache_hit_rate"] == 0.25
+    assert values["vllm:num_preemptions_total"] == 3
+    assert values["vllm:prompt_tokens_total"] == 20
+    assert values["vllm:generation_tokens_total"] == 3
+    assert values["vllm:time_to_first_token_seconds_count"] == 1
+    assert values["vllm:time_to_first_token_seconds_sum"] == 0.5
+    assert values["vllm:inter_token_latency_seconds_count"] == 2
+    assert abs(values["vllm:e2e_request_latency_seconds_sum"] - 0.9) < 1e-9
+    assert values["vllm:request_success_total"] == 1
+    assert values["ladle:requests_rejected_total"] == 1
+    assert values["ladle:engine_alive"] == 1
+    metrics.record_engine_dead()
+    assert parse_metrics(metrics.render().decode())["ladle:engine_alive"] == 0
+
+
+def test_two_servers_in_one_process_do_not_collide():
+    ServerMetrics("a")
+    ServerMetrics("a")

@@ -1,0 +1,56 @@
+"""The engine <-> API messages survive msgpack, and bad frames fail to decode (never execute)."""
+
+from __future__ import annotations
+
+import msgspec
+import pytest
+
+from ladle.engine import wire
+from ladle.engine.messages import (
+    EngineCoreOutput,
+    EngineCoreRequest,
+    SchedulerStats,
+    TokenLogprobs,
+)
+from ladle.sampling_params import SamplingParams
+
+
+def test_add_request_round_trip():
+    params = SamplingParams(n=1, temperature=0.5, stop="END", seed=7, max_tokens=None, logprobs=2)
+    request = EngineCoreRequest("r-1", [1, 2, 3], params, (3, 4), 12.5, priority=2)
+    decoded = wire.decode_input(wire.encode_input(wire.AddRequests([request])))
+    assert decoded == wire.AddRequests([request])
+    assert decoded.requests[0].sampling_params.stop == ["END"]
+    assert decoded.requests[0].eos_token_ids == (3, 4)
+
+
+def test_step_round_trip():
+    output = EngineCoreOutput(
+        "r-1", [9], [TokenLogprobs(9, -0.5, 1, [9, 8], [-0.5, -1.5])], "stop", 3, 16, 1.0, 2.0
+    )
+    stats = SchedulerStats(num_running_reqs=3, kv_cache_usage=0.25, prefix_cache_hits=5)
+    step = wire.EngineStep([output], [wire.Rejection("r-2", "too long")], stats)
+    assert wire.decode_output(wire.encode_output(step)) == step
+
+
+def test_abort_and_shutdown_round_trip():
+    for message in (wire.AbortRequests(["a", "b"]), wire.Shutdown()):
+        assert wire.decode_input(wire.encode_input(message)) == message
+
+
+def test_garbage_and_wrong_tags_fail_to_decode():
+    with pytest.raises(msgspec.DecodeError):
+        wire.decode_input(b"\xc1\xff not msgpack")
+    with pytest.raises(msgspec.ValidationError):
+        wire.decode_input(msgspec.msgpack.encode({"type": "exec", "code": "boom"}))
+    with pytest.raises(msgspec.ValidationError):  # an output message is not an input
+        wire.decode_input(wire.encode_output(wire.EngineFailed("x")))
+
+
+def test_sampling_params_are_validated_on_decoding():
+    frame = msgspec.msgpack.encode(
+        {"type": "add", "requests": [{"request_id": "a", "prompt_token_ids": [1],
+                                      "sampling_params": {"top_p": 2.0}}]}
+    )
+    with pytest.raises(msgspec.ValidationError, match="top_p"):
+        wire.decode_input(frame)
