@@ -7,6 +7,8 @@ import asyncio
 import contextlib
 import os
 import signal
+import subprocess
+import sys
 import time
 
 import httpx
@@ -126,3 +128,14 @@ def test_sigterm_drains_then_exits_within_the_bound(long_model_path):
     assert exited_cleanly(server), server.log()
     assert wait_until(lambda: not process_is_running(engine_pid), timeout_s=5)
     assert "Shutting down" in server.log()
+
+
+def test_a_model_that_cannot_load_is_one_clear_error(tmp_path):
+    result = subprocess.run(
+        [sys.executable, "-m", "ladle.cli", "serve", str(tmp_path / "missing"), "--port", "0"],
+        check=False, capture_output=True, text=True, timeout=120,
+    )
+    assert result.returncode == 1
+    assert "does not exist" in result.stderr
+    assert "Traceback" not in result.stderr + result.stdout
+    assert "Uvicorn running" not in result.stderr + result.stdout  # no port was bound

@@ -17,10 +17,11 @@ from tests.entrypoints.server_process import engine_is_idle, read_metrics, wait_
 NUM_REQUESTS = 500
 NUM_CLIENTS = 64
 NUM_DISTINCT = 40
-WORDS = (
-    "the quick brown fox jumps over a lazy dog while the engine serves many people at once one "
-    "token at a time paged cache blocks return to the pool"
-).split()
+WORDS = [
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "engine",
+    "serves", "many", "people", "at", "once", "one", "token", "time", "paged", "cache", "blocks",
+    "return", "to", "pool",
+]
 
 
 def make_workload(seed: int = 0) -> list[tuple[str, str, int]]:

@@ -237,6 +237,24 @@ def mixed_step(
     return kv_bytes, flops(decode) + flops(prefill), times[0], times[1], max(errors)
 
 
+def cache_write_times(num_tokens: int = 256) -> tuple[float, float]:
+    """ms of the fused Triton cache write and of write_kv_cache (index_copy_), in CUDA graphs."""
+    from ladle.attention.backend import write_kv_cache
+    from ladle.kernels.reshape_and_cache import reshape_and_cache
+
+    shape = Shape("write", num_tokens, 1, 1024)
+    _, kv_cache, _, _, _ = build(shape)
+    qkv = torch.randn(num_tokens, 32, 128, dtype=shape.dtype, device="cuda")
+    key, value = qkv[:, 16:24], qkv[:, 24:]  # strided views, as a fused qkv projection gives
+    slots = torch.randperm(kv_cache.shape[1] * 16 - 16, device="cuda")[:num_tokens] + 16
+    fused = time_in_graph(lambda: reshape_and_cache(key, value, kv_cache, slots))
+    expected = kv_cache.clone()
+    write_kv_cache(key, value, expected, slots)
+    assert torch.equal(expected, kv_cache), "fused cache write differs from write_kv_cache"
+    reference = time_in_graph(lambda: write_kv_cache(key, value, kv_cache, slots))
+    return fused, reference
+
+
 def copy_bandwidth() -> float:
     """GB/s of a 2 GiB device-to-device copy, counting bytes read plus written."""
     source = torch.randn(2**29, device="cuda")
@@ -280,6 +298,15 @@ PREFILL_SWEEP = [
 ]
 
 
+SPLIT_SWEEPS = {"decode 64x4096": SPLIT_SWEEP, "decode 16x8192": SPLIT_SWEEP}
+FULL_SWEEPS = {
+    "decode 256x1024": DECODE_SWEEP,
+    "decode 256x1024 d64": HEAD_DIM_64_SWEEP,
+    "prefill 4x2048": PREFILL_SWEEP,
+    **SPLIT_SWEEPS,
+}
+
+
 def run_sweep(shape: Shape, configs: list[LaunchConfig], inputs) -> list[dict]:
     rows = []
     for config in configs:
@@ -295,7 +322,10 @@ def run_sweep(shape: Shape, configs: list[LaunchConfig], inputs) -> list[dict]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--out", default=os.environ.get("OUT", "."))
-    parser.add_argument("--no-sweep", action="store_true")
+    parser.add_argument("--no-sweep", action="store_true", help="defaults only")
+    parser.add_argument(
+        "--full-sweep", action="store_true", help="tile shapes too, not only splits"
+    )
     args = parser.parse_args()
     warnings.filterwarnings("ignore", category=UserWarning)  # SDPA explaining refusals
     torch.manual_seed(0)
@@ -326,20 +356,21 @@ def main() -> None:
         results["cases"].append(case)
         table.append(case)
         print(json.dumps(case, default=str), flush=True)
-        if not args.no_sweep and shape.name == "decode 256x1024":
-            results["sweeps"][shape.name] = run_sweep(shape, DECODE_SWEEP, inputs)
-        if not args.no_sweep and shape.name == "decode 256x1024 d64":
-            results["sweeps"][shape.name] = run_sweep(shape, HEAD_DIM_64_SWEEP, inputs)
-        if not args.no_sweep and shape.name == "decode 16x8192":
-            results["sweeps"][shape.name + " splits"] = run_sweep(shape, SPLIT_SWEEP, inputs)
-        if not args.no_sweep and shape.name == "prefill 4x2048":
-            results["sweeps"][shape.name] = run_sweep(shape, PREFILL_SWEEP, inputs)
+        sweeps = FULL_SWEEPS if args.full_sweep else SPLIT_SWEEPS
+        if not args.no_sweep and shape.name in sweeps:
+            results["sweeps"][shape.name] = run_sweep(shape, sweeps[shape.name], inputs)
         del inputs
         torch.cuda.empty_cache()
         os.makedirs(args.out, exist_ok=True)
         with open(os.path.join(args.out, "attention_bench.json"), "w") as file:
             json.dump(results, file, indent=1, default=str)  # after each case: a timeout keeps it
 
+    try:
+        fused_write, index_copy_write = cache_write_times()
+        writes = {"triton": fused_write, "index_copy": index_copy_write}
+    except Exception as error:  # noqa: BLE001 (report it; the attention table still prints)
+        writes = {"error": str(error)[:200]}
+    results["cache_write_256_tokens_ms"] = writes
     kv_bytes, mixed_flops, one_launch, apart, mixed_error = mixed_step(128, 2048, 4, 512)
     results["mixed"] = {
         "case": "128 decodes x 2048 + 4 prefills x 512",
@@ -352,6 +383,7 @@ def main() -> None:
     with open(os.path.join(args.out, "attention_bench.json"), "w") as file:
         json.dump(results, file, indent=1, default=str)
 
+    print(json.dumps(results["cache_write_256_tokens_ms"]))
     for name, sweep in results["sweeps"].items():
         timed = sorted((row for row in sweep if "ms" in row), key=lambda row: row["ms"])
         print(f"\nsweep {name}: best 5 of {len(sweep)}")

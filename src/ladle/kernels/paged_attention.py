@@ -323,14 +323,17 @@ def _num_multiprocessors(device_index: int) -> int:
 
 
 def choose_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
-    """Split-KV factor for a decode batch: enough programs for about two waves of the GPU.
+    """Split-KV factor for a decode batch: about eight programs per multiprocessor, at most 16.
 
-    It depends on the batch shape only (not on context lengths), so a CUDA graph captured for a
-    batch size stays efficient for any context; short contexts leave splits empty, which is cheap.
+    With one program per SM at a time (the default decode tiles use ~128 KB of shared memory),
+    few waves leave the last one part-empty; measured on an H100, 64 x 4096 tokens with 512
+    programs ran at 87% of copy bandwidth against 93-96% for 2048. It depends on the batch shape
+    only (not on context lengths), so a CUDA graph captured for a batch size stays right for any
+    context; short contexts leave splits empty, which costs one tiny merge launch.
     """
     if device.type != "cuda":
         return 1
-    target_programs = 2 * _num_multiprocessors(device.index or 0)
+    target_programs = 8 * _num_multiprocessors(device.index or 0)
     programs = max(1, num_reqs * num_kv_heads)
     return max(1, min(16, triton.cdiv(target_programs, programs)))
 
@@ -433,7 +436,9 @@ def _launch(
     if is_decode:
         block_m = 1
         block_rows = max(16, group_padded)
-        block_n = config.block_n or 64
+        # 128-token steps: 64 KB of K and V in flight per program at head_dim 128 (measured
+        # best on an H100 for head_dim 64 and 128; see docs/kernels.md).
+        block_n = config.block_n or (128 if head_dim <= 128 else 64)
         num_warps = config.num_warps or 4
         num_stages = config.num_stages or 2
         num_splits = config.num_splits or choose_num_splits(num_reqs, num_kv_heads, query.device)

@@ -116,7 +116,11 @@ def run_serve(args: argparse.Namespace) -> int:
             await client.shutdown()  # a no-op when the app's lifespan already did it
         return 0 if server.started else 1
 
-    return asyncio.run(serve())
+    try:
+        return asyncio.run(serve())
+    except KeyboardInterrupt:
+        # uvicorn re-raises the Ctrl-C it handled once it has drained and shut down.
+        return 0
 
 
 class _AnnouncingServer(uvicorn.Server):

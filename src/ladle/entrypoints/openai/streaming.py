@@ -65,8 +65,9 @@ async def run_until_disconnect(request: Request, work: Awaitable[T]) -> T:
 class DisconnectAwareStreamingResponse(StreamingResponse):
     """A StreamingResponse that always listens for the disconnect while it streams.
 
-    Starlette does so only for ASGI servers older than spec 2.4; with newer ones it notices a
-    gone client only when a write fails, which never happens while a request waits in the queue.
+    Starlette does so only for ASGI servers below spec 2.4 (uvicorn reports 2.3 today); with
+    newer ones it notices a gone client only when a write fails, which never happens while a
+    request waits in the queue.
     The body iterator is closed on every exit, and on_close runs, even when the client left
     before the body was first read (an async generator never started skips its `finally`).
     """
