@@ -9,7 +9,9 @@ from tests.entrypoints.server_process import ServerProcess
 
 
 def test_serve_default_model_answers_chat():
-    with ServerProcess(["--max-num-seqs", "8"]) as server:
+    # A fresh machine fetches the model (~93 MB) first, hence the generous start-up bound.
+    server = ServerProcess(["--max-num-seqs", "8"]).start(timeout_s=900)
+    try:
         assert "memory budget" in server.log()
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
                                max_retries=0, timeout=120)
@@ -25,3 +27,5 @@ def test_serve_default_model_answers_chat():
         assert "Paris" in choice.message.content
         assert choice.finish_reason == "stop"
         assert response.usage.completion_tokens < 64
+    finally:
+        server.stop()

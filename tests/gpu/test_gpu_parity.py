@@ -25,6 +25,7 @@ GPU_SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, 
 NUM_NEW_TOKENS = 16
 TOKEN_TOLERANCE = 0.02  # of (max logit - min logit) in the row
 LOGITS_TOLERANCE = 2e-2  # relative L2 error of bf16 logits against fp32
+LOGPROB_TOLERANCE = 0.1  # absolute, on top-5 logprobs (seen: at most 0.063 on an H100)
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)
@@ -62,7 +63,7 @@ def greedy() -> SamplingParams:
     [
         {},  # all together
         {"max_num_batched_tokens": 24},  # chunked prefill mixed with decodes
-        {"num_kv_blocks": 20},  # preemption (19 usable blocks of 16 tokens)
+        {"num_kv_blocks": 30, "block_size": 8},  # preemption: 29 usable blocks of 8 tokens
     ],
     ids=["batched", "chunked", "preempted"],
 )

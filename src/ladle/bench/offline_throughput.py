@@ -58,9 +58,17 @@ def run_hf(model, prompts: list[list[int]], output_len: int) -> tuple[float, int
     return elapsed, generated
 
 
-def load_hf_peer(model_path: str, dtype: torch.dtype, device: str):
-    from transformers import AutoModelForCausalLM
+def load_hf_peer(model_path: str | None, preset: str | None, dtype: torch.dtype, device: str):
+    """The same model in HF transformers: the same file, or for a dummy preset the same shape
+    with HF's own random initialisation (throughput does not depend on the values)."""
+    from transformers import AutoConfig, AutoModelForCausalLM
 
+    if model_path is None:
+        from ladle.model.loader.presets import get_preset
+
+        values = dict(get_preset(preset))
+        config = AutoConfig.for_model(values.pop("model_type"), **values)
+        return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
     if model_path.endswith(".gguf"):
         import os
 
@@ -108,11 +116,13 @@ def main() -> None:
         "output_len": list(output_len),
         "ladle_tokens_per_s": [g / t for t, g in ladle_runs],
     }
+    print(f"ladle runs (generated tok/s): {results['ladle_tokens_per_s']}", flush=True)
     if args.peer == "hf":
         if len(set(output_lens)) != 1:
             raise SystemExit("the HF peer needs one fixed output length")
         hf_model = load_hf_peer(
-            llm.engine.runner.model_path, llm.engine.runner.dtype, str(llm.engine.runner.device)
+            llm.engine.runner.model_path, args.model, llm.engine.runner.dtype,
+            str(llm.engine.runner.device),
         )
         run_hf(hf_model, prompts[:4], 8)
         hf_runs = [run_hf(hf_model, prompts, output_lens[0]) for _ in range(args.runs)]
