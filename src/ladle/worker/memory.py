@@ -88,10 +88,18 @@ def size_kv_cache(
     else:
         num_blocks = int(cache_config.cpu_kv_cache_gib * GIB // block_bytes)
     if num_blocks < 2:
+        in_use = ""
+        if device.type == "cuda":
+            free_now, total = torch.cuda.mem_get_info(device)
+            in_use = (
+                f"; {(total - free_now) / GIB:.2f} of {total / GIB:.2f} GiB are in use on the "
+                "device (this model, other engines in this process, other processes)"
+            )
         raise InsufficientMemoryError(
             f"no room for the KV cache on {device}: weights take {weights_bytes / GIB:.2f} GiB "
-            f"and the activation peak {activation_peak / GIB:.2f} GiB; lower "
-            "max_num_batched_tokens, raise gpu_memory_utilization or use a smaller model"
+            f"and the activation peak {activation_peak / GIB:.2f} GiB{in_use}; lower "
+            "max_num_batched_tokens, raise gpu_memory_utilization, set num_kv_blocks, free "
+            "other engines or use a smaller model"
         )
     return MemoryBudget(
         device=str(device),
