@@ -7,7 +7,7 @@ BIN := $(VENV)/bin
 TORCH_SPEC ?= torch==2.13.0
 PROMPT ?= What is the capital of France?
 
-.PHONY: run serve test venv clean
+.PHONY: run chat test venv clean
 
 $(BIN)/ladle: pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,11 +18,13 @@ $(BIN)/ladle: pyproject.toml
 
 venv: $(BIN)/ladle
 
+# The main job: serve the default model on http://127.0.0.1:8000 (OpenAI-compatible).
 run: venv
-	$(BIN)/ladle chat --prompt "$(PROMPT)"
-
-serve: venv
 	$(BIN)/ladle serve
+
+# A one-shot answer from the default model, no server.
+chat: venv
+	$(BIN)/ladle chat --prompt "$(PROMPT)"
 
 test: venv
 	$(BIN)/python -m pytest -q -x --timeout=900 tests
