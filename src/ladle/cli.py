@@ -9,7 +9,9 @@ import sys
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     """The engine options every subcommand that starts an engine shares."""
     group = parser.add_argument_group("engine")
-    group.add_argument("--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"])
+    group.add_argument(
+        "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"]
+    )
     group.add_argument("--dtype", default="auto")
     group.add_argument("--device", default="auto")
     group.add_argument("--max-model-len", type=int, default=None)
@@ -61,8 +63,9 @@ def _run_generate(args: argparse.Namespace) -> int:
     )
     llm = LLM(args.model, **engine_options_from_args(args))
     if args.command == "chat" or args.chat:
-        outputs = llm.chat([[{"role": "user", "content": p}] for p in args.prompt], params,
-                           use_tqdm=False)
+        outputs = llm.chat(
+            [[{"role": "user", "content": p}] for p in args.prompt], params, use_tqdm=False
+        )
     else:
         outputs = llm.generate(args.prompt, params, use_tqdm=False)
     for output in outputs:
@@ -85,8 +88,12 @@ def build_parser() -> argparse.ArgumentParser:
         ("chat", "answer prompts as user messages through the chat template"),
     ):
         sub = subparsers.add_parser(name, help=help_text)
-        sub.add_argument("model", nargs="?", default=None,
-                         help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M")
+        sub.add_argument(
+            "model",
+            nargs="?",
+            default=None,
+            help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M",
+        )
         sub.add_argument("--model", dest="model_option", default=None)
         sub.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
         sub.add_argument("--chat", action="store_true", help="apply the chat template")

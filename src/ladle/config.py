@@ -35,7 +35,7 @@ def resolve_device(device: str) -> torch.device:
 
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
-    """'auto' is bfloat16 on CUDA and float32 on the CPU (where bf16 matmuls are slow and inexact)."""
+    """'auto' is bfloat16 on CUDA and float32 on the CPU (where bf16 matmuls are slow, inexact)."""
     if isinstance(dtype, torch.dtype):
         if dtype not in SUPPORTED_DTYPES.values():
             raise ValueError(f"dtype {dtype} is not supported; use bfloat16, float16 or float32")

@@ -1,4 +1,4 @@
-"""Bad input gets a ValueError that names the problem, and never costs another request its result."""
+"""Bad input gets a ValueError that names the problem and never costs another request its result."""
 
 from __future__ import annotations
 
@@ -45,7 +45,13 @@ def test_bad_prompts_fail_alone(llm):
     assert "request 2" in message and "max_model_len=128" in message
     assert "request 4" in message and "integers" in message
     outputs = error.outputs
-    assert [o.outputs[0].finish_reason for o in outputs] == ["length", "error", "error", "length", "error"]
+    assert [o.outputs[0].finish_reason for o in outputs] == [
+        "length",
+        "error",
+        "error",
+        "length",
+        "error",
+    ]
     assert len(outputs[0].outputs[0].token_ids) == 5
     assert outputs[0].outputs[0].token_ids == outputs[3].outputs[0].token_ids
     stats = llm.engine.get_stats()

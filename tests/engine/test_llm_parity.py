@@ -29,7 +29,8 @@ def hf_greedy(model, prompt: list[int], num_new_tokens: int) -> list[int]:
             next_token = int(outputs.logits[0, -1].argmax())
             generated.append(next_token)
             outputs = model(
-                torch.tensor([[next_token]]), past_key_values=outputs.past_key_values,
+                torch.tensor([[next_token]]),
+                past_key_values=outputs.past_key_values,
                 use_cache=True,
             )
     return generated
@@ -67,7 +68,13 @@ def test_chunked_prefill_matches_hf(reference):
     path, prompts, expected = reference
     # A budget of 10 tokens splits every prompt longer than that over several steps, while
     # earlier requests decode in the same steps.
-    llm = LLM(path, block_size=4, num_kv_blocks=400, max_num_batched_tokens=10, enable_prefix_caching=False)
+    llm = LLM(
+        path,
+        block_size=4,
+        num_kv_blocks=400,
+        max_num_batched_tokens=10,
+        enable_prefix_caching=False,
+    )
     assert token_ids(llm.generate(prompts, greedy(), use_tqdm=False)) == expected
 
 

@@ -31,7 +31,9 @@ def test_same_seed_same_tokens_whatever_the_batch(llm):
         use_tqdm=False,
     )
     assert mixed[2].outputs[0].token_ids == alone
-    different = SamplingParams(temperature=1.0, top_p=0.9, seed=4321, max_tokens=12, ignore_eos=True)
+    different = SamplingParams(
+        temperature=1.0, top_p=0.9, seed=4321, max_tokens=12, ignore_eos=True
+    )
     assert llm.generate([PROMPTS[2]], different, use_tqdm=False)[0].outputs[0].token_ids != alone
 
 
@@ -43,7 +45,10 @@ def test_n_samples(llm):
     assert len({tuple(c.token_ids) for c in output.outputs}) > 1
     # Sample 0 keeps the request's seed: it equals the n=1 result with that seed.
     single = SamplingParams(n=1, temperature=1.0, seed=7, max_tokens=10, ignore_eos=True)
-    assert llm.generate([PROMPTS[0]], single, use_tqdm=False)[0].outputs[0].token_ids == output.outputs[0].token_ids
+    assert (
+        llm.generate([PROMPTS[0]], single, use_tqdm=False)[0].outputs[0].token_ids
+        == output.outputs[0].token_ids
+    )
 
 
 def test_stop_token_ids_and_stop_strings(llm):

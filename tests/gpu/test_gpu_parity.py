@@ -21,8 +21,13 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 ARCHITECTURES = ["llama", "qwen2", "qwen3"]
 # head_dim 64 as real models have; the tiny default (16) is below what the kernels target.
-GPU_SHAPE = dict(hidden_size=256, num_attention_heads=4, num_key_value_heads=2, head_dim=64,
-                 intermediate_size=512)
+GPU_SHAPE = dict(
+    hidden_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=512,
+)
 NUM_NEW_TOKENS = 16
 TOKEN_TOLERANCE = 0.02  # of (max logit - min logit) in the row
 # bf16 weights alone move logits ~2-2.5% (relative L2) from fp32 on these models, as on the CPU
@@ -57,7 +62,9 @@ def check_against_reference(reference, prompts, outputs) -> None:
         best = rows.max(dim=-1).values
         spread = best - rows.min(dim=-1).values
         gap = (best - chosen) / spread
-        assert float(gap.max()) <= TOKEN_TOLERANCE, f"token far from the fp32 argmax: {gap.tolist()}"
+        assert float(gap.max()) <= TOKEN_TOLERANCE, (
+            f"token far from the fp32 argmax: {gap.tolist()}"
+        )
 
 
 def greedy() -> SamplingParams:
@@ -115,8 +122,15 @@ def test_model_logits_bf16_relative_error(setup):
     batch = PagedBatch(num_seqs=len(prompts), block_size=16, num_blocks=64)
     input_ids, positions, metadata = batch.step(prompts, device="cuda")
     arch = runner.arch
-    caches = make_kv_caches(arch.num_hidden_layers, 64, 16, arch.num_key_value_heads,
-                            arch.head_dim, torch.bfloat16, "cuda")
+    caches = make_kv_caches(
+        arch.num_hidden_layers,
+        64,
+        16,
+        arch.num_key_value_heads,
+        arch.head_dim,
+        torch.bfloat16,
+        "cuda",
+    )
     last_rows = torch.tensor(metadata.query_start_loc_host[1:], device="cuda") - 1
     with torch.no_grad():
         hidden = runner.model(input_ids, positions, caches, metadata)
@@ -136,4 +150,3 @@ def test_model_logits_bf16_relative_error(setup):
             expected = reference(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
         error = (logits[row] - expected).norm() / expected.norm()
         assert float(error) < LOGITS_TOLERANCE
-

@@ -1,9 +1,11 @@
 """Offline throughput: ladle's LLM.generate against HF transformers' generate_batch, same prompts,
 same run, generated tokens per second (median of several runs).
 
-    python -m ladle.bench.offline_throughput --num-prompts 32 --output-len 128          # default model, CPU
+    # the default model on the CPU, against HF:
+    python -m ladle.bench.offline_throughput --num-prompts 32 --output-len 128
+    # random weights of a real shape on a GPU, ladle alone:
     python -m ladle.bench.offline_throughput --model qwen3-0.6b --load-format dummy \\
-        --num-prompts 256 --input-len 100 1024 --output-len 100 1024 --peer none        # GPU, random weights
+        --num-prompts 256 --input-len 100 1024 --output-len 100 1024 --peer none
 
 Every request generates exactly its output length (EOS ignored), so both engines do the same work.
 """
@@ -22,7 +24,10 @@ from ladle import LLM, SamplingParams
 
 
 def make_workload(
-    num_prompts: int, input_len: tuple[int, int], output_len: tuple[int, int], vocab_size: int,
+    num_prompts: int,
+    input_len: tuple[int, int],
+    output_len: tuple[int, int],
+    vocab_size: int,
     seed: int,
 ) -> tuple[list[list[int]], list[int]]:
     """Random token-id prompts (no special ids) and output lengths, uniform in the ranges."""
@@ -94,11 +99,16 @@ def main() -> None:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--json", default=None, help="also write the results here")
     args = parser.parse_args()
-    output_len = tuple(args.output_len * 2)[:2] if len(args.output_len) == 1 else tuple(args.output_len)
+    output_len = (
+        tuple(args.output_len * 2)[:2] if len(args.output_len) == 1 else tuple(args.output_len)
+    )
 
     llm = LLM(
-        args.model, load_format=args.load_format, dtype=args.dtype,
-        max_num_seqs=args.max_num_seqs, max_num_batched_tokens=args.max_num_batched_tokens,
+        args.model,
+        load_format=args.load_format,
+        dtype=args.dtype,
+        max_num_seqs=args.max_num_seqs,
+        max_num_batched_tokens=args.max_num_batched_tokens,
     )
     prompts, output_lens = make_workload(
         args.num_prompts, tuple(args.input_len), output_len, llm.engine.vocab_size, args.seed
@@ -121,7 +131,9 @@ def main() -> None:
         if len(set(output_lens)) != 1:
             raise SystemExit("the HF peer needs one fixed output length")
         hf_model = load_hf_peer(
-            llm.engine.runner.model_path, args.model, llm.engine.runner.dtype,
+            llm.engine.runner.model_path,
+            args.model,
+            llm.engine.runner.dtype,
             str(llm.engine.runner.device),
         )
         run_hf(hf_model, prompts[:4], 8)

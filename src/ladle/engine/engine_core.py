@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import logging
 import random
+import sys
 import time
 
 from ladle.config import EngineConfig
@@ -35,7 +36,8 @@ class EngineCore:
         self.vocab_size = self.runner.arch.vocab_size
         budget = self.runner.memory_budget
         if print_budget:
-            print(f"[ladle] {budget.describe()}", flush=True)
+            # stderr: stdout belongs to what the user asked for (generated text, JSON).
+            print(f"[ladle] {budget.describe()}", file=sys.stderr, flush=True)
         self.kv_cache_manager = KVCacheManager(
             num_blocks=budget.num_blocks,
             block_size=config.cache.block_size,

@@ -47,7 +47,9 @@ class _RequestState:
 
 
 class OutputProcessor:
-    def __init__(self, tokenizer: TextTokenizer | None, eos_token_ids: tuple[int, ...] = ()) -> None:
+    def __init__(
+        self, tokenizer: TextTokenizer | None, eos_token_ids: tuple[int, ...] = ()
+    ) -> None:
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids) or (tokenizer.eos_token_ids if tokenizer else ())
         self._requests: dict[str, _RequestState] = {}
@@ -70,7 +72,9 @@ class OutputProcessor:
         core_requests = []
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}{CHILD_SEPARATOR}{index}"
-            child_params = params if params.n == 1 else params.with_seed(child_seed(params.seed, index))
+            child_params = (
+                params if params.n == 1 else params.with_seed(child_seed(params.seed, index))
+            )
             detokenizer = None
             if self.tokenizer is not None:
                 detokenizer = IncrementalDetokenizer(
@@ -104,7 +108,9 @@ class OutputProcessor:
             metrics=RequestMetrics(arrival_time=arrival_time),
         )
         self._requests[request_id] = _RequestState(
-            output=output, params=params, samples=samples,
+            output=output,
+            params=params,
+            samples=samples,
             child_ids=[r.request_id for r in core_requests],
         )
         return core_requests
@@ -129,7 +135,9 @@ class OutputProcessor:
                 for other in state.samples:
                     other.completion.text_delta = ""
                     other.completion.token_ids_delta = []
-                    other.completion.logprobs_delta = [] if state.params.logprobs is not None else None
+                    other.completion.logprobs_delta = (
+                        [] if state.params.logprobs is not None else None
+                    )
                 touched.append(state)
             stopped_by_string = self._apply(state, sample, core_output, now)
             if stopped_by_string and core_output.finish_reason is None:

@@ -112,7 +112,8 @@ def validate_chat_messages(messages: Any) -> None:
         role = message.get("role")
         if role not in CHAT_ROLES:
             raise ValueError(
-                f"messages[{index}] has role {role!r}; expected one of {', '.join(sorted(CHAT_ROLES))}"
+                f"messages[{index}] has role {role!r}; "
+                f"expected one of {', '.join(sorted(CHAT_ROLES))}"
             )
         content = message.get("content")
         # An assistant turn that only calls tools has no text.

@@ -12,7 +12,7 @@ from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
-from ladle.outputs import CompletionOutput, RequestOutput, RequestMetrics
+from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.sampling_params import SamplingParams
 
 PromptInput = str | Sequence[int]
@@ -110,7 +110,9 @@ class LLM:
 
     # ----- internals -----------------------------------------------------------------------
 
-    def _encode_prompt(self, prompt: PromptInput) -> tuple[str | None, list[int] | None, str | None]:
+    def _encode_prompt(
+        self, prompt: PromptInput
+    ) -> tuple[str | None, list[int] | None, str | None]:
         """(prompt text, token ids, error)"""
         if isinstance(prompt, str):
             if self.tokenizer is None:
@@ -135,22 +137,34 @@ class LLM:
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
         errors: list[str] = []
-        eos_ids = self.tokenizer.eos_token_ids if self.tokenizer else self.engine.runner.arch.eos_token_ids
+        eos_ids = (
+            self.tokenizer.eos_token_ids
+            if self.tokenizer
+            else self.engine.runner.arch.eos_token_ids
+        )
         for index, ((text, token_ids, error), params) in enumerate(zip(encoded, params_list)):
             request_id = str(next(self._request_counter))
             order.append(request_id)
             arrival = time.monotonic()
             if error is None:
                 error = self._submit(
-                    request_id, text, token_ids, params, arrival,
-                    priority[index] if priority is not None else 0, eos_ids,
+                    request_id,
+                    text,
+                    token_ids,
+                    params,
+                    arrival,
+                    priority[index] if priority is not None else 0,
+                    eos_ids,
                 )
             if error is not None:
                 errors.append(f"request {index}: {error}")
-                results[request_id] = _error_output(request_id, text, token_ids, params, arrival, error)
+                results[request_id] = _error_output(
+                    request_id, text, token_ids, params, arrival, error
+                )
 
-        progress = tqdm(total=len(order), desc="Processed prompts", disable=not use_tqdm,
-                        dynamic_ncols=True)
+        progress = tqdm(
+            total=len(order), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True
+        )
         progress.update(len(results))
         num_generated = 0
         started = time.perf_counter()

@@ -20,6 +20,7 @@ from ladle.core.scheduler import SchedulerOutput
 from ladle.engine.messages import TokenLogprobs
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
+from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import (
     SamplingFlags,
     SamplingMetadata,
@@ -28,10 +29,9 @@ from ladle.sample.metadata import (
     build_sampling_metadata,
     build_sampling_rows,
 )
-from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.sampler import Sampler
 from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
-from ladle.worker.memory import MemoryBudget, module_bytes, size_kv_cache
+from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.step_inputs import StepInputBuilder
 
 logger = logging.getLogger(__name__)
@@ -118,19 +118,30 @@ class ModelRunner:
         # The sampler's worst case (sort for top-k/top-p, penalties, logprobs) holds several
         # logits-sized temporaries at once: measure it rather than guess.
         worst_case = SamplingParams(
-            temperature=0.8, top_k=50, top_p=0.9, min_p=0.05, repetition_penalty=1.1,
-            frequency_penalty=0.5, logprobs=MAX_LOGPROBS,
+            temperature=0.8,
+            top_k=50,
+            top_p=0.9,
+            min_p=0.05,
+            repetition_penalty=1.1,
+            frequency_penalty=0.5,
+            logprobs=MAX_LOGPROBS,
         )
         metadata = build_sampling_metadata(
-            [worst_case] * num_rows, list(range(num_rows)), [1] * num_rows,
-            vocab_size=logits.shape[-1], prompt_token_ids=[[1, 2]] * num_rows,
-            output_token_ids=[[3]] * num_rows, device=self.device,
+            [worst_case] * num_rows,
+            list(range(num_rows)),
+            [1] * num_rows,
+            vocab_size=logits.shape[-1],
+            prompt_token_ids=[[1, 2]] * num_rows,
+            output_token_ids=[[3]] * num_rows,
+            device=self.device,
         )
         self.sampler(logits, metadata)
         del caches
 
     @torch.inference_mode()
-    def execute(self, scheduler_output: SchedulerOutput, block_ids: list[list[int]]) -> RunnerOutput:
+    def execute(
+        self, scheduler_output: SchedulerOutput, block_ids: list[list[int]]
+    ) -> RunnerOutput:
         requests = scheduler_output.scheduled_requests
         sampling_positions = [
             index for index, request in enumerate(requests) if scheduler_output.will_sample(request)
@@ -141,13 +152,19 @@ class ModelRunner:
             [r.sampling_seed for r in sampling_requests],
             [r.num_output_tokens for r in sampling_requests],
         )
-        inputs = self.input_builder.build(scheduler_output, block_ids, rows_host, sampling_positions)
-        hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata)
+        inputs = self.input_builder.build(
+            scheduler_output, block_ids, rows_host, sampling_positions
+        )
+        hidden = self.model(
+            inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata
+        )
         sampled_ids = [-1] * len(requests)
         if not sampling_requests:
             return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        metadata = self._sampling_metadata(inputs.sampling_rows, sampling_requests, logits.shape[-1])
+        metadata = self._sampling_metadata(
+            inputs.sampling_rows, sampling_requests, logits.shape[-1]
+        )
         sampler_output = self.sampler(logits, metadata)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         token_ids = sampler_output.sampled_token_ids.tolist()
@@ -180,12 +197,17 @@ class ModelRunner:
             prompt_ids = prompt_ids.to(self.device, non_blocking=True)
             output_ids = output_ids.to(self.device, non_blocking=True)
         banned = build_banned_token_ids(
-            params, [r.num_output_tokens for r in requests], [r.eos_token_ids for r in requests],
+            params,
+            [r.num_output_tokens for r in requests],
+            [r.eos_token_ids for r in requests],
             vocab_size,
         )
         if banned is not None:
             banned = banned.to(self.device, non_blocking=True)
         return SamplingMetadata.from_rows(
-            rows, flags, prompt_token_ids=prompt_ids, output_token_ids=output_ids,
+            rows,
+            flags,
+            prompt_token_ids=prompt_ids,
+            output_token_ids=output_ids,
             banned_token_ids=banned,
         )

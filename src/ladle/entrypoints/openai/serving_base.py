@@ -4,6 +4,9 @@ and turning engine-side failures into OpenAI errors."""
 from __future__ import annotations
 
 import time
+from typing import TypeVar
+
+from pydantic import BaseModel, ValidationError
 
 from ladle.engine.admission import QueueFullError
 from ladle.engine.client import AsyncEngineClient, EngineDeadError, RequestStream
@@ -15,11 +18,14 @@ from ladle.entrypoints.openai.errors import (
     NotFoundError,
     RateLimitError,
     ServiceUnavailableError,
+    from_validation_error,
 )
 from ladle.entrypoints.openai.logprobs import TokenTexts
-from ladle.entrypoints.openai.protocol import UsageInfo
+from ladle.entrypoints.openai.protocol import UsageInfo, parse_request
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import SamplingParams
+
+RequestModel = TypeVar("RequestModel", bound=BaseModel)
 
 
 class OpenAIServing:
@@ -29,6 +35,17 @@ class OpenAIServing:
         self.client = client
         self.served_model_name = served_model_name
         self.token_texts = TokenTexts(client.tokenizer)
+
+    def parse_checked(self, request_class: type[RequestModel], body: bytes) -> RequestModel:
+        """Parse a request body and check what every route checks first: a known model and a
+        living engine. Invalid bodies become 400s naming the field."""
+        try:
+            request = parse_request(request_class, body)
+        except ValidationError as error:
+            raise from_validation_error(error) from error
+        self.check_model(request.model)
+        self.check_engine()
+        return request
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:

@@ -9,10 +9,9 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from ladle.engine.client import RequestStream
-from ladle.entrypoints.openai.errors import APIError, BadRequestError, from_validation_error
+from ladle.entrypoints.openai.errors import APIError, BadRequestError
 from ladle.entrypoints.openai.logprobs import chat_logprobs
 from ladle.entrypoints.openai.protocol import (
     ChatCompletionChoice,
@@ -22,7 +21,6 @@ from ladle.entrypoints.openai.protocol import (
     ChatDelta,
     ChatResponseMessage,
     ChatStreamChoice,
-    parse_request,
 )
 from ladle.entrypoints.openai.sampling import build_sampling_params, resolve_max_tokens
 from ladle.entrypoints.openai.serving_base import OpenAIServing
@@ -44,12 +42,7 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 
 class OpenAIServingChat(OpenAIServing):
     async def create(self, body: bytes, raw_request: Request) -> Response:
-        try:
-            request = parse_request(ChatCompletionRequest, body)
-        except ValidationError as error:
-            raise from_validation_error(error) from error
-        self.check_model(request.model)
-        self.check_engine()
+        request = self.parse_checked(ChatCompletionRequest, body)
         self._check_unsupported(request)
         prompt_token_ids = self._render(request)
         info = self.client.info
@@ -135,11 +128,11 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     async def _collect(stream: RequestStream) -> RequestOutput:
-        output = None
-        async for output in stream:
+        last = None
+        async for last in stream:  # noqa: B007 - only the final output matters
             pass
-        assert output is not None and output.finished
-        return output
+        assert last is not None and last.finished
+        return last
 
     def _response(
         self,

@@ -12,17 +12,15 @@ from collections.abc import AsyncIterator
 
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
-from pydantic import ValidationError
 
 from ladle.engine.client import RequestStream
-from ladle.entrypoints.openai.errors import APIError, BadRequestError, from_validation_error
+from ladle.entrypoints.openai.errors import APIError, BadRequestError
 from ladle.entrypoints.openai.logprobs import completion_logprobs
 from ladle.entrypoints.openai.protocol import (
     CompletionChoice,
     CompletionChunk,
     CompletionRequest,
     CompletionResponse,
-    parse_request,
 )
 from ladle.entrypoints.openai.sampling import (
     build_sampling_params,
@@ -44,12 +42,7 @@ from ladle.sampling_params import SamplingParams
 
 class OpenAIServingCompletion(OpenAIServing):
     async def create(self, body: bytes, raw_request: Request) -> Response:
-        try:
-            request = parse_request(CompletionRequest, body)
-        except ValidationError as error:
-            raise from_validation_error(error) from error
-        self.check_model(request.model)
-        self.check_engine()
+        request = self.parse_checked(CompletionRequest, body)
         self._check_unsupported(request)
         prompts = self._tokenize(request.prompt)
         params_list = [self._params(request, token_ids) for _, token_ids in prompts]
