@@ -161,3 +161,19 @@ def test_abort_frees_blocks_wherever_the_request_is():
     stats = scheduler.get_stats()
     assert stats.num_free_blocks == stats.num_total_blocks
     assert scheduler.schedule().scheduled_requests == []
+
+
+def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room():
+    manager = KVCacheManager(num_blocks=64, block_size=BLOCK_SIZE, enable_caching=True)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=16, max_num_seqs=8, enable_chunked_prefill=False),
+        CacheConfig(block_size=BLOCK_SIZE),
+        manager,
+        max_model_len=256,
+    )
+    scheduler.add_request(make_request("a", 10, first_token=10))
+    scheduler.add_request(make_request("b", 10, first_token=30))
+    _, granted, _ = run_step(scheduler)
+    assert granted == {"a": 10}  # b would need chunking: it waits whole
+    _, granted, _ = run_step(scheduler)
+    assert granted == {"a": 1, "b": 10}

@@ -166,7 +166,12 @@ class Scheduler:
                 break
             computed_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_hit_tokens
-            if not self.config.enable_chunked_prefill and num_new_tokens > token_budget:
+            # Without chunked prefill a prompt waits for a step with room for all of it, unless
+            # no step ever could (a resumed request's prompt + outputs): then it is chunked.
+            if (
+                not self.config.enable_chunked_prefill
+                and token_budget < num_new_tokens <= self.config.max_num_batched_tokens
+            ):
                 break
             num_new_tokens = min(num_new_tokens, token_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(

@@ -64,6 +64,15 @@ class EngineCore:
                 f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
                 f"model length limit max_model_len={self.max_model_len}"
             )
+        scheduler_config = self.config.scheduler
+        if (
+            not scheduler_config.enable_chunked_prefill
+            and len(prompt) > scheduler_config.max_num_batched_tokens
+        ):
+            raise RequestRejectedError(
+                f"the prompt has {len(prompt)} tokens, more than max_num_batched_tokens="
+                f"{scheduler_config.max_num_batched_tokens}, and chunked prefill is off"
+            )
         total_tokens = len(prompt) + params.max_tokens
         if not self.kv_cache_manager.can_ever_fit(total_tokens):
             raise RequestRejectedError(

@@ -37,6 +37,9 @@ class StepInputBuilder:
         self.device = device
         self.block_size = block_size
         self._staging = torch.empty(0, dtype=torch.int32)
+        # The last copy out of the staging buffer. A step that samples nothing (all prompt
+        # chunks) never syncs, so the next step must wait for this before overwriting the buffer.
+        self._copy_done: torch.cuda.Event | None = None
 
     def build(
         self,
@@ -134,11 +137,15 @@ class StepInputBuilder:
             packed = torch.cat([piece for _, piece in pieces]) if pieces else self._staging
             on_device = packed
         else:
+            if self._copy_done is not None:
+                self._copy_done.synchronize()
             if self._staging.numel() < total:
                 self._staging = torch.empty(max(total, 2 * self._staging.numel()),
                                             dtype=torch.int32, pin_memory=True)
             torch.cat([piece for _, piece in pieces], out=self._staging[:total])
             on_device = self._staging[:total].to(self.device, non_blocking=True)
+            self._copy_done = torch.cuda.Event()
+            self._copy_done.record()
         views = {}
         offset = 0
         for name, piece in pieces:
