@@ -9,11 +9,15 @@ from ladle.cli import main
 def test_generate_prints_the_offline_result(tiny_model_path, capsys):
     path = tiny_model_path("llama")
     prompt = "the cat sat on the mat"
-    expected = LLM(path, num_kv_blocks=64).generate(
-        [prompt], SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False
-    )[0].outputs[0]
+    expected = (
+        LLM(path, num_kv_blocks=64)
+        .generate([prompt], SamplingParams(temperature=0.0, max_tokens=6), use_tqdm=False)[0]
+        .outputs[0]
+    )
     capsys.readouterr()
-    code = main(["generate", path, "--prompt", prompt, "--max-tokens", "6", "--num-kv-blocks", "64"])
+    code = main(
+        ["generate", path, "--prompt", prompt, "--max-tokens", "6", "--num-kv-blocks", "64"]
+    )
     captured = capsys.readouterr()
     assert code == 0
     assert captured.out == expected.text + "\n"
