@@ -15,7 +15,6 @@ import numpy as np
 import torch
 
 from ladle.attention.metadata import AttentionMetadata
-from ladle.core.request import Request
 from ladle.core.scheduler import SchedulerOutput
 
 
@@ -26,8 +25,6 @@ class StepInputs:
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling_reqs] int64: rows of the hidden states to sample
     sampling_rows: dict[str, torch.Tensor]  # [num_sampling_reqs] each, on the device
-    sampling_requests: list[Request]  # the requests that sample this step, in row order
-    sampling_positions: list[int]  # their positions in scheduler_output.scheduled_requests
 
 
 class StepInputBuilder:
@@ -117,8 +114,6 @@ class StepInputBuilder:
             attn_metadata=attn_metadata,
             logits_indices=device_views["logits_indices"].long(),
             sampling_rows=sampling_rows,
-            sampling_requests=[requests[p] for p in sampling_positions],
-            sampling_positions=sampling_positions,
         )
 
     def _ship(
