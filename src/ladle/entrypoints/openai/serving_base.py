@@ -4,6 +4,7 @@ and turning engine-side failures into OpenAI errors."""
 from __future__ import annotations
 
 import time
+from collections.abc import Awaitable, Callable
 from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
@@ -22,10 +23,12 @@ from ladle.entrypoints.openai.errors import (
 )
 from ladle.entrypoints.openai.logprobs import TokenTexts
 from ladle.entrypoints.openai.protocol import UsageInfo, parse_request
+from ladle.entrypoints.openai.streaming import ClientDisconnected, run_until_disconnect
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import SamplingParams
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
+ResultT = TypeVar("ResultT")
 
 
 class OpenAIServing:
@@ -46,6 +49,20 @@ class OpenAIServing:
         self.check_model(request.model)
         self.check_engine()
         return request
+
+    async def collect(
+        self, raw_request, collector: Awaitable[ResultT], close: Callable[[], None]
+    ) -> ResultT:
+        """Await a non-streaming result. A client that leaves aborts it (ClientDisconnected);
+        any other failure becomes an OpenAI error; the request streams are closed either way."""
+        try:
+            return await run_until_disconnect(raw_request, collector)
+        except (ClientDisconnected, APIError):
+            raise
+        except Exception as error:
+            raise self.generation_error(error) from error
+        finally:
+            close()
 
     def check_model(self, model: str | None) -> None:
         if model is not None and model != self.served_model_name:

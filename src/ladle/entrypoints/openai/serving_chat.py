@@ -11,7 +11,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ladle.engine.client import RequestStream
-from ladle.entrypoints.openai.errors import APIError, BadRequestError
+from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import chat_logprobs
 from ladle.entrypoints.openai.protocol import (
     ChatCompletionChoice,
@@ -26,9 +26,7 @@ from ladle.entrypoints.openai.sampling import build_sampling_params, resolve_max
 from ladle.entrypoints.openai.serving_base import OpenAIServing
 from ladle.entrypoints.openai.streaming import (
     SSE_DONE,
-    ClientDisconnected,
     DisconnectAwareStreamingResponse,
-    run_until_disconnect,
     sse_event,
 )
 from ladle.outputs import RequestOutput
@@ -66,14 +64,7 @@ class OpenAIServingChat(OpenAIServing):
                 self._stream(request, response_id, stream, len(prompt_token_ids)),
                 on_close=stream.close,
             )
-        try:
-            output = await run_until_disconnect(raw_request, self._collect(stream))
-        except (ClientDisconnected, APIError):
-            raise
-        except Exception as error:
-            raise self.generation_error(error) from error
-        finally:
-            stream.close()
+        output = await self.collect(raw_request, self._collect(stream), stream.close)
         return JSONResponse(
             self._response(request, response_id, output, len(prompt_token_ids)).model_dump()
         )

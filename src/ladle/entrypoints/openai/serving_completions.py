@@ -14,7 +14,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ladle.engine.client import RequestStream
-from ladle.entrypoints.openai.errors import APIError, BadRequestError
+from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import completion_logprobs
 from ladle.entrypoints.openai.protocol import (
     CompletionChoice,
@@ -30,10 +30,8 @@ from ladle.entrypoints.openai.sampling import (
 from ladle.entrypoints.openai.serving_base import OpenAIServing
 from ladle.entrypoints.openai.streaming import (
     SSE_DONE,
-    ClientDisconnected,
     DisconnectAwareStreamingResponse,
     merge_streams,
-    run_until_disconnect,
     sse_event,
 )
 from ladle.outputs import RequestOutput
@@ -72,14 +70,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 self._stream(request, response_id, streams, echo_texts, prompt_lengths),
                 on_close=close_all,
             )
-        try:
-            outputs = await run_until_disconnect(raw_request, self._collect(streams))
-        except (ClientDisconnected, APIError):
-            raise
-        except Exception as error:
-            raise self.generation_error(error) from error
-        finally:
-            close_all()
+        outputs = await self.collect(raw_request, self._collect(streams), close_all)
         return JSONResponse(
             self._response(request, response_id, outputs, echo_texts, prompt_lengths).model_dump()
         )
