@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
 MAX_STOP_STRINGS = 256
+# Characters over all stop strings: bounds the per-request tables the stop checker builds.
+MAX_STOP_CHARACTERS = 65536
 MAX_N = 128
 
 
@@ -108,6 +110,12 @@ class SamplingParams:
         require(
             all(isinstance(s, str) and s for s in self.stop),
             "stop must be a list of non-empty strings",
+        )
+        num_stop_characters = sum(len(s) for s in self.stop)
+        require(
+            num_stop_characters <= MAX_STOP_CHARACTERS,
+            f"stop strings may hold at most {MAX_STOP_CHARACTERS} characters in all, "
+            f"got {num_stop_characters}",
         )
         require(
             all(_is_int(t) and t >= 0 for t in self.stop_token_ids),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+from helpers.tiny_models import save_tiny_model
 
 from ladle import LLM, SamplingParams
 from ladle.entrypoints.llm import RequestErrors
@@ -68,7 +69,7 @@ def test_prompt_plus_max_tokens_over_model_length(llm):
 
 def test_request_larger_than_the_whole_pool(tiny_model_path):
     small = LLM(tiny_model_path("llama"), block_size=4, num_kv_blocks=5)  # 16 token slots
-    with pytest.raises(ValueError, match="whole pool"):
+    with pytest.raises(ValueError, match=r"max_model_len=16 \(the KV cache pool holds 16 tokens\)"):
         small.generate([list(range(3, 13))], SamplingParams(max_tokens=10), use_tqdm=False)
 
 
@@ -100,3 +101,28 @@ def test_prompt_over_the_budget_without_chunked_prefill(tiny_model_path):
     )
     assert "chunked prefill is off" in outputs[0].error
     assert len(outputs[1].outputs[0].token_ids) == 3
+
+
+def test_pool_smaller_than_the_model_caps_the_length(tiny_model_path):
+    small = LLM(tiny_model_path("llama"), block_size=4, num_kv_blocks=5)  # 16 token slots
+    assert small.engine.max_model_len == 16
+    completion = small.generate(
+        [[5, 6, 7]], SamplingParams(max_tokens=None, ignore_eos=True), use_tqdm=False
+    )[0].outputs[0]
+    assert len(completion.token_ids) == 13 and completion.finish_reason == "length"
+
+
+def test_padded_vocab_ids_never_break_a_request(tmp_path):
+    """A model whose embedding is padded past its tokenizer (like Qwen) may sample an id the
+    tokenizer lacks: it decodes to no text, and the request completes."""
+    path = save_tiny_model(tmp_path, "llama", vocab_size=640)
+    llm = LLM(path, num_kv_blocks=256)
+    tokenizer_size = len(llm.get_tokenizer().hf_tokenizer)
+    params = SamplingParams(temperature=1.0, max_tokens=40, seed=1, ignore_eos=True)
+    outputs = llm.generate(["Hello", "world"] * 4, params, use_tqdm=False)
+    token_ids = [t for o in outputs for t in o.outputs[0].token_ids]
+    assert any(t >= tokenizer_size for t in token_ids)  # the padding ids were really sampled
+    assert all(len(o.outputs[0].token_ids) == 40 for o in outputs)
+    for output in outputs:
+        known = [t for t in output.outputs[0].token_ids if t < tokenizer_size]
+        assert output.outputs[0].text == llm.get_tokenizer().decode(known)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import random
+import time
 from dataclasses import dataclass
 
 import pytest
@@ -152,3 +153,23 @@ def test_random_streams_match_the_character_by_character_reference(include: bool
         assert streamed == outcome.final_text
         if not include:
             assert not any(s in streamed for s in stop)
+
+
+def test_long_stop_strings_cost_linear_time_and_memory() -> None:
+    # Every proper prefix of a 60k-character stop string would be ~1.8e9 characters.
+    long_stop = "a" * 60_000
+    started = time.perf_counter()
+    checker = StopChecker([long_stop, "b" * 5000], False)
+    outcome = stream_through(checker, ["a" * 3] * 2000)
+    assert time.perf_counter() - started < 5.0
+    # Until the end, every character could still be the start of the long stop string.
+    assert all(piece == "" for piece in outcome.emitted[:-1])
+    assert outcome.final_text == "a" * 6000 and outcome.stop_string is None
+    assert checker.check("a" * 6000 + "c", 1).safe_length == 6001
+    copy = checker.fresh_copy()
+    assert copy.check("aab", 3).safe_length == 2  # "b" may start the second stop string
+
+
+def test_sampling_params_bound_the_stop_characters() -> None:
+    with pytest.raises(ValueError, match="at most 65536 characters"):
+        SamplingParams(stop=["x" * 40_000, "y" * 30_000])

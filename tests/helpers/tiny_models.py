@@ -155,7 +155,9 @@ def save_tiny_model(
     from transformers import AutoModelForCausalLM
 
     tokenizer = build_tiny_tokenizer()
-    config = tiny_hf_config(architecture, len(tokenizer), **config_overrides)
+    # vocab_size may exceed the tokenizer, as in real models whose embedding is padded.
+    vocab_size = config_overrides.pop("vocab_size", len(tokenizer))
+    config = tiny_hf_config(architecture, vocab_size, **config_overrides)
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     _randomize(model, seed)

@@ -61,6 +61,7 @@ class IncrementalDetokenizer:
         too. A character spans at most 4 bytes, so 3 steps back always reach its start.
         """
         self._check_in_vocab(prompt_tail_ids)
+        prompt_tail_ids = self._decodable(prompt_tail_ids)
         start = max(0, len(prompt_tail_ids) - NUM_PROMPT_CONTEXT_TOKENS)
         while start > 0 and self._decode(prompt_tail_ids[start:]).startswith(REPLACEMENT_CHARACTER):
             start -= 1
@@ -76,6 +77,7 @@ class IncrementalDetokenizer:
         new_token_ids = list(new_token_ids)
         self._check_in_vocab(new_token_ids)
         self.token_ids.extend(new_token_ids)
+        new_token_ids = self._decodable(new_token_ids)
         self._window_ids.extend(new_token_ids)
         delta = self._emit_up_to(len(self._window_ids))
         if not delta and len(new_token_ids) > 1:
@@ -130,8 +132,13 @@ class IncrementalDetokenizer:
 
     def _check_in_vocab(self, token_ids: list[int]) -> None:
         for token_id in token_ids:
-            if not 0 <= token_id < self._vocab_size:
-                raise ValueError(
-                    f"token id {token_id} is outside the tokenizer's vocabulary "
-                    f"(ids 0..{self._vocab_size - 1}); the model may have a padded vocab"
-                )
+            if token_id < 0:
+                raise ValueError(f"token id {token_id} is negative")
+
+    def _decodable(self, token_ids: list[int]) -> list[int]:
+        """Ids the tokenizer knows. A model's embedding is often padded past its tokenizer
+        (Qwen: 151936 rows for ~151.7k tokens); a sampled padding id is kept in token_ids but
+        decodes to no text, as it has none."""
+        if all(token_id < self._vocab_size for token_id in token_ids):
+            return token_ids
+        return [token_id for token_id in token_ids if token_id < self._vocab_size]

@@ -32,12 +32,24 @@ class EngineCore:
     def __init__(self, config: EngineConfig, print_budget: bool = True) -> None:
         self.config = config
         self.runner = ModelRunner(config)
-        self.max_model_len = self.runner.max_model_len
         self.vocab_size = self.runner.arch.vocab_size
         budget = self.runner.memory_budget
+        # A sequence longer than the pool could never run: the pool caps the model length, so
+        # a request without max_tokens gets room it can actually use.
+        self.max_model_len = min(self.runner.max_model_len, budget.num_token_slots)
+        self._length_limit = f"max_model_len={self.max_model_len}"
+        if self.max_model_len < self.runner.max_model_len:
+            self._length_limit += f" (the KV cache pool holds {budget.num_token_slots} tokens)"
         if print_budget:
             # stderr: stdout belongs to what the user asked for (generated text, JSON).
             print(f"[ladle] {budget.describe()}", file=sys.stderr, flush=True)
+            if self.max_model_len < self.runner.max_model_len:
+                print(
+                    f"[ladle] max_model_len lowered from {self.runner.max_model_len} to "
+                    f"{self.max_model_len}: the KV cache pool holds no more",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self.kv_cache_manager = KVCacheManager(
             num_blocks=budget.num_blocks,
             block_size=config.cache.block_size,
@@ -62,7 +74,7 @@ class EngineCore:
         elif params.max_tokens > room:
             raise RequestRejectedError(
                 f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) exceeds the "
-                f"model length limit max_model_len={self.max_model_len}"
+                f"model length limit {self._length_limit}"
             )
         scheduler_config = self.config.scheduler
         if (
@@ -99,7 +111,7 @@ class EngineCore:
         if len(prompt) >= self.max_model_len:
             raise RequestRejectedError(
                 f"the prompt has {len(prompt)} tokens, which leaves no room to generate within "
-                f"max_model_len={self.max_model_len}"
+                f"{self._length_limit}"
             )
         lowest, highest = min(prompt), max(prompt)
         if lowest < 0 or highest >= self.vocab_size:

@@ -70,6 +70,7 @@ class OutputProcessor:
             raise ValueError(f"request id {request_id!r} is already in use")
         samples = []
         core_requests = []
+        stop_checker = StopChecker.from_sampling_params(params)  # its tables are built once
         for index in range(params.n):
             child_id = request_id if params.n == 1 else f"{request_id}{CHILD_SEPARATOR}{index}"
             child_params = (
@@ -86,7 +87,7 @@ class OutputProcessor:
                         index=index, logprobs=[] if params.logprobs is not None else None
                     ),
                     detokenizer=detokenizer,
-                    stop_checker=StopChecker.from_sampling_params(params),
+                    stop_checker=stop_checker if index == 0 else stop_checker.fresh_copy(),
                 )
             )
             core_requests.append(
@@ -139,8 +140,15 @@ class OutputProcessor:
                         [] if state.params.logprobs is not None else None
                     )
                 touched.append(state)
-            stopped_by_string = self._apply(state, sample, core_output, now)
-            if stopped_by_string and core_output.finish_reason is None:
+            try:
+                ended_here = self._apply(state, sample, core_output, now)
+            except Exception as error:  # noqa: BLE001 - one request's failure is its own
+                # Text processing failed for this sample alone (a tokenizer that cannot decode
+                # what the model produced): end it with an error, keep every other request.
+                sample.completion.finish_reason = "error"
+                state.output.error = f"output processing failed: {type(error).__name__}: {error}"
+                ended_here = True
+            if ended_here and core_output.finish_reason is None:
                 to_abort.append(core_output.request_id)
             if sample.completion.finished:
                 self._finish_sample(state, core_output.request_id, now)

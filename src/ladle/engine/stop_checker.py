@@ -51,25 +51,34 @@ class StopCheckResult:
 
 
 class StopChecker:
-    """Checks one request's growing output text for stop strings."""
+    """Checks one request's growing output text for stop strings.
 
-    def __init__(self, stop: Iterable[str], include_stop_str_in_output: bool = False) -> None:
+    The hold-back is the longest tail of the text that is a proper prefix of a stop string. Each
+    stop string keeps a Knuth-Morris-Pratt state (the length of its longest prefix that the text
+    ends with), fed only the new characters, so a call costs O(new characters x stop strings) and
+    memory stays linear in the stop strings' length. A call whose text does not continue the
+    last one recomputes the states from the text's tail.
+    """
+
+    def __init__(
+        self,
+        stop: Iterable[str],
+        include_stop_str_in_output: bool = False,
+        _failures: list[list[int]] | None = None,
+    ) -> None:
         self.stop = list(dict.fromkeys(stop))
         if not all(isinstance(s, str) and s for s in self.stop):
             raise ValueError("stop must be a list of non-empty strings")
         self.include_stop_str_in_output = include_stop_str_in_output
         self.max_stop_length = max((len(s) for s in self.stop), default=0)
-        # Proper prefixes of the stop strings, grouped by their last character and longest first,
-        # so the hold-back only tries prefixes that could end where the text ends.
-        prefixes_by_last_char: dict[str, set[str]] = {}
-        for stop_string in self.stop:
-            for length in range(1, len(stop_string)):
-                prefix = stop_string[:length]
-                prefixes_by_last_char.setdefault(prefix[-1], set()).add(prefix)
-        self._prefixes_by_last_char = {
-            char: sorted(prefixes, key=len, reverse=True)
-            for char, prefixes in prefixes_by_last_char.items()
-        }
+        self._failures = _failures or [_failure_function(s) for s in self.stop]
+        self._states = [0] * len(self.stop)
+        self._num_chars_fed = 0
+
+    def fresh_copy(self) -> StopChecker:
+        """A checker for another sample of the same request: the same stop strings and tables
+        (built once), its own states."""
+        return StopChecker(self.stop, self.include_stop_str_in_output, self._failures)
 
     @classmethod
     def from_sampling_params(cls, params: SamplingParams) -> StopChecker:
@@ -93,7 +102,8 @@ class StopChecker:
                 return StopCheckResult(end, stop_string, text[:end])
         if is_final:
             return StopCheckResult(safe_length=len(text))
-        return StopCheckResult(safe_length=len(text) - self._num_chars_to_hold_back(text))
+        held_back = self._num_chars_to_hold_back(text, num_new_chars)
+        return StopCheckResult(safe_length=len(text) - held_back)
 
     def _find_first_match(self, text: str, num_new_chars: int) -> tuple[int, str] | None:
         """The (start, stop string) of the match ending first in the new text; ties: longest."""
@@ -109,11 +119,45 @@ class StopChecker:
                 best = candidate
         return None if best is None else (best[1], best[2])
 
-    def _num_chars_to_hold_back(self, text: str) -> int:
+    def _num_chars_to_hold_back(self, text: str, num_new_chars: int) -> int:
         """Length of the longest tail of `text` that is a proper prefix of a stop string."""
-        if not text:
-            return 0
-        for prefix in self._prefixes_by_last_char.get(text[-1], ()):
-            if text.endswith(prefix):
-                return len(prefix)
-        return 0
+        self._feed(text, num_new_chars)
+        longest = 0
+        for stop_string, failure, state in zip(self.stop, self._failures, self._states):
+            if state == len(stop_string):  # a whole (old, already judged) match ends here
+                state = failure[state - 1]
+            longest = max(longest, state)
+        return longest
+
+    def _feed(self, text: str, num_new_chars: int) -> None:
+        """Advance every stop string's KMP state over the text not fed yet."""
+        start = self._num_chars_fed
+        if len(text) - num_new_chars != start:  # not what was fed plus the new characters:
+            # start over from the only tail that can matter
+            self._states = [0] * len(self.stop)
+            start = max(0, len(text) - self.max_stop_length)
+        new_text = text[start:]
+        for index, (stop_string, failure) in enumerate(zip(self.stop, self._failures)):
+            state = self._states[index]
+            length = len(stop_string)
+            for char in new_text:
+                while state and (state == length or stop_string[state] != char):
+                    state = failure[state - 1]
+                if stop_string[state] == char:
+                    state += 1
+            self._states[index] = state
+        self._num_chars_fed = len(text)
+
+
+def _failure_function(pattern: str) -> list[int]:
+    """failure[i]: the length of the longest proper prefix of pattern[:i + 1] that is also its
+    suffix (the KMP prefix function)."""
+    failure = [0] * len(pattern)
+    state = 0
+    for index in range(1, len(pattern)):
+        while state and pattern[index] != pattern[state]:
+            state = failure[state - 1]
+        if pattern[index] == pattern[state]:
+            state += 1
+        failure[index] = state
+    return failure

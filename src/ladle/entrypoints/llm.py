@@ -136,7 +136,6 @@ class LLM:
             raise ValueError(f"priority has {len(priority)} entries for {len(encoded)} prompts")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        errors: list[str] = []
         eos_ids = (
             self.tokenizer.eos_token_ids
             if self.tokenizer
@@ -157,7 +156,6 @@ class LLM:
                     eos_ids,
                 )
             if error is not None:
-                errors.append(f"request {index}: {error}")
                 results[request_id] = _error_output(
                     request_id, text, token_ids, params, arrival, error
                 )
@@ -166,6 +164,28 @@ class LLM:
             total=len(order), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True
         )
         progress.update(len(results))
+        try:
+            self._drive(results, progress)
+        except BaseException:
+            # Ctrl-C or a bug: leave no request of this call behind to run inside the next one.
+            for request_id in order:
+                if request_id not in results:
+                    self.engine.abort_requests(self.output_processor.abort_request(request_id))
+            raise
+        finally:
+            progress.close()
+        outputs = [results[request_id] for request_id in order]
+        errors = [
+            f"request {index}: {output.error}"
+            for index, output in enumerate(outputs)
+            if output.error is not None
+        ]
+        if errors and raise_on_error:
+            raise RequestErrors("; ".join(errors), outputs)
+        return outputs
+
+    def _drive(self, results: dict[str, RequestOutput], progress: tqdm) -> None:
+        """Step the engine until every submitted request has finished."""
         num_generated = 0
         started = time.perf_counter()
         while self.engine.has_unfinished_requests():
@@ -181,11 +201,6 @@ class LLM:
             elapsed = time.perf_counter() - started
             if elapsed > 0:
                 progress.set_postfix_str(f"{num_generated / elapsed:.1f} tok/s", refresh=False)
-        progress.close()
-        outputs = [results[request_id] for request_id in order]
-        if errors and raise_on_error:
-            raise RequestErrors("; ".join(errors), outputs)
-        return outputs
 
     def _submit(
         self,

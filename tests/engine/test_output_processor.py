@@ -1,0 +1,69 @@
+"""The output processor folds engine outputs into RequestOutputs; one request's failure to turn
+into text ends that request alone."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from ladle.engine.messages import EngineCoreOutput
+from ladle.engine.output_processor import OutputProcessor
+from ladle.sampling_params import SamplingParams
+
+POISON_ID = 13
+
+
+class PoisonedTokenizer:
+    """Decodes through a real tokenizer but fails on one id, as a broken tokenizer might."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self.tokenizer = tokenizer
+
+    def __len__(self) -> int:
+        return len(self.tokenizer)
+
+    def decode(self, token_ids, **kwargs) -> str:
+        if POISON_ID in token_ids:
+            raise RuntimeError("cannot decode")
+        return self.tokenizer.decode(token_ids, **kwargs)
+
+
+@dataclass
+class FakeTextTokenizer:
+    hf_tokenizer: Any
+    eos_token_ids: tuple[int, ...] = (3,)
+
+
+def test_a_failing_request_ends_alone(tiny_tokenizer):
+    processor = OutputProcessor(FakeTextTokenizer(PoisonedTokenizer(tiny_tokenizer)))
+    params = SamplingParams(max_tokens=5)
+    processor.add_request("good", None, [5, 6], params, arrival_time=0.0)
+    processor.add_request("bad", None, [5, 6], params, arrival_time=0.0)
+    outputs, to_abort = processor.process_outputs(
+        [EngineCoreOutput("good", [40]), EngineCoreOutput("bad", [POISON_ID])]
+    )
+    by_id = {o.request_id: o for o in outputs}
+    assert to_abort == ["bad"]
+    assert by_id["bad"].finished and by_id["bad"].outputs[0].finish_reason == "error"
+    assert "cannot decode" in by_id["bad"].error
+    assert not by_id["good"].finished
+    outputs, to_abort = processor.process_outputs(
+        [EngineCoreOutput("good", [41], finish_reason="length"), EngineCoreOutput("bad", [42])]
+    )
+    assert [o.request_id for o in outputs] == ["good"] and to_abort == []
+    assert outputs[0].outputs[0].text == tiny_tokenizer.decode([40, 41])
+    assert not processor.has_unfinished_requests()
+
+
+def test_n_samples_fold_into_one_output(tiny_tokenizer):
+    processor = OutputProcessor(FakeTextTokenizer(tiny_tokenizer))
+    core_requests = processor.add_request(
+        "r", "p", [5], SamplingParams(n=2, seed=9, max_tokens=2), arrival_time=0.0
+    )
+    assert [r.request_id for r in core_requests] == ["r#0", "r#1"]
+    assert core_requests[0].sampling_params.seed == 9
+    assert core_requests[1].sampling_params.seed not in (None, 9)
+    processor.process_outputs([EngineCoreOutput("r#0", [40], finish_reason="length")])
+    outputs, _ = processor.process_outputs([EngineCoreOutput("r#1", [41], finish_reason="length")])
+    assert outputs[0].finished
+    assert [c.token_ids for c in outputs[0].outputs] == [[40], [41]]
