@@ -68,6 +68,7 @@ CASES = [
      chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400,
      None),
     ("10k stop strings", CHAT_PATH, chat(stop=[f"s{i}" for i in range(10_000)]), 400, "stop"),
+    ("70k-character stop string", CHAT_PATH, chat(stop=["a" * 70_000]), 400, "stop"),
     ("empty prompt", COMPLETIONS_PATH, completion(prompt=""), 400, "prompt"),
     ("empty prompt list", COMPLETIONS_PATH, completion(prompt=[]), 400, "prompt"),
     ("token id out of vocab", COMPLETIONS_PATH, completion(prompt=[1, 2, 10**6]), 400, "prompt"),
@@ -136,4 +137,17 @@ def test_unknown_route_and_method(client):
 
 
 def test_still_serving_after_all_that(client):
+    assert_still_serving(client)
+
+
+def test_long_stop_strings_do_not_stall_the_server(client):
+    """Just under the cap, with n=4: the stop checker's cost is linear, so the event loop stays
+    responsive (a table of every prefix once took seconds and gigabytes here)."""
+    import time
+
+    started = time.perf_counter()
+    response = client.post(CHAT_PATH, content=chat(stop=["a" * 60_000], n=4))
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 4
+    assert time.perf_counter() - started < 10
     assert_still_serving(client)
