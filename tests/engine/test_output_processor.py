@@ -67,3 +67,22 @@ def test_n_samples_fold_into_one_output(tiny_tokenizer):
     outputs, _ = processor.process_outputs([EngineCoreOutput("r#1", [41], finish_reason="length")])
     assert outputs[0].finished
     assert [c.token_ids for c in outputs[0].outputs] == [[40], [41]]
+
+
+def test_deferred_text_equals_streamed_text(tiny_tokenizer):
+    """Offline generation decodes a sample once at the end; the text must be the same."""
+    text = "Héllo wörld, 你好 — streaming 🙂 text"
+    token_ids = tiny_tokenizer.encode(text, add_special_tokens=False)
+    results = []
+    for stream_text in (True, False):
+        processor = OutputProcessor(FakeTextTokenizer(tiny_tokenizer), stream_text=stream_text)
+        processor.add_request("r", None, [5, 6], SamplingParams(max_tokens=100), arrival_time=0.0)
+        for index, token_id in enumerate(token_ids):
+            finish = "length" if index == len(token_ids) - 1 else None
+            outputs, _ = processor.process_outputs(
+                [EngineCoreOutput("r", [token_id], finish_reason=finish)]
+            )
+        results.append(outputs[0].outputs[0])
+    streamed, deferred = results
+    assert deferred.text == streamed.text == tiny_tokenizer.decode(token_ids)
+    assert deferred.token_ids == streamed.token_ids == token_ids

@@ -48,8 +48,15 @@ class _RequestState:
 
 class OutputProcessor:
     def __init__(
-        self, tokenizer: TextTokenizer | None, eos_token_ids: tuple[int, ...] = ()
+        self,
+        tokenizer: TextTokenizer | None,
+        eos_token_ids: tuple[int, ...] = (),
+        stream_text: bool = True,
     ) -> None:
+        """stream_text=False (offline generation): a sample without stop strings is detokenized
+        once when it finishes instead of at every step; its text is the same, and the host work
+        between GPU steps shrinks."""
+        self.stream_text = stream_text
         self.tokenizer = tokenizer
         self.eos_token_ids = tuple(eos_token_ids) or (tokenizer.eos_token_ids if tokenizer else ())
         self._requests: dict[str, _RequestState] = {}
@@ -180,7 +187,13 @@ class OutputProcessor:
                 completion.finish_reason = core_output.finish_reason
                 completion.stop_reason = core_output.stop_reason
             return False
-        delta = sample.detokenizer.add_tokens(core_output.new_token_ids)
+        if not self.stream_text and not sample.stop_checker.stop:
+            if not finishing:
+                return False
+            new_token_ids = completion.token_ids  # all of them, decoded once
+        else:
+            new_token_ids = core_output.new_token_ids
+        delta = sample.detokenizer.add_tokens(new_token_ids)
         if finishing:
             delta += sample.detokenizer.flush()
         result = sample.stop_checker.check(sample.detokenizer.text, len(delta), is_final=finishing)

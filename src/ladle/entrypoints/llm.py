@@ -45,7 +45,7 @@ class LLM:
         self.config = EngineConfig.from_kwargs(model=model, **engine_options)
         self.engine = EngineCore(self.config)
         self.tokenizer = self._load_tokenizer()
-        self.output_processor = OutputProcessor(self.tokenizer)
+        self.output_processor = OutputProcessor(self.tokenizer, stream_text=False)
         self._request_counter = itertools.count()
 
     def _load_tokenizer(self) -> TextTokenizer | None:
