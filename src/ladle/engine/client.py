@@ -56,8 +56,7 @@ class EngineStartError(RuntimeError):
 class EngineInfo:
     """What the API process learns about the engine when it is ready."""
 
-    max_model_len: int
-    num_token_slots: int
+    max_model_len: int  # already capped to what the KV pool holds
     memory_budget: str
     vocab_size: int
 
@@ -228,7 +227,6 @@ class AsyncEngineClient:
         self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids)
         self.info = EngineInfo(
             max_model_len=ready.max_model_len,
-            num_token_slots=ready.num_token_slots,
             memory_budget=ready.memory_budget,
             vocab_size=self.tokenizer.vocab_size if self.tokenizer else ready.arch.vocab_size,
         )

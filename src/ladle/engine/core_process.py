@@ -95,7 +95,6 @@ def _start(
     runner = engine.runner
     ready = wire.EngineReady(
         max_model_len=engine.max_model_len,
-        num_token_slots=int(runner.memory_budget.num_token_slots),
         tokenizer_source=config.model.tokenizer or runner.model_path,
         arch=runner.arch,
         memory_budget=runner.memory_budget.describe(),

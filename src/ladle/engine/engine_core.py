@@ -85,13 +85,6 @@ class EngineCore:
                 f"the prompt has {len(prompt)} tokens, more than max_num_batched_tokens="
                 f"{scheduler_config.max_num_batched_tokens}, and chunked prefill is off"
             )
-        total_tokens = len(prompt) + params.max_tokens
-        if not self.kv_cache_manager.can_ever_fit(total_tokens):
-            raise RequestRejectedError(
-                f"prompt ({len(prompt)} tokens) + max_tokens ({params.max_tokens}) needs more KV "
-                f"cache than the whole pool holds ({self.runner.memory_budget.num_token_slots} "
-                "tokens)"
-            )
         request = Request(
             request_id=core_request.request_id,
             prompt_token_ids=list(prompt),

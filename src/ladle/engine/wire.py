@@ -44,8 +44,7 @@ class EngineReady(msgspec.Struct, tag="ready"):
     """Sent once the model is loaded and the KV pool allocated; the API then loads the tokenizer
     from tokenizer_source and starts answering."""
 
-    max_model_len: int
-    num_token_slots: int  # tokens the whole KV pool holds: no request may need more
+    max_model_len: int  # capped to the tokens the KV pool holds: no request may need more
     tokenizer_source: str | None  # a folder or .gguf file; None for dummy weights
     arch: ModelArchConfig
     memory_budget: str  # the human-readable budget the engine printed

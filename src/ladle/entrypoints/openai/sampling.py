@@ -48,7 +48,6 @@ def resolve_max_tokens(
     requested: int | None,
     num_prompt_tokens: int,
     max_model_len: int,
-    num_token_slots: int,
     prompt_param: str,
     max_tokens_param: str = "max_tokens",
 ) -> int:
@@ -77,13 +76,6 @@ def resolve_max_tokens(
             f"prompt, {requested} for the completion); reduce {max_tokens_param} or the prompt",
             param=max_tokens_param,
             code="context_length_exceeded",
-        )
-    if num_prompt_tokens + requested > num_token_slots:
-        raise BadRequestError(
-            f"the prompt ({num_prompt_tokens} tokens) + {max_tokens_param} ({requested}) need more "
-            f"KV cache than the server's whole pool holds ({num_token_slots} tokens); reduce "
-            f"{max_tokens_param} or the prompt",
-            param=max_tokens_param,
         )
     return requested
 

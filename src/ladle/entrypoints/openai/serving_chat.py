@@ -50,7 +50,7 @@ class OpenAIServingChat(OpenAIServing):
         max_tokens = resolve_max_tokens(
             request.max_completion_tokens if request.max_completion_tokens is not None
             else request.max_tokens,
-            len(prompt_token_ids), info.max_model_len, info.num_token_slots, "messages",
+            len(prompt_token_ids), info.max_model_len, "messages",
             max_tokens_param,
         )
         num_top = request.top_logprobs or 0

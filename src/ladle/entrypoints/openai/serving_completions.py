@@ -119,7 +119,7 @@ class OpenAIServingCompletion(OpenAIServing):
     def _params(self, request: CompletionRequest, token_ids: list[int]) -> SamplingParams:
         info = self.client.info
         max_tokens = resolve_max_tokens(
-            request.max_tokens, len(token_ids), info.max_model_len, info.num_token_slots, "prompt"
+            request.max_tokens, len(token_ids), info.max_model_len, "prompt"
         )
         return build_sampling_params(request, max_tokens, request.logprobs)
 
