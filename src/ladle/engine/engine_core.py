@@ -8,7 +8,6 @@ process behind ZMQ (the server).
 from __future__ import annotations
 
 import dataclasses
-import logging
 import random
 import sys
 import time
@@ -24,8 +23,6 @@ from ladle.engine.messages import (
     SchedulerStats,
 )
 from ladle.worker.model_runner import ModelRunner
-
-logger = logging.getLogger(__name__)
 
 
 class EngineCore:

@@ -206,11 +206,14 @@ def build_sampling_metadata(
     output_token_ids: Sequence[Sequence[int]] | None = None,
     eos_token_ids: Sequence[Sequence[int]] | None = None,
     device: torch.device | str = "cpu",
+    rows: dict[str, torch.Tensor] | None = None,
 ) -> SamplingMetadata:
-    """Build a batch's metadata from lists in one call (tests, offline tools, simple runners).
+    """Build a batch's metadata from lists in one call.
 
     Token ids are only read when some request needs them: prompt and output ids for penalties,
-    eos ids (default none) for min_tokens.
+    eos ids (default none) for min_tokens; those tensors then take their own copy to the device.
+    rows: the row tensors when the caller already shipped them (the model runner packs them
+    into its one host-to-device copy); built from params, seeds and num_output_tokens if None.
     """
     flags = SamplingFlags.from_params(params)
     penalty_ids: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
@@ -222,7 +225,7 @@ def build_sampling_metadata(
         eos_token_ids = [()] * len(params)
     banned = build_banned_token_ids(params, num_output_tokens, eos_token_ids, vocab_size)
     metadata = SamplingMetadata.from_rows(
-        build_sampling_rows(params, seeds, num_output_tokens),
+        rows if rows is not None else build_sampling_rows(params, seeds, num_output_tokens),
         flags,
         prompt_token_ids=penalty_ids[0],
         output_token_ids=penalty_ids[1],

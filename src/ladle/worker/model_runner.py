@@ -7,7 +7,6 @@ the rows that sample, and one device-to-host copy of the sampled ids.
 
 from __future__ import annotations
 
-import logging
 from dataclasses import dataclass
 
 import torch
@@ -15,17 +14,12 @@ import torch
 from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
-from ladle.core.request import Request
 from ladle.core.scheduler import SchedulerOutput
 from ladle.engine.messages import TokenLogprobs
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import (
-    SamplingFlags,
-    SamplingMetadata,
-    build_banned_token_ids,
-    build_penalty_token_ids,
     build_sampling_metadata,
     build_sampling_rows,
 )
@@ -33,8 +27,6 @@ from ladle.sample.sampler import Sampler
 from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.step_inputs import StepInputBuilder
-
-logger = logging.getLogger(__name__)
 
 
 @dataclass
@@ -162,8 +154,17 @@ class ModelRunner:
         if not sampling_requests:
             return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        metadata = self._sampling_metadata(
-            inputs.sampling_rows, sampling_requests, logits.shape[-1]
+        # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
+        metadata = build_sampling_metadata(
+            [r.sampling_params for r in sampling_requests],
+            [r.sampling_seed for r in sampling_requests],
+            [r.num_output_tokens for r in sampling_requests],
+            vocab_size=logits.shape[-1],
+            prompt_token_ids=[r.prompt_token_ids for r in sampling_requests],
+            output_token_ids=[r.output_token_ids for r in sampling_requests],
+            eos_token_ids=[r.eos_token_ids for r in sampling_requests],
+            device=self.device,
+            rows=inputs.sampling_rows,
         )
         sampler_output = self.sampler(logits, metadata)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
@@ -179,35 +180,3 @@ class ModelRunner:
             for position, entry in zip(sampling_positions, per_request):
                 logprobs[position] = entry
         return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=logprobs)
-
-    def _sampling_metadata(
-        self, rows: dict[str, torch.Tensor], requests: list[Request], vocab_size: int
-    ) -> SamplingMetadata:
-        """Wrap the shipped rows; penalty and min_tokens token ids travel only when some
-        request in the batch needs them (an extra copy, paid by those batches alone)."""
-        params = [r.sampling_params for r in requests]
-        flags = SamplingFlags.from_params(params)
-        prompt_ids = output_ids = None
-        if not flags.no_penalties:
-            prompt_ids, output_ids = build_penalty_token_ids(
-                [r.prompt_token_ids for r in requests],
-                [r.output_token_ids for r in requests],
-                vocab_size,
-            )
-            prompt_ids = prompt_ids.to(self.device, non_blocking=True)
-            output_ids = output_ids.to(self.device, non_blocking=True)
-        banned = build_banned_token_ids(
-            params,
-            [r.num_output_tokens for r in requests],
-            [r.eos_token_ids for r in requests],
-            vocab_size,
-        )
-        if banned is not None:
-            banned = banned.to(self.device, non_blocking=True)
-        return SamplingMetadata.from_rows(
-            rows,
-            flags,
-            prompt_token_ids=prompt_ids,
-            output_token_ids=output_ids,
-            banned_token_ids=banned,
-        )
