@@ -70,7 +70,6 @@ class OutputProcessor:
         params: SamplingParams,
         arrival_time: float,
         priority: int = 0,
-        eos_token_ids: tuple[int, ...] | None = None,
     ) -> list[EngineCoreRequest]:
         """Register a request; returns the n engine-core requests to submit for it."""
         if request_id in self._requests:
@@ -102,7 +101,7 @@ class OutputProcessor:
                     request_id=child_id,
                     prompt_token_ids=prompt_token_ids,
                     sampling_params=child_params,
-                    eos_token_ids=self.eos_token_ids if eos_token_ids is None else eos_token_ids,
+                    eos_token_ids=self.eos_token_ids,
                     arrival_time=arrival_time,
                     priority=priority,
                 )

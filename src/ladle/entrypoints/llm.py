@@ -45,7 +45,12 @@ class LLM:
         self.config = EngineConfig.from_kwargs(model=model, **engine_options)
         self.engine = EngineCore(self.config)
         self.tokenizer = self._load_tokenizer()
-        self.output_processor = OutputProcessor(self.tokenizer, stream_text=False)
+        eos_token_ids = (
+            self.tokenizer.eos_token_ids
+            if self.tokenizer
+            else self.engine.runner.arch.eos_token_ids
+        )
+        self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids, stream_text=False)
         self._request_counter = itertools.count()
 
     def _load_tokenizer(self) -> TextTokenizer | None:
@@ -136,11 +141,6 @@ class LLM:
             raise ValueError(f"priority has {len(priority)} entries for {len(encoded)} prompts")
         results: dict[str, RequestOutput] = {}
         order: list[str] = []
-        eos_ids = (
-            self.tokenizer.eos_token_ids
-            if self.tokenizer
-            else self.engine.runner.arch.eos_token_ids
-        )
         for index, ((text, token_ids, error), params) in enumerate(zip(encoded, params_list)):
             request_id = str(next(self._request_counter))
             order.append(request_id)
@@ -153,7 +153,6 @@ class LLM:
                     params,
                     arrival,
                     priority[index] if priority is not None else 0,
-                    eos_ids,
                 )
             if error is not None:
                 results[request_id] = _error_output(
@@ -210,13 +209,12 @@ class LLM:
         params: SamplingParams,
         arrival: float,
         priority: int,
-        eos_ids: tuple[int, ...],
     ) -> str | None:
         """Queue one request (and its n samples); returns the reason if it cannot run."""
         added = []
         try:
             core_requests = self.output_processor.add_request(
-                request_id, text, token_ids, params, arrival, priority, eos_ids
+                request_id, text, token_ids, params, arrival, priority
             )
             for core_request in core_requests:
                 self.engine.add_request(core_request)

@@ -45,6 +45,8 @@ class StepInputBuilder:
         sampling_rows_host: dict[str, torch.Tensor],
         sampling_positions: list[int],
     ) -> StepInputs:
+        """The step's device tensors. A step has at least one request (EngineCore.step returns
+        early otherwise), and every scheduled request holds at least one block."""
         requests = scheduler_output.scheduled_requests
         num_reqs = len(requests)
         query_lens = np.fromiter(
@@ -70,9 +72,9 @@ class StepInputBuilder:
                 np.asarray(r.all_token_ids[c : c + n], dtype=np.int64)
                 for r, c, n in zip(requests, computed.tolist(), query_lens.tolist())
             ]
-        ) if num_reqs else np.zeros(0, dtype=np.int64)
+        )
 
-        max_blocks = max((len(ids) for ids in block_ids), default=1) or 1
+        max_blocks = max(len(ids) for ids in block_ids)
         block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int64)
         for row, ids in enumerate(block_ids):
             block_tables[row, : len(ids)] = ids
@@ -98,8 +100,8 @@ class StepInputBuilder:
             query_start_loc=device_views["query_start_loc"],
             seq_lens=device_views["seq_lens"],
             block_tables=device_views["block_tables"].view(num_reqs, max_blocks),
-            max_query_len=int(query_lens.max()) if num_reqs else 0,
-            max_seq_len=int(seq_lens.max()) if num_reqs else 0,
+            max_query_len=int(query_lens.max()),
+            max_seq_len=int(seq_lens.max()),
             block_size=self.block_size,
             query_start_loc_host=query_start_loc.tolist(),
             seq_lens_host=seq_lens.tolist(),
@@ -129,14 +131,14 @@ class StepInputBuilder:
             pieces.append(("sampling:" + name, row.contiguous().view(torch.int32)))
         total = sum(piece.numel() for _, piece in pieces)
         if self.device.type == "cpu":
-            packed = torch.cat([piece for _, piece in pieces]) if pieces else self._staging
-            on_device = packed
+            on_device = torch.cat([piece for _, piece in pieces])  # already where it is used
         else:
             if self._copy_done is not None:
                 self._copy_done.synchronize()
             if self._staging.numel() < total:
-                self._staging = torch.empty(max(total, 2 * self._staging.numel()),
-                                            dtype=torch.int32, pin_memory=True)
+                self._staging = torch.empty(
+                    max(total, 2 * self._staging.numel()), dtype=torch.int32, pin_memory=True
+                )
             torch.cat([piece for _, piece in pieces], out=self._staging[:total])
             on_device = self._staging[:total].to(self.device, non_blocking=True)
             self._copy_done = torch.cuda.Event()
