@@ -109,10 +109,9 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
-                request.status = status
             else:
-                request.status = status
                 self.waiting.discard(request)
+            request.status = status
             self._release(request)
             finished.append(request)
         return finished
