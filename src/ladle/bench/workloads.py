@@ -1,0 +1,85 @@
+"""The standard token-id workloads, defined once and reused by every bench and test.
+
+Each is seeded, so two engines (or two runs) given the same workload do exactly the same work:
+every request generates exactly its max_tokens (EOS ignored).
+
+- W1 small offline: Qwen3-0.6B shape, 256 requests, prompts of U[100, 1024] ids drawn from
+  [0, 10000], max_tokens U[100, 1024], temperature 0.6 (each request its own seed).
+- W2 large offline: the same recipe on the Llama-3.1-8B shape.
+- W3 latency: one request, 512 prompt ids, 256 generated tokens, greedy.
+- S1 served: the 0.6B shape behind `ladle serve`; 256 streaming completions, prompts of
+  U[100, 1024] ids, max_tokens U[100, 512], temperature 0.6, at 32, 128 and 256 in flight.
+
+The draw order is part of the definition: for each request in turn, the prompt length, then the
+prompt ids, then max_tokens, all from one `random.Random(seed)`.
+"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class TokenWorkload:
+    """A seeded recipe of token-id requests on one model shape."""
+
+    name: str
+    model_preset: str
+    num_requests: int
+    input_len: tuple[int, int]
+    output_len: tuple[int, int]
+    temperature: float
+    max_token_id: int = 10000
+    seed: int = 0
+    fixed_input_len: int | None = None  # W3: one exact prompt length instead of a range
+    concurrency: tuple[int, ...] = ()  # served workloads: the in-flight levels to run at
+
+
+@dataclass(frozen=True)
+class WorkloadRequest:
+    """One request of a workload: prompt ids, how many tokens to generate, its sampling seed."""
+
+    prompt_token_ids: list[int]
+    max_tokens: int
+    temperature: float
+    seed: int
+
+
+W1 = TokenWorkload("W1", "qwen3-0.6b", 256, (100, 1024), (100, 1024), temperature=0.6)
+W2 = TokenWorkload("W2", "llama-3.1-8b", 256, (100, 1024), (100, 1024), temperature=0.6)
+W3_SMALL = TokenWorkload(
+    "W3", "qwen3-0.6b", 1, (512, 512), (256, 256), temperature=0.0, fixed_input_len=512
+)
+W3_LARGE = TokenWorkload(
+    "W3", "llama-3.1-8b", 1, (512, 512), (256, 256), temperature=0.0, fixed_input_len=512
+)
+S1 = TokenWorkload(
+    "S1", "qwen3-0.6b", 256, (100, 1024), (100, 512), temperature=0.6, concurrency=(32, 128, 256)
+)
+
+WORKLOADS = {"W1": W1, "W2": W2, "W3": W3_SMALL, "W3-8b": W3_LARGE, "S1": S1}
+
+
+def build_requests(workload: TokenWorkload, num_requests: int | None = None) -> list[WorkloadRequest]:
+    """The workload's requests in order; `num_requests` takes a prefix (the same first requests
+    as the full workload, so a short run is comparable request by request)."""
+    rng = random.Random(workload.seed)
+    count = workload.num_requests if num_requests is None else num_requests
+    requests = []
+    for index in range(count):
+        if workload.fixed_input_len is not None:
+            length = workload.fixed_input_len
+        else:
+            length = rng.randint(*workload.input_len)
+        prompt = [rng.randint(0, workload.max_token_id) for _ in range(length)]
+        max_tokens = rng.randint(*workload.output_len)
+        requests.append(WorkloadRequest(prompt, max_tokens, workload.temperature, seed=index))
+    return requests
+
+
+def get_workload(name: str) -> TokenWorkload:
+    """A standard workload by name (W1, W2, W3, W3-8b, S1); a ValueError lists the names."""
+    if name not in WORKLOADS:
+        raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
+    return WORKLOADS[name]
