@@ -45,7 +45,7 @@ def make_norm(hidden: int, dtype: torch.dtype, generator: torch.Generator):
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
-@pytest.mark.parametrize("hidden", [64, 896, 1024, 2560, 4096])
+@pytest.mark.parametrize("hidden", [64, 896, 4096])
 @pytest.mark.parametrize("num_rows", ROWS)
 def test_rms_norm_with_and_without_residual(num_rows, hidden, dtype):
     generator = torch.Generator(device="cuda").manual_seed(num_rows * 7919 + hidden)
@@ -123,7 +123,7 @@ def test_rotary_in_place_matches_torch(num_tokens, num_heads, num_kv_heads, head
 
 
 @pytest.mark.parametrize("num_rows", ROWS)
-@pytest.mark.parametrize("width", [1, 7, 1024, 1025, 3072, 4864])
+@pytest.mark.parametrize("width", [1, 7, 1024, 1025, 4864])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_silu_and_mul(num_rows, width, dtype):
     from ladle.model.layers.activation import SiluAndMul

@@ -41,7 +41,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         return output
     rows = x.reshape(-1, x.shape[-1]) if x.stride(-1) == 1 else x.contiguous().view(-1, 2 * width)
     output_rows = output.view(-1, width)
-    block = min(1024, triton.next_power_of_2(width))
+    block = min(1024, max(64, triton.next_power_of_2(width)))
     grid = (rows.shape[0], triton.cdiv(width, block))
     _silu_and_mul_kernel[grid](
         output_rows, rows, width, rows.stride(0), output_rows.stride(0), BLOCK=block, num_warps=4

@@ -128,5 +128,7 @@ def rotary_embedding_(
         QUERY_HEADS_PADDED=triton.next_power_of_2(num_query_heads),
         KEY_HEADS_PADDED=triton.next_power_of_2(num_key_heads),
         num_warps=4,
+        # No mul+add contraction into FMAs: float32 results then round as the eager ops do.
+        enable_fp_fusion=False,
     )
     return query, key
