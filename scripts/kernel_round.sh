@@ -13,3 +13,6 @@ timeout "${BENCH_TIMEOUT:-150}" python3 -m ladle.bench.kernel_bench --out "$OUT"
   2>&1 | tee "$OUT/kernel_bench.log" | tail -45
 timeout "${PARITY_TIMEOUT:-150}" python3 -m pytest -q tests/gpu/test_gpu_parity.py ${PARITY_EXTRA:-} \
   2>&1 | tee "$OUT/parity.log" | tail -8
+if [ "${PREFILL_REPORT:-0}" = 1 ]; then
+  timeout 60 python3 scripts/prefill_kernel_report.py 2>&1 | tee "$OUT/prefill_report.log" | tail -8
+fi
