@@ -275,3 +275,36 @@ def test_kernels_replay_in_a_cuda_graph():
         eager = list(step()) + [residual, qk]
         for got, want in zip(replayed, eager, strict=True):
             assert torch.equal(got, want)
+
+
+@pytest.mark.parametrize("num_reqs", [1, 7, 65])
+@pytest.mark.parametrize("vocab_size", [7, 2049, 151936])
+@pytest.mark.parametrize("width", [1, 17, 1000])
+def test_penalties_are_bit_identical(num_reqs, vocab_size, width):
+    from ladle.kernels.penalties import apply_penalties_ as fused_penalties_
+    from ladle.sample.penalties import apply_penalties_
+
+    generator = torch.Generator(device="cuda").manual_seed(num_reqs * 7 + vocab_size + width)
+
+    def padded_ids():
+        # Ids with repeats, rows padded (with vocab_size) to different lengths.
+        ids = torch.randint(0, vocab_size, (num_reqs, width), generator=generator, device="cuda")
+        lengths = torch.randint(0, width + 1, (num_reqs, 1), generator=generator, device="cuda")
+        columns = torch.arange(width, device="cuda")[None, :]
+        return torch.where(columns < lengths, ids, vocab_size)
+
+    prompt_ids, output_ids = padded_ids(), padded_ids()
+    logits = torch.randn(num_reqs, vocab_size, generator=generator, device="cuda") * 3
+    presence = torch.rand(num_reqs, generator=generator, device="cuda") * 4 - 2
+    frequency = torch.rand(num_reqs, generator=generator, device="cuda") * 4 - 2
+    repetition = torch.rand(num_reqs, generator=generator, device="cuda") * 1.9 + 0.1
+    presence[0], frequency[0], repetition[0] = 0.0, 0.0, 1.0  # a neutral row stays bit-identical
+
+    expected = apply_penalties_(
+        logits.clone(), prompt_ids, output_ids, presence, frequency, repetition
+    )
+    actual = fused_penalties_(
+        logits.clone(), prompt_ids, output_ids, presence, frequency, repetition
+    )
+    assert torch.equal(actual, expected)
+    assert torch.equal(actual[0], logits[0])

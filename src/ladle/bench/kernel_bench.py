@@ -170,14 +170,18 @@ def sampler_cases(num_reqs: int, vocab_size: int):
         "top_p 0.9": dict(temperature=0.6, top_p=0.9),
         "min_p 0.05": dict(temperature=0.6, min_p=0.05),
         "greedy": dict(temperature=0.0),
+        "penalties": dict(temperature=0.6, presence_penalty=0.5, repetition_penalty=1.1),
     }
     runs = {}
+    rows = range(num_reqs)
     for name, params in cases.items():
         metadata = build_sampling_metadata(
             [SamplingParams(**params, seed=row) for row in range(num_reqs)],
             seeds=list(range(num_reqs)),
             num_output_tokens=[0] * num_reqs,
             vocab_size=vocab_size,
+            prompt_token_ids=[[(row * 31 + i) % vocab_size for i in range(512)] for row in rows],
+            output_token_ids=[[(row * 17 + i) % vocab_size for i in range(256)] for row in rows],
             device="cuda",
         )
         runs[name] = lambda metadata=metadata: sampler(logits, metadata)

@@ -49,7 +49,10 @@ class Sampler(nn.Module):
             apply_bans_(logits, metadata.banned_token_ids)
         if not flags.no_penalties:
             assert metadata.prompt_token_ids is not None and metadata.output_token_ids is not None
-            apply_penalties_(
+            penalize_ = apply_penalties_
+            if use_fused_kernels(logits):
+                from ladle.kernels.penalties import apply_penalties_ as penalize_
+            penalize_(
                 logits,
                 metadata.prompt_token_ids,
                 metadata.output_token_ids,
