@@ -218,3 +218,16 @@ def test_top_k_by_selection_keeps_the_stable_sort_set():
             logits.clone(), top_k, top_p, apply_top_p=False, max_top_k=max_top_k
         )
         assert torch.equal(actual, expected), trial
+
+
+def test_flags_max_top_k_counts_random_rows_that_set_top_k():
+    from ladle.sample.metadata import SamplingFlags
+
+    params = [
+        SamplingParams(temperature=0.0, top_k=500),  # greedy: its top_k never applies
+        SamplingParams(temperature=0.7, top_k=-1),
+        SamplingParams(temperature=0.7, top_k=40),
+        SamplingParams(temperature=0.9, top_k=7),
+    ]
+    assert SamplingFlags.from_params(params).max_top_k == 40
+    assert SamplingFlags.from_params(params[:2]).max_top_k == 0
