@@ -219,11 +219,13 @@ def test_sampler_tokens_identical_with_fused_kernels(params, num_reqs):
         device="cuda",
     )
     sampler = Sampler()
+    before = logits.clone()
     with fused(False):
         expected = sampler(logits, metadata).sampled_token_ids
     with fused(True):
         actual = sampler(logits, metadata).sampled_token_ids
     assert torch.equal(actual, expected)
+    assert torch.equal(logits, before)  # the caller's logits are never changed
 
 
 def test_kernels_replay_in_a_cuda_graph():

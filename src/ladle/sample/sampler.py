@@ -40,8 +40,12 @@ class Sampler(nn.Module):
         if flags.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
 
+        # The fused draw reads the logits without changing them: no copy when nothing else does.
+        only_reads = flags.all_greedy or (
+            use_fused_kernels(logits) and flags.no_min_p and flags.no_top_k and flags.no_top_p
+        )
         may_modify = (
-            metadata.banned_token_ids is not None or not flags.no_penalties or not flags.all_greedy
+            metadata.banned_token_ids is not None or not flags.no_penalties or not only_reads
         )
         if may_modify and logits is raw_logits:
             logits = logits.clone()  # every step below works in place; the caller's tensor stays
