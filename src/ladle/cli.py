@@ -1,4 +1,4 @@
-"""`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`."""
+"""`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`, `ladle bench`."""
 
 from __future__ import annotations
 
@@ -100,6 +100,11 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sampling_arguments(sub)
         add_engine_arguments(sub)
         sub.set_defaults(handler=_run_generate)
+    bench = subparsers.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    from ladle.bench.serve import add_parser as add_bench_serve_parser
+
+    add_bench_serve_parser(bench_commands)
     try:
         from ladle.entrypoints.openai.cli_serve import add_serve_parser
     except ImportError:  # the server extra is not installed
