@@ -23,6 +23,9 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-kv-blocks", type=int, default=None)
     group.add_argument("--no-prefix-caching", action="store_true")
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--itl-slo", default=None,
+                       help="inter-token latency SLO (e.g. 50ms): prefill chunks shrink so "
+                       "running decodes keep it (decode-first)")
 
 
 def engine_options_from_args(args: argparse.Namespace) -> dict:
@@ -39,7 +42,14 @@ def engine_options_from_args(args: argparse.Namespace) -> dict:
         "num_kv_blocks": args.num_kv_blocks,
         "enable_prefix_caching": not args.no_prefix_caching,
         "seed": args.seed,
+        "itl_slo_ms": _duration_ms(args.itl_slo),
     }
+
+
+def _duration_ms(text: str | None) -> float | None:
+    from ladle.durations import parse_duration
+
+    return None if text is None else parse_duration(text) * 1000.0
 
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:

@@ -13,10 +13,11 @@ file of records is enough to re-derive, re-plot or re-judge a run against anothe
 from __future__ import annotations
 
 import math
-import re
 from dataclasses import asdict, dataclass, field
 
 import numpy as np
+
+from ladle.durations import parse_duration
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")
@@ -55,15 +56,6 @@ class RequestRecord:
         data["tpot"] = self.tpot
         data["success"] = self.success
         return data
-
-
-def parse_duration(text: str) -> float:
-    """'500ms', '0.5s', '2' (seconds) -> seconds; a ValueError names what was wrong."""
-    match = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*(ms|s)?\s*", text)
-    if match is None:
-        raise ValueError(f"cannot read {text!r} as a duration; write e.g. 500ms or 0.5s")
-    value = float(match.group(1))
-    return value / 1000.0 if match.group(2) == "ms" else value
 
 
 def parse_slo(text: str | None) -> dict[str, float]:
