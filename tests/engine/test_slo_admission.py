@@ -81,14 +81,22 @@ def test_live_stats_line_over_the_interval_and_refusals():
     logger = LiveStatsLogger(lambda: snapshots[-1], 5.0, lines.append, lambda: clock[0])
     clock[0] = 5.0
     assert logger.line() is None  # idle: nothing to say
-    snapshots.append(SchedulerStats(
-        num_running_reqs=3, num_waiting_reqs=2, kv_cache_usage=0.25, prefix_cache_queries=200,
-        prefix_cache_hits=50, num_prefill_tokens=1000, num_decode_tokens=100,
-    ))
+    snapshots.append(
+        SchedulerStats(
+            num_running_reqs=3,
+            num_waiting_reqs=2,
+            kv_cache_usage=0.25,
+            prefix_cache_queries=200,
+            prefix_cache_hits=50,
+            num_prefill_tokens=1000,
+            num_decode_tokens=100,
+        )
+    )
     logger.record_refusal(429, "predicted time to first token 3s exceeds the TTFT SLO 1s")
     logger.record_refusal(429, "again")  # within a second: counted, not logged
-    assert lines == ["[ladle] refused a request (429): predicted time to first token 3s "
-                     "exceeds the TTFT SLO 1s"]
+    assert lines == [
+        "[ladle] refused a request (429): predicted time to first token 3s exceeds the TTFT SLO 1s"
+    ]
     clock[0] = 10.0
     assert logger.line() == (
         "[ladle] running 3 reqs, waiting 2 reqs, KV cache 25.0%, prefix cache hit rate 25.0%, "

