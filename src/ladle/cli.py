@@ -22,6 +22,8 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
     group.add_argument("--num-kv-blocks", type=int, default=None)
     group.add_argument("--no-prefix-caching", action="store_true")
+    group.add_argument("--no-chunked-prefill", action="store_true",
+                       help="a prompt waits for a step with room for all of it")
     group.add_argument("--seed", type=int, default=0)
     group.add_argument("--itl-slo", default=None,
                        help="inter-token latency SLO (e.g. 50ms): prefill chunks shrink so "
@@ -41,6 +43,7 @@ def engine_options_from_args(args: argparse.Namespace) -> dict:
         "cpu_kv_cache_gib": args.cpu_kv_cache_gib,
         "num_kv_blocks": args.num_kv_blocks,
         "enable_prefix_caching": not args.no_prefix_caching,
+        "enable_chunked_prefill": not args.no_chunked_prefill,
         "seed": args.seed,
         "itl_slo_ms": _duration_ms(args.itl_slo),
     }

@@ -92,6 +92,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         help="send random token ids of each class's lengths (servers with "
         "dummy weights have no tokenizer)",
     )
+    load.add_argument(
+        "--max-token-id", type=int, default=10000, help="token-id prompts draw ids from [0, this]"
+    )
     load.add_argument("--input-len", default="100:1024", help="token-ids class: min:max")
     load.add_argument("--output-len", default="100:512", help="token-ids class: min:max")
     load.add_argument(
@@ -202,6 +205,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         temperature=args.temperature,
         ignore_eos=args.ignore_eos,
         token_ids=args.token_ids,
+        max_token_id=args.max_token_id,
         input_len=_parse_range(args.input_len, "--input-len"),
         output_len=_parse_range(args.output_len, "--output-len"),
         sharegpt_path=args.sharegpt_path,

@@ -44,18 +44,22 @@ def plot_runs(
     written = []
 
     figure, axes = plt.subplots(1, 3, figsize=(15, 4.2))
+    plotted = False
     for run, records in zip(runs, records_by_run):
         label = _rate_label(run["rate"], run["max_concurrency"])
         for axis, metric in zip(axes, ("ttft", "itl", "e2e")):
             values = np.sort(np.asarray(latency_samples(records, metric)) * 1000.0)
-            if values.size:
+            if values.size and values.min() > 0:
                 axis.plot(values, np.arange(1, values.size + 1) / values.size, label=label)
+                plotted = True
     for axis, metric in zip(axes, ("TTFT", "ITL", "e2e latency")):
         axis.set_xlabel(f"{metric} (ms)")
         axis.set_ylabel("fraction of requests" if metric != "ITL" else "fraction of gaps")
-        axis.set_xscale("log")
+        if plotted:  # a run where every request failed has nothing to draw
+            axis.set_xscale("log")
         axis.grid(True, which="both", alpha=0.3)
-    axes[0].legend(fontsize=8)
+    if plotted:
+        axes[0].legend(fontsize=8)
     figure.suptitle(f"{title}: latency CDFs")
     figure.tight_layout()
     written.append(_save(figure, folder / "latency_cdf.png", plt))
@@ -75,17 +79,16 @@ def plot_runs(
     written.append(_save(figure, folder / "throughput.png", plt))
 
     figure, axis = plt.subplots(figsize=(7, 4.2))
+    any_value = False
     for metric in ("ttft", "itl"):
-        axis.plot(
-            x,
-            [r["summary"][f"{metric}_ms"]["p99"] or np.nan for r in runs],
-            "o-",
-            label=f"{metric.upper()} p99",
-        )
+        values = [r["summary"][f"{metric}_ms"]["p99"] or np.nan for r in runs]
+        any_value = any_value or any(v > 0 for v in values if not np.isnan(v))
+        axis.plot(x, values, "o-", label=f"{metric.upper()} p99")
     axis.set_xticks(x, labels, rotation=30, ha="right")
     axis.set_xlabel("offered load")
     axis.set_ylabel("ms")
-    axis.set_yscale("log")
+    if any_value:
+        axis.set_yscale("log")
     axis.grid(True, which="both", alpha=0.3)
     axis.legend()
     axis.set_title(f"{title}: p99 latency")

@@ -45,6 +45,7 @@ class BenchPlan:
     gpu_hour_cost: float | None
     output_dir: Path
     label: str
+    max_token_id: int = 10000
     plots: bool = True
     progress: bool = True
     request_timeout: float = 600.0
@@ -236,6 +237,7 @@ async def run_plan(plan: BenchPlan) -> dict | None:
             output_len=plan.output_len,
             ignore_eos=plan.ignore_eos,
             sharegpt_path=plan.sharegpt_path,
+            max_token_id=plan.max_token_id,
         )
         requests = await asyncio.to_thread(build_workload, mix, options)
         if plan.priority_fraction is not None:
