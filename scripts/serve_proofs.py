@@ -50,6 +50,7 @@ class Server:
 
 
 EXTRA_BENCH_ARGS: list[str] = []
+RATE = ["3"]  # the fixed rate of the chunked-prefill and prefix-caching runs (--rate)
 LOAD_FORMAT = ["--load-format", "dummy"]
 
 

@@ -54,7 +54,7 @@ def _chunk_has_content(chunk: dict, is_chat: bool) -> bool:
             delta = choice.get("delta") or {}
             if delta.get("content") or delta.get("tool_calls") or delta.get("reasoning_content"):
                 return True
-        elif choice.get("text"):
+        elif choice.get("text") or choice.get("logprobs"):
             return True
     return False
 

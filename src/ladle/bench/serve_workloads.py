@@ -204,6 +204,12 @@ def _text_of_length(tokenizer: Tokenizer, rng: random.Random, num_tokens: int) -
     return tokenizer.decode(ids[:num_tokens])
 
 
+# A server without a tokenizer (dummy weights) streams no text, so a token-id request asks for
+# the sampled token's logprob: each token then arrives as a chunk of its own, and TTFT and ITL
+# can be timed. (Servers with a tokenizer stream text anyway; the logprob costs them little.)
+TOKEN_ID_BODY = {"logprobs": 0}
+
+
 def _random_ids(options: WorkloadOptions, rng: random.Random, length: int) -> list[int]:
     return [rng.randint(0, options.max_token_id) for _ in range(length)]
 
@@ -408,7 +414,10 @@ def build_workload(mix: dict[str, float], options: WorkloadOptions) -> list[Benc
         if picks.count(name)
     }
     requests = [next(per_class[name]) for name in picks]
-    if options.ignore_eos:
-        for request in requests:
+    for request in requests:
+        if options.ignore_eos:
             request.extra_body.setdefault("ignore_eos", True)
+        if isinstance(request.prompt, list):
+            for key, value in TOKEN_ID_BODY.items():
+                request.extra_body.setdefault(key, value)
     return requests
