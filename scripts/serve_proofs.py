@@ -51,6 +51,7 @@ class Server:
 
 EXTRA_BENCH_ARGS: list[str] = []
 RATE = ["3"]  # the fixed rate of the chunked-prefill and prefix-caching runs (--rate)
+SWEEP = ["1,2,4,8"]  # the short-chat rates of the SLO phase (--sweep)
 LOAD_FORMAT = ["--load-format", "dummy"]
 
 
@@ -106,6 +107,22 @@ def scheduler_phase(model: str, out: Path, scale: float) -> dict:
     short = ["--input-len", "100:300", "--output-len", "64:128"]
     chunked = Server([model, *common, "--max-num-batched-tokens", "512"], out / "server_a.log")
     try:
+        # Triton compiles a kernel per new shape on first use: pay for that before measuring.
+        bench(
+            chunked,
+            out,
+            "warmup",
+            "--workload",
+            "token-ids=4,shared-prefix=1",
+            *short,
+            "--num-prompts",
+            "64",
+            "--rate",
+            "inf",
+            "--no-plots",
+            "--seed",
+            "1000",
+        )
         base = bench(
             chunked,
             out,
@@ -176,6 +193,21 @@ def scheduler_phase(model: str, out: Path, scale: float) -> dict:
         out / "server_b.log",
     )
     try:
+        bench(
+            whole,
+            out,
+            "warmup_b",
+            "--workload",
+            "token-ids=4,long-qa=1",
+            *short,
+            "--num-prompts",
+            "32",
+            "--rate",
+            "inf",
+            "--no-plots",
+            "--seed",
+            "1000",
+        )
         mix_off = bench(
             whole,
             out,
@@ -195,6 +227,21 @@ def scheduler_phase(model: str, out: Path, scale: float) -> dict:
         out / "server_c.log",
     )
     try:
+        bench(
+            no_cache,
+            out,
+            "warmup_c",
+            "--workload",
+            "token-ids",
+            *short,
+            "--num-prompts",
+            "32",
+            "--rate",
+            "inf",
+            "--no-plots",
+            "--seed",
+            "1000",
+        )
         prefix_off = bench(
             no_cache,
             out,
@@ -235,10 +282,24 @@ def scheduler_phase(model: str, out: Path, scale: float) -> dict:
 
 
 def slo_phase(model: str, out: Path, scale: float) -> dict:
-    num = max(8, int(48 * scale))
+    num = max(8, int(24 * scale))
     common = [model, *LOAD_FORMAT]
     plain = Server(common, out / "server_d.log")
     try:
+        bench(
+            plain,
+            out,
+            "warmup_d",
+            "--workload",
+            "sharegpt",
+            "--num-prompts",
+            "48",
+            "--rate",
+            "inf",
+            "--no-plots",
+            "--seed",
+            "1000",
+        )
         sweep = bench(
             plain,
             out,
@@ -248,7 +309,7 @@ def slo_phase(model: str, out: Path, scale: float) -> dict:
             "--num-prompts",
             str(num),
             "--sweep",
-            "2,4,8,16,32",
+            SWEEP[0],
             "--slo",
             "ttft=1s,itl=60ms",
         )
@@ -272,6 +333,20 @@ def slo_phase(model: str, out: Path, scale: float) -> dict:
         plain.stop()
     with_slo = Server([*common, "--ttft-slo", "1s", "--itl-slo", "60ms"], out / "server_e.log")
     try:
+        bench(
+            with_slo,
+            out,
+            "warmup_e",
+            "--workload",
+            "sharegpt",
+            "--num-prompts",
+            "48",
+            "--rate",
+            "inf",
+            "--no-plots",
+            "--seed",
+            "1000",
+        )
         slo_on = bench(
             with_slo,
             out,
@@ -323,9 +398,12 @@ def main() -> int:
     parser.add_argument("--out", required=True)
     parser.add_argument("--scale", type=float, default=1.0, help="fraction of the request counts")
     parser.add_argument("--load-format", default="dummy")
+    parser.add_argument("--rate", default=RATE[0])
+    parser.add_argument("--sweep", default=SWEEP[0])
     parser.add_argument("--bench-args", default="", help="extra `bench serve` options (smoke)")
     args = parser.parse_args()
     LOAD_FORMAT[1] = args.load_format
+    RATE[0], SWEEP[0] = args.rate, args.sweep
     EXTRA_BENCH_ARGS.extend(args.bench_args.split())
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import math
 import random
 import sys
@@ -239,13 +240,18 @@ async def run_plan(plan: BenchPlan) -> dict | None:
             sharegpt_path=plan.sharegpt_path,
             max_token_id=plan.max_token_id,
         )
-        requests = await asyncio.to_thread(build_workload, mix, options)
-        if plan.priority_fraction is not None:
-            rng = random.Random(plan.seed + 7)
-            for request in requests:
-                request.extra_body["priority"] = 0 if rng.random() < plan.priority_fraction else 1
         all_records = []
-        for rate, concurrency in plan.points:
+        for point, (rate, concurrency) in enumerate(plan.points):
+            # Each point of a sweep gets requests of its own seed: the same prompts again would
+            # hit the prefix cache the previous point filled. (The standard workloads keep their
+            # fixed definition.)
+            point_options = dataclasses.replace(options, seed=plan.seed + point)
+            requests = await asyncio.to_thread(build_workload, mix, point_options)
+            if plan.priority_fraction is not None:
+                rng = random.Random(plan.seed + point + 7)
+                for request in requests:
+                    high = rng.random() < plan.priority_fraction
+                    request.extra_body["priority"] = 0 if high else 1
             records, duration, server = await run_point(
                 http, plan, model, requests, rate, concurrency
             )
