@@ -103,7 +103,13 @@ def resolve_tokenizer(plan: BenchPlan, model: str):
 
 
 async def _served_model(http: httpx.AsyncClient, plan: BenchPlan) -> str:
-    response = await http.get(plan.base_url + "/v1/models", headers=plan.headers)
+    try:
+        response = await http.get(plan.base_url + "/v1/models", headers=plan.headers)
+    except httpx.HTTPError as error:
+        raise ValueError(
+            f"cannot reach a server at {plan.base_url} ({type(error).__name__}: {error}); "
+            "is it running? (--base-url)"
+        ) from None
     if response.status_code != 200:
         raise ValueError(
             f"GET {plan.base_url}/v1/models answered {response.status_code}: {response.text[:200]}"
