@@ -185,3 +185,33 @@ def test_tool_calling_is_skipped_with_the_servers_reason_when_tools_are_refused(
     assert "HTTP 400" in result["skipped_workloads"]["tool-calling"]
     assert "tools are not supported" in result["skipped_workloads"]["tool-calling"]
     assert json.loads((tmp_path / "results.json").read_text())["skipped_workloads"]
+
+
+def test_a_token_holding_a_unicode_line_separator_does_not_cut_a_chunk():
+    """Regression: httpx's aiter_lines splits on U+2028 / U+0085 inside a JSON string."""
+    import asyncio
+
+    import httpx
+
+    from ladle.bench.serve_client import BenchRequest, send_request
+
+    chunks = [
+        {"choices": [{"index": 0, "text": "a\u2028b"}]},
+        {"choices": [{"index": 0, "text": "c\u0085d\r"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    ]
+    body = "".join(f"data: {json.dumps(c, ensure_ascii=False)}\r\n\r\n" for c in chunks)
+    body += "data: [DONE]\n\n"
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=body.encode("utf-8"))
+
+    async def run():
+        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
+            record = RequestRecord(0, "w", 0.0)
+            request = BenchRequest("w", 3, 2, prompt=[1, 2, 3])
+            return await send_request(http, "http://x", request, record, "m", 0.0, {}, 0.0)
+
+    record = asyncio.run(run())
+    assert record.error is None and record.success
+    assert (record.output_tokens, len(record.itl), record.prompt_tokens) == (2, 1, 3)

@@ -86,7 +86,7 @@ async def send_request(
                 record.error = _error_message(text, response.status_code)
                 record.e2e = time.perf_counter() - sent
                 return record
-            async for line in response.aiter_lines():
+            async for line in _sse_lines(response):
                 if not line.startswith("data:"):
                     continue
                 data = line[5:].strip()
@@ -118,6 +118,20 @@ async def send_request(
     if record.error is None and record.ttft is None:
         record.error = "the stream ended without any content"
     return record
+
+
+async def _sse_lines(response: httpx.Response):
+    """The stream's lines, split on newlines only. (httpx's aiter_lines also splits on the
+    Unicode line separators, such as U+2028 or U+0085, that a generated token may hold inside
+    a JSON string, which cut a chunk in two.)"""
+    pending = b""
+    async for data in response.aiter_bytes():
+        pending += data
+        *lines, pending = pending.split(b"\n")
+        for line in lines:
+            yield line.rstrip(b"\r").decode("utf-8")
+    if pending:
+        yield pending.rstrip(b"\r").decode("utf-8")
 
 
 def _error_message(text: str, status: int) -> str:
