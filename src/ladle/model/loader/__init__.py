@@ -29,8 +29,10 @@ from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
 from ladle.model.loader.dummy import fill_dummy_weights
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.presets import PRESETS, get_preset
+from ladle.model.loader.progress import with_progress
 from ladle.model.loader.safetensors import (
     check_safetensors_files,
+    count_safetensors_weights,
     find_safetensors_files,
     iter_safetensors_weights,
     read_hf_config,
@@ -82,7 +84,10 @@ def load_model(
     files = find_safetensors_files(model_dir)
     check_safetensors_files(files)
     model = build_model(arch_config, device, dtype, attention_backend)
-    _load_weights(model, iter_safetensors_weights(files), str(model_dir))
+    weights = with_progress(
+        iter_safetensors_weights(files), count_safetensors_weights(files), "Loading safetensors"
+    )
+    _load_weights(model, weights, str(model_dir))
     return LoadedModel(model, arch_config, str(model_dir), "safetensors")
 
 
@@ -173,7 +178,12 @@ def _load_gguf(
     attention_backend: AttentionBackend,
 ) -> LoadedModel:
     # Imported here: the gguf package is only needed for GGUF files.
-    from ladle.model.loader.gguf import iter_gguf_weights, open_gguf, read_gguf_arch_config
+    from ladle.model.loader.gguf import (
+        count_gguf_weights,
+        iter_gguf_weights,
+        open_gguf,
+        read_gguf_arch_config,
+    )
 
     reader = open_gguf(path)
     arch_config = read_gguf_arch_config(path, reader)
@@ -188,7 +198,10 @@ def _load_gguf(
         arch_config = dataclasses.replace(arch_config, **overrides)
     _check_max_model_len(arch_config, model_config, str(path))
     model = build_model(arch_config, device, dtype, attention_backend)
-    _load_weights(model, iter_gguf_weights(path, reader), str(path))
+    weights = with_progress(
+        iter_gguf_weights(path, reader, device), count_gguf_weights(reader), "Loading GGUF"
+    )
+    _load_weights(model, weights, str(path))
     return LoadedModel(model, arch_config, str(path), "gguf")
 
 
