@@ -18,7 +18,6 @@ from pathlib import Path
 
 import numpy as np
 import torch
-
 from gguf.constants import GGMLQuantizationType
 
 from ladle.model.arch_config import SUPPORTED_ARCHITECTURES, ModelArchConfig, UnsupportedModelError

@@ -183,7 +183,9 @@ class _Cursor:
     def take(self, num_bytes: int) -> bytes:
         end = self.position + num_bytes
         if end > len(self.buffer):
-            raise GGUFFormatError(f"the header ends early (needed byte {end}, have {len(self.buffer)})")
+            raise GGUFFormatError(
+                f"the header ends early (needed byte {end}, have {len(self.buffer)})"
+            )
         data = self.buffer[self.position : end]
         self.position = end
         return data
