@@ -102,11 +102,28 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=_run_generate)
     try:
         from ladle.entrypoints.openai.cli_serve import add_serve_parser
-    except ImportError:  # the server extra is not installed
-        pass
+    except ImportError as error:  # a broken install: say what to reinstall rather than hide serve
+        _add_unavailable_serve_parser(subparsers, error)
     else:
         add_serve_parser(subparsers)
     return parser
+
+
+def _add_unavailable_serve_parser(subparsers: argparse._SubParsersAction, error: ImportError):
+    missing = getattr(error, "name", None) or str(error)
+
+    def explain(_args: argparse.Namespace) -> int:
+        print(
+            f"ladle: error: `ladle serve` needs the server stack, but importing {missing!r} "
+            f"failed ({error}). Install it with: pip install 'ladle[server]' (or: pip install "
+            "fastapi uvicorn 'pydantic>=2' pyzmq msgspec prometheus-client)",
+            file=sys.stderr,
+        )
+        return 1
+
+    sub = subparsers.add_parser("serve", help="serve a model (server stack not installed)")
+    sub.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.set_defaults(handler=explain)
 
 
 def main(argv: list[str] | None = None) -> int:
