@@ -65,6 +65,13 @@ class ModelConfig:
     seed: int = 0
     tokenizer: str | None = None
     hf_overrides: dict = field(default_factory=dict)
+    revision: str | None = field(
+        default=None, metadata={"help": "Hugging Face Hub branch, tag or commit of the model"}
+    )
+    download_dir: str | None = field(
+        default=None,
+        metadata={"help": "folder for downloaded Hub models (default: the Hugging Face cache)"},
+    )
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
