@@ -5,41 +5,10 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ladle.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine options every subcommand that starts an engine shares."""
-    group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"]
-    )
-    group.add_argument("--dtype", default="auto")
-    group.add_argument("--device", default="auto")
-    group.add_argument("--max-model-len", type=int, default=None)
-    group.add_argument("--block-size", type=int, default=16)
-    group.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    group.add_argument("--max-num-seqs", type=int, default=256)
-    group.add_argument("--gpu-memory-utilization", type=float, default=0.90)
-    group.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
-    group.add_argument("--num-kv-blocks", type=int, default=None)
-    group.add_argument("--no-prefix-caching", action="store_true")
-    group.add_argument("--seed", type=int, default=0)
-
-
-def engine_options_from_args(args: argparse.Namespace) -> dict:
-    return {
-        "load_format": args.load_format,
-        "dtype": args.dtype,
-        "device": args.device,
-        "max_model_len": args.max_model_len,
-        "block_size": args.block_size,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_num_seqs": args.max_num_seqs,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "cpu_kv_cache_gib": args.cpu_kv_cache_gib,
-        "num_kv_blocks": args.num_kv_blocks,
-        "enable_prefix_caching": not args.no_prefix_caching,
-        "seed": args.seed,
-    }
+# Engine flags are generated from the config dataclasses; re-exported here for the subcommands.
+__all__ = ["add_engine_arguments", "build_parser", "engine_options_from_args", "main"]
 
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -128,6 +97,11 @@ def _add_unavailable_serve_parser(subparsers: argparse._SubParsersAction, error:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        argv = expand_config_file(argv)
+    except ValueError as error:
+        parser.error(str(error))
     args = parser.parse_args(argv)
     if getattr(args, "model_option", None):
         args.model = args.model_option

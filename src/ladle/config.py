@@ -58,13 +58,27 @@ class ModelConfig:
     """
 
     model: str | None = None
-    load_format: str = "auto"
-    dtype: str | torch.dtype = "auto"
-    device: str = "auto"
-    max_model_len: int | None = None
-    seed: int = 0
+    load_format: str = field(
+        default="auto",
+        metadata={"help": "weights format; auto: .gguf files as GGUF, folders as safetensors"},
+    )
+    dtype: str | torch.dtype = field(
+        default="auto",
+        metadata={"help": "weight and activation dtype; auto: bfloat16 on CUDA, float32 on CPU"},
+    )
+    device: str = field(default="auto", metadata={"help": "cuda, cpu, or auto (CUDA if present)"})
+    max_model_len: int | None = field(
+        default=None,
+        metadata={"help": "longest prompt + output in tokens (32k works); default: the model's"},
+    )
+    seed: int = field(default=0, metadata={"help": "seed of random weights and unseeded sampling"})
     tokenizer: str | None = None
-    hf_overrides: dict = field(default_factory=dict)
+    hf_overrides: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "JSON object merged over the model's config.json, e.g. '{\"rope_theta\": 1e6}'"
+        },
+    )
     revision: str | None = field(
         default=None, metadata={"help": "Hugging Face Hub branch, tag or commit of the model"}
     )
@@ -95,11 +109,19 @@ class CacheConfig:
     (tests use it to force preemption).
     """
 
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.90
-    cpu_kv_cache_gib: float = 1.0
-    num_kv_blocks: int | None = None
-    enable_prefix_caching: bool = True
+    block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
+    gpu_memory_utilization: float = field(
+        default=0.90, metadata={"help": "fraction of GPU memory for weights, activations and KV"}
+    )
+    cpu_kv_cache_gib: float = field(
+        default=1.0, metadata={"help": "KV cache size on the CPU, in GiB"}
+    )
+    num_kv_blocks: int | None = field(
+        default=None, metadata={"help": "KV cache blocks, overriding the measured size"}
+    )
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"help": "reuse the KV cache of shared prompt prefixes"}
+    )
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 1024:
@@ -119,9 +141,13 @@ class CacheConfig:
 class SchedulerConfig:
     """One token budget per step shared by prefill chunks and decodes."""
 
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = field(
+        default=8192, metadata={"help": "token budget of one engine step (prefill + decode)"}
+    )
+    max_num_seqs: int = field(default=256, metadata={"help": "most sequences running at once"})
+    enable_chunked_prefill: bool = field(
+        default=True, metadata={"help": "split long prompts over several steps' token budgets"}
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
