@@ -52,6 +52,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--uvicorn-log-level", "--log-level", dest="log_level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     server.add_argument("--access-log", action="store_true", help="log every request")
+    server.add_argument("--allow-unknown-fields", action="store_true",
+                        help="accept request fields neither OpenAI nor vLLM defines (default: 400)")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -88,6 +90,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
+        allow_unknown_fields=args.allow_unknown_fields,
     )
     app = build_app(client, settings)
     config = uvicorn.Config(
