@@ -22,8 +22,8 @@ from ladle.entrypoints.openai.errors import (
     ServiceUnavailableError,
     from_validation_error,
 )
-from ladle.entrypoints.openai.logprobs import TokenTexts
 from ladle.entrypoints.openai.field_policy import check_request_fields
+from ladle.entrypoints.openai.logprobs import TokenTexts
 from ladle.entrypoints.openai.protocol import UsageInfo, parse_request
 from ladle.entrypoints.openai.streaming import ClientDisconnected, run_until_disconnect
 from ladle.outputs import RequestOutput
