@@ -49,6 +49,17 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return SUPPORTED_DTYPES[dtype]
 
 
+def check_generation_config_folder(folder: str) -> None:
+    """generation_config other than auto/vllm must be a folder holding generation_config.json."""
+    from pathlib import Path
+
+    if not (Path(folder).expanduser() / "generation_config.json").is_file():
+        raise ValueError(
+            f"generation_config {folder!r} is neither 'auto', 'vllm' nor a folder holding a "
+            "generation_config.json"
+        )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which weights to load and how.
@@ -82,6 +93,14 @@ class ModelConfig:
     revision: str | None = field(
         default=None, metadata={"help": "Hugging Face Hub branch, tag or commit of the model"}
     )
+    generation_config: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: the model's generation_config.json (or GGUF metadata) sets the "
+            "sampling defaults of requests; vllm: ladle's defaults; or a folder with a "
+            "generation_config.json"
+        },
+    )
     download_dir: str | None = field(
         default=None,
         metadata={"help": "folder for downloaded Hub models (default: the Hugging Face cache)"},
@@ -90,6 +109,8 @@ class ModelConfig:
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {self.load_format!r} is not one of {LOAD_FORMATS}")
+        if self.generation_config not in ("auto", "vllm", "ladle"):
+            check_generation_config_folder(self.generation_config)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto":

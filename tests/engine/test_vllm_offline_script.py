@@ -8,7 +8,7 @@ import textwrap
 
 import pytest
 
-from ladle import LLM, SamplingParams, TokensPrompt
+from ladle import LLM, SamplingParams
 
 VLLM_SCRIPT = textwrap.dedent(
     """

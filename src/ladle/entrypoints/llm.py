@@ -14,6 +14,7 @@ from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
 from ladle.entrypoints.prompt_inputs import PromptType, as_prompt_list, split_prompt
 from ladle.entrypoints.vllm_outputs import finish_offline_output
+from ladle.model.generation_defaults import sampling_defaults_of
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.sampling_params import SamplingParams
 
@@ -53,6 +54,9 @@ class LLM:
             else self.engine.runner.arch.eos_token_ids
         )
         self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids, stream_text=False)
+        self.sampling_defaults = sampling_defaults_of(
+            self.engine.runner.model_path, self.config.model.generation_config
+        )
         self._request_counter = itertools.count()
 
     def _load_tokenizer(self) -> TextTokenizer | None:
@@ -60,6 +64,11 @@ class LLM:
         if source is None:
             return None  # dummy weights of a preset: token ids in, token ids out
         return load_tokenizer(source, self.engine.runner.arch)
+
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation-config defaults (used when generate()
+        or chat() get sampling_params=None), as vLLM's method of the same name."""
+        return SamplingParams(**self.sampling_defaults)
 
     def get_tokenizer(self):
         """The model's Hugging Face tokenizer (encode, decode, apply_chat_template, ...), as
@@ -144,6 +153,8 @@ class LLM:
         priority: Sequence[int] | None,
         raise_on_error: bool,
     ) -> list[RequestOutput]:
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params_list = _broadcast_params(sampling_params, len(encoded))
         encoded = [
             _truncate(entry, params.truncate_prompt_tokens, self.engine.max_model_len)

@@ -13,22 +13,29 @@ from ladle.sampling_params import SamplingParams
 
 
 def build_sampling_params(
-    request: _SamplingFields, max_tokens: int, logprobs: int | None
+    request: _SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    defaults: dict | None = None,
 ) -> SamplingParams:
-    """SamplingParams of a validated request; raises BadRequestError naming a bad field."""
+    """SamplingParams of a validated request; raises BadRequestError naming a bad field.
+
+    defaults: the model's generation-config values for the fields the request leaves unset.
+    """
     if request.logit_bias:
         raise BadRequestError("logit_bias is not supported", param="logit_bias")
+    defaults = defaults or {}
     try:
         return SamplingParams(
             n=request.n,
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=-1 if request.top_k is None else request.top_k,
-            min_p=0.0 if request.min_p is None else request.min_p,
+            temperature=_pick(request.temperature, defaults, "temperature", 1.0),
+            top_p=_pick(request.top_p, defaults, "top_p", 1.0),
+            top_k=_pick(request.top_k, defaults, "top_k", -1),
+            min_p=_pick(request.min_p, defaults, "min_p", 0.0),
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=(
-                1.0 if request.repetition_penalty is None else request.repetition_penalty
+            repetition_penalty=_pick(
+                request.repetition_penalty, defaults, "repetition_penalty", 1.0
             ),
             seed=request.seed,
             stop=request.stop,
@@ -42,6 +49,13 @@ def build_sampling_params(
         )
     except ValueError as error:
         raise from_value_error(error) from error
+
+
+def _pick(requested, defaults: dict, name: str, fallback):
+    """The request's value; else the model's default; else ladle's."""
+    if requested is not None:
+        return requested
+    return defaults.get(name, fallback)
 
 
 def resolve_max_tokens(
