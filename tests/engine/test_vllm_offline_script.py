@@ -95,8 +95,6 @@ def test_detokenize_false_gives_ids_only(llm) -> None:
 def test_seed_minus_one_is_random_and_unknown_fields_are_named() -> None:
     assert SamplingParams(seed=-1).seed is None
     for name, value in [
-        ("logit_bias", {1: 5.0}),
-        ("allowed_token_ids", [1]),
         ("bad_words", ["x"]),
         ("prompt_logprobs", 1),
     ]:

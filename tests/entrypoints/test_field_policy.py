@@ -102,7 +102,8 @@ def client(tiny_server):
     [
         ("/v1/chat/completions", {"tool_choice": "auto"}, "tool_choice"),
         ("/v1/chat/completions", {"reasoning_effort": "low"}, "reasoning_effort"),
-        ("/v1/completions", {"allowed_token_ids": [3]}, "allowed_token_ids"),
+        ("/v1/completions", {"allowed_token_ids": [10**9]}, "allowed_token_ids"),
+        ("/v1/completions", {"logit_bias": {"x": 1}}, "logit_bias"),
         ("/v1/completions", {"cache_salt": "abc"}, "cache_salt"),
         ("/v1/completions", {"not_a_field": 1}, "not_a_field"),
         (
@@ -133,3 +134,19 @@ def test_server_accepts_defaults_and_honoured_extras(client) -> None:
     }
     response = client.post("/v1/completions", content=json.dumps(body))
     assert response.status_code == 200, response.text
+
+
+def test_server_honours_allowed_token_ids_and_logit_bias(client) -> None:
+    base = {"model": SERVED_NAME, "prompt": "hi", "max_tokens": 4, "temperature": 1.0, "seed": 3}
+    allowed = client.post(
+        "/v1/completions", content=json.dumps({**base, "allowed_token_ids": [7, 9]})
+    )
+    assert allowed.status_code == 200, allowed.text
+    forced = client.post(
+        "/v1/completions", content=json.dumps({**base, "logit_bias": {"11": 100}, "logprobs": 1})
+    )
+    assert forced.status_code == 200, forced.text
+    choice = forced.json()["choices"][0]
+    assert choice["finish_reason"] == "length"
+    # +100 on one token makes it the only one sampled, at every step.
+    assert len(set(choice["logprobs"]["tokens"])) == 1

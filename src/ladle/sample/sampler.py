@@ -16,6 +16,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ladle.sample.logit_processing import apply_logit_edits_
 from ladle.sample.logprobs import gather_logprobs
 from ladle.sample.metadata import SamplingMetadata
 from ladle.sample.output import SamplerOutput
@@ -37,12 +38,17 @@ class Sampler(nn.Module):
             raw_logprobs = torch.log_softmax(logits, dim=-1)
 
         may_modify = (
-            metadata.banned_token_ids is not None or not flags.no_penalties or not flags.all_greedy
+            metadata.banned_token_ids is not None
+            or metadata.logit_edits is not None
+            or not flags.no_penalties
+            or not flags.all_greedy
         )
         if may_modify and logits is raw_logits:
             logits = logits.clone()  # every step below works in place; the caller's tensor stays
         if metadata.banned_token_ids is not None:
             apply_bans_(logits, metadata.banned_token_ids)
+        if metadata.logit_edits is not None:
+            apply_logit_edits_(logits, metadata.logit_edits)
         if not flags.no_penalties:
             assert metadata.prompt_token_ids is not None and metadata.output_token_ids is not None
             apply_penalties_(

@@ -39,8 +39,6 @@ REFUSED: dict[str, str] = {
     "function_call": _TOOLS,
     "reasoning_effort": "reasoning effort is not supported (ladle runs no reasoning parser)",
     # sampling and prompt extras of vLLM not implemented by ladle's sampler yet
-    "logit_bias": "logit_bias is not supported yet",
-    "allowed_token_ids": "allowed_token_ids is not supported yet",
     "bad_words": "bad_words is not supported yet",
     "prompt_logprobs": "prompt logprobs are not computed",
     "truncate_prompt_tokens": "truncate_prompt_tokens is not supported yet",
@@ -79,8 +77,6 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "functions": ([],),
     "tool_choice": ("none",),
     "function_call": ("none",),
-    "logit_bias": ({},),
-    "allowed_token_ids": ([],),
     "bad_words": ([],),
     "echo": (False,),
     "continue_final_message": (False,),

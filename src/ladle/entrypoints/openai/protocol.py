@@ -68,6 +68,7 @@ class _SamplingFields(_Strict):
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     priority: StrictInt = 0
+    allowed_token_ids: list[StrictInt] | None = None
 
 
 class CompletionRequest(_SamplingFields):

@@ -17,14 +17,15 @@ def build_sampling_params(
     max_tokens: int,
     logprobs: int | None,
     defaults: dict | None = None,
+    vocab_size: int | None = None,
 ) -> SamplingParams:
     """SamplingParams of a validated request; raises BadRequestError naming a bad field.
 
     defaults: the model's generation-config values for the fields the request leaves unset.
     """
-    if request.logit_bias:
-        raise BadRequestError("logit_bias is not supported", param="logit_bias")
     defaults = defaults or {}
+    if vocab_size is not None:
+        _check_token_id_fields(request, vocab_size)
     try:
         return SamplingParams(
             n=request.n,
@@ -46,9 +47,23 @@ def build_sampling_params(
             logprobs=logprobs,
             include_stop_str_in_output=request.include_stop_str_in_output,
             skip_special_tokens=request.skip_special_tokens,
+            logit_bias=request.logit_bias or None,
+            allowed_token_ids=request.allowed_token_ids,
         )
     except ValueError as error:
         raise from_value_error(error) from error
+
+
+def _check_token_id_fields(request: _SamplingFields, vocab_size: int) -> None:
+    if request.logit_bias:
+        for key in request.logit_bias:
+            if not key.strip().isdigit():
+                raise BadRequestError(
+                    f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+                )
+            check_token_ids([int(key)], vocab_size, "logit_bias")
+    if request.allowed_token_ids:
+        check_token_ids(request.allowed_token_ids, vocab_size, "allowed_token_ids")
 
 
 def _pick(requested, defaults: dict, name: str, fallback):
