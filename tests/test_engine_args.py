@@ -95,3 +95,18 @@ def test_bad_config_file_names_it(tmp_path) -> None:
     (tmp_path / "list.yaml").write_text("- 1\n")
     with pytest.raises(ValueError, match="must hold a mapping"):
         expand_config_file(["serve", "--config", str(tmp_path / "list.yaml")])
+
+
+def test_python_dash_m_ladle_is_the_cli() -> None:
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "ladle", "serve", "--help"],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    assert "--num-gpu-blocks-override" in result.stdout
+    assert "scheduler options" in result.stdout
