@@ -20,6 +20,7 @@ import torch
 from torch import nn
 
 from ladle.kernels.dispatch import use_fused_kernels
+from ladle.sample.logit_processing import apply_logit_edits_
 from ladle.sample.logprobs import gather_logprobs
 from ladle.sample.metadata import SamplingMetadata
 from ladle.sample.output import SamplerOutput
@@ -45,12 +46,17 @@ class Sampler(nn.Module):
             use_fused_kernels(logits) and flags.no_min_p and flags.no_top_k and flags.no_top_p
         )
         may_modify = (
-            metadata.banned_token_ids is not None or not flags.no_penalties or not only_reads
+            metadata.banned_token_ids is not None
+            or metadata.logit_edits is not None
+            or not flags.no_penalties
+            or not only_reads
         )
         if may_modify and logits is raw_logits:
             logits = logits.clone()  # every step below works in place; the caller's tensor stays
         if metadata.banned_token_ids is not None:
             apply_bans_(logits, metadata.banned_token_ids)
+        if metadata.logit_edits is not None:
+            apply_logit_edits_(logits, metadata.logit_edits)
         if not flags.no_penalties:
             assert metadata.prompt_token_ids is not None and metadata.output_token_ids is not None
             penalize_ = apply_penalties_

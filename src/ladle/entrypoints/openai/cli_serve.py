@@ -54,9 +54,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="larger request bodies get 413")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish on SIGTERM")
-    server.add_argument("--log-level", default="info",
+    server.add_argument("--uvicorn-log-level", "--log-level", dest="log_level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     server.add_argument("--access-log", action="store_true", help="log every request")
+    server.add_argument("--allow-unknown-fields", action="store_true",
+                        help="accept request fields neither OpenAI nor vLLM defines (default: 400)")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -100,6 +102,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
+        allow_unknown_fields=args.allow_unknown_fields,
     )
     app = build_app(client, settings, on_refusal=live_stats.record_refusal)
     config = uvicorn.Config(

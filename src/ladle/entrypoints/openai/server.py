@@ -53,6 +53,7 @@ class ServerSettings:
     served_model_name: str
     api_key: str | None = None
     max_request_bytes: int = 4 * 1024 * 1024
+    allow_unknown_fields: bool = False
 
 
 @dataclass
@@ -77,8 +78,12 @@ def build_app(
             await client.start()
         handlers.append(
             _Handlers(
-                completions=OpenAIServingCompletion(client, settings.served_model_name),
-                chat=OpenAIServingChat(client, settings.served_model_name),
+                completions=OpenAIServingCompletion(
+                    client, settings.served_model_name, settings.allow_unknown_fields
+                ),
+                chat=OpenAIServingChat(
+                    client, settings.served_model_name, settings.allow_unknown_fields
+                ),
             )
         )
         try:
