@@ -23,6 +23,11 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--num-kv-blocks", type=int, default=None)
     group.add_argument("--no-prefix-caching", action="store_true")
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument(
+        "--enforce-eager",
+        action="store_true",
+        help="run every step eagerly: no CUDA graphs of decode steps (CUDA only)",
+    )
 
 
 def engine_options_from_args(args: argparse.Namespace) -> dict:
@@ -39,6 +44,7 @@ def engine_options_from_args(args: argparse.Namespace) -> dict:
         "num_kv_blocks": args.num_kv_blocks,
         "enable_prefix_caching": not args.no_prefix_caching,
         "seed": args.seed,
+        "enforce_eager": args.enforce_eager,
     }
 
 

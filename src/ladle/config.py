@@ -65,6 +65,10 @@ class ModelConfig:
     seed: int = 0
     tokenizer: str | None = None
     hf_overrides: dict = field(default_factory=dict)
+    enforce_eager: bool = field(
+        default=False,
+        metadata={"help": "run every step eagerly: no CUDA graphs of decode steps (CUDA only)"},
+    )
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
