@@ -106,6 +106,9 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sampling_arguments(sub)
         add_engine_arguments(sub)
         sub.set_defaults(handler=_run_generate)
+    from ladle.bench.engine_bench import add_bench_parser
+
+    add_bench_parser(subparsers)
     try:
         from ladle.entrypoints.openai.cli_serve import add_serve_parser
     except ImportError:  # the server extra is not installed
