@@ -22,8 +22,10 @@ from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
 if TYPE_CHECKING:
     from ladle.engine.engine_core import EngineCore
 
+# Every one brings its own seed: the engine's seed stream (for requests without one) must be
+# where it would be without a warm-up.
 WARMUP_PARAMS = (
-    SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True),
+    SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, seed=0),
     SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_tokens=3, ignore_eos=True, seed=1),
     SamplingParams(temperature=0.7, min_p=0.1, max_tokens=3, ignore_eos=True, seed=2),
     SamplingParams(
@@ -34,6 +36,7 @@ WARMUP_PARAMS = (
         logprobs=MAX_LOGPROBS,
         max_tokens=3,
         ignore_eos=True,
+        seed=4,
     ),
     SamplingParams(temperature=0.7, max_tokens=3, min_tokens=2, ignore_eos=False, seed=3),
 )
