@@ -56,6 +56,7 @@ class ModelRunner:
         # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
         self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
         self.kv_caches: list[torch.Tensor] = []
+        self.graphs: DecodeGraphs | None = None  # captured once the KV cache exists
         self.memory_budget = size_kv_cache(
             config.cache,
             self.arch,
@@ -66,7 +67,6 @@ class ModelRunner:
             run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
         )
         self.kv_caches = self._allocate_kv_caches(self.memory_budget.num_blocks)
-        self.graphs: DecodeGraphs | None = None
         if self.uses_graphs:
             self.graphs = self._capture_graphs()
             self.memory_budget = dataclasses.replace(
