@@ -250,15 +250,20 @@ def run_bench(args: argparse.Namespace) -> int:
         result["floor_ms_per_token"] = floor * 1000 / max(1, best["generated_tokens"])
     if not args.no_busy:
         result["gpu_busy_fraction"] = gpu_busy_fraction(engine, requests)
+    _report(result, args.json)  # ladle's numbers stand even if the peer fails or runs long
     if args.peer == "hf":
         peer_requests = requests[: args.peer_requests] if args.peer_requests else requests
         result["hf_peer"] = run_hf_peer(llm, peer_requests)
         result["hf_peer"]["num_requests"] = len(peer_requests)
-    _print_table(result)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(result, handle, indent=1)
+        _report(result, args.json)
     return 0
+
+
+def _report(result: dict, json_path: str | None) -> None:
+    _print_table(result)
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(result, handle, indent=1)
 
 
 def _print_table(result: dict) -> None:
@@ -269,7 +274,7 @@ def _print_table(result: dict) -> None:
         ("generated tokens", f"{result['generated_tokens']:,}"),
         ("TTFT p50 (ms)", _fmt(result["ttft_ms_p50"])),
         ("ITL p50/p90/p99 (ms)", "/".join(_fmt(result[f"itl_ms_p{q}"]) for q in (50, 90, 99))),
-        ("peak memory (GiB)", _fmt(result["peak_memory_gib"])),
+        ("peak memory incl. KV pool (GiB)", _fmt(result["peak_memory_gib"])),
         ("GPU busy fraction", _fmt(result.get("gpu_busy_fraction"))),
         ("floor tok/s", f"{result['floor_tokens_per_s']:,.0f}"),
         ("time / floor", f"{result['ratio_to_floor']:.2f}x"),
