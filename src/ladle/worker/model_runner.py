@@ -67,8 +67,6 @@ class ModelRunner:
             run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
         )
         self.kv_caches = self._allocate_kv_caches(self.memory_budget.num_blocks)
-        if self.device.type == "cuda":
-            self._warm_up_decode_launches()
         if self.uses_graphs:
             self.graphs = self._capture_graphs()
             self.memory_budget = dataclasses.replace(
@@ -115,21 +113,6 @@ class ModelRunner:
         """A decode step of the largest graph bucket: about what the graph pool will hold."""
         batch_size = self._graph_max_batch_size()
         self._run_probe_step(batch_size, batch_size)
-
-    def _warm_up_decode_launches(self) -> None:
-        """Compile the decode attention for every split count a step can pick. A mixed step
-        gives its leading decodes a launch of their own, so any count of decodes up to
-        max_num_seqs can meet the kernel, each split count a variant of its own (measured: the
-        first W1 run in a process ran at half the speed of the second without this). One eager
-        decode step of dummy requests per split count, before any graph exists."""
-        from ladle.kernels.paged_attention import choose_num_splits  # Triton: CUDA path only
-
-        seen = set()
-        for num_reqs in range(1, self.config.scheduler.max_num_seqs + 1):
-            num_splits = choose_num_splits(num_reqs, self.arch.num_key_value_heads, self.device)
-            if num_splits not in seen:
-                seen.add(num_splits)
-                self._run_probe_step(num_reqs, num_reqs)
 
     def _graph_max_batch_size(self) -> int:
         return min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH_SIZE)
