@@ -105,6 +105,9 @@ class DecodeGraphs:
     def capture(self) -> None:
         """Capture every bucket, largest first, into one pool; record the pool's size."""
         torch.cuda.synchronize(self.device)
+        # Capture empties the allocator's cache on entry; empty it first, so the difference
+        # in reserved memory is the pool and nothing else.
+        torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         static = self.static
@@ -120,7 +123,7 @@ class DecodeGraphs:
             self._graphs[batch_size] = graph
             self._outputs[batch_size] = output
         torch.cuda.synchronize(self.device)
-        self.pool_bytes = torch.cuda.memory_reserved(self.device) - reserved_before
+        self.pool_bytes = max(0, torch.cuda.memory_reserved(self.device) - reserved_before)
 
     def can_run(self, num_reqs: int, num_tokens: int, max_query_len: int, width: int) -> bool:
         """A decode-only step (one token a request) that fits a captured bucket."""
