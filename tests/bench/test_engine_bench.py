@@ -53,3 +53,27 @@ def test_graph_buckets_cover_every_batch_size():
         assert padded is not None and padded >= num_reqs
         assert padded - num_reqs < 16
     assert padded_batch_size(257, sizes) is None
+
+
+def test_bench_flags_override_the_workload():
+    from ladle.bench.engine_bench import _workload_from_args, run_bench
+    from ladle.cli import build_parser
+
+    args = build_parser().parse_args(
+        ["bench", "latency", "--workload", "W3", "--input-len", "8", "16", "--enforce-eager"]
+    )
+    assert args.handler is run_bench and args.enforce_eager
+    workload = _workload_from_args(args)
+    assert workload.input_len == (8, 16) and workload.fixed_input_len is None
+    assert workload.output_len == (256, 256)  # W3's own, not overridden
+
+
+def test_python_dash_m_ladle_runs_the_cli():
+    import subprocess
+    import sys
+
+    result = subprocess.run(
+        [sys.executable, "-m", "ladle", "bench", "--help"], capture_output=True, text=True
+    )
+    assert result.returncode == 0
+    assert "throughput" in result.stdout and "latency" in result.stdout
