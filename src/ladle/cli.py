@@ -71,8 +71,10 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=_run_generate)
     bench = subparsers.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    from ladle.bench.engine_bench import add_bench_parsers
     from ladle.bench.serve import add_parser as add_bench_serve_parser
 
+    add_bench_parsers(bench_commands)
     add_bench_serve_parser(bench_commands)
     try:
         from ladle.entrypoints.openai.cli_serve import add_serve_parser

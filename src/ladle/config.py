@@ -105,6 +105,10 @@ class ModelConfig:
         default=None,
         metadata={"help": "folder for downloaded Hub models (default: the Hugging Face cache)"},
     )
+    enforce_eager: bool = field(
+        default=False,
+        metadata={"help": "run every step eagerly: no CUDA graphs of decode steps (CUDA only)"},
+    )
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:

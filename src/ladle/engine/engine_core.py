@@ -23,6 +23,7 @@ from ladle.engine.messages import (
     SchedulerStats,
 )
 from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
+from ladle.engine.warmup import warm_up
 from ladle.worker.model_runner import ModelRunner
 
 
@@ -59,6 +60,16 @@ class EngineCore:
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
         self.step_meter = StepMeter()
+        if self.runner.device.type == "cuda":
+            # Compile every kernel variant now, through the real step, not under a first user.
+            started = time.perf_counter()
+            num_steps = warm_up(self)
+            if print_budget:
+                print(
+                    f"[ladle] warm-up: {num_steps} steps in {time.perf_counter() - started:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     # ----- requests ------------------------------------------------------------------------
 
