@@ -51,7 +51,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds in-flight requests get to finish on SIGTERM")
     server.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
-    server.add_argument("--access-log", action="store_true", help="log every request")
+    server.add_argument("--access-log", action="store_true", help="uvicorn's access log too")
+    server.add_argument("--disable-log-requests", action="store_true",
+                        help="no log line per finished request (method, route, status, "
+                        "tokens in/out, latency)")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -61,6 +64,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.config import EngineConfig
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
+    from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
 
@@ -88,7 +92,10 @@ def run_serve(args: argparse.Namespace) -> int:
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
+        log_requests=not args.disable_log_requests,
     )
+    if settings.log_requests:
+        enable_request_logging()
     app = build_app(client, settings)
     config = uvicorn.Config(
         app,
