@@ -20,8 +20,12 @@ EXIT_BAD_PROMPT = 2  # ladle.cli.EXIT_BAD_OPTION
 
 
 def run_generate(
-    llm, prompts: list[str], params: SamplingParams, chat: bool,
-    out: TextIO | None = None, err: TextIO | None = None,
+    llm,
+    prompts: list[str],
+    params: SamplingParams,
+    chat: bool,
+    out: TextIO | None = None,
+    err: TextIO | None = None,
 ) -> int:
     """Stream the batch's text to `out` in prompt order; timing lines go to `err`."""
     out = out or sys.stdout
