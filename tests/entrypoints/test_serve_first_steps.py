@@ -66,8 +66,12 @@ def test_an_image_part_is_a_clear_400(client):
 def test_top_logprobs_out_of_range_names_top_logprobs(client, top_logprobs):
     response = client.post(
         CHAT_PATH,
-        json={"messages": [{"role": "user", "content": "hi"}], "max_tokens": 2,
-              "logprobs": True, "top_logprobs": top_logprobs},
+        json={
+            "messages": [{"role": "user", "content": "hi"}],
+            "max_tokens": 2,
+            "logprobs": True,
+            "top_logprobs": top_logprobs,
+        },
     )
     assert response.status_code == 400, response.text
     error = response.json()["error"]
@@ -78,8 +82,12 @@ def test_top_logprobs_out_of_range_names_top_logprobs(client, top_logprobs):
 def test_null_max_tokens_on_completions_is_the_default_16(client):
     response = client.post(
         COMPLETIONS_PATH,
-        json={"prompt": "Once upon a time", "max_tokens": None, "ignore_eos": True,
-              "temperature": 0},
+        json={
+            "prompt": "Once upon a time",
+            "max_tokens": None,
+            "ignore_eos": True,
+            "temperature": 0,
+        },
     )
     assert response.status_code == 200, response.text
     assert response.json()["usage"]["completion_tokens"] == 16
@@ -95,9 +103,16 @@ def test_one_log_line_per_finished_request(tiny_server, client):
     expected = "POST /v1/completions 200 in=5 out=14 "
     assert wait_until(lambda: expected in tiny_server.log(), timeout_s=10), tiny_server.log()
     # Streamed: logged once the stream ends, with its tokens.
-    with client.stream("POST", COMPLETIONS_PATH, json={
-        "prompt": [11, 12, 13], "max_tokens": 5, "ignore_eos": True, "stream": True,
-    }) as stream:
+    with client.stream(
+        "POST",
+        COMPLETIONS_PATH,
+        json={
+            "prompt": [11, 12, 13],
+            "max_tokens": 5,
+            "ignore_eos": True,
+            "stream": True,
+        },
+    ) as stream:
         assert stream.status_code == 200
         stream.read()
     expected = "POST /v1/completions 200 in=3 out=5 "

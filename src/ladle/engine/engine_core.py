@@ -22,6 +22,7 @@ from ladle.engine.messages import (
     RequestRejectedError,
     SchedulerStats,
 )
+from ladle.threads import ThreadGovernor
 from ladle.worker.model_runner import ModelRunner
 
 
@@ -57,6 +58,8 @@ class EngineCore:
         )
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
+        # On the CPU, torch's thread team follows the cores other programs leave free.
+        self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
 
     # ----- requests ------------------------------------------------------------------------
 
@@ -121,6 +124,8 @@ class EngineCore:
     # ----- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
+        if self.thread_governor is not None:
+            self.thread_governor.maybe_adjust()
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled_requests:
             return []

@@ -21,6 +21,7 @@ class GenerationProgress:
         self.num_prompts = num_prompts
         self.num_finished_prompts = 0
         self.num_generated_tokens = 0
+        self.max_total_tokens = max_total_tokens  # shrinks as requests end early
         self._started = time.perf_counter()
         self._bar = tqdm(
             total=max_total_tokens,
@@ -40,8 +41,11 @@ class GenerationProgress:
     def finish_prompt(self, num_unused_tokens: int) -> None:
         """A prompt ended; num_unused_tokens of its budget will never be generated."""
         self.num_finished_prompts += 1
-        if num_unused_tokens > 0 and self._bar.total is not None:
-            self._bar.total = max(self._bar.n, self._bar.total - num_unused_tokens)
+        if num_unused_tokens > 0:
+            self.max_total_tokens = max(
+                self.num_generated_tokens, self.max_total_tokens - num_unused_tokens
+            )
+            self._bar.total = self.max_total_tokens
         self._show_postfix()
 
     def _show_postfix(self) -> None:

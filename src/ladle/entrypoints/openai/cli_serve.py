@@ -67,11 +67,13 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
+    from ladle.threads import configure_api_process_threads
 
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    configure_api_process_threads()  # the engine process has the cores' worth of threads
     options = engine_options_from_args(args)
     if args.tokenizer:
         options["tokenizer"] = args.tokenizer
