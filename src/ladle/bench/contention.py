@@ -145,16 +145,8 @@ def ladle_server(model_args: list[str]) -> Iterator[str]:
     """`ladle serve` on a free loopback port; yields its base URL."""
     import httpx
 
-    command = [
-        sys.executable,
-        "-m",
-        "ladle.cli",
-        "serve",
-        *model_args,
-        "--port",
-        "0",
-        "--disable-log-requests",
-    ]
+    # Its per-request log lines go to a pipe drained below.
+    command = [sys.executable, "-m", "ladle.cli", "serve", *model_args, "--port", "0"]
     process = subprocess.Popen(
         command,
         stdout=subprocess.PIPE,
