@@ -33,7 +33,8 @@ class LLM:
 
     LLM() runs the embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF); LLM(model=path)
     a Hugging Face folder or a .gguf file; LLM(model='qwen3-0.6b', load_format='dummy') random
-    weights of a named shape. Engine options (dtype, block_size, max_num_batched_tokens,
+    weights of a named shape, with the default model's tokenizer unless tokenizer= names one.
+    Engine options (dtype, block_size, max_num_batched_tokens,
     max_num_seqs, gpu_memory_utilization, max_model_len, num_kv_blocks, ...) go as keywords.
     """
 
