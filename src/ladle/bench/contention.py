@@ -40,10 +40,20 @@ SPIN_CODE = "while True: pass"
 
 
 @contextlib.contextmanager
-def busy_processes(count: int) -> Iterator[list[subprocess.Popen]]:
-    """`count` processes that each keep one core busy until the block ends."""
+def busy_processes(count: int, own_sessions: bool = True) -> Iterator[list[subprocess.Popen]]:
+    """`count` processes that each keep one core busy until the block ends.
+
+    own_sessions: start each in a session of its own, as a browser or an editor runs. Linux's
+    autogroup scheduling (on by default on desktops) shares the CPU between sessions first, so
+    a busy process started in the benchmark's own session would take its time from ladle's
+    share alone instead of competing with it as another program does.
+    """
     processes = [
-        subprocess.Popen([sys.executable, "-c", SPIN_CODE], stdin=subprocess.DEVNULL)
+        subprocess.Popen(
+            [sys.executable, "-c", SPIN_CODE],
+            stdin=subprocess.DEVNULL,
+            start_new_session=own_sessions,
+        )
         for _ in range(count)
     ]
     try:
@@ -179,7 +189,9 @@ def ladle_server(model_args: list[str]) -> Iterator[str]:
 # ----- the measurement loop -----------------------------------------------------------------
 
 
-def measure(run: Callable, num_busy: int, num_runs: int, label: str) -> dict:
+def measure(
+    run: Callable, num_busy: int, num_runs: int, label: str, own_sessions: bool = True
+) -> dict:
     """Alternate quiet and contended runs (after one warm-up run); medians and their ratio."""
     run()  # warm-up: first-call costs (allocations, lazy imports) are not throughput
     quiet: list[float] = []
@@ -188,7 +200,7 @@ def measure(run: Callable, num_busy: int, num_runs: int, label: str) -> dict:
         # Alternate which condition goes first, so a drift in the background hits both.
         order = (0, num_busy) if index % 2 == 0 else (num_busy, 0)
         for count in order:
-            with busy_processes(count):
+            with busy_processes(count, own_sessions):
                 seconds, tokens = run()
             (contended if count else quiet).append(tokens / seconds)
             print(
@@ -201,6 +213,7 @@ def measure(run: Callable, num_busy: int, num_runs: int, label: str) -> dict:
     return {
         "case": label,
         "num_busy": num_busy,
+        "busy_in_own_sessions": own_sessions,
         "quiet_tok_s": quiet,
         "contended_tok_s": contended,
         "quiet_median": quiet_median,
@@ -214,6 +227,12 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--model", default=None, help="default: the embedded default model")
     parser.add_argument("--load-format", default="auto")
     parser.add_argument("--busy", type=int, default=2, help="busy processes beside the engine")
+    parser.add_argument(
+        "--busy-in-this-session",
+        action="store_true",
+        help="start the busy processes in the benchmark's own session (by default each gets "
+        "its own, as another program has; see busy_processes)",
+    )
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--output-len", type=int, default=64)
@@ -228,6 +247,7 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
 
 def main(argv: list[str] | None = None) -> list[dict]:
     args = parse_args(argv)
+    own_sessions = not args.busy_in_this_session
     model = args.model
     if model is None and args.load_format != "dummy":
         from ladle.model.default_model import resolve_default_model
@@ -250,7 +270,7 @@ def main(argv: list[str] | None = None) -> list[dict]:
         llm = LLM(model, **engine_options)
         for batch in batches["offline"]:
             run = offline_case(llm, batch, args.prompt_len, args.output_len, args.seed)
-            results.append(measure(run, args.busy, args.runs, f"offline-{batch}"))
+            results.append(measure(run, args.busy, args.runs, f"offline-{batch}", own_sessions))
         del llm
     if batches["serve"]:
         model_args = [model] if model else []
@@ -263,12 +283,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
         with ladle_server(model_args) as base_url:
             for batch in batches["serve"]:
                 run = serve_case(base_url, batch, args.prompt_len, args.output_len, args.seed)
-                results.append(measure(run, args.busy, args.runs, f"serve-{batch}"))
+                results.append(measure(run, args.busy, args.runs, f"serve-{batch}", own_sessions))
     for batch in batches["llamacpp"]:
         if batch != 1:
             raise SystemExit("llamacpp cases run one prompt at a time: llamacpp-1")
         run = llamacpp_case(model, args.prompt_len, args.output_len, args.seed)
-        results.append(measure(run, args.busy, args.runs, "llamacpp-1"))
+        results.append(measure(run, args.busy, args.runs, "llamacpp-1", own_sessions))
     print(f"\n{'case':12s} {'quiet tok/s':>12s} {'busy tok/s':>12s} {'kept':>6s}")
     for result in results:
         print(
