@@ -26,8 +26,13 @@ run: venv
 chat: venv
 	$(BIN)/ladle chat --prompt "$(PROMPT)"
 
+# Tests marked `slow` (more than ~10 s alone on a quiet 2-core machine, fixture included, or a
+# server/model of their own beyond the session's shared ones) run only in CI, where .ci/run sets
+# CI=true; `make test CI=true` runs them locally too. -rs prints every skip's reason.
+PYTEST_SELECT := $(if $(filter true 1 yes,$(CI)),,-m "not slow")
+
 test: venv
-	$(BIN)/python -m pytest -q -x --timeout=900 tests
+	$(BIN)/python -m pytest -q -x -rs --timeout=900 $(PYTEST_SELECT) tests
 
 clean:
 	rm -rf $(VENV)

@@ -1,6 +1,12 @@
 """ladle: an LLM inference serving engine (paged KV cache, continuous batching, prefix caching)."""
 
-from ladle.sampling_params import SamplingParams
+from ladle.threads import prefer_passive_waiting
+
+# Before torch loads (ladle imports it lazily): OpenMP threads that wait must not spin on a
+# shared CPU (ladle/threads.py says why). The engine-core process inherits the setting.
+prefer_passive_waiting()
+
+from ladle.sampling_params import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [

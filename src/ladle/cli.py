@@ -7,6 +7,11 @@ import sys
 
 from ladle.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
 
+# One status per kind of failure, the same from every subcommand.
+EXIT_MODEL_LOAD_FAILED = 1
+EXIT_BAD_OPTION = 2
+
+
 # Engine flags are generated from the config dataclasses; re-exported here for the subcommands.
 __all__ = ["add_engine_arguments", "build_parser", "engine_options_from_args", "main"]
 
@@ -20,6 +25,7 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
+    from ladle.entrypoints.cli_generate import run_generate
     from ladle.entrypoints.llm import LLM
     from ladle.sampling_params import SamplingParams
 
@@ -30,27 +36,18 @@ def _run_generate(args: argparse.Namespace) -> int:
         top_k=args.top_k,
         seed=args.sampling_seed,
     )
-    llm = LLM(args.model, **engine_options_from_args(args))
-    if args.command == "chat" or args.chat:
-        outputs = llm.chat(
-            [[{"role": "user", "content": p}] for p in args.prompt], params, use_tqdm=False
-        )
-    else:
-        outputs = llm.generate(args.prompt, params, use_tqdm=False)
-    for output in outputs:
-        completion = output.outputs[0]
-        print(completion.text)
-        metrics = output.metrics
-        print(
-            f"[{completion.finish_reason}; {len(completion.token_ids)} tokens; "
-            f"ttft {metrics.time_to_first_token:.3f}s; decode {metrics.decode_time:.3f}s]",
-            file=sys.stderr,
-        )
-    return 0
+    options = engine_options_from_args(args)
+    if args.tokenizer:
+        options["tokenizer"] = args.tokenizer
+    llm = LLM(args.model, **options)
+    return run_generate(llm, args.prompt, params, chat=args.command == "chat" or args.chat)
 
 
 def build_parser() -> argparse.ArgumentParser:
+    import ladle
+
     parser = argparse.ArgumentParser(prog="ladle", description="ladle: an LLM inference engine")
+    parser.add_argument("--version", action="version", version=f"ladle {ladle.__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
     for name, help_text in (
         ("generate", "complete prompts offline and print the text"),
@@ -66,6 +63,12 @@ def build_parser() -> argparse.ArgumentParser:
         sub.add_argument("--model", dest="model_option", default=None)
         sub.add_argument("--prompt", action="append", required=True, help="repeat for a batch")
         sub.add_argument("--chat", action="store_true", help="apply the chat template")
+        sub.add_argument(
+            "--tokenizer",
+            default=None,
+            help="tokenizer folder, hub id or .gguf file, if not the model's (random weights "
+            "of a preset use the default model's)",
+        )
         _add_sampling_arguments(sub)
         add_engine_arguments(sub)
         sub.set_defaults(handler=_run_generate)
@@ -116,7 +119,17 @@ def main(argv: list[str] | None = None) -> int:
         return args.handler(args)
     except ValueError as error:
         print(f"ladle: error: {error}", file=sys.stderr)
-        return 2
+        return exit_status_of(error)
+
+
+def exit_status_of(error: ValueError) -> int:
+    """EXIT_MODEL_LOAD_FAILED for a model that cannot be loaded (every command, serve included),
+    EXIT_BAD_OPTION (argparse's usage status) for any other bad option."""
+    from ladle.model.arch_config import UnsupportedModelError
+    from ladle.model.loader.errors import ModelLoadError
+
+    cannot_load = isinstance(error, (ModelLoadError, UnsupportedModelError))
+    return EXIT_MODEL_LOAD_FAILED if cannot_load else EXIT_BAD_OPTION
 
 
 if __name__ == "__main__":

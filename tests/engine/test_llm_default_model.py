@@ -28,6 +28,7 @@ def test_chat_answers_paris_and_stops_at_end_of_turn(default_llm):
     assert 0 <= metrics.queue_time <= metrics.time_to_first_token <= metrics.e2e_latency
 
 
+@pytest.mark.slow  # ~20 s of default-model decoding
 def test_generate_text_prompt_streams_consistent_text(default_llm):
     tokenizer = default_llm.tokenizer
     outputs = default_llm.generate(

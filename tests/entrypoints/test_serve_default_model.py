@@ -4,10 +4,12 @@ chat request through the official client."""
 from __future__ import annotations
 
 import openai
+import pytest
 
 from tests.entrypoints.server_process import ServerProcess
 
 
+@pytest.mark.slow  # its own server on the default model, ~50 s
 def test_serve_default_model_answers_chat():
     # A fresh machine fetches the model (~93 MB) first, hence the generous start-up bound.
     server = ServerProcess(["--max-num-seqs", "8"]).start(timeout_s=900)

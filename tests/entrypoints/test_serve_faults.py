@@ -44,6 +44,7 @@ def exited_cleanly(server: ServerProcess) -> bool:
     return server.process.returncode in (0, -signal.SIGTERM)
 
 
+@pytest.mark.slow  # kills its own server, 15-25 s
 def test_engine_death_fails_in_flight_requests_and_health(long_model_path):
     server = start_server(long_model_path)
     try:
@@ -89,6 +90,7 @@ def test_engine_death_fails_in_flight_requests_and_health(long_model_path):
     assert exited_cleanly(server), server.log()
 
 
+@pytest.mark.slow  # kills its own server, 15-25 s
 def test_api_death_stops_the_engine(tiny_model_path):
     server = start_server(tiny_model_path("llama"))
     engine_pid = server.engine_pid
@@ -100,6 +102,7 @@ def test_api_death_stops_the_engine(tiny_model_path):
     )
 
 
+@pytest.mark.slow  # kills its own server, 15-25 s
 def test_sigterm_drains_then_exits_within_the_bound(long_model_path):
     server = start_server(long_model_path, "--shutdown-timeout", "3")
     engine_pid = server.engine_pid

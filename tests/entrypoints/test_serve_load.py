@@ -9,6 +9,7 @@ import random
 import time
 
 import openai
+import pytest
 
 from ladle import SamplingParams
 from tests.entrypoints.conftest import API_KEY, SERVED_NAME
@@ -85,6 +86,7 @@ async def run_load(base_url: str, workload) -> list[tuple[int, str, str | None]]
     return results
 
 
+@pytest.mark.slow  # ~75 s of load
 def test_load_500_requests_64_clients(tiny_server, offline_llm):
     workload = make_workload()
     expected = offline_texts(offline_llm, workload)

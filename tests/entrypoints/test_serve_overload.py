@@ -45,6 +45,7 @@ async def flood(base_url: str) -> list[httpx.Response]:
         ))
 
 
+@pytest.mark.slow  # its own small server, ~25 s
 def test_flood_gets_429_and_accepted_requests_complete(small_server):
     responses = asyncio.run(flood(small_server.base_url))
     accepted = [r for r in responses if r.status_code == 200]
@@ -115,6 +116,7 @@ def read_metrics_at(base_url: str) -> dict[str, float]:
     return parse_metrics(httpx.get(f"{base_url}/metrics").text)
 
 
+@pytest.mark.slow  # its own small server, ~25 s
 @pytest.mark.parametrize("stream", [True, False], ids=["streaming", "non-streaming"])
 def test_client_leaving_while_queued_is_aborted(small_server, stream):
     metrics = asyncio.run(leave_while_queued(small_server.base_url, stream))

@@ -40,6 +40,7 @@ def hf_model(gguf_path: Path):
     return model.eval()
 
 
+@pytest.mark.slow  # the HF reference model takes ~45 s to load
 def test_arch_config_matches_hf(gguf_path: Path, reader, hf_model) -> None:
     config = read_gguf_arch_config(gguf_path, reader)
     hf = hf_model.config
@@ -61,6 +62,7 @@ def test_arch_config_matches_hf(gguf_path: Path, reader, hf_model) -> None:
     assert config.eos_token_ids == (2,)  # <|im_end|>
 
 
+@pytest.mark.slow  # the HF reference model takes ~45 s to load
 def test_weights_match_hf_dequantization(gguf_path: Path, reader, hf_model) -> None:
     hf_state = hf_model.state_dict()
     seen = set()
@@ -74,6 +76,7 @@ def test_weights_match_hf_dequantization(gguf_path: Path, reader, hf_model) -> N
     assert set(hf_state) - seen == {"lm_head.weight"}
 
 
+@pytest.mark.slow  # the HF reference model takes ~45 s to load
 def test_logits_match_hf(gguf_path: Path, reader, hf_model) -> None:
     from ladle.attention.torch_backend import TorchAttentionBackend
     from ladle.engine.tokenizer import load_tokenizer

@@ -128,6 +128,8 @@ class RequestStream:
         self._client = client
         self._buffer = buffer
         self.finished = False
+        # The latest output (token ids accumulate in it): the per-request log line reads it.
+        self.last_output: RequestOutput | None = None
         self._closed = False
 
     def __aiter__(self) -> RequestStream:
@@ -137,6 +139,7 @@ class RequestStream:
         if self.finished or self._closed:
             raise StopAsyncIteration
         output = await self._buffer.get()
+        self.last_output = output
         if output.finished:
             self.finished = True
         return output
@@ -231,12 +234,19 @@ class AsyncEngineClient:
         self.info = EngineInfo(
             max_model_len=ready.max_model_len,
             memory_budget=ready.memory_budget,
-            vocab_size=self.tokenizer.vocab_size if self.tokenizer else ready.arch.vocab_size,
+            vocab_size=self._vocab_size(ready.arch),
         )
         loop = asyncio.get_running_loop()
         # The process sentinel becomes readable the moment the process ends, however it ends.
         loop.add_reader(self._process.sentinel, self._on_engine_exit)
         self._reader_task = asyncio.create_task(self._read_outputs(), name="ladle-engine-reader")
+
+    def _vocab_size(self, arch) -> int:
+        """The ids a token-id prompt may hold: the tokenizer's, except on random weights,
+        whose borrowed tokenizer knows fewer ids than the preset's model takes."""
+        if self.tokenizer is None or self.engine_options.get("load_format") == "dummy":
+            return arch.vocab_size
+        return self.tokenizer.vocab_size
 
     async def _wait_for_ready(self) -> wire.EngineReady:
         deadline = time.monotonic() + self.startup_timeout_s

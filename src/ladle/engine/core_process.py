@@ -88,6 +88,7 @@ def _start(
     # Imported here: the API process imports this module only to name the spawn target.
     from ladle.config import EngineConfig
     from ladle.engine.engine_core import EngineCore
+    from ladle.engine.tokenizer_source import resolve_tokenizer_source
     from ladle.model.generation_defaults import sampling_defaults_of
 
     options = json.loads(engine_options_json)
@@ -96,7 +97,7 @@ def _start(
     runner = engine.runner
     ready = wire.EngineReady(
         max_model_len=engine.max_model_len,
-        tokenizer_source=config.model.tokenizer or runner.model_path,
+        tokenizer_source=resolve_tokenizer_source(config.model, runner.model_path),
         arch=runner.arch,
         memory_budget=runner.memory_budget.describe(),
         sampling_defaults=sampling_defaults_of(runner.model_path, config.model.generation_config),

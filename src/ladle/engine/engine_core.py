@@ -24,6 +24,7 @@ from ladle.engine.messages import (
 )
 from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
 from ladle.engine.warmup import warm_up
+from ladle.threads import ThreadGovernor
 from ladle.worker.model_runner import ModelRunner
 
 
@@ -70,6 +71,9 @@ class EngineCore:
                     file=sys.stderr,
                     flush=True,
                 )
+
+        # On the CPU, torch's thread team follows the cores other programs leave free.
+        self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
 
     # ----- requests ------------------------------------------------------------------------
 
@@ -135,6 +139,9 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         started = time.perf_counter()
+
+        if self.thread_governor is not None:
+            self.thread_governor.maybe_adjust()
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled_requests:
             return []

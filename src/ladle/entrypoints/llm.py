@@ -4,14 +4,14 @@ from __future__ import annotations
 
 import itertools
 import time
-from collections.abc import Sequence
-
-from tqdm.auto import tqdm
+from collections.abc import Iterator, Sequence
 
 from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
+from ladle.engine.tokenizer_source import resolve_tokenizer_source
+from ladle.entrypoints.progress import GenerationProgress
 from ladle.entrypoints.prompt_inputs import PromptType, as_prompt_list, split_prompt
 from ladle.entrypoints.vllm_outputs import finish_offline_output
 from ladle.model.generation_defaults import sampling_defaults_of
@@ -36,7 +36,8 @@ class LLM:
 
     LLM() runs the embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF); LLM(model=path)
     a Hugging Face folder or a .gguf file; LLM(model='qwen3-0.6b', load_format='dummy') random
-    weights of a named shape. Engine options (dtype, block_size, max_num_batched_tokens,
+    weights of a named shape, with the default model's tokenizer unless tokenizer= names one.
+    Engine options (dtype, block_size, max_num_batched_tokens,
     max_num_seqs, gpu_memory_utilization, max_model_len, num_kv_blocks, ...) go as keywords.
     """
 
@@ -57,12 +58,15 @@ class LLM:
         self.sampling_defaults = sampling_defaults_of(
             self.engine.runner.model_path, self.config.model.generation_config
         )
+
+        # stream() decodes text at every step; generate() only once per finished sample.
+        self._stream_processor = OutputProcessor(self.tokenizer, eos_token_ids, stream_text=True)
         self._request_counter = itertools.count()
 
     def _load_tokenizer(self) -> TextTokenizer | None:
-        source = self.config.model.tokenizer or self.engine.runner.model_path
+        source = resolve_tokenizer_source(self.config.model, self.engine.runner.model_path)
         if source is None:
-            return None  # dummy weights of a preset: token ids in, token ids out
+            return None
         return load_tokenizer(source, self.engine.runner.arch)
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -110,6 +114,60 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate replies to conversations (one list of {'role', 'content'} dicts each),
         formatted by the tokenizer's chat template."""
+        encoded = self._encode_conversations(
+            messages, add_generation_prompt, chat_template_kwargs
+        )
+        return self._run(encoded, sampling_params, use_tqdm, None, raise_on_error)
+
+    def stream(
+        self,
+        prompts: PromptInput | Sequence[PromptInput],
+        sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
+        chat: bool = False,
+    ) -> Iterator[tuple[int, RequestOutput]]:
+        """Run prompts (conversations when chat=True) as one batch, yielding
+        (prompt index, RequestOutput) whenever a request's output grows: after each engine
+        step, with that step's text in `.outputs[i].text_delta`. A prompt that cannot run
+        comes once, finished, with `.error` set. Closing the iterator early (or Ctrl-C) aborts
+        the requests still running."""
+        if chat:
+            encoded = self._encode_conversations(prompts, True, None)
+        else:
+            encoded = [self._encode_prompt(prompt) for prompt in as_prompt_list(prompts)]
+        params_list = _broadcast_params(sampling_params, len(encoded))
+        index_of: dict[str, int] = {}
+        for index, ((text, token_ids, error), params) in enumerate(zip(encoded, params_list)):
+            request_id = str(next(self._request_counter))
+            arrival = time.monotonic()
+            if error is None:
+                error = self._submit(
+                    request_id, text, token_ids, params, arrival, 0, self._stream_processor
+                )
+            if error is not None:
+                yield index, _error_output(request_id, text, token_ids, params, arrival, error)
+            else:
+                index_of[request_id] = index
+        running = set(index_of)
+        try:
+            while running and self.engine.has_unfinished_requests():
+                core_outputs = self.engine.step()
+                request_outputs, to_abort = self._stream_processor.process_outputs(core_outputs)
+                if to_abort:
+                    self.engine.abort_requests(to_abort)
+                for output in request_outputs:
+                    if output.finished:
+                        running.discard(output.request_id)
+                    yield index_of[output.request_id], output
+        finally:
+            for request_id in running:
+                self.engine.abort_requests(self._stream_processor.abort_request(request_id))
+
+    def _encode_conversations(
+        self,
+        messages: list[dict] | Sequence[list[dict]],
+        add_generation_prompt: bool,
+        chat_template_kwargs: dict | None,
+    ) -> list[tuple[str | None, list[int] | None, str | None]]:
         if self.tokenizer is None:
             raise ValueError("chat needs a tokenizer; this model was loaded without one")
         if isinstance(messages, list) and messages and isinstance(messages[0], dict):
@@ -127,7 +185,7 @@ class LLM:
                 encoded.append((None, token_ids, None))
             except ValueError as error:
                 encoded.append((None, None, str(error)))
-        return self._run(encoded, sampling_params, use_tqdm, None, raise_on_error)
+        return encoded
 
     # ----- internals -----------------------------------------------------------------------
 
@@ -182,12 +240,19 @@ class LLM:
                     request_id, text, token_ids, params, arrival, error
                 )
 
-        progress = tqdm(
-            total=len(order), desc="Processed prompts", disable=not use_tqdm, dynamic_ncols=True
+        # The most each request can generate: the bar's total shrinks as requests end early.
+        max_tokens_of = {
+            request_id: self._token_budget(params, token_ids)
+            for request_id, (_, token_ids, _), params in zip(order, encoded, params_list)
+            if request_id not in results
+        }
+        progress = GenerationProgress(
+            len(order), sum(max_tokens_of.values()), enabled=use_tqdm
         )
-        progress.update(len(results))
+        for _ in results:
+            progress.finish_prompt(0)
         try:
-            self._drive(results, progress)
+            self._drive(results, progress, max_tokens_of)
         except BaseException:
             # Ctrl-C or a bug: leave no request of this call behind to run inside the next one.
             for request_id in order:
@@ -209,23 +274,30 @@ class LLM:
             raise RequestErrors("; ".join(errors), outputs)
         return outputs
 
-    def _drive(self, results: dict[str, RequestOutput], progress: tqdm) -> None:
+    def _drive(
+        self,
+        results: dict[str, RequestOutput],
+        progress: GenerationProgress,
+        max_tokens_of: dict[str, int],
+    ) -> None:
         """Step the engine until every submitted request has finished."""
-        num_generated = 0
-        started = time.perf_counter()
         while self.engine.has_unfinished_requests():
             core_outputs = self.engine.step()
             request_outputs, to_abort = self.output_processor.process_outputs(core_outputs)
             if to_abort:
                 self.engine.abort_requests(to_abort)
             for output in request_outputs:
-                num_generated += sum(len(c.token_ids_delta) for c in output.outputs)
+                progress.add_tokens(sum(len(c.token_ids_delta) for c in output.outputs))
                 if output.finished:
                     results[output.request_id] = output
-                    progress.update(1)
-            elapsed = time.perf_counter() - started
-            if elapsed > 0:
-                progress.set_postfix_str(f"{num_generated / elapsed:.1f} tok/s", refresh=False)
+                    num_generated = sum(len(c.token_ids) for c in output.outputs)
+                    progress.finish_prompt(max_tokens_of[output.request_id] - num_generated)
+            progress.step_done()
+
+    def _token_budget(self, params: SamplingParams, token_ids: list[int] | None) -> int:
+        room = self.engine.max_model_len - len(token_ids or [])
+        max_tokens = room if params.max_tokens is None else min(params.max_tokens, room)
+        return max(max_tokens, 0) * params.n
 
     def _decode_token(self, token_id: int) -> str:
         return self.tokenizer.decode([token_id], skip_special_tokens=False)
@@ -238,11 +310,13 @@ class LLM:
         params: SamplingParams,
         arrival: float,
         priority: int,
+        processor: OutputProcessor | None = None,
     ) -> str | None:
         """Queue one request (and its n samples); returns the reason if it cannot run."""
+        processor = processor or self.output_processor
         added = []
         try:
-            core_requests = self.output_processor.add_request(
+            core_requests = processor.add_request(
                 request_id, text, token_ids, params, arrival, priority
             )
             for core_request in core_requests:
@@ -250,7 +324,7 @@ class LLM:
                 added.append(core_request.request_id)
         except ValueError as error:
             self.engine.abort_requests(added)
-            self.output_processor.abort_request(request_id)
+            processor.abort_request(request_id)
             return str(error)
         return None
 

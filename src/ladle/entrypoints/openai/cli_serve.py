@@ -56,9 +56,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="seconds in-flight requests get to finish on SIGTERM")
     server.add_argument("--uvicorn-log-level", "--log-level", dest="log_level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
-    server.add_argument("--access-log", action="store_true", help="log every request")
     server.add_argument("--allow-unknown-fields", action="store_true",
                         help="accept request fields neither OpenAI nor vLLM defines (default: 400)")
+
+    server.add_argument("--access-log", action="store_true", help="uvicorn's access log too")
+    server.add_argument("--disable-log-requests", action="store_true",
+                        help="no log line per finished request (method, route, status, "
+                        "tokens in/out, latency)")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -69,13 +73,16 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
     from ladle.entrypoints.openai.live_stats import LiveStatsLogger
+    from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
+    from ladle.threads import configure_api_process_threads
 
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    configure_api_process_threads()  # the engine process has the cores' worth of threads
     options = engine_options_from_args(args)
     if args.tokenizer:
         options["tokenizer"] = args.tokenizer
@@ -103,7 +110,10 @@ def run_serve(args: argparse.Namespace) -> int:
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
         allow_unknown_fields=args.allow_unknown_fields,
+        log_requests=not args.disable_log_requests,
     )
+    if settings.log_requests:
+        enable_request_logging()
     app = build_app(client, settings, on_refusal=live_stats.record_refusal)
     config = uvicorn.Config(
         app,

@@ -26,6 +26,7 @@ from pydantic import (
     StrictInt,
     StrictStr,
     model_serializer,
+    model_validator,
 )
 
 # A JSON number: pydantic's strict float already takes JSON integers; this just says so.
@@ -34,6 +35,9 @@ Number = StrictFloat | StrictInt
 Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
+
+# /v1/completions' max_tokens when a request gives none (or null), as OpenAI does.
+DEFAULT_MAX_TOKENS = 16
 
 
 class _Strict(BaseModel):
@@ -77,30 +81,47 @@ class CompletionRequest(_SamplingFields):
     of token-id lists (one choice group per prompt)."""
 
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = 16
+    max_tokens: StrictInt | None = DEFAULT_MAX_TOKENS  # null means the default too
     logprobs: StrictInt | None = None
     echo: StrictBool = False
     best_of: StrictInt | None = None
     suffix: StrictStr | None = None
 
 
-class TextContentPart(_Strict):
-    type: Literal["text"]
-    text: StrictStr
+class ContentPart(_Strict):
+    """A part of a message's content. Any type parses (so an image part gets a clear "not
+    supported" rather than a schema error); only 'text' parts can be served."""
+
+    type: StrictStr
+    text: StrictStr | None = None
+
+    @model_validator(mode="after")
+    def _text_parts_have_text(self) -> ContentPart:
+        if self.type == "text" and self.text is None:
+            raise ValueError("a content part of type 'text' needs a 'text' field")
+        return self
 
 
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
-    content: StrictStr | list[TextContentPart] | None = None
+    content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
     tool_call_id: StrictStr | None = None
+
+    def first_non_text_part(self) -> tuple[int, str] | None:
+        """(index, type) of the first content part that is not text, if any."""
+        if isinstance(self.content, list):
+            for index, part in enumerate(self.content):
+                if part.type != "text":
+                    return index, part.type
+        return None
 
     def text(self) -> str:
         if self.content is None:
             return ""
         if isinstance(self.content, str):
             return self.content
-        return "".join(part.text for part in self.content)
+        return "".join(part.text or "" for part in self.content)
 
 
 class ResponseFormat(_Strict):

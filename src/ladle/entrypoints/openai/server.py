@@ -2,7 +2,8 @@
 
     POST /v1/completions        serving_completions.py
     POST /v1/chat/completions   serving_chat.py
-    GET  /v1/models
+    GET  /v1/models, /v1/models/{id}
+    GET  /openapi.json, /docs   api_docs.py (behind the API key when one is set)
     GET  /health                200 while the engine process is alive, else 503
     GET  /version
     GET  /metrics               Prometheus (metrics.py)
@@ -26,6 +27,7 @@ from starlette.requests import ClientDisconnect
 
 import ladle
 from ladle.engine.client import AsyncEngineClient
+from ladle.entrypoints.openai.api_docs import add_api_docs
 from ladle.entrypoints.openai.auth import make_api_key_check, read_body
 from ladle.entrypoints.openai.errors import (
     APIError,
@@ -37,6 +39,7 @@ from ladle.entrypoints.openai.errors import (
     error_body,
 )
 from ladle.entrypoints.openai.protocol import ModelCard, ModelList
+from ladle.entrypoints.openai.request_log import RequestLogMiddleware
 from ladle.entrypoints.openai.serving_chat import OpenAIServingChat
 from ladle.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from ladle.entrypoints.openai.streaming import ClientDisconnected
@@ -54,6 +57,8 @@ class ServerSettings:
     api_key: str | None = None
     max_request_bytes: int = 4 * 1024 * 1024
     allow_unknown_fields: bool = False
+
+    log_requests: bool = True  # one line per finished request (request_log.py)
 
 
 @dataclass
@@ -94,15 +99,32 @@ def build_app(
     app = FastAPI(title="ladle", version=ladle.__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app, client, on_refusal)
-    v1 = APIRouter(prefix="/v1", dependencies=[Depends(make_api_key_check(settings.api_key))])
+    if settings.log_requests:
+        app.add_middleware(RequestLogMiddleware)
+    api_key_check = make_api_key_check(settings.api_key)
+    v1 = APIRouter(prefix="/v1", dependencies=[Depends(api_key_check)])
 
-    @v1.get("/models")
-    async def list_models() -> JSONResponse:
-        card = ModelCard(
+    def model_card() -> ModelCard:
+        return ModelCard(
             id=settings.served_model_name,
             max_model_len=client.info.max_model_len if client.info else None,
         )
-        return JSONResponse(ModelList(data=[card]).model_dump())
+
+    @v1.get("/models")
+    async def list_models() -> JSONResponse:
+        return JSONResponse(ModelList(data=[model_card()]).model_dump())
+
+    # `:path`: served names often hold a '/' (org/name), as the openai client sends them.
+    @v1.get("/models/{model_id:path}")
+    async def retrieve_model(model_id: str) -> JSONResponse:
+        if model_id != settings.served_model_name:
+            raise NotFoundError(
+                f"The model `{model_id}` does not exist; this server serves "
+                f"`{settings.served_model_name}`",
+                param="model",
+                code="model_not_found",
+            )
+        return JSONResponse(model_card().model_dump())
 
     @v1.post("/completions")
     async def create_completion(request: Request) -> Response:
@@ -115,6 +137,7 @@ def build_app(
         return await handlers[0].chat.create(body, request)
 
     app.include_router(v1)
+    add_api_docs(app, api_key_check)
 
     @app.get("/health")
     async def health() -> Response:

@@ -25,6 +25,7 @@ from ladle.entrypoints.openai.errors import (
 from ladle.entrypoints.openai.field_policy import check_request_fields
 from ladle.entrypoints.openai.logprobs import TokenTexts
 from ladle.entrypoints.openai.protocol import UsageInfo, parse_request
+from ladle.entrypoints.openai.request_log import record_engine_request
 from ladle.entrypoints.openai.streaming import ClientDisconnected, run_until_disconnect
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import SamplingParams
@@ -106,13 +107,15 @@ class OpenAIServing:
         priority: int,
     ) -> RequestStream:
         try:
-            return self.client.add_request(
+            stream = self.client.add_request(
                 self.client.new_request_id(prefix), prompt, prompt_token_ids, params, priority
             )
         except QueueFullError as error:
             raise self.queue_full(error) from error
         except EngineDeadError as error:
             raise ServiceUnavailableError(str(error), code="engine_unavailable") from error
+        record_engine_request(len(prompt_token_ids), stream)
+        return stream
 
     @staticmethod
     def generation_error(error: Exception) -> APIError:

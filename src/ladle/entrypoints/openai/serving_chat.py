@@ -30,6 +30,7 @@ from ladle.entrypoints.openai.streaming import (
     sse_event,
 )
 from ladle.outputs import RequestOutput
+from ladle.sampling_params import MAX_LOGPROBS
 
 # Template keywords a request may not override: they are the template call's own arguments.
 RESERVED_TEMPLATE_KWARGS = frozenset(
@@ -74,6 +75,11 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def _check_unsupported(request: ChatCompletionRequest) -> None:
+        if request.top_logprobs is not None and not 0 <= request.top_logprobs <= MAX_LOGPROBS:
+            raise BadRequestError(
+                f"top_logprobs must be in [0, {MAX_LOGPROBS}], got {request.top_logprobs}",
+                param="top_logprobs",
+            )
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
         if request.response_format is not None and request.response_format.type != "text":
@@ -97,7 +103,15 @@ class OpenAIServingChat(OpenAIServing):
                 param="chat_template_kwargs",
             )
         messages = []
-        for message in request.messages:
+        for message_index, message in enumerate(request.messages):
+            if (unsupported := message.first_non_text_part()) is not None:
+                part_index, part_type = unsupported
+                raise BadRequestError(
+                    f"non-text content parts are not supported (messages[{message_index}]"
+                    f".content[{part_index}] has type {part_type!r}); this server serves "
+                    "text-only models",
+                    param=f"messages.{message_index}.content.{part_index}.type",
+                )
             entry = {"role": message.role, "content": message.text()}
             if message.name is not None:
                 entry["name"] = message.name

@@ -17,6 +17,7 @@ from ladle.engine.client import RequestStream
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import completion_logprobs
 from ladle.entrypoints.openai.protocol import (
+    DEFAULT_MAX_TOKENS,
     CompletionChoice,
     CompletionChunk,
     CompletionRequest,
@@ -118,9 +119,9 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _params(self, request: CompletionRequest, token_ids: list[int]) -> SamplingParams:
         info = self.client.info
-        max_tokens = resolve_max_tokens(
-            request.max_tokens, len(token_ids), info.max_model_len, "prompt"
-        )
+        # An explicit null is OpenAI's default (16), as an absent field is.
+        requested = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
+        max_tokens = resolve_max_tokens(requested, len(token_ids), info.max_model_len, "prompt")
         return build_sampling_params(
             request,
             max_tokens,

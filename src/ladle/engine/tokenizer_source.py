@@ -1,0 +1,25 @@
+"""Which tokenizer a model runs with: the one named (`tokenizer=` / `--tokenizer`), else the
+model's own, else, for random weights of a preset shape, the default model's.
+
+Random weights have no tokenizer of their own, but a user trying a preset wants text prompts,
+chat and the server to work as they do for a real model; the default model's tokenizer is
+already on disk (or fetched once). Ids the preset's larger vocabulary can sample beyond that
+tokenizer's decode to no text (the detokenizer skips ids it does not know).
+"""
+
+from __future__ import annotations
+
+from ladle.config import ModelConfig
+
+
+def resolve_tokenizer_source(model_config: ModelConfig, model_path: str | None) -> str | None:
+    """The folder, hub id or .gguf file to load the tokenizer from (None: run without one)."""
+    if model_config.tokenizer:
+        return model_config.tokenizer
+    if model_path is not None:
+        return model_path
+    if model_config.load_format == "dummy":
+        from ladle.model.default_model import resolve_default_model
+
+        return str(resolve_default_model())
+    return None
