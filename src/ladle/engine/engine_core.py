@@ -22,6 +22,7 @@ from ladle.engine.messages import (
     RequestRejectedError,
     SchedulerStats,
 )
+from ladle.sampling_limits import check_field, check_top_k
 from ladle.worker.model_runner import ModelRunner
 
 
@@ -65,6 +66,8 @@ class EngineCore:
         prompt = core_request.prompt_token_ids
         params = core_request.sampling_params
         self._validate_prompt(prompt)
+        check_field("priority", core_request.priority)
+        check_top_k(params.top_k, self.vocab_size)
         room = self.max_model_len - len(prompt)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=room)
