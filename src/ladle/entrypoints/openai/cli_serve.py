@@ -49,6 +49,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="larger request bodies get 413")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--no-engine-restart", dest="engine_restart", action="store_false",
+                        help="exit instead of starting a new engine process when one dies")
+    server.add_argument("--max-engine-restarts", type=int, default=3,
+                        help="engine restarts allowed within --engine-restart-window; one more "
+                        "death and the server exits non-zero (for a supervisor to act)")
+    server.add_argument("--engine-restart-window", type=float, default=300.0,
+                        help="seconds over which --max-engine-restarts is counted")
     server.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     server.add_argument("--access-log", action="store_true", help="log every request")
@@ -61,6 +68,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.config import EngineConfig
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
+    from ladle.engine.restart_policy import RestartPolicy
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
 
@@ -83,7 +91,21 @@ def run_serve(args: argparse.Namespace) -> int:
     EngineConfig.from_kwargs(model=model, **options)
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
-    client = AsyncEngineClient({"model": model, **options}, metrics, admission)
+    restart_policy = RestartPolicy(
+        args.engine_restart, args.max_engine_restarts, args.engine_restart_window
+    )
+    fatal_reasons: list[str] = []
+
+    def on_fatal(reason: str) -> None:
+        # The engine is gone for good: stop serving 503s and exit non-zero, so a supervisor
+        # (systemd, Kubernetes) restarts the whole server.
+        fatal_reasons.append(reason)
+        server.should_exit = True
+
+    client = AsyncEngineClient(
+        {"model": model, **options}, metrics, admission, restart_policy=restart_policy,
+        on_fatal=on_fatal,
+    )
     settings = ServerSettings(
         served_model_name=served_name,
         api_key=args.api_key or None,
@@ -114,6 +136,9 @@ def run_serve(args: argparse.Namespace) -> int:
             await server.serve()
         finally:
             await client.shutdown()  # a no-op when the app's lifespan already did it
+        if fatal_reasons:
+            print(f"ladle: error: {fatal_reasons[0]}", file=sys.stderr)
+            return 1
         return 0 if server.started else 1
 
     try:
