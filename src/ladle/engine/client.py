@@ -52,6 +52,10 @@ class EngineDeadError(RuntimeError):
     """The engine-core process is gone (crashed, killed, or shut down)."""
 
 
+class RequestFailedError(RuntimeError):
+    """The engine ended this request with an error (it broke a step); others were unaffected."""
+
+
 class EngineStartError(RuntimeError):
     """The engine-core process could not start (bad model, out of memory, ...)."""
 
@@ -143,6 +147,9 @@ class RequestStream:
         output = await self._buffer.get()
         if output.finished:
             self.finished = True
+            if output.error is not None:
+                # The engine (or output processing) ended this request alone, with a reason.
+                raise RequestFailedError(output.error)
         return output
 
     def close(self) -> None:

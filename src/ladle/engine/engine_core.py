@@ -16,6 +16,7 @@ from ladle.config import EngineConfig
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
+from ladle.engine.fault_isolation import execute_isolating_faults
 from ladle.engine.messages import (
     EngineCoreOutput,
     EngineCoreRequest,
@@ -131,8 +132,13 @@ class EngineCore:
             self.kv_cache_manager.get_block_ids(r.request_id)
             for r in scheduler_output.scheduled_requests
         ]
-        runner_output = self.runner.execute(scheduler_output, block_ids)
-        return self.scheduler.update_from_output(
+        # A request that breaks the step ends alone (finish_reason "error"); the rest go on.
+        runner_output, failed_outputs = execute_isolating_faults(
+            self.runner.execute, self.scheduler, scheduler_output, block_ids
+        )
+        if runner_output is None:
+            return failed_outputs
+        return failed_outputs + self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
 
