@@ -49,6 +49,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="larger request bodies get 413")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--request-timeout", type=float, default=60.0,
+                        help="seconds a request's headers and body may take to arrive, else 408 "
+                        "(slow or silent clients); generating the response is not limited")
+    server.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                        help="seconds an idle keep-alive connection stays open")
+    server.add_argument("--max-connections", type=int, default=1024,
+                        help="open connections (and requests in flight) beyond which new "
+                        "requests get 503")
     server.add_argument("--no-engine-restart", dest="engine_restart", action="store_false",
                         help="exit instead of starting a new engine process when one dies")
     server.add_argument("--max-engine-restarts", type=int, default=3,
@@ -69,6 +77,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
     from ladle.engine.restart_policy import RestartPolicy
+    from ladle.entrypoints.openai.http_protocol import make_timed_protocol
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
 
@@ -76,6 +85,11 @@ def run_serve(args: argparse.Namespace) -> int:
         raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
+    for flag, value in (("--request-timeout", args.request_timeout),
+                        ("--keep-alive-timeout", args.keep_alive_timeout),
+                        ("--max-connections", args.max_connections)):
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
     options = engine_options_from_args(args)
     if args.tokenizer:
         options["tokenizer"] = args.tokenizer
@@ -120,6 +134,9 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         timeout_graceful_shutdown=args.shutdown_timeout,
         lifespan="on",
+        http=make_timed_protocol(args.request_timeout),
+        timeout_keep_alive=args.keep_alive_timeout,
+        limit_concurrency=args.max_connections,
     )
     server = _AnnouncingServer(config, served_name, lambda: client.engine_pid)
 
