@@ -21,13 +21,13 @@ from tests.reliability.traffic import run_clients
 
 # The bound stated for engine death: no request waits longer than this after the kill.
 MAX_HANG_AFTER_KILL_S = 5.0
-SHUTDOWN_TIMEOUT_S = 5.0
+SHUTDOWN_TIMEOUT_S = 10.0
 
 
 def run_load_in_background(base_url: str, **load) -> tuple[threading.Thread, list]:
-    box: list = []
+    box: list = []  # filled as requests end
     thread = threading.Thread(
-        target=lambda: box.extend(asyncio.run(run_clients(base_url, **load))), daemon=True
+        target=lambda: asyncio.run(run_clients(base_url, outcomes=box, **load)), daemon=True
     )
     thread.start()
     return thread, box
@@ -44,7 +44,7 @@ def test_engine_kill_during_load_fails_fast_and_heals():
     server = start_default_server()
     try:
         thread, outcomes = run_load_in_background(
-            server.base_url, num_requests=60, num_clients=24, max_tokens=64, timeout_s=60
+            server.base_url, num_requests=60, num_clients=24, max_tokens=32, timeout_s=60
         )
         time.sleep(1.5)  # the load is under way
         dead_pid = server.engine_pid
@@ -80,9 +80,9 @@ def test_sigterm_during_load_drains_and_leaves_no_engine_behind():
     server = start_default_server("--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S))
     engine_pid = server.engine_pid
     thread, outcomes = run_load_in_background(
-        server.base_url, num_requests=40, num_clients=16, max_tokens=8, timeout_s=60
+        server.base_url, num_requests=60, num_clients=16, max_tokens=8, timeout_s=60
     )
-    time.sleep(1.5)
+    assert wait_until(lambda: len(outcomes) >= 4, timeout_s=120)  # the load is under way
     server.process.send_signal(signal.SIGTERM)
     sent = time.monotonic()
     assert server.process.wait(SHUTDOWN_TIMEOUT_S + 15) in (0, -signal.SIGTERM), server.log()
@@ -90,7 +90,12 @@ def test_sigterm_during_load_drains_and_leaves_no_engine_behind():
     assert wait_until(lambda: not process_exists(engine_pid), timeout_s=5), "orphan engine"
     thread.join(60)
     assert not thread.is_alive()
-    # Requests in flight at the signal finished; later ones found the door closed.
+    # Requests in flight at the signal finished, or, if still running at the bound, ended
+    # with an error saying why; later ones found the door closed (refused connection or 503).
     served = [o for o in outcomes if o.status == 200 and o.error is None]
     assert served and all(o.finish_reason in ("stop", "length") for o in served)
-    assert all(o.status in (0, 200, 503) for o in outcomes)
+    for outcome in outcomes:
+        assert outcome.status in (0, 200, 500, 503), outcome
+        if outcome.status in (200, 500) and outcome.error is not None:
+            # Ours says so; uvicorn answers a plain 500 for a handler it cancels at the bound.
+            assert "shutting down" in outcome.error or outcome.error == "Internal Server Error"

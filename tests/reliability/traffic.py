@@ -68,12 +68,13 @@ async def send(http: httpx.AsyncClient, path: str, body: dict) -> Outcome:
 
 async def run_clients(
     base_url: str, num_requests: int, num_clients: int, seed: int = 0, max_tokens: int = 4,
-    timeout_s: float = 120.0,
+    timeout_s: float = 120.0, outcomes: list[Outcome] | None = None,
 ) -> list[Outcome]:
-    """num_requests requests of the mix from num_clients concurrent clients."""
+    """num_requests requests of the mix from num_clients concurrent clients. outcomes: a list to
+    append to as requests end (for a watcher in another thread); returned."""
     rng = random.Random(seed)
     requests = [make_request(rng, max_tokens) for _ in range(num_requests)]
-    outcomes: list[Outcome] = []
+    outcomes = [] if outcomes is None else outcomes
     limits = httpx.Limits(max_connections=num_clients)
     async with httpx.AsyncClient(base_url=base_url, timeout=timeout_s, limits=limits) as http:
 
