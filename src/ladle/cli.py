@@ -1,4 +1,4 @@
-"""`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`."""
+"""`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`, `ladle bench`."""
 
 from __future__ import annotations
 
@@ -22,7 +22,12 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
     group.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
     group.add_argument("--num-kv-blocks", type=int, default=None)
     group.add_argument("--no-prefix-caching", action="store_true")
+    group.add_argument("--no-chunked-prefill", action="store_true",
+                       help="a prompt waits for a step with room for all of it")
     group.add_argument("--seed", type=int, default=0)
+    group.add_argument("--itl-slo", default=None,
+                       help="inter-token latency SLO (e.g. 50ms): prefill chunks shrink so "
+                       "running decodes keep it (decode-first)")
 
 
 def engine_options_from_args(args: argparse.Namespace) -> dict:
@@ -38,8 +43,16 @@ def engine_options_from_args(args: argparse.Namespace) -> dict:
         "cpu_kv_cache_gib": args.cpu_kv_cache_gib,
         "num_kv_blocks": args.num_kv_blocks,
         "enable_prefix_caching": not args.no_prefix_caching,
+        "enable_chunked_prefill": not args.no_chunked_prefill,
         "seed": args.seed,
+        "itl_slo_ms": _duration_ms(args.itl_slo),
     }
+
+
+def _duration_ms(text: str | None) -> float | None:
+    from ladle.durations import parse_duration
+
+    return None if text is None else parse_duration(text) * 1000.0
 
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,6 +113,11 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sampling_arguments(sub)
         add_engine_arguments(sub)
         sub.set_defaults(handler=_run_generate)
+    bench = subparsers.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    from ladle.bench.serve import add_parser as add_bench_serve_parser
+
+    add_bench_serve_parser(bench_commands)
     try:
         from ladle.entrypoints.openai.cli_serve import add_serve_parser
     except ImportError:  # the server extra is not installed

@@ -115,6 +115,11 @@ class SchedulerConfig:
     max_num_batched_tokens: int = 8192
     max_num_seqs: int = 256
     enable_chunked_prefill: bool = True
+    itl_slo_ms: float | None = field(
+        default=None,
+        metadata={"help": "inter-token latency SLO in ms: steps beside running decodes take only "
+                  "the prompt tokens that keep the measured step time within it (decode-first)"},
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -123,6 +128,8 @@ class SchedulerConfig:
             )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.itl_slo_ms is not None and not self.itl_slo_ms > 0:
+            raise ValueError(f"itl_slo_ms must be > 0, got {self.itl_slo_ms}")
 
 
 @dataclass(frozen=True)

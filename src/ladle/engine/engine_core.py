@@ -23,6 +23,7 @@ from ladle.engine.messages import (
     RequestRejectedError,
     SchedulerStats,
 )
+from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
 from ladle.sampling_limits import check_field, check_top_k
 from ladle.worker.model_runner import ModelRunner
 
@@ -59,6 +60,7 @@ class EngineCore:
         )
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
+        self.step_meter = StepMeter()
 
     # ----- requests ------------------------------------------------------------------------
 
@@ -125,9 +127,13 @@ class EngineCore:
     # ----- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
+        started = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled_requests:
             return []
+        num_prefill, num_decode = split_scheduled_tokens(
+            scheduler_output.scheduled_requests, scheduler_output.num_scheduled_tokens
+        )
         block_ids = [
             self.kv_cache_manager.get_block_ids(r.request_id)
             for r in scheduler_output.scheduled_requests
@@ -138,12 +144,24 @@ class EngineCore:
         )
         if runner_output is None:
             return failed_outputs
-        return failed_outputs + self.scheduler.update_from_output(
+        outputs = failed_outputs + self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
+        seconds = time.perf_counter() - started
+        self.step_meter.record(num_prefill, num_decode, seconds)
+        if self.scheduler.prefill_budget is not None:
+            self.scheduler.prefill_budget.observe(num_prefill + num_decode, seconds)
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.get_stats()
+        meter = self.step_meter
+        return dataclasses.replace(
+            self.scheduler.get_stats(),
+            prefill_tokens_per_s=meter.prefill_tokens_per_s,
+            mean_step_time_s=meter.mean_step_time_s,
+            num_prefill_tokens=meter.num_prefill_tokens,
+            num_decode_tokens=meter.num_decode_tokens,
+        )

@@ -76,6 +76,9 @@ class SamplingFlags:
     no_min_p: bool
     no_penalties: bool
     max_num_logprobs: int | None  # None: no request asked for logprobs
+    # Largest top_k of the random rows that set one (0: none): top-k alone then needs a top-k
+    # selection of this width instead of a sort of the whole vocabulary.
+    max_top_k: int = 0
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams]) -> SamplingFlags:
@@ -89,6 +92,7 @@ class SamplingFlags:
             no_min_p=all(p.min_p <= 0.0 for p in random_params),
             no_penalties=not any(p.uses_penalties for p in params),
             max_num_logprobs=max(requested_logprobs) if requested_logprobs else None,
+            max_top_k=max((p.top_k for p in random_params if p.top_k > 0), default=0),
         )
 
 

@@ -45,6 +45,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="sequences waiting for the engine before new requests get 429")
     server.add_argument("--max-queued-tokens", type=int, default=1 << 20,
                         help="prompt tokens waiting for the engine before new requests get 429")
+    server.add_argument("--ttft-slo", default=None,
+                        help="time-to-first-token SLO (e.g. 1s): refuse with 429 and a computed "
+                        "Retry-After the requests predicted to miss it")
+    server.add_argument("--stats-interval", type=float, default=5.0,
+                        help="seconds between live stats lines while busy (0: none)")
     server.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
                         help="larger request bodies get 413")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
@@ -78,6 +83,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.engine.client import AsyncEngineClient, EngineStartError
     from ladle.engine.restart_policy import RestartPolicy
     from ladle.entrypoints.openai.http_protocol import make_timed_protocol
+    from ladle.entrypoints.openai.live_stats import LiveStatsLogger
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
 
@@ -105,6 +111,11 @@ def run_serve(args: argparse.Namespace) -> int:
     EngineConfig.from_kwargs(model=model, **options)
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
+    if args.ttft_slo is not None:
+        from ladle.durations import parse_duration
+        from ladle.engine.slo_admission import TtftSloAdmission
+
+        admission = TtftSloAdmission(admission, parse_duration(args.ttft_slo), lambda: client.stats)
     restart_policy = RestartPolicy(
         args.engine_restart, args.max_engine_restarts, args.engine_restart_window
     )
@@ -120,12 +131,13 @@ def run_serve(args: argparse.Namespace) -> int:
         {"model": model, **options}, metrics, admission, restart_policy=restart_policy,
         on_fatal=on_fatal,
     )
+    live_stats = LiveStatsLogger(lambda: client.stats, interval_s=args.stats_interval or 5.0)
     settings = ServerSettings(
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
     )
-    app = build_app(client, settings)
+    app = build_app(client, settings, on_refusal=live_stats.record_refusal)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -149,9 +161,12 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"ladle: error: {error}", file=sys.stderr)
             await client.shutdown()
             return 1
+        stats_task = asyncio.create_task(live_stats.run()) if args.stats_interval > 0 else None
         try:
             await server.serve()
         finally:
+            if stats_task is not None:
+                stats_task.cancel()
             await client.shutdown()  # a no-op when the app's lifespan already did it
         if fatal_reasons:
             print(f"ladle: error: {fatal_reasons[0]}", file=sys.stderr)
