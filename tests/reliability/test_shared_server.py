@@ -16,8 +16,10 @@ from tests.reliability.traffic import make_request, run_clients, send
 
 def test_load_300_mixed_requests_at_48_concurrent(default_server):
     started = time.monotonic()
+    # A generous client timeout: on a busy 2-core machine the last of 300 requests queues for
+    # minutes; what counts is that none is lost or fails.
     outcomes = asyncio.run(run_clients(default_server.base_url, num_requests=300,
-                                       num_clients=48))
+                                       num_clients=48, timeout_s=900))
     elapsed = time.monotonic() - started
     print(f"\n300 requests, 48 clients: {elapsed:.1f}s")
     assert len(outcomes) == 300  # none lost
