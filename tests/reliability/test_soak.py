@@ -16,7 +16,8 @@ NUM_WINDOWS = 5
 # Allowed growth from the first window to the last. Python's allocator and torch's caching
 # make RSS step a little; a leak of a request's worth per request grows without bound.
 MAX_RSS_GROWTH_BYTES = 48 * 2**20
-MAX_P99_RATIO = 2.0
+# Latency is the noisier signal (other processes share the CPU): only a clear upward trend fails.
+MAX_P99_RATIO = 3.0
 
 
 def test_soak_rss_and_latency_stay_flat(default_server):
@@ -40,5 +41,5 @@ def test_soak_rss_and_latency_stay_flat(default_server):
     first, last = windows[0], windows[-1]
     for name in pids:
         assert last[1][name] - first[1][name] < MAX_RSS_GROWTH_BYTES, (name, windows)
-    assert last[0] <= MAX_P99_RATIO * first[0] + 0.5, windows
+    assert last[0] <= MAX_P99_RATIO * first[0] + 1.0, windows
     assert wait_until(lambda: engine_is_idle(default_server), timeout_s=5)
