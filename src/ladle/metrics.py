@@ -140,6 +140,10 @@ class ServerMetrics:
             "ladle:requests_aborted", "Requests aborted in the engine (client gone, shutdown).",
             labels, registry=self.registry,
         ).labels(model_name)
+        self.engine_restarts = Counter(
+            "ladle:engine_restarts", "Engine-core processes started again after one died.",
+            labels, registry=self.registry,
+        ).labels(model_name)
 
     # ----- reporting -------------------------------------------------------------------------
 
@@ -148,6 +152,11 @@ class ServerMetrics:
 
     def record_engine_dead(self) -> None:
         self._engine.engine_alive = False
+
+    def record_engine_restarted(self) -> None:
+        self._engine.engine_alive = True
+        self._engine.stats = SchedulerStats()
+        self.engine_restarts.inc()
 
     def record_step_output(self, output: RequestOutput, previous_token_time: float | None) -> None:
         """One RequestOutput that changed this step; previous_token_time is when this request

@@ -10,14 +10,21 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ladle.sampling_extras import validate_sampling_extras
+from ladle.sampling_limits import LIMITS
 
 # Greedy below this temperature: dividing logits by ~0 would only produce infs.
 GREEDY_TEMPERATURE = 1e-5
-MAX_LOGPROBS = 20
+MAX_LOGPROBS = LIMITS["logprobs"].high
 MAX_STOP_STRINGS = 256
 # Characters over all stop strings: bounds the per-request tables the stop checker builds.
 MAX_STOP_CHARACTERS = 65536
-MAX_N = 128
+MAX_N = LIMITS["n"].high
+# The fields whose ranges LIMITS states (stop_token_ids, element-wise, is checked apart).
+NUMERIC_FIELDS = (
+    "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "max_tokens", "min_tokens", "logprobs",
+)
+OPTIONAL_FIELDS = frozenset({"seed", "max_tokens", "logprobs"})  # None: not given
 
 
 @dataclass
@@ -68,56 +75,16 @@ class SamplingParams:
             if not condition:
                 raise ValueError(message)
 
-        require(
-            _is_int(self.n) and 1 <= self.n <= MAX_N, f"n must be in [1, {MAX_N}], got {self.n!r}"
-        )
-        require(
-            _is_number(self.temperature) and self.temperature >= 0.0,
-            f"temperature must be >= 0, got {self.temperature!r}",
-        )
-        require(
-            _is_number(self.top_p) and 0.0 < self.top_p <= 1.0,
-            f"top_p must be in (0, 1], got {self.top_p!r}",
-        )
-        require(
-            _is_int(self.top_k) and self.top_k >= -1,
-            f"top_k must be -1 (disabled) or >= 0, got {self.top_k!r}",
-        )
-        require(
-            _is_number(self.min_p) and 0.0 <= self.min_p <= 1.0,
-            f"min_p must be in [0, 1], got {self.min_p!r}",
-        )
-        require(
-            _is_number(self.presence_penalty) and -2.0 <= self.presence_penalty <= 2.0,
-            f"presence_penalty must be in [-2, 2], got {self.presence_penalty!r}",
-        )
-        require(
-            _is_number(self.frequency_penalty) and -2.0 <= self.frequency_penalty <= 2.0,
-            f"frequency_penalty must be in [-2, 2], got {self.frequency_penalty!r}",
-        )
-        require(
-            _is_number(self.repetition_penalty) and 0.0 < self.repetition_penalty <= 10.0,
-            f"repetition_penalty must be in (0, 10], got {self.repetition_penalty!r}",
-        )
-        require(
-            self.seed is None or _is_int(self.seed), f"seed must be an integer, got {self.seed!r}"
-        )
-        require(
-            self.max_tokens is None or (_is_int(self.max_tokens) and self.max_tokens >= 1),
-            f"max_tokens must be >= 1, got {self.max_tokens!r}",
-        )
-        require(
-            _is_int(self.min_tokens) and self.min_tokens >= 0,
-            f"min_tokens must be >= 0, got {self.min_tokens!r}",
-        )
+        # Every numeric range comes from the one table the server's request models use too.
+        for name in NUMERIC_FIELDS:
+            value = getattr(self, name)
+            if value is not None or name not in OPTIONAL_FIELDS:
+                LIMITS[name].check(value)
+        for token_id in self.stop_token_ids:
+            LIMITS["stop_token_ids"].check(token_id)
         require(
             self.max_tokens is None or self.min_tokens <= self.max_tokens,
             f"min_tokens ({self.min_tokens}) must not exceed max_tokens ({self.max_tokens})",
-        )
-        require(
-            self.logprobs is None
-            or (_is_int(self.logprobs) and 0 <= self.logprobs <= MAX_LOGPROBS),
-            f"logprobs must be in [0, {MAX_LOGPROBS}], got {self.logprobs!r}",
         )
         require(
             len(self.stop) <= MAX_STOP_STRINGS,
@@ -132,10 +99,6 @@ class SamplingParams:
             num_stop_characters <= MAX_STOP_CHARACTERS,
             f"stop strings may hold at most {MAX_STOP_CHARACTERS} characters in all, "
             f"got {num_stop_characters}",
-        )
-        require(
-            all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
-            "stop_token_ids must be non-negative integers",
         )
         validate_sampling_extras(self)
 
@@ -155,11 +118,3 @@ class SamplingParams:
         """A copy for one of the n samples (n=1 there), each with a seed of its own."""
         copy = SamplingParams(**{**self.__dict__, "n": 1, "seed": seed})
         return copy
-
-
-def _is_int(value: object) -> bool:
-    return isinstance(value, int) and not isinstance(value, bool)
-
-
-def _is_number(value: object) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

@@ -15,7 +15,7 @@ from typing import Self
 import httpx
 
 SERVING_LINE = re.compile(r"\[ladle\] serving .* on http://127\.0\.0\.1:(\d+)")
-ENGINE_LINE = re.compile(r"\[ladle\] engine core running in process (\d+)")
+ENGINE_LINE = re.compile(r"\[ladle\] engine core (?:running|restarted) in process (\d+)")
 
 
 class ServerProcess:
@@ -103,6 +103,11 @@ def process_is_running(pid: int) -> bool:
     except (FileNotFoundError, ProcessLookupError, IndexError):
         return False
     return state != "Z"
+
+
+def process_exists(pid: int) -> bool:
+    """True while the process or its unreaped zombie exists."""
+    return os.path.exists(f"/proc/{pid}")
 
 
 def wait_until(predicate, timeout_s: float, interval_s: float = 0.05) -> bool:

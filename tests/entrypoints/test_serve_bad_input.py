@@ -80,6 +80,16 @@ CASES = [
      "tools"),
     ("reserved template kwarg", CHAT_PATH, chat(chat_template_kwargs={"tokenize": True}), 400,
      "chat_template_kwargs"),
+    # Issue 7: each of these once reached the engine (int32 packing, int64 IPC) and killed it or
+    # answered 500.
+    ("top_k beyond int32", COMPLETIONS_PATH, completion(top_k=2**31), 400, "top_k"),
+    ("top_k beyond int64", COMPLETIONS_PATH, completion(top_k=2**64), 400, "top_k"),
+    ("top_k beyond the vocabulary", COMPLETIONS_PATH, completion(top_k=10**6), 400, None),
+    ("priority beyond int64", COMPLETIONS_PATH, completion(priority=2**64), 400, "priority"),
+    ("seed beyond int64", COMPLETIONS_PATH, completion(seed=2**63), 400, "seed"),
+    ("stop token id beyond int64", CHAT_PATH, chat(stop_token_ids=[2**64]), 400,
+     "stop_token_ids.0"),
+    ("min_tokens beyond int32", CHAT_PATH, chat(min_tokens=2**31), 400, "min_tokens"),
     ("10 MB body", CHAT_PATH, chat(messages=[{"role": "user", "content": "x" * 10_000_000}]), 413,
      None),
 ]
@@ -114,7 +124,7 @@ def assert_still_serving(client: httpx.Client) -> None:
 def test_bad_input_is_4xx(client, name, path, body, status, param):
     response = client.post(path, content=body, headers={"Content-Type": "application/json"})
     assert_openai_error(response, status, param)
-    if name.startswith(("huge", "astronomic", "prompt too long")):
+    if name.startswith(("huge max", "prompt too long")):
         assert "max_model_len" in response.json()["error"]["message"]
 
 
@@ -139,6 +149,15 @@ def test_unknown_route_and_method(client):
 
 def test_still_serving_after_all_that(client):
     assert_still_serving(client)
+
+
+def test_out_of_range_fields_leave_the_engine_alive(client, tiny_server):
+    """The request that once killed the engine for everyone: a 400, the same engine serves on."""
+    engine_pid = tiny_server.engine_pid
+    for body in (completion(top_k=2**31), completion(top_k=2**64), completion(priority=2**64)):
+        assert client.post(COMPLETIONS_PATH, content=body).status_code == 400
+    assert_still_serving(client)
+    assert tiny_server.engine_pid == engine_pid
 
 
 def test_long_stop_strings_do_not_stall_the_server(client):

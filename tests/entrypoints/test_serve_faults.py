@@ -16,7 +16,13 @@ import openai
 import pytest
 
 from tests.entrypoints.conftest import SERVED_NAME
-from tests.entrypoints.server_process import ServerProcess, process_is_running, wait_until
+from tests.entrypoints.server_process import (
+    ServerProcess,
+    process_exists,
+    process_is_running,
+    read_metrics,
+    wait_until,
+)
 
 # The tiny model with a long context, so one request can run far longer than the test waits:
 # 8000 decode steps take tens of seconds even on a fast machine.
@@ -69,7 +75,8 @@ def test_engine_death_fails_in_flight_requests_and_health(long_model_path):
         chunks = iter(stream)
         next(chunks)
         next(chunks)
-        os.kill(server.engine_pid, signal.SIGKILL)
+        dead_pid = server.engine_pid
+        os.kill(dead_pid, signal.SIGKILL)
         killed = time.monotonic()
         with pytest.raises(openai.APIError, match="engine"):
             for _ in chunks:
@@ -81,13 +88,53 @@ def test_engine_death_fails_in_flight_requests_and_health(long_model_path):
         health = httpx.get(f"{server.base_url}/health")
         assert health.status_code == 503
         assert "engine" in health.json()["error"]["message"]
-        with pytest.raises(openai.APIStatusError) as caught:
-            client.completions.create(model=SERVED_NAME, prompt="hi", max_tokens=2)
-        assert caught.value.status_code == 503
         assert httpx.get(f"{server.base_url}/metrics").status_code == 200
+        # Issue 7: the server heals. The dead engine is reaped (no zombie), a new one starts,
+        # /health is 200 again and requests are served; the metrics count the restart.
+        assert wait_until(lambda: not process_exists(dead_pid), timeout_s=10), "zombie engine"
+        assert wait_until(lambda: is_healthy(server), timeout_s=120), server.log()
+        assert wait_until(lambda: server.engine_pid != dead_pid, timeout_s=5)
+        assert process_is_running(server.engine_pid)
+        completion = client.completions.create(model=SERVED_NAME, prompt="hi", max_tokens=2)
+        assert completion.choices[0].finish_reason == "length"
+        assert read_metrics(server)["ladle:engine_restarts_total"] == 1
     finally:
         server.stop(timeout_s=20)
     assert exited_cleanly(server), server.log()
+
+
+def is_healthy(server: ServerProcess) -> bool:
+    try:
+        return httpx.get(f"{server.base_url}/health", timeout=5).status_code == 200
+    except httpx.HTTPError:
+        return False
+
+
+@pytest.mark.slow  # kills its own engine, 20-60 s
+def test_restarts_are_bounded_then_the_server_exits_non_zero(tiny_model_path):
+    server = start_server(tiny_model_path("llama"), "--max-engine-restarts", "1")
+    try:
+        first_pid = server.engine_pid
+        os.kill(first_pid, signal.SIGKILL)
+        assert wait_until(lambda: server.engine_pid != first_pid and is_healthy(server), 120)
+        os.kill(server.engine_pid, signal.SIGKILL)  # the second death spends the budget
+        assert server.process.wait(60) == 1
+        assert "not restarting it (1 restarts within 300s)" in server.log()
+    finally:
+        server.stop()
+
+
+@pytest.mark.slow  # kills its own engine, 20-60 s
+def test_no_engine_restart_exits_non_zero_when_the_engine_dies(tiny_model_path):
+    server = start_server(tiny_model_path("llama"), "--no-engine-restart")
+    try:
+        engine_pid = server.engine_pid
+        os.kill(engine_pid, signal.SIGKILL)
+        assert server.process.wait(30) == 1
+        assert "restarts are off" in server.log()
+        assert not process_exists(engine_pid)
+    finally:
+        server.stop()
 
 
 @pytest.mark.slow  # kills its own server, 15-25 s

@@ -122,3 +122,28 @@ def test_client_leaving_while_queued_is_aborted(small_server, stream):
     metrics = asyncio.run(leave_while_queued(small_server.base_url, stream))
     assert metrics["vllm:num_requests_running"] == 2  # the long ones were untouched by it
     assert wait_until(lambda: engine_is_idle(small_server), timeout_s=5)
+
+
+def test_failed_requests_do_not_leak_queue_slots(small_server):
+    """Issue 7: five requests with priority 2**64 (500s then) left an idle server with
+    max_queued_requests=4 answering 429 to everything, for good."""
+    url = f"{small_server.base_url}/v1/completions"
+    for _ in range(MAX_QUEUED + 1):
+        response = httpx.post(url, json=body(max_tokens=2, priority=2**64))
+        assert response.status_code == 400, response.text
+    for _ in range(3):
+        assert httpx.post(url, json=body(max_tokens=2)).status_code == 200
+
+
+def test_a_request_that_can_never_fit_the_queue_is_400(small_server):
+    """Issue 7: 3 prompts x n=2 against max_queued_requests=4 was told to retry (429) on an
+    idle server; it never fits, so it is a 400 naming the limit."""
+    response = httpx.post(f"{small_server.base_url}/v1/completions",
+                          json=body(prompt=["a", "b", "c"], n=2, max_tokens=2))
+    assert response.status_code == 400, response.text
+    assert "max_queued_requests=4" in response.json()["error"]["message"]
+    # Exactly the bound fits (and is admitted whole, not prompt by prompt).
+    response = httpx.post(f"{small_server.base_url}/v1/completions",
+                          json=body(prompt=["a", "b"], n=2, max_tokens=2))
+    assert response.status_code == 200, response.text
+    assert len(response.json()["choices"]) == 4

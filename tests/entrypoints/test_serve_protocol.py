@@ -82,10 +82,11 @@ def test_accepts_every_prompt_shape_and_ignores_unknown_fields():
      ("min_p", 1.5), ("presence_penalty", 3), ("repetition_penalty", 0), ("min_tokens", -1)],
 )
 def test_out_of_range_sampling_values_are_400_naming_the_field(field, value):
-    request = parse_request(CompletionRequest, json.dumps({"prompt": "a", field: value}).encode())
-    with pytest.raises(BadRequestError) as caught:
-        build_sampling_params(request, max_tokens=4, logprobs=None)
-    assert caught.value.param == field
+    # Ranges are checked while parsing (from the table SamplingParams follows too).
+    with pytest.raises(ValidationError) as caught:
+        parse_request(CompletionRequest, json.dumps({"prompt": "a", field: value}).encode())
+    error = from_validation_error(caught.value)
+    assert error.param == field and field in error.message
 
 
 def test_too_many_stop_strings_is_400():

@@ -12,7 +12,9 @@ Each request gets a RequestStream: an async iterator of RequestOutputs whose *_d
 hold what arrived since the previous item (several steps are merged when the reader falls
 behind, so a slow client costs one item, not one per step). Closing an unfinished stream aborts
 the request in the engine. If the engine process dies, every open stream raises EngineDeadError
-and so does every later add_request: nothing waits forever.
+at once and so does every add_request until a new engine is ready: nothing waits forever. The
+dead process is reaped, and a new one is started under the RestartPolicy (restart_policy.py);
+once the policy is spent, on_fatal is called (the server then exits non-zero).
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import os
 import shutil
 import tempfile
 import time
+from collections.abc import Callable
 
 import zmq
 import zmq.asyncio
@@ -36,6 +39,7 @@ from ladle.engine.admission import AdmissionController
 from ladle.engine.core_process import run_engine_core
 from ladle.engine.messages import RequestRejectedError, SchedulerStats
 from ladle.engine.output_processor import OutputProcessor
+from ladle.engine.restart_policy import RestartBudget, RestartPolicy
 from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
 from ladle.metrics import ServerMetrics
 from ladle.outputs import RequestOutput
@@ -46,6 +50,10 @@ STARTUP_POLL_MS = 200
 
 class EngineDeadError(RuntimeError):
     """The engine-core process is gone (crashed, killed, or shut down)."""
+
+
+class RequestFailedError(RuntimeError):
+    """The engine ended this request with an error (it broke a step); others were unaffected."""
 
 
 class EngineStartError(RuntimeError):
@@ -142,6 +150,9 @@ class RequestStream:
         self.last_output = output
         if output.finished:
             self.finished = True
+            if output.error is not None:
+                # The engine (or output processing) ended this request alone, with a reason.
+                raise RequestFailedError(output.error)
         return output
 
     def close(self) -> None:
@@ -161,12 +172,19 @@ class AsyncEngineClient:
         metrics: ServerMetrics,
         admission: AdmissionController,
         startup_timeout_s: float = 1800.0,
+        restart_policy: RestartPolicy | None = None,
+        on_fatal: Callable[[str], None] | None = None,
     ) -> None:
-        """engine_options: EngineConfig.from_kwargs keywords (model path resolved already)."""
+        """engine_options: EngineConfig.from_kwargs keywords (model path resolved already).
+        on_fatal(reason): called once the engine is dead for good (restarts spent or off)."""
         self.engine_options = engine_options
         self.metrics = metrics
         self.admission = admission
         self.startup_timeout_s = startup_timeout_s
+        self.restart_budget = RestartBudget(restart_policy or RestartPolicy())
+        self.on_fatal = on_fatal
+        self.num_restarts = 0
+        self._restart_task: asyncio.Task | None = None
         self.info: EngineInfo | None = None
         self.tokenizer: TextTokenizer | None = None
         # The model's generation-config sampling defaults, as the engine read them.
@@ -201,6 +219,21 @@ class AsyncEngineClient:
 
     async def start(self) -> None:
         """Spawn the engine core, wait until it is ready, load the tokenizer."""
+        ready = await self._spawn()
+        if ready.tokenizer_source is not None:
+            self.tokenizer = await asyncio.to_thread(
+                load_tokenizer, ready.tokenizer_source, ready.arch
+            )
+        self.info = EngineInfo(
+            max_model_len=ready.max_model_len,
+            memory_budget=ready.memory_budget,
+            vocab_size=self._vocab_size(ready.arch),
+        )
+        self._go_live(ready)
+
+    async def _spawn(self) -> wire.EngineReady:
+        """Fresh sockets and a fresh engine process; returns once it reports ready. Fresh
+        sockets on every start: nothing meant for a dead engine reaches its successor."""
         self._ipc_dir = tempfile.mkdtemp(prefix="ladle-")
         input_address = f"ipc://{self._ipc_dir}/input"
         output_address = f"ipc://{self._ipc_dir}/output"
@@ -223,19 +256,15 @@ class AsyncEngineClient:
             daemon=True,
         )
         self._process.start()
-        ready = await self._wait_for_ready()
+        return await self._wait_for_ready()
+
+    def _go_live(self, ready: wire.EngineReady) -> None:
+        """Start serving from the engine process that just reported ready."""
         self.sampling_defaults = dict(ready.sampling_defaults)
-        if ready.tokenizer_source is not None:
-            self.tokenizer = await asyncio.to_thread(
-                load_tokenizer, ready.tokenizer_source, ready.arch
-            )
         eos_token_ids = self.tokenizer.eos_token_ids if self.tokenizer else ready.arch.eos_token_ids
         self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids)
-        self.info = EngineInfo(
-            max_model_len=ready.max_model_len,
-            memory_budget=ready.memory_budget,
-            vocab_size=self._vocab_size(ready.arch),
-        )
+        self.stats = SchedulerStats()
+        self.dead_reason = None
         loop = asyncio.get_running_loop()
         # The process sentinel becomes readable the moment the process ends, however it ends.
         loop.add_reader(self._process.sentinel, self._on_engine_exit)
@@ -272,17 +301,26 @@ class AsyncEngineClient:
         if self._shutting_down:
             return
         self._shutting_down = True
+        if self._restart_task is not None:
+            self._restart_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await self._restart_task
         await self._stop_process(timeout_s)
         self._mark_dead("the server is shutting down")
         if self._reader_task is not None:
             self._reader_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._reader_task
+        self._release_transport()
+
+    def _release_transport(self) -> None:
         for context in (self._async_context, self._sync_context):
             if context is not None:
                 context.destroy(linger=0)
+        self._async_context = self._sync_context = None
         if self._ipc_dir is not None:
             shutil.rmtree(self._ipc_dir, ignore_errors=True)
+            self._ipc_dir = None
 
     async def _stop_process(self, timeout_s: float) -> None:
         process = self._process
@@ -300,12 +338,48 @@ class AsyncEngineClient:
                 return
 
     def _on_engine_exit(self) -> None:
-        asyncio.get_running_loop().remove_reader(self._process.sentinel)
-        self._process.join(timeout=0)
+        process = self._process
+        asyncio.get_running_loop().remove_reader(process.sentinel)
         if self._shutting_down:
             self._mark_dead("the server is shutting down")
-        else:
-            self._mark_dead(f"the engine process died (exit code {self._process.exitcode})")
+            return
+        # Fail everything in flight now; reaping and restarting take longer.
+        self._mark_dead("the engine process died")
+        self._restart_task = asyncio.create_task(
+            self._reap_and_restart(process), name="ladle-engine-restart"
+        )
+
+    async def _reap_and_restart(self, process: multiprocessing.process.BaseProcess) -> None:
+        # The sentinel fires as the process closes its files, possibly before it is a zombie
+        # waitpid can collect: wait for the exit code, so no dead engine is ever left unreaped.
+        await asyncio.to_thread(process.join, 30)
+        reason = f"the engine process died (exit code {process.exitcode})"
+        self.dead_reason = reason
+        print(f"[ladle] {reason}", flush=True)
+        while not self._shutting_down:
+            if not self.restart_budget.may_restart():
+                self._give_up(f"{reason}; not restarting it ({self.restart_budget.describe()})")
+                return
+            self.restart_budget.record_restart()
+            self.dead_reason = f"{reason}; a new engine is starting"
+            self._release_transport()
+            try:
+                ready = await self._spawn()
+            except EngineStartError as error:
+                reason = f"the new engine process failed to start: {error}"
+                await asyncio.to_thread(self._process.join, 30)
+                continue
+            self.num_restarts += 1
+            self.metrics.record_engine_restarted()
+            self._go_live(ready)
+            print(f"[ladle] engine core restarted in process {self._process.pid}", flush=True)
+            return
+
+    def _give_up(self, reason: str) -> None:
+        self.dead_reason = reason
+        print(f"[ladle] {reason}", flush=True)
+        if self.on_fatal is not None:
+            self.on_fatal(reason)
 
     def _mark_dead(self, reason: str) -> None:
         if self.dead_reason is not None:
@@ -316,6 +390,8 @@ class AsyncEngineClient:
         for request_id, buffer in list(self._buffers.items()):
             buffer.fail(error)
             self._forget(request_id)
+        self._parent_of.clear()
+        self._children.clear()
         if self._reader_task is not None and self._reader_task is not asyncio.current_task():
             self._reader_task.cancel()
 
@@ -331,22 +407,33 @@ class AsyncEngineClient:
         prompt_token_ids: list[int],
         params: SamplingParams,
         priority: int = 0,
+        admission_checked: bool = False,
     ) -> RequestStream:
-        """Send a request to the engine now. Raises EngineDeadError, or QueueFullError when the
-        admission bound is reached (nothing is sent then)."""
+        """Send a request to the engine now. Raises EngineDeadError, or QueueFullError /
+        QueueLimitError when the admission bounds refuse it (nothing is sent then).
+        admission_checked: the caller already checked a batch this request belongs to."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         assert self.output_processor is not None, "start() first"
-        self.admission.admit(request_id, params.n, len(prompt_token_ids) * params.n)
-        core_requests = self.output_processor.add_request(
-            request_id, prompt, prompt_token_ids, params, time.monotonic(), priority
+        self.admission.admit(
+            request_id, params.n, len(prompt_token_ids) * params.n, checked=admission_checked
         )
-        buffer = _OutputBuffer()
-        self._buffers[request_id] = buffer
-        self._children[request_id] = [r.request_id for r in core_requests]
-        for core_request in core_requests:
-            self._parent_of[core_request.request_id] = request_id
-        self._send(wire.AddRequests(core_requests))
+        try:
+            core_requests = self.output_processor.add_request(
+                request_id, prompt, prompt_token_ids, params, time.monotonic(), priority
+            )
+            buffer = _OutputBuffer()
+            self._buffers[request_id] = buffer
+            self._children[request_id] = [r.request_id for r in core_requests]
+            for core_request in core_requests:
+                self._parent_of[core_request.request_id] = request_id
+            self._send(wire.AddRequests(core_requests))
+        except BaseException:
+            # Nothing reached the engine (an encoding failure, say): undo every trace of the
+            # request here, its admission slot first, or the queue would count it forever.
+            self.output_processor.abort_request(request_id)
+            self._forget(request_id)
+            raise
         self.metrics.record_accepted(len(prompt_token_ids), params.n)
         return RequestStream(self, request_id, buffer)
 

@@ -16,6 +16,7 @@ from ladle.config import EngineConfig
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
+from ladle.engine.fault_isolation import execute_isolating_faults
 from ladle.engine.messages import (
     EngineCoreOutput,
     EngineCoreRequest,
@@ -24,6 +25,7 @@ from ladle.engine.messages import (
 )
 from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
 from ladle.engine.warmup import warm_up
+from ladle.sampling_limits import check_field, check_top_k
 from ladle.threads import ThreadGovernor
 from ladle.worker.model_runner import ModelRunner
 
@@ -82,6 +84,8 @@ class EngineCore:
         prompt = core_request.prompt_token_ids
         params = core_request.sampling_params
         self._validate_prompt(prompt)
+        check_field("priority", core_request.priority)
+        check_top_k(params.top_k, self.vocab_size)
         room = self.max_model_len - len(prompt)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=room)
@@ -152,8 +156,13 @@ class EngineCore:
             self.kv_cache_manager.get_block_ids(r.request_id)
             for r in scheduler_output.scheduled_requests
         ]
-        runner_output = self.runner.execute(scheduler_output, block_ids)
-        outputs = self.scheduler.update_from_output(
+        # A request that breaks the step ends alone (finish_reason "error"); the rest go on.
+        runner_output, failed_outputs = execute_isolating_faults(
+            self.runner.execute, self.scheduler, scheduler_output, block_ids
+        )
+        if runner_output is None:
+            return failed_outputs
+        outputs = failed_outputs + self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
         seconds = time.perf_counter() - started

@@ -56,6 +56,7 @@ class EngineCoreOutput:
     # Monotonic times (seconds) the front end turns into queue time, TTFT and decode time.
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
+    error: str | None = None  # why, when finish_reason is 'error'
 
     @property
     def finished(self) -> bool:

@@ -154,6 +154,8 @@ class OutputProcessor:
                 sample.completion.finish_reason = "error"
                 state.output.error = f"output processing failed: {type(error).__name__}: {error}"
                 ended_here = True
+            if core_output.error is not None:
+                state.output.error = core_output.error  # the engine ended it (fault isolation)
             if ended_here and core_output.finish_reason is None:
                 to_abort.append(core_output.request_id)
             if sample.completion.finished:

@@ -57,14 +57,19 @@ class TtftSloAdmission:
             return None
         return (self.num_queued_prompt_tokens + num_tokens) / rate
 
-    def check(self, num_sequences: int, num_tokens: int) -> None:
-        """Raise QueueFullError when the queue bounds or the TTFT SLO say no."""
-        self.inner.check(num_sequences, num_tokens)
+    def check(self, num_sequences: int, num_tokens: int, key: str | None = None) -> None:
+        """Raise QueueFullError when the queue bounds or the TTFT SLO say no (QueueLimitError
+        when the request can never fit the bounds)."""
+        self.inner.check(num_sequences, num_tokens, key)
         self._check_slo(num_tokens)
 
-    def admit(self, request_id: str, num_sequences: int, num_tokens: int) -> None:
-        self._check_slo(num_tokens)
-        self.inner.admit(request_id, num_sequences, num_tokens)
+    def admit(
+        self, request_id: str, num_sequences: int, num_tokens: int, checked: bool = False
+    ) -> None:
+        """checked: the caller just ran check() for the batch this request belongs to."""
+        if not checked:
+            self._check_slo(num_tokens)
+        self.inner.admit(request_id, num_sequences, num_tokens, checked=checked)
         self._queued[request_id] = num_tokens
         self.num_queued_prompt_tokens += num_tokens
 

@@ -54,6 +54,21 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="larger request bodies get 413")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--request-timeout", type=float, default=60.0,
+                        help="seconds a request's headers and body may take to arrive, else 408 "
+                        "(slow or silent clients); generating the response is not limited")
+    server.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                        help="seconds an idle keep-alive connection stays open")
+    server.add_argument("--max-connections", type=int, default=1024,
+                        help="open connections (and requests in flight) beyond which new "
+                        "requests get 503")
+    server.add_argument("--no-engine-restart", dest="engine_restart", action="store_false",
+                        help="exit instead of starting a new engine process when one dies")
+    server.add_argument("--max-engine-restarts", type=int, default=3,
+                        help="engine restarts allowed within --engine-restart-window; one more "
+                        "death and the server exits non-zero (for a supervisor to act)")
+    server.add_argument("--engine-restart-window", type=float, default=300.0,
+                        help="seconds over which --max-engine-restarts is counted")
     server.add_argument("--uvicorn-log-level", "--log-level", dest="log_level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     server.add_argument("--allow-unknown-fields", action="store_true",
@@ -72,6 +87,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.config import EngineConfig
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
+    from ladle.engine.restart_policy import RestartPolicy
+    from ladle.entrypoints.openai.http_protocol import make_timed_protocol
     from ladle.entrypoints.openai.live_stats import LiveStatsLogger
     from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import ServerSettings, build_app
@@ -83,6 +100,11 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     configure_api_process_threads()  # the engine process has the cores' worth of threads
+    for flag, value in (("--request-timeout", args.request_timeout),
+                        ("--keep-alive-timeout", args.keep_alive_timeout),
+                        ("--max-connections", args.max_connections)):
+        if value <= 0:
+            raise ValueError(f"{flag} must be > 0, got {value}")
     options = engine_options_from_args(args)
     if args.tokenizer:
         options["tokenizer"] = args.tokenizer
@@ -103,7 +125,21 @@ def run_serve(args: argparse.Namespace) -> int:
         from ladle.engine.slo_admission import TtftSloAdmission
 
         admission = TtftSloAdmission(admission, parse_duration(args.ttft_slo), lambda: client.stats)
-    client = AsyncEngineClient({"model": model, **options}, metrics, admission)
+    restart_policy = RestartPolicy(
+        args.engine_restart, args.max_engine_restarts, args.engine_restart_window
+    )
+    fatal_reasons: list[str] = []
+
+    def on_fatal(reason: str) -> None:
+        # The engine is gone for good: stop serving 503s and exit non-zero, so a supervisor
+        # (systemd, Kubernetes) restarts the whole server.
+        fatal_reasons.append(reason)
+        server.should_exit = True
+
+    client = AsyncEngineClient(
+        {"model": model, **options}, metrics, admission, restart_policy=restart_policy,
+        on_fatal=on_fatal,
+    )
     live_stats = LiveStatsLogger(lambda: client.stats, interval_s=args.stats_interval or 5.0)
     settings = ServerSettings(
         served_model_name=served_name,
@@ -123,6 +159,9 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         timeout_graceful_shutdown=args.shutdown_timeout,
         lifespan="on",
+        http=make_timed_protocol(args.request_timeout),
+        timeout_keep_alive=args.keep_alive_timeout,
+        limit_concurrency=args.max_connections,
     )
     server = _AnnouncingServer(config, served_name, lambda: client.engine_pid)
 
@@ -142,6 +181,9 @@ def run_serve(args: argparse.Namespace) -> int:
             if stats_task is not None:
                 stats_task.cancel()
             await client.shutdown()  # a no-op when the app's lifespan already did it
+        if fatal_reasons:
+            print(f"ladle: error: {fatal_reasons[0]}", file=sys.stderr)
+            return 1
         return 0 if server.started else 1
 
     try:

@@ -2,10 +2,11 @@
 
 Requests are parsed in strict mode straight from the JSON bytes (`parse_request`), so a wrong
 type is a 400 rather than a silent coercion ("5" is not an integer, true is not 1) and bytes
-that are not UTF-8 JSON are a 400 too. Ranges (temperature >= 0, 0 < top_p <= 1, ...) are
-checked once, by SamplingParams; the models here check shapes only. The models drop fields they
-do not hold; field_policy.py then refuses each such field with a 400 naming it (unknown ones
-unless the server runs with --allow-unknown-fields), so no field is silently ignored.
+that are not UTF-8 JSON are a 400 too. Numeric ranges come from the same table SamplingParams
+checks (`ladle.sampling_limits.LIMITS`, through `api_field`), so an out-of-range value is a 400
+naming the field before anything reaches the engine. The models drop fields they do not hold;
+field_policy.py then refuses each such field with a 400 naming it (unknown ones unless the server
+runs with --allow-unknown-fields), so no field is silently ignored.
 
 Beyond OpenAI's fields, both requests take vLLM's sampling extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
@@ -29,10 +30,10 @@ from pydantic import (
     model_validator,
 )
 
+from ladle.sampling_limits import api_field
+
 # A JSON number: pydantic's strict float already takes JSON integers; this just says so.
 Number = StrictFloat | StrictInt
-# A 64-bit seed, as OpenAI takes (the sampler uses its low 31 bits); bigger ints are a 400.
-Seed = Annotated[StrictInt, Field(ge=-(2**63), le=2**64 - 1)]
 
 ModelT = TypeVar("ModelT", bound=BaseModel)
 
@@ -52,27 +53,27 @@ class _SamplingFields(_Strict):
     """Fields the two endpoints share."""
 
     model: StrictStr | None = None  # None: the served model (a convenience OpenAI lacks)
-    n: StrictInt = 1
-    temperature: Number | None = None
-    top_p: Number | None = None
+    n: api_field("n") = 1
+    temperature: api_field("temperature") | None = None
+    top_p: api_field("top_p") | None = None
     stop: StrictStr | list[StrictStr] | None = None
     stream: StrictBool = False
     stream_options: StreamOptions | None = None
-    presence_penalty: Number | None = None
-    frequency_penalty: Number | None = None
-    seed: Seed | None = None
+    presence_penalty: api_field("presence_penalty") | None = None
+    frequency_penalty: api_field("frequency_penalty") | None = None
+    seed: api_field("seed") | None = None
     logit_bias: dict[str, Number] | None = None
     user: StrictStr | None = None
     # vLLM's extras
-    top_k: StrictInt | None = None
-    min_p: Number | None = None
-    repetition_penalty: Number | None = None
-    min_tokens: StrictInt = 0
+    top_k: api_field("top_k") | None = None
+    min_p: api_field("min_p") | None = None
+    repetition_penalty: api_field("repetition_penalty") | None = None
+    min_tokens: api_field("min_tokens") = 0
     ignore_eos: StrictBool = False
-    stop_token_ids: list[StrictInt] | None = None
+    stop_token_ids: list[api_field("stop_token_ids")] | None = None
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
-    priority: StrictInt = 0
+    priority: api_field("priority") = 0
     allowed_token_ids: list[StrictInt] | None = None
 
 
@@ -81,10 +82,10 @@ class CompletionRequest(_SamplingFields):
     of token-id lists (one choice group per prompt)."""
 
     prompt: StrictStr | list[StrictStr] | list[StrictInt] | list[list[StrictInt]]
-    max_tokens: StrictInt | None = DEFAULT_MAX_TOKENS  # null means the default too
-    logprobs: StrictInt | None = None
+    max_tokens: api_field("max_tokens") | None = DEFAULT_MAX_TOKENS  # null means the default too
+    logprobs: api_field("logprobs") | None = None
     echo: StrictBool = False
-    best_of: StrictInt | None = None
+    best_of: api_field("best_of") | None = None
     suffix: StrictStr | None = None
 
 
@@ -132,10 +133,10 @@ class ChatCompletionRequest(_SamplingFields):
     """POST /v1/chat/completions."""
 
     messages: Annotated[list[ChatMessage], Field(min_length=1)]
-    max_tokens: StrictInt | None = None
-    max_completion_tokens: StrictInt | None = None
+    max_tokens: api_field("max_tokens") | None = None
+    max_completion_tokens: api_field("max_tokens") | None = None
     logprobs: StrictBool = False
-    top_logprobs: StrictInt | None = None
+    top_logprobs: api_field("logprobs") | None = None
     response_format: ResponseFormat | None = None
     tools: list[dict[str, Any]] | None = None
     # ladle / vLLM extras for the template

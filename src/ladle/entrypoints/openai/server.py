@@ -26,6 +26,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 import ladle
+from ladle.engine.admission import current_retry_key, retry_key
 from ladle.engine.client import AsyncEngineClient
 from ladle.entrypoints.openai.api_docs import add_api_docs
 from ladle.entrypoints.openai.auth import make_api_key_check, read_body
@@ -129,11 +130,13 @@ def build_app(
     @v1.post("/completions")
     async def create_completion(request: Request) -> Response:
         body = await read_body(request, settings.max_request_bytes)
+        _set_retry_key(request, body)
         return await handlers[0].completions.create(body, request)
 
     @v1.post("/chat/completions")
     async def create_chat_completion(request: Request) -> Response:
         body = await read_body(request, settings.max_request_bytes)
+        _set_retry_key(request, body)
         return await handlers[0].chat.create(body, request)
 
     app.include_router(v1)
@@ -156,6 +159,13 @@ def build_app(
         return Response(client.metrics.render(), media_type=CONTENT_TYPE)
 
     return app
+
+
+def _set_retry_key(request: Request, body: bytes) -> None:
+    """Admission serves refused requests first come, first served; this is how it knows a
+    request it refused when the client sends it again."""
+    client_host = request.client.host if request.client else ""
+    current_retry_key.set(retry_key(client_host, body))
 
 
 def _add_error_handlers(

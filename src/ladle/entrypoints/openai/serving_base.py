@@ -10,7 +10,7 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ladle.engine.admission import QueueFullError
+from ladle.engine.admission import QueueFullError, QueueLimitError
 from ladle.engine.client import AsyncEngineClient, EngineDeadError, RequestStream
 from ladle.engine.messages import RequestRejectedError
 from ladle.entrypoints.openai.errors import (
@@ -94,6 +94,8 @@ class OpenAIServing:
             self.client.admission.check(num_sequences, num_prompt_tokens)
         except QueueFullError as error:
             raise self.queue_full(error) from error
+        except QueueLimitError as error:
+            raise BadRequestError(str(error), code="queue_limit_exceeded") from error
 
     def queue_full(self, error: QueueFullError) -> RateLimitError:
         return RateLimitError(
@@ -104,14 +106,19 @@ class OpenAIServing:
 
     def add_request(
         self, prefix: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-        priority: int,
+        priority: int, admission_checked: bool = False,
     ) -> RequestStream:
+        """admission_checked: admit_batch() already admitted the batch this request is part of
+        (so a batch is admitted whole or not at all)."""
         try:
             stream = self.client.add_request(
-                self.client.new_request_id(prefix), prompt, prompt_token_ids, params, priority
+                self.client.new_request_id(prefix), prompt, prompt_token_ids, params, priority,
+                admission_checked=admission_checked,
             )
         except QueueFullError as error:
             raise self.queue_full(error) from error
+        except QueueLimitError as error:
+            raise BadRequestError(str(error), code="queue_limit_exceeded") from error
         except EngineDeadError as error:
             raise ServiceUnavailableError(str(error), code="engine_unavailable") from error
         record_engine_request(len(prompt_token_ids), stream)

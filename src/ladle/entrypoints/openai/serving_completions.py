@@ -52,7 +52,8 @@ class OpenAIServingCompletion(OpenAIServing):
         try:
             for (text, token_ids), params in zip(prompts, params_list, strict=True):
                 streams.append(
-                    self.add_request("cmpl", text, token_ids, params, request.priority)
+                    self.add_request("cmpl", text, token_ids, params, request.priority,
+                                     admission_checked=True)
                 )
         except BaseException:
             for stream in streams:
