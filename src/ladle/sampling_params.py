@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ladle.structured.params import StructuredOutputsParams
+
 # Greedy below this temperature: dividing logits by ~0 would only produce infs.
 GREEDY_TEMPERATURE = 1e-5
 MAX_LOGPROBS = 20
@@ -38,6 +40,9 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # JSON schema / regex / choice / grammar the output must follow (a dict of the same fields
+    # is accepted too); see ladle.structured.
+    structured_outputs: StructuredOutputsParams | None = None
     extra: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
@@ -45,6 +50,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self._validate()
 
     def _validate(self) -> None:
@@ -120,6 +127,11 @@ class SamplingParams:
         require(
             all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
             "stop_token_ids must be non-negative integers",
+        )
+        require(
+            self.structured_outputs is None
+            or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs must be a StructuredOutputsParams or a dict of its fields",
         )
 
     @property

@@ -22,7 +22,11 @@ from ladle.engine.messages import (
     RequestRejectedError,
     SchedulerStats,
 )
+from ladle.structured.engine_side import build_structured_output_manager
 from ladle.worker.model_runner import ModelRunner
+
+# An engine with nothing to run but requests whose grammar is compiling waits this long for one.
+GRAMMAR_WAIT_S = 0.005
 
 
 class EngineCore:
@@ -57,6 +61,7 @@ class EngineCore:
         )
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
+        self.structured_outputs = build_structured_output_manager(config, self.runner)
 
     # ----- requests ------------------------------------------------------------------------
 
@@ -93,6 +98,15 @@ class EngineCore:
         request.sampling_seed = (
             params.seed if params.seed is not None else self._seed_source.getrandbits(31)
         )
+        if params.structured_outputs is not None:
+            if self.structured_outputs is None:
+                raise RequestRejectedError(
+                    "structured output needs the model's tokenizer, and this model has none"
+                )
+            if core_request.request_id in self.scheduler.requests:
+                raise RequestRejectedError(f"request id {request.request_id!r} is in use")
+            if not self.structured_outputs.add_request(request):
+                return  # waits for its grammar outside the scheduler; step() hands it over
         self.scheduler.add_request(request)
 
     def _validate_prompt(self, prompt: list[int]) -> None:
@@ -113,28 +127,60 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """End requests now and free their blocks; returns their final 'abort' outputs."""
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        finished_ids = [r.request_id for r in finished]
+        if self.structured_outputs is not None:
+            finished_ids += self.structured_outputs.remove(request_ids)
         return [
-            EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason="abort")
-            for r in finished
+            EngineCoreOutput(request_id=request_id, new_token_ids=[], finish_reason="abort")
+            for request_id in finished_ids
         ]
 
     # ----- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
+        structured = self.structured_outputs
+        failed_outputs = self._admit_compiled_requests() if structured is not None else []
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled_requests:
-            return []
+            if structured is not None and structured.num_waiting and not failed_outputs:
+                structured.wait_for_compile(GRAMMAR_WAIT_S)
+            return failed_outputs
         block_ids = [
             self.kv_cache_manager.get_block_ids(r.request_id)
             for r in scheduler_output.scheduled_requests
         ]
-        runner_output = self.runner.execute(scheduler_output, block_ids)
-        return self.scheduler.update_from_output(
+        runner_output = self.runner.execute(
+            scheduler_output,
+            block_ids,
+            fill_grammar_bitmask=structured.fill_bitmask if structured is not None else None,
+        )
+        if structured is not None:
+            structured.accept_tokens(
+                scheduler_output.scheduled_requests, runner_output.sampled_token_ids
+            )
+        outputs = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
+        if structured is not None:
+            structured.remove([output.request_id for output in outputs if output.finished])
+        return failed_outputs + outputs
+
+    def _admit_compiled_requests(self) -> list[EngineCoreOutput]:
+        """Hand requests whose grammar is compiled to the scheduler; end those that failed."""
+        assert self.structured_outputs is not None
+        ready, failed = self.structured_outputs.take_ready()
+        for request in ready:
+            self.scheduler.add_request(request)
+        return [
+            EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason="error")
+            for request, _ in failed
+        ]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        waiting_for_grammar = self.structured_outputs is not None and (
+            self.structured_outputs.num_waiting > 0
+        )
+        return self.scheduler.has_unfinished_requests() or waiting_for_grammar
 
     def get_stats(self) -> SchedulerStats:
         return self.scheduler.get_stats()
