@@ -49,17 +49,50 @@ SCHEMA = {
         "manager": {"type": ["string", "null"]},
         "ids": {"type": "array", "items": {"type": "integer"}},
     },
-    "required": ["id", "name", "email", "age", "score", "active", "role", "tags", "address",
-                 "phone", "country", "zip", "created", "updated", "notes", "level", "ratio",
-                 "verified", "manager", "ids"],
+    "required": [
+        "id",
+        "name",
+        "email",
+        "age",
+        "score",
+        "active",
+        "role",
+        "tags",
+        "address",
+        "phone",
+        "country",
+        "zip",
+        "created",
+        "updated",
+        "notes",
+        "level",
+        "ratio",
+        "verified",
+        "manager",
+        "ids",
+    ],
     "additionalProperties": False,
 }
 DOCUMENT = {
-    "id": 7, "name": "Ada Lovelace", "email": "ada@example.com", "age": 36, "score": 9.5,
-    "active": True, "role": "admin", "tags": ["math", "engines"],
-    "address": {"street": "12 St James's Square", "city": "London"}, "phone": "+44 20 7946",
-    "country": "UK", "zip": "SW1Y", "created": "1843-01-01", "updated": "1852-11-27",
-    "notes": "first programmer", "level": 3, "ratio": 0.25, "verified": False, "manager": None,
+    "id": 7,
+    "name": "Ada Lovelace",
+    "email": "ada@example.com",
+    "age": 36,
+    "score": 9.5,
+    "active": True,
+    "role": "admin",
+    "tags": ["math", "engines"],
+    "address": {"street": "12 St James's Square", "city": "London"},
+    "phone": "+44 20 7946",
+    "country": "UK",
+    "zip": "SW1Y",
+    "created": "1843-01-01",
+    "updated": "1852-11-27",
+    "notes": "first programmer",
+    "level": 3,
+    "ratio": 0.25,
+    "verified": False,
+    "manager": None,
     "ids": [1, 2, 3],
 }
 
@@ -84,8 +117,12 @@ def bench_llguidance(hf_tokenizer, vocab_size: int, tokens: list[int]) -> dict[s
         llguidance.torch.fill_next_token_bitmask(matcher, bitmask, 0)
         fill.append(time.perf_counter() - start)
         assert matcher.consume_token(token), matcher.get_error()
-    return {"setup_s": setup, "compile_s": compile_s, "mask_us": statistics.median(fill) * 1e6,
-            "mask_max_us": max(fill) * 1e6}
+    return {
+        "setup_s": setup,
+        "compile_s": compile_s,
+        "mask_us": statistics.median(fill) * 1e6,
+        "mask_max_us": max(fill) * 1e6,
+    }
 
 
 def bench_xgrammar(hf_tokenizer, vocab_size: int, tokens: list[int]) -> dict[str, float]:
@@ -106,8 +143,12 @@ def bench_xgrammar(hf_tokenizer, vocab_size: int, tokens: list[int]) -> dict[str
         matcher.fill_next_token_bitmask(bitmask, 0)
         fill.append(time.perf_counter() - start)
         assert matcher.accept_token(token)
-    return {"setup_s": setup, "compile_s": compile_s, "mask_us": statistics.median(fill) * 1e6,
-            "mask_max_us": max(fill) * 1e6}
+    return {
+        "setup_s": setup,
+        "compile_s": compile_s,
+        "mask_us": statistics.median(fill) * 1e6,
+        "mask_max_us": max(fill) * 1e6,
+    }
 
 
 def main() -> None:
@@ -129,13 +170,17 @@ def main() -> None:
     for _ in range(args.rounds):
         for name, run in runners.items():
             results[name].append(run(hf, vocab_size, tokens))
-    print(f"vocab={vocab_size} tokens per document={len(tokens)} rounds={args.rounds} "
-          f"torch threads={torch.get_num_threads()}")
+    print(
+        f"vocab={vocab_size} tokens per document={len(tokens)} rounds={args.rounds} "
+        f"torch threads={torch.get_num_threads()}"
+    )
     for name, rows in results.items():
         summary = {key: statistics.median(row[key] for row in rows) for key in rows[0]}
-        print(f"{name:11s} tokenizer setup {summary['setup_s'] * 1e3:8.1f} ms | 20-field "
-              f"compile {summary['compile_s'] * 1e3:8.2f} ms | mask/token median "
-              f"{summary['mask_us']:7.1f} us, worst {summary['mask_max_us']:8.1f} us")
+        print(
+            f"{name:11s} tokenizer setup {summary['setup_s'] * 1e3:8.1f} ms | 20-field "
+            f"compile {summary['compile_s'] * 1e3:8.2f} ms | mask/token median "
+            f"{summary['mask_us']:7.1f} us, worst {summary['mask_max_us']:8.1f} us"
+        )
 
 
 if __name__ == "__main__":

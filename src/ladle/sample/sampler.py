@@ -1,8 +1,9 @@
 """The Sampler: logits in, one token per request out, as batched tensor ops on the device.
 
-Order, per row: grammar bitmask (constrained rows only) -> min_tokens bans -> repetition / frequency / presence penalties -> greedy rows take
-the argmax of the penalised logits -> temperature -> min-p -> top-k -> top-p -> sample. Logprobs
-are those of the raw logits, before any of it.
+Order, per row: grammar bitmask (constrained rows only) -> min_tokens bans -> repetition /
+frequency / presence penalties -> greedy rows take the argmax of the penalised logits ->
+temperature -> min-p -> top-k -> top-p -> sample. Logprobs are those of the raw logits, before
+any of it.
 
 No Python loop over requests or the vocabulary and no host sync: what differs per request is a row
 tensor, what the whole batch can skip is a host flag (SamplingFlags). Random rows draw with the

@@ -139,7 +139,8 @@ class RequestGrammar:
             del self._recent[-num_unconsumed:]
             self.is_active = (
                 tuple(self._recent[-len(self._reasoning_end) :]) == self._reasoning_end
-                if not any(self._consumed) else True
+                if not any(self._consumed)
+                else True
             )
 
     @property

@@ -138,7 +138,8 @@ class StructuredOutputManager:
         if self._executor is None:
             self._executor = llguidance.LLExecutor()
         llguidance.torch.fill_next_token_bitmask_par(
-            self._executor, [(grammar.matcher, index) for index, (_, grammar) in enumerate(rows)],
+            self._executor,
+            [(grammar.matcher, index) for index, (_, grammar) in enumerate(rows)],
             masks,
         )
         packed[num_rows * self.width :] = torch.tensor([row for row, _ in rows], dtype=torch.int32)

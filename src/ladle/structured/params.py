@@ -128,7 +128,12 @@ def _grammar_of(kind: str, source: str) -> str:
             raise ValueError(f"structured_outputs.grammar does not parse: {error}") from None
     is_error, messages = matcher.validate_grammar_with_warnings(grammar)
     if is_error:
-        what = {"json": "JSON schema", "json_object": "JSON schema", "regex": "regex",
-                "choice": "choice list", "grammar": "grammar"}[kind]
+        what = {
+            "json": "JSON schema",
+            "json_object": "JSON schema",
+            "regex": "regex",
+            "choice": "choice list",
+            "grammar": "grammar",
+        }[kind]
         raise ValueError(f"invalid {what} in structured_outputs.{kind}: {messages[0]}")
     return grammar

@@ -8,7 +8,8 @@ as OpenAI-compatible servers commonly do, so newer clients keep working.
 
 Beyond OpenAI's fields, both requests take vLLM's sampling extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
-include_stop_str_in_output, priority.
+include_stop_str_in_output, priority, structured_outputs; and chat takes tools, tool_choice,
+parallel_tool_calls and chat_template_kwargs.
 """
 
 from __future__ import annotations
@@ -43,6 +44,29 @@ class StreamOptions(_Strict):
     include_usage: StrictBool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: StrictStr = "response"
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | StrictBool | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's `structured_outputs` extra; an unknown key is a 400, not a silent no-op."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    json_: dict[str, Any] | StrictStr | StrictBool | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+
+
 class _SamplingFields(_Strict):
     """Fields the two endpoints share."""
 
@@ -68,6 +92,9 @@ class _SamplingFields(_Strict):
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     priority: StrictInt = 0
+    # Structured output (ladle.structured): OpenAI's response_format and vLLM's extra.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -87,11 +114,26 @@ class TextContentPart(_Strict):
     text: StrictStr
 
 
+class FunctionCallIn(_Strict):
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCallIn(_Strict):
+    """An assistant turn's earlier tool call, as a client sends it back in the history."""
+
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[TextContentPart] | None = None
     name: StrictStr | None = None
     tool_call_id: StrictStr | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    reasoning_content: StrictStr | None = None
 
     def text(self) -> str:
         if self.content is None:
@@ -101,8 +143,25 @@ class ChatMessage(_Strict):
         return "".join(part.text for part in self.content)
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+class FunctionDefinition(_Strict):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ChatTool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: StrictStr
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -113,8 +172,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: StrictInt | None = None
     logprobs: StrictBool = False
     top_logprobs: StrictInt | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
     # ladle / vLLM extras for the template
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
@@ -173,9 +233,43 @@ class ChatChoiceLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class _WithoutNones(BaseModel):
+    @model_serializer(mode="wrap")
+    def _without_nones(self, handler: Any) -> dict:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class DeltaFunctionCall(_WithoutNones):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_WithoutNones):
+    """A streamed piece of a tool call: the first carries id, type and name; later ones add
+    argument text (OpenAI's shape)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class ChatCompletionChoice(BaseModel):
@@ -200,6 +294,8 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _without_nones(self, handler: Any) -> dict:

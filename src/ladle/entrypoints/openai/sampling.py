@@ -10,10 +10,14 @@ from __future__ import annotations
 from ladle.entrypoints.openai.errors import BadRequestError, from_value_error
 from ladle.entrypoints.openai.protocol import _SamplingFields
 from ladle.sampling_params import SamplingParams
+from ladle.structured.params import StructuredOutputsParams
 
 
 def build_sampling_params(
-    request: _SamplingFields, max_tokens: int, logprobs: int | None
+    request: _SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    structured_outputs: StructuredOutputsParams | None = None,
 ) -> SamplingParams:
     """SamplingParams of a validated request; raises BadRequestError naming a bad field."""
     if request.logit_bias:
@@ -39,6 +43,7 @@ def build_sampling_params(
             logprobs=logprobs,
             include_stop_str_in_output=request.include_stop_str_in_output,
             skip_special_tokens=request.skip_special_tokens,
+            structured_outputs=structured_outputs,
         )
     except ValueError as error:
         raise from_value_error(error) from error

@@ -53,6 +53,8 @@ class ServerSettings:
     served_model_name: str
     api_key: str | None = None
     max_request_bytes: int = 4 * 1024 * 1024
+    tool_call_parser: str | None = None  # None: chosen from the chat template
+    reasoning_parser: str | None = None  # None: chosen from the chat template
 
 
 @dataclass
@@ -73,7 +75,10 @@ def build_app(client: AsyncEngineClient, settings: ServerSettings) -> FastAPI:
         handlers.append(
             _Handlers(
                 completions=OpenAIServingCompletion(client, settings.served_model_name),
-                chat=OpenAIServingChat(client, settings.served_model_name),
+                chat=OpenAIServingChat(
+                    client, settings.served_model_name,
+                    settings.tool_call_parser, settings.reasoning_parser,
+                ),
             )
         )
         try:

@@ -34,6 +34,7 @@ from ladle.entrypoints.openai.streaming import (
     merge_streams,
     sse_event,
 )
+from ladle.entrypoints.openai.structured_fields import structured_outputs_of
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import SamplingParams
 
@@ -121,7 +122,9 @@ class OpenAIServingCompletion(OpenAIServing):
         max_tokens = resolve_max_tokens(
             request.max_tokens, len(token_ids), info.max_model_len, "prompt"
         )
-        return build_sampling_params(request, max_tokens, request.logprobs)
+        return build_sampling_params(
+            request, max_tokens, request.logprobs, structured_outputs_of(request)
+        )
 
     def _echo_text(self, text: str | None, token_ids: list[int]) -> str:
         if text is not None:
