@@ -77,7 +77,8 @@ SCHEMAS: list[tuple[str, dict]] = [
     ("a string", {"type": "string", "maxLength": 24}),
     ("an integer", {"type": "integer", "minimum": 0, "maximum": 1000}),
     ("a date", {"type": "object",
-                "properties": {"date": {"type": "string", "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
+                "properties": {"date": {"type": "string",
+                                        "pattern": "^[0-9]{4}-[0-9]{2}-[0-9]{2}$"}},
                 "required": ["date"], "additionalProperties": False}),
     ("a pet", {"anyOf": [
         {"type": "object", "properties": {"cat": NAME}, "required": ["cat"],
