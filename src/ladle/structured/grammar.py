@@ -72,10 +72,11 @@ class GrammarCompiler:
             import llguidance.hf
 
             tokenizer = self._load_tokenizer()
+            # End ids from the model's config may lie past the tokenizer's own vocabulary.
+            num_tokenizer_ids = len(tokenizer.hf_tokenizer)
+            eos = [t for t in tokenizer.eos_token_ids if t < num_tokenizer_ids]
             self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                tokenizer.hf_tokenizer,
-                n_vocab=self.vocab_size,
-                eos_token=list(tokenizer.eos_token_ids) or None,
+                tokenizer.hf_tokenizer, n_vocab=self.vocab_size, eos_token=eos or None
             )
         return self._ll_tokenizer
 
