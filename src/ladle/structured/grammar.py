@@ -76,7 +76,7 @@ class GrammarCompiler:
             num_tokenizer_ids = len(tokenizer.hf_tokenizer)
             eos = [t for t in tokenizer.eos_token_ids if t < num_tokenizer_ids]
             self._ll_tokenizer = llguidance.hf.from_tokenizer(
-                tokenizer.hf_tokenizer, n_vocab=self.vocab_size, eos_token=eos or None
+                tokenizer.hf_tokenizer, n_vocab=self.vocab_size, eos_token=eos[0] if eos else None
             )
         return self._ll_tokenizer
 
