@@ -173,7 +173,7 @@ def _reassemble(stream):
 )
 def test_streaming_tool_calls_reassemble_to_non_streaming(client, tool_choice):
     kwargs = dict(messages=WEATHER_QUESTION, tools=TOOLS, tool_choice=tool_choice,
-                  parallel_tool_calls=False)
+                  parallel_tool_calls=False, max_tokens=40)
     whole = _chat(client, **kwargs).choices[0]
     content, calls, finish = _reassemble(_chat(client, stream=True, **kwargs))
     assert finish == whole.finish_reason
@@ -186,12 +186,11 @@ def test_streaming_tool_calls_reassemble_to_non_streaming(client, tool_choice):
 
 
 def test_auto_gives_a_parsed_call_or_plain_text(client):
-    questions = ["What is the weather in Paris, in celsius?", "What is 12 plus 30?",
-                 "Say hello.", "Use get_weather for Rome in fahrenheit."]
+    questions = ["What is 12 plus 30?", "Use get_weather for Rome in fahrenheit."]
     with ThreadPoolExecutor(len(questions)) as pool:
         responses = list(pool.map(
             lambda q: _chat(client, messages=[{"role": "user", "content": q}], tools=TOOLS,
-                            max_tokens=48),
+                            max_tokens=40),
             questions,
         ))
     for response in responses:
