@@ -6,7 +6,7 @@ truncate_prompt_tokens (keep the last k prompt tokens; -1 keeps max_model_len),
 spaces_between_special_tokens=True (what the detokenizer does), logit_bias and
 allowed_token_ids (sample/logit_processing.py). Refused while ladle lacks them, when set to
 anything that would change the result: bad_words, prompt_logprobs, logits_processors,
-structured / guided decoding.
+guided_decoding (use structured_outputs).
 """
 
 from __future__ import annotations
@@ -19,8 +19,7 @@ UNSUPPORTED_SAMPLING_FIELDS = {
     "prompt_logprobs": "prompt_logprobs is not supported by ladle yet (prompt logprobs are not "
     "computed)",
     "logits_processors": "logits_processors is not supported by ladle",
-    "structured_outputs": "structured output is not supported by ladle yet",
-    "guided_decoding": "structured output is not supported by ladle yet",
+    "guided_decoding": "guided_decoding is vLLM's older name: use structured_outputs",
 }
 
 

@@ -11,6 +11,7 @@ from typing import Any
 
 from ladle.sampling_extras import validate_sampling_extras
 from ladle.sampling_limits import LIMITS
+from ladle.structured.params import StructuredOutputsParams
 
 # Greedy below this temperature: dividing logits by ~0 would only produce infs.
 GREEDY_TEMPERATURE = 1e-5
@@ -48,6 +49,9 @@ class SamplingParams:
     logprobs: int | None = None
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
+    # JSON schema / regex / choice / grammar the output must follow (a dict of the same fields
+    # is accepted too); see ladle.structured.
+    structured_outputs: StructuredOutputsParams | None = None
     extra: dict = field(default_factory=dict)
     # vLLM's further fields: validated (and, where ladle lacks them, refused) in sampling_extras.
     detokenize: bool = True
@@ -68,6 +72,8 @@ class SamplingParams:
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
         self.stop_token_ids = list(self.stop_token_ids or [])
+        if isinstance(self.structured_outputs, dict):
+            self.structured_outputs = StructuredOutputsParams(**self.structured_outputs)
         self._validate()
 
     def _validate(self) -> None:
@@ -101,6 +107,11 @@ class SamplingParams:
             f"got {num_stop_characters}",
         )
         validate_sampling_extras(self)
+        require(
+            self.structured_outputs is None
+            or isinstance(self.structured_outputs, StructuredOutputsParams),
+            "structured_outputs must be a StructuredOutputsParams or a dict of its fields",
+        )
 
     @property
     def is_greedy(self) -> bool:

@@ -24,10 +24,10 @@ def break_steps_with(llm, should_fail, error_type=ValueError):
     """Wrap the runner so that a step whose batch satisfies should_fail raises."""
     execute = llm.engine.runner.execute
 
-    def faulty(scheduler_output, block_ids):
+    def faulty(scheduler_output, block_ids, **options):
         if should_fail(scheduler_output.scheduled_requests):
             raise error_type("simulated failure while building the step")
-        return execute(scheduler_output, block_ids)
+        return execute(scheduler_output, block_ids, **options)
 
     return execute, faulty
 

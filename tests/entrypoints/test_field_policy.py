@@ -52,11 +52,10 @@ def effective_value(name: str, is_chat: bool):
 def test_refused_fields_are_a_400_naming_them(name, request_class) -> None:
     is_chat = request_class is ChatCompletionRequest
     body = {"messages" if is_chat else "prompt": [], name: effective_value(name, is_chat)}
-    if not is_chat and name in CHAT_ONLY_REFUSED:
-        # completions implements these itself (echo) or does not know them (chat_template).
-        if name in request_class.model_fields:
-            check_request_fields(body, request_class, allow_unknown_fields=False)
-            return
+    if name in request_class.model_fields:
+        # the endpoint implements it itself (completions' echo, chat's tools): honoured.
+        check_request_fields(body, request_class, allow_unknown_fields=False)
+        return
     with pytest.raises(BadRequestError) as info:
         check_request_fields(body, request_class, allow_unknown_fields=False)
     assert info.value.param == name
@@ -82,11 +81,11 @@ def test_unknown_fields_refused_unless_allowed() -> None:
 
 
 def test_every_model_field_is_honoured_not_refused() -> None:
-    # A field both in a request model and refused would be a contradiction, except the
-    # structured-output/tool fields the chat model parses (they land with their issue).
+    # A field in a request model is honoured there even when REFUSED lists it for the other
+    # endpoint (tools are chat's; echo is completions').
     for request_class in (ChatCompletionRequest, CompletionRequest):
         overlap = set(request_class.model_fields) & set(REFUSED)
-        assert overlap <= {"response_format", "tools", "logit_bias", "echo"}, overlap
+        assert overlap <= {"tools", "tool_choice", "parallel_tool_calls", "echo"}, overlap
 
 
 @pytest.fixture(scope="module")

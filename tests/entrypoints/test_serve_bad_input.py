@@ -76,8 +76,8 @@ CASES = [
     ("prompt too long", COMPLETIONS_PATH, completion(prompt="hello " * 2000), 400, "prompt"),
     ("logit_bias out of range", CHAT_PATH, chat(logit_bias={"5": 1000}), 400, "logit_bias"),
     ("logit_bias not a token", CHAT_PATH, chat(logit_bias={"x": 1}), 400, "logit_bias"),
-    ("tools", CHAT_PATH, chat(tools=[{"type": "function", "function": {"name": "f"}}]), 400,
-     "tools"),
+    ("tool without a name", CHAT_PATH, chat(tools=[{"type": "function", "function": {}}]), 400,
+     "tools.0.function.name"),
     ("reserved template kwarg", CHAT_PATH, chat(chat_template_kwargs={"tokenize": True}), 400,
      "chat_template_kwargs"),
     # Issue 7: each of these once reached the engine (int32 packing, int64 IPC) and killed it or

@@ -8,6 +8,7 @@ process behind ZMQ (the server).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import random
 import sys
 import time
@@ -26,8 +27,12 @@ from ladle.engine.messages import (
 from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
 from ladle.engine.warmup import warm_up
 from ladle.sampling_limits import check_field, check_top_k
+from ladle.structured.engine_side import build_structured_output_manager
 from ladle.threads import ThreadGovernor
 from ladle.worker.model_runner import ModelRunner
+
+# An engine with nothing to run but requests whose grammar is compiling waits this long for one.
+GRAMMAR_WAIT_S = 0.005
 
 
 class EngineCore:
@@ -77,6 +82,8 @@ class EngineCore:
         # On the CPU, torch's thread team follows the cores other programs leave free.
         self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
 
+        self.structured_outputs = build_structured_output_manager(config, self.runner)
+
     # ----- requests ------------------------------------------------------------------------
 
     def add_request(self, core_request: EngineCoreRequest) -> None:
@@ -114,6 +121,15 @@ class EngineCore:
         request.sampling_seed = (
             params.seed if params.seed is not None else self._seed_source.getrandbits(31)
         )
+        if params.structured_outputs is not None:
+            if self.structured_outputs is None:
+                raise RequestRejectedError(
+                    "structured output needs the model's tokenizer, and this model has none"
+                )
+            if core_request.request_id in self.scheduler.requests:
+                raise RequestRejectedError(f"request id {request.request_id!r} is in use")
+            if not self.structured_outputs.add_request(request):
+                return  # waits for its grammar outside the scheduler; step() hands it over
         self.scheduler.add_request(request)
 
     def _validate_prompt(self, prompt: list[int]) -> None:
@@ -134,21 +150,27 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """End requests now and free their blocks; returns their final 'abort' outputs."""
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        finished_ids = [r.request_id for r in finished]
+        if self.structured_outputs is not None:
+            finished_ids += self.structured_outputs.remove(request_ids)
         return [
-            EngineCoreOutput(request_id=r.request_id, new_token_ids=[], finish_reason="abort")
-            for r in finished
+            EngineCoreOutput(request_id=request_id, new_token_ids=[], finish_reason="abort")
+            for request_id in finished_ids
         ]
 
     # ----- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
         started = time.perf_counter()
-
         if self.thread_governor is not None:
             self.thread_governor.maybe_adjust()
+        structured = self.structured_outputs
+        failed_outputs = self._admit_compiled_requests() if structured is not None else []
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled_requests:
-            return []
+            if structured is not None and structured.num_waiting and not failed_outputs:
+                structured.wait_for_compile(GRAMMAR_WAIT_S)
+            return failed_outputs
         num_prefill, num_decode = split_scheduled_tokens(
             scheduler_output.scheduled_requests, scheduler_output.num_scheduled_tokens
         )
@@ -157,22 +179,49 @@ class EngineCore:
             for r in scheduler_output.scheduled_requests
         ]
         # A request that breaks the step ends alone (finish_reason "error"); the rest go on.
-        runner_output, failed_outputs = execute_isolating_faults(
-            self.runner.execute, self.scheduler, scheduler_output, block_ids
+        execute = self.runner.execute
+        if structured is not None:
+            execute = functools.partial(execute, fill_grammar_bitmask=structured.fill_bitmask)
+        runner_output, fault_outputs = execute_isolating_faults(
+            execute, self.scheduler, scheduler_output, block_ids
         )
+        failed_outputs += fault_outputs
         if runner_output is None:
             return failed_outputs
-        outputs = failed_outputs + self.scheduler.update_from_output(
+        if structured is not None:
+            # Fault isolation dropped any culprit from scheduled_requests, so these line up.
+            structured.accept_tokens(
+                scheduler_output.scheduled_requests, runner_output.sampled_token_ids
+            )
+        outputs = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
+        if structured is not None:
+            structured.remove(
+                [output.request_id for output in failed_outputs + outputs if output.finished]
+            )
         seconds = time.perf_counter() - started
         self.step_meter.record(num_prefill, num_decode, seconds)
         if self.scheduler.prefill_budget is not None:
             self.scheduler.prefill_budget.observe(num_prefill + num_decode, seconds)
-        return outputs
+        return failed_outputs + outputs
+
+    def _admit_compiled_requests(self) -> list[EngineCoreOutput]:
+        """Hand requests whose grammar is compiled to the scheduler; end those that failed."""
+        assert self.structured_outputs is not None
+        ready, failed = self.structured_outputs.take_ready()
+        for request in ready:
+            self.scheduler.add_request(request)
+        return [
+            EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason="error")
+            for request, _ in failed
+        ]
 
     def has_unfinished_requests(self) -> bool:
-        return self.scheduler.has_unfinished_requests()
+        waiting_for_grammar = self.structured_outputs is not None and (
+            self.structured_outputs.num_waiting > 0
+        )
+        return self.scheduler.has_unfinished_requests() or waiting_for_grammar
 
     def get_stats(self) -> SchedulerStats:
         meter = self.step_meter

@@ -1,8 +1,9 @@
 """The Sampler: logits in, one token per request out, as batched tensor ops on the device.
 
-Order, per row: min_tokens bans -> repetition / frequency / presence penalties -> greedy rows take
-the argmax of the penalised logits -> temperature -> min-p -> top-k -> top-p -> sample. Logprobs
-are those of the raw logits, before any of it.
+Order, per row: grammar bitmask (constrained rows only) -> min_tokens bans -> repetition /
+frequency / presence penalties -> greedy rows take the argmax of the penalised logits ->
+temperature -> min-p -> top-k -> top-p -> sample. Logprobs are those of the raw logits, before
+any of it.
 
 No Python loop over requests or the vocabulary and no host sync: what differs per request is a row
 tensor, what the whole batch can skip is a host flag (SamplingFlags). Random rows draw with the
@@ -28,12 +29,19 @@ from ladle.sample.penalties import apply_bans_, apply_penalties_
 from ladle.sample.rng import counter_gumbels
 from ladle.sample.truncation import apply_min_p_, apply_top_k_top_p_
 from ladle.sampling_params import GREEDY_TEMPERATURE
+from ladle.structured.bitmask import apply_token_bitmask
+from ladle.structured.manager import GrammarBitmask
 
 
 class Sampler(nn.Module):
     """Sample one token per request from [num_reqs, vocab] logits (see the module docstring)."""
 
-    def forward(self, logits: torch.Tensor, metadata: SamplingMetadata) -> SamplerOutput:
+    def forward(
+        self,
+        logits: torch.Tensor,
+        metadata: SamplingMetadata,
+        grammar_bitmask: GrammarBitmask | None = None,
+    ) -> SamplerOutput:
         flags = metadata.flags
         raw_logits = logits
         logits = logits.to(torch.float32)
@@ -50,9 +58,14 @@ class Sampler(nn.Module):
             or metadata.logit_edits is not None
             or not flags.no_penalties
             or not only_reads
+            or grammar_bitmask is not None
         )
         if may_modify and logits is raw_logits:
             logits = logits.clone()  # every step below works in place; the caller's tensor stays
+        if grammar_bitmask is not None:
+            # After the logprobs (they report the model's own distribution), before anything
+            # that chooses a token.
+            apply_token_bitmask(logits, grammar_bitmask.bitmask, grammar_bitmask.row_indices)
         if metadata.banned_token_ids is not None:
             apply_bans_(logits, metadata.banned_token_ids)
         if metadata.logit_edits is not None:

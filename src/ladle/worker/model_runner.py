@@ -8,12 +8,14 @@ the rows that sample, and one device-to-host copy of the sampled ids.
 from __future__ import annotations
 
 import dataclasses
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ladle.attention.backend import get_attention_backend
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
+from ladle.core.request import Request
 from ladle.core.scheduler import SchedulerOutput
 from ladle.engine.messages import TokenLogprobs
 from ladle.model.loader import load_model
@@ -21,6 +23,7 @@ from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import build_sampling_metadata, build_sampling_rows
 from ladle.sample.sampler import Sampler
+from ladle.structured.manager import GrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.memory import module_bytes, size_kv_cache
@@ -133,8 +136,13 @@ class ModelRunner:
 
     @torch.inference_mode()
     def execute(
-        self, scheduler_output: SchedulerOutput, block_ids: list[list[int]]
+        self,
+        scheduler_output: SchedulerOutput,
+        block_ids: list[list[int]],
+        fill_grammar_bitmask: Callable[[list[Request]], GrammarBitmask | None] | None = None,
     ) -> RunnerOutput:
+        """fill_grammar_bitmask: the constrained rows' masks for the sampling requests; called
+        once the forward pass is launched, so the CPU fills them while the device computes."""
         requests = scheduler_output.scheduled_requests
         sampling_positions = [
             index for index, request in enumerate(requests) if scheduler_output.will_sample(request)
@@ -162,6 +170,7 @@ class ModelRunner:
         if not sampling_requests:
             return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
+        grammar_bitmask = fill_grammar_bitmask(sampling_requests) if fill_grammar_bitmask else None
         # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
         metadata = build_sampling_metadata(
             [r.sampling_params for r in sampling_requests],
@@ -174,7 +183,7 @@ class ModelRunner:
             device=self.device,
             rows=inputs.sampling_rows,
         )
-        sampler_output = self.sampler(logits, metadata)
+        sampler_output = self.sampler(logits, metadata, grammar_bitmask)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         token_ids = sampler_output.sampled_token_ids.tolist()
         for position, token_id in zip(sampling_positions, token_ids):

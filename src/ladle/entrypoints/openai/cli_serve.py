@@ -18,6 +18,9 @@ from collections.abc import Callable
 # the server extra is installed.
 import uvicorn
 
+from ladle.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+from ladle.entrypoints.openai.tool_parsers import TOOL_PARSERS
+
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 API_KEY_ENV = "LADLE_API_KEY"
 
@@ -78,6 +81,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--disable-log-requests", action="store_true",
                         help="no log line per finished request (method, route, status, "
                         "tokens in/out, latency)")
+    server.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                        help="format of the model's tool calls (default: from the chat template)")
+    server.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                        help="split <think> reasoning into reasoning_content (default: from the "
+                        "chat template)")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -142,6 +150,8 @@ def run_serve(args: argparse.Namespace) -> int:
     )
     live_stats = LiveStatsLogger(lambda: client.stats, interval_s=args.stats_interval or 5.0)
     settings = ServerSettings(
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,

@@ -6,8 +6,8 @@ sent with a value that would change the result (anything but null or the no-op v
 NO_OP_VALUES), so clients that send defaults keep working. A field unknown to both APIs is a 400
 too, unless the server runs with --allow-unknown-fields (for clients that add their own keys).
 
-One table, so that landing a feature is one row: when structured output or tools arrive, their
-rows leave REFUSED and their fields join the request models.
+One table, so that landing a feature is one row: it leaves REFUSED and its field joins the
+request models (as structured output and tools did).
 """
 
 from __future__ import annotations
@@ -18,26 +18,25 @@ from pydantic import BaseModel
 
 from ladle.entrypoints.openai.errors import BadRequestError
 
-_STRUCTURED = "structured output is not supported yet"
-_TOOLS = "tool calling is not supported yet"
+_GUIDED = "vLLM's older guided_* fields are not supported: use structured_outputs"
+# Refused only where the request model lacks them (completions): chat implements them.
+_CHAT_FEATURE = "tool calling is a chat feature: use /v1/chat/completions"
+_FUNCTIONS = "the deprecated functions / function_call are not supported: use tools"
 
 # field -> why ladle refuses it. Both endpoints unless CHAT_ONLY / COMPLETIONS_ONLY say so.
 REFUSED: dict[str, str] = {
-    # structured output and tools (a separate issue): 400 until they land
-    "response_format": _STRUCTURED,
-    "structured_outputs": _STRUCTURED,
-    "guided_json": _STRUCTURED,
-    "guided_regex": _STRUCTURED,
-    "guided_choice": _STRUCTURED,
-    "guided_grammar": _STRUCTURED,
-    "guided_decoding_backend": _STRUCTURED,
-    "guided_whitespace_pattern": _STRUCTURED,
-    "tools": _TOOLS,
-    "tool_choice": _TOOLS,
-    "parallel_tool_calls": _TOOLS,
-    "functions": _TOOLS,
-    "function_call": _TOOLS,
-    "reasoning_effort": "reasoning effort is not supported (ladle runs no reasoning parser)",
+    "guided_json": _GUIDED,
+    "guided_regex": _GUIDED,
+    "guided_choice": _GUIDED,
+    "guided_grammar": _GUIDED,
+    "guided_decoding_backend": _GUIDED,
+    "guided_whitespace_pattern": _GUIDED,
+    "tools": _CHAT_FEATURE,
+    "tool_choice": _CHAT_FEATURE,
+    "parallel_tool_calls": _CHAT_FEATURE,
+    "functions": _FUNCTIONS,
+    "function_call": _FUNCTIONS,
+    "reasoning_effort": "reasoning_effort is not supported (ladle cannot set a model's effort)",
     # sampling and prompt extras of vLLM not implemented by ladle's sampler yet
     "bad_words": "bad_words is not supported yet",
     "prompt_logprobs": "prompt logprobs are not computed",
@@ -72,10 +71,10 @@ CHAT_ONLY_REFUSED = frozenset({"echo", "continue_final_message", "chat_template"
 
 # Values that change nothing, so sending them is accepted even where the field is refused.
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
-    "response_format": ({"type": "text"},),
     "tools": ([],),
-    "functions": ([],),
     "tool_choice": ("none",),
+    "parallel_tool_calls": (True,),
+    "functions": ([],),
     "function_call": ("none",),
     "bad_words": ([],),
     "echo": (False,),
@@ -106,12 +105,12 @@ def check_request_fields(
     is_chat = "messages" in known
     no_op_values = {**NO_OP_VALUES, "add_special_tokens": (not is_chat,)}
     for name, value in body.items():
+        if name in known:
+            continue  # the request model holds it: honoured
         if name in REFUSED and (is_chat or name not in CHAT_ONLY_REFUSED):
             if value is None or _is_no_op(value, no_op_values.get(name, ())):
                 continue
             raise BadRequestError(f"{name}: {REFUSED[name]}", param=name)
-        if name in known:
-            continue
         if not allow_unknown_fields:
             raise BadRequestError(
                 f"unknown field {name!r}; ladle refuses fields it would ignore (start the server "

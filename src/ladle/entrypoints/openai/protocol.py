@@ -10,7 +10,8 @@ runs with --allow-unknown-fields), so no field is silently ignored.
 
 Beyond OpenAI's fields, both requests take vLLM's sampling extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
-include_stop_str_in_output, priority, allowed_token_ids.
+include_stop_str_in_output, priority, allowed_token_ids, structured_outputs; and chat takes
+tools, tool_choice, parallel_tool_calls and chat_template_kwargs.
 """
 
 from __future__ import annotations
@@ -49,6 +50,29 @@ class StreamOptions(_Strict):
     include_usage: StrictBool = False
 
 
+class JsonSchemaFormat(_Strict):
+    name: StrictStr = "response"
+    description: StrictStr | None = None
+    schema_: dict[str, Any] | StrictBool | None = Field(default=None, alias="schema")
+    strict: StrictBool | None = None
+
+
+class ResponseFormat(_Strict):
+    type: Literal["text", "json_object", "json_schema"]
+    json_schema: JsonSchemaFormat | None = None
+
+
+class StructuredOutputsField(BaseModel):
+    """vLLM's `structured_outputs` extra; an unknown key is a 400, not a silent no-op."""
+
+    model_config = ConfigDict(strict=True, extra="forbid", populate_by_name=True)
+    json_: dict[str, Any] | StrictStr | StrictBool | None = Field(default=None, alias="json")
+    regex: StrictStr | None = None
+    choice: list[StrictStr] | None = None
+    grammar: StrictStr | None = None
+    json_object: StrictBool | None = None
+
+
 class _SamplingFields(_Strict):
     """Fields the two endpoints share."""
 
@@ -75,6 +99,9 @@ class _SamplingFields(_Strict):
     include_stop_str_in_output: StrictBool = False
     priority: api_field("priority") = 0
     allowed_token_ids: list[StrictInt] | None = None
+    # Structured output (ladle.structured): OpenAI's response_format and vLLM's extra.
+    response_format: ResponseFormat | None = None
+    structured_outputs: StructuredOutputsField | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -103,11 +130,26 @@ class ContentPart(_Strict):
         return self
 
 
+class FunctionCallIn(_Strict):
+    name: StrictStr
+    arguments: StrictStr
+
+
+class ToolCallIn(_Strict):
+    """An assistant turn's earlier tool call, as a client sends it back in the history."""
+
+    id: StrictStr | None = None
+    type: Literal["function"] = "function"
+    function: FunctionCallIn
+
+
 class ChatMessage(_Strict):
     role: Literal["system", "developer", "user", "assistant", "tool"]
     content: StrictStr | list[ContentPart] | None = None
     name: StrictStr | None = None
     tool_call_id: StrictStr | None = None
+    tool_calls: list[ToolCallIn] | None = None
+    reasoning_content: StrictStr | None = None
 
     def first_non_text_part(self) -> tuple[int, str] | None:
         """(index, type) of the first content part that is not text, if any."""
@@ -125,8 +167,25 @@ class ChatMessage(_Strict):
         return "".join(part.text or "" for part in self.content)
 
 
-class ResponseFormat(_Strict):
-    type: Literal["text", "json_object", "json_schema"]
+class FunctionDefinition(_Strict):
+    name: StrictStr
+    description: StrictStr | None = None
+    parameters: dict[str, Any] | None = None
+    strict: StrictBool | None = None
+
+
+class ChatTool(_Strict):
+    type: Literal["function"] = "function"
+    function: FunctionDefinition
+
+
+class NamedFunction(_Strict):
+    name: StrictStr
+
+
+class NamedToolChoice(_Strict):
+    type: Literal["function"] = "function"
+    function: NamedFunction
 
 
 class ChatCompletionRequest(_SamplingFields):
@@ -137,8 +196,9 @@ class ChatCompletionRequest(_SamplingFields):
     max_completion_tokens: api_field("max_tokens") | None = None
     logprobs: StrictBool = False
     top_logprobs: api_field("logprobs") | None = None
-    response_format: ResponseFormat | None = None
-    tools: list[dict[str, Any]] | None = None
+    tools: list[ChatTool] | None = None
+    tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
+    parallel_tool_calls: StrictBool = True
     # ladle / vLLM extras for the template
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
@@ -197,9 +257,43 @@ class ChatChoiceLogprobs(BaseModel):
     content: list[ChatTokenLogprob] | None = None
 
 
+class FunctionCall(BaseModel):
+    name: str
+    arguments: str  # JSON text, as OpenAI sends it
+
+
+class ToolCall(BaseModel):
+    id: str
+    type: Literal["function"] = "function"
+    function: FunctionCall
+
+
 class ChatResponseMessage(BaseModel):
     role: Literal["assistant"] = "assistant"
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[ToolCall] = Field(default_factory=list)
+
+
+class _WithoutNones(BaseModel):
+    @model_serializer(mode="wrap")
+    def _without_nones(self, handler: Any) -> dict:
+        return {key: value for key, value in handler(self).items() if value is not None}
+
+
+class DeltaFunctionCall(_WithoutNones):
+    name: str | None = None
+    arguments: str | None = None
+
+
+class DeltaToolCall(_WithoutNones):
+    """A streamed piece of a tool call: the first carries id, type and name; later ones add
+    argument text (OpenAI's shape)."""
+
+    index: int
+    id: str | None = None
+    type: Literal["function"] | None = None
+    function: DeltaFunctionCall | None = None
 
 
 class ChatCompletionChoice(BaseModel):
@@ -224,6 +318,8 @@ class ChatDelta(BaseModel):
 
     role: Literal["assistant"] | None = None
     content: str | None = None
+    reasoning_content: str | None = None
+    tool_calls: list[DeltaToolCall] | None = None
 
     @model_serializer(mode="wrap")
     def _without_nones(self, handler: Any) -> dict:

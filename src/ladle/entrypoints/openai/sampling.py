@@ -10,12 +10,14 @@ from __future__ import annotations
 from ladle.entrypoints.openai.errors import BadRequestError, from_value_error
 from ladle.entrypoints.openai.protocol import _SamplingFields
 from ladle.sampling_params import SamplingParams
+from ladle.structured.params import StructuredOutputsParams
 
 
 def build_sampling_params(
     request: _SamplingFields,
     max_tokens: int,
     logprobs: int | None,
+    structured_outputs: StructuredOutputsParams | None = None,
     defaults: dict | None = None,
     vocab_size: int | None = None,
 ) -> SamplingParams:
@@ -49,6 +51,7 @@ def build_sampling_params(
             skip_special_tokens=request.skip_special_tokens,
             logit_bias=request.logit_bias or None,
             allowed_token_ids=request.allowed_token_ids,
+            structured_outputs=structured_outputs,
         )
     except ValueError as error:
         raise from_value_error(error) from error

@@ -60,6 +60,8 @@ class ServerSettings:
     allow_unknown_fields: bool = False
 
     log_requests: bool = True  # one line per finished request (request_log.py)
+    tool_call_parser: str | None = None  # None: chosen from the chat template
+    reasoning_parser: str | None = None  # None: chosen from the chat template
 
 
 @dataclass
@@ -88,7 +90,8 @@ def build_app(
                     client, settings.served_model_name, settings.allow_unknown_fields
                 ),
                 chat=OpenAIServingChat(
-                    client, settings.served_model_name, settings.allow_unknown_fields
+                    client, settings.served_model_name, settings.allow_unknown_fields,
+                    settings.tool_call_parser, settings.reasoning_parser,
                 ),
             )
         )

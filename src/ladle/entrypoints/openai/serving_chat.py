@@ -10,7 +10,8 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ladle.engine.client import RequestStream
+from ladle.engine.client import AsyncEngineClient, RequestStream
+from ladle.entrypoints.openai.chat_reply import ReplyShaper
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import chat_logprobs
 from ladle.entrypoints.openai.protocol import (
@@ -22,6 +23,7 @@ from ladle.entrypoints.openai.protocol import (
     ChatResponseMessage,
     ChatStreamChoice,
 )
+from ladle.entrypoints.openai.reasoning_parsers import select_reasoning_parser
 from ladle.entrypoints.openai.sampling import build_sampling_params, resolve_max_tokens
 from ladle.entrypoints.openai.serving_base import OpenAIServing
 from ladle.entrypoints.openai.streaming import (
@@ -29,6 +31,13 @@ from ladle.entrypoints.openai.streaming import (
     DisconnectAwareStreamingResponse,
     sse_event,
 )
+from ladle.entrypoints.openai.structured_fields import structured_outputs_of
+from ladle.entrypoints.openai.tool_calling import (
+    build_template_messages,
+    plan_tools,
+    template_knows_tools,
+)
+from ladle.entrypoints.openai.tool_parsers import select_tool_parser
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import MAX_LOGPROBS
 
@@ -40,10 +49,44 @@ RESERVED_TEMPLATE_KWARGS = frozenset(
 
 
 class OpenAIServingChat(OpenAIServing):
+    def __init__(
+        self,
+        client: AsyncEngineClient,
+        served_model_name: str,
+        allow_unknown_fields: bool = False,
+        tool_call_parser: str | None = None,
+        reasoning_parser: str | None = None,
+    ) -> None:
+        super().__init__(client, served_model_name, allow_unknown_fields)
+        template = client.tokenizer.hf_tokenizer.chat_template if client.tokenizer else None
+        template = template if isinstance(template, str) else None
+        self.tool_parser = select_tool_parser(tool_call_parser, template)
+        self.reasoning_parser = select_reasoning_parser(reasoning_parser, template)
+        self.template_has_tools = template_knows_tools(template)
+
     async def create(self, body: bytes, raw_request: Request) -> Response:
         request = self.parse_checked(ChatCompletionRequest, body)
         self._check_unsupported(request)
-        prompt_token_ids = self._render(request)
+        plan = plan_tools(request, self.tool_parser)
+        structured = structured_outputs_of(request)
+        if plan.is_forced and structured is not None:
+            raise BadRequestError(
+                "tool_choice required or a named function cannot be combined with "
+                "response_format or structured_outputs", param="tool_choice",
+            )
+        structured = plan.structured_outputs or structured
+        prompt_text, prompt_token_ids = self._render(request, plan)
+        reasoning = self.reasoning_parser
+        starts_in_reasoning = reasoning is not None and reasoning.starts_in_reasoning(prompt_text)
+        # Reasoning comes first, unconstrained; the grammar starts after </think>, unless the
+        # template already closed the block (thinking switched off).
+        if structured is not None and reasoning is not None and (
+            starts_in_reasoning or prompt_text.rfind(reasoning.end_tag) < 0
+        ):
+            structured.reasoning_end_token_ids = self.client.tokenizer.encode(
+                reasoning.end_tag, add_special_tokens=False
+            )
+        shaper = ReplyShaper(plan, reasoning, starts_in_reasoning)
         info = self.client.info
         max_tokens_param = (
             "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
@@ -56,19 +99,21 @@ class OpenAIServingChat(OpenAIServing):
         )
         num_top = request.top_logprobs or 0
         params = build_sampling_params(
-            request, max_tokens, num_top if request.logprobs else None,
+            request, max_tokens, num_top if request.logprobs else None, structured,
             defaults=self.client.sampling_defaults, vocab_size=info.vocab_size,
         )
         stream = self.add_request("chatcmpl", None, prompt_token_ids, params, request.priority)
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         if request.stream:
             return DisconnectAwareStreamingResponse(
-                self._stream(request, response_id, stream, len(prompt_token_ids)),
+                self._stream(request, response_id, stream, len(prompt_token_ids), shaper),
                 on_close=stream.close,
             )
         output = await self.collect(raw_request, self._collect(stream), stream.close)
         return JSONResponse(
-            self._response(request, response_id, output, len(prompt_token_ids)).model_dump()
+            self._response(
+                request, response_id, output, len(prompt_token_ids), shaper
+            ).model_dump()
         )
 
     # ----- request -----------------------------------------------------------------------------
@@ -82,15 +127,9 @@ class OpenAIServingChat(OpenAIServing):
             )
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
-        if request.response_format is not None and request.response_format.type != "text":
-            raise BadRequestError(
-                f"response_format {request.response_format.type!r} is not supported",
-                param="response_format",
-            )
-        if request.tools:
-            raise BadRequestError("tools are not supported", param="tools")
 
-    def _render(self, request: ChatCompletionRequest) -> list[int]:
+    def _render(self, request: ChatCompletionRequest, plan) -> tuple[str, list[int]]:
+        """The prompt's text and token ids."""
         tokenizer = self.client.tokenizer
         if tokenizer is None:
             raise BadRequestError("this model has no tokenizer, so no chat template; use "
@@ -102,7 +141,6 @@ class OpenAIServingChat(OpenAIServing):
                 f"chat_template_kwargs may not set {', '.join(sorted(reserved))}",
                 param="chat_template_kwargs",
             )
-        messages = []
         for message_index, message in enumerate(request.messages):
             if (unsupported := message.first_non_text_part()) is not None:
                 part_index, part_type = unsupported
@@ -112,16 +150,16 @@ class OpenAIServingChat(OpenAIServing):
                     "text-only models",
                     param=f"messages.{message_index}.content.{part_index}.type",
                 )
-            entry = {"role": message.role, "content": message.text()}
-            if message.name is not None:
-                entry["name"] = message.name
-            if message.tool_call_id is not None:
-                entry["tool_call_id"] = message.tool_call_id
-            messages.append(entry)
+        messages, tools = build_template_messages(
+            request, self.tool_parser, self.template_has_tools
+        )
+        if tools is not None:
+            template_kwargs["tools"] = tools
         try:
-            return tokenizer.apply_chat_template(
+            text = tokenizer.render_chat_template(
                 messages, add_generation_prompt=request.add_generation_prompt, **template_kwargs
             )
+            return text, tokenizer.encode(text, add_special_tokens=False)
         except ValueError as error:
             raise BadRequestError(str(error), param="messages") from error
         except Exception as error:
@@ -146,21 +184,25 @@ class OpenAIServingChat(OpenAIServing):
         response_id: str,
         output: RequestOutput,
         num_prompt_tokens: int,
+        shaper: ReplyShaper,
     ) -> ChatCompletionResponse:
         num_top = request.top_logprobs or 0
-        choices = [
-            ChatCompletionChoice(
+        choices = []
+        for completion in output.outputs:
+            message = ChatResponseMessage(content=completion.text)
+            finish_reason = completion.finish_reason
+            if not shaper.is_plain:
+                message, finish_reason = shaper.whole(completion.text, finish_reason)
+            choices.append(ChatCompletionChoice(
                 index=completion.index,
-                message=ChatResponseMessage(content=completion.text),
+                message=message,
                 logprobs=(
                     chat_logprobs(completion.logprobs or [], self.token_texts, num_top)
                     if request.logprobs else None
                 ),
-                finish_reason=completion.finish_reason,
+                finish_reason=finish_reason,
                 stop_reason=completion.stop_reason,
-            )
-            for completion in output.outputs
-        ]
+            ))
         return ChatCompletionResponse(
             id=response_id,
             model=self.served_model_name,
@@ -174,6 +216,7 @@ class OpenAIServingChat(OpenAIServing):
         response_id: str,
         stream: RequestStream,
         num_prompt_tokens: int,
+        shaper: ReplyShaper,
     ) -> AsyncIterator[str]:
         created = self.created()
         num_top = request.top_logprobs or 0
@@ -193,6 +236,7 @@ class OpenAIServingChat(OpenAIServing):
                     index=index, delta=ChatDelta(role="assistant", content="")
                 )])
             finish_sent = [False] * request.n
+            shaped = None if shaper.is_plain else [shaper.stream() for _ in range(request.n)]
             final = None
             async for output in stream:
                 choices = []
@@ -208,6 +252,11 @@ class OpenAIServingChat(OpenAIServing):
                     if not completion.text_delta and logprobs is None and not finishing:
                         continue
                     finish_sent[completion.index] = finish_sent[completion.index] or finishing
+                    if shaped is not None:
+                        choices += self._shaped_choices(
+                            shaped[completion.index], completion, logprobs, finishing
+                        )
+                        continue
                     choices.append(
                         ChatStreamChoice(
                             index=completion.index,
@@ -236,3 +285,19 @@ class OpenAIServingChat(OpenAIServing):
             yield SSE_DONE
         finally:
             stream.close()
+
+    @staticmethod
+    def _shaped_choices(
+        choice_stream, completion, logprobs, finishing: bool
+    ) -> list[ChatStreamChoice]:
+        """The chunks of one choice under reasoning / tool rules; the last carries the finish."""
+        deltas = choice_stream.feed(completion.text_delta, final=finishing)
+        if finishing or logprobs is not None:
+            deltas = deltas or [ChatDelta()]
+        choices = [ChatStreamChoice(index=completion.index, delta=delta) for delta in deltas]
+        if choices:
+            choices[0].logprobs = logprobs
+        if finishing:
+            choices[-1].finish_reason = choice_stream.finish_reason(completion.finish_reason)
+            choices[-1].stop_reason = completion.stop_reason
+        return choices

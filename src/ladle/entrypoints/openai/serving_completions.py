@@ -35,6 +35,7 @@ from ladle.entrypoints.openai.streaming import (
     merge_streams,
     sse_event,
 )
+from ladle.entrypoints.openai.structured_fields import structured_outputs_of
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import SamplingParams
 
@@ -127,6 +128,7 @@ class OpenAIServingCompletion(OpenAIServing):
             request,
             max_tokens,
             request.logprobs,
+            structured_outputs_of(request),
             defaults=self.client.sampling_defaults,
             vocab_size=info.vocab_size,
         )

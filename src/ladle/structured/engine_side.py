@@ -1,0 +1,32 @@
+"""Build the engine core's StructuredOutputManager for a loaded model (None without a tokenizer).
+
+The engine core loads its own copy of the tokenizer, lazily on the compile thread, because the
+grammar's token masks must be computed where tokens are sampled.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from ladle.structured.grammar import GrammarCompiler
+from ladle.structured.manager import StructuredOutputManager
+
+if TYPE_CHECKING:
+    from ladle.config import EngineConfig
+    from ladle.worker.model_runner import ModelRunner
+
+
+def build_structured_output_manager(
+    config: EngineConfig, runner: ModelRunner
+) -> StructuredOutputManager | None:
+    source = config.model.tokenizer or runner.model_path
+    if source is None:
+        return None  # dummy weights of a preset: no tokenizer, so no grammar over its tokens
+    arch = runner.arch
+
+    def load():
+        from ladle.engine.tokenizer import load_tokenizer
+
+        return load_tokenizer(source, arch)
+
+    return StructuredOutputManager(GrammarCompiler(load, arch.vocab_size), runner.device)
