@@ -13,6 +13,7 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"]
     )
     group.add_argument("--dtype", default="auto")
+    group.add_argument("--quantization", default="auto", choices=["auto", "none", "int8"])
     group.add_argument("--device", default="auto")
     group.add_argument("--max-model-len", type=int, default=None)
     group.add_argument("--block-size", type=int, default=16)
@@ -29,6 +30,7 @@ def engine_options_from_args(args: argparse.Namespace) -> dict:
     return {
         "load_format": args.load_format,
         "dtype": args.dtype,
+        "quantization": args.quantization,
         "device": args.device,
         "max_model_len": args.max_model_len,
         "block_size": args.block_size,
