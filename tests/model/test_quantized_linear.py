@@ -69,3 +69,19 @@ def test_unknown_method_is_rejected():
     layer = Linear(8, 8)
     with pytest.raises(ValueError, match="int3"):
         quantize_model_(layer, "int3")
+
+
+def test_auto_quantization_keeps_gguf_int8_on_the_cpu_unless_a_dtype_is_given():
+    from ladle.config import ModelConfig
+    from ladle.model.loader import resolve_quantization
+
+    cpu = torch.device("cpu")
+    assert resolve_quantization(ModelConfig(), "gguf", cpu) == "int8"
+    assert resolve_quantization(ModelConfig(dtype="float32"), "gguf", cpu) is None
+    assert resolve_quantization(ModelConfig(), "safetensors", cpu) is None
+    assert resolve_quantization(ModelConfig(quantization="none"), "gguf", cpu) is None
+    assert resolve_quantization(ModelConfig(quantization="int8"), "dummy", cpu) == "int8"
+    with pytest.raises(ValueError, match="CPU only"):
+        resolve_quantization(ModelConfig(quantization="int8"), "gguf", torch.device("meta"))
+    with pytest.raises(ValueError, match="quantization 'fp4'"):
+        ModelConfig(quantization="fp4")
