@@ -61,9 +61,7 @@ S1 = TokenWorkload(
 WORKLOADS = {"W1": W1, "W2": W2, "W3": W3_SMALL, "W3-8b": W3_LARGE, "S1": S1}
 
 
-def build_requests(
-    workload: TokenWorkload, num_requests: int | None = None
-) -> list[WorkloadRequest]:
+def build_requests(workload: TokenWorkload, num_requests: int | None = None) -> list[WorkloadRequest]:
     """The workload's requests in order; `num_requests` takes a prefix (the same first requests
     as the full workload, so a short run is comparable request by request)."""
     rng = random.Random(workload.seed)

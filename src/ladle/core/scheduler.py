@@ -221,7 +221,9 @@ class Scheduler:
             if request.is_finished:
                 continue  # aborted while the step ran
             will_sample = scheduler_output.will_sample(request)
-            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id]
+            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[
+                request.request_id
+            ]
             self.kv_cache_manager.cache_computed_blocks(request)
             if not will_sample:
                 continue  # a prompt chunk that did not reach the end of the prompt

@@ -26,62 +26,31 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     from ladle.cli import add_engine_arguments
 
     parser = subparsers.add_parser(
-        "serve",
-        help="serve a model over an OpenAI-compatible HTTP API",
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (see docs/serving.md).",
     )
-    parser.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M",
-    )
+    parser.add_argument("model", nargs="?", default=None,
+                        help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M")
     parser.add_argument("--model", dest="model_option", default=None)
     server = parser.add_argument_group("server")
-    server.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind (default: loopback only; 0.0.0.0 for all)",
-    )
+    server.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: loopback only; 0.0.0.0 for all)")
     server.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    server.add_argument(
-        "--api-key",
-        default=os.environ.get(API_KEY_ENV),
-        help=f"require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})",
-    )
-    server.add_argument(
-        "--served-model-name",
-        default=None,
-        help="the model name clients send (default: the model argument)",
-    )
+    server.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})")
+    server.add_argument("--served-model-name", default=None,
+                        help="the model name clients send (default: the model argument)")
     server.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model's")
-    server.add_argument(
-        "--max-queued-requests",
-        type=int,
-        default=1024,
-        help="sequences waiting for the engine before new requests get 429",
-    )
-    server.add_argument(
-        "--max-queued-tokens",
-        type=int,
-        default=1 << 20,
-        help="prompt tokens waiting for the engine before new requests get 429",
-    )
-    server.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=4 * 1024 * 1024,
-        help="larger request bodies get 413",
-    )
-    server.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="seconds in-flight requests get to finish on SIGTERM",
-    )
-    server.add_argument(
-        "--log-level", default="info", choices=["critical", "error", "warning", "info", "debug"]
-    )
+    server.add_argument("--max-queued-requests", type=int, default=1024,
+                        help="sequences waiting for the engine before new requests get 429")
+    server.add_argument("--max-queued-tokens", type=int, default=1 << 20,
+                        help="prompt tokens waiting for the engine before new requests get 429")
+    server.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
+                        help="larger request bodies get 413")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--log-level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
     server.add_argument("--access-log", action="store_true", help="log every request")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)

@@ -81,14 +81,8 @@ def build_app(client: AsyncEngineClient, settings: ServerSettings) -> FastAPI:
         finally:
             await client.shutdown()
 
-    app = FastAPI(
-        title="ladle",
-        version=ladle.__version__,
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+    app = FastAPI(title="ladle", version=ladle.__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app, client)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(make_api_key_check(settings.api_key))])
 
@@ -172,9 +166,5 @@ def _add_error_handlers(app: FastAPI, client: AsyncEngineClient) -> None:
 
 
 _REJECTION_REASONS = {
-    400: "bad_request",
-    401: "unauthorized",
-    404: "not_found",
-    413: "too_large",
-    429: "queue_full",
+    400: "bad_request", 401: "unauthorized", 404: "not_found", 413: "too_large", 429: "queue_full"
 }

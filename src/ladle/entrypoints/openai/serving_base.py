@@ -92,11 +92,7 @@ class OpenAIServing:
         )
 
     def add_request(
-        self,
-        prefix: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
+        self, prefix: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
         priority: int,
     ) -> RequestStream:
         try:
@@ -116,7 +112,9 @@ class OpenAIServing:
         if isinstance(error, RequestRejectedError):
             return BadRequestError(str(error))
         if isinstance(error, EngineDeadError):
-            return InternalServerError(f"the request failed: {error}", code="engine_dead")
+            return InternalServerError(
+                f"the request failed: {error}", code="engine_dead"
+            )
         return InternalServerError(f"the request failed: {type(error).__name__}: {error}")
 
     @staticmethod

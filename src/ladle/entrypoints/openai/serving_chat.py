@@ -33,19 +33,8 @@ from ladle.outputs import RequestOutput
 
 # Template keywords a request may not override: they are the template call's own arguments.
 RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "messages",
-        "conversation",
-        "tokenize",
-        "add_generation_prompt",
-        "return_dict",
-        "return_tensors",
-        "padding",
-        "truncation",
-        "max_length",
-        "tokenizer_kwargs",
-        "chat_template",
-    }
+    {"messages", "conversation", "tokenize", "add_generation_prompt", "return_dict",
+     "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs", "chat_template"}
 )
 
 
@@ -59,16 +48,15 @@ class OpenAIServingChat(OpenAIServing):
             "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         )
         max_tokens = resolve_max_tokens(
-            request.max_completion_tokens
-            if request.max_completion_tokens is not None
+            request.max_completion_tokens if request.max_completion_tokens is not None
             else request.max_tokens,
-            len(prompt_token_ids),
-            info.max_model_len,
-            "messages",
+            len(prompt_token_ids), info.max_model_len, "messages",
             max_tokens_param,
         )
         num_top = request.top_logprobs or 0
-        params = build_sampling_params(request, max_tokens, num_top if request.logprobs else None)
+        params = build_sampling_params(
+            request, max_tokens, num_top if request.logprobs else None
+        )
         stream = self.add_request("chatcmpl", None, prompt_token_ids, params, request.priority)
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         if request.stream:
@@ -98,10 +86,8 @@ class OpenAIServingChat(OpenAIServing):
     def _render(self, request: ChatCompletionRequest) -> list[int]:
         tokenizer = self.client.tokenizer
         if tokenizer is None:
-            raise BadRequestError(
-                "this model has no tokenizer, so no chat template; use "
-                "/v1/completions with token ids"
-            )
+            raise BadRequestError("this model has no tokenizer, so no chat template; use "
+                                  "/v1/completions with token ids")
         template_kwargs = dict(request.chat_template_kwargs or {})
         reserved = RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs)
         if reserved:
@@ -153,8 +139,7 @@ class OpenAIServingChat(OpenAIServing):
                 message=ChatResponseMessage(content=completion.text),
                 logprobs=(
                     chat_logprobs(completion.logprobs or [], self.token_texts, num_top)
-                    if request.logprobs
-                    else None
+                    if request.logprobs else None
                 ),
                 finish_reason=completion.finish_reason,
                 stop_reason=completion.stop_reason,
@@ -189,9 +174,9 @@ class OpenAIServingChat(OpenAIServing):
         try:
             # OpenAI opens each choice with the role and empty content.
             for index in range(request.n):
-                yield chunk(
-                    [ChatStreamChoice(index=index, delta=ChatDelta(role="assistant", content=""))]
-                )
+                yield chunk([ChatStreamChoice(
+                    index=index, delta=ChatDelta(role="assistant", content="")
+                )])
             finish_sent = [False] * request.n
             final = None
             async for output in stream:
@@ -224,11 +209,8 @@ class OpenAIServingChat(OpenAIServing):
             if include_usage and final is not None:
                 yield sse_event(
                     ChatCompletionChunk(
-                        id=response_id,
-                        created=created,
-                        model=self.served_model_name,
-                        choices=[],
-                        usage=self.usage([num_prompt_tokens], [final]),
+                        id=response_id, created=created, model=self.served_model_name,
+                        choices=[], usage=self.usage([num_prompt_tokens], [final]),
                     ).model_dump_json()
                 )
             yield SSE_DONE
