@@ -28,7 +28,10 @@ def chat_prompt_ids(llm: LLM) -> list[int]:
     text = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 14)
     messages = [{"role": "user", "content": f"Summarise this text: {text}"}]
     tokenizer = llm.get_tokenizer()
-    return list(tokenizer.apply_chat_template(messages, add_generation_prompt=True))
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    # LLM.get_tokenizer may hand back the Hugging Face tokenizer, which returns an encoding.
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    return [int(token) for token in ids]
 
 
 def time_ladle(llm: LLM, prompt: list[int], max_tokens: int) -> float:
