@@ -22,6 +22,7 @@ SUPPORTED_DTYPES = {
     "float": torch.float32,
 }
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
+QUANTIZATIONS = ("auto", "none", "int8")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -109,8 +110,19 @@ class ModelConfig:
         default=False,
         metadata={"help": "run every step eagerly: no CUDA graphs of decode steps (CUDA only)"},
     )
+    quantization: str = field(
+        default="auto",
+        metadata={
+            "help": "weight quantization: int8 (weight-only, per-row scales), none, or auto "
+            "(int8 for a GGUF checkpoint on the CPU unless --dtype is given, else none)"
+        },
+    )
 
     def __post_init__(self) -> None:
+        if self.quantization not in QUANTIZATIONS:
+            raise ValueError(
+                f"quantization {self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
+            )
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {self.load_format!r} is not one of {LOAD_FORMATS}")
         if self.generation_config not in ("auto", "vllm", "ladle"):

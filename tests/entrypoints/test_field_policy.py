@@ -10,7 +10,6 @@ import pytest
 
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.field_policy import (
-    CHAT_ONLY_REFUSED,
     NO_OP_VALUES,
     REFUSED,
     check_request_fields,

@@ -37,9 +37,13 @@ def write_kv_cache(
 
 
 def get_attention_backend(device: torch.device, name: str = "auto") -> AttentionBackend:
-    """'auto': the Triton kernels on CUDA, the torch reference elsewhere."""
+    """'auto': the Triton kernels on CUDA, the batched CPU backend elsewhere."""
     if name == "auto":
-        name = "triton" if device.type == "cuda" else "torch"
+        name = "triton" if device.type == "cuda" else "cpu"
+    if name == "cpu":
+        from ladle.attention.cpu_backend import CpuAttentionBackend
+
+        return CpuAttentionBackend()
     if name == "torch":
         from ladle.attention.torch_backend import TorchAttentionBackend
 
@@ -48,4 +52,4 @@ def get_attention_backend(device: torch.device, name: str = "auto") -> Attention
         from ladle.attention.triton_backend import TritonAttentionBackend
 
         return TritonAttentionBackend()
-    raise ValueError(f"unknown attention backend {name!r}; choose auto, torch or triton")
+    raise ValueError(f"unknown attention backend {name!r}; choose auto, cpu, torch or triton")

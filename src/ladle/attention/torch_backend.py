@@ -31,30 +31,43 @@ def paged_attention_reference(
     query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
 ) -> torch.Tensor:
     """Attention of every query row over its request's cached context, one request at a time."""
+    output = torch.empty_like(query)
+    starts = metadata.query_start_loc_host
+    for index in range(metadata.num_reqs):
+        start, end = starts[index], starts[index + 1]
+        if end > start:
+            output[start:end] = attend_one_request(
+                query[start:end], kv_cache, metadata, index, scale
+            )
+    return output
+
+
+def attend_one_request(
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    index: int,
+    scale: float,
+) -> torch.Tensor:
+    """Request `index`'s query rows [query_len, heads, dim] over its cached context."""
     num_heads = query.shape[1]
     num_kv_heads = kv_cache.shape[3]
     block_size = metadata.block_size
-    output = torch.empty_like(query)
-    starts = metadata.query_start_loc_host
-    for index, seq_len in enumerate(metadata.seq_lens_host):
-        start, end = starts[index], starts[index + 1]
-        query_len = end - start
-        if query_len == 0:
-            continue
-        num_blocks = (seq_len + block_size - 1) // block_size
-        blocks = metadata.block_tables[index, :num_blocks].long()
-        keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
-        values = kv_cache[1, blocks].reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
-        # [heads, tokens, dim]; GQA by repeating each kv head over its query group.
-        q = query[start:end].transpose(0, 1)
-        k = keys.transpose(0, 1).repeat_interleave(num_heads // num_kv_heads, dim=0)
-        v = values.transpose(0, 1).repeat_interleave(num_heads // num_kv_heads, dim=0)
-        # Query row i sits at context position seq_len - query_len + i and sees positions <= it.
-        query_positions = torch.arange(seq_len - query_len, seq_len, device=query.device)
-        key_positions = torch.arange(seq_len, device=query.device)
-        mask = key_positions[None, :] <= query_positions[:, None]
-        attended = F.scaled_dot_product_attention(
-            q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale
-        )
-        output[start:end] = attended[0].transpose(0, 1)
-    return output
+    seq_len = metadata.seq_lens_host[index]
+    query_len = query.shape[0]
+    num_blocks = (seq_len + block_size - 1) // block_size
+    blocks = metadata.block_tables[index, :num_blocks].long()
+    keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
+    values = kv_cache[1, blocks].reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
+    # [heads, tokens, dim]; GQA by repeating each kv head over its query group.
+    q = query.transpose(0, 1)
+    k = keys.transpose(0, 1).repeat_interleave(num_heads // num_kv_heads, dim=0)
+    v = values.transpose(0, 1).repeat_interleave(num_heads // num_kv_heads, dim=0)
+    # Query row i sits at context position seq_len - query_len + i and sees positions <= it.
+    query_positions = torch.arange(seq_len - query_len, seq_len, device=query.device)
+    key_positions = torch.arange(seq_len, device=query.device)
+    mask = key_positions[None, :] <= query_positions[:, None]
+    attended = F.scaled_dot_product_attention(
+        q.unsqueeze(0), k.unsqueeze(0), v.unsqueeze(0), attn_mask=mask, scale=scale
+    )
+    return attended[0].transpose(0, 1)

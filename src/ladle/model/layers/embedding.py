@@ -6,6 +6,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.model.layers.quantized_linear import int8_embedding, int8_weight_matmul
+
 
 class VocabEmbedding(nn.Module):
     """Looks up rows of a [vocab_size, hidden_size] table for int32 or int64 token ids."""
@@ -16,8 +18,19 @@ class VocabEmbedding(nn.Module):
         self.hidden_size = hidden_size
         self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
 
+    # Set by quantize_model_: the table is then int8 codes + row scales.
+    quantization: str | None = None
+
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.quantization is not None:
+            return int8_embedding(input_ids.long(), self.weight_codes, self.weight_scale)
         return F.embedding(input_ids, self.weight)
+
+    def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        """hidden [n, hidden_size] x this table^T -> float32 logits [n, vocab_size]."""
+        if self.quantization is not None:
+            return int8_weight_matmul(hidden_states, self.weight_codes, self.weight_scale).float()
+        return compute_logits(hidden_states, self.weight)
 
     def extra_repr(self) -> str:
         return f"vocab={self.vocab_size}, hidden={self.hidden_size}"
@@ -30,7 +43,7 @@ class LMHead(VocabEmbedding):
     owning a second copy (a shared Parameter would not survive materialisation from meta)."""
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return compute_logits(hidden_states, self.weight)
+        return self.logits(hidden_states)
 
 
 def compute_logits(hidden_states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:

@@ -26,6 +26,7 @@ from torch import nn
 from ladle.attention.backend import AttentionBackend
 from ladle.config import ModelConfig
 from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
+from ladle.model.layers.quantized_linear import quantize_model_
 from ladle.model.loader.dummy import fill_dummy_weights
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.hub import looks_like_hub_id, resolve_hub_model
@@ -60,7 +61,38 @@ def load_model(
     dtype: torch.dtype,
     attention_backend: AttentionBackend,
 ) -> LoadedModel:
-    """Load the model `model_config` names onto `device` in `dtype`, in eval mode."""
+    """Load the model `model_config` names onto `device` in `dtype`, in eval mode, then quantize
+    its weights when model_config.quantization asks for it (see resolve_quantization)."""
+    loaded = _load_unquantized(model_config, device, dtype, attention_backend)
+    method = resolve_quantization(model_config, loaded.source, device)
+    if method is not None:
+        quantize_model_(loaded.model, method)
+    return loaded
+
+
+def resolve_quantization(
+    model_config: ModelConfig, source: ModelSource, device: torch.device
+) -> str | None:
+    """The quantization to apply, or None. 'auto' keeps a GGUF checkpoint quantized on the CPU
+    (int8, the fastest CPU format measured) unless the user chose a dtype."""
+    method = model_config.quantization
+    if method == "auto":
+        is_default_dtype = model_config.dtype == "auto"
+        keep_quantized = source == "gguf" and device.type == "cpu" and is_default_dtype
+        return "int8" if keep_quantized else None
+    if method == "none":
+        return None
+    if device.type != "cpu":
+        raise ValueError(f"quantization {method!r} runs on the CPU only in this build")
+    return method
+
+
+def _load_unquantized(
+    model_config: ModelConfig,
+    device: torch.device,
+    dtype: torch.dtype,
+    attention_backend: AttentionBackend,
+) -> LoadedModel:
     name = model_config.model
     load_format = model_config.load_format
     overrides = dict(model_config.hf_overrides or {})

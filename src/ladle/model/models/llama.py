@@ -17,7 +17,7 @@ from ladle.attention.metadata import AttentionMetadata
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.layers.activation import SiluAndMul
 from ladle.model.layers.attention import Attention
-from ladle.model.layers.embedding import LMHead, VocabEmbedding, compute_logits
+from ladle.model.layers.embedding import LMHead, VocabEmbedding
 from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
 from ladle.model.layers.rotary import RotaryEmbedding
@@ -195,7 +195,7 @@ class LlamaForCausalLM(nn.Module):
         """[n, hidden_size] -> float32 logits [n, vocab_size]. Callers pass only the rows they
         sample from (usually each request's last token), which keeps this matmul small."""
         if self.lm_head is None:
-            return compute_logits(hidden_states, self.model.embed_tokens.weight)
+            return self.model.embed_tokens.logits(hidden_states)
         return self.lm_head(hidden_states)
 
     @torch.no_grad()

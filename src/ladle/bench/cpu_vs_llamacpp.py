@@ -1,0 +1,94 @@
+"""The default model on the CPU: ladle (each --quantization) against llama.cpp on the same GGUF,
+interleaved in one run, medians of --repeats.
+
+    PYTHONPATH=... python -m ladle.bench.cpu_vs_llamacpp --threads 2 --repeats 3
+
+Measures generated tokens/s of one greedy sequence (prompt of 64 tokens, --output-len tokens,
+EOS ignored) and the time to the first token of a 200-token chat prompt (prefix cache cleared
+between runs, so every run prefills the whole prompt). llama.cpp comes from `llama-cpp-python`
+(not a ladle dependency; it builds from source with pip). Its high-level API runs one sequence,
+so batched throughput is compared through `ladle.bench.offline_throughput` instead.
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+from ladle import LLM, SamplingParams
+from ladle.model.default_model import resolve_default_model
+
+CHAT_PROMPT_WORDS = 150  # about 200 tokens once templated
+
+
+def chat_prompt_ids(llm: LLM) -> list[int]:
+    text = " ".join(["The quick brown fox jumps over the lazy dog near the river bank."] * 14)
+    messages = [{"role": "user", "content": f"Summarise this text: {text}"}]
+    tokenizer = llm.get_tokenizer()
+    ids = tokenizer.apply_chat_template(messages, add_generation_prompt=True)
+    # LLM.get_tokenizer may hand back the Hugging Face tokenizer, which returns an encoding.
+    ids = ids["input_ids"] if hasattr(ids, "keys") else ids
+    return [int(token) for token in ids]
+
+
+def time_ladle(llm: LLM, prompt: list[int], max_tokens: int) -> float:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    started = time.perf_counter()
+    llm.generate([prompt], params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    llm.engine.kv_cache_manager.reset_prefix_cache()
+    return elapsed
+
+
+def time_llamacpp(model, prompt: list[int], max_tokens: int) -> float:
+    model.reset()
+    started = time.perf_counter()
+    produced = 0
+    for _ in model.generate(prompt, temp=0.0, reset=True):
+        produced += 1
+        if produced == max_tokens:
+            break
+    return time.perf_counter() - started
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--threads", type=int, default=torch.get_num_threads())
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--output-len", type=int, default=64)
+    parser.add_argument("--quantization", nargs="+", default=["int8", "none"])
+    args = parser.parse_args()
+    from llama_cpp import Llama
+
+    torch.set_num_threads(args.threads)
+    path = str(resolve_default_model())
+    engines = {f"ladle {q}": LLM(model=path, quantization=q) for q in args.quantization}
+    peer = Llama(path, n_ctx=2048, n_threads=args.threads, n_batch=512, verbose=False)
+    chat = chat_prompt_ids(next(iter(engines.values())))
+    short = list(range(1000, 1064))
+    decode: dict[str, list[float]] = {}
+    first_token: dict[str, list[float]] = {}
+    runners = {name: (lambda p, n, e=e: time_ladle(e, p, n)) for name, e in engines.items()}
+    runners["llama.cpp"] = lambda p, n: time_llamacpp(peer, p, n)
+    for run in runners.values():  # warm-up
+        run(short, 4)
+    for _ in range(args.repeats):
+        for name, run in runners.items():
+            # Decode rate: a full run minus its one-token run, so prefill is not counted.
+            full, one = run(short, args.output_len + 1), run(short, 1)
+            decode.setdefault(name, []).append(args.output_len / (full - one))
+            first_token.setdefault(name, []).append(run(chat, 1))
+    print(f"threads={args.threads} chat prompt={len(chat)} tokens repeats={args.repeats}")
+    for name in runners:
+        rate, ttft = statistics.median(decode[name]), statistics.median(first_token[name])
+        print(
+            f"{name:>12}: batch-1 decode {rate:6.1f} tok/s {[round(x, 1) for x in decode[name]]},"
+            f" TTFT {ttft * 1e3:6.0f} ms {[round(x * 1e3) for x in first_token[name]]}"
+        )
+
+
+if __name__ == "__main__":
+    main()

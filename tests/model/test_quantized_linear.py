@@ -1,0 +1,87 @@
+"""Weight-only int8 (quantized_linear.py) against plain torch, and the quantized model against
+the float32 one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from ladle.model.layers import quantized_linear
+from ladle.model.layers.embedding import VocabEmbedding
+from ladle.model.layers.linear import Linear, QKVLinear
+from ladle.model.layers.quantized_linear import (
+    dequantize_int8_per_row,
+    int8_weight_matmul,
+    quantize_int8_per_row,
+    quantize_model_,
+)
+
+
+@pytest.mark.parametrize("shape", [(1, 7), (7, 33), (300, 576), (1000, 129)])
+def test_quantize_error_is_within_half_a_step(shape):
+    weight = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    weight[0] = 0.0  # an all-zero row must not divide by zero
+    codes, scale = quantize_int8_per_row(weight)
+    assert codes.dtype == torch.int8 and scale.shape == (shape[0],)
+    error = (dequantize_int8_per_row(codes, scale) - weight).abs()
+    assert torch.all(error <= scale[:, None] / 2 + 1e-6)
+    assert torch.all(dequantize_int8_per_row(codes[:1], scale[:1]) == 0)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 7, 64])
+@pytest.mark.parametrize("num_rows", [1, 7, 1500])
+def test_chunked_matmul_matches_dequantized_reference(monkeypatch, num_tokens, num_rows):
+    # Small chunks, so that 1500 rows of 96 take several chunks and a ragged last one.
+    monkeypatch.setattr(quantized_linear, "CHUNK_ELEMENTS", 96 * 64)
+    generator = torch.Generator().manual_seed(1)
+    codes, scale = quantize_int8_per_row(torch.randn(num_rows, 96, generator=generator))
+    x = torch.randn(num_tokens, 96, generator=generator)
+    bias = torch.randn(num_rows, generator=generator)
+    expected = x @ dequantize_int8_per_row(codes, scale).T + bias
+    # Same math, different summation order (scale applied after the dot product).
+    actual = int8_weight_matmul(x, codes, scale, bias)
+    torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-5)
+
+
+def test_quantize_model_replaces_weights_and_keeps_outputs_close():
+    torch.manual_seed(0)
+    model = torch.nn.ModuleDict(
+        {"qkv": QKVLinear(64, 16, 4, 2, bias=True), "embed": VocabEmbedding(100, 64)}
+    )
+    for param in model.parameters():
+        param.data.normal_()
+    x = torch.randn(5, 64)
+    ids = torch.tensor([0, 99, 5])
+    expected_qkv = model["qkv"](x)
+    expected_logits = model["embed"].logits(x)
+    expected_rows = model["embed"](ids)
+    assert sorted(quantize_model_(model, "int8")) == ["embed", "qkv"]
+    assert model["qkv"].weight is None and model["qkv"].weight_codes.dtype == torch.int8
+    # A 64-long dot product of unit normals spreads ~8; int8 per-row keeps it within 3% of that.
+    torch.testing.assert_close(model["qkv"](x), expected_qkv, atol=0.25, rtol=0)
+    torch.testing.assert_close(model["embed"].logits(x), expected_logits, atol=0.25, rtol=0)
+    torch.testing.assert_close(model["embed"](ids), expected_rows, atol=0.02, rtol=0.01)
+    q, k, v = model["qkv"].split(model["qkv"](x))
+    assert q.shape == (5, 64) and k.shape == v.shape == (5, 32)
+
+
+def test_unknown_method_is_rejected():
+    layer = Linear(8, 8)
+    with pytest.raises(ValueError, match="int3"):
+        quantize_model_(layer, "int3")
+
+
+def test_auto_quantization_keeps_gguf_int8_on_the_cpu_unless_a_dtype_is_given():
+    from ladle.config import ModelConfig
+    from ladle.model.loader import resolve_quantization
+
+    cpu = torch.device("cpu")
+    assert resolve_quantization(ModelConfig(), "gguf", cpu) == "int8"
+    assert resolve_quantization(ModelConfig(dtype="float32"), "gguf", cpu) is None
+    assert resolve_quantization(ModelConfig(), "safetensors", cpu) is None
+    assert resolve_quantization(ModelConfig(quantization="none"), "gguf", cpu) is None
+    assert resolve_quantization(ModelConfig(quantization="int8"), "dummy", cpu) == "int8"
+    with pytest.raises(ValueError, match="CPU only"):
+        resolve_quantization(ModelConfig(quantization="int8"), "gguf", torch.device("meta"))
+    with pytest.raises(ValueError, match="quantization 'fp4'"):
+        ModelConfig(quantization="fp4")
