@@ -87,8 +87,11 @@ class PrefixAwarePolicy:
             raise ValueError("no replica to route to")
         least_loaded = min(
             queue_lengths,
-            key=lambda replica: (queue_lengths[replica], self._num_owned.get(replica, 0),
-                                 str(replica)),
+            key=lambda replica: (
+                queue_lengths[replica],
+                self._num_owned.get(replica, 0),
+                str(replica),
+            ),
         )
         if key is None:
             return RoutingDecision(least_loaded, REASON_NO_PREFIX)

@@ -52,6 +52,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--log-level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     server.add_argument("--access-log", action="store_true", help="log every request")
+    cluster = parser.add_argument_group("replicas (Ray Serve; pip install 'ladle[ray]')")
+    cluster.add_argument("--replicas", type=int, default=1,
+                         help="engine replicas behind this endpoint; >1 runs on Ray Serve")
+    cluster.add_argument("--ray-address", default=None,
+                         help="join this Ray cluster (e.g. ray://head:10001 or auto) to deploy")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -81,6 +86,10 @@ def run_serve(args: argparse.Namespace) -> int:
         served_name = args.served_model_name or model
     # Bad options fail here, before a process is spawned, with the field named.
     EngineConfig.from_kwargs(model=model, **options)
+    if args.replicas != 1 or args.ray_address:
+        from ladle.entrypoints.cluster.cli_cluster import run_cluster
+
+        return run_cluster(args, model, served_name, options)
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
     client = AsyncEngineClient({"model": model, **options}, metrics, admission)

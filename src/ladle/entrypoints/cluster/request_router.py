@@ -1,0 +1,76 @@
+"""PrefixAwareRequestRouter: Ray Serve's replica choice for the engine deployment, delegating to
+the pure PrefixAwarePolicy (prefix_routing.py).
+
+The ingress passes each request's prefix key as the `routing_key` keyword of the replica call;
+the queue lengths are the ones Ray's router already tracks per replica (sent minus finished,
+refreshed by its probes). The policy's pick is the first rank; the other replicas form the second,
+so a pick that rejects the request (at max_ongoing_requests) falls back to the least loaded.
+"""
+
+from __future__ import annotations
+
+from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
+
+from ladle.entrypoints.cluster.prefix_routing import (
+    DEFAULT_LOAD_MARGIN,
+    DEFAULT_MAX_TRACKED_PREFIXES,
+    PrefixAwarePolicy,
+)
+from ladle.entrypoints.cluster.routing_metrics import ROUTED_REQUESTS
+
+ROUTING_KEY_KWARG = "routing_key"
+_FALLBACK = "fallback"
+
+
+class PrefixAwareRequestRouter(RequestRouter):
+    """Sends a request to the replica that holds its prompt prefix, within a load margin."""
+
+    def initialize_state(
+        self,
+        load_margin: int = DEFAULT_LOAD_MARGIN,
+        max_tracked_prefixes: int = DEFAULT_MAX_TRACKED_PREFIXES,
+    ) -> None:
+        self._policy = PrefixAwarePolicy(load_margin, max_tracked_prefixes)
+        # request id -> (replica the policy chose, why), read back once Ray has placed it.
+        self._decisions: dict[str, tuple[ReplicaID, str]] = {}
+
+    async def choose_replicas(
+        self,
+        candidate_replicas: list[RunningReplica],
+        pending_request: PendingRequest | None = None,
+    ) -> list[list[RunningReplica]]:
+        if not candidate_replicas:
+            return []
+        key = None
+        if pending_request is not None:
+            key = pending_request.kwargs.get(ROUTING_KEY_KWARG)
+        queue_lengths = {
+            replica.replica_id: self.replica_queue_len_cache.get(replica.replica_id) or 0
+            for replica in candidate_replicas
+        }
+        decision = self._policy.choose(key, queue_lengths)
+        if pending_request is not None:
+            self._decisions[pending_request.metadata.request_id] = (
+                decision.replica,
+                decision.reason,
+            )
+        chosen = [r for r in candidate_replicas if r.replica_id == decision.replica]
+        others = sorted(
+            (r for r in candidate_replicas if r.replica_id != decision.replica),
+            key=lambda r: queue_lengths[r.replica_id],
+        )
+        return [chosen, others] if others else [chosen]
+
+    def on_request_routed(
+        self, pending_request: PendingRequest, replica_id: ReplicaID, result
+    ) -> None:
+        chosen, reason = self._decisions.pop(
+            pending_request.metadata.request_id, (replica_id, _FALLBACK)
+        )
+        if chosen != replica_id:
+            reason = _FALLBACK
+        ROUTED_REQUESTS.labels(replica=replica_id.unique_id, reason=reason).inc()
+
+    def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
+        super().on_replica_actor_died(replica_id)
+        self._policy.forget_replica(replica_id)
