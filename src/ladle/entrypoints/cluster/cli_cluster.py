@@ -61,7 +61,7 @@ def run_cluster(
         serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
         shown = f"[{args.host}]" if ":" in args.host else args.host
         print(
-            f"[ladle] serving {served_name} from {args.replicas} replicas on Ray Serve at "
+            f"[ladle] serving {served_name} ({args.replicas} replicas on Ray Serve) on "
             f"http://{shown}:{port} (OpenAI API under /v1; ready: GET /health -> 200)",
             flush=True,
         )

@@ -16,10 +16,9 @@ from ladle.entrypoints.cluster.prefix_routing import (
     DEFAULT_MAX_TRACKED_PREFIXES,
     PrefixAwarePolicy,
 )
-from ladle.entrypoints.cluster.routing_metrics import ROUTED_REQUESTS
+from ladle.entrypoints.cluster.routing_metrics import ROUTED_REQUESTS, ROUTING_DECISIONS
 
 ROUTING_KEY_KWARG = "routing_key"
-_FALLBACK = "fallback"
 
 
 class PrefixAwareRequestRouter(RequestRouter):
@@ -31,8 +30,6 @@ class PrefixAwareRequestRouter(RequestRouter):
         max_tracked_prefixes: int = DEFAULT_MAX_TRACKED_PREFIXES,
     ) -> None:
         self._policy = PrefixAwarePolicy(load_margin, max_tracked_prefixes)
-        # request id -> (replica the policy chose, why), read back once Ray has placed it.
-        self._decisions: dict[str, tuple[ReplicaID, str]] = {}
 
     async def choose_replicas(
         self,
@@ -49,11 +46,7 @@ class PrefixAwareRequestRouter(RequestRouter):
             for replica in candidate_replicas
         }
         decision = self._policy.choose(key, queue_lengths)
-        if pending_request is not None:
-            self._decisions[pending_request.metadata.request_id] = (
-                decision.replica,
-                decision.reason,
-            )
+        ROUTING_DECISIONS.labels(reason=decision.reason).inc()
         chosen = [r for r in candidate_replicas if r.replica_id == decision.replica]
         others = sorted(
             (r for r in candidate_replicas if r.replica_id != decision.replica),
@@ -61,15 +54,11 @@ class PrefixAwareRequestRouter(RequestRouter):
         )
         return [chosen, others] if others else [chosen]
 
-    def on_request_routed(
-        self, pending_request: PendingRequest, replica_id: ReplicaID, result
-    ) -> None:
-        chosen, reason = self._decisions.pop(
-            pending_request.metadata.request_id, (replica_id, _FALLBACK)
-        )
-        if chosen != replica_id:
-            reason = _FALLBACK
-        ROUTED_REQUESTS.labels(replica=replica_id.unique_id, reason=reason).inc()
+    def on_send_request(self, replica_id: ReplicaID) -> None:
+        # Called for every request Ray actually sends (after any fallback), so this count is the
+        # exact per-replica routing tally; the reasons are counted where the policy decides.
+        super().on_send_request(replica_id)
+        ROUTED_REQUESTS.labels(replica=replica_id.unique_id).inc()
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)

@@ -13,9 +13,16 @@ REGISTRY = CollectorRegistry()
 
 ROUTED_REQUESTS = Counter(
     "ladle_router_requests",
-    "Requests the prefix-aware router sent to each replica, by the reason it chose that replica "
-    "(prefix_hit, overloaded, new_prefix, no_prefix, fallback).",
-    ["replica", "reason"],
+    "Requests sent to each engine replica (label: Ray's replica id).",
+    ["replica"],
+    registry=REGISTRY,
+)
+ROUTING_DECISIONS = Counter(
+    "ladle_router_decisions",
+    "Prefix-aware routing decisions by reason: prefix_hit (the replica holding the prefix), "
+    "overloaded (it was busier than the least loaded by more than the margin), new_prefix, "
+    "no_prefix (prompt shorter than one block).",
+    ["reason"],
     registry=REGISTRY,
 )
 RETRIED_REQUESTS = Counter(
