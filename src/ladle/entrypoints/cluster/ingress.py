@@ -28,6 +28,7 @@ from ray import serve
 from ray.exceptions import RayActorError, RayError
 from ray.serve.handle import DeploymentHandle
 
+# Through the module (which pickles by name), never its counters: see request_router.py.
 from ladle.entrypoints.cluster import routing_metrics
 from ladle.entrypoints.cluster.asgi_forwarding import ForwardedRequest, ResponseStart
 from ladle.entrypoints.cluster.request_router import ROUTING_KEY_KWARG
@@ -47,21 +48,12 @@ ENGINE_DEPLOYMENT_NAME = "LadleReplica"
 # decoration time, which Ray pickles by value together with the globals it finds then.
 
 
-def _shared_routing_metrics():  # noqa: ANN202 - a module
-    """The routing_metrics module the request router writes to. Looked up at call time, never
-    captured: Ray pickles this module's functions by value with the ingress class, and a
-    captured registry would be a copy that the router never touches."""
-    import importlib
-
-    return importlib.import_module(routing_metrics.__name__)
-
-
 async def _relay(stream: Any, is_event_stream: bool) -> AsyncIterator[bytes]:
     try:
         async for chunk in stream:
             yield chunk
     except _REPLICA_FAILURES as error:
-        _shared_routing_metrics().CUT_STREAMS.inc()
+        routing_metrics.CUT_STREAMS.inc()
         logger.warning("replica failed mid-stream: %s", error)
         if is_event_stream:
             message = f"the replica serving this stream failed: {type(error).__name__}"
@@ -144,7 +136,7 @@ class LadleIngress:
     @ingress_app.get("/metrics")
     async def metrics(self) -> Response:
         return Response(
-            _shared_routing_metrics().render_routing_metrics(),
+            routing_metrics.render_routing_metrics(),
             media_type="text/plain; version=0.0.4",
         )
 
@@ -178,7 +170,7 @@ class LadleIngress:
                 stream.cancel()
                 if attempt == self._max_attempts:
                     return _error(503, f"no replica could answer: {error}", "replica_unavailable")
-                _shared_routing_metrics().RETRIED_REQUESTS.inc()
+                routing_metrics.RETRIED_REQUESTS.inc()
                 logger.warning("replica failed before answering (%s); retrying", error)
                 continue
             except StopAsyncIteration:

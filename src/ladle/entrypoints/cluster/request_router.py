@@ -11,12 +11,15 @@ from __future__ import annotations
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
+# Through the module, never `from ... import COUNTER`: Ray cloudpickles this class by value, and
+# a counter captured as a global would be a private copy that /metrics never shows. Modules
+# always travel by name.
+from ladle.entrypoints.cluster import routing_metrics
 from ladle.entrypoints.cluster.prefix_routing import (
     DEFAULT_LOAD_MARGIN,
     DEFAULT_MAX_TRACKED_PREFIXES,
     PrefixAwarePolicy,
 )
-from ladle.entrypoints.cluster.routing_metrics import ROUTED_REQUESTS, ROUTING_DECISIONS
 
 ROUTING_KEY_KWARG = "routing_key"
 
@@ -46,7 +49,7 @@ class PrefixAwareRequestRouter(RequestRouter):
             for replica in candidate_replicas
         }
         decision = self._policy.choose(key, queue_lengths)
-        ROUTING_DECISIONS.labels(reason=decision.reason).inc()
+        routing_metrics.ROUTING_DECISIONS.labels(reason=decision.reason).inc()
         chosen = [r for r in candidate_replicas if r.replica_id == decision.replica]
         others = sorted(
             (r for r in candidate_replicas if r.replica_id != decision.replica),
@@ -58,7 +61,7 @@ class PrefixAwareRequestRouter(RequestRouter):
         # Called for every request Ray actually sends (after any fallback), so this count is the
         # exact per-replica routing tally; the reasons are counted where the policy decides.
         super().on_send_request(replica_id)
-        ROUTED_REQUESTS.labels(replica=replica_id.unique_id).inc()
+        routing_metrics.ROUTED_REQUESTS.labels(replica=replica_id.unique_id).inc()
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
