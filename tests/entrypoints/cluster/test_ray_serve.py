@@ -6,6 +6,7 @@ replica (checked through the router's counters in /metrics)."""
 from __future__ import annotations
 
 import concurrent.futures
+import time
 
 import httpx
 import openai
@@ -150,3 +151,40 @@ def _decisions(server: ServerProcess) -> dict[str, float]:
         for name, value in _labelled_metrics(server).items()
         if name.startswith(prefix)
     }
+
+
+# How long a killed engine may take to be replaced (Ray's health check, a new replica, a model
+# load) before the endpoint reports all replicas again; generous for a loaded 2-core CI machine.
+RECOVERY_BOUND_S = 180
+
+
+def test_killed_engine_is_replaced_and_no_request_hangs(cluster):
+    psutil = pytest.importorskip("psutil", reason="psutil finds the engine processes")
+    engines = [
+        process
+        for process in psutil.Process(cluster.pid).children(recursive=True)
+        if "spawn_main" in " ".join(process.cmdline())
+        and "LadleReplica" in " ".join(process.parent().cmdline())
+    ]
+    assert len(engines) == 2
+    engines[0].kill()
+    client = _client(cluster)
+    started = time.monotonic()
+    # Requests right after the kill: the dead replica raises before answering and the ingress
+    # sends them elsewhere, so every one succeeds, none hangs (the client timeout bounds it).
+    for i in range(6):
+        answer = client.completions.create(
+            model=MODEL, prompt=f"Tell me about number {i}", max_tokens=4, temperature=0
+        )
+        assert answer.choices[0].finish_reason == "length"
+    statuses = set()
+    while time.monotonic() - started < RECOVERY_BOUND_S:
+        health = httpx.get(f"{cluster.base_url}/health", timeout=30).json()
+        statuses.add(health["status"])
+        if health["status"] == "ok" and health["replicas_running"] == 2:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"not recovered within {RECOVERY_BOUND_S}s; statuses seen {statuses}")
+    assert _greedy_answers(cluster)  # the restored endpoint serves
+    print(f"recovered in {time.monotonic() - started:.1f}s; /health statuses seen: {statuses}")

@@ -9,8 +9,8 @@ errors, auth and streaming are `ladle serve`'s. The ingress itself answers:
     GET /metrics   the router's per-replica counters (routing_metrics.py)
 
 Faults: a request whose replica fails before its first byte is sent again to another replica (up
-to `max_attempts` in all); a stream cut after it began ends with an OpenAI error event and
-`data: [DONE]`, so no client waits forever.
+to `max_attempts` in all, backing off); a stream cut after it began ends with an OpenAI error
+event and `data: [DONE]`, so no client waits forever.
 """
 
 # No `from __future__ import annotations`: FastAPI reads the route methods' annotations at
@@ -115,7 +115,7 @@ class LadleIngress:
         block_size: int,
         num_prefix_blocks: int,
         num_replicas_asked: int,
-        max_attempts: int = 3,
+        max_attempts: int = 4,
     ) -> None:
         self._engine = engine
         self._block_size = block_size
@@ -172,6 +172,9 @@ class LadleIngress:
                     return _error(503, f"no replica could answer: {error}", "replica_unavailable")
                 routing_metrics.RETRIED_REQUESTS.inc()
                 logger.warning("replica failed before answering (%s); retrying", error)
+                # Back off past Ray's health check period (2 s), by which time a replica with a
+                # dead engine has left the candidates: 0.5 + 1 + 2 s over the four attempts.
+                await asyncio.sleep(0.5 * 2 ** (attempt - 1))
                 continue
             except StopAsyncIteration:
                 return _error(500, "the replica sent no response", "internal_error")

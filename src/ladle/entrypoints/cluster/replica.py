@@ -53,7 +53,12 @@ class LadleReplica:
     async def forward(
         self, request: ForwardedRequest, routing_key: int | None = None
     ) -> AsyncIterator[Any]:
-        """Runs one HTTP request through ladle's app; routing_key is the router's (unused here)."""
+        """Runs one HTTP request through ladle's app; routing_key is the router's (unused here).
+
+        With a dead engine it raises before answering, so the ingress retries elsewhere instead
+        of relaying this replica's 503 (check_health has Ray replace it meanwhile)."""
+        if not self._client.is_alive:
+            raise RuntimeError(f"engine core is gone: {self._client.dead_reason}")
         async for item in run_asgi_request(self._app, request):
             yield item
 
