@@ -176,7 +176,8 @@ def test_killed_engine_is_replaced_and_no_request_hangs(cluster):
         answer = client.completions.create(
             model=MODEL, prompt=f"Tell me about number {i}", max_tokens=4, temperature=0
         )
-        assert answer.choices[0].finish_reason == "length"
+        assert answer.choices[0].finish_reason in ("length", "stop")
+        assert answer.usage.completion_tokens >= 1
     statuses = set()
     while time.monotonic() - started < RECOVERY_BOUND_S:
         health = httpx.get(f"{cluster.base_url}/health", timeout=30).json()
