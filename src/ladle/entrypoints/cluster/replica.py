@@ -10,7 +10,11 @@ import contextlib
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ladle.entrypoints.cluster.asgi_forwarding import ForwardedRequest, run_asgi_request
+from ladle.entrypoints.cluster.asgi_forwarding import (
+    ForwardedRequest,
+    ResponseStart,
+    run_asgi_request,
+)
 
 
 class LadleReplica:
@@ -60,6 +64,10 @@ class LadleReplica:
         if not self._client.is_alive:
             raise RuntimeError(f"engine core is gone: {self._client.dead_reason}")
         async for item in run_asgi_request(self._app, request):
+            if isinstance(item, ResponseStart) and item.status >= 500 and not self._client.is_alive:
+                # The engine died under this request before anything reached the client: fail
+                # the call, so that the ingress retries it on another replica.
+                raise RuntimeError(f"engine core died: {self._client.dead_reason}")
             yield item
 
     async def check_health(self) -> None:
