@@ -3,7 +3,15 @@
 from ladle.sampling_params import SamplingParams
 
 __version__ = "0.1.0"
-__all__ = ["LLM", "SamplingParams", "__version__"]
+__all__ = [
+    "LLM",
+    "CompletionOutput",
+    "RequestOutput",
+    "SamplingParams",
+    "TextPrompt",
+    "TokensPrompt",
+    "__version__",
+]
 
 
 def __getattr__(name: str):
@@ -12,4 +20,12 @@ def __getattr__(name: str):
         from ladle.entrypoints.llm import LLM
 
         return LLM
+    if name in ("TextPrompt", "TokensPrompt"):
+        from ladle.entrypoints import prompt_inputs
+
+        return getattr(prompt_inputs, name)
+    if name in ("CompletionOutput", "RequestOutput"):
+        from ladle import outputs
+
+        return getattr(outputs, name)
     raise AttributeError(f"module 'ladle' has no attribute {name!r}")

@@ -1,45 +1,14 @@
-"""`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`."""
+"""`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`, `ladle bench`."""
 
 from __future__ import annotations
 
 import argparse
 import sys
 
+from ladle.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
 
-def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """The engine options every subcommand that starts an engine shares."""
-    group = parser.add_argument_group("engine")
-    group.add_argument(
-        "--load-format", default="auto", choices=["auto", "safetensors", "gguf", "dummy"]
-    )
-    group.add_argument("--dtype", default="auto")
-    group.add_argument("--device", default="auto")
-    group.add_argument("--max-model-len", type=int, default=None)
-    group.add_argument("--block-size", type=int, default=16)
-    group.add_argument("--max-num-batched-tokens", type=int, default=8192)
-    group.add_argument("--max-num-seqs", type=int, default=256)
-    group.add_argument("--gpu-memory-utilization", type=float, default=0.90)
-    group.add_argument("--cpu-kv-cache-gib", type=float, default=1.0)
-    group.add_argument("--num-kv-blocks", type=int, default=None)
-    group.add_argument("--no-prefix-caching", action="store_true")
-    group.add_argument("--seed", type=int, default=0)
-
-
-def engine_options_from_args(args: argparse.Namespace) -> dict:
-    return {
-        "load_format": args.load_format,
-        "dtype": args.dtype,
-        "device": args.device,
-        "max_model_len": args.max_model_len,
-        "block_size": args.block_size,
-        "max_num_batched_tokens": args.max_num_batched_tokens,
-        "max_num_seqs": args.max_num_seqs,
-        "gpu_memory_utilization": args.gpu_memory_utilization,
-        "cpu_kv_cache_gib": args.cpu_kv_cache_gib,
-        "num_kv_blocks": args.num_kv_blocks,
-        "enable_prefix_caching": not args.no_prefix_caching,
-        "seed": args.seed,
-    }
+# Engine flags are generated from the config dataclasses; re-exported here for the subcommands.
+__all__ = ["add_engine_arguments", "build_parser", "engine_options_from_args", "main"]
 
 
 def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
@@ -100,17 +69,46 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sampling_arguments(sub)
         add_engine_arguments(sub)
         sub.set_defaults(handler=_run_generate)
+    bench = subparsers.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    bench_commands = bench.add_subparsers(dest="bench_command", required=True)
+    from ladle.bench.engine_bench import add_bench_parsers
+    from ladle.bench.serve import add_parser as add_bench_serve_parser
+
+    add_bench_parsers(bench_commands)
+    add_bench_serve_parser(bench_commands)
     try:
         from ladle.entrypoints.openai.cli_serve import add_serve_parser
-    except ImportError:  # the server extra is not installed
-        pass
+    except ImportError as error:  # a broken install: say what to reinstall rather than hide serve
+        _add_unavailable_serve_parser(subparsers, error)
     else:
         add_serve_parser(subparsers)
     return parser
 
 
+def _add_unavailable_serve_parser(subparsers: argparse._SubParsersAction, error: ImportError):
+    missing = getattr(error, "name", None) or str(error)
+
+    def explain(_args: argparse.Namespace) -> int:
+        print(
+            f"ladle: error: `ladle serve` needs the server stack, but importing {missing!r} "
+            f"failed ({error}). Install it with: pip install 'ladle[server]' (or: pip install "
+            "fastapi uvicorn 'pydantic>=2' pyzmq msgspec prometheus-client)",
+            file=sys.stderr,
+        )
+        return 1
+
+    sub = subparsers.add_parser("serve", help="serve a model (server stack not installed)")
+    sub.add_argument("rest", nargs=argparse.REMAINDER)
+    sub.set_defaults(handler=explain)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    try:
+        argv = expand_config_file(argv)
+    except ValueError as error:
+        parser.error(str(error))
     args = parser.parse_args(argv)
     if getattr(args, "model_option", None):
         args.model = args.model_option

@@ -49,6 +49,17 @@ def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype
     return SUPPORTED_DTYPES[dtype]
 
 
+def check_generation_config_folder(folder: str) -> None:
+    """generation_config other than auto/vllm must be a folder holding generation_config.json."""
+    from pathlib import Path
+
+    if not (Path(folder).expanduser() / "generation_config.json").is_file():
+        raise ValueError(
+            f"generation_config {folder!r} is neither 'auto', 'vllm' nor a folder holding a "
+            "generation_config.json"
+        )
+
+
 @dataclass(frozen=True)
 class ModelConfig:
     """Which weights to load and how.
@@ -58,17 +69,52 @@ class ModelConfig:
     """
 
     model: str | None = None
-    load_format: str = "auto"
-    dtype: str | torch.dtype = "auto"
-    device: str = "auto"
-    max_model_len: int | None = None
-    seed: int = 0
+    load_format: str = field(
+        default="auto",
+        metadata={"help": "weights format; auto: .gguf files as GGUF, folders as safetensors"},
+    )
+    dtype: str | torch.dtype = field(
+        default="auto",
+        metadata={"help": "weight and activation dtype; auto: bfloat16 on CUDA, float32 on CPU"},
+    )
+    device: str = field(default="auto", metadata={"help": "cuda, cpu, or auto (CUDA if present)"})
+    max_model_len: int | None = field(
+        default=None,
+        metadata={"help": "longest prompt + output in tokens (32k works); default: the model's"},
+    )
+    seed: int = field(default=0, metadata={"help": "seed of random weights and unseeded sampling"})
     tokenizer: str | None = None
-    hf_overrides: dict = field(default_factory=dict)
+    hf_overrides: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "JSON object merged over the model's config.json, e.g. '{\"rope_theta\": 1e6}'"
+        },
+    )
+    revision: str | None = field(
+        default=None, metadata={"help": "Hugging Face Hub branch, tag or commit of the model"}
+    )
+    generation_config: str = field(
+        default="auto",
+        metadata={
+            "help": "auto: the model's generation_config.json (or GGUF metadata) sets the "
+            "sampling defaults of requests; vllm: ladle's defaults; or a folder with a "
+            "generation_config.json"
+        },
+    )
+    download_dir: str | None = field(
+        default=None,
+        metadata={"help": "folder for downloaded Hub models (default: the Hugging Face cache)"},
+    )
+    enforce_eager: bool = field(
+        default=False,
+        metadata={"help": "run every step eagerly: no CUDA graphs of decode steps (CUDA only)"},
+    )
 
     def __post_init__(self) -> None:
         if self.load_format not in LOAD_FORMATS:
             raise ValueError(f"load_format {self.load_format!r} is not one of {LOAD_FORMATS}")
+        if self.generation_config not in ("auto", "vllm", "ladle"):
+            check_generation_config_folder(self.generation_config)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto":
@@ -88,11 +134,19 @@ class CacheConfig:
     (tests use it to force preemption).
     """
 
-    block_size: int = 16
-    gpu_memory_utilization: float = 0.90
-    cpu_kv_cache_gib: float = 1.0
-    num_kv_blocks: int | None = None
-    enable_prefix_caching: bool = True
+    block_size: int = field(default=16, metadata={"help": "tokens per KV cache block"})
+    gpu_memory_utilization: float = field(
+        default=0.90, metadata={"help": "fraction of GPU memory for weights, activations and KV"}
+    )
+    cpu_kv_cache_gib: float = field(
+        default=1.0, metadata={"help": "KV cache size on the CPU, in GiB"}
+    )
+    num_kv_blocks: int | None = field(
+        default=None, metadata={"help": "KV cache blocks, overriding the measured size"}
+    )
+    enable_prefix_caching: bool = field(
+        default=True, metadata={"help": "reuse the KV cache of shared prompt prefixes"}
+    )
 
     def __post_init__(self) -> None:
         if self.block_size < 1 or self.block_size > 1024:
@@ -112,9 +166,19 @@ class CacheConfig:
 class SchedulerConfig:
     """One token budget per step shared by prefill chunks and decodes."""
 
-    max_num_batched_tokens: int = 8192
-    max_num_seqs: int = 256
-    enable_chunked_prefill: bool = True
+    max_num_batched_tokens: int = field(
+        default=8192, metadata={"help": "token budget of one engine step (prefill + decode)"}
+    )
+    max_num_seqs: int = field(default=256, metadata={"help": "most sequences running at once"})
+    enable_chunked_prefill: bool = field(
+        default=True, metadata={"help": "split long prompts over several steps' token budgets"}
+    )
+    itl_slo_ms: float | None = field(
+        default=None,
+        metadata={"help": "inter-token latency SLO in ms (or a duration such as 50ms): steps "
+                  "beside running decodes take only the prompt tokens that keep the measured "
+                  "step time within it (decode-first)"},
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -123,6 +187,8 @@ class SchedulerConfig:
             )
         if self.max_num_seqs < 1:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
+        if self.itl_slo_ms is not None and not self.itl_slo_ms > 0:
+            raise ValueError(f"itl_slo_ms must be > 0, got {self.itl_slo_ms}")
 
 
 @dataclass(frozen=True)

@@ -83,6 +83,16 @@ class _EngineStatsCollector(Collector):
                     stats.num_total_blocks)
         yield gauge("ladle:engine_alive", "1 while the engine-core process is alive.",
                     1.0 if self.engine_alive else 0.0)
+        yield gauge("ladle:prefill_tokens_per_second",
+                    "Measured prompt tokens per second of the steps that computed some (moving "
+                    "average; what the TTFT-SLO admission predicts with).",
+                    stats.prefill_tokens_per_s)
+        yield gauge("ladle:step_time_seconds", "Moving average of the engine step time.",
+                    stats.mean_step_time_s)
+        yield counter("ladle:prefill_tokens", "Prompt tokens computed (recomputes included).",
+                      stats.num_prefill_tokens)
+        yield counter("ladle:decode_tokens", "Tokens computed by decode steps.",
+                      stats.num_decode_tokens)
 
 
 class ServerMetrics:

@@ -60,10 +60,22 @@ class CompletionOutput:
     text_delta: str = ""
     token_ids_delta: list[int] = field(default_factory=list)
     logprobs_delta: list[TokenLogprobs] | None = None
+    # Sum of the sampled tokens' logprobs; set by LLM when logprobs were asked for (as vLLM).
+    cumulative_logprob: float | None = None
 
     @property
     def finished(self) -> bool:
         return self.finish_reason is not None
+
+
+@dataclass
+class Logprob:
+    """vLLM's per-candidate logprob entry: LLM returns completion logprobs as one
+    {token_id: Logprob} dict per generated token (the sampled token and the top candidates)."""
+
+    logprob: float
+    rank: int | None = None
+    decoded_token: str | None = None
 
 
 @dataclass

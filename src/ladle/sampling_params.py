@@ -7,6 +7,9 @@ offline API nor the server ever hands the engine a request it cannot run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
+
+from ladle.sampling_extras import validate_sampling_extras
 
 # Greedy below this temperature: dividing logits by ~0 would only produce infs.
 GREEDY_TEMPERATURE = 1e-5
@@ -39,8 +42,21 @@ class SamplingParams:
     include_stop_str_in_output: bool = False
     skip_special_tokens: bool = True
     extra: dict = field(default_factory=dict)
+    # vLLM's further fields: validated (and, where ladle lacks them, refused) in sampling_extras.
+    detokenize: bool = True
+    truncate_prompt_tokens: int | None = None
+    spaces_between_special_tokens: bool = True
+    logit_bias: dict[int, float] | None = None
+    allowed_token_ids: list[int] | None = None
+    bad_words: list[str] | None = None
+    prompt_logprobs: int | None = None
+    logits_processors: list | None = None
+    structured_outputs: Any = None
+    guided_decoding: Any = None
 
     def __post_init__(self) -> None:
+        if self.seed == -1:  # vLLM's spelling of "no seed"
+            self.seed = None
         if isinstance(self.stop, str):
             self.stop = [self.stop]
         self.stop = list(self.stop or [])
@@ -121,6 +137,7 @@ class SamplingParams:
             all(_is_int(t) and t >= 0 for t in self.stop_token_ids),
             "stop_token_ids must be non-negative integers",
         )
+        validate_sampling_extras(self)
 
     @property
     def is_greedy(self) -> bool:

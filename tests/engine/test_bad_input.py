@@ -117,7 +117,7 @@ def test_padded_vocab_ids_never_break_a_request(tmp_path):
     tokenizer lacks: it decodes to no text, and the request completes."""
     path = save_tiny_model(tmp_path, "llama", vocab_size=640)
     llm = LLM(path, num_kv_blocks=256)
-    tokenizer_size = len(llm.get_tokenizer().hf_tokenizer)
+    tokenizer_size = len(llm.get_tokenizer())
     params = SamplingParams(temperature=1.0, max_tokens=40, seed=1, ignore_eos=True)
     outputs = llm.generate(["Hello", "world"] * 4, params, use_tqdm=False)
     token_ids = [t for o in outputs for t in o.outputs[0].token_ids]
@@ -125,4 +125,4 @@ def test_padded_vocab_ids_never_break_a_request(tmp_path):
     assert all(len(o.outputs[0].token_ids) == 40 for o in outputs)
     for output in outputs:
         known = [t for t in output.outputs[0].token_ids if t < tokenizer_size]
-        assert output.outputs[0].text == llm.get_tokenizer().decode(known)
+        assert output.outputs[0].text == llm.tokenizer.decode(known)

@@ -80,7 +80,7 @@ def test_stop_token_ids_and_stop_strings(llm):
 
 
 def test_min_tokens_and_max_tokens(llm):
-    eos = llm.get_tokenizer().eos_token_ids
+    eos = llm.tokenizer.eos_token_ids
     params = SamplingParams(temperature=1.0, seed=3, max_tokens=8, min_tokens=8)
     outputs = llm.generate(PROMPTS, params, use_tqdm=False)
     for output in outputs:
@@ -93,12 +93,21 @@ def test_min_tokens_and_max_tokens(llm):
 def test_logprobs_match_greedy_choice(llm):
     params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=3)
     completion = llm.generate([PROMPTS[0]], params, use_tqdm=False)[0].outputs[0]
+    # vLLM's shape: one {token_id: Logprob} dict per token, the sampled token first.
     assert len(completion.logprobs) == 6
-    for token_id, entry in zip(completion.token_ids, completion.logprobs):
-        assert entry.token_id == token_id
-        assert entry.rank == 1  # greedy picks the most likely token
-        assert len(entry.top_token_ids) == 3
-        assert entry.top_token_ids[0] == token_id
-        assert math.isclose(entry.top_logprobs[0], entry.logprob, rel_tol=1e-5)
-        assert entry.top_logprobs == sorted(entry.top_logprobs, reverse=True)
-        assert sum(math.exp(v) for v in entry.top_logprobs) <= 1.0 + 1e-5
+    for token_id, position in zip(completion.token_ids, completion.logprobs):
+        assert next(iter(position)) == token_id
+        assert position[token_id].rank == 1  # greedy picks the most likely token
+        assert len(position) == 3
+        values = [entry.logprob for entry in position.values()]
+        assert [entry.rank for entry in position.values()] == [1, 2, 3]
+        assert values == sorted(values, reverse=True)
+        assert sum(math.exp(v) for v in values) <= 1.0 + 1e-5
+        assert position[token_id].decoded_token == llm.tokenizer.decode(
+            [token_id], skip_special_tokens=False
+        )
+    expected_sum = sum(
+        position[token_id].logprob
+        for token_id, position in zip(completion.token_ids, completion.logprobs)
+    )
+    assert math.isclose(completion.cumulative_logprob, expected_sum, rel_tol=1e-6)

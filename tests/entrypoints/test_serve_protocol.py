@@ -97,10 +97,13 @@ def test_too_many_stop_strings_is_400():
     assert caught.value.param == "stop"
 
 
-def test_logit_bias_is_refused():
+def test_logit_bias_maps_to_token_ids_and_bad_values_are_refused():
     request = parse_request(CompletionRequest, b'{"prompt": "a", "logit_bias": {"1": 5}}')
-    with pytest.raises(BadRequestError):
+    assert build_sampling_params(request, max_tokens=4, logprobs=None).logit_bias == {1: 5.0}
+    request = parse_request(CompletionRequest, b'{"prompt": "a", "logit_bias": {"1": 500}}')
+    with pytest.raises(BadRequestError) as caught:
         build_sampling_params(request, max_tokens=4, logprobs=None)
+    assert caught.value.param == "logit_bias"
 
 
 def test_max_tokens_rules_name_the_limit():

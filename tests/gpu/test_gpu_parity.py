@@ -106,9 +106,9 @@ def test_bf16_logits_close_to_fp32(setup):
         with torch.no_grad():
             expected = reference(torch.tensor([prompt], device="cuda")).logits[0, -1].float()
         expected_logprobs = torch.log_softmax(expected, dim=-1)
-        entry = output.outputs[0].logprobs[0]
-        got = torch.tensor(entry.top_logprobs, device="cuda")
-        want = expected_logprobs[torch.tensor(entry.top_token_ids, device="cuda")]
+        position = output.outputs[0].logprobs[0]  # vLLM's {token_id: Logprob}
+        got = torch.tensor([entry.logprob for entry in position.values()], device="cuda")
+        want = expected_logprobs[torch.tensor(list(position), device="cuda")]
         assert torch.allclose(got, want, atol=LOGPROB_TOLERANCE), (got, want)
 
 

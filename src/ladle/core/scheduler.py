@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from ladle.config import CacheConfig, SchedulerConfig
 from ladle.core.kv_cache_manager import KVCacheManager
+from ladle.core.prefill_budget import ItlPrefillBudget
 from ladle.core.request import Request, RequestStatus
 from ladle.engine.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
 
@@ -91,6 +92,12 @@ class Scheduler:
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # Under an ITL SLO, how many prompt tokens a step may take beside running decodes.
+        self.prefill_budget: ItlPrefillBudget | None = None
+        if scheduler_config.itl_slo_ms is not None:
+            self.prefill_budget = ItlPrefillBudget(
+                scheduler_config.itl_slo_ms / 1000.0, scheduler_config.max_num_batched_tokens
+            )
 
     # ----- admission -----------------------------------------------------------------------
 
@@ -121,6 +128,7 @@ class Scheduler:
     def schedule(self) -> SchedulerOutput:
         output = SchedulerOutput()
         token_budget = self.config.max_num_batched_tokens
+        prefill_budget = self._prefill_allowance()
         now = time.monotonic()
 
         # Running requests first, in order; preemption victims come from the back.
@@ -129,6 +137,9 @@ class Scheduler:
             request = self.running[index]
             num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
             num_new_tokens = min(num_new_tokens, self.max_model_len - request.num_computed_tokens)
+            takes_prefill = request.num_computed_tokens < request.num_tokens - 1
+            if takes_prefill:
+                num_new_tokens = min(num_new_tokens, prefill_budget)
             if num_new_tokens <= 0:
                 index += 1
                 continue
@@ -152,12 +163,15 @@ class Scheduler:
             output.scheduled_requests.append(request)
             output.num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
+            if takes_prefill:
+                prefill_budget -= num_new_tokens
             index += 1
 
         # Then waiting requests, unless this step already had to preempt (the pool is tight).
         while (
             not output.preempted_request_ids
             and token_budget > 0
+            and prefill_budget > 0
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
@@ -172,7 +186,7 @@ class Scheduler:
                 and token_budget < num_new_tokens <= self.config.max_num_batched_tokens
             ):
                 break
-            num_new_tokens = min(num_new_tokens, token_budget)
+            num_new_tokens = min(num_new_tokens, token_budget, prefill_budget)
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new_tokens, computed_blocks, num_hit_tokens
             )
@@ -189,7 +203,17 @@ class Scheduler:
             output.scheduled_requests.append(request)
             output.num_scheduled_tokens[request.request_id] = num_new_tokens
             token_budget -= num_new_tokens
+            prefill_budget -= num_new_tokens
         return output
+
+    def _prefill_allowance(self) -> int:
+        """Prompt tokens this step may take: all of the budget unless an ITL SLO limits it."""
+        if self.prefill_budget is None:
+            return self.config.max_num_batched_tokens
+        num_decodes = sum(
+            1 for r in self.running if r.num_computed_tokens >= r.num_tokens - 1
+        )
+        return self.prefill_budget.budget(num_decodes)
 
     def _pick_preemption_victim(self) -> Request:
         """Lowest priority first (largest value), then the newest arrival."""

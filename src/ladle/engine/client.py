@@ -166,6 +166,8 @@ class AsyncEngineClient:
         self.startup_timeout_s = startup_timeout_s
         self.info: EngineInfo | None = None
         self.tokenizer: TextTokenizer | None = None
+        # The model's generation-config sampling defaults, as the engine read them.
+        self.sampling_defaults: dict = {}
         self.stats = SchedulerStats()
         self.output_processor: OutputProcessor | None = None
         self.dead_reason: str | None = None
@@ -219,6 +221,7 @@ class AsyncEngineClient:
         )
         self._process.start()
         ready = await self._wait_for_ready()
+        self.sampling_defaults = dict(ready.sampling_defaults)
         if ready.tokenizer_source is not None:
             self.tokenizer = await asyncio.to_thread(
                 load_tokenizer, ready.tokenizer_source, ready.arch

@@ -88,6 +88,7 @@ def _start(
     # Imported here: the API process imports this module only to name the spawn target.
     from ladle.config import EngineConfig
     from ladle.engine.engine_core import EngineCore
+    from ladle.model.generation_defaults import sampling_defaults_of
 
     options = json.loads(engine_options_json)
     config = EngineConfig.from_kwargs(**options)
@@ -98,6 +99,7 @@ def _start(
         tokenizer_source=config.model.tokenizer or runner.model_path,
         arch=runner.arch,
         memory_budget=runner.memory_budget.describe(),
+        sampling_defaults=sampling_defaults_of(runner.model_path, config.model.generation_config),
     )
     if not _try_send(output_socket, ready, parent_pid):
         return None

@@ -22,6 +22,8 @@ from ladle.engine.messages import (
     RequestRejectedError,
     SchedulerStats,
 )
+from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
+from ladle.engine.warmup import warm_up
 from ladle.worker.model_runner import ModelRunner
 
 
@@ -57,6 +59,17 @@ class EngineCore:
         )
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
+        self.step_meter = StepMeter()
+        if self.runner.device.type == "cuda":
+            # Compile every kernel variant now, through the real step, not under a first user.
+            started = time.perf_counter()
+            num_steps = warm_up(self)
+            if print_budget:
+                print(
+                    f"[ladle] warm-up: {num_steps} steps in {time.perf_counter() - started:.1f} s",
+                    file=sys.stderr,
+                    flush=True,
+                )
 
     # ----- requests ------------------------------------------------------------------------
 
@@ -121,20 +134,36 @@ class EngineCore:
     # ----- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
+        started = time.perf_counter()
         scheduler_output = self.scheduler.schedule()
         if not scheduler_output.scheduled_requests:
             return []
+        num_prefill, num_decode = split_scheduled_tokens(
+            scheduler_output.scheduled_requests, scheduler_output.num_scheduled_tokens
+        )
         block_ids = [
             self.kv_cache_manager.get_block_ids(r.request_id)
             for r in scheduler_output.scheduled_requests
         ]
         runner_output = self.runner.execute(scheduler_output, block_ids)
-        return self.scheduler.update_from_output(
+        outputs = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
+        seconds = time.perf_counter() - started
+        self.step_meter.record(num_prefill, num_decode, seconds)
+        if self.scheduler.prefill_budget is not None:
+            self.scheduler.prefill_budget.observe(num_prefill + num_decode, seconds)
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         return self.scheduler.has_unfinished_requests()
 
     def get_stats(self) -> SchedulerStats:
-        return self.scheduler.get_stats()
+        meter = self.step_meter
+        return dataclasses.replace(
+            self.scheduler.get_stats(),
+            prefill_tokens_per_s=meter.prefill_tokens_per_s,
+            mean_step_time_s=meter.mean_step_time_s,
+            num_prefill_tokens=meter.num_prefill_tokens,
+            num_decode_tokens=meter.num_decode_tokens,
+        )

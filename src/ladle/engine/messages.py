@@ -74,3 +74,8 @@ class SchedulerStats:
     prefix_cache_queries: int = 0  # tokens looked up
     prefix_cache_hits: int = 0  # tokens found
     num_preemptions: int = 0
+    # Measured by the engine core's StepMeter (engine/step_meter.py).
+    prefill_tokens_per_s: float = 0.0  # moving average over steps that computed prompt tokens
+    mean_step_time_s: float = 0.0
+    num_prefill_tokens: int = 0  # prompt tokens computed since start (recomputes included)
+    num_decode_tokens: int = 0

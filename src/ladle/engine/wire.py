@@ -48,6 +48,8 @@ class EngineReady(msgspec.Struct, tag="ready"):
     tokenizer_source: str | None  # a folder or .gguf file; None for dummy weights
     arch: ModelArchConfig
     memory_budget: str  # the human-readable budget the engine printed
+    # Request defaults from the model's generation config (model/generation_defaults.py).
+    sampling_defaults: dict[str, float] = msgspec.field(default_factory=dict)
 
 
 class Rejection(msgspec.Struct):

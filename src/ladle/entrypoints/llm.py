@@ -12,10 +12,13 @@ from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
+from ladle.entrypoints.prompt_inputs import PromptType, as_prompt_list, split_prompt
+from ladle.entrypoints.vllm_outputs import finish_offline_output
+from ladle.model.generation_defaults import sampling_defaults_of
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.sampling_params import SamplingParams
 
-PromptInput = str | Sequence[int]
+PromptInput = PromptType
 
 
 class RequestErrors(ValueError):
@@ -51,6 +54,9 @@ class LLM:
             else self.engine.runner.arch.eos_token_ids
         )
         self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids, stream_text=False)
+        self.sampling_defaults = sampling_defaults_of(
+            self.engine.runner.model_path, self.config.model.generation_config
+        )
         self._request_counter = itertools.count()
 
     def _load_tokenizer(self) -> TextTokenizer | None:
@@ -59,8 +65,16 @@ class LLM:
             return None  # dummy weights of a preset: token ids in, token ids out
         return load_tokenizer(source, self.engine.runner.arch)
 
-    def get_tokenizer(self) -> TextTokenizer | None:
-        return self.tokenizer
+    def get_default_sampling_params(self) -> SamplingParams:
+        """SamplingParams with the model's generation-config defaults (used when generate()
+        or chat() get sampling_params=None), as vLLM's method of the same name."""
+        return SamplingParams(**self.sampling_defaults)
+
+    def get_tokenizer(self):
+        """The model's Hugging Face tokenizer (encode, decode, apply_chat_template, ...), as
+        vLLM's LLM.get_tokenizer() returns; None for dummy weights without one. ladle's own
+        wrapper, with the end-of-generation ids, is `llm.tokenizer`."""
+        return self.tokenizer.hf_tokenizer if self.tokenizer is not None else None
 
     # ----- public API ----------------------------------------------------------------------
 
@@ -72,14 +86,16 @@ class LLM:
         priority: Sequence[int] | None = None,
         raise_on_error: bool = True,
     ) -> list[RequestOutput]:
-        """Generate for text prompts or token-id lists; outputs come back in input order.
+        """Generate for prompts: strings, token-id lists, or vLLM's TextPrompt / TokensPrompt
+        dicts ({"prompt": ...} / {"prompt_token_ids": [...]}), one or a list; outputs come back
+        in input order.
 
         A request that cannot run (empty prompt, too long, ...) does not stop the others: they
         complete, and then RequestErrors (a ValueError) names each problem, carrying all
         outputs. With raise_on_error=False the outputs are returned and the failed ones have
         finish_reason 'error' and `.error` set.
         """
-        prompt_list = _as_prompt_list(prompts)
+        prompt_list = as_prompt_list(prompts)
         encoded = [self._encode_prompt(prompt) for prompt in prompt_list]
         return self._run(encoded, sampling_params, use_tqdm, priority, raise_on_error)
 
@@ -119,14 +135,15 @@ class LLM:
         self, prompt: PromptInput
     ) -> tuple[str | None, list[int] | None, str | None]:
         """(prompt text, token ids, error)"""
-        if isinstance(prompt, str):
-            if self.tokenizer is None:
-                return prompt, None, "this model has no tokenizer; pass token-id lists"
-            return prompt, self.tokenizer.encode(prompt), None
-        token_ids = list(prompt)
-        if not all(isinstance(t, int) and not isinstance(t, bool) for t in token_ids):
-            return None, None, "a token-id prompt must be a list of integers"
-        return None, token_ids, None
+        try:
+            text, token_ids = split_prompt(prompt)
+        except ValueError as error:
+            return None, None, str(error)
+        if token_ids is not None:
+            return text, token_ids, None
+        if self.tokenizer is None:
+            return text, None, "this model has no tokenizer; pass token-id lists"
+        return text, self.tokenizer.encode(text), None
 
     def _run(
         self,
@@ -136,7 +153,13 @@ class LLM:
         priority: Sequence[int] | None,
         raise_on_error: bool,
     ) -> list[RequestOutput]:
+        if sampling_params is None:
+            sampling_params = self.get_default_sampling_params()
         params_list = _broadcast_params(sampling_params, len(encoded))
+        encoded = [
+            _truncate(entry, params.truncate_prompt_tokens, self.engine.max_model_len)
+            for entry, params in zip(encoded, params_list)
+        ]
         if priority is not None and len(priority) != len(encoded):
             raise ValueError(f"priority has {len(priority)} entries for {len(encoded)} prompts")
         results: dict[str, RequestOutput] = {}
@@ -174,6 +197,9 @@ class LLM:
         finally:
             progress.close()
         outputs = [results[request_id] for request_id in order]
+        decode = self._decode_token if self.tokenizer is not None else (lambda token_id: None)
+        for output, params in zip(outputs, params_list):
+            finish_offline_output(output, params, decode)
         errors = [
             f"request {index}: {output.error}"
             for index, output in enumerate(outputs)
@@ -201,6 +227,9 @@ class LLM:
             if elapsed > 0:
                 progress.set_postfix_str(f"{num_generated / elapsed:.1f} tok/s", refresh=False)
 
+    def _decode_token(self, token_id: int) -> str:
+        return self.tokenizer.decode([token_id], skip_special_tokens=False)
+
     def _submit(
         self,
         request_id: str,
@@ -226,13 +255,20 @@ class LLM:
         return None
 
 
-def _as_prompt_list(prompts: PromptInput | Sequence[PromptInput]) -> list[PromptInput]:
-    if isinstance(prompts, str):
-        return [prompts]
-    prompts = list(prompts)
-    if prompts and all(isinstance(p, int) for p in prompts):
-        return [prompts]  # one token-id prompt
-    return prompts
+def _truncate(
+    entry: tuple[str | None, list[int] | None, str | None],
+    truncate_prompt_tokens: int | None,
+    max_model_len: int | None,
+) -> tuple[str | None, list[int] | None, str | None]:
+    """Keep the last k prompt tokens (vLLM's truncate_prompt_tokens; -1: max_model_len)."""
+    text, token_ids, error = entry
+    if truncate_prompt_tokens is None or token_ids is None:
+        return entry
+    keep = max_model_len if truncate_prompt_tokens == -1 else truncate_prompt_tokens
+    if keep is None or len(token_ids) <= keep:
+        return entry
+    # The text no longer matches the ids it came from: drop it, as vLLM does.
+    return None, token_ids[-keep:], error
 
 
 def _broadcast_params(

@@ -16,6 +16,7 @@ from dataclasses import dataclass, fields
 
 import torch
 
+from ladle.sample.logit_processing import LogitEdits, build_logit_edits
 from ladle.sampling_params import SamplingParams
 
 # Row name -> dtype, in packing order.
@@ -76,6 +77,9 @@ class SamplingFlags:
     no_min_p: bool
     no_penalties: bool
     max_num_logprobs: int | None  # None: no request asked for logprobs
+    # Largest top_k of the random rows that set one (0: none): top-k alone then needs a top-k
+    # selection of this width instead of a sort of the whole vocabulary.
+    max_top_k: int = 0
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams]) -> SamplingFlags:
@@ -89,6 +93,7 @@ class SamplingFlags:
             no_min_p=all(p.min_p <= 0.0 for p in random_params),
             no_penalties=not any(p.uses_penalties for p in params),
             max_num_logprobs=max(requested_logprobs) if requested_logprobs else None,
+            max_top_k=max((p.top_k for p in random_params if p.top_k > 0), default=0),
         )
 
 
@@ -114,6 +119,7 @@ class SamplingMetadata:
     prompt_token_ids: torch.Tensor | None = None  # penalties only
     output_token_ids: torch.Tensor | None = None  # penalties only
     banned_token_ids: torch.Tensor | None = None  # stop ids of requests short of min_tokens
+    logit_edits: LogitEdits | None = None  # logit_bias / allowed_token_ids (logit_processing.py)
 
     @classmethod
     def from_rows(
@@ -124,6 +130,7 @@ class SamplingMetadata:
         prompt_token_ids: torch.Tensor | None = None,
         output_token_ids: torch.Tensor | None = None,
         banned_token_ids: torch.Tensor | None = None,
+        logit_edits: LogitEdits | None = None,
     ) -> SamplingMetadata:
         """Wrap row tensors (host or device, e.g. views into the runner's packed buffer)."""
         missing = set(ROW_DTYPES) - set(rows)
@@ -137,6 +144,7 @@ class SamplingMetadata:
             prompt_token_ids=prompt_token_ids,
             output_token_ids=output_token_ids,
             banned_token_ids=banned_token_ids,
+            logit_edits=logit_edits,
         )
 
     @property
@@ -148,7 +156,7 @@ class SamplingMetadata:
         moved = {}
         for f in fields(self):
             value = getattr(self, f.name)
-            if isinstance(value, torch.Tensor):
+            if isinstance(value, (torch.Tensor, LogitEdits)):
                 value = value.to(device, non_blocking=non_blocking)
             moved[f.name] = value
         return SamplingMetadata(**moved)
@@ -230,5 +238,6 @@ def build_sampling_metadata(
         prompt_token_ids=penalty_ids[0],
         output_token_ids=penalty_ids[1],
         banned_token_ids=banned,
+        logit_edits=build_logit_edits(params, vocab_size),
     )
     return metadata.to(device)

@@ -44,6 +44,16 @@ def _mix32_(x: torch.Tensor) -> torch.Tensor:
     return x
 
 
+def counter_row_keys(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """The per-row half of counter_hash: int64 [num_reqs] 32-bit keys of (seed, step).
+
+    Shared with the fused CUDA draw (kernels/gumbel_sample.py), which mixes in the token index.
+    """
+    seeds = seeds.to(torch.int64)
+    steps = steps.to(torch.int64)
+    return mix32(mix32(seeds ^ _SEED_SALT) ^ mix32(steps ^ _STEP_SALT))
+
+
 def counter_hash(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> torch.Tensor:
     """32-bit hashes, int64 [num_reqs, vocab_size], of (seed, step, token index).
 
@@ -51,9 +61,7 @@ def counter_hash(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -> t
     token index are hashed before they are combined, so two requests whose seeds differ never see
     each other's stream shifted by a few steps or tokens (as a plain counter sum would give).
     """
-    seeds = seeds.to(torch.int64)
-    steps = steps.to(torch.int64)
-    row_keys = mix32(mix32(seeds ^ _SEED_SALT) ^ mix32(steps ^ _STEP_SALT))
+    row_keys = counter_row_keys(seeds, steps)
     token_ids = torch.arange(vocab_size, device=seeds.device, dtype=torch.int64)
     token_keys = mix32(token_ids ^ _TOKEN_SALT)
     return _mix32_(row_keys[:, None] ^ token_keys[None, :])

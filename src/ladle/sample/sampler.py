@@ -9,6 +9,9 @@ tensor, what the whole batch can skip is a host flag (SamplingFlags). Random row
 exponential race in log space (argmax of logits + Gumbel noise) from a counter-based stream, so a
 request's token depends only on its logits, its seed and its step, never on the batch around it
 (see rng.py for why there is no torch.Generator per request).
+
+On CUDA the draw (temperature, noise, argmax) is one Triton pass (kernels/gumbel_sample.py) that
+gives the same tokens bit for bit; top-k alone needs no vocabulary sort (truncation.py).
 """
 
 from __future__ import annotations
@@ -16,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ladle.kernels.dispatch import use_fused_kernels
+from ladle.sample.logit_processing import apply_logit_edits_
 from ladle.sample.logprobs import gather_logprobs
 from ladle.sample.metadata import SamplingMetadata
 from ladle.sample.output import SamplerOutput
@@ -36,16 +41,28 @@ class Sampler(nn.Module):
         if flags.max_num_logprobs is not None:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
 
+        # The fused draw reads the logits without changing them: no copy when nothing else does.
+        only_reads = flags.all_greedy or (
+            use_fused_kernels(logits) and flags.no_min_p and flags.no_top_k and flags.no_top_p
+        )
         may_modify = (
-            metadata.banned_token_ids is not None or not flags.no_penalties or not flags.all_greedy
+            metadata.banned_token_ids is not None
+            or metadata.logit_edits is not None
+            or not flags.no_penalties
+            or not only_reads
         )
         if may_modify and logits is raw_logits:
             logits = logits.clone()  # every step below works in place; the caller's tensor stays
         if metadata.banned_token_ids is not None:
             apply_bans_(logits, metadata.banned_token_ids)
+        if metadata.logit_edits is not None:
+            apply_logit_edits_(logits, metadata.logit_edits)
         if not flags.no_penalties:
             assert metadata.prompt_token_ids is not None and metadata.output_token_ids is not None
-            apply_penalties_(
+            penalize_ = apply_penalties_
+            if use_fused_kernels(logits):
+                from ladle.kernels.penalties import apply_penalties_ as penalize_
+            penalize_(
                 logits,
                 metadata.prompt_token_ids,
                 metadata.output_token_ids,
@@ -77,6 +94,15 @@ class Sampler(nn.Module):
         is_greedy = metadata.temperature < GREEDY_TEMPERATURE
         # Greedy rows divide by 1 instead of ~0: their draw is thrown away, but no inf may appear.
         temperature = torch.where(is_greedy, 1.0, metadata.temperature.to(logits.dtype))
+        may_truncate = not (flags.no_min_p and flags.no_top_k and flags.no_top_p)
+        if use_fused_kernels(logits) and not may_truncate:
+            # One pass: divide, hash the counters, add the noise and take the argmax in registers.
+            from ladle.kernels.gumbel_sample import gumbel_argmax
+
+            random_ids = gumbel_argmax(logits, metadata.seed, metadata.step, temperature)
+            if greedy_ids is None:
+                return random_ids
+            return torch.where(is_greedy, greedy_ids, random_ids)
         logits.div_(temperature[:, None])
         if not flags.no_min_p:
             apply_min_p_(logits, metadata.min_p)
@@ -87,9 +113,15 @@ class Sampler(nn.Module):
                 metadata.top_p,
                 apply_top_k=not flags.no_top_k,
                 apply_top_p=not flags.no_top_p,
+                max_top_k=flags.max_top_k,
             )
-        gumbels = counter_gumbels(metadata.seed, metadata.step, logits.shape[-1])
-        random_ids = logits.add_(gumbels).argmax(dim=-1)
+        if use_fused_kernels(logits):
+            from ladle.kernels.gumbel_sample import gumbel_argmax
+
+            random_ids = gumbel_argmax(logits, metadata.seed, metadata.step)
+        else:
+            gumbels = counter_gumbels(metadata.seed, metadata.step, logits.shape[-1])
+            random_ids = logits.add_(gumbels).argmax(dim=-1)
         if greedy_ids is None:
             return random_ids
         return torch.where(is_greedy, greedy_ids, random_ids)

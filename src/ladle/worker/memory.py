@@ -31,6 +31,7 @@ class MemoryBudget:
     block_bytes: int
     num_blocks: int  # including the reserved null block
     block_size: int
+    graph_pool_bytes: int = 0  # CUDA graphs of decode steps, measured after capture
 
     @property
     def num_token_slots(self) -> int:
@@ -40,6 +41,7 @@ class MemoryBudget:
         return (
             f"memory budget on {self.device}: weights {self.weights_bytes / GIB:.3f} GiB, "
             f"activation peak {self.activation_peak_bytes / GIB:.3f} GiB, "
+            f"CUDA graphs {self.graph_pool_bytes / GIB:.3f} GiB, "
             f"KV cache {self.kv_cache_bytes / GIB:.3f} GiB = {self.num_blocks - 1} blocks of "
             f"{self.block_size} tokens ({self.block_bytes / 1024:.1f} KiB each), "
             f"{self.num_token_slots} tokens fit"
@@ -63,8 +65,13 @@ def size_kv_cache(
     device: torch.device,
     weights_bytes: int,
     run_peak_forward: Callable[[], None],
+    run_graph_probe: Callable[[], None] | None = None,
 ) -> MemoryBudget:
-    """Decide how many KV blocks to allocate (run_peak_forward is only called on CUDA)."""
+    """Decide how many KV blocks to allocate (run_peak_forward is only called on CUDA).
+
+    run_graph_probe, when graphs will be captured: a step of the largest graph batch, whose
+    peak is reserved for the graph pool (graphs keep their activations in a pool of their own,
+    which the eager steps cannot reuse)."""
     block_bytes = kv_block_bytes(arch, cache_config.block_size, dtype)
     activation_peak = 0
     if cache_config.num_kv_blocks is not None:
@@ -78,12 +85,20 @@ def size_kv_cache(
         torch.cuda.synchronize(device)
         peak = torch.cuda.max_memory_allocated(device)
         activation_peak = peak - allocated_before
+        graph_reserve = 0
+        if run_graph_probe is not None:
+            torch.cuda.reset_peak_memory_stats(device)
+            run_graph_probe()
+            torch.cuda.synchronize(device)
+            graph_reserve = torch.cuda.max_memory_allocated(device) - allocated_before
         torch.cuda.empty_cache()
         free_now, total = torch.cuda.mem_get_info(device)
         # Used now covers weights, the CUDA context and other processes; the activation peak
         # comes back at run time on top of it.
         used_now = total - free_now
-        available = total * cache_config.gpu_memory_utilization - used_now - activation_peak
+        available = (
+            total * cache_config.gpu_memory_utilization - used_now - activation_peak - graph_reserve
+        )
         num_blocks = int(available // block_bytes)
     else:
         num_blocks = int(cache_config.cpu_kv_cache_gib * GIB // block_bytes)

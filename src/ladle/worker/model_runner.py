@@ -7,26 +7,27 @@ the rows that sample, and one device-to-host copy of the sampled ids.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
 from ladle.attention.backend import get_attention_backend
-from ladle.attention.metadata import AttentionMetadata
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.core.scheduler import SchedulerOutput
 from ladle.engine.messages import TokenLogprobs
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
-from ladle.sample.metadata import (
-    build_sampling_metadata,
-    build_sampling_rows,
-)
+from ladle.sample.metadata import build_sampling_metadata, build_sampling_rows
 from ladle.sample.sampler import Sampler
-from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
+from ladle.worker.cuda_graphs import DecodeGraphs
+from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.step_inputs import StepInputBuilder
+
+# Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
+MAX_GRAPH_BATCH_SIZE = 512
 
 
 @dataclass
@@ -52,6 +53,10 @@ class ModelRunner:
         self.max_model_len = self._resolve_max_model_len()
         self.sampler = Sampler()
         self.input_builder = StepInputBuilder(self.device, self.block_size)
+        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
+        self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
+        self.kv_caches: list[torch.Tensor] = []
+        self.graphs: DecodeGraphs | None = None  # captured once the KV cache exists
         self.memory_budget = size_kv_cache(
             config.cache,
             self.arch,
@@ -59,8 +64,14 @@ class ModelRunner:
             self.device,
             weights_bytes=module_bytes(self.model),
             run_peak_forward=self._run_peak_forward,
+            run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
         )
         self.kv_caches = self._allocate_kv_caches(self.memory_budget.num_blocks)
+        if self.uses_graphs:
+            self.graphs = self._capture_graphs()
+            self.memory_budget = dataclasses.replace(
+                self.memory_budget, graph_pool_bytes=self.graphs.pool_bytes
+            )
 
     def _resolve_max_model_len(self) -> int:
         limit = self.arch.max_position_embeddings
@@ -81,54 +92,44 @@ class ModelRunner:
         ]
 
     @torch.inference_mode()
+    def _run_probe_step(self, num_tokens: int, num_reqs: int) -> None:
+        """One step of made-up requests through the real step path (execute), every write going
+        to the null block of a one-block cache: what a real step of that size allocates."""
+        step, block_ids = build_dummy_step(num_tokens, num_reqs, self.block_size)
+        real_caches, self.kv_caches = self.kv_caches, self._allocate_kv_caches(1)
+        try:
+            self.execute(step, block_ids)
+        finally:
+            self.kv_caches = real_caches
+
     def _run_peak_forward(self) -> None:
-        """A worst-case step for memory: a full token budget of prefill plus logits for as many
-        rows as can sample. Every token writes into the null block, so a one-block cache will do."""
+        """The worst-case step for memory: a full token budget of prompt tokens, as many rows
+        sampling as may, every sampling feature on."""
         scheduler_config = self.config.scheduler
         num_tokens = min(scheduler_config.max_num_batched_tokens, self.max_model_len)
-        caches = self._allocate_kv_caches(1)
-        metadata = AttentionMetadata(
-            slot_mapping=torch.zeros(num_tokens, dtype=torch.long, device=self.device),
-            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=self.device),
-            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=self.device),
-            block_tables=torch.zeros(
-                (1, (num_tokens + self.block_size - 1) // self.block_size),
-                dtype=torch.int32,
-                device=self.device,
-            ),
-            max_query_len=num_tokens,
-            max_seq_len=num_tokens,
+        self._run_probe_step(num_tokens, scheduler_config.max_num_seqs)
+
+    def _run_graph_probe(self) -> None:
+        """A decode step of the largest graph bucket: about what the graph pool will hold."""
+        batch_size = self._graph_max_batch_size()
+        self._run_probe_step(batch_size, batch_size)
+
+    def _graph_max_batch_size(self) -> int:
+        return min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH_SIZE)
+
+    def _capture_graphs(self) -> DecodeGraphs:
+        def forward(input_ids, positions, metadata):
+            return self.model(input_ids, positions, self.kv_caches, metadata)
+
+        graphs = DecodeGraphs(
+            forward,
+            max_batch_size=self._graph_max_batch_size(),
+            max_blocks_per_seq=-(-self.max_model_len // self.block_size),
             block_size=self.block_size,
-            query_start_loc_host=[0, num_tokens],
-            seq_lens_host=[num_tokens],
-        )
-        input_ids = torch.zeros(num_tokens, dtype=torch.long, device=self.device)
-        positions = torch.arange(num_tokens, device=self.device)
-        hidden = self.model(input_ids, positions, caches, metadata)
-        num_rows = min(scheduler_config.max_num_seqs, num_tokens)
-        logits = self.model.compute_logits(hidden[:num_rows])
-        # The sampler's worst case (sort for top-k/top-p, penalties, logprobs) holds several
-        # logits-sized temporaries at once: measure it rather than guess.
-        worst_case = SamplingParams(
-            temperature=0.8,
-            top_k=50,
-            top_p=0.9,
-            min_p=0.05,
-            repetition_penalty=1.1,
-            frequency_penalty=0.5,
-            logprobs=MAX_LOGPROBS,
-        )
-        metadata = build_sampling_metadata(
-            [worst_case] * num_rows,
-            list(range(num_rows)),
-            [1] * num_rows,
-            vocab_size=logits.shape[-1],
-            prompt_token_ids=[[1, 2]] * num_rows,
-            output_token_ids=[[3]] * num_rows,
             device=self.device,
         )
-        self.sampler(logits, metadata)
-        del caches
+        graphs.capture()
+        return graphs
 
     @torch.inference_mode()
     def execute(
@@ -147,9 +148,16 @@ class ModelRunner:
         inputs = self.input_builder.build(
             scheduler_output, block_ids, rows_host, sampling_positions
         )
-        hidden = self.model(
-            inputs.input_ids, inputs.positions, self.kv_caches, inputs.attn_metadata
-        )
+        attn_metadata = inputs.attn_metadata
+        if self.graphs is not None and self.graphs.can_run(
+            attn_metadata.num_reqs,
+            inputs.input_ids.shape[0],
+            attn_metadata.max_query_len,
+            attn_metadata.block_tables.shape[1],
+        ):
+            hidden = self.graphs.run(inputs.input_ids, inputs.positions, attn_metadata)
+        else:
+            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         sampled_ids = [-1] * len(requests)
         if not sampling_requests:
             return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)

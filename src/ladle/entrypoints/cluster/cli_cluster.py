@@ -38,6 +38,7 @@ def run_cluster(
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
+        allow_unknown_fields=getattr(args, "allow_unknown_fields", False),
         max_queued_requests=args.max_queued_requests,
         max_queued_tokens=args.max_queued_tokens,
         **engine_options,

@@ -29,6 +29,7 @@ class LadleReplica:
         max_request_bytes: int,
         max_queued_requests: int,
         max_queued_tokens: int,
+        allow_unknown_fields: bool = False,
     ) -> None:
         from ladle.config import EngineConfig
         from ladle.engine.admission import AdmissionController
@@ -40,7 +41,9 @@ class LadleReplica:
         metrics = ServerMetrics(served_model_name)
         admission = AdmissionController(max_queued_requests, max_queued_tokens)
         self._client = AsyncEngineClient(engine_options, metrics, admission)
-        settings = ServerSettings(served_model_name, api_key or None, max_request_bytes)
+        settings = ServerSettings(
+            served_model_name, api_key or None, max_request_bytes, allow_unknown_fields
+        )
         self._app = build_app(self._client, settings)
         # Ray runs an async constructor on the event loop that later serves the requests, which
         # the engine client's sockets belong to. The replica counts as running only once its

@@ -45,13 +45,20 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="sequences waiting for the engine before new requests get 429")
     server.add_argument("--max-queued-tokens", type=int, default=1 << 20,
                         help="prompt tokens waiting for the engine before new requests get 429")
+    server.add_argument("--ttft-slo", default=None,
+                        help="time-to-first-token SLO (e.g. 1s): refuse with 429 and a computed "
+                        "Retry-After the requests predicted to miss it")
+    server.add_argument("--stats-interval", type=float, default=5.0,
+                        help="seconds between live stats lines while busy (0: none)")
     server.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
                         help="larger request bodies get 413")
     server.add_argument("--shutdown-timeout", type=float, default=30.0,
                         help="seconds in-flight requests get to finish on SIGTERM")
-    server.add_argument("--log-level", default="info",
+    server.add_argument("--uvicorn-log-level", "--log-level", dest="log_level", default="info",
                         choices=["critical", "error", "warning", "info", "debug"])
     server.add_argument("--access-log", action="store_true", help="log every request")
+    server.add_argument("--allow-unknown-fields", action="store_true",
+                        help="accept request fields neither OpenAI nor vLLM defines (default: 400)")
     cluster = parser.add_argument_group("replicas (Ray Serve; pip install 'ladle[ray]')")
     cluster.add_argument("--replicas", type=int, default=1,
                          help="engine replicas behind this endpoint; >1 runs on Ray Serve")
@@ -66,6 +73,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.config import EngineConfig
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
+    from ladle.entrypoints.openai.live_stats import LiveStatsLogger
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
 
@@ -92,13 +100,20 @@ def run_serve(args: argparse.Namespace) -> int:
         return run_cluster(args, model, served_name, options)
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
+    if args.ttft_slo is not None:
+        from ladle.durations import parse_duration
+        from ladle.engine.slo_admission import TtftSloAdmission
+
+        admission = TtftSloAdmission(admission, parse_duration(args.ttft_slo), lambda: client.stats)
     client = AsyncEngineClient({"model": model, **options}, metrics, admission)
+    live_stats = LiveStatsLogger(lambda: client.stats, interval_s=args.stats_interval or 5.0)
     settings = ServerSettings(
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
+        allow_unknown_fields=args.allow_unknown_fields,
     )
-    app = build_app(client, settings)
+    app = build_app(client, settings, on_refusal=live_stats.record_refusal)
     config = uvicorn.Config(
         app,
         host=args.host,
@@ -119,9 +134,12 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"ladle: error: {error}", file=sys.stderr)
             await client.shutdown()
             return 1
+        stats_task = asyncio.create_task(live_stats.run()) if args.stats_interval > 0 else None
         try:
             await server.serve()
         finally:
+            if stats_task is not None:
+                stats_task.cancel()
             await client.shutdown()  # a no-op when the app's lifespan already did it
         return 0 if server.started else 1
 

@@ -3,12 +3,13 @@
 Requests are parsed in strict mode straight from the JSON bytes (`parse_request`), so a wrong
 type is a 400 rather than a silent coercion ("5" is not an integer, true is not 1) and bytes
 that are not UTF-8 JSON are a 400 too. Ranges (temperature >= 0, 0 < top_p <= 1, ...) are
-checked once, by SamplingParams; the models here check shapes only. Unknown fields are ignored,
-as OpenAI-compatible servers commonly do, so newer clients keep working.
+checked once, by SamplingParams; the models here check shapes only. The models drop fields they
+do not hold; field_policy.py then refuses each such field with a 400 naming it (unknown ones
+unless the server runs with --allow-unknown-fields), so no field is silently ignored.
 
 Beyond OpenAI's fields, both requests take vLLM's sampling extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
-include_stop_str_in_output, priority.
+include_stop_str_in_output, priority, allowed_token_ids.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ class _SamplingFields(_Strict):
     skip_special_tokens: StrictBool = True
     include_stop_str_in_output: StrictBool = False
     priority: StrictInt = 0
+    allowed_token_ids: list[StrictInt] | None = None
 
 
 class CompletionRequest(_SamplingFields):

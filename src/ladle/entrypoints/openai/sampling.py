@@ -13,22 +13,30 @@ from ladle.sampling_params import SamplingParams
 
 
 def build_sampling_params(
-    request: _SamplingFields, max_tokens: int, logprobs: int | None
+    request: _SamplingFields,
+    max_tokens: int,
+    logprobs: int | None,
+    defaults: dict | None = None,
+    vocab_size: int | None = None,
 ) -> SamplingParams:
-    """SamplingParams of a validated request; raises BadRequestError naming a bad field."""
-    if request.logit_bias:
-        raise BadRequestError("logit_bias is not supported", param="logit_bias")
+    """SamplingParams of a validated request; raises BadRequestError naming a bad field.
+
+    defaults: the model's generation-config values for the fields the request leaves unset.
+    """
+    defaults = defaults or {}
+    if vocab_size is not None:
+        _check_token_id_fields(request, vocab_size)
     try:
         return SamplingParams(
             n=request.n,
-            temperature=1.0 if request.temperature is None else request.temperature,
-            top_p=1.0 if request.top_p is None else request.top_p,
-            top_k=-1 if request.top_k is None else request.top_k,
-            min_p=0.0 if request.min_p is None else request.min_p,
+            temperature=_pick(request.temperature, defaults, "temperature", 1.0),
+            top_p=_pick(request.top_p, defaults, "top_p", 1.0),
+            top_k=_pick(request.top_k, defaults, "top_k", -1),
+            min_p=_pick(request.min_p, defaults, "min_p", 0.0),
             presence_penalty=request.presence_penalty or 0.0,
             frequency_penalty=request.frequency_penalty or 0.0,
-            repetition_penalty=(
-                1.0 if request.repetition_penalty is None else request.repetition_penalty
+            repetition_penalty=_pick(
+                request.repetition_penalty, defaults, "repetition_penalty", 1.0
             ),
             seed=request.seed,
             stop=request.stop,
@@ -39,9 +47,30 @@ def build_sampling_params(
             logprobs=logprobs,
             include_stop_str_in_output=request.include_stop_str_in_output,
             skip_special_tokens=request.skip_special_tokens,
+            logit_bias=request.logit_bias or None,
+            allowed_token_ids=request.allowed_token_ids,
         )
     except ValueError as error:
         raise from_value_error(error) from error
+
+
+def _check_token_id_fields(request: _SamplingFields, vocab_size: int) -> None:
+    if request.logit_bias:
+        for key in request.logit_bias:
+            if not key.strip().isdigit():
+                raise BadRequestError(
+                    f"logit_bias keys must be token ids, got {key!r}", param="logit_bias"
+                )
+            check_token_ids([int(key)], vocab_size, "logit_bias")
+    if request.allowed_token_ids:
+        check_token_ids(request.allowed_token_ids, vocab_size, "allowed_token_ids")
+
+
+def _pick(requested, defaults: dict, name: str, fallback):
+    """The request's value; else the model's default; else ladle's."""
+    if requested is not None:
+        return requested
+    return defaults.get(name, fallback)
 
 
 def resolve_max_tokens(

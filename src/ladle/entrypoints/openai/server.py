@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, FastAPI, Request
@@ -53,6 +53,7 @@ class ServerSettings:
     served_model_name: str
     api_key: str | None = None
     max_request_bytes: int = 4 * 1024 * 1024
+    allow_unknown_fields: bool = False
 
 
 @dataclass
@@ -61,9 +62,14 @@ class _Handlers:
     chat: OpenAIServingChat
 
 
-def build_app(client: AsyncEngineClient, settings: ServerSettings) -> FastAPI:
+def build_app(
+    client: AsyncEngineClient,
+    settings: ServerSettings,
+    on_refusal: Callable[[int, str], None] | None = None,
+) -> FastAPI:
     """The app for one engine client. Its lifespan starts the engine unless it already runs
-    (`ladle serve` starts it first, to report a failed start cleanly) and shuts it down."""
+    (`ladle serve` starts it first, to report a failed start cleanly) and shuts it down.
+    on_refusal(status, message) hears of every 429 and too-long 400 (the live log)."""
     handlers: list[_Handlers] = []  # filled once the engine (and tokenizer) is ready
 
     @contextlib.asynccontextmanager
@@ -72,8 +78,12 @@ def build_app(client: AsyncEngineClient, settings: ServerSettings) -> FastAPI:
             await client.start()
         handlers.append(
             _Handlers(
-                completions=OpenAIServingCompletion(client, settings.served_model_name),
-                chat=OpenAIServingChat(client, settings.served_model_name),
+                completions=OpenAIServingCompletion(
+                    client, settings.served_model_name, settings.allow_unknown_fields
+                ),
+                chat=OpenAIServingChat(
+                    client, settings.served_model_name, settings.allow_unknown_fields
+                ),
             )
         )
         try:
@@ -83,7 +93,7 @@ def build_app(client: AsyncEngineClient, settings: ServerSettings) -> FastAPI:
 
     app = FastAPI(title="ladle", version=ladle.__version__, lifespan=lifespan,
                   docs_url=None, redoc_url=None, openapi_url=None)
-    _add_error_handlers(app, client)
+    _add_error_handlers(app, client, on_refusal)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(make_api_key_check(settings.api_key))])
 
     @v1.get("/models")
@@ -125,12 +135,16 @@ def build_app(client: AsyncEngineClient, settings: ServerSettings) -> FastAPI:
     return app
 
 
-def _add_error_handlers(app: FastAPI, client: AsyncEngineClient) -> None:
+def _add_error_handlers(
+    app: FastAPI, client: AsyncEngineClient, on_refusal: Callable[[int, str], None] | None
+) -> None:
     @app.exception_handler(APIError)
     async def api_error(request: Request, error: APIError) -> Response:
         reason = _REJECTION_REASONS.get(error.status_code)
         if reason is not None:
             client.metrics.record_rejected(reason)
+        if on_refusal is not None and error.status_code in (400, 413, 429):
+            on_refusal(error.status_code, str(error))
         return error.to_response()
 
     @app.exception_handler(StarletteHTTPException)

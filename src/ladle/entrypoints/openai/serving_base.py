@@ -3,6 +3,7 @@ and turning engine-side failures into OpenAI errors."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Awaitable, Callable
 from typing import TypeVar
@@ -21,6 +22,7 @@ from ladle.entrypoints.openai.errors import (
     ServiceUnavailableError,
     from_validation_error,
 )
+from ladle.entrypoints.openai.field_policy import check_request_fields
 from ladle.entrypoints.openai.logprobs import TokenTexts
 from ladle.entrypoints.openai.protocol import UsageInfo, parse_request
 from ladle.entrypoints.openai.streaming import ClientDisconnected, run_until_disconnect
@@ -34,9 +36,15 @@ ResultT = TypeVar("ResultT")
 class OpenAIServing:
     """Base of the endpoint handlers; holds state explicitly, no globals."""
 
-    def __init__(self, client: AsyncEngineClient, served_model_name: str) -> None:
+    def __init__(
+        self,
+        client: AsyncEngineClient,
+        served_model_name: str,
+        allow_unknown_fields: bool = False,
+    ) -> None:
         self.client = client
         self.served_model_name = served_model_name
+        self.allow_unknown_fields = allow_unknown_fields
         self.token_texts = TokenTexts(client.tokenizer)
 
     def parse_checked(self, request_class: type[RequestModel], body: bytes) -> RequestModel:
@@ -46,6 +54,8 @@ class OpenAIServing:
             request = parse_request(request_class, body)
         except ValidationError as error:
             raise from_validation_error(error) from error
+        # Parsed again as plain JSON to see the fields the model does not hold (it drops them).
+        check_request_fields(json.loads(body), request_class, self.allow_unknown_fields)
         self.check_model(request.model)
         self.check_engine()
         return request

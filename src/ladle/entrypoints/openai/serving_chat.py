@@ -55,7 +55,8 @@ class OpenAIServingChat(OpenAIServing):
         )
         num_top = request.top_logprobs or 0
         params = build_sampling_params(
-            request, max_tokens, num_top if request.logprobs else None
+            request, max_tokens, num_top if request.logprobs else None,
+            defaults=self.client.sampling_defaults, vocab_size=info.vocab_size,
         )
         stream = self.add_request("chatcmpl", None, prompt_token_ids, params, request.priority)
         response_id = f"chatcmpl-{uuid.uuid4().hex}"

@@ -121,7 +121,13 @@ class OpenAIServingCompletion(OpenAIServing):
         max_tokens = resolve_max_tokens(
             request.max_tokens, len(token_ids), info.max_model_len, "prompt"
         )
-        return build_sampling_params(request, max_tokens, request.logprobs)
+        return build_sampling_params(
+            request,
+            max_tokens,
+            request.logprobs,
+            defaults=self.client.sampling_defaults,
+            vocab_size=info.vocab_size,
+        )
 
     def _echo_text(self, text: str | None, token_ids: list[int]) -> str:
         if text is not None:

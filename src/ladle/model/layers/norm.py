@@ -5,13 +5,17 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ladle.kernels.dispatch import use_fused_kernels
+
 
 class RMSNorm(nn.Module):
     """Root-mean-square norm over the last dimension, computed in float32 as Hugging Face does.
 
     Called as norm(x) it returns the normalised x. Called as norm(x, residual) it first adds x to
     the residual stream and returns (normalised sum, new residual): the decoder layer then keeps
-    one running residual tensor instead of re-adding it in three places.
+    one running residual tensor instead of re-adding it in three places. On CUDA one fused Triton
+    launch does either (kernels/rms_norm.py), and the new residual is the residual tensor passed
+    in, updated in place; x may be a strided [tokens, heads, head_dim] view (Qwen3's q/k norm).
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -31,10 +35,26 @@ class RMSNorm(nn.Module):
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        if use_fused_kernels(x):
+            return self._forward_fused(x, residual)
         if residual is None:
             return self._normalize(x)
         residual = x + residual
         return self._normalize(residual), residual
+
+    def _forward_fused(
+        self, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        # One launch instead of ~9; the new residual is written into the residual tensor itself
+        # (the decoder layers hand it on and never read the old value again).
+        from ladle.kernels.rms_norm import rms_norm
+
+        if residual is None:
+            return rms_norm(x, self.weight, self.eps)
+        if not residual.is_contiguous() or residual.shape != x.shape or residual.dtype != x.dtype:
+            residual = (x + residual).contiguous()
+            return rms_norm(residual, self.weight, self.eps), residual
+        return rms_norm(x, self.weight, self.eps, residual=residual), residual
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"

@@ -11,6 +11,8 @@ import math
 import torch
 from torch import nn
 
+from ladle.kernels.dispatch import use_fused_kernels
+
 
 def compute_inv_freq(head_dim: int, base: float, rope_scaling: dict | None) -> torch.Tensor:
     """Inverse frequencies [head_dim // 2] in float32, with 'llama3' scaling applied when given.
@@ -79,9 +81,24 @@ class RotaryEmbedding(nn.Module):
     def forward(
         self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
-        """query [num_tokens, num_heads, head_dim], key [num_tokens, num_kv_heads, head_dim]."""
+        """query [num_tokens, num_heads, head_dim], key [num_tokens, num_kv_heads, head_dim].
+
+        On CUDA both are rotated in place by one Triton launch (kernels/rotary.py) and returned;
+        elsewhere new tensors are returned and the inputs are left alone.
+        """
+        if use_fused_kernels(query) and self._may_fuse(query, key):
+            from ladle.kernels.rotary import rotary_embedding_
+
+            return rotary_embedding_(positions, query, key, self.cos_sin_cache)
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
+
+    def _may_fuse(self, query: torch.Tensor, key: torch.Tensor) -> bool:
+        return (
+            query.dtype == key.dtype == self.cos_sin_cache.dtype
+            and query.stride(-1) == 1
+            and key.stride(-1) == 1
+        )
 
     def extra_repr(self) -> str:
         return (

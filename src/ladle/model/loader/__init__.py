@@ -6,8 +6,8 @@ materialise it once on the target device and dtype, and stream the weights in.
 Sources, chosen from load_format and the model string:
   dummy        a preset name (presets.py) or a local HF folder's config.json; random weights
   gguf         a path ending in .gguf (or load_format='gguf')
-  safetensors  a local HF folder (config.json + *.safetensors, sharded or not), or a hub id
-               already in the local Hugging Face cache (nothing is downloaded)
+  safetensors  a local HF folder (config.json + *.safetensors, sharded or not), or a Hugging
+               Face Hub id, taken from the cache or downloaded (hub.py)
 Every failure is a ModelLoadError (a ValueError) that names the path and the problem.
 """
 
@@ -28,9 +28,12 @@ from ladle.config import ModelConfig
 from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
 from ladle.model.loader.dummy import fill_dummy_weights
 from ladle.model.loader.errors import ModelLoadError
+from ladle.model.loader.hub import looks_like_hub_id, resolve_hub_model
 from ladle.model.loader.presets import PRESETS, get_preset
+from ladle.model.loader.progress import with_progress
 from ladle.model.loader.safetensors import (
     check_safetensors_files,
+    count_safetensors_weights,
     find_safetensors_files,
     iter_safetensors_weights,
     read_hf_config,
@@ -75,14 +78,17 @@ def load_model(
     path = Path(name).expanduser()
     if load_format == "gguf" or (load_format == "auto" and name.lower().endswith(".gguf")):
         return _load_gguf(path, model_config, overrides, device, dtype, attention_backend)
-    model_dir = _resolve_model_dir(name, path)
+    model_dir = _resolve_model_dir(name, path, model_config)
     config = read_hf_config(model_dir, overrides)
     arch_config = _parse_arch_config(config, model_dir)
     _check_max_model_len(arch_config, model_config, str(model_dir))
     files = find_safetensors_files(model_dir)
     check_safetensors_files(files)
     model = build_model(arch_config, device, dtype, attention_backend)
-    _load_weights(model, iter_safetensors_weights(files), str(model_dir))
+    weights = with_progress(
+        iter_safetensors_weights(files), count_safetensors_weights(files), "Loading safetensors"
+    )
+    _load_weights(model, weights, str(model_dir))
     return LoadedModel(model, arch_config, str(model_dir), "safetensors")
 
 
@@ -110,32 +116,19 @@ def build_model(
     return model.eval()
 
 
-def _resolve_model_dir(name: str, path: Path) -> Path:
+def _resolve_model_dir(name: str, path: Path, model_config: ModelConfig) -> Path:
     if path.is_dir():
         return path
     if path.exists():
         raise ModelLoadError(
             f"model {name!r} is a file; expected a Hugging Face folder or a .gguf file"
         )
-    cached = _hub_cache_dir(name)
-    if cached is not None:
-        return cached
+    if looks_like_hub_id(name):
+        return resolve_hub_model(name, model_config.revision, model_config.download_dir)
     hint = ""
     if name.lower() in PRESETS:
         hint = f"; {name!r} is a dummy preset: pass load_format='dummy' for random weights"
     raise ModelLoadError(f"model path {name!r} does not exist{hint}")
-
-
-def _hub_cache_dir(name: str) -> Path | None:
-    """A hub id ('org/name') already downloaded into the local HF cache; never downloads."""
-    if name.count("/") != 1 or name.startswith((".", "/", "~")):
-        return None
-    try:
-        from huggingface_hub import snapshot_download
-
-        return Path(snapshot_download(name, local_files_only=True))
-    except Exception:  # noqa: BLE001 - not cached, not a valid id, hub missing: all "not here"
-        return None
 
 
 def _parse_arch_config(config: dict, where: str | os.PathLike) -> ModelArchConfig:
@@ -173,7 +166,12 @@ def _load_gguf(
     attention_backend: AttentionBackend,
 ) -> LoadedModel:
     # Imported here: the gguf package is only needed for GGUF files.
-    from ladle.model.loader.gguf import iter_gguf_weights, open_gguf, read_gguf_arch_config
+    from ladle.model.loader.gguf import (
+        count_gguf_weights,
+        iter_gguf_weights,
+        open_gguf,
+        read_gguf_arch_config,
+    )
 
     reader = open_gguf(path)
     arch_config = read_gguf_arch_config(path, reader)
@@ -188,7 +186,10 @@ def _load_gguf(
         arch_config = dataclasses.replace(arch_config, **overrides)
     _check_max_model_len(arch_config, model_config, str(path))
     model = build_model(arch_config, device, dtype, attention_backend)
-    _load_weights(model, iter_gguf_weights(path, reader), str(path))
+    weights = with_progress(
+        iter_gguf_weights(path, reader, device), count_gguf_weights(reader), "Loading GGUF"
+    )
+    _load_weights(model, weights, str(path))
     return LoadedModel(model, arch_config, str(path), "gguf")
 
 

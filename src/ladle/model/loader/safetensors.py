@@ -70,6 +70,15 @@ def check_safetensors_files(files: list[Path]) -> None:
             ) from error
 
 
+def count_safetensors_weights(files: list[Path]) -> int:
+    """How many tensors iter_safetensors_weights yields (reads only the headers)."""
+    total = 0
+    for file in files:
+        with safe_open(file, framework="pt", device="cpu") as reader:
+            total += len(reader.keys())
+    return total
+
+
 def iter_safetensors_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (checkpoint name, CPU tensor) for every tensor of every file, one at a time."""
     for file in files:

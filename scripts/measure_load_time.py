@@ -1,0 +1,46 @@
+"""Time `LLM()` on the default model (process start to ready engine) for several source trees,
+interleaved, in fresh processes; prints each run and the medians.
+
+    python scripts/measure_load_time.py --runs 3 OLD_SRC NEW_SRC
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+PROGRAM = (
+    "import time; started = time.perf_counter(); from ladle import LLM; LLM(); "
+    "print(time.perf_counter() - started)"
+)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("sources", nargs="+", help="folders holding the ladle package")
+    parser.add_argument("--runs", type=int, default=3)
+    args = parser.parse_args()
+    timings: dict[str, list[float]] = {source: [] for source in args.sources}
+    for run in range(args.runs):
+        for source in args.sources:
+            env = {**os.environ, "PYTHONPATH": source, "OMP_NUM_THREADS": "1"}
+            wall_started = time.perf_counter()
+            result = subprocess.run(
+                [sys.executable, "-c", PROGRAM], env=env, capture_output=True, text=True
+            )
+            wall = time.perf_counter() - wall_started
+            if result.returncode != 0:
+                sys.exit(f"{source}: failed\n{result.stderr[-2000:]}")
+            in_process = float(result.stdout.strip().splitlines()[-1])
+            timings[source].append(wall)
+            print(f"run {run} {source}: {wall:.1f} s wall ({in_process:.1f} s after start)")
+    for source, values in timings.items():
+        print(f"median {source}: {statistics.median(values):.1f} s over {len(values)} runs")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,7 @@
+"""`python -m ladle ...` is `ladle ...`."""
+
+import sys
+
+from ladle.cli import main
+
+sys.exit(main())

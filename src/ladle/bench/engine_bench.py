@@ -1,0 +1,326 @@
+"""`ladle bench throughput` and `ladle bench latency`: a standard workload through the engine.
+
+    ladle bench throughput --workload W1            # Qwen3-0.6B shape, dummy weights
+    ladle bench throughput --workload W1 --peer hf --num-requests 64
+    ladle bench latency --workload W3               # or W3-8b
+    ladle bench throughput --model smollm2-135m --load-format dummy --num-requests 16 \\
+        --input-len 32 64 --output-len 16 32        # a workload given by flags (CPU-sized)
+
+The engine runs as LLM.generate drives it (EngineCore.step until every request finishes), with
+a timestamp per emitted token: generated tok/s over the wall time of the whole run (prefill
+included, after one warm-up run), TTFT and inter-token times, the peak device memory, the GPU
+busy fraction (kernel time over wall time, from the torch profiler over a few steady steps of a
+separate run) and the ratio of the run's time to the floor measured at start (device_floor.py).
+`--peer hf` runs HF transformers' continuous batching (generate_batch, EOS off) on the same
+requests in the same process. Results: a table on screen, all numbers as JSON (--json PATH).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from dataclasses import replace
+
+import torch
+from tqdm import tqdm
+
+from ladle.bench.device_floor import floor_seconds, measure_ceilings
+from ladle.bench.workloads import TokenWorkload, WorkloadRequest, build_requests, get_workload
+from ladle.engine.messages import EngineCoreRequest
+from ladle.sampling_params import SamplingParams
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, int(round(q / 100 * (len(ordered) - 1))))]
+
+
+def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress: bool) -> dict:
+    """Every request at once through EngineCore.step; per-token timestamps on the host."""
+    started = time.perf_counter()
+    arrival: dict[str, float] = {}
+    last_token: dict[str, float] = {}
+    ttfts: list[float] = []
+    itls: list[float] = []
+    num_generated = 0
+    for index, request in enumerate(requests):
+        request_id = f"{tag}-{index}"
+        engine.add_request(
+            EngineCoreRequest(
+                request_id=request_id,
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=SamplingParams(
+                    temperature=request.temperature,
+                    max_tokens=request.max_tokens,
+                    ignore_eos=True,
+                    seed=request.seed,
+                ),
+            )
+        )
+        arrival[request_id] = started
+    progress = tqdm(total=len(requests), desc=tag, disable=not show_progress, dynamic_ncols=True)
+    while engine.has_unfinished_requests():
+        outputs = engine.step()
+        now = time.perf_counter()
+        for output in outputs:
+            count = len(output.new_token_ids)
+            if not count:
+                continue
+            num_generated += count
+            previous = last_token.get(output.request_id)
+            if previous is None:
+                ttfts.append(now - arrival[output.request_id])
+            else:
+                itls.append(now - previous)
+            last_token[output.request_id] = now
+            if output.finish_reason is not None:
+                progress.update(1)
+        progress.set_postfix_str(
+            f"{num_generated / max(now - started, 1e-9):.0f} tok/s", refresh=False
+        )
+    progress.close()
+    elapsed = time.perf_counter() - started
+    engine.kv_cache_manager.reset_prefix_cache()  # the next run must not hit this one's blocks
+    return {
+        "seconds": elapsed,
+        "generated_tokens": num_generated,
+        "tokens_per_s": num_generated / elapsed,
+        "ttft_ms": [t * 1000 for t in ttfts],
+        "itl_ms": [t * 1000 for t in itls],
+    }
+
+
+def gpu_busy_fraction(engine, requests: list[WorkloadRequest], num_steps: int = 20) -> float | None:
+    """Kernel time over wall time across num_steps steady steps (after the prompts are in)."""
+    if engine.runner.device.type != "cuda":
+        return None
+    from torch.profiler import ProfilerActivity, profile
+
+    for index, request in enumerate(requests):
+        engine.add_request(
+            EngineCoreRequest(
+                request_id=f"busy-{index}",
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=SamplingParams(
+                    temperature=request.temperature,
+                    max_tokens=request.max_tokens,
+                    ignore_eos=True,
+                    seed=request.seed,
+                ),
+            )
+        )
+    # Past every prompt: the steady decode phase.
+    while engine.scheduler.waiting or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
+    ):
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        for _ in range(num_steps):
+            if not engine.has_unfinished_requests():
+                break
+            engine.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    kernel_us = sum(
+        event.device_time
+        for event in prof.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    )
+    engine.abort_requests([f"busy-{index}" for index in range(len(requests))])
+    engine.kv_cache_manager.reset_prefix_cache()
+    return min(1.0, kernel_us / 1e6 / wall)
+
+
+def run_hf_peer(llm, requests: list[WorkloadRequest]) -> dict:
+    """HF transformers' generate_batch on the same prompts; one fixed output length (the
+    median of the workload's) since generate_batch takes one generation config."""
+    from transformers import GenerationConfig
+
+    from ladle.bench.offline_throughput import load_hf_peer
+
+    runner = llm.engine.runner
+    model = load_hf_peer(
+        runner.model_path, llm.config.model.model, runner.dtype, str(runner.device)
+    )
+    max_new = int(statistics.median(r.max_tokens for r in requests))
+    config = GenerationConfig(
+        max_new_tokens=max_new,
+        do_sample=False,
+        eos_token_id=None,
+        pad_token_id=0,
+    )
+    prompts = [r.prompt_token_ids for r in requests]
+    model.generate_batch(inputs=prompts[:2], generation_config=config, progress_bar=False)
+    started = time.perf_counter()
+    results = model.generate_batch(inputs=prompts, generation_config=config, progress_bar=False)
+    elapsed = time.perf_counter() - started
+    generated = sum(len(r.generated_tokens) for r in results.values())
+    del model
+    if runner.device.type == "cuda":
+        torch.cuda.empty_cache()
+    return {"max_new_tokens": max_new, "seconds": elapsed, "tokens_per_s": generated / elapsed}
+
+
+def _workload_from_args(args: argparse.Namespace) -> TokenWorkload:
+    workload = get_workload(args.workload)
+    changes = {}
+    if args.input_len:
+        changes.update(input_len=tuple(args.input_len), fixed_input_len=None)
+    if args.output_len:
+        changes["output_len"] = tuple(args.output_len)
+    if args.num_requests:
+        changes["num_requests"] = args.num_requests
+    if args.temperature is not None:
+        changes["temperature"] = args.temperature
+    return replace(workload, **changes) if changes else workload
+
+
+def run_bench(args: argparse.Namespace) -> int:
+    from ladle import LLM
+    from ladle.cli import engine_options_from_args
+    from ladle.worker.memory import module_bytes
+
+    workload = _workload_from_args(args)
+    model = args.model or workload.model_preset
+    options = engine_options_from_args(args)
+    if args.model is None:
+        options["load_format"] = "dummy"
+    started = time.perf_counter()
+    llm = LLM(model, **options)
+    startup_s = time.perf_counter() - started
+    engine, runner = llm.engine, llm.engine.runner
+    vocab = engine.vocab_size
+    requests = build_requests(workload)
+    requests = [
+        replace(r, prompt_token_ids=[t % vocab for t in r.prompt_token_ids]) for r in requests
+    ]
+    ceilings = measure_ceilings(runner.device, runner.dtype)
+    show = not args.no_progress
+    run_engine(engine, requests[: min(4, len(requests))], "warm-up", show_progress=False)
+    if runner.device.type == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    runs = [run_engine(engine, requests, f"run{i}", show) for i in range(args.runs)]
+    best = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
+    num_params = sum(p.numel() for p in runner.model.parameters())
+    floor = floor_seconds(
+        ceilings,
+        num_params=num_params,
+        weights_bytes=module_bytes(runner.model),
+        kv_bytes_per_token=runner.arch.kv_bytes_per_token(
+            torch.empty(0, dtype=runner.dtype).element_size()
+        ),
+        prompt_lens=[len(r.prompt_token_ids) for r in requests],
+        output_lens=[r.max_tokens for r in requests],
+        max_num_seqs=llm.config.scheduler.max_num_seqs,
+    )
+    result = {
+        "command": args.bench_command,
+        "workload": workload.name,
+        "model": model,
+        "device": torch.cuda.get_device_name() if runner.device.type == "cuda" else "cpu",
+        "dtype": str(runner.dtype),
+        "enforce_eager": llm.config.model.enforce_eager,
+        "num_requests": len(requests),
+        "startup_s": startup_s,
+        "generated_tokens": best["generated_tokens"],
+        "tokens_per_s_runs": [r["tokens_per_s"] for r in runs],
+        "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
+        "seconds": best["seconds"],
+        "ttft_ms_p50": _percentile(best["ttft_ms"], 50),
+        "itl_ms_p50": _percentile(best["itl_ms"], 50),
+        "itl_ms_p90": _percentile(best["itl_ms"], 90),
+        "itl_ms_p99": _percentile(best["itl_ms"], 99),
+        "peak_memory_gib": (
+            torch.cuda.max_memory_allocated() / 1024**3 if runner.device.type == "cuda" else None
+        ),
+        "copy_gb_per_s": ceilings.copy_bytes_per_s / 1e9,
+        "matmul_tflops": ceilings.matmul_flops_per_s / 1e12,
+        "floor_seconds": floor,
+        "floor_tokens_per_s": best["generated_tokens"] / floor,
+        "ratio_to_floor": best["seconds"] / floor,
+    }
+    if args.bench_command == "latency":
+        result["floor_ms_per_token"] = floor * 1000 / max(1, best["generated_tokens"])
+    if not args.no_busy:
+        result["gpu_busy_fraction"] = gpu_busy_fraction(engine, requests)
+    _report(result, args.json)  # ladle's numbers stand even if the peer fails or runs long
+    if args.peer == "hf":
+        peer_requests = requests[: args.peer_requests] if args.peer_requests else requests
+        result["hf_peer"] = run_hf_peer(llm, peer_requests)
+        result["hf_peer"]["num_requests"] = len(peer_requests)
+        _report(result, args.json)
+    return 0
+
+
+def _report(result: dict, json_path: str | None) -> None:
+    _print_table(result)
+    if json_path:
+        with open(json_path, "w") as handle:
+            json.dump(result, handle, indent=1)
+
+
+def _print_table(result: dict) -> None:
+    rows = [
+        ("workload", f"{result['workload']} ({result['model']}, {result['num_requests']} req)"),
+        ("device", f"{result['device']} {result['dtype']}, eager={result['enforce_eager']}"),
+        ("generated tok/s (median)", f"{result['tokens_per_s']:,.0f}"),
+        ("generated tokens", f"{result['generated_tokens']:,}"),
+        ("TTFT p50 (ms)", _fmt(result["ttft_ms_p50"])),
+        ("ITL p50/p90/p99 (ms)", "/".join(_fmt(result[f"itl_ms_p{q}"]) for q in (50, 90, 99))),
+        ("peak memory incl. KV pool (GiB)", _fmt(result["peak_memory_gib"])),
+        ("GPU busy fraction", _fmt(result.get("gpu_busy_fraction"))),
+        ("floor tok/s", f"{result['floor_tokens_per_s']:,.0f}"),
+        ("time / floor", f"{result['ratio_to_floor']:.2f}x"),
+        ("start-up (s)", f"{result['startup_s']:.1f}"),
+    ]
+    if "floor_ms_per_token" in result:
+        rows.append(("floor ms/token", _fmt(result["floor_ms_per_token"])))
+    if "hf_peer" in result:
+        peer = result["hf_peer"]
+        rows.append(
+            (
+                "HF generate_batch tok/s",
+                f"{peer['tokens_per_s']:,.0f} ({peer['num_requests']} req, "
+                f"{peer['max_new_tokens']} new each)",
+            )
+        )
+    width = max(len(name) for name, _ in rows)
+    for name, value in rows:
+        print(f"{name:<{width}}  {value}")
+    sys.stdout.flush()
+
+
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
+
+
+def add_bench_parsers(commands) -> None:
+    """Register `ladle bench throughput|latency` under the `ladle bench` subcommands."""
+    from ladle.engine_args import add_engine_arguments
+
+    for name, default, help_text in (
+        ("throughput", "W1", "offline generated tok/s of W1, W2 or a workload given by flags"),
+        ("latency", "W3", "one request: TTFT and inter-token times (W3, W3-8b)"),
+    ):
+        sub = commands.add_parser(name, help=help_text)
+        sub.add_argument("--workload", default=default, help="W1, W2, W3, W3-8b or S1")
+        sub.add_argument("--model", default=None, help="default: the workload's preset (dummy)")
+        sub.add_argument("--num-requests", type=int, default=None)
+        sub.add_argument("--input-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
+        sub.add_argument("--output-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
+        sub.add_argument("--temperature", type=float, default=None)
+        sub.add_argument("--runs", type=int, default=3, help="timed runs; the median is reported")
+        sub.add_argument("--peer", choices=["none", "hf"], default="none")
+        sub.add_argument("--peer-requests", type=int, default=None, help="HF on the first N only")
+        sub.add_argument("--no-busy", action="store_true", help="skip the profiled busy fraction")
+        sub.add_argument("--no-progress", action="store_true")
+        sub.add_argument("--json", default=None, help="also write the results here")
+        add_engine_arguments(sub)
+        sub.set_defaults(handler=run_bench)

@@ -1,0 +1,81 @@
+"""Warm-up: run made-up requests through the real engine step before serving anyone.
+
+Triton compiles a kernel variant the first time a launch needs it (the prefill attention tile
+follows the longest query of a step, rounded to a power of two; a mixed step adds the decode
+launch beside it; each sampling feature has its own kernels). Compiling while serving costs the
+first users seconds, so start-up drives schedule -> execute -> update over those shapes:
+requests arrive one step apart with prompts of 2, 3, 5, 9, ... tokens (so every step mixes a
+new prompt with the decodes of the earlier ones), then one prompt of a full token budget, and
+they cycle through the sampling features. Decode-only steps replay the CUDA graphs captured at
+start-up. Compiled Triton kernels are cached on disk between runs (TRITON_CACHE_DIR, by default
+~/.triton/cache), so a second start-up compiles nothing.
+"""
+
+from __future__ import annotations
+
+import random
+from typing import TYPE_CHECKING
+
+from ladle.engine.messages import EngineCoreRequest
+from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
+
+if TYPE_CHECKING:
+    from ladle.engine.engine_core import EngineCore
+
+# Every one brings its own seed: the engine's seed stream (for requests without one) must be
+# where it would be without a warm-up.
+WARMUP_PARAMS = (
+    SamplingParams(temperature=0.0, max_tokens=3, ignore_eos=True, seed=0),
+    SamplingParams(temperature=0.7, top_k=20, top_p=0.9, max_tokens=3, ignore_eos=True, seed=1),
+    SamplingParams(temperature=0.7, min_p=0.1, max_tokens=3, ignore_eos=True, seed=2),
+    SamplingParams(
+        temperature=0.0,
+        repetition_penalty=1.1,
+        frequency_penalty=0.2,
+        presence_penalty=0.2,
+        logprobs=MAX_LOGPROBS,
+        max_tokens=3,
+        ignore_eos=True,
+        seed=4,
+    ),
+    SamplingParams(temperature=0.7, max_tokens=3, min_tokens=2, ignore_eos=False, seed=3),
+)
+
+
+def warmup_prompt_lengths(max_prompt_len: int) -> list[int]:
+    """1 + each power of two up to max_prompt_len, then max_prompt_len itself."""
+    lengths = []
+    power = 1
+    while power + 1 < max_prompt_len:
+        lengths.append(power + 1)
+        power *= 2
+    lengths.append(max_prompt_len)
+    return lengths
+
+
+def warm_up(engine: EngineCore) -> int:
+    """Run the warm-up requests to completion; returns the number of steps it took. The prefix
+    cache is emptied afterwards, so no later request hits a warm-up block."""
+    scheduler_config = engine.config.scheduler
+    max_prompt_len = min(scheduler_config.max_num_batched_tokens, engine.max_model_len - 4)
+    rng = random.Random(0)
+    num_steps = 0
+    for index, length in enumerate(warmup_prompt_lengths(max_prompt_len)):
+        prompt = [rng.randrange(engine.vocab_size) for _ in range(length)]
+        engine.add_request(
+            EngineCoreRequest(
+                request_id=f"__warmup_{index}",
+                prompt_token_ids=prompt,
+                sampling_params=WARMUP_PARAMS[index % len(WARMUP_PARAMS)],
+                eos_token_ids=(0,),
+            )
+        )
+        engine.step()
+        num_steps += 1
+    while engine.has_unfinished_requests():
+        engine.step()
+        num_steps += 1
+    manager = engine.kv_cache_manager
+    manager.reset_prefix_cache()
+    manager.prefix_cache_queries = manager.prefix_cache_hits = 0
+    return num_steps

@@ -1,0 +1,94 @@
+"""vLLM's SamplingParams fields beyond ladle's core ones: accepted by name, validated here, and
+either implemented (where named) or refused with a ValueError that names the field.
+
+Implemented: seed=-1 (random, as None), detokenize=False (token ids only, no text),
+truncate_prompt_tokens (keep the last k prompt tokens; -1 keeps max_model_len),
+spaces_between_special_tokens=True (what the detokenizer does), logit_bias and
+allowed_token_ids (sample/logit_processing.py). Refused while ladle lacks them, when set to
+anything that would change the result: bad_words, prompt_logprobs, logits_processors,
+structured / guided decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# field -> why it is refused (only when set to a value that would have an effect).
+UNSUPPORTED_SAMPLING_FIELDS = {
+    "bad_words": "bad_words is not supported by ladle yet",
+    "prompt_logprobs": "prompt_logprobs is not supported by ladle yet (prompt logprobs are not "
+    "computed)",
+    "logits_processors": "logits_processors is not supported by ladle",
+    "structured_outputs": "structured output is not supported by ladle yet",
+    "guided_decoding": "structured output is not supported by ladle yet",
+}
+
+
+def validate_sampling_extras(params: Any) -> None:
+    """Raise ValueError naming the first vLLM field that is invalid or that ladle cannot do."""
+    for name, reason in UNSUPPORTED_SAMPLING_FIELDS.items():
+        value = getattr(params, name, None)
+        if value is not None and value != {} and value != [] and value is not False:
+            raise ValueError(f"{name}: {reason}")
+    _validate_logit_bias(params)
+    allowed = params.allowed_token_ids
+    if allowed is not None:
+        if (
+            isinstance(allowed, (str, bytes))
+            or not isinstance(allowed, (list, tuple))
+            or not all(_is_int(t) and t >= 0 for t in allowed)
+        ):
+            raise ValueError("allowed_token_ids must be a list of non-negative integers")
+        if not allowed:
+            raise ValueError("allowed_token_ids must not be empty (leave it None for no limit)")
+        params.allowed_token_ids = list(allowed)
+    truncate = params.truncate_prompt_tokens
+    if truncate is not None and not (
+        isinstance(truncate, int)
+        and not isinstance(truncate, bool)
+        and (truncate >= 1 or truncate == -1)
+    ):
+        raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1, got {truncate!r}")
+    if not isinstance(params.detokenize, bool):
+        raise ValueError(f"detokenize must be a bool, got {params.detokenize!r}")
+    if not params.detokenize and params.stop:
+        raise ValueError("stop strings need detokenize=True (they are matched in the text)")
+    if params.spaces_between_special_tokens is not True:
+        raise ValueError(
+            "spaces_between_special_tokens=False is not supported by ladle (special tokens are "
+            "decoded with the tokenizer's own spacing)"
+        )
+
+
+# OpenAI's documented range; values at the ends ban or force a token.
+MAX_ABS_LOGIT_BIAS = 100.0
+
+
+def _validate_logit_bias(params: Any) -> None:
+    bias = params.logit_bias
+    if bias is None:
+        return
+    if not isinstance(bias, dict):
+        raise ValueError("logit_bias must map token ids to numbers")
+    cleaned = {}
+    for token_id, value in bias.items():
+        # JSON objects have string keys: "50256" is token 50256, as OpenAI takes it.
+        if isinstance(token_id, str) and token_id.strip().isdigit():
+            token_id = int(token_id)
+        if not _is_int(token_id) or token_id < 0:
+            raise ValueError(f"logit_bias keys must be non-negative token ids, got {token_id!r}")
+        if not _is_number(value) or not -MAX_ABS_LOGIT_BIAS <= value <= MAX_ABS_LOGIT_BIAS:
+            raise ValueError(
+                f"logit_bias values must be in [-{MAX_ABS_LOGIT_BIAS:g}, "
+                f"{MAX_ABS_LOGIT_BIAS:g}], got {value!r} for token {token_id}"
+            )
+        cleaned[token_id] = float(value)
+    params.logit_bias = cleaned
+
+
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _is_number(value: object) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool) and value == value

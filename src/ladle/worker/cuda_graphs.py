@@ -1,0 +1,159 @@
+"""CUDA graphs of decode-only steps: capture once per bucketed batch size, replay every step.
+
+A decode step of a small model is a thousand-odd tiny kernels; launching them one by one from
+Python costs far more than running them. A graph replays the whole forward with one launch.
+
+- Buckets: 1, 2, 4, 8, then every 8 up to 64, then every 16 up to the largest batch; a batch is
+  padded up to the next bucket with dummy requests (one token at position 0 of the null block 0,
+  so their cache writes land where nothing reads them, and their outputs are never sampled).
+- The graphs read fixed buffers (input ids, positions, cache slots, sequence lengths, block
+  tables of max_model_len width); a replay copies the step's tensors into them first.
+- All graphs share one memory pool and are captured largest first, so the smaller ones reuse the
+  largest one's activations: the pool costs about one decode batch of activations.
+- Only the model forward is captured. The logits matmul and the sampler stay eager: they read
+  per-step host flags (which sampling steps to run) and only the rows that sample.
+
+The decode attention kernel's grid depends on the batch size alone (kernels/paged_attention.py),
+so one captured graph is right for any context lengths and block tables.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ladle.attention.metadata import AttentionMetadata
+
+
+def graph_batch_sizes(max_batch_size: int) -> list[int]:
+    """The captured batch sizes, ascending; the largest is max_batch_size itself."""
+    sizes = [size for size in (1, 2, 4) if size < max_batch_size]
+    sizes += list(range(8, min(64, max_batch_size) + 1, 8))
+    sizes += list(range(80, max_batch_size + 1, 16))
+    sizes = sorted({size for size in sizes if size < max_batch_size} | {max_batch_size})
+    return sizes
+
+
+def padded_batch_size(num_reqs: int, sizes: list[int]) -> int | None:
+    """The smallest captured size that holds num_reqs, or None when none does."""
+    for size in sizes:
+        if size >= num_reqs:
+            return size
+    return None
+
+
+@dataclass
+class _StaticInputs:
+    input_ids: torch.Tensor  # [max_bs] int32
+    positions: torch.Tensor  # [max_bs] int64
+    slot_mapping: torch.Tensor  # [max_bs] int64
+    query_start_loc: torch.Tensor  # [max_bs + 1] int32, always 0..max_bs: one token a request
+    seq_lens: torch.Tensor  # [max_bs] int32
+    block_tables: torch.Tensor  # [max_bs, max_blocks_per_seq] int32
+
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+class DecodeGraphs:
+    """The captured decode graphs of one model runner and the buffers they read."""
+
+    def __init__(
+        self,
+        forward: ForwardFn,
+        max_batch_size: int,
+        max_blocks_per_seq: int,
+        block_size: int,
+        device: torch.device,
+    ) -> None:
+        self.forward = forward
+        self.batch_sizes = graph_batch_sizes(max_batch_size)
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.block_size = block_size
+        self.device = device
+        max_bs = self.batch_sizes[-1]
+        zeros = dict(device=device)
+        self.static = _StaticInputs(
+            input_ids=torch.zeros(max_bs, dtype=torch.int32, **zeros),
+            positions=torch.zeros(max_bs, dtype=torch.long, **zeros),
+            slot_mapping=torch.zeros(max_bs, dtype=torch.long, **zeros),
+            query_start_loc=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.ones(max_bs, dtype=torch.int32, **zeros),
+            block_tables=torch.zeros((max_bs, max_blocks_per_seq), dtype=torch.int32, **zeros),
+        )
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self.pool_bytes = 0
+
+    def _metadata(self, batch_size: int) -> AttentionMetadata:
+        static = self.static
+        return AttentionMetadata(
+            slot_mapping=static.slot_mapping[:batch_size],
+            query_start_loc=static.query_start_loc[: batch_size + 1],
+            seq_lens=static.seq_lens[:batch_size],
+            block_tables=static.block_tables[:batch_size],
+            max_query_len=1,
+            max_seq_len=self.max_blocks_per_seq * self.block_size,
+            block_size=self.block_size,
+            query_start_loc_host=list(range(batch_size + 1)),
+            seq_lens_host=[1] * batch_size,
+        )
+
+    @torch.inference_mode()
+    def capture(self) -> None:
+        """Capture every bucket, largest first, into one pool; record the pool's size."""
+        torch.cuda.synchronize(self.device)
+        # Capture empties the allocator's cache on entry; empty it first, so the difference
+        # in reserved memory is the pool and nothing else.
+        torch.cuda.empty_cache()
+        reserved_before = torch.cuda.memory_reserved(self.device)
+        pool = torch.cuda.graph_pool_handle()
+        static = self.static
+        for batch_size in reversed(self.batch_sizes):
+            metadata = self._metadata(batch_size)
+            ids, positions = static.input_ids[:batch_size], static.positions[:batch_size]
+            # One eager run first: Triton compiles its kernel variants outside the capture.
+            self.forward(ids, positions, metadata)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                output = self.forward(ids, positions, metadata)
+            self._graphs[batch_size] = graph
+            self._outputs[batch_size] = output
+        torch.cuda.synchronize(self.device)
+        self.pool_bytes = max(0, torch.cuda.memory_reserved(self.device) - reserved_before)
+
+    def can_run(self, num_reqs: int, num_tokens: int, max_query_len: int, width: int) -> bool:
+        """A decode-only step (one token a request) that fits a captured bucket."""
+        return (
+            bool(self._graphs)
+            and max_query_len == 1
+            and num_tokens == num_reqs
+            and num_reqs <= self.batch_sizes[-1]
+            and width <= self.max_blocks_per_seq
+        )
+
+    def run(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:
+        """Replay the bucket that holds this decode step; returns [num_reqs, hidden] states
+        (a view into the graph's output, valid until the next replay)."""
+        num_reqs = metadata.num_reqs
+        batch_size = padded_batch_size(num_reqs, self.batch_sizes)
+        assert batch_size is not None
+        static = self.static
+        static.input_ids[:num_reqs].copy_(input_ids, non_blocking=True)
+        static.positions[:num_reqs].copy_(positions, non_blocking=True)
+        static.slot_mapping[:num_reqs].copy_(metadata.slot_mapping, non_blocking=True)
+        static.seq_lens[:num_reqs].copy_(metadata.seq_lens, non_blocking=True)
+        width = metadata.block_tables.shape[1]
+        static.block_tables[:num_reqs, :width].copy_(metadata.block_tables, non_blocking=True)
+        if batch_size > num_reqs:
+            # Padding requests: one token at slot 0 of the null block, a context of one.
+            static.slot_mapping[num_reqs:batch_size].zero_()
+            static.seq_lens[num_reqs:batch_size].fill_(1)
+            static.block_tables[num_reqs:batch_size, 0].zero_()
+        self._graphs[batch_size].replay()
+        return self._outputs[batch_size][:num_reqs]

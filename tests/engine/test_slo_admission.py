@@ -1,0 +1,104 @@
+"""TTFT-SLO admission against a known prefill rate, the step meter that measures that rate, and
+the live stats line of `ladle serve`."""
+
+from __future__ import annotations
+
+import pytest
+
+from ladle.core.request import Request
+from ladle.engine.admission import AdmissionController, QueueFullError
+from ladle.engine.messages import SchedulerStats
+from ladle.engine.slo_admission import HEADROOM, TtftSloAdmission
+from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
+from ladle.entrypoints.openai.live_stats import LiveStatsLogger
+from ladle.sampling_params import SamplingParams
+
+
+def _admission(rate: float, slo_s: float = 1.0) -> TtftSloAdmission:
+    stats = SchedulerStats(prefill_tokens_per_s=rate)
+    return TtftSloAdmission(AdmissionController(None, None), slo_s, lambda: stats)
+
+
+def test_refuses_what_the_queue_ahead_would_make_late_with_a_computed_retry_after():
+    admission = _admission(rate=1000.0)  # 1000 prompt tokens/s, SLO 1 s, admit up to 0.8 s
+    admission.admit("a", 1, 500)
+    admission.admit("b", 1, 300)  # (500 + 300) / 1000 = 0.8 s: just in time
+    with pytest.raises(QueueFullError, match="exceeds the TTFT SLO") as refused:
+        admission.admit("c", 1, 700)  # (800 + 700) / 1000 = 1.5 s predicted
+    # The queue must drain 800 + 700 - 0.8 * 1000 = 700 tokens first: 0.7 s, rounded up.
+    assert refused.value.retry_after_seconds == 1
+    with pytest.raises(QueueFullError) as refused:
+        admission.admit("d", 1, 3000)
+    assert refused.value.retry_after_seconds == 3  # (800 + 3000 - 800) / 1000
+    assert admission.num_refused == 2
+    assert admission.num_queued_prompt_tokens == 800
+    admission.release("a")  # its first token came back: 500 tokens fewer ahead
+    admission.admit("c", 1, 500)
+    assert admission.num_queued_prompt_tokens == 800
+    assert admission.predicted_ttft(0) == pytest.approx(0.8)
+    assert HEADROOM == 0.8
+
+
+def test_admits_with_nothing_ahead_or_no_measured_rate():
+    admission = _admission(rate=100.0, slo_s=0.5)
+    admission.admit("huge", 1, 10_000)  # alone it misses anyway; refusing would not help
+    unmeasured = _admission(rate=0.0)
+    unmeasured.admit("a", 1, 10_000)
+    unmeasured.admit("b", 1, 10_000)  # no rate yet: no prediction, no refusal
+    with pytest.raises(QueueFullError):
+        admission.check(1, 10)  # check() (the routes' all-or-nothing test) applies it too
+
+
+def test_the_wrapped_queue_bounds_still_apply():
+    stats = SchedulerStats(prefill_tokens_per_s=1e9)
+    admission = TtftSloAdmission(AdmissionController(1, None), 1.0, lambda: stats)
+    admission.admit("a", 1, 10)
+    with pytest.raises(QueueFullError, match="max_queued_requests"):
+        admission.admit("b", 1, 10)
+    assert admission.max_queued_requests == 1  # the wrapped controller's attributes show through
+
+
+def test_step_meter_splits_prompt_from_decode_tokens_and_averages_the_rate():
+    prefilling = Request("p", list(range(1, 101)), SamplingParams())
+    decoding = Request("d", [1, 2, 3], SamplingParams())
+    decoding.num_computed_tokens = 3
+    decoding.append_output_token(7)
+    assert split_scheduled_tokens([prefilling, decoding], {"p": 64, "d": 1}) == (64, 1)
+    meter = StepMeter()
+    meter.record(64, 1, 0.1)  # 640 prompt tokens/s
+    assert meter.prefill_tokens_per_s == pytest.approx(640.0)
+    meter.record(0, 5, 0.05)  # a decode-only step leaves the prefill rate alone
+    assert meter.prefill_tokens_per_s == pytest.approx(640.0)
+    meter.record(100, 0, 0.1)  # 1000 tokens/s, weighted 0.1
+    assert meter.prefill_tokens_per_s == pytest.approx(0.9 * 640 + 0.1 * 1000)
+    assert (meter.num_prefill_tokens, meter.num_decode_tokens) == (164, 6)
+
+
+def test_live_stats_line_over_the_interval_and_refusals():
+    snapshots = [SchedulerStats()]
+    lines: list[str] = []
+    clock = [0.0]
+    logger = LiveStatsLogger(lambda: snapshots[-1], 5.0, lines.append, lambda: clock[0])
+    clock[0] = 5.0
+    assert logger.line() is None  # idle: nothing to say
+    snapshots.append(
+        SchedulerStats(
+            num_running_reqs=3,
+            num_waiting_reqs=2,
+            kv_cache_usage=0.25,
+            prefix_cache_queries=200,
+            prefix_cache_hits=50,
+            num_prefill_tokens=1000,
+            num_decode_tokens=100,
+        )
+    )
+    logger.record_refusal(429, "predicted time to first token 3s exceeds the TTFT SLO 1s")
+    logger.record_refusal(429, "again")  # within a second: counted, not logged
+    assert lines == [
+        "[ladle] refused a request (429): predicted time to first token 3s exceeds the TTFT SLO 1s"
+    ]
+    clock[0] = 10.0
+    assert logger.line() == (
+        "[ladle] running 3 reqs, waiting 2 reqs, KV cache 25.0%, prefix cache hit rate 25.0%, "
+        "prompt 200.0 tokens/s, generation 20.0 tokens/s, refused 2"
+    )

@@ -1,0 +1,50 @@
+"""The start-up warm-up (run on CUDA) must leave no trace: no request left behind, nothing in the
+prefix cache, and the same tokens afterwards as an engine that never warmed up. Run here on the
+CPU, where EngineCore skips it, by calling it directly."""
+
+from __future__ import annotations
+
+from ladle import LLM, SamplingParams
+from ladle.engine.warmup import warm_up, warmup_prompt_lengths
+
+
+def test_prompt_lengths_cover_each_power_of_two_tile():
+    assert warmup_prompt_lengths(100) == [2, 3, 5, 9, 17, 33, 65, 100]
+    assert warmup_prompt_lengths(2) == [2]
+
+
+def test_warm_up_leaves_no_trace(tiny_model_path):
+    path = tiny_model_path("qwen3")
+    prompts = [[5, 6, 7, 8, 9, 10, 11, 12, 13], [3, 4]]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
+        SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True),  # engine-drawn seed
+    ]
+    cold = LLM(path, block_size=4, num_kv_blocks=300, max_num_batched_tokens=64)
+    expected = [o.outputs[0].token_ids for o in cold.generate(prompts, params, use_tqdm=False)]
+
+    warm = LLM(path, block_size=4, num_kv_blocks=300, max_num_batched_tokens=64)
+    num_steps = warm_up(warm.engine)
+    assert num_steps >= len(warmup_prompt_lengths(60))
+    engine = warm.engine
+    assert not engine.has_unfinished_requests()
+    stats = engine.get_stats()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    assert stats.prefix_cache_queries == 0
+    got = [o.outputs[0].token_ids for o in warm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+    # Nothing of the warm-up is cached: the first prompt finds no hit.
+    assert engine.get_stats().prefix_cache_hits == 0
+
+
+def test_memory_probe_runs_the_real_step_and_keeps_the_cache(tiny_model_path):
+    """The probe (run on CUDA before the KV cache is sized) goes through execute on dummy
+    requests with a one-block cache; the engine's own cache must come back untouched."""
+    llm = LLM(tiny_model_path("llama"), block_size=4, num_kv_blocks=50, max_num_batched_tokens=40)
+    runner = llm.engine.runner
+    caches = runner.kv_caches
+    snapshot = [cache.clone() for cache in caches]
+    runner._run_peak_forward()
+    runner._run_graph_probe()
+    assert runner.kv_caches is caches
+    assert all(c.equal(s) for c, s in zip(caches, snapshot))

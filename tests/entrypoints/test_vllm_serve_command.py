@@ -1,0 +1,38 @@
+"""A vLLM-style `serve` command line, pasted unchanged but for the program name: a Hub id (from
+a hub-layout cache, offline), vLLM's flag spellings, a size suffix and a --config file."""
+
+from __future__ import annotations
+
+import openai
+
+from tests.entrypoints.server_process import ServerProcess
+from tests.model.test_hub import REPO_ID, build_hub_cache
+
+
+def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None:
+    hub = tmp_path / "hub"
+    build_hub_cache(hub, tiny_model_path("llama"))
+    monkeypatch.setenv("HF_HUB_CACHE", str(hub))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    config = tmp_path / "serve.yaml"
+    config.write_text("max-num-seqs: 8\nenable-chunked-prefill: true\n")
+    # vllm serve tiny-org/tiny-llama --max-model-len 0.5K --no-enable-prefix-caching ...
+    args = [
+        REPO_ID,
+        "--max-model-len", "0.5K",
+        "--no-enable-prefix-caching",
+        "--num-gpu-blocks-override", "64",
+        "--uvicorn-log-level", "warning",
+        "--generation-config", "vllm",
+        "--dtype", "float32",
+        "--config", str(config),
+    ]  # fmt: skip
+    with ServerProcess(args) as server:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
+        models = client.models.list().data
+        assert [model.id for model in models] == [REPO_ID]
+        assert models[0].max_model_len == 512
+        completion = client.completions.create(
+            model=REPO_ID, prompt="hello world", max_tokens=3, temperature=0
+        )
+        assert completion.usage.completion_tokens == 3
