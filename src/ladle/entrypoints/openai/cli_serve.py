@@ -86,6 +86,11 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
                         help="split <think> reasoning into reasoning_content (default: from the "
                         "chat template)")
+    cluster = parser.add_argument_group("replicas (Ray Serve; pip install 'ladle[ray]')")
+    cluster.add_argument("--replicas", type=int, default=1,
+                         help="engine replicas behind this endpoint; >1 runs on Ray Serve")
+    cluster.add_argument("--ray-address", default=None,
+                         help="join this Ray cluster (e.g. ray://head:10001 or auto) to deploy")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -126,6 +131,10 @@ def run_serve(args: argparse.Namespace) -> int:
         served_name = args.served_model_name or model
     # Bad options fail here, before a process is spawned, with the field named.
     EngineConfig.from_kwargs(model=model, **options)
+    if args.replicas != 1 or args.ray_address:
+        from ladle.entrypoints.cluster.cli_cluster import run_cluster
+
+        return run_cluster(args, model, served_name, options)
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
     if args.ttft_slo is not None:

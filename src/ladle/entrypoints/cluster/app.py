@@ -1,0 +1,145 @@
+"""build_app(...): ladle as a Ray Serve application, for `serve run`, `serve deploy` or
+`ladle serve --replicas N`.
+
+    from ladle.entrypoints.cluster.app import build_app
+    app = build_app("path/to/model", num_replicas=2)          # then serve.run(app)
+
+or in a Serve config file (`serve run config.yaml`):
+
+    applications:
+      - name: ladle
+        import_path: ladle.entrypoints.cluster.app:app_builder
+        args: {model: /models/llama, num_replicas: 2, max_model_len: 8192}
+
+Two deployments: LadleIngress (the HTTP endpoint, one replica) and LadleReplica (one ladle
+engine each, N replicas, one GPU each when the engine runs on CUDA, else CPU), the second routed
+by PrefixAwareRequestRouter. `autoscaling_config` replaces the fixed count with Ray Serve's
+autoscaler on ongoing requests per replica (docs/deploy.md has an example).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from ray import serve
+from ray.serve.config import RequestRouterConfig
+
+from ladle.entrypoints.cluster.ingress import ENGINE_DEPLOYMENT_NAME, LadleIngress
+from ladle.entrypoints.cluster.prefix_routing import (
+    DEFAULT_LOAD_MARGIN,
+    DEFAULT_MAX_TRACKED_PREFIXES,
+    DEFAULT_PREFIX_BLOCKS,
+)
+from ladle.entrypoints.cluster.replica import LadleReplica
+
+DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
+_ROUTER_CLASS = "ladle.entrypoints.cluster.request_router:PrefixAwareRequestRouter"
+
+
+def build_app(
+    model: str | None = None,
+    *,
+    num_replicas: int = 1,
+    autoscaling_config: dict[str, Any] | None = None,
+    num_gpus_per_replica: float | None = None,
+    num_cpus_per_replica: float = 1.0,
+    served_model_name: str | None = None,
+    api_key: str | None = None,
+    max_request_bytes: int = 4 * 1024 * 1024,
+    allow_unknown_fields: bool = False,
+    max_queued_requests: int = 1024,
+    max_queued_tokens: int = 1 << 20,
+    load_margin: int = DEFAULT_LOAD_MARGIN,
+    num_prefix_blocks: int = DEFAULT_PREFIX_BLOCKS,
+    **engine_options: Any,
+) -> serve.Application:
+    """A Ray Serve application serving `model` (default: the embedded SmolLM2-135M) from
+    `num_replicas` ladle engines behind one OpenAI-compatible endpoint.
+
+    engine_options: EngineConfig's keyword arguments (max_model_len, block_size, device, ...).
+    num_gpus_per_replica: None picks 1 when the engine will run on CUDA, else 0.
+    autoscaling_config: Ray Serve's, e.g. {"min_replicas": 1, "max_replicas": 4,
+    "target_ongoing_requests": 32}; the fixed num_replicas is then ignored.
+    load_margin: a prefix's replica keeps it until its queue exceeds the least loaded's by this.
+    Raises ValueError on bad options, naming the field.
+    """
+    from ladle.config import EngineConfig
+
+    if num_replicas < 1:
+        raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    if max_request_bytes < 1:
+        raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
+    if model is None and engine_options.get("load_format") != "dummy":
+        from ladle.model.default_model import resolve_default_model
+
+        model = str(resolve_default_model())
+        served_model_name = served_model_name or DEFAULT_SERVED_NAME
+    served_model_name = served_model_name or str(model)
+    engine_options = {"model": model, **engine_options}
+    config = EngineConfig.from_kwargs(**engine_options)  # fails here, before Ray, when bad
+    if num_gpus_per_replica is None:
+        num_gpus_per_replica = 1.0 if _runs_on_cuda(engine_options.get("device", "auto")) else 0.0
+    block_size = config.cache.block_size
+    max_ongoing = max(2 * int(engine_options.get("max_num_seqs") or 256), 64)
+
+    replica = serve.deployment(LadleReplica, name=ENGINE_DEPLOYMENT_NAME).options(
+        ray_actor_options={"num_cpus": num_cpus_per_replica, "num_gpus": num_gpus_per_replica},
+        max_ongoing_requests=max_ongoing,
+        health_check_period_s=2.0,
+        health_check_timeout_s=30.0,
+        request_router_config=RequestRouterConfig(
+            request_router_class=_ROUTER_CLASS,
+            request_router_kwargs={
+                "load_margin": load_margin,
+                "max_tracked_prefixes": DEFAULT_MAX_TRACKED_PREFIXES,
+            },
+        ),
+        **(
+            {"autoscaling_config": autoscaling_config}
+            if autoscaling_config
+            else {"num_replicas": num_replicas}
+        ),
+    )
+    num_asked = (
+        int(autoscaling_config.get("min_replicas", 1)) if autoscaling_config else num_replicas
+    )
+    ingress = serve.deployment(LadleIngress, name="LadleIngress").options(
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+        max_ongoing_requests=max(max_ongoing * max(num_asked, 1), 1024),
+    )
+    return ingress.bind(
+        replica.bind(
+            engine_options,
+            served_model_name,
+            api_key,
+            max_request_bytes,
+            max_queued_requests,
+            max_queued_tokens,
+            allow_unknown_fields,
+        ),
+        model,
+        engine_options.get("tokenizer"),
+        block_size,
+        num_prefix_blocks,
+        num_asked,
+    )
+
+
+def app_builder(args: dict[str, Any]) -> serve.Application:
+    """The `import_path` target for Serve config files: `args` are build_app's keywords."""
+    return build_app(**dict(args))
+
+
+def _runs_on_cuda(device: str) -> bool:
+    if device.startswith("cuda"):
+        return True
+    if device != "auto":
+        return False
+    import ray
+
+    if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0:
+        return True
+    import torch
+
+    return torch.cuda.is_available()

@@ -1,0 +1,88 @@
+"""`ladle serve --replicas N [--ray-address ADDR]`: the same server, as N engine replicas on Ray
+Serve behind one endpoint (app.py). Without --ray-address it starts a private local Ray (no
+dashboard) and stops it on exit; with one it joins that cluster and deploys there.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import signal
+import socket
+import sys
+import threading
+from typing import Any
+
+RAY_MISSING = (
+    "--replicas and --ray-address run ladle on Ray Serve, which is not installed; "
+    "install it with: pip install 'ladle[ray]'  (or: pip install 'ray[serve]')"
+)
+APP_NAME = "ladle"
+
+
+def run_cluster(
+    args: argparse.Namespace, model: str | None, served_name: str, engine_options: dict[str, Any]
+) -> int:
+    try:
+        import ray
+        from ray import serve
+    except ImportError:
+        raise ValueError(RAY_MISSING) from None
+    from ladle.entrypoints.cluster.app import build_app
+
+    if args.replicas < 1:
+        raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    app = build_app(
+        model,
+        num_replicas=args.replicas,
+        served_model_name=served_name,
+        api_key=args.api_key or None,
+        max_request_bytes=args.max_request_bytes,
+        allow_unknown_fields=getattr(args, "allow_unknown_fields", False),
+        max_queued_requests=args.max_queued_requests,
+        max_queued_tokens=args.max_queued_tokens,
+        **engine_options,
+    )
+    port = args.port or _free_port(args.host)  # Ray's HTTP proxy needs a fixed port
+    if args.ray_address:
+        ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+    else:
+        # Enough logical CPUs for every replica even on a small machine: the replicas mostly
+        # wait on their engine-core processes, which Ray does not count.
+        ray.init(
+            num_cpus=max(os.cpu_count() or 1, args.replicas),
+            include_dashboard=False,
+            log_to_driver=False,
+        )
+    stop = threading.Event()
+    for signum in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(signum, lambda *_: stop.set())
+    try:
+        serve.start(http_options={"host": args.host, "port": port})
+        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        shown = f"[{args.host}]" if ":" in args.host else args.host
+        print(
+            f"[ladle] serving {served_name} ({args.replicas} replicas on Ray Serve) on "
+            f"http://{shown}:{port} (OpenAI API under /v1; ready: GET /health -> 200)",
+            flush=True,
+        )
+        stop.wait()
+    except Exception as error:  # a replica that cannot start: one clear line, then clean up
+        print(f"ladle: error: the Ray Serve deployment failed: {error}", file=sys.stderr)
+        return 1
+    finally:
+        # On a shared cluster only our application goes; a private Ray goes entirely.
+        try:
+            if args.ray_address:
+                serve.delete(APP_NAME)
+            else:
+                serve.shutdown()
+        finally:
+            ray.shutdown()
+    return 0
+
+
+def _free_port(host: str) -> int:
+    with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]

@@ -1,0 +1,93 @@
+"""The prefix-aware policy, without Ray: keys agree with the engine's block hashes, a prefix sticks
+to its replica within the load margin, spills past it, and distinct prefixes spread out."""
+
+import pytest
+
+from ladle.core.block_hash import hash_block_tokens
+from ladle.entrypoints.cluster.prefix_routing import (
+    REASON_NEW_PREFIX,
+    REASON_NO_PREFIX,
+    REASON_OVERLOADED,
+    REASON_PREFIX_HIT,
+    PrefixAwarePolicy,
+    prefix_routing_key,
+)
+
+
+def test_key_is_the_engine_block_hash_of_the_first_blocks():
+    tokens = list(range(100, 150))  # 3 full blocks of 16, then 2 tokens
+    first = hash_block_tokens(None, tuple(tokens[:16]))
+    second = hash_block_tokens(first, tuple(tokens[16:32]))
+    assert prefix_routing_key(tokens, block_size=16, num_prefix_blocks=2) == second
+    third = hash_block_tokens(second, tuple(tokens[32:48]))
+    # Asking for more blocks than the prompt has: the last full one.
+    assert prefix_routing_key(tokens, block_size=16, num_prefix_blocks=8) == third
+    assert prefix_routing_key(tokens[:15], block_size=16) is None
+    # Only the first blocks count: a different tail keeps the key, a different head changes it.
+    assert prefix_routing_key(tokens[:32] + [7] * 40, 16, 2) == second
+    assert prefix_routing_key([1] + tokens[1:], 16, 2) != second
+
+
+def test_key_rejects_bad_sizes():
+    with pytest.raises(ValueError, match="block_size"):
+        prefix_routing_key([1, 2, 3], block_size=0)
+
+
+def test_same_prefix_sticks_to_its_owner_within_the_margin():
+    policy = PrefixAwarePolicy(load_margin=2)
+    first = policy.choose(11, {"a": 0, "b": 0})
+    assert (first.replica, first.reason) == ("a", REASON_NEW_PREFIX)
+    # The owner is busier, but by no more than the margin: the prefix stays.
+    assert policy.choose(11, {"a": 2, "b": 0}).replica == "a"
+    assert policy.choose(11, {"a": 2, "b": 0}).reason == REASON_PREFIX_HIT
+    # Past the margin: the least loaded takes it, and the owner stays the owner.
+    spilled = policy.choose(11, {"a": 3, "b": 0})
+    assert (spilled.replica, spilled.reason) == ("b", REASON_OVERLOADED)
+    assert policy.owner_of(11) == "a"
+    assert policy.choose(11, {"a": 1, "b": 0}).replica == "a"
+
+
+def test_distinct_prefixes_spread_over_idle_replicas():
+    policy = PrefixAwarePolicy()
+    idle = {"r0": 0, "r1": 0}
+    owners = [policy.choose(key, idle).replica for key in (1, 2, 3, 4)]
+    assert sorted(owners) == ["r0", "r0", "r1", "r1"]
+    # Four system prompts, many requests each: every repeat lands on its owner (no halving of the
+    # cache hit rate as round-robin would do).
+    for _ in range(5):
+        for key, owner in zip((1, 2, 3, 4), owners):
+            assert policy.choose(key, idle) == policy.choose(key, idle)
+            assert policy.choose(key, idle).replica == owner
+
+
+def test_no_key_goes_to_the_least_loaded():
+    decision = PrefixAwarePolicy().choose(None, {"a": 5, "b": 1, "c": 3})
+    assert (decision.replica, decision.reason) == ("b", REASON_NO_PREFIX)
+
+
+def test_a_gone_owner_hands_its_prefixes_on():
+    policy = PrefixAwarePolicy()
+    assert policy.choose(7, {"a": 0, "b": 1}).replica == "a"
+    # "a" is not among the candidates (dead or scaled away): a new owner is chosen.
+    moved = policy.choose(7, {"b": 1, "c": 0})
+    assert (moved.replica, moved.reason) == ("c", REASON_NEW_PREFIX)
+    policy.forget_replica("c")
+    assert policy.owner_of(7) is None
+
+
+def test_owner_table_is_bounded_lru():
+    policy = PrefixAwarePolicy(max_tracked_prefixes=2)
+    loads = {"a": 0, "b": 0}
+    policy.choose(1, loads)
+    policy.choose(2, loads)
+    policy.choose(1, loads)  # touches 1: 2 is now the least recently used
+    policy.choose(3, loads)
+    assert policy.owner_of(2) is None
+    assert policy.owner_of(1) is not None and policy.owner_of(3) is not None
+
+
+def test_policy_validates_its_settings_and_input():
+    with pytest.raises(ValueError, match="load_margin"):
+        PrefixAwarePolicy(load_margin=-1)
+    with pytest.raises(ValueError, match="no replica"):
+        PrefixAwarePolicy().choose(1, {})

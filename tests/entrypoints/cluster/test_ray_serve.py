@@ -1,0 +1,203 @@
+"""`ladle serve --replicas 2` on Ray Serve, on the CPU, with the default model: the official
+openai client gets the same greedy answers as from one `ladle serve`, 64 concurrent streams all
+finish, errors and auth are `ladle serve`'s, and prompts sharing a system prompt stick to one
+replica (checked through the router's counters in /metrics)."""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+
+import httpx
+import openai
+import pytest
+
+from tests.entrypoints.server_process import ServerProcess
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ladle[ray]')")
+
+MODEL = "SmolLM2-135M-Instruct"
+ENGINE_ARGS = ["--max-num-seqs", "16", "--max-model-len", "1024"]
+PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
+CHAT = [{"role": "user", "content": "What is the capital of Italy?"}]
+API_KEY = "sesame"
+# Four system prompts, each longer than the router's 4 prefix blocks (64 tokens).
+SYSTEM_PROMPTS = [
+    f"You are assistant number {i}. " + f"Topic {i}: " + " ".join(["answer briefly"] * 30)
+    for i in range(4)
+]
+
+
+def _client(server: ServerProcess) -> openai.OpenAI:
+    return openai.OpenAI(
+        base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=120
+    )
+
+
+def _greedy_answers(server: ServerProcess) -> list[str]:
+    client = _client(server)
+    answers = [
+        client.completions.create(model=MODEL, prompt=p, max_tokens=12, temperature=0)
+        .choices[0]
+        .text
+        for p in PROMPTS
+    ]
+    chat = client.chat.completions.create(model=MODEL, messages=CHAT, max_tokens=12, temperature=0)
+    return [*answers, chat.choices[0].message.content]
+
+
+@pytest.fixture(scope="module")
+def single_answers() -> list[str]:
+    with ServerProcess(ENGINE_ARGS, api_key=API_KEY) as server:
+        return _greedy_answers(server)
+
+
+@pytest.fixture(scope="module")
+def cluster() -> ServerProcess:
+    server = ServerProcess([*ENGINE_ARGS, "--replicas", "2"], api_key=API_KEY)
+    server.start(timeout_s=400)
+    try:
+        yield server
+    finally:
+        # SIGTERM: the CLI runs serve.shutdown() and ray.shutdown(), which stops its local Ray.
+        server.stop(timeout_s=90)
+
+
+def test_replicas_answer_like_one_server(single_answers, cluster):
+    health = httpx.get(f"{cluster.base_url}/health", timeout=30).json()
+    assert health == {"status": "ok", "replicas_running": 2, "replicas_asked": 2}
+    assert _greedy_answers(cluster) == single_answers
+    assert [m.id for m in _client(cluster).models.list().data] == [MODEL]
+
+
+def test_errors_and_auth_are_ladle_serves(cluster):
+    bad = httpx.post(
+        f"{cluster.base_url}/v1/completions",
+        json={"model": MODEL, "prompt": "x", "max_tokens": -3},
+        headers=cluster.headers(),
+        timeout=60,
+    )
+    assert bad.status_code == 400
+    assert bad.json()["error"]["param"] == "max_tokens"
+    unauthorized = httpx.post(
+        f"{cluster.base_url}/v1/completions", json={"model": MODEL, "prompt": "x"}, timeout=60
+    )
+    assert unauthorized.status_code == 401
+
+
+def test_64_concurrent_streams_complete(cluster):
+    client = _client(cluster)
+
+    def stream(i: int) -> tuple[str, str | None]:
+        text, finish = "", None
+        for chunk in client.completions.create(
+            model=MODEL,
+            prompt=f"Count to ten, attempt {i}:",
+            max_tokens=6,
+            temperature=0,
+            stream=True,
+        ):
+            text += chunk.choices[0].text
+            finish = chunk.choices[0].finish_reason or finish
+        return text, finish
+
+    with concurrent.futures.ThreadPoolExecutor(64) as pool:
+        results = list(pool.map(stream, range(64), timeout=300))
+    assert all(finish == "length" and text for text, finish in results)
+    routed = _routed_per_replica(cluster)
+    assert len(routed) == 2 and all(count > 0 for count in routed.values())
+
+
+def test_shared_system_prompts_stick_to_one_replica(cluster):
+    client = _client(cluster)
+    before = _decisions(cluster)
+    for _ in range(3):
+        for system_prompt in SYSTEM_PROMPTS:
+            client.chat.completions.create(
+                model=MODEL,
+                messages=[
+                    {"role": "system", "content": system_prompt},
+                    {"role": "user", "content": "Hello"},
+                ],
+                max_tokens=2,
+                temperature=0,
+            )
+    after = _decisions(cluster)
+    # Sequential requests never overload a replica: the first of each system prompt is new,
+    # every repeat goes back to the replica that holds it (round-robin would send half away).
+    assert after.get("new_prefix", 0) - before.get("new_prefix", 0) == 4
+    assert after.get("prefix_hit", 0) - before.get("prefix_hit", 0) == 8
+
+
+def _labelled_metrics(server: ServerProcess) -> dict[str, float]:
+    """{'name{labels}': value} from the Prometheus text of the ingress's /metrics."""
+    text = httpx.get(f"{server.base_url}/metrics", timeout=30).text
+    lines = [line for line in text.splitlines() if line and not line.startswith("#")]
+    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in lines}
+
+
+def _routed_per_replica(server: ServerProcess) -> dict[str, float]:
+    return {
+        name: value
+        for name, value in _labelled_metrics(server).items()
+        if name.startswith("ladle_router_requests_total{")
+    }
+
+
+def _decisions(server: ServerProcess) -> dict[str, float]:
+    prefix = 'ladle_router_decisions_total{reason="'
+    return {
+        name[len(prefix) : -2]: value
+        for name, value in _labelled_metrics(server).items()
+        if name.startswith(prefix)
+    }
+
+
+# How long a killed engine may take to be replaced (Ray's health check, a new replica, a model
+# load) before the endpoint reports all replicas again; generous for a loaded 2-core CI machine.
+RECOVERY_BOUND_S = 180
+
+
+def test_killed_engine_is_replaced_and_no_request_hangs(cluster):
+    psutil = pytest.importorskip("psutil", reason="psutil finds the engine processes")
+
+    def engine_pids() -> set[int]:
+        pids = set()
+        for process in psutil.Process(cluster.pid).children(recursive=True):
+            try:
+                if "spawn_main" in " ".join(process.cmdline()) and "LadleReplica" in " ".join(
+                    process.parent().cmdline()
+                ):
+                    pids.add(process.pid)
+            except psutil.Error:  # exited while we looked
+                pass
+        return pids
+
+    before = engine_pids()
+    assert len(before) == 2
+    killed = min(before)
+    psutil.Process(killed).kill()
+    client = _client(cluster)
+    started = time.monotonic()
+    # Requests right after the kill: the dead replica raises before answering and the ingress
+    # sends them elsewhere, so every one succeeds, none hangs (the client timeout bounds it).
+    for i in range(6):
+        answer = client.completions.create(
+            model=MODEL, prompt=f"Tell me about number {i}", max_tokens=4, temperature=0
+        )
+        assert answer.choices[0].finish_reason in ("length", "stop")
+        assert answer.usage.completion_tokens >= 1
+    statuses = set()
+    while time.monotonic() - started < RECOVERY_BOUND_S:
+        health = httpx.get(f"{cluster.base_url}/health", timeout=30).json()
+        statuses.add(health["status"])
+        engines = engine_pids()
+        # Restored: Ray replaced the replica (a new engine process, not the killed one) and the
+        # endpoint counts both replicas again.
+        if health["status"] == "ok" and len(engines) == 2 and killed not in engines:
+            break
+        time.sleep(0.5)
+    else:
+        pytest.fail(f"not recovered within {RECOVERY_BOUND_S}s; statuses seen {statuses}")
+    assert _greedy_answers(cluster)  # the restored endpoint serves
+    print(f"recovered in {time.monotonic() - started:.1f}s; /health statuses seen: {statuses}")
