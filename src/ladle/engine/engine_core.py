@@ -68,6 +68,10 @@ class EngineCore:
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
         self.step_meter = StepMeter()
+        # On the CPU, torch's thread team follows the cores other programs leave free.
+        self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
+        self.structured_outputs = build_structured_output_manager(config, self.runner)
+        # Last: the warm-up runs real steps, which need everything above.
         if self.runner.device.type == "cuda":
             # Compile every kernel variant now, through the real step, not under a first user.
             started = time.perf_counter()
@@ -78,11 +82,6 @@ class EngineCore:
                     file=sys.stderr,
                     flush=True,
                 )
-
-        # On the CPU, torch's thread team follows the cores other programs leave free.
-        self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
-
-        self.structured_outputs = build_structured_output_manager(config, self.runner)
 
     # ----- requests ------------------------------------------------------------------------
 
