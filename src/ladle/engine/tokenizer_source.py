@@ -9,6 +9,8 @@ tokenizer's decode to no text (the detokenizer skips ids it does not know).
 
 from __future__ import annotations
 
+import sys
+
 from ladle.config import ModelConfig
 
 
@@ -19,7 +21,19 @@ def resolve_tokenizer_source(model_config: ModelConfig, model_path: str | None) 
     if model_path is not None:
         return model_path
     if model_config.load_format == "dummy":
-        from ladle.model.default_model import resolve_default_model
+        from ladle.model.default_model import DefaultModelUnavailableError, resolve_default_model
 
-        return str(resolve_default_model())
+        try:
+            return str(resolve_default_model())
+        except DefaultModelUnavailableError as error:
+            # Token-id prompts (benchmarks, offline machines) need no tokenizer: run without one
+            # and say why; a text prompt then gets "this model has no tokenizer".
+            print(
+                "[ladle] random weights run without a tokenizer (token-id prompts only): the "
+                f"default model's tokenizer is not available ({str(error).splitlines()[0]}); "
+                "name one with --tokenizer",
+                file=sys.stderr,
+                flush=True,
+            )
+            return None
     return None
