@@ -13,26 +13,19 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ladle.attention.backend import write_kv_cache
 from ladle.attention.metadata import AttentionMetadata
-from ladle.attention.torch_backend import attend_one_request
+from ladle.attention.torch_backend import TorchAttentionBackend, attend_one_request
 
 
-class CpuAttentionBackend:
+class CpuAttentionBackend(TorchAttentionBackend):
     """The CPU default: batched decode attention plus the reference path for prefill chunks."""
 
     name = "cpu"
 
-    def forward(
-        self,
-        query: torch.Tensor,
-        key: torch.Tensor,
-        value: torch.Tensor,
-        kv_cache: torch.Tensor,
-        metadata: AttentionMetadata,
-        scale: float,
+    @staticmethod
+    def attend(
+        query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
     ) -> torch.Tensor:
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
         return batched_paged_attention(query, kv_cache, metadata, scale)
 
 

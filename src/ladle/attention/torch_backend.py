@@ -24,6 +24,12 @@ class TorchAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
+        return self.attend(query, kv_cache, metadata, scale)
+
+    @staticmethod
+    def attend(
+        query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    ) -> torch.Tensor:
         return paged_attention_reference(query, kv_cache, metadata, scale)
 
 
