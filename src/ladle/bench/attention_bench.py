@@ -70,7 +70,7 @@ def contiguous_kv(kv_cache, block_tables, shape: Shape):
     return gathered.transpose(2, 3).contiguous()
 
 
-def time_in_graph(fn) -> float:
+def time_in_graph(fn, warmup_ms: int = 25, repeat_ms: int = 200) -> float:
     """Median milliseconds of one replay of a CUDA graph holding fn (no launch gaps)."""
     fn()
     stream = torch.cuda.Stream()
@@ -81,7 +81,7 @@ def time_in_graph(fn) -> float:
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         fn()
-    return do_bench(graph.replay, warmup=25, rep=200, return_mode="median")
+    return do_bench(graph.replay, warmup=warmup_ms, rep=repeat_ms, return_mode="median")
 
 
 def bytes_moved(shape: Shape) -> int:

@@ -18,23 +18,16 @@ from pathlib import Path
 import torch
 from triton.testing import do_bench
 
-from ladle.bench.attention_bench import Shape, build, flops, sdpa_peers, time_paged
+from ladle.bench.attention_bench import (
+    Shape,
+    build,
+    flops,
+    sdpa_peers,
+    time_in_graph,
+    time_paged,
+)
 from ladle.kernels.dispatch import set_fused_kernels
 from ladle.kernels.paged_attention import LaunchConfig
-
-
-def time_in_graph(fn) -> float:
-    """Median milliseconds of one replay of a CUDA graph holding fn (no launch gaps)."""
-    fn()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
-    return do_bench(graph.replay, warmup=10, rep=60, return_mode="median")
 
 
 def both_ways(fn) -> dict[str, float]:
@@ -43,7 +36,7 @@ def both_ways(fn) -> dict[str, float]:
     for _ in range(2):  # interleaved: torch, fused, torch, fused; keep each one's best median
         for name, enabled in (("torch", False), ("fused", True)):
             set_fused_kernels(enabled)
-            graph_us = time_in_graph(fn) * 1e3
+            graph_us = time_in_graph(fn, warmup_ms=10, repeat_ms=60) * 1e3
             eager_us = do_bench(fn, warmup=10, rep=40, return_mode="median") * 1e3
             for key, value in ((f"{name}_graph_us", graph_us), (f"{name}_eager_us", eager_us)):
                 results[key] = min(results.get(key, float("inf")), value)
