@@ -191,6 +191,11 @@ class SchedulerConfig:
                   "beside running decodes take only the prompt tokens that keep the measured "
                   "step time within it (decode-first)"},
     )
+    async_scheduling: bool | None = field(
+        default=None,
+        metadata={"help": "overlapped scheduling: build and launch each step while the device "
+                  "runs the one before (default: on for CUDA, off on the CPU)"},
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:

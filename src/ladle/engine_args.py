@@ -126,7 +126,7 @@ def _add_field_flag(group: argparse._ArgumentGroup, field: dataclasses.Field) ->
         )
     names = [flag_name(field.name), *ALIASES.get(field.name, ())]
     annotation = str(field.type)
-    if annotation == "bool":
+    if annotation in ("bool", "bool | None"):  # None: the engine picks (--x / --no-x override)
         group.add_argument(
             *names,
             dest=field.name,

@@ -61,6 +61,9 @@ class Request:
         self.output_token_ids: list[int] = []
         self.all_token_ids: list[int] = list(self.prompt_token_ids)
         self.num_computed_tokens = 0
+        # Tokens sampled by scheduled steps whose results the host has not read yet (overlapped
+        # scheduling): counted as known when scheduling, absent from all_token_ids until read.
+        self.num_pending_tokens = 0
         self.num_cached_tokens = -1  # prefix-cache hit on first schedule; -1 until then
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING

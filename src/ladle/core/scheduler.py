@@ -23,11 +23,23 @@ from ladle.engine.messages import EngineCoreOutput, SchedulerStats, TokenLogprob
 
 @dataclass
 class SchedulerOutput:
-    """The work of one step, in batch order."""
+    """The work of one step, in batch order.
+
+    Scheduling advances each scheduled request's num_computed_tokens at once (the step's tokens
+    count as computed for the next schedule, so that it can be built while this step runs), so
+    what the runner needs of the request's state before the step is kept here.
+    """
 
     scheduled_requests: list[Request] = field(default_factory=list)
     num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
     preempted_request_ids: list[str] = field(default_factory=list)
+    # request id -> num_computed_tokens before this step: where its new tokens start.
+    num_computed_before: dict[str, int] = field(default_factory=dict)
+    # request id -> index among its outputs of the token this step samples (the random stream's
+    # counter), for the requests that sample; the others are prompt chunks short of the end.
+    output_index: dict[str, int] = field(default_factory=dict)
+    num_prefill_tokens: int = 0  # prompt chunks and recomputes
+    num_decode_tokens: int = 0  # one token each for requests that have sampled before
 
     @property
     def total_num_scheduled_tokens(self) -> int:
@@ -35,8 +47,12 @@ class SchedulerOutput:
 
     def will_sample(self, request: Request) -> bool:
         """A request samples a token once this step computes its last known token."""
-        scheduled = self.num_scheduled_tokens[request.request_id]
-        return request.num_computed_tokens + scheduled >= request.num_tokens
+        return request.request_id in self.output_index
+
+    def add(self, request: Request, num_tokens: int) -> None:
+        """Schedule num_tokens of the request's next tokens (not yet recorded in the request)."""
+        self.scheduled_requests.append(request)
+        self.num_scheduled_tokens[request.request_id] = num_tokens
 
 
 class WaitingQueue:
@@ -135,9 +151,13 @@ class Scheduler:
         index = 0
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
-            num_new_tokens = min(request.num_tokens - request.num_computed_tokens, token_budget)
+            num_known_tokens = request.num_tokens + request.num_pending_tokens
+            if request.num_pending_tokens and self._ends_by_length(request):
+                index += 1  # its unread token ends it: a step for it would be thrown away
+                continue
+            num_new_tokens = min(num_known_tokens - request.num_computed_tokens, token_budget)
             num_new_tokens = min(num_new_tokens, self.max_model_len - request.num_computed_tokens)
-            takes_prefill = request.num_computed_tokens < request.num_tokens - 1
+            takes_prefill = request.num_computed_tokens < num_known_tokens - 1
             if takes_prefill:
                 num_new_tokens = min(num_new_tokens, prefill_budget)
             if num_new_tokens <= 0:
@@ -160,8 +180,7 @@ class Scheduler:
                     break
             if not scheduled:
                 continue  # this request left running; the same index now holds the next one
-            output.scheduled_requests.append(request)
-            output.num_scheduled_tokens[request.request_id] = num_new_tokens
+            output.add(request, num_new_tokens)
             token_budget -= num_new_tokens
             if takes_prefill:
                 prefill_budget -= num_new_tokens
@@ -175,8 +194,8 @@ class Scheduler:
             and len(self.running) < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
-            if request is None:
-                break
+            if request is None or request.num_pending_tokens:
+                break  # a request preempted while its last step runs resumes once it is read
             computed_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             num_new_tokens = request.num_tokens - num_hit_tokens
             # Without chunked prefill a prompt waits for a step with room for all of it, unless
@@ -200,18 +219,45 @@ class Scheduler:
                 request.timings.first_scheduled_time = now
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            output.scheduled_requests.append(request)
-            output.num_scheduled_tokens[request.request_id] = num_new_tokens
+            output.add(request, num_new_tokens)
             token_budget -= num_new_tokens
             prefill_budget -= num_new_tokens
+        self._advance_scheduled(output)
         return output
+
+    def _ends_by_length(self, request: Request) -> bool:
+        """Whether the request ends by length once its pending tokens are read."""
+        num_outputs = request.num_output_tokens + request.num_pending_tokens
+        num_known = request.num_tokens + request.num_pending_tokens
+        return num_outputs >= request.max_tokens or num_known >= self.max_model_len
+
+    def _advance_scheduled(self, output: SchedulerOutput) -> None:
+        """Count the step's tokens as computed now and its samples as pending, so the next
+        schedule can run before this step's results are read; keep the before-state in output."""
+        for request in output.scheduled_requests:
+            request_id = request.request_id
+            num_new = output.num_scheduled_tokens[request_id]
+            computed = request.num_computed_tokens
+            num_outputs = request.num_output_tokens + request.num_pending_tokens
+            num_known = request.num_tokens + request.num_pending_tokens
+            output.num_computed_before[request_id] = computed
+            if num_new == 1 and num_outputs > 0 and computed == num_known - 1:
+                output.num_decode_tokens += 1
+            else:
+                output.num_prefill_tokens += num_new
+            request.num_computed_tokens = computed + num_new
+            if computed + num_new >= num_known:
+                output.output_index[request_id] = num_outputs
+                request.num_pending_tokens += 1
 
     def _prefill_allowance(self) -> int:
         """Prompt tokens this step may take: all of the budget unless an ITL SLO limits it."""
         if self.prefill_budget is None:
             return self.config.max_num_batched_tokens
         num_decodes = sum(
-            1 for r in self.running if r.num_computed_tokens >= r.num_tokens - 1
+            1
+            for r in self.running
+            if r.num_computed_tokens >= r.num_tokens + r.num_pending_tokens - 1
         )
         return self.prefill_budget.budget(num_decodes)
 
@@ -236,29 +282,36 @@ class Scheduler:
         sampled_token_ids: list[int],
         logprobs: list[TokenLogprobs | None] | None = None,
     ) -> list[EngineCoreOutput]:
-        """Advance each scheduled request by its tokens, append sampled tokens, end finished
-        requests. sampled_token_ids holds one id per scheduled request (ignored for those that
-        did not sample this step)."""
+        """Append each sampling request's token and end finished requests. sampled_token_ids
+        holds one id per scheduled request (ignored for those that did not sample this step).
+
+        With overlapped scheduling the next step is already scheduled (and running) when this
+        is called: a request this step ends may be in it, and its token there is never read; a
+        request preempted since is in the waiting queue and still takes its token."""
         outputs = []
         now = time.monotonic()
+        output_index = scheduler_output.output_index
         for position, request in enumerate(scheduler_output.scheduled_requests):
+            will_sample = request.request_id in output_index
+            if will_sample:
+                request.num_pending_tokens -= 1
             if request.is_finished:
-                continue  # aborted while the step ran
-            will_sample = scheduler_output.will_sample(request)
-            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[
-                request.request_id
-            ]
-            self.kv_cache_manager.cache_computed_blocks(request)
+                continue  # aborted, or ended by the step before, while this step ran
             if not will_sample:
+                self.kv_cache_manager.cache_computed_blocks(request)
                 continue  # a prompt chunk that did not reach the end of the prompt
             token_id = sampled_token_ids[position]
             request.append_output_token(token_id)
+            self.kv_cache_manager.cache_computed_blocks(request)
             if request.timings.first_token_time is None:
                 request.timings.first_token_time = now
             finish_status = self._check_stop(request, token_id)
             if finish_status is not None:
+                if request.status == RequestStatus.RUNNING:
+                    self.running.remove(request)
+                else:
+                    self.waiting.discard(request)  # preempted while this step ran
                 request.status = finish_status
-                self.running.remove(request)
                 self._release(request)
             outputs.append(
                 EngineCoreOutput(

@@ -24,7 +24,8 @@ from ladle.engine.messages import (
     RequestRejectedError,
     SchedulerStats,
 )
-from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
+from ladle.engine.overlap import InFlightStep, OverlapPolicy
+from ladle.engine.step_meter import StepMeter
 from ladle.engine.warmup import warm_up
 from ladle.sampling_limits import check_field, check_top_k
 from ladle.structured.engine_side import build_structured_output_manager
@@ -71,6 +72,8 @@ class EngineCore:
         # On the CPU, torch's thread team follows the cores other programs leave free.
         self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
         self.structured_outputs = build_structured_output_manager(config, self.runner)
+        self.overlap = OverlapPolicy.from_config(config.scheduler, self.runner.device)
+        self._in_flight: InFlightStep | None = None  # launched, its sampled ids not yet read
         # Last: the warm-up runs real steps, which need everything above.
         if self.runner.device.type == "cuda":
             # Compile every kernel variant now, through the real step, not under a first user.
@@ -129,6 +132,7 @@ class EngineCore:
                 raise RequestRejectedError(f"request id {request.request_id!r} is in use")
             if not self.structured_outputs.add_request(request):
                 return  # waits for its grammar outside the scheduler; step() hands it over
+        self.overlap.track(request)
         self.scheduler.add_request(request)
 
     def _validate_prompt(self, prompt: list[int]) -> None:
@@ -150,6 +154,8 @@ class EngineCore:
         """End requests now and free their blocks; returns their final 'abort' outputs."""
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
         finished_ids = [r.request_id for r in finished]
+        self.runner.release(finished_ids)
+        self.overlap.forget(request_ids)
         if self.structured_outputs is not None:
             finished_ids += self.structured_outputs.remove(request_ids)
         return [
@@ -160,19 +166,26 @@ class EngineCore:
     # ----- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
+        """Schedule and launch one step; return the outputs of the step before it (overlapped
+        scheduling) or of this one (synchronous). See overlap.py for when a step is synchronous."""
         started = time.perf_counter()
         if self.thread_governor is not None:
             self.thread_governor.maybe_adjust()
         structured = self.structured_outputs
-        failed_outputs = self._admit_compiled_requests() if structured is not None else []
+        outputs = self._admit_compiled_requests() if structured is not None else []
+        self._release_finished(outputs)
+        if self._in_flight is not None and not self.overlap.may_overlap():
+            outputs += self._finish_in_flight()  # the next schedule needs its tokens on the host
         scheduler_output = self.scheduler.schedule()
+        self.runner.release(scheduler_output.preempted_request_ids)
         if not scheduler_output.scheduled_requests:
-            if structured is not None and structured.num_waiting and not failed_outputs:
+            if self._in_flight is not None:
+                return outputs + self._finish_in_flight()
+            if structured is not None and structured.num_waiting and not outputs:
                 structured.wait_for_compile(GRAMMAR_WAIT_S)
-            return failed_outputs
-        num_prefill, num_decode = split_scheduled_tokens(
-            scheduler_output.scheduled_requests, scheduler_output.num_scheduled_tokens
-        )
+            return outputs
+        num_prefill = scheduler_output.num_prefill_tokens
+        num_decode = scheduler_output.num_decode_tokens
         block_ids = [
             self.kv_cache_manager.get_block_ids(r.request_id)
             for r in scheduler_output.scheduled_requests
@@ -181,12 +194,34 @@ class EngineCore:
         execute = self.runner.execute
         if structured is not None:
             execute = functools.partial(execute, fill_grammar_bitmask=structured.fill_bitmask)
-        runner_output, fault_outputs = execute_isolating_faults(
+        launched, fault_outputs = execute_isolating_faults(
             execute, self.scheduler, scheduler_output, block_ids
         )
-        failed_outputs += fault_outputs
-        if runner_output is None:
-            return failed_outputs
+        self._release_finished(fault_outputs)
+        outputs += fault_outputs
+        previous, self._in_flight = self._in_flight, None
+        if launched is not None:
+            self._in_flight = InFlightStep(scheduler_output, launched)
+        if previous is not None:
+            # The device runs this step meanwhile: read the one before it.
+            outputs += self._process(previous)
+        if self._in_flight is not None and not self.overlap.enabled:
+            outputs += self._finish_in_flight()
+        seconds = time.perf_counter() - started
+        self.step_meter.record(num_prefill, num_decode, seconds)
+        if self.scheduler.prefill_budget is not None:
+            self.scheduler.prefill_budget.observe(num_prefill + num_decode, seconds)
+        return outputs
+
+    def _finish_in_flight(self) -> list[EngineCoreOutput]:
+        in_flight, self._in_flight = self._in_flight, None
+        return self._process(in_flight) if in_flight is not None else []
+
+    def _process(self, in_flight: InFlightStep) -> list[EngineCoreOutput]:
+        """Wait for a launched step's sampled ids and hand them to the scheduler."""
+        scheduler_output = in_flight.scheduler_output
+        runner_output = in_flight.launched.result()
+        structured = self.structured_outputs
         if structured is not None:
             # Fault isolation dropped any culprit from scheduled_requests, so these line up.
             structured.accept_tokens(
@@ -195,21 +230,24 @@ class EngineCore:
         outputs = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
-        if structured is not None:
-            structured.remove(
-                [output.request_id for output in failed_outputs + outputs if output.finished]
-            )
-        seconds = time.perf_counter() - started
-        self.step_meter.record(num_prefill, num_decode, seconds)
-        if self.scheduler.prefill_budget is not None:
-            self.scheduler.prefill_budget.observe(num_prefill + num_decode, seconds)
-        return failed_outputs + outputs
+        self._release_finished(outputs)
+        return outputs
+
+    def _release_finished(self, outputs: list[EngineCoreOutput]) -> None:
+        finished_ids = [output.request_id for output in outputs if output.finished]
+        if not finished_ids:
+            return
+        self.runner.release(finished_ids)
+        self.overlap.forget(finished_ids)
+        if self.structured_outputs is not None:
+            self.structured_outputs.remove(finished_ids)
 
     def _admit_compiled_requests(self) -> list[EngineCoreOutput]:
         """Hand requests whose grammar is compiled to the scheduler; end those that failed."""
         assert self.structured_outputs is not None
         ready, failed = self.structured_outputs.take_ready()
         for request in ready:
+            self.overlap.track(request)
             self.scheduler.add_request(request)
         return [
             EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason="error")
@@ -220,7 +258,11 @@ class EngineCore:
         waiting_for_grammar = self.structured_outputs is not None and (
             self.structured_outputs.num_waiting > 0
         )
-        return self.scheduler.has_unfinished_requests() or waiting_for_grammar
+        return (
+            self.scheduler.has_unfinished_requests()
+            or waiting_for_grammar
+            or self._in_flight is not None
+        )
 
     def get_stats(self) -> SchedulerStats:
         meter = self.step_meter

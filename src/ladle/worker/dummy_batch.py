@@ -46,7 +46,8 @@ def build_dummy_step(
             prompt_token_ids=[(index + position) % 2 + 1 for position in range(length)],
             sampling_params=params,
         )
-        output.scheduled_requests.append(request)
-        output.num_scheduled_tokens[request.request_id] = length
+        output.add(request, length)
+        output.num_computed_before[request.request_id] = 0
+        output.output_index[request.request_id] = 0
         block_ids.append([0] * (-(-length // block_size)))
     return output, block_ids

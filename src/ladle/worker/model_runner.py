@@ -3,6 +3,12 @@
 It owns the weights, the KV cache tensors and the sampler. Per step: one host-to-device copy of
 the packed step metadata (step_inputs.py), one forward over the flattened batch, logits only for
 the rows that sample, and one device-to-host copy of the sampled ids.
+
+execute() only launches the step: it returns a LaunchedStep whose result() waits for the sampled
+ids, so the engine can schedule and launch the next step first (overlapped scheduling). Each
+request holds a slot of the persistent batch while it lives; the sampled ids are also written to
+their slots on the device, where the next step reads a decode row's input id before the host has
+seen it (release() frees the slots of requests that ended or were preempted).
 """
 
 from __future__ import annotations
@@ -11,6 +17,7 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ladle.attention.backend import get_attention_backend
@@ -22,6 +29,7 @@ from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import build_sampling_metadata, build_sampling_rows
+from ladle.sample.output import SamplerOutput
 from ladle.sample.sampler import Sampler
 from ladle.structured.manager import GrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
@@ -40,6 +48,43 @@ class RunnerOutput:
     logprobs: list[TokenLogprobs | None] | None
 
 
+@dataclass
+class LaunchedStep:
+    """A step queued on the device: its sampled ids (and logprobs) are being copied to pinned
+    host memory; result() waits for that copy alone."""
+
+    num_requests: int
+    sampling_positions: list[int]
+    sampled_host: torch.Tensor | None  # [num_sampling] int64; None when no request sampled
+    logprobs_host: SamplerOutput | None  # host copies, when some request asked for logprobs
+    num_logprobs_per_req: list[int | None]
+    copied: torch.cuda.Event | None  # None on the CPU (the tensors are final already)
+
+    def result(self) -> RunnerOutput:
+        sampled_ids = [-1] * self.num_requests
+        if self.sampled_host is None:
+            return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
+        if self.copied is not None:
+            self.copied.synchronize()
+        for position, token_id in zip(self.sampling_positions, self.sampled_host.tolist()):
+            sampled_ids[position] = token_id
+        logprobs = None
+        if self.logprobs_host is not None:
+            per_request = logprobs_to_messages(self.logprobs_host, self.num_logprobs_per_req)
+            logprobs = [None] * self.num_requests
+            for position, entry in zip(self.sampling_positions, per_request):
+                logprobs[position] = entry
+        return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=logprobs)
+
+
+def _to_host(tensor: torch.Tensor) -> torch.Tensor:
+    """A non-blocking copy into pinned host memory (the tensor itself on the CPU)."""
+    if tensor.device.type == "cpu":
+        return tensor
+    host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
+    return host.copy_(tensor, non_blocking=True)
+
+
 class ModelRunner:
     def __init__(self, config: EngineConfig) -> None:
         self.config = config
@@ -56,6 +101,10 @@ class ModelRunner:
         self.max_model_len = self._resolve_max_model_len()
         self.sampler = Sampler()
         self.input_builder = StepInputBuilder(self.device, self.block_size)
+        # The persistent batch: each live request's slot, and the last token each slot sampled.
+        self._slot_of: dict[str, int] = {}
+        self._free_slots: list[int] = []
+        self._last_sampled = torch.zeros(0, dtype=torch.int32, device=self.device)
         # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
         self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
         self.kv_caches: list[torch.Tensor] = []
@@ -101,9 +150,10 @@ class ModelRunner:
         step, block_ids = build_dummy_step(num_tokens, num_reqs, self.block_size)
         real_caches, self.kv_caches = self.kv_caches, self._allocate_kv_caches(1)
         try:
-            self.execute(step, block_ids)
+            self.execute(step, block_ids).result()
         finally:
             self.kv_caches = real_caches
+            self.release([request.request_id for request in step.scheduled_requests])
 
     def _run_peak_forward(self) -> None:
         """The worst-case step for memory: a full token budget of prompt tokens, as many rows
@@ -134,48 +184,91 @@ class ModelRunner:
         graphs.capture()
         return graphs
 
+    # ----- the persistent batch -----------------------------------------------------------
+
+    def _slots_for(self, requests: list[Request]) -> np.ndarray:
+        """Each request's slot, assigning free ones to requests new to the batch."""
+        slot_of = self._slot_of
+        for request in requests:
+            if request.request_id not in slot_of:
+                if not self._free_slots:
+                    self._grow_slots()
+                slot_of[request.request_id] = self._free_slots.pop()
+        return np.fromiter(
+            (slot_of[r.request_id] for r in requests), dtype=np.int64, count=len(requests)
+        )
+
+    def _grow_slots(self) -> None:
+        old_size = self._last_sampled.shape[0]
+        new_size = max(2 * old_size, self.config.scheduler.max_num_seqs + 8)
+        grown = torch.zeros(new_size, dtype=torch.int32, device=self.device)
+        grown[:old_size] = self._last_sampled
+        self._last_sampled = grown
+        self._free_slots.extend(reversed(range(old_size, new_size)))
+
+    def release(self, request_ids: list[str]) -> None:
+        """Free the slots of requests that ended or were preempted (unknown ids are ignored):
+        a preempted request resumes from its host tokens, in whatever slot is free then."""
+        for request_id in request_ids:
+            slot = self._slot_of.pop(request_id, None)
+            if slot is not None:
+                self._free_slots.append(slot)
+
+    # ----- the step ------------------------------------------------------------------------
+
     @torch.inference_mode()
     def execute(
         self,
         scheduler_output: SchedulerOutput,
         block_ids: list[list[int]],
         fill_grammar_bitmask: Callable[[list[Request]], GrammarBitmask | None] | None = None,
-    ) -> RunnerOutput:
-        """fill_grammar_bitmask: the constrained rows' masks for the sampling requests; called
+    ) -> LaunchedStep:
+        """Launch the step; the LaunchedStep's result() gives the sampled ids.
+
+        fill_grammar_bitmask: the constrained rows' masks for the sampling requests; called
         once the forward pass is launched, so the CPU fills them while the device computes."""
         requests = scheduler_output.scheduled_requests
+        output_index = scheduler_output.output_index
         sampling_positions = [
-            index for index, request in enumerate(requests) if scheduler_output.will_sample(request)
+            index for index, request in enumerate(requests) if request.request_id in output_index
         ]
         sampling_requests = [requests[index] for index in sampling_positions]
+        num_output_tokens = [output_index[r.request_id] for r in sampling_requests]
         rows_host = build_sampling_rows(
             [r.sampling_params for r in sampling_requests],
             [r.sampling_seed for r in sampling_requests],
-            [r.num_output_tokens for r in sampling_requests],
+            num_output_tokens,
         )
+        slots = self._slots_for(requests)
         inputs = self.input_builder.build(
-            scheduler_output, block_ids, rows_host, sampling_positions
+            scheduler_output, block_ids, rows_host, sampling_positions, slots
         )
+        input_ids = inputs.input_ids
+        if inputs.token_slots is not None:
+            # Decode rows whose last token the previous step sampled: read it on the device.
+            from_device = self._last_sampled[inputs.token_slots.long()]
+            input_ids = torch.where(input_ids < 0, from_device, input_ids)
         attn_metadata = inputs.attn_metadata
         if self.graphs is not None and self.graphs.can_run(
             attn_metadata.num_reqs,
-            inputs.input_ids.shape[0],
+            input_ids.shape[0],
             attn_metadata.max_query_len,
             attn_metadata.block_tables.shape[1],
         ):
-            hidden = self.graphs.run(inputs.input_ids, inputs.positions, attn_metadata)
+            hidden = self.graphs.run(input_ids, inputs.positions, attn_metadata)
         else:
-            hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
-        sampled_ids = [-1] * len(requests)
+            hidden = self.model(input_ids, inputs.positions, self.kv_caches, attn_metadata)
+        num_logprobs = [r.sampling_params.logprobs for r in sampling_requests]
         if not sampling_requests:
-            return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
+            return LaunchedStep(len(requests), [], None, None, num_logprobs, None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         grammar_bitmask = fill_grammar_bitmask(sampling_requests) if fill_grammar_bitmask else None
         # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
+        # Penalty rows see every output token: the engine runs their steps without overlap.
         metadata = build_sampling_metadata(
             [r.sampling_params for r in sampling_requests],
             [r.sampling_seed for r in sampling_requests],
-            [r.num_output_tokens for r in sampling_requests],
+            num_output_tokens,
             vocab_size=logits.shape[-1],
             prompt_token_ids=[r.prompt_token_ids for r in sampling_requests],
             output_token_ids=[r.output_token_ids for r in sampling_requests],
@@ -184,16 +277,24 @@ class ModelRunner:
             rows=inputs.sampling_rows,
         )
         sampler_output = self.sampler(logits, metadata, grammar_bitmask)
+        sampled = sampler_output.sampled_token_ids
+        self._last_sampled.index_copy_(
+            0, inputs.sampling_slots.long(), sampled.to(self._last_sampled.dtype)
+        )
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
-        token_ids = sampler_output.sampled_token_ids.tolist()
-        for position, token_id in zip(sampling_positions, token_ids):
-            sampled_ids[position] = token_id
-        logprobs = None
+        sampled_host = _to_host(sampled)
+        logprobs_host = None
         if metadata.flags.max_num_logprobs is not None:
-            per_request = logprobs_to_messages(
-                sampler_output, [r.sampling_params.logprobs for r in sampling_requests]
+            logprobs_host = SamplerOutput(
+                sampled_token_ids=sampled_host,
+                logprob_token_ids=_to_host(sampler_output.logprob_token_ids),
+                logprobs=_to_host(sampler_output.logprobs),
+                sampled_ranks=_to_host(sampler_output.sampled_ranks),
             )
-            logprobs = [None] * len(requests)
-            for position, entry in zip(sampling_positions, per_request):
-                logprobs[position] = entry
-        return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=logprobs)
+        copied = None
+        if self.device.type == "cuda":
+            copied = torch.cuda.Event()
+            copied.record()
+        return LaunchedStep(
+            len(requests), sampling_positions, sampled_host, logprobs_host, num_logprobs, copied
+        )

@@ -5,10 +5,15 @@ lengths, block tables, which rows to sample) and the per-request sampling rows (
 stored bit for bit as int32) are laid into ONE pinned int32 host buffer and moved with ONE
 non-blocking copy; the device tensors are views into it. Numpy builds the per-token arrays so the
 host cost grows with the number of requests, not with Python work per token.
+
+With overlapped scheduling a decode row's last token may not be on the host yet (the step that
+samples it is still running): its input id is shipped as -1 with the row's slot in the
+persistent batch, and the runner reads the token from the slot's device copy instead.
 """
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 
 import numpy as np
@@ -25,18 +30,23 @@ class StepInputs:
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling_reqs] int64: rows of the hidden states to sample
     sampling_rows: dict[str, torch.Tensor]  # [num_sampling_reqs] each, on the device
+    # [num_tokens] int32 slot of each token's request when some input id is -1 (read from the
+    # device), else None.
+    token_slots: torch.Tensor | None
+    sampling_slots: torch.Tensor  # [num_sampling_reqs] int32 slot of each sampling request
 
 
 class StepInputBuilder:
-    """Keeps a pinned staging buffer that grows to the largest step seen."""
+    """Keeps two pinned staging buffers, used in turn, that grow to the largest step seen:
+    while one step's copy may still be queued on the device, the next step fills the other."""
 
     def __init__(self, device: torch.device, block_size: int) -> None:
         self.device = device
         self.block_size = block_size
-        self._staging = torch.empty(0, dtype=torch.int32)
-        # The last copy out of the staging buffer. A step that samples nothing (all prompt
-        # chunks) never syncs, so the next step must wait for this before overwriting the buffer.
-        self._copy_done: torch.cuda.Event | None = None
+        self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(2)]
+        # The last copy out of each staging buffer: the host waits for it before refilling.
+        self._copy_done: list[torch.cuda.Event | None] = [None, None]
+        self._turn = 0
 
     def build(
         self,
@@ -44,6 +54,7 @@ class StepInputBuilder:
         block_ids: list[list[int]],
         sampling_rows_host: dict[str, torch.Tensor],
         sampling_positions: list[int],
+        slots: np.ndarray,
     ) -> StepInputs:
         """The step's device tensors. A step has at least one request (EngineCore.step returns
         early otherwise), and every scheduled request holds at least one block."""
@@ -54,8 +65,9 @@ class StepInputBuilder:
             dtype=np.int64,
             count=num_reqs,
         )
+        computed_before = scheduler_output.num_computed_before
         computed = np.fromiter(
-            (r.num_computed_tokens for r in requests), dtype=np.int64, count=num_reqs
+            (computed_before[r.request_id] for r in requests), dtype=np.int64, count=num_reqs
         )
         query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=query_start_loc[1:])
@@ -67,11 +79,16 @@ class StepInputBuilder:
         offsets = np.arange(num_tokens) - query_start_loc[:-1][request_of_token]
         positions = computed[request_of_token] + offsets
 
-        input_ids = np.concatenate(
-            [
-                np.asarray(r.all_token_ids[c : c + n], dtype=np.int64)
-                for r, c, n in zip(requests, computed.tolist(), query_lens.tolist())
-            ]
+        chunks = []
+        reads_device_ids = False
+        for r, c, n in zip(requests, computed.tolist(), query_lens.tolist()):
+            chunk = r.all_token_ids[c : c + n]
+            if len(chunk) < n:  # the last token is still being sampled on the device
+                chunk = chunk + [-1] * (n - len(chunk))
+                reads_device_ids = True
+            chunks.append(chunk)
+        input_ids = np.fromiter(
+            itertools.chain.from_iterable(chunks), dtype=np.int64, count=num_tokens
         )
 
         max_blocks = max(len(ids) for ids in block_ids)
@@ -92,7 +109,10 @@ class StepInputBuilder:
             "seq_lens": seq_lens,
             "block_tables": block_tables.reshape(-1),
             "logits_indices": np.asarray(logits_indices, dtype=np.int64),
+            "sampling_slots": slots[sampling_positions],
         }
+        if reads_device_ids:
+            int_parts["token_slots"] = slots[request_of_token]
         device_views = self._ship(int_parts, sampling_rows_host)
 
         attn_metadata = AttentionMetadata(
@@ -116,6 +136,8 @@ class StepInputBuilder:
             attn_metadata=attn_metadata,
             logits_indices=device_views["logits_indices"].long(),
             sampling_rows=sampling_rows,
+            token_slots=device_views.get("token_slots"),
+            sampling_slots=device_views["sampling_slots"],
         )
 
     def _ship(
@@ -133,16 +155,20 @@ class StepInputBuilder:
         if self.device.type == "cpu":
             on_device = torch.cat([piece for _, piece in pieces])  # already where it is used
         else:
-            if self._copy_done is not None:
-                self._copy_done.synchronize()
-            if self._staging.numel() < total:
-                self._staging = torch.empty(
-                    max(total, 2 * self._staging.numel()), dtype=torch.int32, pin_memory=True
+            turn = self._turn
+            self._turn = 1 - turn
+            copy_done = self._copy_done[turn]
+            if copy_done is not None:
+                copy_done.synchronize()
+            staging = self._staging[turn]
+            if staging.numel() < total:
+                staging = self._staging[turn] = torch.empty(
+                    max(total, 2 * staging.numel()), dtype=torch.int32, pin_memory=True
                 )
-            torch.cat([piece for _, piece in pieces], out=self._staging[:total])
-            on_device = self._staging[:total].to(self.device, non_blocking=True)
-            self._copy_done = torch.cuda.Event()
-            self._copy_done.record()
+            torch.cat([piece for _, piece in pieces], out=staging[:total])
+            on_device = staging[:total].to(self.device, non_blocking=True)
+            copy_done = self._copy_done[turn] = torch.cuda.Event()
+            copy_done.record()
         views = {}
         offset = 0
         for name, piece in pieces:

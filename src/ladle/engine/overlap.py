@@ -1,0 +1,69 @@
+"""Overlapped scheduling: schedule and launch step N+1 while the device runs step N.
+
+EngineCore.step() launches a step and then reads the sampled ids of the step before it, so the
+host's scheduling, input building and output handling run while the device computes. The
+scheduler counts a launched step's tokens as computed and its samples as pending
+(Request.num_pending_tokens); the model runner feeds a decode row whose last token is pending
+from the device copy of that token. A request that the earlier step ends (EOS, a stop id) may
+already sit in the next step: that token is computed and thrown away, never reported. A request
+that ends by length is known to end before its token is read, so it is not scheduled again.
+
+Some requests need every token on the host before their next step is built: a grammar (its
+bitmask follows the tokens accepted so far) and the repetition / presence / frequency penalties
+(their token counts are built from the host's output ids). While any such request is in the
+engine, each step is read before the next one is scheduled (synchronous steps); the others keep
+overlapping as soon as those requests end.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import torch
+
+from ladle.config import SchedulerConfig
+from ladle.core.request import Request
+from ladle.core.scheduler import SchedulerOutput
+from ladle.worker.model_runner import LaunchedStep
+
+
+@dataclass
+class InFlightStep:
+    """A launched step whose sampled ids the host has not read yet."""
+
+    scheduler_output: SchedulerOutput
+    launched: LaunchedStep
+
+
+def needs_host_tokens(request: Request) -> bool:
+    """Whether building the request's next step needs its latest token on the host."""
+    params = request.sampling_params
+    return params.structured_outputs is not None or params.uses_penalties
+
+
+@dataclass
+class OverlapPolicy:
+    """Whether steps overlap, and which live requests force synchronous steps."""
+
+    enabled: bool
+    _sync_request_ids: set[str] = field(default_factory=set)
+
+    @classmethod
+    def from_config(cls, config: SchedulerConfig, device: torch.device) -> OverlapPolicy:
+        enabled = config.async_scheduling
+        if enabled is None:
+            # On the CPU the host computes the step itself: there is nothing to overlap with.
+            enabled = device.type == "cuda"
+        return cls(enabled=enabled)
+
+    def track(self, request: Request) -> None:
+        if self.enabled and needs_host_tokens(request):
+            self._sync_request_ids.add(request.request_id)
+
+    def forget(self, request_ids: list[str]) -> None:
+        if self._sync_request_ids:
+            self._sync_request_ids.difference_update(request_ids)
+
+    def may_overlap(self) -> bool:
+        """Whether the next step may be scheduled before the one in flight is read."""
+        return self.enabled and not self._sync_request_ids

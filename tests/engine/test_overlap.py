@@ -1,0 +1,136 @@
+"""Overlapped scheduling (async_scheduling) gives exactly the tokens of synchronous steps.
+
+The CPU runs the same overlap machinery as CUDA when it is asked for (pending tokens in the
+scheduler, decode input ids read from the persistent batch's device copy, outputs read one step
+late), so these tests check it against HF's greedy tokens and against synchronous steps, over
+chunked prefill, preemption, stop tokens met mid-flight, seeded sampling, penalties (which force
+synchronous steps) and logprobs.
+"""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+import torch
+
+from ladle import LLM, SamplingParams
+from ladle.engine.messages import EngineCoreRequest
+
+NUM_NEW_TOKENS = 10
+
+
+def make_prompts(vocab_size: int, seed: int, lengths: list[int]) -> list[list[int]]:
+    rng = random.Random(seed)
+    return [[rng.randrange(3, vocab_size) for _ in range(length)] for length in lengths]
+
+
+def hf_greedy(model, prompt: list[int], num_new_tokens: int) -> list[int]:
+    with torch.no_grad():
+        ids = list(prompt)
+        for _ in range(num_new_tokens):
+            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
+    return ids[len(prompt) :]
+
+
+def token_ids(outputs) -> list[list[int]]:
+    return [output.outputs[0].token_ids for output in outputs]
+
+
+@pytest.fixture(scope="module")
+def qwen3(tiny_model_path):
+    from helpers.tiny_models import load_hf_reference
+
+    path = tiny_model_path("qwen3")
+    model = load_hf_reference(path)
+    prompts = make_prompts(model.config.vocab_size, seed=3, lengths=[1, 4, 9, 17, 30, 45])
+    expected = [hf_greedy(model, prompt, NUM_NEW_TOKENS) for prompt in prompts]
+    return path, prompts, expected
+
+
+def greedy(**extra) -> SamplingParams:
+    return SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True, **extra)
+
+
+@pytest.mark.parametrize(
+    "options",
+    [
+        {},
+        {"max_num_batched_tokens": 8, "enable_prefix_caching": False},  # chunked prefill
+        {"num_kv_blocks": 24},  # preemption while steps are in flight
+    ],
+    ids=["batched", "chunked", "preempting"],
+)
+def test_overlapped_steps_match_hf(qwen3, options):
+    path, prompts, expected = qwen3
+    options = {"block_size": 4, "num_kv_blocks": 400, **options}
+    llm = LLM(path, async_scheduling=True, **options)
+    assert llm.engine.overlap.enabled
+    assert token_ids(llm.generate(prompts, greedy(), use_tqdm=False)) == expected
+    stats = llm.engine.get_stats()
+    assert stats.num_free_blocks == stats.num_total_blocks  # nothing leaked by discarded tokens
+    if options["num_kv_blocks"] == 24:
+        assert stats.num_preemptions > 0
+
+
+def test_outputs_arrive_one_step_late_with_overlap(qwen3):
+    path, prompts, expected = qwen3
+    llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=True)
+    engine = llm.engine
+    engine.add_request(
+        EngineCoreRequest(request_id="r", prompt_token_ids=prompts[2], sampling_params=greedy())
+    )
+    assert engine.step() == []  # the prompt's step is launched, not read
+    tokens = []
+    while engine.has_unfinished_requests():
+        tokens += [t for output in engine.step() for t in output.new_token_ids]
+    assert tokens == expected[2]
+
+
+def _mixed_params(stop_ids: list[int]) -> list[SamplingParams]:
+    """Seeded random rows, rows that stop on a token met mid-generation, logprobs."""
+    return [
+        SamplingParams(temperature=0.8, seed=1, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=stop_ids[:1]),
+        SamplingParams(temperature=1.0, top_k=5, seed=2, max_tokens=12, logprobs=2),
+        SamplingParams(temperature=0.0, max_tokens=12, stop_token_ids=stop_ids[1:2]),
+        SamplingParams(temperature=0.7, top_p=0.9, min_p=0.05, seed=3, max_tokens=7),
+        SamplingParams(temperature=0.9, max_tokens=12, min_tokens=4, seed=5),
+    ]
+
+
+def _run(path, prompts, params, async_scheduling: bool):
+    llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=async_scheduling)
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    return [
+        (
+            o.outputs[0].token_ids,
+            o.outputs[0].finish_reason,
+            [sorted(entry.items()) for entry in o.outputs[0].logprobs or []],
+        )
+        for o in outputs
+    ]
+
+
+def test_overlap_on_and_off_give_the_same_outputs(qwen3):
+    path, prompts, expected = qwen3
+    # Stop ids the greedy rows meet a few tokens in: they end while their next step is in flight,
+    # and that step's token must never be reported.
+    stop_ids = [expected[1][3], expected[3][5]]
+    params = _mixed_params(stop_ids)
+    synchronous = _run(path, prompts, params, async_scheduling=False)
+    overlapped = _run(path, prompts, params, async_scheduling=True)
+    assert overlapped == synchronous
+    assert synchronous[1][0] == expected[1][:4] and synchronous[1][1] == "stop"
+    assert len(synchronous[4][0]) == 7 and synchronous[2][2]  # max_tokens, logprobs given
+
+
+def test_penalty_requests_run_synchronous_steps_with_overlap_on(qwen3):
+    path, prompts, _ = qwen3
+    params = _mixed_params([])
+    params[0] = SamplingParams(
+        temperature=0.0, max_tokens=12, repetition_penalty=1.3, frequency_penalty=0.4
+    )
+    synchronous = _run(path, prompts, params, async_scheduling=False)
+    overlapped = _run(path, prompts, params, async_scheduling=True)
+    assert overlapped == synchronous
