@@ -134,3 +134,44 @@ def test_penalty_requests_run_synchronous_steps_with_overlap_on(qwen3):
     synchronous = _run(path, prompts, params, async_scheduling=False)
     overlapped = _run(path, prompts, params, async_scheduling=True)
     assert overlapped == synchronous
+
+
+def test_scheduler_hands_the_runner_only_new_blocks(qwen3):
+    """The block-table diff: a request's whole table on its first step, then only the blocks
+    a step added (none for most decode steps), and the runner's tables equal the manager's."""
+    path, prompts, _ = qwen3
+    llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=True)
+    engine = llm.engine
+    for index, prompt in enumerate(prompts):
+        engine.add_request(
+            EngineCoreRequest(
+                request_id=str(index), prompt_token_ids=prompt, sampling_params=greedy()
+            )
+        )
+    schedule = engine.scheduler.schedule
+    seen: list[dict] = []
+
+    def recording_schedule():
+        output = schedule()
+        seen.append(dict(output.new_block_ids))
+        return output
+
+    engine.scheduler.schedule = recording_schedule
+    engine.step()
+    assert set(seen[0]) == {str(i) for i in range(len(prompts))}
+    assert all(start == 0 for start, _ in seen[0].values())
+    while engine.has_unfinished_requests():
+        engine.step()
+        batch = engine.runner.batch
+        for request in engine.scheduler.running:
+            slot = batch._slot_of.get(request.request_id)
+            if slot is None:
+                continue
+            table = engine.kv_cache_manager.get_block_ids(request.request_id)
+            assert batch.block_table_host[slot, : len(table)].tolist() == table
+            assert batch.num_blocks[slot] == len(table)
+            assert batch.block_table[slot, : len(table)].tolist() == table  # the device copy
+    decode_diffs = seen[2:]
+    # One token a step and four a block: about one step in four hands a request a new block.
+    assert sum(len(diff) for diff in decode_diffs) < len(prompts) * len(decode_diffs) / 2
+    assert all(len(ids) == 1 for diff in decode_diffs for _, ids in diff.values())

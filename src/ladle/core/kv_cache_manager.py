@@ -62,6 +62,14 @@ class KVCacheManager:
         """The request's block table; [] for a request that holds no blocks."""
         return [block.block_id for block in self._blocks_by_request.get(request_id, ())]
 
+    def get_block_ids_from(self, request_id: str, start: int) -> list[int]:
+        """The request's block ids from index start of its table on."""
+        blocks = self._blocks_by_request.get(request_id, ())
+        return [block.block_id for block in blocks[start:]]
+
+    def num_blocks_of(self, request_id: str) -> int:
+        return len(self._blocks_by_request.get(request_id, ()))
+
     def get_computed_blocks(self, request: Request) -> tuple[list[KVBlock], int]:
         """The longest run of the request's leading full blocks already in the prefix cache.
 

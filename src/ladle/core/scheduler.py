@@ -38,6 +38,9 @@ class SchedulerOutput:
     # request id -> index among its outputs of the token this step samples (the random stream's
     # counter), for the requests that sample; the others are prompt chunks short of the end.
     output_index: dict[str, int] = field(default_factory=dict)
+    # request id -> (index of its first new block, the new block ids): the blocks this step's
+    # allocation added to its table (all of them for a request that had none).
+    new_block_ids: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
     num_prefill_tokens: int = 0  # prompt chunks and recomputes
     num_decode_tokens: int = 0  # one token each for requests that have sampled before
 
@@ -149,11 +152,15 @@ class Scheduler:
 
         # Running requests first, in order; preemption victims come from the back.
         index = 0
+        num_ending = 0  # running requests that end by length as soon as their token is read
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
             num_known_tokens = request.num_tokens + request.num_pending_tokens
             if request.num_pending_tokens and self._ends_by_length(request):
-                index += 1  # its unread token ends it: a step for it would be thrown away
+                # Its unread token ends it: a step for it would be thrown away, and its place
+                # goes to a waiting request now, as it would once the token is read.
+                num_ending += 1
+                index += 1
                 continue
             num_new_tokens = min(num_known_tokens - request.num_computed_tokens, token_budget)
             num_new_tokens = min(num_new_tokens, self.max_model_len - request.num_computed_tokens)
@@ -164,15 +171,21 @@ class Scheduler:
                 index += 1
                 continue
             while True:
-                if self.kv_cache_manager.allocate_slots(request, num_new_tokens) is not None:
+                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                if new_blocks is not None:
+                    if new_blocks:
+                        self._record_new_blocks(output, request, len(new_blocks))
                     scheduled = True
                     break
                 victim = self._pick_preemption_victim()
                 token_budget += output.num_scheduled_tokens.pop(victim.request_id, 0)
+                output.new_block_ids.pop(victim.request_id, None)
                 if victim in output.scheduled_requests:
                     output.scheduled_requests.remove(victim)
                 if self.running.index(victim) < index:
                     index -= 1  # removing it shifts this request one place forward
+                    if victim.num_pending_tokens and self._ends_by_length(victim):
+                        num_ending -= 1  # counted above; no longer running
                 self._preempt(victim)
                 output.preempted_request_ids.append(victim.request_id)
                 if victim is request:
@@ -191,7 +204,7 @@ class Scheduler:
             not output.preempted_request_ids
             and token_budget > 0
             and prefill_budget > 0
-            and len(self.running) < self.config.max_num_seqs
+            and len(self.running) - num_ending < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
             if request is None or request.num_pending_tokens:
@@ -212,6 +225,7 @@ class Scheduler:
             if new_blocks is None:
                 break
             self.waiting.pop()
+            self._record_new_blocks(output, request, None)
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
@@ -224,6 +238,17 @@ class Scheduler:
             prefill_budget -= num_new_tokens
         self._advance_scheduled(output)
         return output
+
+    def _record_new_blocks(
+        self, output: SchedulerOutput, request: Request, num_new: int | None
+    ) -> None:
+        """Note the last num_new blocks of the request's table (None: all of it) as new."""
+        manager = self.kv_cache_manager
+        start = 0 if num_new is None else manager.num_blocks_of(request.request_id) - num_new
+        output.new_block_ids[request.request_id] = (
+            start,
+            manager.get_block_ids_from(request.request_id, start),
+        )
 
     def _ends_by_length(self, request: Request) -> bool:
         """Whether the request ends by length once its pending tokens are read."""

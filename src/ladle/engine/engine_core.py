@@ -186,16 +186,17 @@ class EngineCore:
             return outputs
         num_prefill = scheduler_output.num_prefill_tokens
         num_decode = scheduler_output.num_decode_tokens
-        block_ids = [
-            self.kv_cache_manager.get_block_ids(r.request_id)
-            for r in scheduler_output.scheduled_requests
+        # The block-table diff: only requests that got blocks this step have an entry.
+        new_block_ids = scheduler_output.new_block_ids
+        block_updates = [
+            new_block_ids.get(r.request_id) for r in scheduler_output.scheduled_requests
         ]
         # A request that breaks the step ends alone (finish_reason "error"); the rest go on.
         execute = self.runner.execute
         if structured is not None:
             execute = functools.partial(execute, fill_grammar_bitmask=structured.fill_bitmask)
         launched, fault_outputs = execute_isolating_faults(
-            execute, self.scheduler, scheduler_output, block_ids
+            execute, self.scheduler, scheduler_output, block_updates
         )
         self._release_finished(fault_outputs)
         outputs += fault_outputs

@@ -17,7 +17,6 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ladle.attention.backend import get_attention_backend
@@ -35,6 +34,7 @@ from ladle.structured.manager import GrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.memory import module_bytes, size_kv_cache
+from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
 from ladle.worker.step_inputs import StepInputBuilder
 
 # Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
@@ -101,10 +101,11 @@ class ModelRunner:
         self.max_model_len = self._resolve_max_model_len()
         self.sampler = Sampler()
         self.input_builder = StepInputBuilder(self.device, self.block_size)
-        # The persistent batch: each live request's slot, and the last token each slot sampled.
-        self._slot_of: dict[str, int] = {}
-        self._free_slots: list[int] = []
-        self._last_sampled = torch.zeros(0, dtype=torch.int32, device=self.device)
+        self.batch = PersistentBatch(
+            max_blocks_per_seq=self._max_blocks_per_seq(),
+            device=self.device,
+            initial_slots=config.scheduler.max_num_seqs + 8,
+        )
         # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
         self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
         self.kv_caches: list[torch.Tensor] = []
@@ -150,7 +151,7 @@ class ModelRunner:
         step, block_ids = build_dummy_step(num_tokens, num_reqs, self.block_size)
         real_caches, self.kv_caches = self.kv_caches, self._allocate_kv_caches(1)
         try:
-            self.execute(step, block_ids).result()
+            self.execute(step, [(0, ids) for ids in block_ids]).result()
         finally:
             self.kv_caches = real_caches
             self.release([request.request_id for request in step.scheduled_requests])
@@ -167,6 +168,9 @@ class ModelRunner:
         batch_size = self._graph_max_batch_size()
         self._run_probe_step(batch_size, batch_size)
 
+    def _max_blocks_per_seq(self) -> int:
+        return -(-self.max_model_len // self.block_size)
+
     def _graph_max_batch_size(self) -> int:
         return min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH_SIZE)
 
@@ -177,42 +181,16 @@ class ModelRunner:
         graphs = DecodeGraphs(
             forward,
             max_batch_size=self._graph_max_batch_size(),
-            max_blocks_per_seq=-(-self.max_model_len // self.block_size),
+            max_blocks_per_seq=self._max_blocks_per_seq(),
             block_size=self.block_size,
             device=self.device,
         )
         graphs.capture()
         return graphs
 
-    # ----- the persistent batch -----------------------------------------------------------
-
-    def _slots_for(self, requests: list[Request]) -> np.ndarray:
-        """Each request's slot, assigning free ones to requests new to the batch."""
-        slot_of = self._slot_of
-        for request in requests:
-            if request.request_id not in slot_of:
-                if not self._free_slots:
-                    self._grow_slots()
-                slot_of[request.request_id] = self._free_slots.pop()
-        return np.fromiter(
-            (slot_of[r.request_id] for r in requests), dtype=np.int64, count=len(requests)
-        )
-
-    def _grow_slots(self) -> None:
-        old_size = self._last_sampled.shape[0]
-        new_size = max(2 * old_size, self.config.scheduler.max_num_seqs + 8)
-        grown = torch.zeros(new_size, dtype=torch.int32, device=self.device)
-        grown[:old_size] = self._last_sampled
-        self._last_sampled = grown
-        self._free_slots.extend(reversed(range(old_size, new_size)))
-
     def release(self, request_ids: list[str]) -> None:
-        """Free the slots of requests that ended or were preempted (unknown ids are ignored):
-        a preempted request resumes from its host tokens, in whatever slot is free then."""
-        for request_id in request_ids:
-            slot = self._slot_of.pop(request_id, None)
-            if slot is not None:
-                self._free_slots.append(slot)
+        """Free the persistent-batch slots of requests that ended or were preempted."""
+        self.batch.release(request_ids)
 
     # ----- the step ------------------------------------------------------------------------
 
@@ -220,10 +198,13 @@ class ModelRunner:
     def execute(
         self,
         scheduler_output: SchedulerOutput,
-        block_ids: list[list[int]],
+        block_updates: list[BlockUpdate],
         fill_grammar_bitmask: Callable[[list[Request]], GrammarBitmask | None] | None = None,
     ) -> LaunchedStep:
         """Launch the step; the LaunchedStep's result() gives the sampled ids.
+
+        block_updates: per scheduled request, the blocks the scheduler added to its table since
+        its last step (its whole table when it is new to the batch), or None.
 
         fill_grammar_bitmask: the constrained rows' masks for the sampling requests; called
         once the forward pass is launched, so the CPU fills them while the device computes."""
@@ -239,14 +220,13 @@ class ModelRunner:
             [r.sampling_seed for r in sampling_requests],
             num_output_tokens,
         )
-        slots = self._slots_for(requests)
         inputs = self.input_builder.build(
-            scheduler_output, block_ids, rows_host, sampling_positions, slots
+            scheduler_output, block_updates, rows_host, sampling_positions, self.batch
         )
         input_ids = inputs.input_ids
         if inputs.token_slots is not None:
             # Decode rows whose last token the previous step sampled: read it on the device.
-            from_device = self._last_sampled[inputs.token_slots.long()]
+            from_device = self.batch.last_sampled[inputs.token_slots.long()]
             input_ids = torch.where(input_ids < 0, from_device, input_ids)
         attn_metadata = inputs.attn_metadata
         if self.graphs is not None and self.graphs.can_run(
@@ -278,9 +258,8 @@ class ModelRunner:
         )
         sampler_output = self.sampler(logits, metadata, grammar_bitmask)
         sampled = sampler_output.sampled_token_ids
-        self._last_sampled.index_copy_(
-            0, inputs.sampling_slots.long(), sampled.to(self._last_sampled.dtype)
-        )
+        last_sampled = self.batch.last_sampled
+        last_sampled.index_copy_(0, inputs.sampling_slots.long(), sampled.to(last_sampled.dtype))
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         sampled_host = _to_host(sampled)
         logprobs_host = None

@@ -1,10 +1,12 @@
 """Turn one SchedulerOutput into device tensors: the one place a batch becomes tensors.
 
 All integer metadata of the step (token ids, positions, cache slots, query offsets, sequence
-lengths, block tables, which rows to sample) and the per-request sampling rows (float32 values
-stored bit for bit as int32) are laid into ONE pinned int32 host buffer and moved with ONE
-non-blocking copy; the device tensors are views into it. Numpy builds the per-token arrays so the
-host cost grows with the number of requests, not with Python work per token.
+lengths, new block-table entries, which rows to sample) and the per-request sampling rows
+(float32 values stored bit for bit as int32) are laid into ONE pinned int32 host buffer and
+moved with ONE non-blocking copy; the device tensors are views into it. Block tables live in the
+persistent batch (persistent_batch.py): only the blocks the scheduler added are shipped, and the
+step's tables are gathered from the slots' rows on the device. Numpy builds the per-token arrays
+so the host cost grows with the number of requests, not with Python work per token.
 
 With overlapped scheduling a decode row's last token may not be on the host yet (the step that
 samples it is still running): its input id is shipped as -1 with the row's slot in the
@@ -21,6 +23,7 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.core.scheduler import SchedulerOutput
+from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
 
 
 @dataclass
@@ -51,14 +54,16 @@ class StepInputBuilder:
     def build(
         self,
         scheduler_output: SchedulerOutput,
-        block_ids: list[list[int]],
+        block_updates: list[BlockUpdate],
         sampling_rows_host: dict[str, torch.Tensor],
         sampling_positions: list[int],
-        slots: np.ndarray,
+        batch: PersistentBatch,
     ) -> StepInputs:
         """The step's device tensors. A step has at least one request (EngineCore.step returns
         early otherwise), and every scheduled request holds at least one block."""
         requests = scheduler_output.scheduled_requests
+        slots = batch.slots_for([r.request_id for r in requests])
+        update_indices, update_block_ids = batch.update_block_tables(slots, block_updates)
         num_reqs = len(requests)
         query_lens = np.fromiter(
             (scheduler_output.num_scheduled_tokens[r.request_id] for r in requests),
@@ -91,14 +96,10 @@ class StepInputBuilder:
             itertools.chain.from_iterable(chunks), dtype=np.int64, count=num_tokens
         )
 
-        max_blocks = max(len(ids) for ids in block_ids)
-        block_tables = np.zeros((num_reqs, max_blocks), dtype=np.int64)
-        for row, ids in enumerate(block_ids):
-            block_tables[row, : len(ids)] = ids
-        slot_mapping = (
-            block_tables[request_of_token, positions // self.block_size] * self.block_size
-            + positions % self.block_size
-        )
+        max_blocks = int(batch.num_blocks[slots].max())
+        block_size = self.block_size
+        block_of_token = batch.block_table_host[slots[request_of_token], positions // block_size]
+        slot_mapping = block_of_token.astype(np.int64) * block_size + positions % block_size
         logits_indices = query_start_loc[1:][sampling_positions] - 1
 
         int_parts = {
@@ -107,19 +108,25 @@ class StepInputBuilder:
             "slot_mapping": slot_mapping,
             "query_start_loc": query_start_loc,
             "seq_lens": seq_lens,
-            "block_tables": block_tables.reshape(-1),
+            "block_update_indices": update_indices,
+            "block_update_ids": update_block_ids,
+            "request_slots": slots,
             "logits_indices": np.asarray(logits_indices, dtype=np.int64),
             "sampling_slots": slots[sampling_positions],
         }
         if reads_device_ids:
             int_parts["token_slots"] = slots[request_of_token]
         device_views = self._ship(int_parts, sampling_rows_host)
+        batch.apply_block_updates(
+            device_views["block_update_indices"], device_views["block_update_ids"]
+        )
+        block_tables = batch.block_table[device_views["request_slots"].long(), :max_blocks]
 
         attn_metadata = AttentionMetadata(
             slot_mapping=device_views["slot_mapping"].long(),
             query_start_loc=device_views["query_start_loc"],
             seq_lens=device_views["seq_lens"],
-            block_tables=device_views["block_tables"].view(num_reqs, max_blocks),
+            block_tables=block_tables,
             max_query_len=int(query_lens.max()),
             max_seq_len=int(seq_lens.max()),
             block_size=self.block_size,

@@ -1,0 +1,108 @@
+"""The GPU's idle time between engine steps, from the torch profiler (issue 8, overlap).
+
+    python scripts/step_gap.py --workload W1 --num-requests 256 [--no-async-scheduling]
+
+Runs the workload's requests to their steady decode phase (every prompt in), then profiles
+--steps engine steps: wall time, the union of the CUDA kernels' intervals (busy), and the idle
+time per step (wall - busy, over the steps) with the median and largest single gap between two
+kernels. Prints one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import torch
+from torch.profiler import ProfilerActivity, profile
+
+from ladle import LLM
+from ladle.bench.workloads import build_requests, get_workload
+from ladle.engine.messages import EngineCoreRequest
+from ladle.sampling_params import SamplingParams
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--workload", default="W1")
+    parser.add_argument("--num-requests", type=int, default=256)
+    parser.add_argument("--steps", type=int, default=30)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--enforce-eager", action="store_true")
+    args = parser.parse_args()
+    workload = get_workload(args.workload)
+    llm = LLM(
+        workload.model_preset,
+        load_format="dummy",
+        async_scheduling=args.async_scheduling,
+        enforce_eager=args.enforce_eager,
+    )
+    engine = llm.engine
+    requests = build_requests(workload)[: args.num_requests]
+    for index, request in enumerate(requests):
+        engine.add_request(
+            EngineCoreRequest(
+                request_id=f"gap-{index}",
+                prompt_token_ids=request.prompt_token_ids,
+                sampling_params=SamplingParams(
+                    temperature=request.temperature,
+                    max_tokens=max(request.max_tokens, 1000),  # no request ends while profiled
+                    ignore_eos=True,
+                    seed=request.seed,
+                ),
+            )
+        )
+    while len(engine.scheduler.waiting) or any(
+        r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running
+    ):
+        engine.step()
+    for _ in range(5):
+        engine.step()
+    torch.cuda.synchronize()
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        started = time.perf_counter()
+        for _ in range(args.steps):
+            engine.step()
+        torch.cuda.synchronize()
+        wall = time.perf_counter() - started
+    kernels = sorted(
+        (event.time_range.start, event.time_range.end)
+        for event in prof.events()
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    )
+    busy_us = 0.0
+    gaps = []
+    current_start, current_end = kernels[0]
+    for start, end in kernels[1:]:
+        if start > current_end:
+            busy_us += current_end - current_start
+            gaps.append(start - current_end)
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    busy_us += current_end - current_start
+    span_us = kernels[-1][1] - kernels[0][0]
+    print(
+        json.dumps(
+            {
+                "workload": args.workload,
+                "num_requests": len(requests),
+                "async_scheduling": args.async_scheduling,
+                "enforce_eager": args.enforce_eager,
+                "steps": args.steps,
+                "wall_ms_per_step": wall * 1000 / args.steps,
+                "kernel_busy_ms_per_step": busy_us / 1000 / args.steps,
+                "idle_ms_per_step": (span_us - busy_us) / 1000 / args.steps,
+                "busy_fraction_of_kernel_span": busy_us / span_us,
+                "median_gap_us": statistics.median(gaps) if gaps else 0.0,
+                "largest_gap_us": max(gaps, default=0.0),
+            }
+        ),
+        flush=True,
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,106 @@
+"""The persistent batch: per-request state that lives across steps, in slots.
+
+A request takes a slot when it first runs and keeps it until it ends or is preempted. What a
+slot holds stays where the step reads it and changes only where the scheduler changed something:
+
+- its block table, on the host (for the cache slots of new tokens) and on the device (for the
+  attention kernels), written only where the scheduler handed out new blocks (BlockUpdate);
+  a step gathers its rows' tables on the device instead of shipping every table every step;
+- the token it sampled last, on the device, so the next step reads a decode row's input id
+  there while the host has not seen it yet (overlapped scheduling).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+# (index of the first new block in the request's table, the new block ids), or None: unchanged.
+BlockUpdate = tuple[int, list[int]] | None
+
+
+class PersistentBatch:
+    def __init__(self, max_blocks_per_seq: int, device: torch.device, initial_slots: int) -> None:
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.device = device
+        self._initial_slots = initial_slots
+        self._slot_of: dict[str, int] = {}
+        self._free_slots: list[int] = []
+        self.num_slots = 0
+        self.block_table_host = np.zeros((0, max_blocks_per_seq), dtype=np.int32)
+        self.num_blocks = np.zeros(0, dtype=np.int64)
+        self.block_table = torch.zeros((0, max_blocks_per_seq), dtype=torch.int32, device=device)
+        self.last_sampled = torch.zeros(0, dtype=torch.int32, device=device)
+
+    def slots_for(self, request_ids: list[str]) -> np.ndarray:
+        """Each request's slot, assigning free ones to requests new to the batch."""
+        slot_of = self._slot_of
+        for request_id in request_ids:
+            if request_id not in slot_of:
+                if not self._free_slots:
+                    self._grow()
+                slot = self._free_slots.pop()
+                self.num_blocks[slot] = 0
+                slot_of[request_id] = slot
+        return np.fromiter(
+            (slot_of[request_id] for request_id in request_ids),
+            dtype=np.int64,
+            count=len(request_ids),
+        )
+
+    def release(self, request_ids: list[str]) -> None:
+        """Free the slots of requests that ended or were preempted (unknown ids are ignored):
+        a preempted request resumes with its whole block table, in whatever slot is free then."""
+        for request_id in request_ids:
+            slot = self._slot_of.pop(request_id, None)
+            if slot is not None:
+                self._free_slots.append(slot)
+
+    def update_block_tables(
+        self, slots: np.ndarray, updates: list[BlockUpdate]
+    ) -> tuple[np.ndarray, np.ndarray]:
+        """Write the updates into the host tables; returns (flat indices, block ids) for the
+        device table (apply_block_updates). Rewriting an update already applied is harmless."""
+        indices: list[np.ndarray] = []
+        values: list[list[int]] = []
+        width = self.max_blocks_per_seq
+        for slot, update in zip(slots.tolist(), updates):
+            if update is None:
+                continue
+            start, block_ids = update
+            end = start + len(block_ids)
+            if end > width:
+                raise ValueError(f"a block table of {end} blocks exceeds the {width} per sequence")
+            self.block_table_host[slot, start:end] = block_ids
+            self.num_blocks[slot] = end
+            indices.append(np.arange(slot * width + start, slot * width + end))
+            values.append(block_ids)
+        if not indices:
+            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+        return np.concatenate(indices), np.fromiter(
+            (block for ids in values for block in ids), dtype=np.int64
+        )
+
+    def apply_block_updates(self, flat_indices: torch.Tensor, block_ids: torch.Tensor) -> None:
+        """Mirror update_block_tables' writes on the device (both int32, on the device)."""
+        if flat_indices.numel():
+            self.block_table.view(-1).index_copy_(0, flat_indices.long(), block_ids)
+
+    def _grow(self) -> None:
+        old = self.num_slots
+        new = max(2 * old, self._initial_slots)
+        width = self.max_blocks_per_seq
+        table_host = np.zeros((new, width), dtype=np.int32)
+        table_host[:old] = self.block_table_host
+        self.block_table_host = table_host
+        num_blocks = np.zeros(new, dtype=np.int64)
+        num_blocks[:old] = self.num_blocks
+        self.num_blocks = num_blocks
+        table = torch.zeros((new, width), dtype=torch.int32, device=self.device)
+        table[:old] = self.block_table
+        self.block_table = table
+        last_sampled = torch.zeros(new, dtype=torch.int32, device=self.device)
+        last_sampled[:old] = self.last_sampled
+        self.last_sampled = last_sampled
+        self.num_slots = new
+        self._free_slots.extend(reversed(range(old, new)))
