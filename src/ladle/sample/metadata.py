@@ -62,6 +62,23 @@ def build_sampling_rows(
     return {name: torch.tensor(values[name], dtype=dtype) for name, dtype in ROW_DTYPES.items()}
 
 
+def pack_sampling_rows(
+    params: list[SamplingParams], seeds: list[int], num_output_tokens: list[int]
+) -> torch.Tensor:
+    """The rows of build_sampling_rows as one int32 [num_reqs, len(ROW_DTYPES)] host tensor,
+    float values stored bit for bit (the persistent batch keeps one such row per slot)."""
+    rows = build_sampling_rows(params, seeds, num_output_tokens)
+    return torch.stack([rows[name].view(torch.int32) for name in ROW_DTYPES], dim=1)
+
+
+def unpack_sampling_rows(packed: torch.Tensor) -> dict[str, torch.Tensor]:
+    """pack_sampling_rows' inverse: contiguous [num_reqs] rows, on packed's device."""
+    columns = packed.t().contiguous()
+    return {
+        name: columns[index].view(dtype) for index, (name, dtype) in enumerate(ROW_DTYPES.items())
+    }
+
+
 @dataclass(frozen=True)
 class SamplingFlags:
     """Host-side facts about a batch that let the sampler skip work no request needs.

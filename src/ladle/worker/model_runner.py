@@ -27,7 +27,7 @@ from ladle.engine.messages import TokenLogprobs
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
-from ladle.sample.metadata import build_sampling_metadata, build_sampling_rows
+from ladle.sample.metadata import build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.sampler import Sampler
 from ladle.structured.manager import GrammarBitmask
@@ -215,13 +215,8 @@ class ModelRunner:
         ]
         sampling_requests = [requests[index] for index in sampling_positions]
         num_output_tokens = [output_index[r.request_id] for r in sampling_requests]
-        rows_host = build_sampling_rows(
-            [r.sampling_params for r in sampling_requests],
-            [r.sampling_seed for r in sampling_requests],
-            num_output_tokens,
-        )
         inputs = self.input_builder.build(
-            scheduler_output, block_updates, rows_host, sampling_positions, self.batch
+            scheduler_output, block_updates, sampling_positions, num_output_tokens, self.batch
         )
         input_ids = inputs.input_ids
         if inputs.token_slots is not None:

@@ -7,13 +7,18 @@ slot holds stays where the step reads it and changes only where the scheduler ch
   attention kernels), written only where the scheduler handed out new blocks (BlockUpdate);
   a step gathers its rows' tables on the device instead of shipping every table every step;
 - the token it sampled last, on the device, so the next step reads a decode row's input id
-  there while the host has not seen it yet (overlapped scheduling).
+  there while the host has not seen it yet (overlapped scheduling);
+- its sampling row (temperature, top-k/p, min-p, penalties, seed: sample/metadata.py's
+  ROW_DTYPES packed as int32), written on the device once when the request takes the slot; a
+  step gathers its sampling rows' values and ships only each row's step counter.
 """
 
 from __future__ import annotations
 
 import numpy as np
 import torch
+
+from ladle.sample.metadata import ROW_DTYPES
 
 # (index of the first new block in the request's table, the new block ids), or None: unchanged.
 BlockUpdate = tuple[int, list[int]] | None
@@ -31,22 +36,36 @@ class PersistentBatch:
         self.num_blocks = np.zeros(0, dtype=np.int64)
         self.block_table = torch.zeros((0, max_blocks_per_seq), dtype=torch.int32, device=device)
         self.last_sampled = torch.zeros(0, dtype=torch.int32, device=device)
+        self.sampling_rows = torch.zeros((0, len(ROW_DTYPES)), dtype=torch.int32, device=device)
 
-    def slots_for(self, request_ids: list[str]) -> np.ndarray:
-        """Each request's slot, assigning free ones to requests new to the batch."""
+    def slots_for(self, request_ids: list[str]) -> tuple[np.ndarray, list[int]]:
+        """Each request's slot, assigning free ones to requests new to the batch; and the
+        positions (in request_ids) of those new ones, whose sampling rows must be written."""
         slot_of = self._slot_of
-        for request_id in request_ids:
+        new_positions = []
+        for position, request_id in enumerate(request_ids):
             if request_id not in slot_of:
                 if not self._free_slots:
                     self._grow()
                 slot = self._free_slots.pop()
                 self.num_blocks[slot] = 0
                 slot_of[request_id] = slot
-        return np.fromiter(
+                new_positions.append(position)
+        slots = np.fromiter(
             (slot_of[request_id] for request_id in request_ids),
             dtype=np.int64,
             count=len(request_ids),
         )
+        return slots, new_positions
+
+    def write_sampling_rows(self, slots: torch.Tensor, packed_rows: torch.Tensor) -> None:
+        """Store new requests' packed sampling rows ([n, len(ROW_DTYPES)] int32, on the device)."""
+        if slots.numel():
+            self.sampling_rows.index_copy_(0, slots.long(), packed_rows)
+
+    def gather_sampling_rows(self, slots: torch.Tensor) -> torch.Tensor:
+        """The packed sampling rows of the given slots, [n, len(ROW_DTYPES)] int32."""
+        return self.sampling_rows[slots.long()]
 
     def release(self, request_ids: list[str]) -> None:
         """Free the slots of requests that ended or were preempted (unknown ids are ignored):
@@ -102,5 +121,8 @@ class PersistentBatch:
         last_sampled = torch.zeros(new, dtype=torch.int32, device=self.device)
         last_sampled[:old] = self.last_sampled
         self.last_sampled = last_sampled
+        rows = torch.zeros((new, len(ROW_DTYPES)), dtype=torch.int32, device=self.device)
+        rows[:old] = self.sampling_rows
+        self.sampling_rows = rows
         self.num_slots = new
         self._free_slots.extend(reversed(range(old, new)))

@@ -1,11 +1,11 @@
 """Turn one SchedulerOutput into device tensors: the one place a batch becomes tensors.
 
 All integer metadata of the step (token ids, positions, cache slots, query offsets, sequence
-lengths, new block-table entries, which rows to sample) and the per-request sampling rows
-(float32 values stored bit for bit as int32) are laid into ONE pinned int32 host buffer and
-moved with ONE non-blocking copy; the device tensors are views into it. Block tables live in the
-persistent batch (persistent_batch.py): only the blocks the scheduler added are shipped, and the
-step's tables are gathered from the slots' rows on the device. Numpy builds the per-token arrays
+lengths, new block-table entries, which rows to sample, each sampling row's step counter) and the
+sampling rows of requests new to the batch (float32 values stored bit for bit as int32) are laid
+into ONE pinned int32 host buffer and moved with ONE non-blocking copy; the device tensors are
+views into it. Block tables and sampling rows live in the persistent batch (persistent_batch.py):
+only what the scheduler changed is shipped, and the step's rows are gathered on the device. Numpy builds the per-token arrays
 so the host cost grows with the number of requests, not with Python work per token.
 
 With overlapped scheduling a decode row's last token may not be on the host yet (the step that
@@ -23,6 +23,7 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.core.scheduler import SchedulerOutput
+from ladle.sample.metadata import pack_sampling_rows, unpack_sampling_rows
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
 
 
@@ -55,14 +56,19 @@ class StepInputBuilder:
         self,
         scheduler_output: SchedulerOutput,
         block_updates: list[BlockUpdate],
-        sampling_rows_host: dict[str, torch.Tensor],
         sampling_positions: list[int],
+        sampling_steps: list[int],
         batch: PersistentBatch,
     ) -> StepInputs:
         """The step's device tensors. A step has at least one request (EngineCore.step returns
         early otherwise), and every scheduled request holds at least one block."""
         requests = scheduler_output.scheduled_requests
-        slots = batch.slots_for([r.request_id for r in requests])
+        slots, new_positions = batch.slots_for([r.request_id for r in requests])
+        new_rows = pack_sampling_rows(
+            [requests[i].sampling_params for i in new_positions],
+            [requests[i].sampling_seed for i in new_positions],
+            [0] * len(new_positions),
+        )
         update_indices, update_block_ids = batch.update_block_tables(slots, block_updates)
         num_reqs = len(requests)
         query_lens = np.fromiter(
@@ -111,12 +117,22 @@ class StepInputBuilder:
             "block_update_indices": update_indices,
             "block_update_ids": update_block_ids,
             "request_slots": slots,
+            "new_row_slots": slots[new_positions],
+            "new_rows": new_rows.numpy().reshape(-1),
+            "sampling_steps": np.asarray(sampling_steps, dtype=np.int64),
             "logits_indices": np.asarray(logits_indices, dtype=np.int64),
             "sampling_slots": slots[sampling_positions],
         }
         if reads_device_ids:
             int_parts["token_slots"] = slots[request_of_token]
-        device_views = self._ship(int_parts, sampling_rows_host)
+        device_views = self._ship(int_parts)
+        batch.write_sampling_rows(
+            device_views["new_row_slots"], device_views["new_rows"].view(new_rows.shape)
+        )
+        sampling_rows = unpack_sampling_rows(
+            batch.gather_sampling_rows(device_views["sampling_slots"])
+        )
+        sampling_rows["step"] = device_views["sampling_steps"]
         batch.apply_block_updates(
             device_views["block_update_indices"], device_views["block_update_ids"]
         )
@@ -133,10 +149,6 @@ class StepInputBuilder:
             query_start_loc_host=query_start_loc.tolist(),
             seq_lens_host=seq_lens.tolist(),
         )
-        sampling_rows = {
-            name: device_views["sampling:" + name].view(host.dtype)
-            for name, host in sampling_rows_host.items()
-        }
         return StepInputs(
             input_ids=device_views["input_ids"],
             positions=device_views["positions"].long(),
@@ -147,17 +159,12 @@ class StepInputBuilder:
             sampling_slots=device_views["sampling_slots"],
         )
 
-    def _ship(
-        self, int_parts: dict[str, np.ndarray], sampling_rows_host: dict[str, torch.Tensor]
-    ) -> dict[str, torch.Tensor]:
+    def _ship(self, int_parts: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
         """Pack every part into one int32 buffer, copy it once, and return views per part."""
         pieces: list[tuple[str, torch.Tensor]] = [
             (name, torch.from_numpy(array.astype(np.int32, copy=False)))
             for name, array in int_parts.items()
         ]
-        for name, row in sampling_rows_host.items():
-            assert row.dtype in (torch.int32, torch.float32), f"sampling row {name}: {row.dtype}"
-            pieces.append(("sampling:" + name, row.contiguous().view(torch.int32)))
         total = sum(piece.numel() for _, piece in pieces)
         if self.device.type == "cpu":
             on_device = torch.cat([piece for _, piece in pieces])  # already where it is used
