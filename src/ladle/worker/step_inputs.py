@@ -5,8 +5,9 @@ lengths, new block-table entries, which rows to sample, each sampling row's step
 sampling rows of requests new to the batch (float32 values stored bit for bit as int32) are laid
 into ONE pinned int32 host buffer and moved with ONE non-blocking copy; the device tensors are
 views into it. Block tables and sampling rows live in the persistent batch (persistent_batch.py):
-only what the scheduler changed is shipped, and the step's rows are gathered on the device. Numpy builds the per-token arrays
-so the host cost grows with the number of requests, not with Python work per token.
+only what the scheduler changed is shipped, and the step's rows are gathered on the device.
+Numpy builds the per-token arrays so the host cost grows with the number of requests, not with
+Python work per token.
 
 With overlapped scheduling a decode row's last token may not be on the host yet (the step that
 samples it is still running): its input id is shipped as -1 with the row's slot in the
@@ -23,8 +24,10 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.core.scheduler import SchedulerOutput
-from ladle.sample.metadata import pack_sampling_rows, unpack_sampling_rows
+from ladle.sample.metadata import ROW_DTYPES, pack_sampling_rows, unpack_sampling_rows
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
+
+_NO_ROWS = torch.zeros((0, len(ROW_DTYPES)), dtype=torch.int32)
 
 
 @dataclass
@@ -64,11 +67,13 @@ class StepInputBuilder:
         early otherwise), and every scheduled request holds at least one block."""
         requests = scheduler_output.scheduled_requests
         slots, new_positions = batch.slots_for([r.request_id for r in requests])
-        new_rows = pack_sampling_rows(
-            [requests[i].sampling_params for i in new_positions],
-            [requests[i].sampling_seed for i in new_positions],
-            [0] * len(new_positions),
-        )
+        new_rows = _NO_ROWS
+        if new_positions:  # a step of running requests only packs nothing
+            new_rows = pack_sampling_rows(
+                [requests[i].sampling_params for i in new_positions],
+                [requests[i].sampling_seed for i in new_positions],
+                [0] * len(new_positions),
+            )
         update_indices, update_block_ids = batch.update_block_tables(slots, block_updates)
         num_reqs = len(requests)
         query_lens = np.fromiter(
