@@ -26,6 +26,7 @@ from ladle.engine.messages import EngineCoreOutput
 
 if TYPE_CHECKING:
     from ladle.core.scheduler import Scheduler, SchedulerOutput
+    from ladle.worker.persistent_batch import BlockUpdate
 
 logger = logging.getLogger(__name__)
 
@@ -44,12 +45,14 @@ def may_be_attributed(error: BaseException) -> bool:
 
 
 def execute_isolating_faults(
-    execute: Callable[[SchedulerOutput, list[list[int]]], Any],
+    execute: Callable[[SchedulerOutput, list[BlockUpdate]], Any],
     scheduler: Scheduler,
     scheduler_output: SchedulerOutput,
-    block_ids: list[list[int]],
+    block_ids: list[BlockUpdate],
 ) -> tuple[Any, list[EngineCoreOutput]]:
     """execute(scheduler_output, block_ids), ending the requests that make it fail.
+    block_ids: per scheduled request, its block-table update (the runner's persistent batch
+    applies one idempotently, so a probe or a second run may apply it again).
 
     Returns (runner output, the failed requests' final outputs). The failed requests are
     removed from scheduler_output in place, so the runner output lines up with what remains.
@@ -90,9 +93,9 @@ def execute_isolating_faults(
 
 
 def _find_culprits(
-    execute: Callable[[SchedulerOutput, list[list[int]]], Any],
+    execute: Callable[[SchedulerOutput, list[BlockUpdate]], Any],
     scheduler_output: SchedulerOutput,
-    block_ids: list[list[int]],
+    block_ids: list[BlockUpdate],
 ) -> dict[str, str]:
     """{request id: what failed} for each request whose step alone fails."""
     culprits = {}
