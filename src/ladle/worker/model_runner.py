@@ -23,7 +23,7 @@ from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import build_sampling_metadata, build_sampling_rows
 from ladle.sample.sampler import Sampler
-from ladle.structured.manager import GrammarBitmask
+from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.memory import module_bytes, size_kv_cache
@@ -139,10 +139,11 @@ class ModelRunner:
         self,
         scheduler_output: SchedulerOutput,
         block_ids: list[list[int]],
-        fill_grammar_bitmask: Callable[[list[Request]], GrammarBitmask | None] | None = None,
+        fill_grammar_bitmask: Callable[[list[Request]], PendingGrammarBitmask | None] | None = None,
     ) -> RunnerOutput:
-        """fill_grammar_bitmask: the constrained rows' masks for the sampling requests; called
-        once the forward pass is launched, so the CPU fills them while the device computes."""
+        """fill_grammar_bitmask: starts filling the constrained rows' masks for the sampling
+        requests on a worker thread; called just before the forward pass is launched, so the
+        masks are filled while the device computes, and waited for once the logits exist."""
         requests = scheduler_output.scheduled_requests
         sampling_positions = [
             index for index, request in enumerate(requests) if scheduler_output.will_sample(request)
@@ -157,6 +158,7 @@ class ModelRunner:
             scheduler_output, block_ids, rows_host, sampling_positions
         )
         attn_metadata = inputs.attn_metadata
+        pending_bitmask = fill_grammar_bitmask(sampling_requests) if fill_grammar_bitmask else None
         if self.graphs is not None and self.graphs.can_run(
             attn_metadata.num_reqs,
             inputs.input_ids.shape[0],
@@ -170,7 +172,7 @@ class ModelRunner:
         if not sampling_requests:
             return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        grammar_bitmask = fill_grammar_bitmask(sampling_requests) if fill_grammar_bitmask else None
+        grammar_bitmask = pending_bitmask.wait() if pending_bitmask is not None else None
         # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
         metadata = build_sampling_metadata(
             [r.sampling_params for r in sampling_requests],
