@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import threading
@@ -28,6 +29,7 @@ from grammar_library_bench import DOCUMENT, SCHEMA  # noqa: E402
 
 from ladle.engine.tokenizer import load_tokenizer  # noqa: E402
 from ladle.model.default_model import resolve_default_model  # noqa: E402
+from ladle.structured.manager import MAX_GRAMMAR_THREADS  # noqa: E402
 from ladle.structured.params import StructuredOutputsParams  # noqa: E402
 
 
@@ -39,12 +41,12 @@ def python_work(deadline: float) -> int:
     return turns
 
 
-def one_round(lltok, grammar: str, tokens: list[int], rows: int, width: int) -> dict:
+def one_round(lltok, grammar: str, tokens: list[int], rows: int, width: int, threads: int) -> dict:
     import llguidance
     import llguidance.torch
     import torch
 
-    executor = llguidance.LLExecutor()
+    executor = llguidance.LLExecutor(num_threads=threads)
     compiled = llguidance.LLMatcher(lltok, grammar, log_level=0)
     serial = [compiled.deep_copy() for _ in range(rows)]
     batched = [compiled.deep_copy() for _ in range(rows)]
@@ -92,22 +94,27 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=16)
     parser.add_argument("--vocab", type=int, default=128256, help="mask width in tokens")
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--tokenizer", default=None, help="tokenizer folder (default model's)")
     args = parser.parse_args()
     import llguidance
     import llguidance.hf
 
-    hf = load_tokenizer(str(resolve_default_model())).hf_tokenizer
+    source = args.tokenizer or str(resolve_default_model())
+    hf = load_tokenizer(source).hf_tokenizer
     lltok = llguidance.hf.from_tokenizer(hf, n_vocab=args.vocab)
     grammar = StructuredOutputsParams(json=SCHEMA).to_grammar()
     text = json.dumps(DOCUMENT, separators=(", ", ": "))
     tokens = hf.encode(text, add_special_tokens=False)
     width = (args.vocab + 31) // 32
-    rounds = [one_round(lltok, grammar, tokens, args.rows, width) for _ in range(args.rounds)]
+    threads = min(MAX_GRAMMAR_THREADS, max(1, (os.cpu_count() or 1) - 1))  # as the manager
+    rounds = [
+        one_round(lltok, grammar, tokens, args.rows, width, threads) for _ in range(args.rounds)
+    ]
     summary = {key: statistics.median(r[key] for r in rounds) for key in rounds[0]}
     print(
         f"llguidance {llguidance.get_version() if hasattr(llguidance, 'get_version') else '?'}, "
         f"{args.rows} rows, mask width {args.vocab} tokens, {len(tokens)}-token document, "
-        f"{args.rounds} rounds; per step (us, median):"
+        f"{args.rounds} rounds, {threads} llguidance threads; per step (us, median):"
     )
     for key, value in summary.items():
         print(f"  {key:36s} {value:9.2f}")
