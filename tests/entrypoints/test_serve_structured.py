@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import json
 import re
+import subprocess
+import sys
 from concurrent.futures import ThreadPoolExecutor
 
 import jsonschema
@@ -286,3 +288,20 @@ def test_agent_framework_runs_a_two_tool_loop(server):
     kinds = [item.type for item in result.new_items]
     assert "tool_call_item" in kinds and "tool_call_output_item" in kinds
     assert kinds[-1] == "message_output_item"
+
+
+def test_bench_serve_tool_calling_workload_against_ladle(server, tmp_path):
+    """`ladle bench serve`'s tool-calling class is served, not skipped, and completes (one
+    request, kept short for CI: seed 1 draws tool_choice="required", so the grammar runs)."""
+    command = [
+        sys.executable, "-m", "ladle.cli", "bench", "serve", "--base-url", server.base_url,
+        "--workload", "tool-calling", "--num-prompts", "1",
+        "--seed", "1", "--output-dir", str(tmp_path), "--no-plots", "--disable-tqdm",
+    ]
+    finished = subprocess.run(command, capture_output=True, text=True, timeout=400)
+    assert finished.returncode == 0, finished.stderr
+    result = json.loads((tmp_path / "results.json").read_text())
+    assert not result.get("skipped_workloads"), result.get("skipped_workloads")
+    (run,) = result["runs"]
+    assert run["summary"]["num_completed"] == 1 and run["summary"]["num_errors"] == 0
+    assert {record["workload"] for record in run["records"]} == {"tool-calling"}

@@ -109,3 +109,87 @@ def test_manager_masks_only_constrained_rows_and_holds_compiling_requests(compil
     manager.accept_tokens([constrained], tokenizer.encode(text, add_special_tokens=False)[:1])
     assert manager.remove(["c"]) == []
     assert manager.fill_bitmask([plain, constrained]) is None
+
+
+def test_rollback_over_the_end_token_after_a_complete_value(compiler, tokenizer):
+    # A stopped matcher does not keep the end token in its history; rolling that token back
+    # must not undo the last real token (it did: the token was counted as consumed).
+    template = compiler.submit(StructuredOutputsParams(choice=["yes"]).to_grammar()).result(60)
+    grammar = RequestGrammar(template.deep_copy())
+    vocab_size = compiler.vocab_size
+    start = _allowed(grammar.matcher, vocab_size)
+    (yes,) = tokenizer.encode("yes", add_special_tokens=False)
+    eos = tokenizer.eos_token_ids[0]
+    assert grammar.accept(yes)
+    assert grammar.matcher.is_stopped()
+    assert grammar.accept(eos) and grammar.accept(eos)  # ignore_eos / min_tokens keep going
+    grammar.rollback(2)
+    assert grammar.matcher.is_stopped() and _allowed(grammar.matcher, vocab_size) == {eos}
+    grammar.rollback(1)
+    assert _allowed(grammar.matcher, vocab_size) == start
+    with pytest.raises(ValueError, match="only 0 were accepted"):
+        grammar.rollback(1)
+
+
+def test_rollback_across_the_reasoning_gate_and_a_stopped_matcher(compiler, tokenizer):
+    end = tokenizer.encode("</s>", add_special_tokens=False)
+    params = StructuredOutputsParams(choice=["yes"], reasoning_end_token_ids=end)
+    grammar = RequestGrammar(compiler.submit(params.to_grammar()).result(60).deep_copy(), end)
+    (yes,) = tokenizer.encode("yes", add_special_tokens=False)
+    eos = tokenizer.eos_token_ids[0]
+    thinking = tokenizer.encode("ok</s>", add_special_tokens=False)
+    for token in [*thinking, yes, eos]:
+        assert grammar.accept(token)
+    grammar.rollback(2)  # the end token (skipped) and "yes" (consumed)
+    assert grammar.needs_mask and yes in _allowed(grammar.matcher, compiler.vocab_size)
+    grammar.rollback(1)  # the last token of "</s>": the gate closes again
+    assert not grammar.needs_mask
+    assert grammar.accept(thinking[-1]) and grammar.needs_mask
+
+
+def test_manager_advances_in_batches_off_the_engine_thread_like_single_matchers(
+    compiler, tokenizer
+):
+    """The manager notes tokens and consumes them in the next fill job (batched, on its worker
+    thread): every step's masks equal those of matchers driven one token at a time."""
+    import llguidance.torch
+
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string"}, "n": {"type": "integer"}},
+        "required": ["name", "n"],
+    }
+    params = StructuredOutputsParams(json=schema)
+    compiler.submit(params.to_grammar()).result(60)
+    manager = StructuredOutputManager(compiler, torch.device("cpu"))
+    texts = ['{"name": "ab", "n": 12}', '{"name": "x", "n": 3}', '{"name": "', "yes"]
+    # Per request, the tokens it samples at each step (a list: several when a step accepts
+    # more than one, as speculative decoding will).
+    steps = [[[t] for t in tokenizer.encode(text, add_special_tokens=False)] for text in texts]
+    steps[0][1:3] = [steps[0][1] + steps[0][2]]  # two tokens pending at once, in order
+    steps[3] = [steps[3][0]] * 3  # "yes" breaks the schema: that row leaves the mask
+    requests = [
+        _request(f"r{i}", SamplingParams(structured_outputs={"json": schema}))
+        for i in range(len(texts))
+    ]
+    for request in requests:
+        assert manager.add_request(request)  # compiled above: ready at once
+    reference = [compiler.submit(params.to_grammar()).result().deep_copy() for _ in texts]
+    plain = _request("plain", SamplingParams())
+    expected = llguidance.torch.allocate_token_bitmask(1, compiler.vocab_size)
+    for step in range(max(map(len, steps))):
+        bitmask = manager.fill_bitmask([plain, *requests])  # row 0 is unconstrained
+        live = [i for i, matcher in enumerate(reference) if not matcher.is_error()]
+        assert bitmask.row_indices.tolist() == [i + 1 for i in live]
+        for mask_row, i in enumerate(live):
+            llguidance.torch.fill_next_token_bitmask(reference[i], expected, 0)
+            assert torch.equal(bitmask.bitmask[mask_row], expected[0]), (step, i)
+        for i, request in enumerate(requests):
+            for token in steps[i][step] if step < len(steps[i]) else []:
+                manager.accept_tokens([plain, request], [-1, token])
+                reference[i].consume_token(token)
+    assert reference[3].is_error()
+    grammar = manager.grammar_of("r0")  # waits for the job and consumes what is pending
+    assert grammar.matcher.is_accepting() and not grammar.matcher.is_error()
+    assert manager.grammar_of("r3").matcher.is_error()
+    manager.shutdown()

@@ -194,7 +194,7 @@ class EngineCore:
         # A request that breaks the step ends alone (finish_reason "error"); the rest go on.
         execute = self.runner.execute
         if structured is not None:
-            execute = functools.partial(execute, fill_grammar_bitmask=structured.fill_bitmask)
+            execute = functools.partial(execute, fill_grammar_bitmask=structured.start_fill)
         launched, fault_outputs = execute_isolating_faults(
             execute, self.scheduler, scheduler_output, block_updates
         )

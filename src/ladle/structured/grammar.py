@@ -92,9 +92,19 @@ class GrammarCompiler:
         self._executor.shutdown(wait=False, cancel_futures=True)
 
 
+# What became of each accepted token, for rollback.
+_BEFORE_GATE = 0  # output before the reasoning ended: not the grammar's business
+_CONSUMED = 1  # the matcher consumed it
+_SKIPPED = 2  # the matcher was stopped (only the end token can follow) or in error
+
+
 class RequestGrammar:
     """One request's grammar state. Inactive (no mask) until reasoning_end_token_ids appear in
-    the output, when given; then every token goes through the matcher."""
+    the output, when given; then every token goes through the matcher.
+
+    Accepting is split in two (`wants_matcher`, then the matcher's consume, then
+    `record_consumed`) so the manager can advance many requests in one batched llguidance call.
+    """
 
     def __init__(
         self, matcher: llguidance.LLMatcher, reasoning_end_token_ids: list[int] | None = None
@@ -102,26 +112,35 @@ class RequestGrammar:
         self.matcher = matcher
         self._reasoning_end = tuple(reasoning_end_token_ids or ())
         self.is_active = not self._reasoning_end
-        # Per accepted token: whether the matcher consumed it (for rollback across the gate).
-        self._consumed: list[bool] = []
-        self._recent: list[int] = []
+        self._history: list[int] = []  # one of the kinds above per accepted token
+        self._before_gate: list[int] = []  # the tokens before the reasoning ended
 
     def accept(self, token_id: int) -> bool:
         """Advance by one sampled token; False if the grammar rejects it (the matcher then stays
         in its error state and the request continues unconstrained)."""
+        if self.wants_matcher(token_id):
+            return self.record_consumed(token_id, self.matcher.consume_token(token_id))
+        return not self.matcher.is_error()
+
+    def wants_matcher(self, token_id: int) -> bool:
+        """The first half of accepting token_id: the bookkeeping, and whether the matcher must
+        consume it (the caller then does, alone or batched, and calls record_consumed)."""
         if not self.is_active:
-            self._consumed.append(False)
-            self._recent.append(token_id)
-            if tuple(self._recent[-len(self._reasoning_end) :]) == self._reasoning_end:
+            self._history.append(_BEFORE_GATE)
+            self._before_gate.append(token_id)
+            if tuple(self._before_gate[-len(self._reasoning_end) :]) == self._reasoning_end:
                 self.is_active = True
-            return True
-        if self.matcher.is_error():
-            self._consumed.append(False)
             return False
-        self._consumed.append(True)
-        if self.matcher.is_stopped():
-            return True  # the end token after a complete value; nothing left to match
-        accepted = self.matcher.consume_token(token_id)
+        # A stopped matcher (a complete value) only sees the end token, which llguidance does not
+        # keep in its history: consuming it would make a later rollback undo a real token.
+        if self.matcher.is_error() or self.matcher.is_stopped():
+            self._history.append(_SKIPPED)
+            return False
+        self._history.append(_CONSUMED)
+        return True
+
+    def record_consumed(self, token_id: int, accepted: bool) -> bool:
+        """The second half: what the matcher said about token_id."""
         if not accepted:
             logger.warning("grammar rejected token %d: %s", token_id, self.matcher.get_error())
         return accepted
@@ -130,18 +149,21 @@ class RequestGrammar:
         """Forget the last num_tokens accepted tokens (rejected speculative tokens)."""
         if num_tokens <= 0:
             return
-        dropped = self._consumed[-num_tokens:]
-        del self._consumed[-num_tokens:]
-        num_consumed = sum(dropped)
+        if num_tokens > len(self._history):
+            raise ValueError(
+                f"cannot roll back {num_tokens} tokens: only {len(self._history)} were accepted"
+            )
+        dropped = self._history[-num_tokens:]
+        del self._history[-num_tokens:]
+        num_consumed = dropped.count(_CONSUMED)
         if num_consumed:
             self.matcher.rollback(num_consumed)
-        num_unconsumed = len(dropped) - num_consumed
-        if num_unconsumed and self._reasoning_end:
-            del self._recent[-num_unconsumed:]
+        num_before_gate = dropped.count(_BEFORE_GATE)
+        if num_before_gate:
+            del self._before_gate[-num_before_gate:]
+            # Only tokens before the gate remain: it is open again only if they still end it.
             self.is_active = (
-                tuple(self._recent[-len(self._reasoning_end) :]) == self._reasoning_end
-                if not any(self._consumed)
-                else True
+                tuple(self._before_gate[-len(self._reasoning_end) :]) == self._reasoning_end
             )
 
     @property

@@ -2,18 +2,26 @@
 and advancing each constrained request's matcher by its sampled token.
 
 A request whose grammar is compiling is held here, not in the scheduler, so the running batch
-never waits for it; once the compile is done the engine hands it to the scheduler. Per step,
-`fill_bitmask` runs on the CPU while the device computes the forward pass (the model runner calls
-it after launching the forward): llguidance fills the constrained rows' masks on its own threads
-into one pinned buffer that also carries the row indices, and one non-blocking copy takes it to
-the device, where `apply_token_bitmask` uses it in one launch.
+never waits for it; once the compile is done the engine hands it to the scheduler.
+
+Per step, nothing of the grammar work sits between two forward passes:
+- `accept_tokens` only notes each constrained request's sampled token (a dict append);
+- `start_fill`, called by the model runner just before it launches the forward pass, hands one
+  job to a worker thread: advance every matcher by its noted tokens (llguidance's batched
+  `consume_token_par`), then fill the constrained rows' masks (`fill_next_token_bitmask_par`)
+  into one pinned buffer that also carries the row indices. llguidance drops the GIL for both,
+  so the engine thread keeps launching kernels (or, on the CPU, computing) meanwhile;
+- `PendingGrammarBitmask.wait`, called once the logits exist, joins the job and makes one
+  non-blocking copy to the device, where `apply_token_bitmask` uses it in one launch.
+A batch without constrained rows starts no job and pays nothing.
 """
 
 from __future__ import annotations
 
 import concurrent.futures
 import logging
-from concurrent.futures import Future
+import os
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -23,9 +31,16 @@ from ladle.structured.bitmask import bitmask_width
 from ladle.structured.grammar import GrammarCompiler, RequestGrammar
 
 if TYPE_CHECKING:
+    import llguidance
+
     from ladle.core.request import Request
 
 logger = logging.getLogger(__name__)
+
+
+# llguidance's pool defaults to 80% of the cores; a few threads fill 16-64 masks in tens of
+# microseconds and leave the rest of the machine to the engine thread and torch.
+MAX_GRAMMAR_THREADS = 8
 
 
 @dataclass
@@ -36,6 +51,21 @@ class GrammarBitmask:
     row_indices: torch.Tensor  # [num_constrained] int32: rows of the sampling batch
 
 
+class PendingGrammarBitmask:
+    """A step's masks being filled on the worker thread; `wait` gives them on the device."""
+
+    def __init__(self, manager: StructuredOutputManager, job: Future) -> None:
+        self._manager = manager
+        self._job = job
+
+    def wait(self) -> GrammarBitmask | None:
+        """The masks (None if, once advanced, no row needs one), copied to the device."""
+        packed, num_rows = self._job.result()
+        if num_rows == 0:
+            return None
+        return self._manager._to_device(packed, num_rows)
+
+
 class StructuredOutputManager:
     def __init__(self, compiler: GrammarCompiler, device: torch.device) -> None:
         self.compiler = compiler
@@ -43,11 +73,17 @@ class StructuredOutputManager:
         self.width = bitmask_width(compiler.vocab_size)
         self._waiting: dict[str, tuple[Request, Future]] = {}
         self._grammars: dict[str, RequestGrammar] = {}
-        self._executor = None
+        self._executor: llguidance.LLExecutor | None = None
+        # One worker: its jobs (advance, then fill) run in step order.
+        self._worker = ThreadPoolExecutor(max_workers=1, thread_name_prefix="ladle-grammar-mask")
+        self._in_flight: Future | None = None
+        # Sampled tokens not yet consumed by their request's matcher (the next job does it).
+        self._pending: dict[str, tuple[RequestGrammar, list[int]]] = {}
         self._host_buffer = torch.empty(0, dtype=torch.int32)
         # The last copy out of the pinned buffer; refilling waits for it (a no-op while the
         # step syncs on its sampled ids, needed once steps overlap).
         self._copy_done: torch.cuda.Event | None = None
+        self._copy_stream: torch.cuda.Stream | None = None
 
     # ----- admission -----------------------------------------------------------------------
 
@@ -101,29 +137,111 @@ class StructuredOutputManager:
         was_waiting = []
         for request_id in request_ids:
             self._grammars.pop(request_id, None)
+            self._pending.pop(request_id, None)
             if self._waiting.pop(request_id, None) is not None:
                 was_waiting.append(request_id)
         return was_waiting
 
     # ----- per step ------------------------------------------------------------------------
 
-    def fill_bitmask(self, sampling_requests: list[Request]) -> GrammarBitmask | None:
-        """The masks of the constrained rows among this step's sampling rows, or None when no
-        row is constrained (the unconstrained batch pays nothing)."""
+    def start_fill(self, sampling_requests: list[Request]) -> PendingGrammarBitmask | None:
+        """Start filling the masks of the constrained rows among this step's sampling rows on
+        the worker thread; None (no job at all) when no row has a grammar."""
         if not self._grammars:
             return None
-        rows = []
+        candidates = []
         for row, request in enumerate(sampling_requests):
             grammar = self._grammars.get(request.request_id)
-            if grammar is not None and grammar.needs_mask:
-                rows.append((row, grammar))
-        if not rows:
+            if grammar is not None:
+                candidates.append((row, grammar))
+        if not candidates:
             return None
-        import llguidance
+        pending, self._pending = self._pending, {}
+        self._in_flight = self._worker.submit(self._advance_and_fill, pending, candidates)
+        return PendingGrammarBitmask(self, self._in_flight)
+
+    def fill_bitmask(self, sampling_requests: list[Request]) -> GrammarBitmask | None:
+        """start_fill and wait in one call: the masks, or None when no row is constrained."""
+        pending = self.start_fill(sampling_requests)
+        return pending.wait() if pending is not None else None
+
+    def accept_tokens(self, requests: list[Request], token_ids: list[int]) -> None:
+        """Note each constrained request's sampled token (-1: none); the next fill job (or
+        `grammar_of`) makes its matcher consume it."""
+        if not self._grammars:
+            return
+        for request, token_id in zip(requests, token_ids):
+            if token_id < 0:
+                continue
+            grammar = self._grammars.get(request.request_id)
+            if grammar is None:
+                continue
+            entry = self._pending.get(request.request_id)
+            if entry is None:
+                self._pending[request.request_id] = (grammar, [token_id])
+            else:
+                entry[1].append(token_id)
+
+    def grammar_of(self, request_id: str) -> RequestGrammar | None:
+        """The request's grammar with every accepted token consumed (to read or roll back)."""
+        self.flush()
+        return self._grammars.get(request_id)
+
+    def flush(self) -> None:
+        """Wait for the job in flight, then consume every noted token now."""
+        if self._in_flight is not None:
+            concurrent.futures.wait([self._in_flight])
+            self._in_flight = None
+        pending, self._pending = self._pending, {}
+        self._advance(pending)
+
+    def shutdown(self) -> None:
+        self._worker.shutdown(wait=True, cancel_futures=True)
+
+    # ----- on the worker thread ------------------------------------------------------------
+
+    def _llguidance_executor(self) -> llguidance.LLExecutor:
+        if self._executor is None:
+            import llguidance
+
+            threads = min(MAX_GRAMMAR_THREADS, max(1, (os.cpu_count() or 1) - 1))
+            self._executor = llguidance.LLExecutor(num_threads=threads)
+        return self._executor
+
+    def _advance(self, pending: dict[str, tuple[RequestGrammar, list[int]]]) -> None:
+        """Consume the noted tokens: the k-th token of every request in the k-th batched call
+        (a matcher takes its tokens in order, and only once per call)."""
+        executor = self._llguidance_executor()
+        queues = [(grammar, tokens) for grammar, tokens in pending.values()]
+        position = 0
+        while queues:
+            batch = []
+            for grammar, tokens in queues:
+                token_id = tokens[position]
+                if grammar.wants_matcher(token_id):
+                    batch.append((grammar, token_id))
+            if batch:
+                results = executor.consume_token_par([(g.matcher, t) for g, t in batch])
+                for (grammar, token_id), accepted in zip(batch, results):
+                    grammar.record_consumed(token_id, accepted)
+            position += 1
+            queues = [(g, tokens) for g, tokens in queues if len(tokens) > position]
+
+    def _advance_and_fill(
+        self,
+        pending: dict[str, tuple[RequestGrammar, list[int]]],
+        candidates: list[tuple[int, RequestGrammar]],
+    ) -> tuple[torch.Tensor | None, int]:
+        """The worker's job: advance, then fill the masks of the rows that need one into the
+        pinned buffer (masks first, then the row indices, so one copy carries both)."""
         import llguidance.torch
 
+        self._advance(pending)
+        rows = [(row, grammar) for row, grammar in candidates if grammar.needs_mask]
+        if not rows:
+            return None, 0
         if self._copy_done is not None:
-            self._copy_done.synchronize()
+            self._copy_done.synchronize()  # the last copy out of the buffer has finished
         num_rows = len(rows)
         size = num_rows * (self.width + 1)
         if self._host_buffer.numel() < size:
@@ -132,34 +250,37 @@ class StructuredOutputManager:
                 dtype=torch.int32,
                 pin_memory=self.device.type == "cuda",
             )
-        # Masks first, then the row indices, so one copy carries both.
         packed = self._host_buffer[:size]
         masks = packed[: num_rows * self.width].view(num_rows, self.width)
-        if self._executor is None:
-            self._executor = llguidance.LLExecutor()
         llguidance.torch.fill_next_token_bitmask_par(
-            self._executor,
+            self._llguidance_executor(),
             [(grammar.matcher, index) for index, (_, grammar) in enumerate(rows)],
             masks,
         )
         packed[num_rows * self.width :] = torch.tensor([row for row, _ in rows], dtype=torch.int32)
-        on_device = packed.to(self.device, non_blocking=True)
-        if self.device.type == "cuda":
-            self._copy_done = torch.cuda.Event()
-            self._copy_done.record()
+        return packed, num_rows
+
+    # ----- back on the engine thread -------------------------------------------------------
+
+    def _to_device(self, packed: torch.Tensor, num_rows: int) -> GrammarBitmask:
+        """One non-blocking copy. On CUDA it runs on a side stream, so it overlaps whatever of
+        the forward pass is still queued; the compute stream waits for it only before the mask
+        kernel."""
+        if self.device.type != "cuda":
+            on_device = packed.to(self.device)
+        else:
+            compute_stream = torch.cuda.current_stream(self.device)
+            if self._copy_stream is None:
+                self._copy_stream = torch.cuda.Stream(self.device)
+            with torch.cuda.stream(self._copy_stream):
+                on_device = packed.to(self.device, non_blocking=True)
+                self._copy_done = torch.cuda.Event()
+                self._copy_done.record()
+            compute_stream.wait_event(self._copy_done)
+            # Allocated on the side stream, used on the compute stream: keep the allocator from
+            # reusing it before the compute stream is done with it.
+            on_device.record_stream(compute_stream)
         return GrammarBitmask(
             bitmask=on_device[: num_rows * self.width].view(num_rows, self.width),
             row_indices=on_device[num_rows * self.width :],
         )
-
-    def accept_tokens(self, requests: list[Request], token_ids: list[int]) -> None:
-        """Advance each constrained request's matcher by the token it sampled (-1: none)."""
-        if not self._grammars:
-            return
-        for request, token_id in zip(requests, token_ids):
-            grammar = self._grammars.get(request.request_id)
-            if grammar is not None and token_id >= 0:
-                grammar.accept(token_id)
-
-    def grammar_of(self, request_id: str) -> RequestGrammar | None:
-        return self._grammars.get(request_id)

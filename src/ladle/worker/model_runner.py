@@ -30,7 +30,7 @@ from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.sampler import Sampler
-from ladle.structured.manager import GrammarBitmask
+from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.memory import module_bytes, size_kv_cache
@@ -199,15 +199,17 @@ class ModelRunner:
         self,
         scheduler_output: SchedulerOutput,
         block_updates: list[BlockUpdate],
-        fill_grammar_bitmask: Callable[[list[Request]], GrammarBitmask | None] | None = None,
+        fill_grammar_bitmask: Callable[[list[Request]], PendingGrammarBitmask | None] | None = None,
     ) -> LaunchedStep:
         """Launch the step; the LaunchedStep's result() gives the sampled ids.
 
         block_updates: per scheduled request, the blocks the scheduler added to its table since
         its last step (its whole table when it is new to the batch), or None.
 
-        fill_grammar_bitmask: the constrained rows' masks for the sampling requests; called
-        once the forward pass is launched, so the CPU fills them while the device computes."""
+        fill_grammar_bitmask: starts filling the constrained rows' masks for the sampling
+        requests on a worker thread; called just before the forward pass is launched (on the CPU
+        the forward runs in this thread, so this is the only point that overlaps there), and
+        waited for once the logits and the sampling metadata exist."""
         requests = scheduler_output.scheduled_requests
         output_index = scheduler_output.output_index
         sampling_positions = [
@@ -224,6 +226,7 @@ class ModelRunner:
             from_device = self.batch.last_sampled[inputs.token_slots.long()]
             input_ids = torch.where(input_ids < 0, from_device, input_ids)
         attn_metadata = inputs.attn_metadata
+        pending_bitmask = fill_grammar_bitmask(sampling_requests) if fill_grammar_bitmask else None
         if self.graphs is not None and self.graphs.can_run(
             attn_metadata.num_reqs,
             input_ids.shape[0],
@@ -237,7 +240,6 @@ class ModelRunner:
         if not sampling_requests:
             return LaunchedStep(len(requests), [], None, None, num_logprobs, None)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        grammar_bitmask = fill_grammar_bitmask(sampling_requests) if fill_grammar_bitmask else None
         # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
         # Penalty rows see every output token: the engine runs their steps without overlap.
         metadata = build_sampling_metadata(
@@ -251,6 +253,7 @@ class ModelRunner:
             device=self.device,
             rows=inputs.sampling_rows,
         )
+        grammar_bitmask = pending_bitmask.wait() if pending_bitmask is not None else None
         sampler_output = self.sampler(logits, metadata, grammar_bitmask)
         sampled = sampler_output.sampled_token_ids
         last_sampled = self.batch.last_sampled

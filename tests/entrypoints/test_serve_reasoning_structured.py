@@ -1,0 +1,82 @@
+"""A reasoning model served by `ladle serve`, through the openai client: the <think> parser is
+chosen from the chat template, `chat_template_kwargs={"enable_thinking": false}` reaches the
+template, and a JSON schema constrains the answer, never the reasoning.
+
+A tiny random Qwen3 whose ChatML template thinks like Qwen3's (the generation prompt opens a
+<think> block, or writes an empty closed one when enable_thinking is false). Random weights
+never write </think>, so with thinking on the whole reply is unconstrained reasoning.
+"""
+
+from __future__ import annotations
+
+import json
+
+import jsonschema
+import openai
+import pytest
+from helpers.tiny_models import CHATML_TEMPLATE, save_tiny_model
+
+from tests.entrypoints.server_process import ServerProcess
+
+THINKING_TEMPLATE = CHATML_TEMPLATE.replace(
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}",
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}"
+    "{% if enable_thinking is defined and enable_thinking is false %}"
+    "{{ '<think>\\n\\n</think>\\n\\n' }}{% else %}{{ '<think>\\n' }}{% endif %}{% endif %}",
+)
+SCHEMA = {
+    "type": "object",
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 99}},
+    "required": ["ok", "n"],
+    "additionalProperties": False,
+}
+RESPONSE_FORMAT = {"type": "json_schema", "json_schema": {"name": "r", "schema": SCHEMA}}
+MESSAGES = [{"role": "user", "content": "Answer in JSON."}]
+
+
+@pytest.fixture(scope="module")
+def client(tmp_path_factory):
+    from transformers import AutoTokenizer
+
+    path = save_tiny_model(tmp_path_factory.mktemp("thinking"), "qwen3")
+    tokenizer = AutoTokenizer.from_pretrained(path)
+    tokenizer.chat_template = THINKING_TEMPLATE
+    tokenizer.save_pretrained(path)
+    server = ServerProcess([path, "--served-model-name", "tiny"]).start()
+    try:
+        yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
+                            timeout=120)
+    finally:
+        server.stop()
+
+
+def _chat(client, **kwargs):
+    return client.chat.completions.create(
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=24,
+        response_format=RESPONSE_FORMAT, **kwargs,
+    )
+
+
+def test_thinking_off_constrains_the_answer_from_its_first_token(client):
+    reply = _chat(client, extra_body={"chat_template_kwargs": {"enable_thinking": False}})
+    message = reply.choices[0].message
+    assert reply.choices[0].finish_reason == "stop"
+    assert getattr(message, "reasoning_content", None) is None
+    jsonschema.validate(json.loads(message.content), SCHEMA)
+
+
+def test_thinking_on_leaves_the_reasoning_unconstrained_and_streams_the_same(client):
+    reply = _chat(client)
+    message = reply.choices[0].message
+    reasoning = getattr(message, "reasoning_content", None)
+    # All reasoning (no </think> came): the schema, which starts the answer with "{", was not
+    # applied to it, and there is no answer yet.
+    assert reasoning and not reasoning.lstrip().startswith("{")
+    assert not message.content and reply.choices[0].finish_reason == "length"
+    streamed_reasoning, streamed_content = "", ""
+    for chunk in _chat(client, stream=True):
+        for choice in chunk.choices:
+            streamed_reasoning += getattr(choice.delta, "reasoning_content", None) or ""
+            streamed_content += choice.delta.content or ""
+    assert (streamed_reasoning, streamed_content) == (reasoning, "")
