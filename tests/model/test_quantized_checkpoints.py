@@ -32,8 +32,8 @@ CASES = [
     ("int4", "awq", True),
 ]
 # Relative error of the logits against the float model: the methods' quantization error on a
-# tiny random model (weights of std 0.1), measured 0.01 (int8) to 0.33 (int4 symmetric); these bounds catch a broken
-# layout (which gives errors near 1) without flaking.
+# tiny random model (weights of std 0.1), measured 0.01 (int8) to 0.33 (int4 symmetric); these
+# bounds catch a broken layout (which gives errors near 1) without flaking.
 LOGIT_TOLERANCE = {"fp8": 0.2, "int8": 0.05, "int4": 0.5}
 
 

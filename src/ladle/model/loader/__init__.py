@@ -101,7 +101,9 @@ def resolve_quantization(
     if device.type == "cuda" and method not in QUANT_METHODS:
         raise ValueError(f"quantization {method!r} is not available on CUDA; use {QUANT_METHODS}")
     if device.type not in ("cpu", "cuda"):
-        raise ValueError(f"quantization {method!r} runs on the CPU only, or on CUDA for {QUANT_METHODS}")
+        raise ValueError(
+            f"quantization {method!r} runs on the CPU only, or on CUDA for {QUANT_METHODS}"
+        )
     return method
 
 
