@@ -60,6 +60,9 @@ def quantize_linears_(model: nn.Module, method: QuantMethod | str) -> list[str]:
         install_canonical_(linear, method, tensors)
         method.finalize(linear)
         names.append(name)
+    if torch.cuda.is_available():
+        # The float weights' blocks go back to the driver, so the KV cache can be sized over them.
+        torch.cuda.empty_cache()
     return names
 
 
