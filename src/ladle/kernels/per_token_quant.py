@@ -36,7 +36,7 @@ def _per_token_quant_kernel(
     is_column = columns < num_columns
     x = tl.load(input_ptr + row * stride_input + columns, mask=is_column, other=0.0)
     x = x.to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / QMAX, MIN_SCALE)
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) / QMAX, 1e-12)  # MIN_SCALE
     scaled = tl.clamp(x / scale, -QMAX, QMAX)
     if IS_INT:
         scaled = libdevice.rint(scaled)

@@ -84,9 +84,9 @@ def fp8_linear(
     """y = x W^T (+ bias) with W8 given as its [K, N] column-major view and scales [1, N]."""
     x2, leading = flatten_tokens(x)
     x_codes, x_scale = quantize_activation_fp8(x2)
-    out_dtype = x.dtype if x.dtype in (torch.bfloat16, torch.float32) else torch.bfloat16
+    # Row-wise scaling is implemented for bfloat16 outputs only.
     output = torch._scaled_mm(
-        x_codes, weight_t, scale_a=x_scale, scale_b=weight_scale_row, out_dtype=out_dtype
+        x_codes, weight_t, scale_a=x_scale, scale_b=weight_scale_row, out_dtype=torch.bfloat16
     )
     output = add_bias(output.to(x.dtype), bias)
     return output.reshape(*leading, -1)

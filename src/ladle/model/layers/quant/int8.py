@@ -46,23 +46,27 @@ def int8_linear_reference(
     return output.to(x.dtype).reshape(*leading, -1)
 
 
-_int_mm_works: dict[torch.device, bool] = {}
+_int_mm_layout: dict[torch.device, str | None] = {}
 
 
-def can_use_int_mm(device: torch.device) -> bool:
-    """Whether torch._int_mm runs on this device with a column-major weight (probed once, at
-    load, outside graph capture)."""
+def int_mm_weight_layout(device: torch.device) -> str | None:
+    """How torch._int_mm takes the weight on this device: 'transposed' (a column-major view of
+    the [N, K] codes, no copy), 'contiguous' (a [K, N] copy), or None where it does not run.
+    Probed once per device, at load, outside graph capture."""
     if device.type != "cuda":
-        return False
-    if device not in _int_mm_works:
-        try:
-            a = torch.ones(MIN_INT_MM_ROWS, 32, dtype=torch.int8, device=device)
-            b = torch.ones(16, 32, dtype=torch.int8, device=device)
-            out = torch._int_mm(a, b.t())
-            _int_mm_works[device] = bool(out[0, 0].item() == 32)
-        except (RuntimeError, TypeError):
-            _int_mm_works[device] = False
-    return _int_mm_works[device]
+        return None
+    if device not in _int_mm_layout:
+        _int_mm_layout[device] = None
+        a = torch.ones(MIN_INT_MM_ROWS, 32, dtype=torch.int8, device=device)
+        b = torch.ones(16, 32, dtype=torch.int8, device=device)
+        for layout, weight_t in (("transposed", b.t()), ("contiguous", b.t().contiguous())):
+            try:
+                if int(torch._int_mm(a, weight_t)[0, 0].item()) == 32:
+                    _int_mm_layout[device] = layout
+                    break
+            except (RuntimeError, TypeError):
+                continue
+    return _int_mm_layout[device]
 
 
 def int8_linear(
@@ -102,9 +106,14 @@ class Int8Method(QuantMethod):
 
     def finalize(self, layer: nn.Module) -> None:
         rows, cols = layer.weight.shape
-        layer.use_int_mm = can_use_int_mm(layer.weight.device) and rows % 8 == 0 and cols % 8 == 0
+        layout = int_mm_weight_layout(layer.weight.device)
+        layer.use_int_mm = layout is not None and rows % 8 == 0 and cols % 8 == 0
+        if layer.use_int_mm and layout == "contiguous":
+            layer.register_buffer("weight_t", layer.weight.data.t().contiguous())
+        elif layer.use_int_mm:
+            layer.weight_t = layer.weight.data.t()
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if layer.use_int_mm:
-            return int8_linear(x, layer.weight.t(), layer.weight_scale[None, :], layer.bias)
+            return int8_linear(x, layer.weight_t, layer.weight_scale[None, :], layer.bias)
         return int8_linear_reference(x, layer.weight, layer.weight_scale, layer.bias)
