@@ -33,7 +33,7 @@ def _int4_matmul_kernel(
     num_inputs,
     stride_x,
     stride_partial_split,
-    k_per_split,
+    TILES_PER_SPLIT: tl.constexpr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -49,9 +49,11 @@ def _int4_matmul_kernel(
     words = tl.arange(0, BLOCK_K // 8)
     shifts = tl.arange(0, 8) * 4
     accumulator = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    k_begin = pid_split * k_per_split
-    k_end = tl.minimum(k_begin + k_per_split, num_inputs)
-    for k0 in range(k_begin, k_end, BLOCK_K):
+    k_begin = pid_split * TILES_PER_SPLIT * BLOCK_K
+    # A fixed trip count (the last split's tiles past K load masked zeros): the loop bounds stay
+    # compile-time, which the Triton interpreter (CPU tests) needs too.
+    for tile in range(0, TILES_PER_SPLIT):
+        k0 = k_begin + tile * BLOCK_K
         offs_k = k0 + tl.arange(0, BLOCK_K)
         x = tl.load(
             x_ptr + offs_m[:, None].to(tl.int64) * stride_x + offs_k[None, :],
@@ -121,7 +123,7 @@ def int4_matmul(
         num_inputs,
         x.stride(0),
         partial.stride(0),
-        blocks_per_split * block_k,
+        TILES_PER_SPLIT=blocks_per_split,
         GROUP=group_size,
         BLOCK_M=block_m,
         BLOCK_N=block_n,
@@ -132,6 +134,71 @@ def int4_matmul(
     if num_splits == 1:
         return partial[0].to(x.dtype)
     return partial.sum(dim=0).to(x.dtype)
+
+
+@triton.jit
+def _int4_dequantize_kernel(
+    weight_ptr,
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    num_columns,
+    num_inputs,
+    GROUP: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    k0 = tl.program_id(0) * BLOCK_K
+    offs_n = tl.program_id(1) * BLOCK_N + tl.arange(0, BLOCK_N)
+    is_n = offs_n < num_columns
+    word_rows = k0 // 8 + tl.arange(0, BLOCK_K // 8)
+    packed = tl.load(
+        packed_ptr + word_rows[:, None].to(tl.int64) * num_columns + offs_n[None, :],
+        mask=(word_rows[:, None] * 8 < num_inputs) & is_n[None, :],
+        other=0,
+    )
+    shifts = tl.arange(0, 8) * 4
+    codes = tl.reshape((packed[:, None, :] >> shifts[None, :, None]) & 0xF, (BLOCK_K, BLOCK_N))
+    group = k0 // GROUP
+    scale = tl.load(scale_ptr + group * num_columns + offs_n, mask=is_n, other=0.0)
+    zero = tl.load(zero_ptr + group * num_columns + offs_n, mask=is_n, other=0.0)
+    weight = (codes.to(tl.float32) - zero.to(tl.float32)[None, :]) * scale.to(tl.float32)[None, :]
+    offs_k = k0 + tl.arange(0, BLOCK_K)
+    tl.store(
+        weight_ptr + offs_k[:, None].to(tl.int64) * num_columns + offs_n[None, :],
+        weight.to(weight_ptr.dtype.element_ty),
+        mask=(offs_k[:, None] < num_inputs) & is_n[None, :],
+    )
+
+
+def int4_dequantize(
+    packed_t: torch.Tensor,
+    scale_t: torch.Tensor,
+    zero_t: torch.Tensor,
+    group_size: int,
+    num_inputs: int,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """The dense W^T [K, N] in `dtype`, one launch: the prefill path, where the GEMM is
+    compute-bound and cuBLAS on the dense weight beats dequantizing inside a Triton GEMM."""
+    num_columns = packed_t.shape[1]
+    weight_t = torch.empty(num_inputs, num_columns, dtype=dtype, device=packed_t.device)
+    block_k = min(group_size, 128)
+    block_n = 128
+    grid = (triton.cdiv(num_inputs, block_k), triton.cdiv(num_columns, block_n))
+    _int4_dequantize_kernel[grid](
+        weight_t,
+        packed_t,
+        scale_t,
+        zero_t,
+        num_columns,
+        num_inputs,
+        GROUP=group_size,
+        BLOCK_K=block_k,
+        BLOCK_N=block_n,
+        num_warps=4,
+    )
+    return weight_t
 
 
 def int4_matmul_reference(

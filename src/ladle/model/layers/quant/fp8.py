@@ -27,7 +27,10 @@ MIN_SCALE = 1e-12
 def quantize_fp8_per_row(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(e4m3 codes [rows, cols], float32 scale [rows]) with each row's max mapped to 448."""
     matrix = matrix.float()
-    scale = (matrix.abs().amax(dim=-1) / FP8_MAX).clamp(min=MIN_SCALE)
+    # Multiply by the reciprocal, never divide by a Python scalar: CUDA turns that division into
+    # this multiply and the CPU does not, and the scales must match bit for bit on both (a
+    # checkpoint written on the CPU loads to the logits the GPU quantizes to in memory).
+    scale = (matrix.abs().amax(dim=-1) * (1.0 / FP8_MAX)).clamp(min=MIN_SCALE)
     codes = (matrix / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
     return codes, scale
 

@@ -29,7 +29,8 @@ MIN_INT_MM_ROWS = 17
 def quantize_int8_rows(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric round-to-nearest-even int8 per row: (codes [rows, cols], float32 scale [rows])."""
     matrix = matrix.float()
-    scale = (matrix.abs().amax(dim=-1) / INT8_MAX).clamp(min=MIN_SCALE)
+    # A reciprocal multiply, the same on CPU and CUDA (see quantize_fp8_per_row).
+    scale = (matrix.abs().amax(dim=-1) * (1.0 / INT8_MAX)).clamp(min=MIN_SCALE)
     codes = torch.round((matrix / scale[:, None]).clamp(-INT8_MAX, INT8_MAX)).to(torch.int8)
     return codes, scale
 
