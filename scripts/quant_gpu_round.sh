@@ -7,7 +7,7 @@ mkdir -p "$OUT"
 export PYTHONPATH=src:tests:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 timeout "${TEST_TIMEOUT:-130}" python3 -m pytest -q tests/gpu/test_quant_kernels.py \
-  -p no:cacheprovider -rs 2>&1 | tail -300 > "$OUT/quant_tests.log"
+  -p no:cacheprovider -rfEs 2>&1 | tail -300 > "$OUT/quant_tests.log"
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/quant_tests.log" | tail -25
 timeout "${LAYER_TIMEOUT:-80}" python3 -m ladle.bench.quant_layers --json "$OUT/quant_layers.json" \
   --models ${LOGIT_MODELS:-qwen3-0.6b llama-3.1-8b} > "$OUT/quant_layers.log" 2>&1
