@@ -183,3 +183,19 @@ def test_writer_refuses_bad_pairs(float_model, tmp_path):
         write_quantized_checkpoint(float_model, tmp_path / "a", "fp8", "awq")
     with pytest.raises(ValueError, match="int4 only"):
         write_quantized_checkpoint(float_model, tmp_path / "b", "fp8", None, symmetric=True)
+
+
+@pytest.mark.parametrize("fmt", ["gptq", "awq"])
+def test_sharded_quantized_checkpoint_with_parts_across_files(
+    float_model, tmp_path, monkeypatch, fmt
+):
+    import ladle.model.loader.quantized_writer as writer
+
+    monkeypatch.setattr(writer, "SHARD_BYTES", 8 << 10)  # a projection's parts span files
+    out = tmp_path / "sharded"
+    write_quantized_checkpoint(float_model, out, "int4", fmt, torch.float32)
+    index = json.loads((out / "model.safetensors.index.json").read_text())
+    assert len(set(index["weight_map"].values())) > 3
+    reference = _load(float_model)
+    quantize_linears_(reference.model, "int4")
+    assert torch.equal(_logits(_load(str(out))), _logits(reference))
