@@ -52,6 +52,22 @@ def test_int4_kernel_matches_reference(tokens, outputs, inputs):
     assert relative_error(actual, expected) < 5e-3
 
 
+@pytest.mark.parametrize("tokens", [1, 2])
+@pytest.mark.parametrize("outputs,inputs", [(7, 200), (130, 100), (4096, 4096), (512, 14336)])
+def test_int4_gemv_matches_reference(tokens, outputs, inputs):
+    from ladle.kernels.int4_matmul import int4_gemv, int4_matmul_reference, prefers_gemv
+    from ladle.model.layers.quant.int4 import pack_int4_rows, quantize_int4_groups
+
+    weight = torch.randn(outputs, inputs, device=CUDA)
+    codes, scale, zero = quantize_int4_groups(weight)
+    packed_t = pack_int4_rows(codes).t().contiguous()
+    scale_t, zero_t = scale.t().contiguous(), zero.t().to(torch.float16).contiguous()
+    x = torch.randn(tokens, inputs, device=CUDA).to(torch.bfloat16)
+    expected = int4_matmul_reference(x, packed_t, scale_t, zero_t, 128)
+    assert relative_error(int4_gemv(x, packed_t, scale_t, zero_t, 128), expected) < 5e-3
+    assert prefers_gemv(packed_t, scale_t, zero_t, 128) in (True, False)
+
+
 def test_int4_prefill_dequantize_matches_reference():
     from ladle.kernels.int4_matmul import int4_dequantize
     from ladle.model.layers.quant.int4 import (

@@ -13,8 +13,9 @@ group (K not a multiple of 128) is its own group.
 Canonical tensors (rows on dim 0): weight_packed int32 [N, ceil(K/8)] (input k in nibble k % 8
 of word k // 8, low nibble first), weight_scale float16 [N, G], weight_zero uint8 [N, G].
 Runtime on the GPU: the same words transposed to [ceil(K/8), N] and scales/zeros as [G, N], read
-by the Triton kernel kernels/int4_matmul.py, which dequantizes inside the GEMM for decode-sized
-batches; bigger batches dequantize the weight once and run cuBLAS.
+by the Triton kernels of kernels/int4_matmul.py: a GEMM that dequantizes inside its loop for
+decode-sized batches (and, at batch 1, a tensor-core-free GEMV where it times faster at load);
+bigger batches dequantize the weight once and run cuBLAS.
 """
 
 from __future__ import annotations
@@ -124,6 +125,11 @@ class Int4Method(QuantMethod):
         layer.register_buffer("scale_t", layer.weight_scale.data.t().contiguous())
         layer.register_buffer("zero_t", layer.weight_zero.data.t().to(torch.float16).contiguous())
         del layer.weight_packed, layer.weight_scale, layer.weight_zero
+        layer.use_gemv = False
+        if layer.packed_t.is_cuda:
+            from ladle.kernels.int4_matmul import prefers_gemv
+
+            layer.use_gemv = prefers_gemv(layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE)
 
     def dequantize_runtime(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The layer's weight as a dense [N, K] matrix in `dtype` (runtime layout)."""
@@ -134,9 +140,10 @@ class Int4Method(QuantMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x2, leading = flatten_tokens(x)
         if x.is_cuda and x2.shape[0] <= MAX_KERNEL_TOKENS:
-            from ladle.kernels.int4_matmul import int4_matmul
+            from ladle.kernels.int4_matmul import int4_gemv, int4_matmul
 
-            output = int4_matmul(x2, layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE)
+            kernel = int4_gemv if layer.use_gemv and x2.shape[0] == 1 else int4_matmul
+            output = kernel(x2, layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE)
             output = add_bias(output, layer.bias)
         elif x.is_cuda:
             from ladle.kernels.int4_matmul import int4_dequantize
