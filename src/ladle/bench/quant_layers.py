@@ -81,6 +81,41 @@ def bench_layers(tokens_list: list[int]) -> list[dict]:
     return rows
 
 
+def _prefill_batch(prompts: list[list[int]], block_size: int, device: str = "cuda"):
+    """One prefill step of whole prompts, each in its own run of blocks (block 0 left unused)."""
+    from ladle.attention.metadata import AttentionMetadata
+
+    tables, slots, starts, next_block = [], [], [0], 1
+    for prompt in prompts:
+        num_blocks = -(-len(prompt) // block_size)
+        tables.append(list(range(next_block, next_block + num_blocks)))
+        slots.extend(next_block * block_size + position for position in range(len(prompt)))
+        next_block += num_blocks
+        starts.append(starts[-1] + len(prompt))
+    width = max(len(table) for table in tables)
+    lengths = [len(prompt) for prompt in prompts]
+    metadata = AttentionMetadata(
+        slot_mapping=torch.tensor(slots, dtype=torch.int64, device=device),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(lengths, dtype=torch.int32, device=device),
+        block_tables=torch.tensor(
+            [table + [0] * (width - len(table)) for table in tables],
+            dtype=torch.int32,
+            device=device,
+        ),
+        max_query_len=max(lengths),
+        max_seq_len=max(lengths),
+        block_size=block_size,
+        query_start_loc_host=starts,
+        seq_lens_host=lengths,
+    )
+    input_ids = torch.tensor([t for p in prompts for t in p], dtype=torch.int64, device=device)
+    positions = torch.tensor(
+        [i for p in prompts for i in range(len(p))], dtype=torch.int64, device=device
+    )
+    return input_ids, positions, metadata
+
+
 @torch.no_grad()
 def logits_errors(preset: str) -> dict[str, float]:
     """Relative error of last-position logits against bf16, per method, on a dummy preset."""
@@ -99,22 +134,13 @@ def logits_errors(preset: str) -> dict[str, float]:
     ]
 
     def run(model) -> torch.Tensor:
-        import sys
-
-        sys.path.insert(0, "tests")
-        from helpers.tiny_models import PagedBatch, make_kv_caches
-
-        batch = PagedBatch(len(prompts), 16, 64)
-        input_ids, positions, metadata = batch.step(prompts, device="cuda")
-        caches = make_kv_caches(
-            arch.num_hidden_layers,
-            64,
-            16,
-            arch.num_key_value_heads,
-            arch.head_dim,
-            dtype=torch.bfloat16,
-            device="cuda",
-        )
+        input_ids, positions, metadata = _prefill_batch(prompts, block_size=16)
+        num_blocks = int(metadata.block_tables.max()) + 1
+        shape = (2, num_blocks, 16, arch.num_key_value_heads, arch.head_dim)
+        caches = [
+            torch.zeros(shape, dtype=torch.bfloat16, device="cuda")
+            for _ in range(arch.num_hidden_layers)
+        ]
         hidden = model(input_ids, positions, caches, metadata)
         ends = torch.tensor(lengths, device="cuda").cumsum(0) - 1
         return model.compute_logits(hidden[ends]).float()
