@@ -1,4 +1,5 @@
-"""`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`, `ladle bench`."""
+"""`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`, `ladle bench`,
+`ladle quantize`."""
 
 from __future__ import annotations
 
@@ -79,6 +80,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     add_bench_parsers(bench_commands)
     add_bench_serve_parser(bench_commands)
+    from ladle.entrypoints.cli_quantize import add_quantize_parser
+
+    add_quantize_parser(subparsers)
     try:
         from ladle.entrypoints.openai.cli_serve import add_serve_parser
     except ImportError as error:  # a broken install: say what to reinstall rather than hide serve

@@ -22,7 +22,7 @@ SUPPORTED_DTYPES = {
     "float": torch.float32,
 }
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-QUANTIZATIONS = ("auto", "none", "int8")
+QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -113,8 +113,9 @@ class ModelConfig:
     quantization: str = field(
         default="auto",
         metadata={
-            "help": "weight quantization: int8 (weight-only, per-row scales), none, or auto "
-            "(int8 for a GGUF checkpoint on the CPU unless --dtype is given, else none)"
+            "help": "weight quantization: fp8 (CUDA: e4m3 W8A8), int8 (CUDA: W8A8; CPU: "
+            "weight-only), int4 (CUDA: weight-only, group 128), none, or auto (a quantized "
+            "checkpoint's own method; int8 for a GGUF on the CPU unless --dtype is given)"
         },
     )
 

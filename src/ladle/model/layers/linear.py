@@ -13,15 +13,18 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.model.layers.quant.base import QuantMethod
 from ladle.model.layers.quantized_linear import int8_weight_matmul
 from ladle.model.layers.weight_loading import default_weight_loader
 
 
 class Linear(nn.Module):
     """y = x W^T + b, with W [output_size, input_size]. Parameters start uninitialised.
-    After `quantize_model_` the weight is int8 codes + row scales (quantized_linear.py)."""
+    After `quantize_model_` the weight is int8 codes + row scales (quantized_linear.py); after
+    the GPU methods (quant/) `quant_method` holds the method that runs the matmul."""
 
     quantization: str | None = None
+    quant_method: QuantMethod | None = None
 
     def __init__(self, input_size: int, output_size: int, bias: bool = False) -> None:
         super().__init__()
@@ -31,6 +34,8 @@ class Linear(nn.Module):
         self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.quant_method is not None:
+            return self.quant_method.apply(self, x)
         if self.quantization is not None:
             return int8_weight_matmul(x, self.weight_codes, self.weight_scale, self.bias)
         return F.linear(x, self.weight, self.bias)

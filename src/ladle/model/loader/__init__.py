@@ -26,12 +26,22 @@ from torch import nn
 from ladle.attention.backend import AttentionBackend
 from ladle.config import ModelConfig
 from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
+from ladle.model.layers.quant import (
+    QUANT_METHODS,
+    finalize_linears_,
+    prepare_linears_for_checkpoint_,
+    quantize_linears_,
+)
 from ladle.model.layers.quantized_linear import quantize_model_
 from ladle.model.loader.dummy import fill_dummy_weights
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.hub import looks_like_hub_id, resolve_hub_model
 from ladle.model.loader.presets import PRESETS, get_preset
 from ladle.model.loader.progress import with_progress
+from ladle.model.loader.quantized_formats import (
+    convert_quantized_weights,
+    read_checkpoint_quantization,
+)
 from ladle.model.loader.safetensors import (
     check_safetensors_files,
     count_safetensors_weights,
@@ -53,6 +63,8 @@ class LoadedModel:
     arch_config: ModelArchConfig
     model_path: str | None  # folder or .gguf file; None for a dummy preset
     source: ModelSource
+    # The method a pre-quantized checkpoint was loaded with (quantized_formats.py), else None.
+    checkpoint_quantization: str | None = None
 
 
 def load_model(
@@ -64,8 +76,12 @@ def load_model(
     """Load the model `model_config` names onto `device` in `dtype`, in eval mode, then quantize
     its weights when model_config.quantization asks for it (see resolve_quantization)."""
     loaded = _load_unquantized(model_config, device, dtype, attention_backend)
+    if loaded.checkpoint_quantization is not None:
+        return loaded
     method = resolve_quantization(model_config, loaded.source, device)
-    if method is not None:
+    if method is not None and device.type == "cuda":
+        quantize_linears_(loaded.model, method)
+    elif method is not None:
         quantize_model_(loaded.model, method)
     return loaded
 
@@ -82,8 +98,12 @@ def resolve_quantization(
         return "int8" if keep_quantized else None
     if method == "none":
         return None
-    if device.type != "cpu":
-        raise ValueError(f"quantization {method!r} runs on the CPU only in this build")
+    if device.type == "cuda" and method not in QUANT_METHODS:
+        raise ValueError(f"quantization {method!r} is not available on CUDA; use {QUANT_METHODS}")
+    if device.type not in ("cpu", "cuda"):
+        raise ValueError(
+            f"quantization {method!r} runs on the CPU only, or on CUDA for {QUANT_METHODS}"
+        )
     return method
 
 
@@ -116,12 +136,28 @@ def _load_unquantized(
     _check_max_model_len(arch_config, model_config, str(model_dir))
     files = find_safetensors_files(model_dir)
     check_safetensors_files(files)
+    checkpoint_quant = read_checkpoint_quantization(config, str(model_dir))
     model = build_model(arch_config, device, dtype, attention_backend)
     weights = with_progress(
         iter_safetensors_weights(files), count_safetensors_weights(files), "Loading safetensors"
     )
-    _load_weights(model, weights, str(model_dir))
-    return LoadedModel(model, arch_config, str(model_dir), "safetensors")
+    if checkpoint_quant is None:
+        _load_weights(model, weights, str(model_dir))
+        return LoadedModel(model, arch_config, str(model_dir), "safetensors")
+    _check_checkpoint_method(model_config, checkpoint_quant.method, str(model_dir))
+    prepare_linears_for_checkpoint_(model, checkpoint_quant.quant_method())
+    _load_weights(model, convert_quantized_weights(weights, checkpoint_quant), str(model_dir))
+    finalize_linears_(model)
+    return LoadedModel(model, arch_config, str(model_dir), "safetensors", checkpoint_quant.method)
+
+
+def _check_checkpoint_method(model_config: ModelConfig, method: str, where: str) -> None:
+    wanted = model_config.quantization
+    if wanted not in ("auto", method):
+        raise ModelLoadError(
+            f"{where!r} holds {method}-quantized weights; --quantization {wanted} cannot change "
+            f"that (use auto or {method}, or load the float checkpoint)"
+        )
 
 
 def build_model(

@@ -1,0 +1,81 @@
+"""GPU weight quantization: fp8 (W8A8 e4m3), int8 (W8A8), int4 (weight-only, group 128).
+
+    quantize_linears_(model, "fp8")                 quantize a loaded float model in place
+    prepare_linears_for_checkpoint_(model, method)  empty canonical tensors for a checkpoint
+    finalize_linears_(model)                        canonical -> runtime layout, after loading
+
+Every Linear of the decoder layers is quantized; the embedding and the LM head stay in the model
+dtype (as vLLM does for these methods): they are a small share of an 8B model's bytes and the
+logits are the most sensitive product. The CPU's weight-only int8 lives in quantized_linear.py.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import nn
+
+from ladle.model.layers.quant.base import QuantMethod, canonical_tensors, install_canonical_
+from ladle.model.layers.quant.fp8 import Fp8Method
+from ladle.model.layers.quant.int4 import Int4Method
+from ladle.model.layers.quant.int8 import Int8Method
+
+QUANT_METHODS = ("fp8", "int8", "int4")
+
+__all__ = [
+    "QUANT_METHODS",
+    "QuantMethod",
+    "canonical_tensors",
+    "finalize_linears_",
+    "get_quant_method",
+    "prepare_linears_for_checkpoint_",
+    "quantize_linears_",
+]
+
+
+def get_quant_method(name: str, symmetric: bool = False) -> QuantMethod:
+    """The method called `name` (fp8, int8, int4); `symmetric` applies to int4 only."""
+    if name == "fp8":
+        return Fp8Method()
+    if name == "int8":
+        return Int8Method()
+    if name == "int4":
+        return Int4Method(symmetric=symmetric)
+    raise ValueError(f"quantization method {name!r} is not one of {', '.join(QUANT_METHODS)}")
+
+
+def _linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
+    from ladle.model.layers.linear import Linear
+
+    return [(name, module) for name, module in model.named_modules() if isinstance(module, Linear)]
+
+
+@torch.no_grad()
+def quantize_linears_(model: nn.Module, method: QuantMethod | str) -> list[str]:
+    """Quantize every Linear's weight in place (one layer at a time, so the peak is one float
+    weight's float32 copy) and build the runtime layout. Returns the quantized modules' names."""
+    method = get_quant_method(method) if isinstance(method, str) else method
+    names = []
+    for name, linear in _linears(model):
+        tensors = method.quantize(linear.weight.data)
+        install_canonical_(linear, method, tensors)
+        method.finalize(linear)
+        names.append(name)
+    if torch.cuda.is_available():
+        # The float weights' blocks go back to the driver, so the KV cache can be sized over them.
+        torch.cuda.empty_cache()
+    return names
+
+
+def prepare_linears_for_checkpoint_(model: nn.Module, method: QuantMethod) -> None:
+    """Swap every Linear's float weight for empty canonical tensors that a quantized checkpoint's
+    weights (converted by its format) load into by name."""
+    for _, linear in _linears(model):
+        install_canonical_(linear, method)
+
+
+@torch.no_grad()
+def finalize_linears_(model: nn.Module) -> None:
+    """Build each quantized Linear's runtime layout once its canonical tensors are loaded."""
+    for _, linear in _linears(model):
+        if linear.quant_method is not None:
+            linear.quant_method.finalize(linear)

@@ -1,0 +1,128 @@
+"""FP8 W8A8: float8 e4m3 weights with one scale per output channel, activations quantized per
+token on the fly, the GEMM through torch._scaled_mm with row-wise scales (cuBLASLt's FP8 tensor
+cores on Hopper).
+
+    w_scale[n] = max_k |W[n, k]| / 448          W8[n, k] = e4m3(W[n, k] / w_scale[n])
+    x_scale[m] = max_k |x[m, k]| / 448          x8[m, k] = e4m3(x[m, k] / x_scale[m])
+    y[m, n]    = (x8 @ W8^T)[m, n] * x_scale[m] * w_scale[n]
+
+Where _scaled_mm cannot run (the CPU, a GPU before Ada, sizes not a multiple of 16) the same
+numbers are computed by dequantizing both sides: slower, same quantization error.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ladle.model.layers.quant.base import QuantMethod, TensorSpec, add_bias, flatten_tokens
+
+FP8_DTYPE = torch.float8_e4m3fn
+FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
+# Scales never reach zero, so an all-zero row or token quantizes to zeros instead of NaN.
+MIN_SCALE = 1e-12
+
+
+def quantize_fp8_per_row(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(e4m3 codes [rows, cols], float32 scale [rows]) with each row's max mapped to 448."""
+    matrix = matrix.float()
+    # Multiply by the reciprocal, never divide by a Python scalar: CUDA turns that division into
+    # this multiply and the CPU does not, and the scales must match bit for bit on both (a
+    # checkpoint written on the CPU loads to the logits the GPU quantizes to in memory).
+    scale = (matrix.abs().amax(dim=-1) * (1.0 / FP8_MAX)).clamp(min=MIN_SCALE)
+    codes = (matrix / scale[:, None]).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return codes, scale
+
+
+def fp8_linear_reference(
+    x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
+) -> torch.Tensor:
+    """The fp8 matmul's numbers in float32 torch: both sides quantized, then dequantized."""
+    x2, leading = flatten_tokens(x)
+    x_codes, x_scale = quantize_fp8_per_row(x2)
+    output = (x_codes.float() * x_scale[:, None]) @ (weight.float() * weight_scale[:, None]).t()
+    output = add_bias(output, None if bias is None else bias.float())
+    return output.to(x.dtype).reshape(*leading, -1)
+
+
+_scaled_mm_works: dict[torch.device, bool] = {}
+
+
+def can_use_scaled_mm(device: torch.device) -> bool:
+    """Whether torch._scaled_mm with row-wise scales runs here: probed once per device, outside
+    any graph capture (finalize runs at load), because its support depends on the GPU and build."""
+    if device.type != "cuda":
+        return False
+    if device not in _scaled_mm_works:
+        try:
+            a = torch.ones(16, 16, device=device).to(FP8_DTYPE)
+            scale_a = torch.ones(16, 1, device=device)
+            scale_b = torch.ones(1, 16, device=device)
+            out = torch._scaled_mm(
+                a, a.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
+            )
+            _scaled_mm_works[device] = bool(out[0, 0].item() == 16.0)
+        except (RuntimeError, TypeError):
+            _scaled_mm_works[device] = False
+    return _scaled_mm_works[device]
+
+
+def quantize_activation_fp8(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token e4m3 codes [M, K] and float32 scales [M, 1] of a [M, K] activation."""
+    if x2.is_cuda:
+        from ladle.kernels.per_token_quant import per_token_quant
+
+        return per_token_quant(x2, FP8_DTYPE)
+    codes, scale = quantize_fp8_per_row(x2)
+    return codes, scale[:, None]
+
+
+def fp8_linear(
+    x: torch.Tensor,
+    weight_t: torch.Tensor,
+    weight_scale_row: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """y = x W^T (+ bias) with W8 given as its [K, N] column-major view and scales [1, N]."""
+    x2, leading = flatten_tokens(x)
+    x_codes, x_scale = quantize_activation_fp8(x2)
+    # Row-wise scaling is implemented for bfloat16 outputs only.
+    output = torch._scaled_mm(
+        x_codes, weight_t, scale_a=x_scale, scale_b=weight_scale_row, out_dtype=torch.bfloat16
+    )
+    output = add_bias(output.to(x.dtype), bias)
+    return output.reshape(*leading, -1)
+
+
+class Fp8Method(QuantMethod):
+    name = "fp8"
+
+    def canonical_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:
+        return {
+            "weight": ((output_size, input_size), FP8_DTYPE),
+            "weight_scale": ((output_size,), torch.float32),
+        }
+
+    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, scale = quantize_fp8_per_row(weight)
+        return {"weight": codes, "weight_scale": scale}
+
+    def dequantize(self, tensors: dict[str, torch.Tensor], input_size: int) -> torch.Tensor:
+        return tensors["weight"].float() * tensors["weight_scale"][:, None]
+
+    def finalize(self, layer: nn.Module) -> None:
+        weight = layer.weight.data
+        rows, cols = weight.shape
+        layer.use_scaled_mm = can_use_scaled_mm(weight.device) and rows % 16 == 0 and cols % 16 == 0
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        if layer.use_scaled_mm:
+            return fp8_linear(x, layer.weight.t(), layer.weight_scale[None, :], layer.bias)
+        if x.is_cuda:  # an unaligned size on the GPU: dequantize the weight for this call
+            weight = layer.weight.to(x.dtype) * layer.weight_scale[:, None].to(x.dtype)
+            x2, leading = flatten_tokens(x)
+            codes, scale = quantize_activation_fp8(x2)
+            x_dq = (codes.to(x.dtype) * scale.to(x.dtype)).reshape(*leading, -1)
+            return F.linear(x_dq, weight, layer.bias)
+        return fp8_linear_reference(x, layer.weight, layer.weight_scale, layer.bias)

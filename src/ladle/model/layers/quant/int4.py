@@ -1,0 +1,157 @@
+"""INT4 weight-only: group-wise round-to-nearest with per-group scales and zero points, group
+size 128 along the input dimension, activations left in the model dtype.
+
+    per (row n, group g of 128 inputs), asymmetric (the default):
+        lo = min(W, 0), hi = max(W, 0), scale = (hi - lo) / 15, zero = round(-lo / scale) >= 1
+    symmetric (GPTQ sym=True): scale = 2 max|W| / 15, zero = 8
+        q = clamp(round(W / scale) + zero, 0, 15)          W ~ (q - zero) * scale
+
+Scales are rounded to float16 before the codes are computed, because GPTQ and AWQ checkpoints
+store float16 scales: the codes then round-trip through either format exactly. A partial last
+group (K not a multiple of 128) is its own group.
+
+Canonical tensors (rows on dim 0): weight_packed int32 [N, ceil(K/8)] (input k in nibble k % 8
+of word k // 8, low nibble first), weight_scale float16 [N, G], weight_zero uint8 [N, G].
+Runtime on the GPU: the same words transposed to [ceil(K/8), N] and scales/zeros as [G, N], read
+by the Triton kernels of kernels/int4_matmul.py: a GEMM that dequantizes inside its loop for
+decode-sized batches (and, at batch 1, a tensor-core-free GEMV where it times faster at load);
+bigger batches dequantize the weight once and run cuBLAS.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from ladle.model.layers.quant.base import QuantMethod, TensorSpec, add_bias, flatten_tokens
+
+GROUP_SIZE = 128
+NIBBLES_PER_WORD = 8
+# Above this many tokens a call dequantizes the weight once (one Triton launch) and runs the
+# dense matmul: the GEMM is then compute-bound and cuBLAS's bf16 kernels beat the Triton
+# dequantizing one. (Measured on an H200 at 256 tokens: the in-GEMM kernel 0.32 ms for the 8B
+# gate_up projection against 0.10 ms for bf16; the first torch-op dequantize took 2.9 ms.)
+MAX_KERNEL_TOKENS = 64
+# float16 scales below this would underflow; weights whose group range is this small lose nothing.
+MIN_SCALE = 1e-5
+
+
+def num_groups(input_size: int, group_size: int = GROUP_SIZE) -> int:
+    return -(-input_size // group_size)
+
+
+def quantize_int4_groups(
+    weight: torch.Tensor, group_size: int = GROUP_SIZE, symmetric: bool = False
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(codes uint8 [N, K] in 0..15, float16 scale [N, G], uint8 zero [N, G])."""
+    weight = weight.float()
+    rows, cols = weight.shape
+    groups = num_groups(cols, group_size)
+    padded = F.pad(weight, (0, groups * group_size - cols)).view(rows, groups, group_size)
+    if symmetric:
+        scale = padded.abs().amax(dim=-1) * (2.0 / 15.0)
+        scale = scale.clamp(min=MIN_SCALE).half().float()
+        zero = torch.full_like(scale, 8.0)
+    else:
+        lo = padded.amin(dim=-1).clamp(max=0.0)
+        hi = padded.amax(dim=-1).clamp(min=0.0)
+        scale = ((hi - lo) * (1.0 / 15.0)).clamp(min=MIN_SCALE).half().float()
+        # Zero is kept >= 1 because GPTQ (v1) checkpoints store zero - 1 in a nibble; a group
+        # that would need 0 (all weights >= 0) loses one step at its top instead.
+        zero = torch.round(-lo / scale).clamp(1, 15)
+    codes = torch.round(padded / scale[..., None]) + zero[..., None]
+    codes = codes.clamp(0, 15).view(rows, -1)[:, :cols].to(torch.uint8)
+    return codes, scale.half(), zero.to(torch.uint8)
+
+
+def pack_int4_rows(codes: torch.Tensor) -> torch.Tensor:
+    """uint8 codes [N, K] -> int32 [N, ceil(K/8)], input k in nibble k % 8 (low first)."""
+    rows, cols = codes.shape
+    words = -(-cols // NIBBLES_PER_WORD)
+    padded = F.pad(codes.to(torch.int64), (0, words * NIBBLES_PER_WORD - cols))
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64, device=codes.device)
+    packed = (padded.view(rows, words, NIBBLES_PER_WORD) << shifts).sum(dim=-1)
+    # Two's complement: the top nibble's high bit is the int32 sign bit.
+    packed = torch.where(packed >= 2**31, packed - 2**32, packed)
+    return packed.to(torch.int32)
+
+
+def unpack_int4_rows(packed: torch.Tensor, num_columns: int) -> torch.Tensor:
+    """int32 [N, W] -> uint8 codes [N, num_columns] (the inverse of pack_int4_rows)."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=packed.device)
+    codes = (packed[..., None] >> shifts) & 0xF
+    return codes.reshape(packed.shape[0], -1)[:, :num_columns].to(torch.uint8)
+
+
+def dequantize_int4_groups(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int = GROUP_SIZE
+) -> torch.Tensor:
+    """float32 [N, K] from codes [N, K], scale and zero [N, G]."""
+    cols = codes.shape[1]
+    scale_full = scale.float().repeat_interleave(group_size, dim=1)[:, :cols]
+    zero_full = zero.float().repeat_interleave(group_size, dim=1)[:, :cols]
+    return (codes.float() - zero_full) * scale_full
+
+
+class Int4Method(QuantMethod):
+    name = "int4"
+
+    def __init__(self, symmetric: bool = False) -> None:
+        self.symmetric = symmetric
+
+    def canonical_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:
+        groups = num_groups(input_size)
+        words = -(-input_size // NIBBLES_PER_WORD)
+        return {
+            "weight_packed": ((output_size, words), torch.int32),
+            "weight_scale": ((output_size, groups), torch.float16),
+            "weight_zero": ((output_size, groups), torch.uint8),
+        }
+
+    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, scale, zero = quantize_int4_groups(weight, symmetric=self.symmetric)
+        return {"weight_packed": pack_int4_rows(codes), "weight_scale": scale, "weight_zero": zero}
+
+    def dequantize(self, tensors: dict[str, torch.Tensor], input_size: int) -> torch.Tensor:
+        codes = unpack_int4_rows(tensors["weight_packed"], input_size)
+        return dequantize_int4_groups(codes, tensors["weight_scale"], tensors["weight_zero"])
+
+    def finalize(self, layer: nn.Module) -> None:
+        """Transpose to the kernel's layout ([K/8, N] words, [G, N] scales and zeros) and drop
+        the canonical copies."""
+        packed = layer.weight_packed.data
+        layer.register_buffer("packed_t", packed.t().contiguous())
+        layer.register_buffer("scale_t", layer.weight_scale.data.t().contiguous())
+        layer.register_buffer("zero_t", layer.weight_zero.data.t().to(torch.float16).contiguous())
+        del layer.weight_packed, layer.weight_scale, layer.weight_zero
+        layer.use_gemv = False
+        if layer.packed_t.is_cuda:
+            from ladle.kernels.int4_matmul import prefers_gemv
+
+            layer.use_gemv = prefers_gemv(layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE)
+
+    def dequantize_runtime(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
+        """The layer's weight as a dense [N, K] matrix in `dtype` (runtime layout)."""
+        codes = unpack_int4_rows(layer.packed_t.t(), layer.input_size)
+        weight = dequantize_int4_groups(codes, layer.scale_t.t(), layer.zero_t.t())
+        return weight.to(dtype)
+
+    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        x2, leading = flatten_tokens(x)
+        if x.is_cuda and x2.shape[0] <= MAX_KERNEL_TOKENS:
+            from ladle.kernels.int4_matmul import int4_gemv, int4_matmul
+
+            kernel = int4_gemv if layer.use_gemv and x2.shape[0] == 1 else int4_matmul
+            output = kernel(x2, layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE)
+            output = add_bias(output, layer.bias)
+        elif x.is_cuda:
+            from ladle.kernels.int4_matmul import int4_dequantize
+
+            weight_t = int4_dequantize(
+                layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE, layer.input_size, x.dtype
+            )
+            output = add_bias(x2 @ weight_t, layer.bias)
+        else:
+            output = F.linear(x2, self.dequantize_runtime(layer, x.dtype), layer.bias)
+        return output.reshape(*leading, -1)

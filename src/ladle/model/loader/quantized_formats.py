@@ -1,0 +1,270 @@
+"""Quantized Hugging Face checkpoints: read their `quantization_config`, convert their tensors
+to ladle's canonical layout as they stream in, and write them (`ladle quantize`).
+
+Formats (all group size 128 for int4; every tensor named after its checkpoint projection):
+  hf-fp8  quant_method "fp8", activation_scheme "dynamic": `weight` float8_e4m3fn [N, K] and
+          `weight_scale` float32. ladle writes one scale per output channel, [N, 1]; it reads
+          per-channel ([N] or [N, 1]) and per-tensor ([] or [1], expanded exactly), and
+          DeepSeek-style 128x128 blocks (`weight_scale_inv`, re-quantized per channel: not exact).
+  gptq    quant_method "gptq", bits 4: `qweight` int32 [K/8, N] (8 inputs per word, low nibble
+          first), `qzeros` int32 [G, N/8] (8 outputs per word, storing zero - 1 as GPTQ v1 does),
+          `scales` float16 [G, N], `g_idx` int32 [K] (must be k // 128: desc_act is refused).
+  awq     quant_method "awq", bits 4, version "gemm": `qweight` int32 [K, N/8] and `qzeros`
+          int32 [G, N/8], 8 outputs per word in AWQ's interleaved order, `scales` float16 [G, N].
+  ladle   quant_method "ladle" with "method": "int8": `weight` int8 [N, K], `weight_scale`
+          float32 [N, 1] (W8A8; no other engine reads this one).
+A malformed checkpoint raises ModelLoadError naming the tensor (or the config field).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+
+import torch
+
+from ladle.model.layers.quant import QuantMethod, get_quant_method
+from ladle.model.layers.quant.fp8 import FP8_DTYPE
+from ladle.model.layers.quant.int4 import GROUP_SIZE, num_groups
+from ladle.model.loader.errors import ModelLoadError
+
+FORMATS = ("hf-fp8", "gptq", "awq", "ladle")
+DEFAULT_FORMAT = {"fp8": "hf-fp8", "int8": "ladle", "int4": "gptq"}
+FORMAT_METHOD = {"hf-fp8": "fp8", "gptq": "int4", "awq": "int4"}
+# A decoder layer's projection weight: the tensors the GPU methods quantize.
+LINEAR_WEIGHT = re.compile(r"\.layers\.\d+\..*_proj\.weight$")
+LINEAR_PREFIX = re.compile(r"\.layers\.\d+\..*_proj$")
+# AWQ packs output column ORDER[i] into nibble i of each word.
+AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
+SHARD_BYTES = 2 << 30
+
+
+@dataclass(frozen=True)
+class CheckpointQuantization:
+    """What a checkpoint's quantization_config says: ladle's method and the tensor format."""
+
+    method: str
+    format: str
+    symmetric: bool = False
+
+    def quant_method(self) -> QuantMethod:
+        return get_quant_method(self.method, symmetric=self.symmetric)
+
+
+def read_checkpoint_quantization(config: dict, where: str) -> CheckpointQuantization | None:
+    """The checkpoint's quantization from config.json, None for a float checkpoint."""
+    qc = config.get("quantization_config")
+    if qc is None:
+        return None
+    if not isinstance(qc, dict):
+        raise ModelLoadError(f"{where!r}: quantization_config is not a JSON object")
+    kind = qc.get("quant_method")
+
+    def bad(field: str, expected: str) -> ModelLoadError:
+        return ModelLoadError(
+            f"{where!r}: quantization_config {field}={qc.get(field)!r} is not supported "
+            f"({kind} checkpoints load with {expected})"
+        )
+
+    if kind == "fp8":
+        if qc.get("activation_scheme", "dynamic") != "dynamic":
+            raise bad("activation_scheme", "'dynamic'")
+        return CheckpointQuantization("fp8", "hf-fp8")
+    if kind in ("gptq", "awq"):
+        if qc.get("bits", qc.get("w_bit")) != 4:
+            raise bad("bits", "4")
+        if qc.get("group_size", qc.get("q_group_size")) != GROUP_SIZE:
+            field = "group_size" if "group_size" in qc else "q_group_size"
+            raise bad(field, str(GROUP_SIZE))
+        if kind == "gptq":
+            if qc.get("desc_act", False):
+                raise bad("desc_act", "false")
+            if qc.get("checkpoint_format", "gptq") != "gptq":
+                raise bad("checkpoint_format", "'gptq'")
+            return CheckpointQuantization("int4", "gptq", symmetric=bool(qc.get("sym", True)))
+        if qc.get("version", "gemm").lower() != "gemm":
+            raise bad("version", "'gemm'")
+        if not qc.get("zero_point", True):
+            raise bad("zero_point", "true")
+        return CheckpointQuantization("int4", "awq")
+    if kind == "ladle":
+        if qc.get("method") != "int8":
+            raise bad("method", "'int8'")
+        return CheckpointQuantization("int8", "ladle")
+    raise ModelLoadError(
+        f"{where!r}: quant_method {kind!r} is not supported; ladle loads fp8, gptq, awq "
+        "(4-bit, group 128) and its own int8 checkpoints"
+    )
+
+
+# ----------------------------------------------------------------------------- reading
+
+
+def _pack_rows(codes: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
+    """uint8 [R, C] codes -> int32 [R, ceil(C/8)]: nibble i of a word holds column order[i]."""
+    rows, cols = codes.shape
+    words = -(-cols // 8)
+    padded = torch.nn.functional.pad(codes.to(torch.int64), (0, words * 8 - cols))
+    padded = padded.view(rows, words, 8)[:, :, list(order)]
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    packed = (padded << shifts).sum(dim=-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def _unpack_rows(
+    packed: torch.Tensor, num_columns: int, order: tuple[int, ...] = tuple(range(8))
+) -> torch.Tensor:
+    """The inverse of _pack_rows: int32 [R, W] -> uint8 [R, num_columns]."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    nibbles = (packed[..., None] >> shifts) & 0xF  # [R, W, 8], nibble i
+    columns = torch.empty_like(nibbles)
+    columns[:, :, list(order)] = nibbles
+    return columns.reshape(packed.shape[0], -1)[:, :num_columns].to(torch.uint8)
+
+
+def _expect_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], why: str) -> None:
+    if tuple(tensor.shape) != shape:
+        raise ModelLoadError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {shape} ({why})"
+        )
+
+
+def _fp8_canonical(prefix: str, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    weight = parts["weight"]
+    rows, cols = weight.shape
+    if "weight_scale_inv" in parts:  # 128x128 blocks: dequantize, then one scale per row
+        scale = parts["weight_scale_inv"].float()
+        block_rows, block_cols = -(-rows // scale.shape[0]), -(-cols // scale.shape[-1])
+        full = scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_cols, 1)
+        return get_quant_method("fp8").quantize(weight.float() * full[:, :cols])
+    scale = parts["weight_scale"].float()
+    if scale.numel() == 1:
+        scale = scale.reshape(1).expand(rows).contiguous()
+    elif tuple(scale.shape) in ((rows,), (rows, 1)):
+        scale = scale.reshape(rows)
+    else:
+        raise ModelLoadError(
+            f"tensor {prefix + 'weight_scale'!r} has shape {tuple(scale.shape)}; expected "
+            f"({rows},), ({rows}, 1) or one value for weight {tuple(weight.shape)}"
+        )
+    return {"weight": weight.to(FP8_DTYPE), "weight_scale": scale}
+
+
+def _int4_canonical(
+    prefix: str, parts: dict[str, torch.Tensor], fmt: CheckpointQuantization
+) -> dict[str, torch.Tensor]:
+    qweight, scales = parts["qweight"], parts["scales"]
+    groups, num_outputs = scales.shape
+    if fmt.format == "gptq":
+        num_words = qweight.shape[0]
+        num_inputs = num_words * 8
+        _expect_shape(prefix + "qweight", qweight, (num_words, num_outputs), "[K/8, N]")
+        packed = qweight.t().contiguous()
+        zeros = _unpack_rows(parts["qzeros"], num_outputs).int() + 1  # GPTQ v1 stores zero - 1
+        zero_order = tuple(range(8))
+    else:
+        num_inputs = qweight.shape[0]
+        _expect_shape(prefix + "qweight", qweight, (num_inputs, -(-num_outputs // 8)), "[K, N/8]")
+        codes = _unpack_rows(qweight, num_outputs, AWQ_ORDER)  # [K, N]
+        packed = _pack_rows(codes.t())
+        zeros = None
+        zero_order = AWQ_ORDER
+    expected_groups = num_groups(num_inputs)
+    if groups != expected_groups:
+        raise ModelLoadError(
+            f"tensor {prefix + 'scales'!r} has {groups} groups for {num_inputs} inputs: group "
+            f"size {num_inputs / max(groups, 1):g}, expected {GROUP_SIZE} "
+            f"({expected_groups} groups)"
+        )
+    _expect_shape(prefix + "qzeros", parts["qzeros"], (groups, -(-num_outputs // 8)), "[G, N/8]")
+    if zeros is None:
+        zeros = _unpack_rows(parts["qzeros"], num_outputs, zero_order).int()
+    if zeros.max() > 15 or zeros.min() < 0:
+        raise ModelLoadError(f"tensor {prefix + 'qzeros'!r} holds a zero outside 0..15")
+    if "g_idx" in parts:
+        _check_g_idx(prefix + "g_idx", parts["g_idx"])
+    return {
+        "weight_packed": packed,
+        "weight_scale": scales.t().to(torch.float16).contiguous(),
+        "weight_zero": zeros.t().to(torch.uint8).contiguous(),
+    }
+
+
+def _required_parts(fmt: CheckpointQuantization) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """(parts every quantized projection needs, optional ones) for a format."""
+    if fmt.format == "hf-fp8":
+        return ("weight",), ("weight_scale", "weight_scale_inv", "input_scale")
+    if fmt.format == "ladle":
+        return ("weight", "weight_scale"), ()
+    return ("qweight", "qzeros", "scales"), ("g_idx",)
+
+
+def convert_quantized_weights(
+    weights: Iterable[tuple[str, torch.Tensor]], fmt: CheckpointQuantization
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Stream a quantized checkpoint's tensors as ladle's canonical ones. A projection's parts
+    are held until all have arrived; float projection weights (layers a quantizer skipped) are
+    quantized here, so every Linear ends up in the method's layout."""
+    required, optional = _required_parts(fmt)
+    method = fmt.quant_method()
+    pending: dict[str, dict[str, torch.Tensor]] = {}
+    emitted: set[str] = set()
+    for name, tensor in weights:
+        prefix, _, part = name.rpartition(".")
+        is_part = part in required or part in optional
+        is_float_linear = (
+            LINEAR_WEIGHT.search(name)
+            and tensor.is_floating_point()
+            and (tensor.dtype != FP8_DTYPE)
+        )
+        if is_float_linear:
+            for part_name, value in method.quantize(tensor).items():
+                yield f"{prefix}.{part_name}", value
+            continue
+        if not is_part or not LINEAR_PREFIX.search(prefix):
+            yield name, tensor
+            continue
+        if prefix in emitted:  # an optional part stored after the others (another shard)
+            if part == "g_idx":
+                _check_g_idx(name, tensor)
+            continue
+        parts = pending.setdefault(prefix, {})
+        parts[part] = tensor
+        if _is_complete(parts, required, fmt):
+            emitted.add(prefix)
+            yield from _emit(prefix, pending.pop(prefix), fmt)
+    for prefix, parts in pending.items():
+        names = list(required) + (["weight_scale"] if fmt.format == "hf-fp8" else [])
+        missing = [f"{prefix}.{key}" for key in names if key not in parts]
+        raise ModelLoadError(f"{fmt.format} checkpoint is missing tensor(s) {', '.join(missing)}")
+
+
+def _is_complete(
+    parts: dict[str, torch.Tensor], required: tuple[str, ...], fmt: CheckpointQuantization
+) -> bool:
+    has_scale = fmt.format != "hf-fp8" or "weight_scale" in parts or "weight_scale_inv" in parts
+    return has_scale and all(key in parts for key in required)
+
+
+def _check_g_idx(name: str, g_idx: torch.Tensor) -> None:
+    if not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // GROUP_SIZE):
+        raise ModelLoadError(f"tensor {name!r} reorders groups (act-order); ladle needs k // 128")
+
+
+def _emit(
+    prefix: str, parts: dict[str, torch.Tensor], fmt: CheckpointQuantization
+) -> Iterator[tuple[str, torch.Tensor]]:
+    prefix_dot = prefix + "."
+    if fmt.format == "hf-fp8":
+        canonical = _fp8_canonical(prefix_dot, parts)
+    elif fmt.format == "ladle":
+        weight, scale = parts["weight"], parts["weight_scale"]
+        if weight.dtype != torch.int8:
+            raise ModelLoadError(f"tensor {prefix_dot + 'weight'!r} is {weight.dtype}, not int8")
+        _expect_shape(prefix_dot + "weight_scale", scale, (weight.shape[0], 1), "[N, 1]")
+        canonical = {"weight": weight, "weight_scale": scale.float().reshape(-1)}
+    else:
+        canonical = _int4_canonical(prefix_dot, parts, fmt)
+    for part_name, value in canonical.items():
+        yield prefix_dot + part_name, value

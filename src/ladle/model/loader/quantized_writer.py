@@ -1,0 +1,173 @@
+"""`ladle quantize`: stream a float Hugging Face checkpoint, quantize every decoder projection
+weight with a GPU method, and write a Hugging Face folder in one of the formats of
+quantized_formats.py (safetensors shards + index, config.json with quantization_config, and the
+tokenizer and generation files copied unchanged).
+
+Each weight is cast to `dtype` before it is quantized, the same rounding the engine applies when
+it loads the float checkpoint in that dtype, so the written folder loads back to exactly the
+tensors `--quantization METHOD` computes in memory (tests/model/test_quantized_checkpoints.py).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from ladle.model.layers.quant import get_quant_method
+from ladle.model.layers.quant.int4 import GROUP_SIZE, unpack_int4_rows
+from ladle.model.loader.errors import ModelLoadError
+from ladle.model.loader.quantized_formats import (
+    AWQ_ORDER,
+    DEFAULT_FORMAT,
+    FORMAT_METHOD,
+    FORMATS,
+    LINEAR_WEIGHT,
+    SHARD_BYTES,
+    _pack_rows,
+)
+from ladle.model.loader.safetensors import (
+    INDEX_FILE,
+    find_safetensors_files,
+    iter_safetensors_weights,
+    read_hf_config,
+)
+
+
+def quantization_config(method: str, fmt: str, symmetric: bool) -> dict:
+    """The config.json `quantization_config` a format's readers expect."""
+    if fmt == "hf-fp8":
+        return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": None}
+    if fmt == "gptq":
+        return {
+            "quant_method": "gptq",
+            "bits": 4,
+            "group_size": GROUP_SIZE,
+            "sym": symmetric,
+            "desc_act": False,
+            "checkpoint_format": "gptq",
+        }
+    if fmt == "awq":
+        return {
+            "quant_method": "awq",
+            "bits": 4,
+            "group_size": GROUP_SIZE,
+            "zero_point": True,
+            "version": "gemm",
+        }
+    return {"quant_method": "ladle", "method": method}
+
+
+def check_method_format(method: str, fmt: str | None) -> str:
+    """The format to write (the method's default when None); ValueError for a bad pair."""
+    fmt = fmt or DEFAULT_FORMAT.get(method)
+    if fmt not in FORMATS:
+        raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
+    wanted = FORMAT_METHOD.get(fmt, "int8")
+    if wanted != method:
+        raise ValueError(f"format {fmt!r} holds {wanted} weights, not {method}")
+    return fmt
+
+
+def _format_tensors(
+    prefix: str, canonical: dict[str, torch.Tensor], fmt: str, num_inputs: int
+) -> Iterator[tuple[str, torch.Tensor]]:
+    if fmt in ("hf-fp8", "ladle"):
+        yield prefix + "weight", canonical["weight"]
+        yield prefix + "weight_scale", canonical["weight_scale"][:, None].contiguous()
+        return
+    scales = canonical["weight_scale"].t().contiguous()  # [G, N]
+    zeros = canonical["weight_zero"].t().contiguous()  # [G, N]
+    if fmt == "gptq":
+        yield prefix + "qweight", canonical["weight_packed"].t().contiguous()
+        yield prefix + "qzeros", _pack_rows(zeros - 1)  # GPTQ v1 stores zero - 1
+        yield prefix + "scales", scales
+        yield prefix + "g_idx", (torch.arange(num_inputs) // GROUP_SIZE).to(torch.int32)
+        return
+    codes = unpack_int4_rows(canonical["weight_packed"], num_inputs)  # [N, K]
+    yield prefix + "qweight", _pack_rows(codes.t().contiguous(), AWQ_ORDER)
+    yield prefix + "qzeros", _pack_rows(zeros, AWQ_ORDER)
+    yield prefix + "scales", scales
+
+
+def write_quantized_checkpoint(
+    source_dir: str | Path,
+    out_dir: str | Path,
+    method: str,
+    fmt: str | None = None,
+    dtype: torch.dtype = torch.bfloat16,
+    symmetric: bool = False,
+) -> dict:
+    """Quantize the float checkpoint in `source_dir` into `out_dir`; returns a summary
+    (quantized tensor count, bytes before and after)."""
+    fmt = check_method_format(method, fmt)
+    source_dir, out_dir = Path(source_dir), Path(out_dir)
+    if out_dir.resolve() == source_dir.resolve():
+        raise ValueError("the output folder must differ from the model folder")
+    config = read_hf_config(source_dir)
+    if "quantization_config" in config:
+        raise ModelLoadError(f"{str(source_dir)!r} is already quantized; give a float checkpoint")
+    if symmetric and method != "int4":
+        raise ValueError("--symmetric applies to int4 only (fp8 and int8 are always symmetric)")
+    quant_method = get_quant_method(method, symmetric=symmetric)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shard: dict[str, torch.Tensor] = {}
+    shard_bytes = 0
+    weight_map: dict[str, str] = {}
+    shard_names: list[list[str]] = []
+    summary = {"quantized": 0, "bytes_in": 0, "bytes_out": 0}
+
+    def flush() -> None:
+        nonlocal shard, shard_bytes
+        if shard:
+            name = f"model-{len(shard_names) + 1:05d}.safetensors"
+            save_file(shard, str(out_dir / name), metadata={"format": "pt"})
+            shard_names.append(list(shard))
+            weight_map.update(dict.fromkeys(shard, name))
+            shard, shard_bytes = {}, 0
+
+    def add(name: str, tensor: torch.Tensor) -> None:
+        nonlocal shard_bytes
+        tensor = tensor.contiguous()
+        shard[name] = tensor
+        shard_bytes += tensor.numel() * tensor.element_size()
+        summary["bytes_out"] += tensor.numel() * tensor.element_size()
+        if shard_bytes >= SHARD_BYTES:
+            flush()
+
+    for name, tensor in iter_safetensors_weights(find_safetensors_files(source_dir)):
+        summary["bytes_in"] += tensor.numel() * tensor.element_size()
+        if LINEAR_WEIGHT.search(name) and tensor.dim() == 2 and tensor.is_floating_point():
+            canonical = quant_method.quantize(tensor.to(dtype))
+            prefix = name[: -len("weight")]
+            for out_name, value in _format_tensors(prefix, canonical, fmt, tensor.shape[1]):
+                add(out_name, value)
+            summary["quantized"] += 1
+        else:
+            add(name, tensor.to(dtype) if tensor.is_floating_point() else tensor)
+    flush()
+    _rename_single_shard(out_dir, shard_names, weight_map)
+    config["quantization_config"] = quantization_config(method, fmt, symmetric)
+    (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    _copy_side_files(source_dir, out_dir)
+    return summary
+
+
+def _rename_single_shard(out_dir: Path, shard_names: list, weight_map: dict[str, str]) -> None:
+    if len(shard_names) == 1:
+        (out_dir / "model-00001.safetensors").rename(out_dir / "model.safetensors")
+        return
+    index = {"metadata": {}, "weight_map": dict(sorted(weight_map.items()))}
+    (out_dir / INDEX_FILE).write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _copy_side_files(source_dir: Path, out_dir: Path) -> None:
+    """Tokenizer, chat template and generation config: every small non-weight file."""
+    for path in source_dir.iterdir():
+        skip = path.suffix == ".safetensors" or path.name in ("config.json", INDEX_FILE)
+        if path.is_file() and not skip and path.stat().st_size < 64 << 20:
+            shutil.copy2(path, out_dir / path.name)
