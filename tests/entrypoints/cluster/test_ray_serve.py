@@ -16,6 +16,10 @@ from tests.entrypoints.server_process import ServerProcess
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ladle[ray]')")
 
+# A Ray cluster and two replicas of its own (~90 s on 2 cores): CI runs it (`make test` installs
+# the ray extra there), a plain local `make test` leaves it out.
+pytestmark = pytest.mark.slow
+
 MODEL = "SmolLM2-135M-Instruct"
 ENGINE_ARGS = ["--max-num-seqs", "16", "--max-model-len", "1024"]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]

@@ -31,6 +31,7 @@ class ForwardedRequest:
 class ResponseStart:
     status: int
     headers: list[tuple[bytes, bytes]]
+    replica_id: str = ""  # set by the replica that answers: the ingress counts per replica
 
 
 async def run_asgi_request(app: Any, request: ForwardedRequest) -> AsyncIterator[Any]:

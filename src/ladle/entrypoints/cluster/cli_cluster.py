@@ -41,18 +41,24 @@ def run_cluster(
         allow_unknown_fields=getattr(args, "allow_unknown_fields", False),
         max_queued_requests=args.max_queued_requests,
         max_queued_tokens=args.max_queued_tokens,
+        ttft_slo=args.ttft_slo,
+        stats_interval=args.stats_interval,
+        log_requests=not args.disable_log_requests,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        shutdown_timeout=args.shutdown_timeout,
         **engine_options,
     )
     port = args.port or _free_port(args.host)  # Ray's HTTP proxy needs a fixed port
     if args.ray_address:
-        ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=True)
     else:
         # Enough logical CPUs for every replica even on a small machine: the replicas mostly
         # wait on their engine-core processes, which Ray does not count.
         ray.init(
             num_cpus=max(os.cpu_count() or 1, args.replicas),
             include_dashboard=False,
-            log_to_driver=False,
+            log_to_driver=True,
         )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):

@@ -6,7 +6,8 @@ errors, auth and streaming are `ladle serve`'s. The ingress itself answers:
 
     GET /health    200 {"status": "ok"} when all asked-for replicas run, 200 "degraded" when
                    some do, 503 when none does
-    GET /metrics   the router's per-replica counters (routing_metrics.py)
+    GET /metrics   the router's counters (routing_metrics.py), then every replica's own engine
+                   metrics labelled replica="<id>" (replica_metrics.py)
 
 Faults: a request whose replica fails before its first byte is sent again to another replica (up
 to `max_attempts` in all, backing off); a stream cut after it began ends with an OpenAI error
@@ -29,9 +30,10 @@ from ray.exceptions import RayActorError, RayError
 from ray.serve.handle import DeploymentHandle
 
 # Through the module (which pickles by name), never its counters: see request_router.py.
-from ladle.entrypoints.cluster import routing_metrics
+from ladle.entrypoints.cluster import replica_directory, routing_metrics
 from ladle.entrypoints.cluster.asgi_forwarding import ForwardedRequest, ResponseStart
-from ladle.entrypoints.cluster.request_router import ROUTING_KEY_KWARG
+from ladle.entrypoints.cluster.replica_metrics import merge_replica_metrics
+from ladle.entrypoints.cluster.request_router import ROUTING_KEY_KWARG, TARGET_REPLICA_KWARG
 from ladle.entrypoints.cluster.routing_keys import request_routing_key
 
 logger = logging.getLogger("ladle.cluster")
@@ -41,6 +43,8 @@ ingress_app = FastAPI(title="ladle", docs_url=None, redoc_url=None, openapi_url=
 # Headers the replica's app computed for its own framing; the ingress's server sets its own.
 _HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection"}
 _REPLICA_FAILURES = (RayActorError, RayError, ConnectionError)
+# A replica that does not answer its metrics call within this is left out of that scrape.
+_REPLICA_METRICS_TIMEOUT_S = 5.0
 
 ENGINE_DEPLOYMENT_NAME = "LadleReplica"
 
@@ -135,10 +139,32 @@ class LadleIngress:
 
     @ingress_app.get("/metrics")
     async def metrics(self) -> Response:
+        texts = await self._replica_metrics()
         return Response(
-            routing_metrics.render_routing_metrics(),
+            routing_metrics.render_routing_metrics() + merge_replica_metrics(texts),
             media_type="text/plain; version=0.0.4",
         )
+
+    async def _replica_metrics(self) -> dict[str, bytes]:
+        """{replica id: its engine metrics}, asked of every replica the router knows."""
+        if not replica_directory.running_replica_ids():
+            # The handle's router starts with its first call and learns the replicas then.
+            try:
+                await asyncio.wait_for(self._engine.engine_pid.remote(), _REPLICA_METRICS_TIMEOUT_S)
+            except (TimeoutError, *_REPLICA_FAILURES):
+                return {}
+
+        async def one(replica_id: str) -> tuple[str, bytes] | None:
+            call = self._engine.metrics_text.remote(**{TARGET_REPLICA_KWARG: replica_id})
+            try:
+                return await asyncio.wait_for(call, _REPLICA_METRICS_TIMEOUT_S)
+            except (TimeoutError, *_REPLICA_FAILURES) as error:
+                call.cancel()
+                logger.warning("no metrics from replica %s: %s", replica_id, error)
+                return None
+
+        answers = await asyncio.gather(*map(one, replica_directory.running_replica_ids()))
+        return dict(answer for answer in answers if answer is not None)
 
     @ingress_app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def forward(self, request: Request, path: str) -> Response:
@@ -180,6 +206,7 @@ class LadleIngress:
             except StopAsyncIteration:
                 return _error(500, "the replica sent no response", "internal_error")
             assert isinstance(start, ResponseStart)
+            routing_metrics.ROUTED_REQUESTS.labels(replica=start.replica_id).inc()
             headers = {
                 name.decode("latin-1"): value.decode("latin-1")
                 for name, value in start.headers

@@ -1,7 +1,8 @@
 """PrefixAwareRequestRouter: Ray Serve's replica choice for the engine deployment, delegating to
 the pure PrefixAwarePolicy (prefix_routing.py).
 
-The ingress passes each request's prefix key as the `routing_key` keyword of the replica call;
+The ingress passes each request's prefix key as the `routing_key` keyword of the replica call, or
+a replica id as `target_replica` to reach that replica alone (its /metrics asks every one);
 the queue lengths are the ones Ray's router already tracks per replica (sent minus finished,
 refreshed by its probes). The policy's pick is the first rank; the other replicas form the second,
 so a pick that rejects the request (at max_ongoing_requests) falls back to the least loaded.
@@ -14,7 +15,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 # Through the module, never `from ... import COUNTER`: Ray cloudpickles this class by value, and
 # a counter captured as a global would be a private copy that /metrics never shows. Modules
 # always travel by name.
-from ladle.entrypoints.cluster import routing_metrics
+from ladle.entrypoints.cluster import replica_directory, routing_metrics
 from ladle.entrypoints.cluster.prefix_routing import (
     DEFAULT_LOAD_MARGIN,
     DEFAULT_MAX_TRACKED_PREFIXES,
@@ -22,6 +23,7 @@ from ladle.entrypoints.cluster.prefix_routing import (
 )
 
 ROUTING_KEY_KWARG = "routing_key"
+TARGET_REPLICA_KWARG = "target_replica"
 
 
 class PrefixAwareRequestRouter(RequestRouter):
@@ -43,6 +45,9 @@ class PrefixAwareRequestRouter(RequestRouter):
             return []
         key = None
         if pending_request is not None:
+            target = pending_request.kwargs.get(TARGET_REPLICA_KWARG)
+            if target is not None:  # no fallback: the caller wants that replica's answer
+                return [[r for r in candidate_replicas if r.replica_id.unique_id == target]]
             key = pending_request.kwargs.get(ROUTING_KEY_KWARG)
         queue_lengths = {
             replica.replica_id: self.replica_queue_len_cache.get(replica.replica_id) or 0
@@ -57,11 +62,9 @@ class PrefixAwareRequestRouter(RequestRouter):
         )
         return [chosen, others] if others else [chosen]
 
-    def on_send_request(self, replica_id: ReplicaID) -> None:
-        # Called for every request Ray actually sends (after any fallback), so this count is the
-        # exact per-replica routing tally; the reasons are counted where the policy decides.
-        super().on_send_request(replica_id)
-        routing_metrics.ROUTED_REQUESTS.labels(replica=replica_id.unique_id).inc()
+    def update_replicas(self, replicas: list[RunningReplica]) -> None:
+        super().update_replicas(replicas)
+        replica_directory.set_running_replica_ids([r.replica_id.unique_id for r in replicas])
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
