@@ -32,6 +32,7 @@ from ladle.entrypoints.cluster.prefix_routing import (
 )
 from ladle.entrypoints.cluster.replica import LadleReplica
 from ladle.entrypoints.cluster.replica_settings import ReplicaServerSettings
+from ladle.entrypoints.cluster.round_robin import ROUTING_POLICIES
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 _ROUTER_CLASS = "ladle.entrypoints.cluster.request_router:PrefixAwareRequestRouter"
@@ -56,6 +57,7 @@ def build_app(
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
     shutdown_timeout: float = 30.0,
+    routing: str = "prefix",
     load_margin: int = DEFAULT_LOAD_MARGIN,
     num_prefix_blocks: int = DEFAULT_PREFIX_BLOCKS,
     **engine_options: Any,
@@ -67,6 +69,7 @@ def build_app(
     num_gpus_per_replica: None picks 1 when the engine will run on CUDA, else 0.
     autoscaling_config: Ray Serve's, e.g. {"min_replicas": 1, "max_replicas": 4,
     "target_ongoing_requests": 32}; the fixed num_replicas is then ignored.
+    routing: "prefix" (prefix-aware, the default) or "round-robin" (each replica in turn).
     load_margin: a prefix's replica keeps it until its queue exceeds the least loaded's by this.
     The server options (api_key ... reasoning_parser) are `ladle serve`'s flags, applied by each
     replica: ttft_slo ('1s', '500ms' or seconds) refuses with 429 the requests predicted to miss
@@ -79,6 +82,8 @@ def build_app(
 
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
+    if routing not in ROUTING_POLICIES:
+        raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {routing!r}")
     if shutdown_timeout < 0:
         raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
     if model is None and engine_options.get("load_format") != "dummy":
@@ -118,6 +123,7 @@ def build_app(
             request_router_kwargs={
                 "load_margin": load_margin,
                 "max_tracked_prefixes": DEFAULT_MAX_TRACKED_PREFIXES,
+                "policy": routing,
             },
         ),
         **(

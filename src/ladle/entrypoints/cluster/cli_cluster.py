@@ -47,6 +47,7 @@ def run_cluster(
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         shutdown_timeout=args.shutdown_timeout,
+        routing=args.routing,
         **engine_options,
     )
     port = args.port or _free_port(args.host)  # Ray's HTTP proxy needs a fixed port

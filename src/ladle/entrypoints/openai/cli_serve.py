@@ -91,6 +91,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                          help="engine replicas behind this endpoint; >1 runs on Ray Serve")
     cluster.add_argument("--ray-address", default=None,
                          help="join this Ray cluster (e.g. ray://head:10001 or auto) to deploy")
+    cluster.add_argument("--routing", default="prefix", choices=["prefix", "round-robin"],
+                         help="replica choice: prefix-aware (same prompt prefix, same replica, "
+                         "within a load margin) or round-robin")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
