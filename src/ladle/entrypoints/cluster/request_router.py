@@ -3,15 +3,19 @@ the pure PrefixAwarePolicy (prefix_routing.py).
 
 The ingress passes each request's prefix key as the `routing_key` keyword of the replica call, or
 a replica id as `target_replica` to reach that replica alone (its /metrics asks every one);
-the queue lengths are this router's own count of requests in flight per replica (sent minus
-completed, both told by Ray), exact and never stale. (Ray's replica_queue_len_cache forgets an
-entry 10 s after its last probe, and this router never probes: reading a forgotten entry as 0
-sent every request to one replica, 140 in flight against 37, in the first 2-GPU run.) The policy's
-pick is the first rank; the other replicas form the second, so a pick that rejects the request
-(at max_ongoing_requests) falls back to the least loaded.
+the queue lengths are this router's own count of the requests it assigned to each replica and
+that have not completed (Ray tells it of each completion by the request's id). A request counts
+from the moment it is assigned, not sent: Ray chooses for many pending requests before it sends
+any, and a burst of 64 streams once all went to one replica while both counts still read 0.
+(Ray's replica_queue_len_cache is no better here: it forgets an entry 10 s after the last probe,
+and this router never probes.) The policy's pick is the first rank; the other replicas form the
+second, so a pick that rejects the request (at max_ongoing_requests) falls back to the least
+loaded.
 """
 
 from __future__ import annotations
+
+from collections import Counter
 
 from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, RunningReplica
 
@@ -42,7 +46,8 @@ class PrefixAwareRequestRouter(RequestRouter):
     ) -> None:
         if policy not in ROUTING_POLICIES:
             raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {policy!r}")
-        self._num_in_flight: dict[ReplicaID, int] = {}
+        # request id -> the replica it was assigned to, until Ray reports it completed
+        self._assigned: dict[str, ReplicaID] = {}
         self._policy: PrefixAwarePolicy | RoundRobinPolicy = (
             RoundRobinPolicy()
             if policy == "round-robin"
@@ -62,11 +67,13 @@ class PrefixAwareRequestRouter(RequestRouter):
             if target is not None:  # no fallback: the caller wants that replica's answer
                 return [[r for r in candidate_replicas if r.replica_id.unique_id == target]]
             key = pending_request.kwargs.get(ROUTING_KEY_KWARG)
+        num_assigned = Counter(self._assigned.values())
         queue_lengths = {
-            replica.replica_id: self._num_in_flight.get(replica.replica_id, 0)
-            for replica in candidate_replicas
+            replica.replica_id: num_assigned[replica.replica_id] for replica in candidate_replicas
         }
         decision = self._policy.choose(key, queue_lengths)
+        if pending_request is not None:
+            self._assigned[pending_request.metadata.internal_request_id] = decision.replica
         routing_metrics.ROUTING_DECISIONS.labels(reason=decision.reason).inc()
         chosen = [r for r in candidate_replicas if r.replica_id == decision.replica]
         others = sorted(
@@ -79,16 +86,12 @@ class PrefixAwareRequestRouter(RequestRouter):
         super().update_replicas(replicas)
         replica_directory.set_running_replica_ids([r.replica_id.unique_id for r in replicas])
 
-    def on_send_request(self, replica_id: ReplicaID) -> None:
-        super().on_send_request(replica_id)
-        self._num_in_flight[replica_id] = self._num_in_flight.get(replica_id, 0) + 1
-
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)
-        if self._num_in_flight.get(replica_id, 0) > 0:
-            self._num_in_flight[replica_id] -= 1
+        self._assigned.pop(internal_request_id, None)
 
     def on_replica_actor_died(self, replica_id: ReplicaID) -> None:
         super().on_replica_actor_died(replica_id)
         self._policy.forget_replica(replica_id)
-        self._num_in_flight.pop(replica_id, None)
+        for request_id in [r for r, replica in self._assigned.items() if replica == replica_id]:
+            del self._assigned[request_id]
