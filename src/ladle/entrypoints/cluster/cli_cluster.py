@@ -50,7 +50,6 @@ def run_cluster(
         routing=args.routing,
         **engine_options,
     )
-    port = args.port or _free_port(args.host)  # Ray's HTTP proxy needs a fixed port
     if args.ray_address:
         ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=True)
     else:
@@ -65,8 +64,7 @@ def run_cluster(
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": args.host, "port": port})
-        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        port = _start_serving(app, args.host, args.port)
         shown = f"[{args.host}]" if ":" in args.host else args.host
         print(
             f"[ladle] serving {served_name} ({args.replicas} replicas on Ray Serve) on "
@@ -87,6 +85,28 @@ def run_cluster(
         finally:
             ray.shutdown()
     return 0
+
+
+def _start_serving(app: Any, host: str, port: int) -> int:
+    """Deploys the application behind Ray Serve's HTTP proxy; returns the port it listens on.
+
+    Port 0 picks a free one now, after ray.init (whose own processes have taken theirs), and on
+    the rare loss of that port to another process before the proxy binds it, picks again."""
+    from ray import serve
+
+    num_attempts = 1 if port else 3
+    for attempt in range(1, num_attempts + 1):
+        chosen = port or _free_port(host)  # Ray's HTTP proxy needs a fixed port
+        try:
+            serve.start(http_options={"host": host, "port": chosen})
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+            return chosen
+        except Exception as error:
+            if attempt == num_attempts or "bind" not in str(error).lower():
+                raise
+            print(f"[ladle] port {chosen} was taken before Ray Serve bound it; another", flush=True)
+            serve.shutdown()
+    raise AssertionError("unreachable")
 
 
 def _free_port(host: str) -> int:
