@@ -67,3 +67,33 @@ def test_build_app_rejects_bad_server_options_before_ray():
         build_app(**dummy, stats_interval=-1)
     with pytest.raises(ValueError, match="max_queued_requests must be >= 1"):
         build_app(**dummy, max_queued_requests=0)
+
+
+def test_max_replicas_asks_ray_serve_to_autoscale(monkeypatch, capsys):
+    import pytest
+
+    pytest.importorskip("ray.serve", reason="Ray Serve is not installed")
+    import ladle.entrypoints.cluster.app as cluster_app
+
+    captured = {}
+
+    def fake_build_app(model, **options):
+        captured.update(options)
+        raise ValueError("stop before Ray starts")
+
+    monkeypatch.setattr(cluster_app, "build_app", fake_build_app)
+    base = ["serve", "qwen3-0.6b", "--load-format", "dummy", "--max-num-seqs", "64"]
+    assert main([*base, "--max-replicas", "4"]) == 2
+    assert captured["autoscaling_config"] == {
+        "min_replicas": 1,
+        "max_replicas": 4,
+        "target_ongoing_requests": 32,  # half of --max-num-seqs
+    }
+    assert main([*base, "--replicas", "2", "--max-replicas", "3", "--target-ongoing-requests", "5"])
+    assert captured["autoscaling_config"]["min_replicas"] == 2
+    assert captured["autoscaling_config"]["target_ongoing_requests"] == 5
+    capsys.readouterr()
+    assert main([*base, "--replicas", "3", "--max-replicas", "2"]) == 2
+    assert "--max-replicas must be >= --replicas" in capsys.readouterr().err
+    assert main([*base, "--replicas", "2", "--target-ongoing-requests", "5"]) == 2
+    assert "--target-ongoing-requests needs --max-replicas" in capsys.readouterr().err

@@ -32,9 +32,11 @@ def run_cluster(
 
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    autoscaling_config = _autoscaling_config(args, engine_options)
     app = build_app(
         model,
         num_replicas=args.replicas,
+        autoscaling_config=autoscaling_config,
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
@@ -66,8 +68,13 @@ def run_cluster(
     try:
         port = _start_serving(app, args.host, args.port)
         shown = f"[{args.host}]" if ":" in args.host else args.host
+        replicas = (
+            f"{args.replicas}-{args.max_replicas} replicas, autoscaling"
+            if autoscaling_config
+            else f"{args.replicas} replicas"
+        )
         print(
-            f"[ladle] serving {served_name} ({args.replicas} replicas on Ray Serve) on "
+            f"[ladle] serving {served_name} ({replicas} on Ray Serve) on "
             f"http://{shown}:{port} (OpenAI API under /v1; ready: GET /health -> 200)",
             flush=True,
         )
@@ -85,6 +92,32 @@ def run_cluster(
         finally:
             ray.shutdown()
     return 0
+
+
+def _autoscaling_config(
+    args: argparse.Namespace, engine_options: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Ray Serve's autoscaling config from --replicas (the minimum), --max-replicas and
+    --target-ongoing-requests; None (a fixed count) without --max-replicas."""
+    if args.max_replicas is None:
+        if args.target_ongoing_requests is not None:
+            raise ValueError("--target-ongoing-requests needs --max-replicas (autoscaling)")
+        return None
+    if args.max_replicas < args.replicas:
+        raise ValueError(
+            f"--max-replicas must be >= --replicas (the minimum), got {args.max_replicas} "
+            f"< {args.replicas}"
+        )
+    target = args.target_ongoing_requests
+    if target is None:
+        target = max(1, int(engine_options.get("max_num_seqs") or 256) // 2)
+    if target < 1:
+        raise ValueError(f"--target-ongoing-requests must be >= 1, got {target}")
+    return {
+        "min_replicas": args.replicas,
+        "max_replicas": args.max_replicas,
+        "target_ongoing_requests": target,
+    }
 
 
 def _start_serving(app: Any, host: str, port: int) -> int:

@@ -30,10 +30,10 @@ from ray.exceptions import RayActorError, RayError
 from ray.serve.handle import DeploymentHandle
 
 # Through the module (which pickles by name), never its counters: see request_router.py.
-from ladle.entrypoints.cluster import replica_directory, routing_metrics
+from ladle.entrypoints.cluster import routing_metrics
 from ladle.entrypoints.cluster.asgi_forwarding import ForwardedRequest, ResponseStart
 from ladle.entrypoints.cluster.replica_metrics import merge_replica_metrics
-from ladle.entrypoints.cluster.request_router import ROUTING_KEY_KWARG, TARGET_REPLICA_KWARG
+from ladle.entrypoints.cluster.request_router import ROUTING_KEY_KWARG
 from ladle.entrypoints.cluster.routing_keys import request_routing_key
 
 logger = logging.getLogger("ladle.cluster")
@@ -43,7 +43,7 @@ ingress_app = FastAPI(title="ladle", docs_url=None, redoc_url=None, openapi_url=
 # Headers the replica's app computed for its own framing; the ingress's server sets its own.
 _HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection"}
 _REPLICA_FAILURES = (RayActorError, RayError, ConnectionError)
-# A replica that does not answer its metrics call within this is left out of that scrape.
+# Replicas that do not answer their metrics call within this are left out of that scrape.
 _REPLICA_METRICS_TIMEOUT_S = 5.0
 
 ENGINE_DEPLOYMENT_NAME = "LadleReplica"
@@ -146,25 +146,19 @@ class LadleIngress:
         )
 
     async def _replica_metrics(self) -> dict[str, bytes]:
-        """{replica id: its engine metrics}, asked of every replica the router knows."""
-        if not replica_directory.running_replica_ids():
-            # The handle's router starts with its first call and learns the replicas then.
-            try:
-                await asyncio.wait_for(self._engine.engine_pid.remote(), _REPLICA_METRICS_TIMEOUT_S)
-            except (TimeoutError, *_REPLICA_FAILURES):
-                return {}
-
-        async def one(replica_id: str) -> tuple[str, bytes] | None:
-            call = self._engine.metrics_text.remote(**{TARGET_REPLICA_KWARG: replica_id})
-            try:
-                return await asyncio.wait_for(call, _REPLICA_METRICS_TIMEOUT_S)
-            except (TimeoutError, *_REPLICA_FAILURES) as error:
-                call.cancel()
-                logger.warning("no metrics from replica %s: %s", replica_id, error)
-                return None
-
-        answers = await asyncio.gather(*map(one, replica_directory.running_replica_ids()))
-        return dict(answer for answer in answers if answer is not None)
+        """{replica id: its engine metrics}, asked of every running replica at once (Ray's
+        broadcast: no routing, no queueing behind requests)."""
+        try:
+            answers = await self._engine.broadcast("metrics_text").results_async(
+                timeout_s=_REPLICA_METRICS_TIMEOUT_S, return_exceptions=True
+            )
+        except TimeoutError:
+            logger.warning("replica metrics: no answer within %ss", _REPLICA_METRICS_TIMEOUT_S)
+            return {}
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                logger.warning("no metrics from a replica: %s", answer)
+        return dict(answer for answer in answers if not isinstance(answer, BaseException))
 
     @ingress_app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def forward(self, request: Request, path: str) -> Response:

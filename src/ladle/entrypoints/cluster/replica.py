@@ -76,12 +76,12 @@ class LadleReplica:
             asyncio.create_task(live_stats.run()) if settings.stats_interval_s > 0 else None
         )
 
-    async def metrics_text(self, target_replica: str | None = None) -> tuple[str, bytes]:
+    async def metrics_text(self) -> tuple[str, bytes]:
         """(this replica's id, its engine metrics in Prometheus text): the ingress labels and
-        merges them into the endpoint's /metrics. target_replica is the router's."""
+        merges them into the endpoint's /metrics."""
         return self._replica_id, self._client.metrics.render()
 
-    async def engine_pid(self, target_replica: str | None = None) -> int:
+    async def engine_pid(self) -> int:
         """The engine-core process id of the replica that answers (used by fault tests)."""
         return self._client.engine_pid or 0
 

@@ -1,8 +1,7 @@
 """PrefixAwareRequestRouter: Ray Serve's replica choice for the engine deployment, delegating to
 the pure PrefixAwarePolicy (prefix_routing.py).
 
-The ingress passes each request's prefix key as the `routing_key` keyword of the replica call, or
-a replica id as `target_replica` to reach that replica alone (its /metrics asks every one);
+The ingress passes each request's prefix key as the `routing_key` keyword of the replica call;
 the queue lengths are this router's own count of the requests it assigned to each replica and
 that have not completed (Ray tells it of each completion by the request's id). A request counts
 from the moment it is assigned, not sent: Ray chooses for many pending requests before it sends
@@ -22,7 +21,7 @@ from ray.serve.request_router import PendingRequest, ReplicaID, RequestRouter, R
 # Through the module, never `from ... import COUNTER`: Ray cloudpickles this class by value, and
 # a counter captured as a global would be a private copy that /metrics never shows. Modules
 # always travel by name.
-from ladle.entrypoints.cluster import replica_directory, routing_metrics
+from ladle.entrypoints.cluster import routing_metrics
 from ladle.entrypoints.cluster.prefix_routing import (
     DEFAULT_LOAD_MARGIN,
     DEFAULT_MAX_TRACKED_PREFIXES,
@@ -31,7 +30,6 @@ from ladle.entrypoints.cluster.prefix_routing import (
 from ladle.entrypoints.cluster.round_robin import ROUTING_POLICIES, RoundRobinPolicy
 
 ROUTING_KEY_KWARG = "routing_key"
-TARGET_REPLICA_KWARG = "target_replica"
 
 
 class PrefixAwareRequestRouter(RequestRouter):
@@ -63,9 +61,6 @@ class PrefixAwareRequestRouter(RequestRouter):
             return []
         key = None
         if pending_request is not None:
-            target = pending_request.kwargs.get(TARGET_REPLICA_KWARG)
-            if target is not None:  # no fallback: the caller wants that replica's answer
-                return [[r for r in candidate_replicas if r.replica_id.unique_id == target]]
             key = pending_request.kwargs.get(ROUTING_KEY_KWARG)
         num_assigned = Counter(self._assigned.values())
         queue_lengths = {
@@ -81,10 +76,6 @@ class PrefixAwareRequestRouter(RequestRouter):
             key=lambda r: queue_lengths[r.replica_id],
         )
         return [chosen, others] if others else [chosen]
-
-    def update_replicas(self, replicas: list[RunningReplica]) -> None:
-        super().update_replicas(replicas)
-        replica_directory.set_running_replica_ids([r.replica_id.unique_id for r in replicas])
 
     def on_request_completed(self, replica_id: ReplicaID, internal_request_id: str) -> None:
         super().on_request_completed(replica_id, internal_request_id)
