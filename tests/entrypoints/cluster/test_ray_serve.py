@@ -1,7 +1,9 @@
 """`ladle serve --replicas 2` on Ray Serve, on the CPU, with the default model: the official
 openai client gets the same greedy answers as from one `ladle serve`, 64 concurrent streams all
-finish, errors and auth are `ladle serve`'s, and prompts sharing a system prompt stick to one
-replica (checked through the router's counters in /metrics)."""
+finish, spread over both replicas, errors and auth are `ladle serve`'s, prompts sharing a system
+prompt stick to one replica (checked through the router's per-replica counter in /metrics), each
+replica's engine metrics are in /metrics under its replica label, server flags reach the replicas,
+and a killed engine is replaced within RECOVERY_BOUND_S with no request hanging."""
 
 from __future__ import annotations
 
