@@ -31,7 +31,13 @@ chat: venv
 # CI=true; `make test CI=true` runs them locally too. -rs prints every skip's reason.
 PYTEST_SELECT := $(if $(filter true 1 yes,$(CI)),,-m "not slow")
 
-test: venv
+# The Ray Serve tests (issue 13) need the `ray` extra: `make test` adds it (about 40 s), `make run`
+# stays as light as before.
+$(VENV)/.ray-extra: $(BIN)/ladle
+	$(BIN)/pip install -q -e ".[ray]"
+	touch $@
+
+test: venv $(VENV)/.ray-extra
 	$(BIN)/python -m pytest -q -x -rs --timeout=900 $(PYTEST_SELECT) tests
 
 clean:

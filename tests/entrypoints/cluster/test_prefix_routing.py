@@ -91,3 +91,14 @@ def test_policy_validates_its_settings_and_input():
         PrefixAwarePolicy(load_margin=-1)
     with pytest.raises(ValueError, match="no replica"):
         PrefixAwarePolicy().choose(1, {})
+
+
+def test_round_robin_takes_turns_whatever_the_prefix_or_load():
+    from ladle.entrypoints.cluster.round_robin import REASON_ROUND_ROBIN, RoundRobinPolicy
+
+    policy = RoundRobinPolicy()
+    picks = [policy.choose(7, {"b": 9, "a": 0}) for _ in range(4)]
+    assert [p.replica for p in picks] == ["a", "b", "a", "b"]
+    assert {p.reason for p in picks} == {REASON_ROUND_ROBIN}
+    with pytest.raises(ValueError, match="no replica"):
+        policy.choose(None, {})

@@ -1,7 +1,9 @@
 """`ladle serve --replicas 2` on Ray Serve, on the CPU, with the default model: the official
 openai client gets the same greedy answers as from one `ladle serve`, 64 concurrent streams all
-finish, errors and auth are `ladle serve`'s, and prompts sharing a system prompt stick to one
-replica (checked through the router's counters in /metrics)."""
+finish, spread over both replicas, errors and auth are `ladle serve`'s, prompts sharing a system
+prompt stick to one replica (checked through the router's per-replica counter in /metrics), each
+replica's engine metrics are in /metrics under its replica label, server flags reach the replicas,
+and a killed engine is replaced within RECOVERY_BOUND_S with no request hanging."""
 
 from __future__ import annotations
 
@@ -16,8 +18,15 @@ from tests.entrypoints.server_process import ServerProcess
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ladle[ray]')")
 
+# A Ray cluster and two replicas of its own (~90 s on 2 cores): CI runs it (`make test` installs
+# the ray extra there), a plain local `make test` leaves it out.
+pytestmark = pytest.mark.slow
+
 MODEL = "SmolLM2-135M-Instruct"
 ENGINE_ARGS = ["--max-num-seqs", "16", "--max-model-len", "1024"]
+# Server flags that each replica must apply itself: a live stats line every second (seen in the
+# endpoint's log below) and a TTFT SLO loose enough never to refuse these tests' requests.
+REPLICA_FLAGS = ["--stats-interval", "1", "--ttft-slo", "120s"]
 PROMPTS = ["The capital of France is", "def fibonacci(n):", "Once upon a time, a small robot"]
 CHAT = [{"role": "user", "content": "What is the capital of Italy?"}]
 API_KEY = "sesame"
@@ -54,7 +63,7 @@ def single_answers() -> list[str]:
 
 @pytest.fixture(scope="module")
 def cluster() -> ServerProcess:
-    server = ServerProcess([*ENGINE_ARGS, "--replicas", "2"], api_key=API_KEY)
+    server = ServerProcess([*ENGINE_ARGS, *REPLICA_FLAGS, "--replicas", "2"], api_key=API_KEY)
     server.start(timeout_s=400)
     try:
         yield server
@@ -87,6 +96,7 @@ def test_errors_and_auth_are_ladle_serves(cluster):
 
 def test_64_concurrent_streams_complete(cluster):
     client = _client(cluster)
+    before = _routed_per_replica(cluster)
 
     def stream(i: int) -> tuple[str, str | None]:
         text, finish = "", None
@@ -104,29 +114,62 @@ def test_64_concurrent_streams_complete(cluster):
     with concurrent.futures.ThreadPoolExecutor(64) as pool:
         results = list(pool.map(stream, range(64), timeout=300))
     assert all(finish == "length" and text for text, finish in results)
-    routed = _routed_per_replica(cluster)
-    assert len(routed) == 2 and all(count > 0 for count in routed.values())
+    after = _routed_per_replica(cluster)
+    routed = {replica: after[replica] - before.get(replica, 0) for replica in after}
+    # Distinct prompts under load spread by the router's in-flight counts: neither replica
+    # takes everything (a stale queue length read as 0 once sent 140 of 177 to one replica).
+    assert len(routed) == 2 and sum(routed.values()) == 64
+    assert all(16 <= count <= 48 for count in routed.values()), routed
 
 
 def test_shared_system_prompts_stick_to_one_replica(cluster):
     client = _client(cluster)
     before = _decisions(cluster)
-    for _ in range(3):
-        for system_prompt in SYSTEM_PROMPTS:
+    hits_before = _per_replica(cluster, "vllm:prefix_cache_hits_total")
+    homes = []
+    for system_prompt in SYSTEM_PROMPTS:
+        routed_before = _routed_per_replica(cluster)
+        for question in ("Hello", "What can you do?", "Say hi"):
             client.chat.completions.create(
                 model=MODEL,
                 messages=[
                     {"role": "system", "content": system_prompt},
-                    {"role": "user", "content": "Hello"},
+                    {"role": "user", "content": question},
                 ],
                 max_tokens=2,
                 temperature=0,
             )
+        routed_after = _routed_per_replica(cluster)
+        moved = {
+            replica: count - routed_before.get(replica, 0)
+            for replica, count in routed_after.items()
+            if count > routed_before.get(replica, 0)
+        }
+        # All three requests of one system prompt were answered by one replica.
+        assert list(moved.values()) == [3], moved
+        homes.append(next(iter(moved)))
     after = _decisions(cluster)
     # Sequential requests never overload a replica: the first of each system prompt is new,
-    # every repeat goes back to the replica that holds it (round-robin would send half away).
+    # every repeat goes back to the replica that holds it (round-robin would send half away),
+    # and the four prompts are shared out over both replicas.
     assert after.get("new_prefix", 0) - before.get("new_prefix", 0) == 4
     assert after.get("prefix_hit", 0) - before.get("prefix_hit", 0) == 8
+    assert sorted(homes.count(replica) for replica in set(homes)) == [2, 2]
+    # The per-replica engine metrics agree: each home replica found its prefix in its cache.
+    hits_after = _per_replica(cluster, "vllm:prefix_cache_hits_total")
+    for replica in set(homes):
+        assert hits_after[replica] - hits_before.get(replica, 0) >= 2 * 4 * 16  # 2 x 4 blocks
+
+
+def test_metrics_show_every_replica_engine_and_replica_flags_apply(cluster):
+    routed = _routed_per_replica(cluster)
+    running = _per_replica(cluster, "vllm:num_requests_running")
+    alive = _per_replica(cluster, "ladle:engine_alive")
+    # The engine metrics carry the same replica ids as the router's counter.
+    assert set(running) == set(alive) == set(routed) and len(alive) == 2
+    assert all(value == 1.0 for value in alive.values())
+    # --stats-interval reached the replicas: their live stats lines are in the endpoint's log.
+    assert "[ladle] running" in cluster.log()
 
 
 def _labelled_metrics(server: ServerProcess) -> dict[str, float]:
@@ -136,12 +179,18 @@ def _labelled_metrics(server: ServerProcess) -> dict[str, float]:
     return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in lines}
 
 
+def _per_replica(server: ServerProcess, metric: str) -> dict[str, float]:
+    """{replica id: value} of one metric that carries a replica label."""
+    values = {}
+    for name, value in _labelled_metrics(server).items():
+        if name.startswith(metric + "{"):
+            replica = name.split('replica="', 1)[1].split('"', 1)[0]
+            values[replica] = values.get(replica, 0.0) + value
+    return values
+
+
 def _routed_per_replica(server: ServerProcess) -> dict[str, float]:
-    return {
-        name: value
-        for name, value in _labelled_metrics(server).items()
-        if name.startswith("ladle_router_requests_total{")
-    }
+    return _per_replica(server, "ladle_router_requests_total")
 
 
 def _decisions(server: ServerProcess) -> dict[str, float]:

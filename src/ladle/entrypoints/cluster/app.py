@@ -31,6 +31,8 @@ from ladle.entrypoints.cluster.prefix_routing import (
     DEFAULT_PREFIX_BLOCKS,
 )
 from ladle.entrypoints.cluster.replica import LadleReplica
+from ladle.entrypoints.cluster.replica_settings import ReplicaServerSettings
+from ladle.entrypoints.cluster.round_robin import ROUTING_POLICIES
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 _ROUTER_CLASS = "ladle.entrypoints.cluster.request_router:PrefixAwareRequestRouter"
@@ -49,6 +51,13 @@ def build_app(
     allow_unknown_fields: bool = False,
     max_queued_requests: int = 1024,
     max_queued_tokens: int = 1 << 20,
+    ttft_slo: str | float | None = None,
+    stats_interval: float = 5.0,
+    log_requests: bool = True,
+    tool_call_parser: str | None = None,
+    reasoning_parser: str | None = None,
+    shutdown_timeout: float = 30.0,
+    routing: str = "prefix",
     load_margin: int = DEFAULT_LOAD_MARGIN,
     num_prefix_blocks: int = DEFAULT_PREFIX_BLOCKS,
     **engine_options: Any,
@@ -60,21 +69,42 @@ def build_app(
     num_gpus_per_replica: None picks 1 when the engine will run on CUDA, else 0.
     autoscaling_config: Ray Serve's, e.g. {"min_replicas": 1, "max_replicas": 4,
     "target_ongoing_requests": 32}; the fixed num_replicas is then ignored.
+    routing: "prefix" (prefix-aware, the default) or "round-robin" (each replica in turn).
     load_margin: a prefix's replica keeps it until its queue exceeds the least loaded's by this.
+    The server options (api_key ... reasoning_parser) are `ladle serve`'s flags, applied by each
+    replica: ttft_slo ('1s', '500ms' or seconds) refuses with 429 the requests predicted to miss
+    it, stats_interval is each replica's live stats line (0: none), shutdown_timeout the seconds
+    in-flight requests get when a replica stops.
     Raises ValueError on bad options, naming the field.
     """
     from ladle.config import EngineConfig
+    from ladle.durations import parse_duration
 
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
-    if max_request_bytes < 1:
-        raise ValueError(f"max_request_bytes must be >= 1, got {max_request_bytes}")
+    if routing not in ROUTING_POLICIES:
+        raise ValueError(f"routing must be one of {ROUTING_POLICIES}, got {routing!r}")
+    if shutdown_timeout < 0:
+        raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
     if model is None and engine_options.get("load_format") != "dummy":
         from ladle.model.default_model import resolve_default_model
 
         model = str(resolve_default_model())
         served_model_name = served_model_name or DEFAULT_SERVED_NAME
     served_model_name = served_model_name or str(model)
+    settings = ReplicaServerSettings(
+        served_model_name=served_model_name,
+        api_key=api_key or None,
+        max_request_bytes=max_request_bytes,
+        allow_unknown_fields=allow_unknown_fields,
+        max_queued_requests=max_queued_requests,
+        max_queued_tokens=max_queued_tokens,
+        ttft_slo_s=None if ttft_slo is None else parse_duration(str(ttft_slo)),
+        stats_interval_s=stats_interval,
+        log_requests=log_requests,
+        tool_call_parser=tool_call_parser,
+        reasoning_parser=reasoning_parser,
+    )
     engine_options = {"model": model, **engine_options}
     config = EngineConfig.from_kwargs(**engine_options)  # fails here, before Ray, when bad
     if num_gpus_per_replica is None:
@@ -87,11 +117,13 @@ def build_app(
         max_ongoing_requests=max_ongoing,
         health_check_period_s=2.0,
         health_check_timeout_s=30.0,
+        graceful_shutdown_timeout_s=shutdown_timeout,
         request_router_config=RequestRouterConfig(
             request_router_class=_ROUTER_CLASS,
             request_router_kwargs={
                 "load_margin": load_margin,
                 "max_tracked_prefixes": DEFAULT_MAX_TRACKED_PREFIXES,
+                "policy": routing,
             },
         ),
         **(
@@ -109,15 +141,7 @@ def build_app(
         max_ongoing_requests=max(max_ongoing * max(num_asked, 1), 1024),
     )
     return ingress.bind(
-        replica.bind(
-            engine_options,
-            served_model_name,
-            api_key,
-            max_request_bytes,
-            max_queued_requests,
-            max_queued_tokens,
-            allow_unknown_fields,
-        ),
+        replica.bind(engine_options, settings),
         model,
         engine_options.get("tokenizer"),
         block_size,

@@ -31,6 +31,7 @@ class ForwardedRequest:
 class ResponseStart:
     status: int
     headers: list[tuple[bytes, bytes]]
+    replica_id: str = ""  # set by the replica that answers: the ingress counts per replica
 
 
 async def run_asgi_request(app: Any, request: ForwardedRequest) -> AsyncIterator[Any]:
@@ -79,9 +80,21 @@ async def run_asgi_request(app: Any, request: ForwardedRequest) -> AsyncIterator
             if message["type"] == "http.response.start":
                 yield ResponseStart(message["status"], list(message.get("headers", [])))
             elif message["type"] == "http.response.body":
-                if message.get("body"):
-                    yield message["body"]
-                if not message.get("more_body", False):
+                # Body chunks that are already waiting go out as one: each yield is one object
+                # through Ray to the ingress, and under load the replica falls behind its app.
+                # Nothing is held back to wait for more.
+                body, finished = bytearray(message.get("body", b"")), False
+                while not (finished := not message.get("more_body", False)):
+                    if messages.empty():
+                        break
+                    message = messages.get_nowait()
+                    if message is None or message["type"] != "http.response.body":
+                        finished = True  # the app ended without closing the body
+                        break
+                    body += message.get("body", b"")
+                if body:
+                    yield bytes(body)
+                if finished:
                     break
     finally:
         disconnected.set()

@@ -32,37 +32,49 @@ def run_cluster(
 
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    autoscaling_config = _autoscaling_config(args, engine_options)
     app = build_app(
         model,
         num_replicas=args.replicas,
+        autoscaling_config=autoscaling_config,
         served_model_name=served_name,
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
         allow_unknown_fields=getattr(args, "allow_unknown_fields", False),
         max_queued_requests=args.max_queued_requests,
         max_queued_tokens=args.max_queued_tokens,
+        ttft_slo=args.ttft_slo,
+        stats_interval=args.stats_interval,
+        log_requests=not args.disable_log_requests,
+        tool_call_parser=args.tool_call_parser,
+        reasoning_parser=args.reasoning_parser,
+        shutdown_timeout=args.shutdown_timeout,
+        routing=args.routing,
         **engine_options,
     )
-    port = args.port or _free_port(args.host)  # Ray's HTTP proxy needs a fixed port
     if args.ray_address:
-        ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=False)
+        ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=True)
     else:
         # Enough logical CPUs for every replica even on a small machine: the replicas mostly
         # wait on their engine-core processes, which Ray does not count.
         ray.init(
             num_cpus=max(os.cpu_count() or 1, args.replicas),
             include_dashboard=False,
-            log_to_driver=False,
+            log_to_driver=True,
         )
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
-        serve.start(http_options={"host": args.host, "port": port})
-        serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+        port = _start_serving(app, args.host, args.port)
         shown = f"[{args.host}]" if ":" in args.host else args.host
+        replicas = (
+            f"{args.replicas}-{args.max_replicas} replicas, autoscaling"
+            if autoscaling_config
+            else f"{args.replicas} replicas"
+        )
         print(
-            f"[ladle] serving {served_name} ({args.replicas} replicas on Ray Serve) on "
+            f"[ladle] serving {served_name} ({replicas} on Ray Serve) on "
             f"http://{shown}:{port} (OpenAI API under /v1; ready: GET /health -> 200)",
             flush=True,
         )
@@ -80,6 +92,54 @@ def run_cluster(
         finally:
             ray.shutdown()
     return 0
+
+
+def _autoscaling_config(
+    args: argparse.Namespace, engine_options: dict[str, Any]
+) -> dict[str, Any] | None:
+    """Ray Serve's autoscaling config from --replicas (the minimum), --max-replicas and
+    --target-ongoing-requests; None (a fixed count) without --max-replicas."""
+    if args.max_replicas is None:
+        if args.target_ongoing_requests is not None:
+            raise ValueError("--target-ongoing-requests needs --max-replicas (autoscaling)")
+        return None
+    if args.max_replicas < args.replicas:
+        raise ValueError(
+            f"--max-replicas must be >= --replicas (the minimum), got {args.max_replicas} "
+            f"< {args.replicas}"
+        )
+    target = args.target_ongoing_requests
+    if target is None:
+        target = max(1, int(engine_options.get("max_num_seqs") or 256) // 2)
+    if target < 1:
+        raise ValueError(f"--target-ongoing-requests must be >= 1, got {target}")
+    return {
+        "min_replicas": args.replicas,
+        "max_replicas": args.max_replicas,
+        "target_ongoing_requests": target,
+    }
+
+
+def _start_serving(app: Any, host: str, port: int) -> int:
+    """Deploys the application behind Ray Serve's HTTP proxy; returns the port it listens on.
+
+    Port 0 picks a free one now, after ray.init (whose own processes have taken theirs), and on
+    the rare loss of that port to another process before the proxy binds it, picks again."""
+    from ray import serve
+
+    num_attempts = 1 if port else 3
+    for attempt in range(1, num_attempts + 1):
+        chosen = port or _free_port(host)  # Ray's HTTP proxy needs a fixed port
+        try:
+            serve.start(http_options={"host": host, "port": chosen})
+            serve.run(app, name=APP_NAME, route_prefix="/", blocking=False)
+            return chosen
+        except Exception as error:
+            if attempt == num_attempts or "bind" not in str(error).lower():
+                raise
+            print(f"[ladle] port {chosen} was taken before Ray Serve bound it; another", flush=True)
+            serve.shutdown()
+    raise AssertionError("unreachable")
 
 
 def _free_port(host: str) -> int:

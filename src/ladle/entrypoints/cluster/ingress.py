@@ -6,7 +6,8 @@ errors, auth and streaming are `ladle serve`'s. The ingress itself answers:
 
     GET /health    200 {"status": "ok"} when all asked-for replicas run, 200 "degraded" when
                    some do, 503 when none does
-    GET /metrics   the router's per-replica counters (routing_metrics.py)
+    GET /metrics   the router's counters (routing_metrics.py), then every replica's own engine
+                   metrics labelled replica="<id>" (replica_metrics.py)
 
 Faults: a request whose replica fails before its first byte is sent again to another replica (up
 to `max_attempts` in all, backing off); a stream cut after it began ends with an OpenAI error
@@ -31,6 +32,7 @@ from ray.serve.handle import DeploymentHandle
 # Through the module (which pickles by name), never its counters: see request_router.py.
 from ladle.entrypoints.cluster import routing_metrics
 from ladle.entrypoints.cluster.asgi_forwarding import ForwardedRequest, ResponseStart
+from ladle.entrypoints.cluster.replica_metrics import merge_replica_metrics
 from ladle.entrypoints.cluster.request_router import ROUTING_KEY_KWARG
 from ladle.entrypoints.cluster.routing_keys import request_routing_key
 
@@ -41,6 +43,8 @@ ingress_app = FastAPI(title="ladle", docs_url=None, redoc_url=None, openapi_url=
 # Headers the replica's app computed for its own framing; the ingress's server sets its own.
 _HOP_HEADERS = {b"content-length", b"transfer-encoding", b"connection"}
 _REPLICA_FAILURES = (RayActorError, RayError, ConnectionError)
+# Replicas that do not answer their metrics call within this are left out of that scrape.
+_REPLICA_METRICS_TIMEOUT_S = 5.0
 
 ENGINE_DEPLOYMENT_NAME = "LadleReplica"
 
@@ -135,10 +139,26 @@ class LadleIngress:
 
     @ingress_app.get("/metrics")
     async def metrics(self) -> Response:
+        texts = await self._replica_metrics()
         return Response(
-            routing_metrics.render_routing_metrics(),
+            routing_metrics.render_routing_metrics() + merge_replica_metrics(texts),
             media_type="text/plain; version=0.0.4",
         )
+
+    async def _replica_metrics(self) -> dict[str, bytes]:
+        """{replica id: its engine metrics}, asked of every running replica at once (Ray's
+        broadcast: no routing, no queueing behind requests)."""
+        try:
+            answers = await self._engine.broadcast("metrics_text").results_async(
+                timeout_s=_REPLICA_METRICS_TIMEOUT_S, return_exceptions=True
+            )
+        except TimeoutError:
+            logger.warning("replica metrics: no answer within %ss", _REPLICA_METRICS_TIMEOUT_S)
+            return {}
+        for answer in answers:
+            if isinstance(answer, BaseException):
+                logger.warning("no metrics from a replica: %s", answer)
+        return dict(answer for answer in answers if not isinstance(answer, BaseException))
 
     @ingress_app.api_route("/{path:path}", methods=["GET", "POST", "PUT", "DELETE", "PATCH"])
     async def forward(self, request: Request, path: str) -> Response:
@@ -180,6 +200,7 @@ class LadleIngress:
             except StopAsyncIteration:
                 return _error(500, "the replica sent no response", "internal_error")
             assert isinstance(start, ResponseStart)
+            routing_metrics.ROUTED_REQUESTS.labels(replica=start.replica_id).inc()
             headers = {
                 name.decode("latin-1"): value.decode("latin-1")
                 for name, value in start.headers

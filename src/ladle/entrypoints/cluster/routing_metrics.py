@@ -13,7 +13,8 @@ REGISTRY = CollectorRegistry()
 
 ROUTED_REQUESTS = Counter(
     "ladle_router_requests",
-    "Requests sent to each engine replica (label: Ray's replica id).",
+    "Requests each engine replica answered (label: Ray's replica id; a retried request counts "
+    "where it was answered).",
     ["replica"],
     registry=REGISTRY,
 )

@@ -91,6 +91,15 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                          help="engine replicas behind this endpoint; >1 runs on Ray Serve")
     cluster.add_argument("--ray-address", default=None,
                          help="join this Ray cluster (e.g. ray://head:10001 or auto) to deploy")
+    cluster.add_argument("--max-replicas", type=int, default=None,
+                         help="autoscale between --replicas and this many on ongoing requests "
+                         "per replica (Ray Serve's autoscaler)")
+    cluster.add_argument("--target-ongoing-requests", type=int, default=None,
+                         help="with --max-replicas: requests in flight per replica the autoscaler "
+                         "aims for (default: half of --max-num-seqs)")
+    cluster.add_argument("--routing", default="prefix", choices=["prefix", "round-robin"],
+                         help="replica choice: prefix-aware (same prompt prefix, same replica, "
+                         "within a load margin) or round-robin")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -131,7 +140,7 @@ def run_serve(args: argparse.Namespace) -> int:
         served_name = args.served_model_name or model
     # Bad options fail here, before a process is spawned, with the field named.
     EngineConfig.from_kwargs(model=model, **options)
-    if args.replicas != 1 or args.ray_address:
+    if args.replicas != 1 or args.ray_address or args.max_replicas is not None:
         from ladle.entrypoints.cluster.cli_cluster import run_cluster
 
         return run_cluster(args, model, served_name, options)
