@@ -117,7 +117,7 @@ def _attend_kv_tiles(
 
 @triton.jit(
     # Per-step values: specialising on them (== 1, divisible by 16, 16-byte aligned slices of
-    # the step's metadata) would compile new variants while serving (see per_step_arguments).
+    # the step's metadata) would compile new variants while serving (kernels/compile_log.py).
     do_not_specialize=["num_reqs", "num_splits", "stride_block_tables"],
     do_not_specialize_on_alignment=["block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr"],
 )
