@@ -40,20 +40,25 @@ def main() -> None:
     imported = time.perf_counter()
     phases.append({"phase": "python imports", "seconds": imported - STARTED, "builds": 0})
 
+    depth = [0]
+
     def timed(name, function):
         def wrapper(*a, **k):
             import torch
 
             before, started = compile_totals() or CompileTotals(), time.perf_counter()
+            depth[0] += 1
             try:
                 return function(*a, **k)
             finally:
+                depth[0] -= 1
                 if torch.cuda.is_available():
                     torch.cuda.synchronize()
                 built = (compile_totals() or CompileTotals()).since(before)
                 phases.append(
                     {
-                        "phase": name,
+                        # Nested phases (inside another timed one) are indented, not summed.
+                        "phase": "  " * depth[0] + name,
                         "seconds": time.perf_counter() - started,
                         "builds": built.num_builds,
                         "build_seconds": built.seconds,
@@ -63,7 +68,7 @@ def main() -> None:
 
         return wrapper
 
-    loader.fill_dummy_weights = timed("  of which: random weight fill", loader.fill_dummy_weights)
+    loader.fill_dummy_weights = timed("random weight fill", loader.fill_dummy_weights)
     model_runner.load_model = timed("model build + weights", model_runner.load_model)
     model_runner.size_kv_cache = timed("memory probe (2 steps)", model_runner.size_kv_cache)
     model_runner.ModelRunner._allocate_kv_caches = timed(
@@ -71,21 +76,33 @@ def main() -> None:
     )
     cuda_graphs.DecodeGraphs.capture = timed("CUDA graph capture", cuda_graphs.DecodeGraphs.capture)
     engine_core.warm_up = timed("warm-up (real steps)", engine_core.warm_up)
+    LLM._load_tokenizer = timed("tokenizer", LLM._load_tokenizer)
 
+    import torch
+
+    if torch.cuda.is_available():
+        timed("CUDA context", lambda: torch.empty(1, device="cuda"))()
     options = {"load_format": args.load_format}
     if args.enforce_eager:
         options["enforce_eager"] = True
     constructed = time.perf_counter()
-    LLM(args.model, **options)
+    llm = LLM(args.model, **options)
+    ready = time.perf_counter() - STARTED
+    from ladle import SamplingParams
+
+    prompt = [(7 * index) % 1000 + 10 for index in range(512)]
+    timed("first request (512 in, 1 out)", llm.generate)(
+        [prompt], SamplingParams(max_tokens=1, temperature=0.0), use_tqdm=False
+    )
     total = time.perf_counter() - STARTED
     accounted = sum(p["seconds"] for p in phases if not p["phase"].startswith("  "))
     phases.append(
-        {"phase": "other (CUDA init, config, ...)", "seconds": total - accounted, "builds": 0}
+        {"phase": "other (engine set-up, config, ...)", "seconds": total - accounted, "builds": 0}
     )
     totals = compile_totals()
     print(
-        f"start-up of {args.model}: {total:.1f} s from process start "
-        f"({time.perf_counter() - constructed:.1f} s in LLM())"
+        f"start-up of {args.model}: ready {ready:.1f} s from process start "
+        f"({ready - (constructed - STARTED):.1f} s in LLM()), first token at {total:.1f} s"
     )
     for phase in phases:
         builds = phase.get("builds", 0)
@@ -100,7 +117,11 @@ def main() -> None:
         print(f"  total: {totals.describe()}")
     if args.json:
         with open(args.json, "w") as handle:
-            json.dump({"model": args.model, "total_s": total, "phases": phases}, handle, indent=1)
+            json.dump(
+                {"model": args.model, "ready_s": ready, "first_token_s": total, "phases": phases},
+                handle,
+                indent=1,
+            )
     sys.stdout.flush()
 
 
