@@ -37,6 +37,7 @@ import zmq.asyncio
 from ladle.engine import wire
 from ladle.engine.admission import AdmissionController
 from ladle.engine.core_process import run_engine_core
+from ladle.engine.gc_policy import freeze_startup_objects
 from ladle.engine.messages import RequestRejectedError, SchedulerStats
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.restart_policy import RestartBudget, RestartPolicy
@@ -269,6 +270,7 @@ class AsyncEngineClient:
         # The process sentinel becomes readable the moment the process ends, however it ends.
         loop.add_reader(self._process.sentinel, self._on_engine_exit)
         self._reader_task = asyncio.create_task(self._read_outputs(), name="ladle-engine-reader")
+        freeze_startup_objects()  # the tokenizer and the web stack: never rescanned per step
 
     def _vocab_size(self, arch) -> int:
         """The ids a token-id prompt may hold: the tokenizer's, except on random weights,
