@@ -19,9 +19,10 @@ Fast path: a one-token step of a fast (Rust) tokenizer goes through `tokenizers`
 which runs the same window method in Rust (~1 us per token against ~30 us for two Python-side
 decode() calls, measured on the default tokenizer). It is primed with this class's prompt
 context (which starts on a character boundary; a context that ends mid-character waits for
-the slow path's first emission), and it is kept in step with the window: each chunk it emits moves the window on exactly as a slow step
-would. What it cannot do stays here: several ids at once (the slow path, then a re-primed
-stream), and the final flush of a character left unfinished, which DecodeStream would drop.
+the slow path's first emission), and it is kept in step with the window: each chunk it emits
+moves the window on exactly as a slow step would. What it cannot do stays here: several ids
+at once (the slow path, then a re-primed stream), and the final flush of a character left
+unfinished, which DecodeStream would drop.
 """
 
 from __future__ import annotations
