@@ -55,3 +55,22 @@ def test_snapshot_keeps_this_steps_deltas():
     live.outputs[0].text_delta = ""
     assert snapshot.outputs[0].token_ids_delta == [1]
     assert snapshot.outputs[0].text_delta == "a0"
+
+
+def test_snapshot_is_a_copy_of_every_mutable_part():
+    """What the processor changes in place at the next step (deltas, logprobs deltas, finish
+    fields, metrics, the finished flag) must not reach a snapshot already handed out; the
+    cumulative lists stay shared (they only grow)."""
+    live = step_output("a", 1)
+    live.outputs[0].logprobs_delta = ["lp"]
+    snapshot = _snapshot(live)
+    assert snapshot == live and snapshot is not live
+    live.outputs[0].logprobs_delta.clear()
+    live.outputs[1].finish_reason = "stop"
+    live.metrics.first_token_time = 5.0
+    live.finished = True
+    assert snapshot.outputs[0].logprobs_delta == ["lp"]
+    assert snapshot.outputs[1].finish_reason is None
+    assert snapshot.metrics.first_token_time is None
+    assert not snapshot.finished
+    assert snapshot.outputs[0].token_ids is live.outputs[0].token_ids
