@@ -9,12 +9,11 @@ python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upg
 export PYTHONUNBUFFERED=1 OMP_NUM_THREADS=1 PIP_NO_INDEX=1
 S8B=.carry/s8b
 bench() { PYTHONPATH=/tmp/site:$1 timeout 60 python3 $S8B/scripts/served_path_bench.py \
-  --tokenizer $S8B/tok --concurrency 32 128 256 --step-ms 10 --max-tokens 128 \
-  --requests-per-slot 2 --json "$OUT/$2.json" 2>&1 | grep -v Warning | tail -3; }
+  --tokenizer $S8B/tok --concurrency 32 128 256 --step-ms 10 --max-tokens 96 \
+  --requests-per-slot 1 --json "$OUT/$2.json" 2>&1 | grep -v Warning | tail -3; }
 echo "== main"; bench src served_main_1
 echo "== s8b"; bench $S8B/src served_s8b_1
-echo "== main"; bench src served_main_2
-echo "== s8b"; bench $S8B/src served_s8b_2
+[ "${WITH_STARTUP:-0}" = 1 ] || exit 0
 echo "== 8B start-up to first token, empty Triton cache"
 cd $S8B && PYTHONPATH=src:/tmp/site TRITON_CACHE_DIR=/tmp/s8b_cold timeout 70 python3 \
   scripts/startup_profile.py llama-3.1-8b --load-format dummy --json "$OUT/startup_8b.json" \
