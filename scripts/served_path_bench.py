@@ -116,41 +116,64 @@ def paced_engine_core(options_json: str, input_address: str, output_address: str
     os._exit(0)
 
 
+async def _stream_one(host: str, port: int, body: bytes) -> dict:
+    """One streaming completion over a raw connection; the times of its content chunks.
+
+    A bare asyncio reader, not httpx: at hundreds of streams a full HTTP client parsing every
+    line in one Python process falls behind the server and shows its own lag as the server's.
+    """
+    reader, writer = await asyncio.open_connection(host, port)
+    writer.write(
+        b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n"
+        b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
+    )
+    await writer.drain()
+    status = await reader.readline()
+    while (await reader.readline()) not in (b"\r\n", b""):
+        pass
+    times = []
+    while line := await reader.readline():
+        if not line.startswith(b"data: "):
+            continue  # chunk sizes and blank lines
+        if line.startswith(b"data: [DONE]"):
+            break
+        # A content chunk carries text; the usage chunk and an empty finishing one do not.
+        if b'"text":""' not in line and b'"choices":[]' not in line:
+            times.append(time.perf_counter())
+    writer.close()
+    error = None if b" 200 " in status else status.decode(errors="replace").strip()
+    if error is None and not times:
+        error = "no content"
+    return {"error": error, "itl": [b - a for a, b in zip(times, times[1:])], "tokens": len(times)}
+
+
 def run_load(
     base_url: str, concurrency: int, max_tokens: int, requests_per_slot: int
 ) -> tuple[list[dict], float]:
     """concurrency clients, each streaming completions one after another; plain records."""
-    import httpx
-
-    from ladle.bench.serve_client import BenchRequest, send_request
-    from ladle.bench.serve_stats import RequestRecord
+    host, port = base_url.removeprefix("http://").split(":")
+    body = json.dumps(
+        {
+            "model": "paced",
+            "prompt": "Tell me a story about a fox",
+            "max_tokens": max_tokens,
+            "temperature": 0.0,
+            "stream": True,
+        }
+    ).encode()
 
     async def load() -> tuple[list[dict], float]:
-        records = []
-        limits = httpx.Limits(max_connections=concurrency + 8)
-        async with httpx.AsyncClient(timeout=600, limits=limits) as http:
-            run_start = time.perf_counter()
-            queue = [
-                BenchRequest("paced", 8, max_tokens, prompt="Tell me a story about a fox")
-                for _ in range(concurrency * requests_per_slot)
-            ]
+        records: list[dict] = []
+        remaining = [concurrency * requests_per_slot]
 
-            async def worker():
-                while queue:
-                    request = queue.pop()
-                    record = RequestRecord(len(records), "paced", 0.0)
-                    records.append(
-                        await send_request(
-                            http, base_url, request, record, "paced", 0.0, {}, run_start
-                        )
-                    )
+        async def worker() -> None:
+            while remaining[0] > 0:
+                remaining[0] -= 1
+                records.append(await _stream_one(host, int(port), body))
 
-            await asyncio.gather(*(worker() for _ in range(concurrency)))
-            wall = time.perf_counter() - run_start
-        plain = [
-            {"error": r.error, "itl": r.itl, "output_tokens": r.output_tokens} for r in records
-        ]
-        return plain, wall
+        started = time.perf_counter()
+        await asyncio.gather(*(worker() for _ in range(concurrency)))
+        return records, time.perf_counter() - started
 
     return asyncio.run(load())
 
@@ -191,7 +214,7 @@ async def run_level(concurrency: int, args) -> dict:
     await serving
     failed = [r for r in records if r["error"]]
     itls = sorted(i * 1000 for r in records if not r["error"] for i in r["itl"])
-    tokens = sum(r["output_tokens"] or 0 for r in records if not r["error"])
+    tokens = sum(r["tokens"] for r in records if not r["error"])
 
     def pct(q: float) -> float:
         return itls[min(len(itls) - 1, int(q / 100 * (len(itls) - 1)))] if itls else float("nan")
