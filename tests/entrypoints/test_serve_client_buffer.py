@@ -95,9 +95,8 @@ def test_queued_steps_join_in_order_with_the_latest_stats():
         ),
     ]
     joined = _join_steps(steps)
-    assert [(o.request_id, o.new_token_ids) for o in joined.outputs] == [
-        ("a", [1]), ("b", [7]), ("a", [2])
-    ]
+    in_order = [(o.request_id, o.new_token_ids) for o in joined.outputs]
+    assert in_order == [("a", [1]), ("b", [7]), ("a", [2])]
     assert [r.request_id for r in joined.rejections] == ["c"]
     assert joined.stats.num_running_reqs == 1
 
