@@ -8,6 +8,10 @@ while serving. Measured on the API side of a 256-request step (decoding one Engi
 frozen. So once a process is ready to serve, its start-up objects move to the collector's
 permanent generation (gc.freeze): they stay alive as before and are never scanned again.
 Garbage made while serving is collected as usual.
+
+Only processes that hold one engine for life freeze (the engine-core process, the API process):
+an offline program may build and drop several LLMs, and a dropped engine's reference cycles,
+once frozen, would keep its KV cache allocated.
 """
 
 from __future__ import annotations

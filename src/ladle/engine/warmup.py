@@ -24,7 +24,6 @@ import dataclasses
 import random
 from typing import TYPE_CHECKING
 
-from ladle.engine.gc_policy import freeze_startup_objects
 from ladle.engine.messages import EngineCoreRequest
 from ladle.kernels.compile_log import compile_totals
 from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
@@ -99,7 +98,6 @@ def warm_up(engine: EngineCore) -> int:
     manager = engine.kv_cache_manager
     manager.reset_prefix_cache()
     manager.prefix_cache_queries = manager.prefix_cache_hits = 0
-    freeze_startup_objects()  # the engine is ready: keep the collector off its objects
     return num_steps
 
 
