@@ -367,3 +367,56 @@ def test_streaming_with_stop_strings_end_to_end(byte_level_tokenizer: Any) -> No
         expected = "Café 日本 😀 answer: 42 " + ("</stop>" if include else "")
         assert result.truncated_text == expected == "".join(streamed)
         assert not any("\ufffd" in piece or ("</" in piece and not include) for piece in streamed)
+
+
+class DecodeCountingFastTokenizer(CountingTokenizer):
+    """CountingTokenizer that keeps the Rust backend, so the DecodeStream path can serve."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        super().__init__(tokenizer)
+        self.backend_tokenizer = tokenizer.backend_tokenizer
+        self.num_decodes = 0
+
+    def decode(self, token_ids: list[int], **kwargs: Any) -> str:
+        self.num_decodes += 1
+        return super().decode(token_ids, **kwargs)
+
+
+@pytest.mark.parametrize("tokenizer_name", ALL_TOKENIZERS)
+def test_one_token_steps_take_the_decode_stream_path(
+    tokenizer_name: str, request: pytest.FixtureRequest
+) -> None:
+    """Streaming one token a step, a fast tokenizer's text comes from DecodeStream: Python-side
+    decode() runs a handful of times for a thousand tokens, and the text is still exact."""
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    counting = DecodeCountingFastTokenizer(tokenizer)
+    prompt = tokenizer.encode("Hello world", add_special_tokens=False)
+    output = tokenizer.encode(" ".join(REAL_TEXTS), add_special_tokens=False) * 10
+    detokenizer = IncrementalDetokenizer(counting, prompt)
+    deltas = stream(detokenizer, [[t] for t in output])
+    assert len(output) > 500 and counting.num_decodes < 10
+    whole = tokenizer.decode(prompt + output, skip_special_tokens=True)
+    assert detokenizer.text == whole[len(tokenizer.decode(prompt, skip_special_tokens=True)) :]
+    if tokenizer_name != "byte_fallback_tokenizer":  # its unknown characters are byte runs
+        assert not any("\ufffd" in delta for delta in deltas)
+
+
+@pytest.mark.parametrize("tokenizer_name", ALL_TOKENIZERS)
+def test_fast_and_slow_paths_give_the_same_deltas(
+    tokenizer_name: str, request: pytest.FixtureRequest
+) -> None:
+    """Random ids (special tokens, split characters, padding ids), one or several a step, with
+    and without a prompt that may end inside a character: both paths, delta for delta."""
+    tokenizer = request.getfixturevalue(tokenizer_name)
+    slow_tokenizer = CountingTokenizer(tokenizer)  # no backend_tokenizer: the slow path alone
+    rng = random.Random(5)
+    special_ids = tokenizer.all_special_ids
+    for _ in range(30):
+        token_ids = random_token_ids(tokenizer, rng, special_ids)
+        split = rng.randrange(len(token_ids) + 1)
+        prompt, output = token_ids[:split], token_ids[split:]
+        chunks = random_chunks(output, rng, max_chunk=rng.choice([1, 1, 3]))
+        for skip in (True, False):
+            fast = IncrementalDetokenizer(tokenizer, prompt, skip)
+            slow = IncrementalDetokenizer(slow_tokenizer, prompt, skip)
+            assert stream(fast, chunks) == stream(slow, chunks)

@@ -20,12 +20,14 @@ def test_warm_up_leaves_no_trace(tiny_model_path):
         SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True),
         SamplingParams(temperature=1.0, max_tokens=6, ignore_eos=True),  # engine-drawn seed
     ]
-    cold = LLM(path, block_size=4, num_kv_blocks=300, max_num_batched_tokens=64)
+    options = dict(block_size=4, num_kv_blocks=300, max_num_batched_tokens=64, max_num_seqs=16)
+    cold = LLM(path, **options)
     expected = [o.outputs[0].token_ids for o in cold.generate(prompts, params, use_tqdm=False)]
 
-    warm = LLM(path, block_size=4, num_kv_blocks=300, max_num_batched_tokens=64)
+    warm = LLM(path, **options)
     num_steps = warm_up(warm.engine)
-    assert num_steps >= len(warmup_prompt_lengths(60))
+    # The staggered prompts, then the full batch: one prefill step and one decode step at least.
+    assert num_steps >= len(warmup_prompt_lengths(60)) + 2
     engine = warm.engine
     assert not engine.has_unfinished_requests()
     stats = engine.get_stats()

@@ -30,6 +30,7 @@ from tqdm import tqdm
 from ladle.bench.device_floor import floor_seconds, measure_ceilings
 from ladle.bench.workloads import TokenWorkload, WorkloadRequest, build_requests, get_workload
 from ladle.engine.messages import EngineCoreRequest
+from ladle.kernels.compile_log import compile_totals
 from ladle.sampling_params import SamplingParams
 
 
@@ -42,6 +43,7 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress: bool) -> dict:
     """Every request at once through EngineCore.step; per-token timestamps on the host."""
+    builds_before = compile_totals()
     started = time.perf_counter()
     arrival: dict[str, float] = {}
     last_token: dict[str, float] = {}
@@ -86,8 +88,13 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
     progress.close()
     elapsed = time.perf_counter() - started
     engine.kv_cache_manager.reset_prefix_cache()  # the next run must not hit this one's blocks
+    builds_after = compile_totals()
     return {
         "seconds": elapsed,
+        # Triton kernel variants built during the run: 0 once start-up built them all.
+        "kernel_builds": (
+            builds_after.since(builds_before).num_builds if builds_before and builds_after else None
+        ),
         "generated_tokens": num_generated,
         "tokens_per_s": num_generated / elapsed,
         "ttft_ms": [t * 1000 for t in ttfts],
@@ -231,6 +238,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "startup_s": startup_s,
         "generated_tokens": best["generated_tokens"],
         "tokens_per_s_runs": [r["tokens_per_s"] for r in runs],
+        "kernel_builds_runs": [r["kernel_builds"] for r in runs],
         "tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs),
         "seconds": best["seconds"],
         "ttft_ms_p50": _percentile(best["ttft_ms"], 50),

@@ -88,12 +88,14 @@ def _start(
     # Imported here: the API process imports this module only to name the spawn target.
     from ladle.config import EngineConfig
     from ladle.engine.engine_core import EngineCore
+    from ladle.engine.gc_policy import freeze_startup_objects
     from ladle.engine.tokenizer_source import resolve_tokenizer_source
     from ladle.model.generation_defaults import sampling_defaults_of
 
     options = json.loads(engine_options_json)
     config = EngineConfig.from_kwargs(**options)
     engine = EngineCore(config)
+    freeze_startup_objects()  # the collector must not rescan the model and tables every step
     runner = engine.runner
     ready = wire.EngineReady(
         max_model_len=engine.max_model_len,

@@ -26,7 +26,8 @@ from ladle.engine.messages import (
 )
 from ladle.engine.overlap import InFlightStep, OverlapPolicy
 from ladle.engine.step_meter import StepMeter
-from ladle.engine.warmup import warm_up
+from ladle.engine.warmup import describe_startup, warm_up
+from ladle.kernels.compile_log import start_compile_log
 from ladle.sampling_limits import check_field, check_top_k
 from ladle.structured.engine_side import build_structured_output_manager
 from ladle.threads import ThreadGovernor
@@ -38,6 +39,7 @@ GRAMMAR_WAIT_S = 0.005
 
 class EngineCore:
     def __init__(self, config: EngineConfig, print_budget: bool = True) -> None:
+        start_compile_log()  # start-up reports the Triton kernels it built
         self.config = config
         self.runner = ModelRunner(config)
         self.vocab_size = self.runner.arch.vocab_size
@@ -80,11 +82,8 @@ class EngineCore:
             started = time.perf_counter()
             num_steps = warm_up(self)
             if print_budget:
-                print(
-                    f"[ladle] warm-up: {num_steps} steps in {time.perf_counter() - started:.1f} s",
-                    file=sys.stderr,
-                    flush=True,
-                )
+                report = describe_startup(self, num_steps, time.perf_counter() - started)
+                print(f"[ladle] {report}", file=sys.stderr, flush=True)
 
     # ----- requests ------------------------------------------------------------------------
 

@@ -6,17 +6,26 @@ launch beside it; each sampling feature has its own kernels). Compiling while se
 first users seconds, so start-up drives schedule -> execute -> update over those shapes:
 requests arrive one step apart with prompts of 2, 3, 5, 9, ... tokens (so every step mixes a
 new prompt with the decodes of the earlier ones), then one prompt of a full token budget, and
-they cycle through the sampling features. Decode-only steps replay the CUDA graphs captured at
-start-up. Compiled Triton kernels are cached on disk between runs (TRITON_CACHE_DIR, by default
-~/.triton/cache), so a second start-up compiles nothing.
+they cycle through the sampling features; last, a full batch (max_num_seqs requests) prefills
+and decodes together, the widest sampler batch and, in eager mode, the unsplit decode attention.
+Decode-only steps replay the CUDA graphs captured at start-up (their capture built the decode
+variants of every bucket).
+
+The kernels keep per-step values (batch sizes, offsets of metadata slices, split factors) out of
+Triton's specialisation keys, so the variants are few and these steps build them all: a later
+step builds none (tests/gpu/test_no_compile_while_serving.py counts Triton builds to prove it).
+Compiled kernels are cached on disk between runs (Triton's cache: TRITON_CACHE_DIR, by default
+~/.triton/cache), so a second start-up loads them instead of compiling.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import random
 from typing import TYPE_CHECKING
 
 from ladle.engine.messages import EngineCoreRequest
+from ladle.kernels.compile_log import compile_totals
 from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:
@@ -72,10 +81,43 @@ def warm_up(engine: EngineCore) -> int:
         )
         engine.step()
         num_steps += 1
-    while engine.has_unfinished_requests():
-        engine.step()
-        num_steps += 1
+    num_steps += _run_to_completion(engine)
+    full_batch_params = [
+        dataclasses.replace(params, max_tokens=2, min_tokens=0) for params in WARMUP_PARAMS
+    ]
+    for index in range(scheduler_config.max_num_seqs):
+        engine.add_request(
+            EngineCoreRequest(
+                request_id=f"__warmup_batch_{index}",
+                prompt_token_ids=[rng.randrange(engine.vocab_size) for _ in range(2)],
+                sampling_params=full_batch_params[index % len(full_batch_params)],
+                eos_token_ids=(0,),
+            )
+        )
+    num_steps += _run_to_completion(engine)
     manager = engine.kv_cache_manager
     manager.reset_prefix_cache()
     manager.prefix_cache_queries = manager.prefix_cache_hits = 0
     return num_steps
+
+
+def _run_to_completion(engine: EngineCore) -> int:
+    num_steps = 0
+    while engine.has_unfinished_requests():
+        engine.step()
+        num_steps += 1
+    return num_steps
+
+
+def describe_startup(engine: EngineCore, num_warmup_steps: int, warmup_seconds: float) -> str:
+    """One line for the start-up log: warm-up, graph capture, and the Triton builds so far."""
+    parts = [f"warm-up: {num_warmup_steps} steps in {warmup_seconds:.1f} s"]
+    graphs = engine.runner.graphs
+    if graphs is not None:
+        parts.append(
+            f"{len(graphs.batch_sizes)} decode graphs captured in {graphs.capture_seconds:.1f} s"
+        )
+    totals = compile_totals()
+    if totals is not None:
+        parts.append(totals.describe())
+    return "; ".join(parts)

@@ -53,7 +53,10 @@ def _mix32_of_int64(x):
     return x ^ (x >> 16)
 
 
-@triton.jit
+@triton.jit(
+    # Views into the step's packed sampling rows: their alignment follows the batch size.
+    do_not_specialize_on_alignment=["seeds_ptr", "steps_ptr", "temperature_ptr"],
+)
 def _gumbel_argmax_partial_kernel(
     best_value_ptr,
     best_token_ptr,

@@ -17,7 +17,7 @@ query_start_loc[i] // BLOCK_M + i. That start is non-decreasing in i and leaves 
 ceil(query_len / BLOCK_M) tiles, so a grid of num_tokens // BLOCK_M + num_reqs tiles covers every
 request, and a binary search over query_start_loc maps a tile to its request; spare tiles exit.
 When every query is one token (decode), tile i is simply request i, and the context can be split
-over NUM_SPLITS programs (split-KV, merged by a second kernel) so that small batches of long
+over num_splits programs (split-KV, merged by a second kernel) so that small batches of long
 contexts still fill the GPU. The grid then depends only on the batch size, which CUDA graphs need.
 """
 
@@ -31,6 +31,9 @@ import triton
 import triton.language as tl
 
 LOG2_E = 1.4426950408889634
+# The split-KV factor is a runtime value up to this (and the merge kernel's tile), so the many
+# factors that batch sizes pick share two compiled decode variants (split or not).
+MAX_SPLITS = 16
 
 
 @triton.jit
@@ -112,7 +115,12 @@ def _attend_kv_tiles(
     return row_max, row_sum, accumulator
 
 
-@triton.jit
+@triton.jit(
+    # Per-step values: specialising on them (== 1, divisible by 16, 16-byte aligned slices of
+    # the step's metadata) would compile new variants while serving (kernels/compile_log.py).
+    do_not_specialize=["num_reqs", "num_splits", "stride_block_tables"],
+    do_not_specialize_on_alignment=["block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr"],
+)
 def _paged_attention_kernel(
     output_ptr,
     query_ptr,
@@ -121,10 +129,11 @@ def _paged_attention_kernel(
     block_tables_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
-    split_output_ptr,  # [num_reqs, num_heads, NUM_SPLITS, HEAD_DIM] fp32, when NUM_SPLITS > 1
-    split_lse_ptr,  # [num_reqs, num_heads, NUM_SPLITS] fp32 (log2 units)
+    split_output_ptr,  # [num_reqs, num_heads, num_splits, HEAD_DIM] fp32, when IS_SPLIT
+    split_lse_ptr,  # [num_reqs, num_heads, num_splits] fp32 (log2 units)
     scale_log2,
     num_reqs,
+    num_splits,
     num_heads,
     stride_query_token,
     stride_query_head,
@@ -142,7 +151,7 @@ def _paged_attention_kernel(
     HEAD_DIM: tl.constexpr,
     BLOCK_SIZE: tl.constexpr,
     TILES_ARE_REQUESTS: tl.constexpr,
-    NUM_SPLITS: tl.constexpr,
+    IS_SPLIT: tl.constexpr,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -190,8 +199,8 @@ def _paged_attention_kernel(
     last_token = tl.minimum(first_token + BLOCK_M, query_len)
     context_end = context_start + last_token
     num_kv_tiles = tl.cdiv(context_end, BLOCK_N)
-    if NUM_SPLITS > 1:
-        tiles_per_split = tl.cdiv(num_kv_tiles, NUM_SPLITS)
+    if IS_SPLIT:
+        tiles_per_split = tl.cdiv(num_kv_tiles, num_splits)
         kv_tile_begin = split * tiles_per_split
         kv_tile_end = tl.minimum(kv_tile_begin + tiles_per_split, num_kv_tiles)
     else:
@@ -251,10 +260,10 @@ def _paged_attention_kernel(
 
     safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
     accumulator = accumulator / safe_sum[:, None]
-    if NUM_SPLITS > 1:
+    if IS_SPLIT:
         # Always written, also by an empty split (sum 0 -> lse -inf), so the merge reads no garbage.
         lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
-        split_row = (request.to(tl.int64) * num_heads + head) * NUM_SPLITS + split
+        split_row = (request.to(tl.int64) * num_heads + head) * num_splits + split
         tl.store(split_lse_ptr + split_row, lse, mask=is_row_valid)
         tl.store(
             split_output_ptr + split_row[:, None] * HEAD_DIM + dims[None, :],
@@ -270,16 +279,18 @@ def _paged_attention_kernel(
         )
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["num_splits"], do_not_specialize_on_alignment=["query_start_loc_ptr"]
+)
 def _merge_splits_kernel(
     output_ptr,
     split_output_ptr,
     split_lse_ptr,
     query_start_loc_ptr,
     num_heads,
+    num_splits,
     stride_output_token,
     stride_output_head,
-    NUM_SPLITS: tl.constexpr,
     SPLITS_PADDED: tl.constexpr,
     HEAD_DIM: tl.constexpr,
 ):
@@ -291,8 +302,8 @@ def _merge_splits_kernel(
         return
     splits = tl.arange(0, SPLITS_PADDED)
     dims = tl.arange(0, HEAD_DIM)
-    split_rows = (request.to(tl.int64) * num_heads + head) * NUM_SPLITS + splits
-    lse = tl.load(split_lse_ptr + split_rows, mask=splits < NUM_SPLITS, other=float("-inf"))
+    split_rows = (request.to(tl.int64) * num_heads + head) * num_splits + splits
+    lse = tl.load(split_lse_ptr + split_rows, mask=splits < num_splits, other=float("-inf"))
     has_keys = lse > float("-inf")
     max_lse = tl.max(lse, axis=0)  # finite: split 0 always holds the first key
     weights = tl.where(has_keys, tl.exp2(lse - max_lse), 0.0)
@@ -335,7 +346,7 @@ def choose_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) ->
         return 1
     target_programs = 8 * _num_multiprocessors(device.index or 0)
     programs = max(1, num_reqs * num_kv_heads)
-    return max(1, min(16, triton.cdiv(target_programs, programs)))
+    return max(1, min(MAX_SPLITS, triton.cdiv(target_programs, programs)))
 
 
 def paged_attention(
@@ -479,6 +490,7 @@ def _launch(
         split_lse,
         scale * LOG2_E,
         num_reqs,
+        num_splits,
         num_heads,
         query.stride(0),
         query.stride(1),
@@ -496,7 +508,7 @@ def _launch(
         HEAD_DIM=head_dim,
         BLOCK_SIZE=block_size,
         TILES_ARE_REQUESTS=is_decode,
-        NUM_SPLITS=num_splits,
+        IS_SPLIT=num_splits > 1,
         num_warps=num_warps,
         num_stages=num_stages,
     )
@@ -507,10 +519,10 @@ def _launch(
             split_lse,
             query_start_loc,
             num_heads,
+            num_splits,
             output.stride(0),
             output.stride(1),
-            NUM_SPLITS=num_splits,
-            SPLITS_PADDED=triton.next_power_of_2(num_splits),
+            SPLITS_PADDED=max(MAX_SPLITS, triton.next_power_of_2(num_splits)),
             HEAD_DIM=head_dim,
             num_warps=4 if head_dim >= 128 else 2,
         )

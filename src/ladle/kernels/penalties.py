@@ -14,8 +14,10 @@ import torch
 import triton
 import triton.language as tl
 
+_TALLY_BLOCK = 1024
 
-@triton.jit
+
+@triton.jit(do_not_specialize=["width", "stride_ids"])
 def _tally_kernel(
     tally_ptr,
     token_ids_ptr,
@@ -36,7 +38,9 @@ def _tally_kernel(
         tl.atomic_or(pointers, tl.full([BLOCK], 1, tl.int32), mask=is_column, sem="relaxed")
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize_on_alignment=["presence_ptr", "frequency_ptr", "repetition_ptr"],
+)
 def _apply_penalties_kernel(
     logits_ptr,
     tally_ptr,
@@ -82,7 +86,9 @@ def apply_penalties_(
     for token_ids, is_output in ((prompt_token_ids, False), (output_token_ids, True)):
         token_ids = token_ids if token_ids.stride(-1) == 1 else token_ids.contiguous()
         width = token_ids.shape[1]
-        block = min(1024, max(32, triton.next_power_of_2(width)))
+        # One tile width for every step (masked lanes cost next to nothing), so a long prompt
+        # does not compile a new variant under its first user.
+        block = _TALLY_BLOCK
         _tally_kernel[(num_reqs, triton.cdiv(width, block))](
             tally,
             token_ids,

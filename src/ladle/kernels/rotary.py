@@ -44,7 +44,7 @@ def _rotate_heads(
     tl.store(first + HALF, (x2_cos + x1_sin).to(dtype), mask=mask)
 
 
-@triton.jit
+@triton.jit(do_not_specialize_on_alignment=["positions_ptr"])  # a view into the step's inputs
 def _rotary_kernel(
     query_ptr,
     key_ptr,

@@ -19,6 +19,7 @@ so one captured graph is right for any context lengths and block tables.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -86,6 +87,7 @@ class DecodeGraphs:
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
         self.pool_bytes = 0
+        self.capture_seconds = 0.0
 
     def _metadata(self, batch_size: int) -> AttentionMetadata:
         static = self.static
@@ -104,6 +106,7 @@ class DecodeGraphs:
     @torch.inference_mode()
     def capture(self) -> None:
         """Capture every bucket, largest first, into one pool; record the pool's size."""
+        started = time.perf_counter()
         torch.cuda.synchronize(self.device)
         # Capture empties the allocator's cache on entry; empty it first, so the difference
         # in reserved memory is the pool and nothing else.
@@ -124,6 +127,7 @@ class DecodeGraphs:
             self._outputs[batch_size] = output
         torch.cuda.synchronize(self.device)
         self.pool_bytes = max(0, torch.cuda.memory_reserved(self.device) - reserved_before)
+        self.capture_seconds = time.perf_counter() - started
 
     def can_run(self, num_reqs: int, num_tokens: int, max_query_len: int, width: int) -> bool:
         """A decode-only step (one token a request) that fits a captured bucket."""
