@@ -26,6 +26,7 @@ from ladle.sample.sampler import Sampler
 from ladle.structured.manager import GrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
+from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.step_inputs import StepInputBuilder
 
@@ -90,7 +91,7 @@ class ModelRunner:
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         shape = (2, num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
         return [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
+            zeros_lazily(shape, self.dtype, self.device)
             for _ in range(self.arch.num_hidden_layers)
         ]
 
