@@ -48,6 +48,9 @@ def validate_sampling_extras(params: Any) -> None:
         and (truncate >= 1 or truncate == -1)
     ):
         raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1, got {truncate!r}")
+    salt = params.cache_salt
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
     if not isinstance(params.detokenize, bool):
         raise ValueError(f"detokenize must be a bool, got {params.detokenize!r}")
     if not params.detokenize and params.stop:

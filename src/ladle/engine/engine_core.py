@@ -92,6 +92,11 @@ class EngineCore:
         self._validate_prompt(prompt)
         check_field("priority", core_request.priority)
         check_top_k(params.top_k, self.vocab_size)
+        if params.logprobs is not None and params.logprobs > self.config.model.max_logprobs:
+            raise RequestRejectedError(
+                f"logprobs: {params.logprobs} requested, but this server allows at most "
+                f"{self.config.model.max_logprobs} (--max-logprobs)"
+            )
         room = self.max_model_len - len(prompt)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=room)
@@ -116,6 +121,7 @@ class EngineCore:
             eos_token_ids=tuple(core_request.eos_token_ids),
             priority=core_request.priority,
             arrival_time=core_request.arrival_time or time.monotonic(),
+            cache_salt=params.cache_salt,
         )
         request.sampling_seed = (
             params.seed if params.seed is not None else self._seed_source.getrandbits(31)

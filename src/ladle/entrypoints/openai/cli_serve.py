@@ -44,6 +44,9 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     server.add_argument("--served-model-name", default=None,
                         help="the model name clients send (default: the model argument)")
     server.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model's")
+    server.add_argument("--chat-template", default=None,
+                        help="a Jinja chat template (a file, or the template inline) replacing "
+                        "the tokenizer's")
     server.add_argument("--max-queued-requests", type=int, default=1024,
                         help="sequences waiting for the engine before new requests get 429")
     server.add_argument("--max-queued-tokens", type=int, default=1 << 20,
@@ -78,6 +81,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
                         help="accept request fields neither OpenAI nor vLLM defines (default: 400)")
 
     server.add_argument("--access-log", action="store_true", help="uvicorn's access log too")
+    server.add_argument("--disable-log-stats", action="store_true",
+                        help="no periodic engine statistics in the log (as --stats-interval 0)")
     server.add_argument("--disable-log-requests", action="store_true",
                         help="no log line per finished request (method, route, status, "
                         "tokens in/out, latency)")
@@ -118,6 +123,11 @@ def run_serve(args: argparse.Namespace) -> int:
                         ("--max-connections", args.max_connections)):
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
+    chat_template = None
+    if args.chat_template is not None:
+        from ladle.entrypoints.chat_template import load_chat_template
+
+        chat_template = load_chat_template(args.chat_template)
     options = engine_options_from_args(args)
     if args.tokenizer:
         options["tokenizer"] = args.tokenizer
@@ -132,6 +142,8 @@ def run_serve(args: argparse.Namespace) -> int:
     # Bad options fail here, before a process is spawned, with the field named.
     EngineConfig.from_kwargs(model=model, **options)
     if args.replicas != 1 or args.ray_address:
+        if chat_template is not None:
+            raise ValueError("--chat-template is not supported with --replicas / --ray-address")
         from ladle.entrypoints.cluster.cli_cluster import run_cluster
 
         return run_cluster(args, model, served_name, options)
@@ -193,7 +205,12 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"ladle: error: {error}", file=sys.stderr)
             await client.shutdown()
             return 1
-        stats_task = asyncio.create_task(live_stats.run()) if args.stats_interval > 0 else None
+        if chat_template is not None and client.tokenizer is not None:
+            from ladle.entrypoints.chat_template import apply_chat_template_override
+
+            apply_chat_template_override(client.tokenizer.hf_tokenizer, chat_template)
+        log_stats = args.stats_interval > 0 and not args.disable_log_stats
+        stats_task = asyncio.create_task(live_stats.run()) if log_stats else None
         try:
             await server.serve()
         finally:

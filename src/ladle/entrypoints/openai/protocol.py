@@ -48,6 +48,8 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: StrictBool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: StrictBool = False
 
 
 class JsonSchemaFormat(_Strict):
@@ -102,6 +104,10 @@ class _SamplingFields(_Strict):
     # Structured output (ladle.structured): OpenAI's response_format and vLLM's extra.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
+    # vLLM's prompt extras (prompt_options.py): keep the prompt's last k tokens (-1:
+    # max_model_len); a salt that keeps this request's prefix-cache blocks apart from others'.
+    truncate_prompt_tokens: StrictInt | None = None
+    cache_salt: StrictStr | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -114,6 +120,7 @@ class CompletionRequest(_SamplingFields):
     echo: StrictBool = False
     best_of: api_field("best_of") | None = None
     suffix: StrictStr | None = None
+    add_special_tokens: StrictBool = True  # vLLM's: a bos (if the model has one) before text
 
 
 class ContentPart(_Strict):
@@ -202,6 +209,12 @@ class ChatCompletionRequest(_SamplingFields):
     # ladle / vLLM extras for the template
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the template already writes the special tokens, so none are added by default.
+    add_special_tokens: StrictBool = False
+    # vLLM's: end the prompt inside the last (assistant) message, which the reply continues.
+    continue_final_message: StrictBool = False
+    # vLLM's: the reply's content starts with the last message's, when that is the assistant's.
+    echo: StrictBool = False
 
 
 def parse_request(model_class: type[ModelT], body: bytes) -> ModelT:

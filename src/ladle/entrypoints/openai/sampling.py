@@ -52,6 +52,7 @@ def build_sampling_params(
             logit_bias=request.logit_bias or None,
             allowed_token_ids=request.allowed_token_ids,
             structured_outputs=structured_outputs,
+            cache_salt=request.cache_salt,
         )
     except ValueError as error:
         raise from_value_error(error) from error

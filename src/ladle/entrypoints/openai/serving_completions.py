@@ -16,6 +16,11 @@ from fastapi.responses import JSONResponse, Response
 from ladle.engine.client import RequestStream
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import completion_logprobs
+from ladle.entrypoints.openai.prompt_options import (
+    truncate_prompt,
+    usage_so_far,
+    wants_continuous_usage,
+)
 from ladle.entrypoints.openai.protocol import (
     DEFAULT_MAX_TOKENS,
     CompletionChoice,
@@ -44,7 +49,9 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, body: bytes, raw_request: Request) -> Response:
         request = self.parse_checked(CompletionRequest, body)
         self._check_unsupported(request)
-        prompts = self._tokenize(request.prompt)
+        prompts = self._truncate(
+            request, self._tokenize(request.prompt, request.add_special_tokens)
+        )
         params_list = [self._params(request, token_ids) for _, token_ids in prompts]
         self.admit_batch(
             len(prompts) * request.n, sum(len(ids) for _, ids in prompts) * request.n
@@ -93,7 +100,7 @@ class OpenAIServingCompletion(OpenAIServing):
             )
 
     def _tokenize(
-        self, prompt: str | list[str] | list[int] | list[list[int]]
+        self, prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool = True
     ) -> list[tuple[str | None, list[int]]]:
         """(text, token ids) of each prompt."""
         if isinstance(prompt, str):
@@ -113,11 +120,23 @@ class OpenAIServingCompletion(OpenAIServing):
                     raise BadRequestError(
                         "this model has no tokenizer; send token ids as the prompt", param="prompt"
                     )
-                result.append((item, tokenizer.encode(item)))
+                result.append((item, tokenizer.encode(item, add_special_tokens)))
             else:
                 check_token_ids(item, vocab_size, "prompt")
                 result.append((None, list(item)))
         return result
+
+    def _truncate(
+        self, request: CompletionRequest, prompts: list[tuple[str | None, list[int]]]
+    ) -> list[tuple[str | None, list[int]]]:
+        """truncate_prompt_tokens: a prompt cut short loses its text (echo decodes the ids)."""
+        truncated = []
+        for text, token_ids in prompts:
+            kept = truncate_prompt(
+                token_ids, request.truncate_prompt_tokens, self.client.info.max_model_len
+            )
+            truncated.append((text if len(kept) == len(token_ids) else None, kept))
+        return truncated
 
     def _params(self, request: CompletionRequest, token_ids: list[int]) -> SamplingParams:
         info = self.client.info
@@ -199,6 +218,7 @@ class OpenAIServingCompletion(OpenAIServing):
         finish_sent = [False] * num_choices
         finals: list[RequestOutput | None] = [None] * len(streams)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        continuous_usage = wants_continuous_usage(request.stream_options)
         try:
             async for prompt_index, output in merge_streams(streams):
                 choices = []
@@ -235,6 +255,11 @@ class OpenAIServingCompletion(OpenAIServing):
                         id=response_id, created=created, model=self.served_model_name,
                         choices=choices,
                     )
+                    if continuous_usage:
+                        chunk.usage = usage_so_far(
+                            prompt_lengths[prompt_index],
+                            sum(len(c.token_ids) for c in output.outputs),
+                        )
                     yield sse_event(chunk.model_dump_json())
             if include_usage:
                 done = [output for output in finals if output is not None]

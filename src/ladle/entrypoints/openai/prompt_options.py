@@ -1,0 +1,70 @@
+"""vLLM's prompt extras on the server: truncate_prompt_tokens, chat echo and usage in every
+streamed chunk (stream_options.continuous_usage_stats).
+
+add_special_tokens and continue_final_message are one argument each to the tokenizer and the
+chat template (serving_completions.py / serving_chat.py); cache_salt travels with the request's
+SamplingParams into its block hashes (core/block_hash.py).
+"""
+
+from __future__ import annotations
+
+from ladle.entrypoints.openai.errors import BadRequestError
+from ladle.entrypoints.openai.protocol import ChatCompletionRequest, StreamOptions, UsageInfo
+
+
+def truncate_prompt(
+    token_ids: list[int], truncate_prompt_tokens: int | None, max_model_len: int
+) -> list[int]:
+    """The prompt's last k tokens (k = truncate_prompt_tokens; -1 means max_model_len), as vLLM
+    keeps them; the prompt unchanged when it is no longer than k or k is None."""
+    if truncate_prompt_tokens is None:
+        return token_ids
+    if truncate_prompt_tokens == -1:
+        keep = max_model_len
+    elif truncate_prompt_tokens >= 1:
+        keep = truncate_prompt_tokens
+    else:
+        raise BadRequestError(
+            f"truncate_prompt_tokens must be >= 1 or -1 (max_model_len), got "
+            f"{truncate_prompt_tokens}",
+            param="truncate_prompt_tokens",
+        )
+    if keep > max_model_len:
+        raise BadRequestError(
+            f"truncate_prompt_tokens ({keep}) is larger than max_model_len ({max_model_len})",
+            param="truncate_prompt_tokens",
+        )
+    return token_ids if len(token_ids) <= keep else token_ids[-keep:]
+
+
+def check_chat_prompt_options(request: ChatCompletionRequest) -> None:
+    """400 for combinations of chat prompt options that contradict each other."""
+    if request.continue_final_message and request.add_generation_prompt:
+        raise BadRequestError(
+            "continue_final_message and add_generation_prompt cannot both be true (set "
+            "add_generation_prompt to false to continue the last message)",
+            param="continue_final_message",
+        )
+
+
+def chat_echo_text(request: ChatCompletionRequest) -> str:
+    """What `echo` puts before each reply: the last message's text when it is the assistant's
+    (the reply continues it), else nothing, as vLLM does."""
+    if not request.echo or request.messages[-1].role != "assistant":
+        return ""
+    return request.messages[-1].text()
+
+
+def wants_continuous_usage(stream_options: StreamOptions | None) -> bool:
+    """Usage in every chunk: vLLM's continuous_usage_stats, which needs include_usage."""
+    return bool(
+        stream_options and stream_options.include_usage and stream_options.continuous_usage_stats
+    )
+
+
+def usage_so_far(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInfo:
+    return UsageInfo(
+        prompt_tokens=num_prompt_tokens,
+        completion_tokens=num_completion_tokens,
+        total_tokens=num_prompt_tokens + num_completion_tokens,
+    )
