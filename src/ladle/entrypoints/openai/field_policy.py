@@ -39,7 +39,6 @@ REFUSED: dict[str, str] = {
     "function_call": _FUNCTIONS,
     "reasoning_effort": "reasoning_effort is not supported (ladle cannot set a model's effort)",
     # sampling and prompt extras of vLLM not implemented by ladle's sampler yet
-    "bad_words": "bad_words is not supported yet",
     "prompt_logprobs": "prompt logprobs are not computed",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "beam search is not supported",
@@ -72,7 +71,6 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (True,),
     "functions": ([],),
     "function_call": ("none",),
-    "bad_words": ([],),
     "use_beam_search": (False,),
     "store": (False,),
     "return_tokens_as_token_ids": (False,),

@@ -108,6 +108,7 @@ class _SamplingFields(_Strict):
     # max_model_len); a salt that keeps this request's prefix-cache blocks apart from others'.
     truncate_prompt_tokens: StrictInt | None = None
     cache_salt: StrictStr | None = None
+    bad_words: list[StrictStr] | None = None  # vLLM's: words never generated
 
 
 class CompletionRequest(_SamplingFields):

@@ -53,6 +53,7 @@ def build_sampling_params(
             allowed_token_ids=request.allowed_token_ids,
             structured_outputs=structured_outputs,
             cache_salt=request.cache_salt,
+            bad_words=request.bad_words or None,
         )
     except ValueError as error:
         raise from_value_error(error) from error
