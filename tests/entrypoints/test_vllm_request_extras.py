@@ -22,16 +22,20 @@ from ladle.core.block_hash import extend_block_hashes
 from ladle.core.request import Request
 from ladle.entrypoints.chat_template import load_chat_template
 from ladle.entrypoints.openai.errors import BadRequestError
+from ladle.entrypoints.openai.field_policy import REFUSED
 from ladle.entrypoints.openai.prompt_options import truncate_prompt
+from ladle.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ladle.sample.bad_words import bad_words_token_ids, banned_by_bad_words
 from ladle.sample.logit_processing import apply_logit_edits_, build_logit_edits
 from ladle.sampling_params import SamplingParams
 from tests.entrypoints.conftest import API_KEY, TINY_ENGINE_ARGS, TINY_ENGINE_OPTIONS
 from tests.entrypoints.server_process import ServerProcess
+from tests.entrypoints.test_field_policy import effective_value
 
 SERVED = "tiny-bos"
 # Every message closed by <|im_end|>, so continue_final_message has something to leave out.
 TEMPLATE = (
+    "{% if greeting is defined %}{{ greeting }}\n{% endif %}"
     "{% for m in messages %}<|im_start|>{{ m.role }}\n{{ m.content }}<|im_end|>\n{% endfor %}"
     "{% if add_generation_prompt %}<|im_start|>assistant\n{% endif %}"
 )
@@ -345,3 +349,145 @@ def test_server_max_logprobs_and_disabled_stats_log(client, server) -> None:
     assert "max-logprobs" in response.text
     time.sleep(0.5)  # several --stats-interval periods after requests ran
     assert "[ladle] running" not in server.log()
+
+
+# ----- every field, one at a time --------------------------------------------------------------
+
+COMPLETION_BASE = {"prompt": LONG_PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
+CHAT_BASE = {
+    "messages": [{"role": "user", "content": "hello there"}],
+    "max_tokens": 6, "temperature": 0, "ignore_eos": True,
+}
+RANDOM = {"temperature": 1.0, "seed": 0}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
+CONVERSATION = [
+    {"role": "user", "content": "tell me a story"},
+    {"role": "assistant", "content": "the quick brown"},
+]
+
+# field -> (endpoint, extra base fields, the field's value). The request with the field must
+# differ observably (body, usage, stream) from the one without; callables get the tokenizer.
+HONOURED_ROWS = {
+    "model": ("completions", {}, "not-this-model"),
+    "prompt": ("completions", {}, "a different prompt"),
+    "messages": ("chat", {}, [{"role": "user", "content": "something else entirely"}]),
+    "n": ("completions", {}, 2),
+    "temperature": ("completions", {"seed": 0}, 1.5),
+    "top_p": ("completions", RANDOM, 0.01),
+    "top_k": ("completions", RANDOM, 1),
+    "min_p": ("completions", RANDOM, 0.99),
+    "seed": ("completions", RANDOM, 1),
+    "presence_penalty": ("completions", {"max_tokens": 16}, 2.0),
+    "frequency_penalty": ("completions", {"max_tokens": 16}, 2.0),
+    "repetition_penalty": ("completions", {"max_tokens": 16}, 2.0),
+    "max_tokens": ("completions", {}, 2),
+    "max_completion_tokens": ("chat", {"max_tokens": None}, 2),
+    "logprobs": ("completions", {}, 2),
+    "top_logprobs": ("chat", {"logprobs": True}, 3),
+    "echo": ("completions", {}, True),
+    "stream": ("completions", {}, True),
+    "stream_options": ("completions", {"stream": True}, {"include_usage": True}),
+    "logit_bias": ("completions", {}, {"11": 100}),
+    "allowed_token_ids": ("completions", {}, [7, 9]),
+    "stop_token_ids": ("completions", {"allowed_token_ids": [7, 9]}, [7, 9]),
+    "min_tokens": ("completions", {"allowed_token_ids": [7, 9], "stop_token_ids": [7, 9]}, 3),
+    "ignore_eos": ("completions", {"ignore_eos": False, "logit_bias": "EOS+100"}, True),
+    "skip_special_tokens": ("completions", {"logit_bias": "EOS+100"}, False),
+    "stop": ("completions", {"allowed_token_ids": [7, 9]}, "TEXT_OF_7"),
+    "include_stop_str_in_output": (
+        "completions", {"allowed_token_ids": [7, 9], "stop": "TEXT_OF_7"}, True
+    ),
+    "bad_words": ("completions", {"allowed_token_ids": [7, 9]}, ["TEXT_OF_7"]),
+    "response_format": ("completions", {}, {"type": "json_object"}),
+    "structured_outputs": ("completions", {}, {"choice": ["yes", "no"]}),
+    "truncate_prompt_tokens": ("completions", {}, 3),
+    "add_special_tokens": ("completions", {}, False),
+    "best_of": ("completions", {}, 2),  # best_of != n: a 400 naming it
+    "suffix": ("completions", {}, "and then"),  # a 400 naming it
+    "tools": ("chat", {}, [TOOL]),
+    "tool_choice": ("chat", {"tools": [TOOL]}, "required"),
+    "add_generation_prompt": ("chat", {}, False),
+    "chat_template_kwargs": ("chat", {}, {"greeting": "good morning"}),
+    "continue_final_message": (
+        "chat", {"messages": CONVERSATION, "add_generation_prompt": False}, True
+    ),
+    "chat.echo": ("chat", {"messages": CONVERSATION}, True),
+    "chat.add_special_tokens": ("chat", {}, True),
+}
+# Fields whose effect one request cannot show, and where it is checked instead.
+HONOURED_ELSEWHERE = {
+    "priority": "scheduling order under contention: tests/core/test_scheduler.py",
+    "cache_salt": "prefix-cache hits: test_server_cache_salt",
+    "parallel_tool_calls": "one call at most under a forced choice: tests/entrypoints/"
+    "test_serve_structured.py",
+    "user": "no effect by design (OpenAI: an end-user id for abuse monitoring)",
+}
+
+
+def test_every_request_field_has_a_row() -> None:
+    rows = {name.split(".")[-1] for name in HONOURED_ROWS} | set(HONOURED_ELSEWHERE)
+    missing = (set(ChatCompletionRequest.model_fields) | set(CompletionRequest.model_fields)) - rows
+    assert not missing, f"request fields with no check of their effect: {sorted(missing)}"
+
+
+def _resolve(value, tokenizer):
+    if value == "TEXT_OF_7":
+        return tokenizer.decode([7])
+    if value == ["TEXT_OF_7"]:
+        return [tokenizer.decode([7])]
+    if value == "EOS+100":
+        return {str(tokenizer.convert_tokens_to_ids("<|im_end|>")): 100}
+    if isinstance(value, dict):
+        return {key: _resolve(item, tokenizer) for key, item in value.items()}
+    return value
+
+
+def _observe(client, path: str, body: dict) -> tuple[int, object]:
+    body = {key: value for key, value in body.items() if value is not None}
+    response = client.post(path, content=json.dumps(body))
+    if response.status_code != 200:
+        return response.status_code, response.json()["error"]
+    if body.get("stream"):
+        chunks = [
+            {key: value for key, value in chunk.items() if key not in ("id", "created")}
+            for chunk in (
+                json.loads(line[len("data: "):])
+                for line in response.text.splitlines()
+                if line.startswith("data: ") and line != "data: [DONE]"
+            )
+        ]
+        return 200, chunks
+    return 200, {k: v for k, v in response.json().items() if k not in ("id", "created")}
+
+
+@pytest.mark.parametrize("row", sorted(HONOURED_ROWS))
+def test_each_field_is_honoured_or_refused_by_name(client, reference_tokenizer, row) -> None:
+    endpoint, extra, value = HONOURED_ROWS[row]
+    name = row.split(".")[-1]
+    path = f"/v1/{'chat/completions' if endpoint == 'chat' else 'completions'}"
+    base = {**(CHAT_BASE if endpoint == "chat" else COMPLETION_BASE), "model": SERVED}
+    base.update(_resolve(extra, reference_tokenizer))
+    status, without = _observe(client, path, base)
+    assert status == 200, without
+    status, with_field = _observe(
+        client, path, {**base, name: _resolve(value, reference_tokenizer)}
+    )
+    if status != 200:
+        assert status in (400, 404) and with_field["param"] == name, with_field
+        return
+    assert with_field != without, f"{name}={value!r} changed nothing"
+
+
+@pytest.mark.parametrize("name", sorted(REFUSED))
+def test_each_refused_field_is_a_400_naming_it(client, name) -> None:
+    for endpoint, base in (("chat/completions", CHAT_BASE), ("completions", COMPLETION_BASE)):
+        body = {**base, "model": SERVED, name: effective_value(name, endpoint == "chat")}
+        response = client.post(f"/v1/{endpoint}", content=json.dumps(body))
+        if response.status_code == 200:
+            # the endpoint implements it itself (chat's tools): its row above checks the effect
+            model = ChatCompletionRequest if endpoint.startswith("chat") else CompletionRequest
+            assert name in model.model_fields, f"{name} on /v1/{endpoint} silently accepted"
+            continue
+        assert response.status_code == 400, response.text
+        assert response.json()["error"]["param"] == name
