@@ -4,8 +4,9 @@ either implemented (where named) or refused with a ValueError that names the fie
 Implemented: seed=-1 (random, as None), detokenize=False (token ids only, no text),
 truncate_prompt_tokens (keep the last k prompt tokens; -1 keeps max_model_len),
 spaces_between_special_tokens=True (what the detokenizer does), logit_bias and
-allowed_token_ids and bad_words (sample/logit_processing.py). Refused while ladle lacks them,
-when set to anything that would change the result: prompt_logprobs, logits_processors,
+allowed_token_ids and bad_words (sample/logit_processing.py), prompt_logprobs
+(worker/prompt_logprobs.py). Refused while ladle lacks them, when set to anything that would
+change the result: logits_processors,
 guided_decoding (use structured_outputs).
 """
 
@@ -13,10 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ladle.sampling_limits import LIMITS
+
 # field -> why it is refused (only when set to a value that would have an effect).
 UNSUPPORTED_SAMPLING_FIELDS = {
-    "prompt_logprobs": "prompt_logprobs is not supported by ladle yet (prompt logprobs are not "
-    "computed)",
     "logits_processors": "logits_processors is not supported by ladle",
     "guided_decoding": "guided_decoding is vLLM's older name: use structured_outputs",
 }
@@ -48,6 +49,12 @@ def validate_sampling_extras(params: Any) -> None:
     ):
         raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1, got {truncate!r}")
     _validate_bad_words(params)
+    if params.prompt_logprobs is not None:
+        # vLLM's -1 (the whole vocabulary) is beyond any --max-logprobs ladle allows.
+        if not LIMITS["logprobs"].accepts(params.prompt_logprobs):
+            raise ValueError(
+                f"prompt_logprobs {LIMITS['logprobs'].describe()}, got {params.prompt_logprobs!r}"
+            )
     salt = params.cache_salt
     if salt is not None and not (isinstance(salt, str) and salt):
         raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")

@@ -24,6 +24,7 @@ from ladle.engine.messages import (
     RequestRejectedError,
     SchedulerStats,
 )
+from ladle.engine.prompt_logprobs import PromptLogprobsCollector
 from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
 from ladle.engine.warmup import warm_up
 from ladle.sampling_limits import check_field, check_top_k
@@ -67,6 +68,7 @@ class EngineCore:
         )
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
+        self.prompt_logprobs = PromptLogprobsCollector()
         self.step_meter = StepMeter()
         # On the CPU, torch's thread team follows the cores other programs leave free.
         self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
@@ -92,11 +94,13 @@ class EngineCore:
         self._validate_prompt(prompt)
         check_field("priority", core_request.priority)
         check_top_k(params.top_k, self.vocab_size)
-        if params.logprobs is not None and params.logprobs > self.config.model.max_logprobs:
-            raise RequestRejectedError(
-                f"logprobs: {params.logprobs} requested, but this server allows at most "
-                f"{self.config.model.max_logprobs} (--max-logprobs)"
-            )
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.config.model.max_logprobs:
+                raise RequestRejectedError(
+                    f"{name}: {asked} requested, but this server allows at most "
+                    f"{self.config.model.max_logprobs} (--max-logprobs)"
+                )
         room = self.max_model_len - len(prompt)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=room)
@@ -156,6 +160,7 @@ class EngineCore:
         """End requests now and free their blocks; returns their final 'abort' outputs."""
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
         finished_ids = [r.request_id for r in finished]
+        self.prompt_logprobs.discard(request_ids)
         if self.structured_outputs is not None:
             finished_ids += self.structured_outputs.remove(request_ids)
         return [
@@ -192,15 +197,18 @@ class EngineCore:
         )
         failed_outputs += fault_outputs
         if runner_output is None:
+            self.prompt_logprobs.discard([output.request_id for output in failed_outputs])
             return failed_outputs
         if structured is not None:
             # Fault isolation dropped any culprit from scheduled_requests, so these line up.
             structured.accept_tokens(
                 scheduler_output.scheduled_requests, runner_output.sampled_token_ids
             )
+        self.prompt_logprobs.add(runner_output.prompt_logprobs)
         outputs = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
+        self.prompt_logprobs.attach(failed_outputs + outputs)
         if structured is not None:
             structured.remove(
                 [output.request_id for output in failed_outputs + outputs if output.finished]

@@ -179,6 +179,8 @@ class OutputProcessor:
         completion = sample.completion
         metrics = state.output.metrics
         state.output.num_cached_tokens = core_output.num_cached_tokens
+        if core_output.prompt_logprobs is not None and state.output.prompt_logprobs is None:
+            state.output.prompt_logprobs = core_output.prompt_logprobs  # n samples: the first's
         if core_output.first_scheduled_time is not None and metrics.first_scheduled_time is None:
             metrics.first_scheduled_time = core_output.first_scheduled_time
         if core_output.new_token_ids:

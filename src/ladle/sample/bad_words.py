@@ -37,8 +37,6 @@ def banned_by_bad_words(
         prefix_length = len(sequence) - 1
         if prefix_length > len(output_token_ids):
             continue
-        if prefix_length == 0 or list(output_token_ids[-prefix_length:]) == list(
-            sequence[:-1]
-        ):
+        if prefix_length == 0 or list(output_token_ids[-prefix_length:]) == list(sequence[:-1]):
             banned.append(sequence[-1])
     return banned

@@ -28,6 +28,7 @@ from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
+from ladle.worker.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
 from ladle.worker.step_inputs import StepInputBuilder
 
 # Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
@@ -39,6 +40,8 @@ class RunnerOutput:
     # One entry per scheduled request, in batch order; -1 where the request did not sample.
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None
+    # request id -> this step's prompt logprobs, for requests that asked (prompt_logprobs.py)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] | None = None
 
 
 class ModelRunner:
@@ -168,8 +171,15 @@ class ModelRunner:
         else:
             hidden = self.model(inputs.input_ids, inputs.positions, self.kv_caches, attn_metadata)
         sampled_ids = [-1] * len(requests)
+        prompt_logprobs = None
+        if any(r.sampling_params.prompt_logprobs is not None for r in requests):
+            prompt_logprobs = compute_prompt_logprobs(
+                self.model.compute_logits, hidden, scheduler_output
+            )
         if not sampling_requests:
-            return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
+            return RunnerOutput(
+                sampled_token_ids=sampled_ids, logprobs=None, prompt_logprobs=prompt_logprobs
+            )
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         grammar_bitmask = fill_grammar_bitmask(sampling_requests) if fill_grammar_bitmask else None
         # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
@@ -197,4 +207,6 @@ class ModelRunner:
             logprobs = [None] * len(requests)
             for position, entry in zip(sampling_positions, per_request):
                 logprobs[position] = entry
-        return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=logprobs)
+        return RunnerOutput(
+            sampled_token_ids=sampled_ids, logprobs=logprobs, prompt_logprobs=prompt_logprobs
+        )

@@ -39,7 +39,6 @@ REFUSED: dict[str, str] = {
     "function_call": _FUNCTIONS,
     "reasoning_effort": "reasoning_effort is not supported (ladle cannot set a model's effort)",
     # sampling and prompt extras of vLLM not implemented by ladle's sampler yet
-    "prompt_logprobs": "prompt logprobs are not computed",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "beam search is not supported",
     "spaces_between_special_tokens": "spaces_between_special_tokens is not supported",

@@ -1,5 +1,5 @@
-"""vLLM's prompt extras on the server: truncate_prompt_tokens, chat echo and usage in every
-streamed chunk (stream_options.continuous_usage_stats).
+"""vLLM's prompt extras on the server: truncate_prompt_tokens, chat echo, usage in every
+streamed chunk (stream_options.continuous_usage_stats) and the prompt_logprobs response field.
 
 add_special_tokens and continue_final_message are one argument each to the tokenizer and the
 chat template (serving_completions.py / serving_chat.py); cache_salt travels with the request's
@@ -8,6 +8,10 @@ SamplingParams into its block hashes (core/block_hash.py).
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
+from ladle.engine.messages import TokenLogprobs
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.protocol import ChatCompletionRequest, StreamOptions, UsageInfo
 
@@ -68,3 +72,39 @@ def usage_so_far(num_prompt_tokens: int, num_completion_tokens: int) -> UsageInf
         completion_tokens=num_completion_tokens,
         total_tokens=num_prompt_tokens + num_completion_tokens,
     )
+
+
+def check_prompt_logprobs(prompt_logprobs: int | None, stream: bool) -> None:
+    if prompt_logprobs is not None and stream:
+        raise BadRequestError(
+            "prompt_logprobs is not supported with stream: true (ask without streaming)",
+            param="prompt_logprobs",
+        )
+
+
+def prompt_logprobs_json(
+    entries: list[TokenLogprobs | None] | None, token_text: Callable[[int], str]
+) -> list[dict[str, dict[str, Any]] | None] | None:
+    """vLLM's response shape: None for the first prompt token, then {token id: {logprob, rank,
+    decoded_token}} with the prompt's own token first and then the top candidates."""
+    if entries is None:
+        return None
+    result: list[dict[str, dict[str, Any]] | None] = []
+    for entry in entries:
+        if entry is None:
+            result.append(None)
+            continue
+        position = {
+            str(entry.token_id): _logprob(entry.logprob, entry.rank, entry.token_id, token_text)
+        }
+        for rank, (token_id, logprob) in enumerate(
+            zip(entry.top_token_ids, entry.top_logprobs), start=1
+        ):
+            position.setdefault(str(token_id), _logprob(logprob, rank, token_id, token_text))
+        result.append(position)
+    return result
+
+
+def _logprob(logprob: float, rank: int, token_id: int, token_text) -> dict[str, Any]:
+    # -inf (a token the model rules out) is not JSON: vLLM clamps the same way.
+    return {"logprob": max(logprob, -9999.0), "rank": rank, "decoded_token": token_text(token_id)}

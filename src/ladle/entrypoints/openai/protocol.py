@@ -109,6 +109,8 @@ class _SamplingFields(_Strict):
     truncate_prompt_tokens: StrictInt | None = None
     cache_salt: StrictStr | None = None
     bad_words: list[StrictStr] | None = None  # vLLM's: words never generated
+    # vLLM's: the logprob of each prompt token (and its top k), not with stream
+    prompt_logprobs: api_field("logprobs") | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -240,12 +242,18 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+# vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob, rank,
+# decoded_token}}, the prompt's own token first.
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -325,6 +333,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatDelta(BaseModel):

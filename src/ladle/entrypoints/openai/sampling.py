@@ -54,6 +54,7 @@ def build_sampling_params(
             structured_outputs=structured_outputs,
             cache_salt=request.cache_salt,
             bad_words=request.bad_words or None,
+            prompt_logprobs=request.prompt_logprobs,
         )
     except ValueError as error:
         raise from_value_error(error) from error

@@ -17,6 +17,8 @@ from ladle.entrypoints.openai.logprobs import chat_logprobs
 from ladle.entrypoints.openai.prompt_options import (
     chat_echo_text,
     check_chat_prompt_options,
+    check_prompt_logprobs,
+    prompt_logprobs_json,
     truncate_prompt,
     usage_so_far,
     wants_continuous_usage,
@@ -75,6 +77,7 @@ class OpenAIServingChat(OpenAIServing):
         request = self.parse_checked(ChatCompletionRequest, body)
         self._check_unsupported(request)
         check_chat_prompt_options(request)
+        check_prompt_logprobs(request.prompt_logprobs, request.stream)
         plan = plan_tools(request, self.tool_parser)
         structured = structured_outputs_of(request)
         if plan.is_forced and structured is not None:
@@ -224,6 +227,7 @@ class OpenAIServingChat(OpenAIServing):
             model=self.served_model_name,
             choices=choices,
             usage=self.usage([num_prompt_tokens], [output]),
+            prompt_logprobs=prompt_logprobs_json(output.prompt_logprobs, self.token_texts),
         )
 
     async def _stream(

@@ -17,6 +17,8 @@ from ladle.engine.client import RequestStream
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import completion_logprobs
 from ladle.entrypoints.openai.prompt_options import (
+    check_prompt_logprobs,
+    prompt_logprobs_json,
     truncate_prompt,
     usage_so_far,
     wants_continuous_usage,
@@ -49,6 +51,7 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, body: bytes, raw_request: Request) -> Response:
         request = self.parse_checked(CompletionRequest, body)
         self._check_unsupported(request)
+        check_prompt_logprobs(request.prompt_logprobs, request.stream)
         prompts = self._truncate(
             request, self._tokenize(request.prompt, request.add_special_tokens)
         )
@@ -192,6 +195,9 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=logprobs,
                         finish_reason=completion.finish_reason,
                         stop_reason=completion.stop_reason,
+                        prompt_logprobs=prompt_logprobs_json(
+                            output.prompt_logprobs, self.token_texts
+                        ),
                     )
                 )
         return CompletionResponse(
