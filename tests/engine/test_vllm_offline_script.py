@@ -96,7 +96,7 @@ def test_seed_minus_one_is_random_and_unknown_fields_are_named() -> None:
     assert SamplingParams(seed=-1).seed is None
     for name, value in [
         ("logits_processors", [print]),
-        ("prompt_logprobs", 1),
+        ("guided_decoding", {"json": {}}),
     ]:
         with pytest.raises(ValueError, match=name):
             SamplingParams(**{name: value})

@@ -402,6 +402,7 @@ HONOURED_ROWS = {
     "response_format": ("completions", {}, {"type": "json_object"}),
     "structured_outputs": ("completions", {}, {"choice": ["yes", "no"]}),
     "truncate_prompt_tokens": ("completions", {}, 3),
+    "prompt_logprobs": ("completions", {}, 1),
     "add_special_tokens": ("completions", {}, False),
     "best_of": ("completions", {}, 2),  # best_of != n: a 400 naming it
     "suffix": ("completions", {}, "and then"),  # a 400 naming it
@@ -491,3 +492,29 @@ def test_each_refused_field_is_a_400_naming_it(client, name) -> None:
             continue
         assert response.status_code == 400, response.text
         assert response.json()["error"]["param"] == name
+
+
+def test_server_prompt_logprobs_match_offline(client, server, bos_model) -> None:
+    from ladle import LLM
+
+    body = post(client, "/v1/completions", prompt=LONG_PROMPT, max_tokens=1, prompt_logprobs=2)
+    served = body["choices"][0]["prompt_logprobs"]
+    llm = LLM(bos_model, **TINY_ENGINE_OPTIONS)
+    offline = llm.generate(LONG_PROMPT, SamplingParams(max_tokens=1, prompt_logprobs=2),
+                           use_tqdm=False)[0]
+    assert served[0] is None and len(served) == len(offline.prompt_logprobs)
+    for served_entry, offline_entry in zip(served[1:], offline.prompt_logprobs[1:]):
+        assert {int(k): v["rank"] for k, v in served_entry.items()} == {
+            k: v.rank for k, v in offline_entry.items()
+        }
+        for token_id, logprob in offline_entry.items():
+            assert served_entry[str(token_id)]["logprob"] == pytest.approx(logprob.logprob,
+                                                                           abs=1e-4)
+    chat = post(client, "/v1/chat/completions", messages=[{"role": "user", "content": "hi"}],
+                prompt_logprobs=0)
+    assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
+    for bad in ({"stream": True}, {"prompt_logprobs": 6}):
+        response = client.post("/v1/completions", content=json.dumps(
+            {"model": SERVED, "prompt": "hi", "prompt_logprobs": 1, **bad}))
+        assert response.status_code == 400, response.text
+        assert "prompt_logprobs" in response.text
