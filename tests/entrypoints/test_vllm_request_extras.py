@@ -518,3 +518,33 @@ def test_server_prompt_logprobs_match_offline(client, server, bos_model) -> None
             {"model": SERVED, "prompt": "hi", "prompt_logprobs": 1, **bad}))
         assert response.status_code == 400, response.text
         assert "prompt_logprobs" in response.text
+
+
+@pytest.mark.parametrize("stream", [False, True])
+def test_server_echo_with_logprobs_gives_the_prompt_tokens_too(client, stream) -> None:
+    prompt = "the quick brown fox"
+    reference = post(client, "/v1/completions", prompt=prompt, max_tokens=1, prompt_logprobs=1)
+    prompt_entries = reference["choices"][0]["prompt_logprobs"]
+    body = {"model": SERVED, "prompt": prompt, "max_tokens": 3, "temperature": 0,
+            "ignore_eos": True, "echo": True, "logprobs": 1, "stream": stream}
+    response = client.post("/v1/completions", content=json.dumps(body))
+    assert response.status_code == 200, response.text
+    if stream:
+        chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
+        text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
+        parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"]
+                 and c["choices"][0]["logprobs"]]
+        logprobs = {key: sum((part[key] for part in parts), []) for key in parts[0]}
+    else:
+        choice = response.json()["choices"][0]
+        text, logprobs = choice["text"], choice["logprobs"]
+    num_prompt = len(prompt_entries)
+    assert text.startswith(prompt) and len(logprobs["tokens"]) == num_prompt + 3
+    assert logprobs["token_logprobs"][0] is None and logprobs["top_logprobs"][0] is None
+    for position in range(1, num_prompt):
+        own = next(iter(prompt_entries[position].values()))  # the prompt's token comes first
+        assert logprobs["token_logprobs"][position] == pytest.approx(own["logprob"], abs=1e-4)
+    # offsets run through the prompt tokens' texts (its bos included), then the generated text
+    offsets, tokens = logprobs["text_offset"], logprobs["tokens"]
+    assert offsets == [sum(len(token) for token in tokens[:i]) for i in range(len(tokens))]

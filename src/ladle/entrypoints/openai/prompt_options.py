@@ -13,7 +13,12 @@ from typing import Any
 
 from ladle.engine.messages import TokenLogprobs
 from ladle.entrypoints.openai.errors import BadRequestError
-from ladle.entrypoints.openai.protocol import ChatCompletionRequest, StreamOptions, UsageInfo
+from ladle.entrypoints.openai.protocol import (
+    ChatCompletionRequest,
+    CompletionLogprobs,
+    StreamOptions,
+    UsageInfo,
+)
 
 
 def truncate_prompt(
@@ -108,3 +113,42 @@ def prompt_logprobs_json(
 def _logprob(logprob: float, rank: int, token_id: int, token_text) -> dict[str, Any]:
     # -inf (a token the model rules out) is not JSON: vLLM clamps the same way.
     return {"logprob": max(logprob, -9999.0), "rank": rank, "decoded_token": token_text(token_id)}
+
+
+def echo_logprobs(
+    prompt_token_ids: list[int],
+    entries: list[TokenLogprobs | None] | None,
+    token_text: Callable[[int], str],
+    num_top: int,
+) -> CompletionLogprobs:
+    """The prompt's part of a completion's legacy logprobs under echo, as OpenAI gives it: each
+    prompt token with its logprob (None for the first, which nothing predicts) and its top
+    candidates, text offsets from the start of the echoed prompt."""
+    result = CompletionLogprobs()
+    offset = 0
+    for position, token_id in enumerate(prompt_token_ids):
+        entry = entries[position] if entries is not None and position < len(entries) else None
+        text = token_text(token_id)
+        result.tokens.append(text)
+        result.text_offset.append(offset)
+        offset += len(text)
+        result.token_logprobs.append(None if entry is None else entry.logprob)
+        if entry is None or num_top == 0:
+            result.top_logprobs.append(None)
+        else:
+            result.top_logprobs.append(
+                {
+                    token_text(top_id): logprob
+                    for top_id, logprob in zip(entry.top_token_ids, entry.top_logprobs)
+                }
+            )
+    return result
+
+
+def join_logprobs(first: CompletionLogprobs, second: CompletionLogprobs) -> CompletionLogprobs:
+    return CompletionLogprobs(
+        text_offset=first.text_offset + second.text_offset,
+        token_logprobs=first.token_logprobs + second.token_logprobs,
+        tokens=first.tokens + second.tokens,
+        top_logprobs=first.top_logprobs + second.top_logprobs,
+    )

@@ -7,6 +7,7 @@ choice indices run prompt by prompt (prompt_index * n + sample index), as OpenAI
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
@@ -18,6 +19,8 @@ from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import completion_logprobs
 from ladle.entrypoints.openai.prompt_options import (
     check_prompt_logprobs,
+    echo_logprobs,
+    join_logprobs,
     prompt_logprobs_json,
     truncate_prompt,
     usage_so_far,
@@ -27,6 +30,7 @@ from ladle.entrypoints.openai.protocol import (
     DEFAULT_MAX_TOKENS,
     CompletionChoice,
     CompletionChunk,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
 )
@@ -96,11 +100,6 @@ class OpenAIServingCompletion(OpenAIServing):
             raise BadRequestError("suffix is not supported", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise BadRequestError("best_of other than n is not supported", param="best_of")
-        if request.echo and request.logprobs is not None:
-            raise BadRequestError(
-                "echo with logprobs is not supported (prompt logprobs are not computed)",
-                param="echo",
-            )
 
     def _tokenize(
         self, prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool = True
@@ -146,13 +145,23 @@ class OpenAIServingCompletion(OpenAIServing):
         # An explicit null is OpenAI's default (16), as an absent field is.
         requested = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
         max_tokens = resolve_max_tokens(requested, len(token_ids), info.max_model_len, "prompt")
-        return build_sampling_params(
+        params = build_sampling_params(
             request,
             max_tokens,
             request.logprobs,
             structured_outputs_of(request),
             defaults=self.client.sampling_defaults,
             vocab_size=info.vocab_size,
+        )
+        if request.echo and request.logprobs is not None:
+            # echo with logprobs gives the prompt tokens' logprobs too, as OpenAI does.
+            wanted = max(request.logprobs, request.prompt_logprobs or 0)
+            params = dataclasses.replace(params, prompt_logprobs=wanted)
+        return params
+
+    def _echo_logprobs(self, request: CompletionRequest, output: RequestOutput):
+        return echo_logprobs(
+            output.prompt_token_ids, output.prompt_logprobs, self.token_texts, request.logprobs
         )
 
     def _echo_text(self, text: str | None, token_ids: list[int]) -> str:
@@ -185,9 +194,13 @@ class OpenAIServingCompletion(OpenAIServing):
             for completion in output.outputs:
                 logprobs = None
                 if request.logprobs is not None:
+                    echoed = self._echo_logprobs(request, output) if request.echo else None
                     logprobs = completion_logprobs(
-                        completion.logprobs or [], self.token_texts, num_top, 0
+                        completion.logprobs or [], self.token_texts, num_top,
+                        _end_offset(echoed),
                     )
+                    if echoed is not None:
+                        logprobs = join_logprobs(echoed, logprobs)
                 choices.append(
                     CompletionChoice(
                         index=prompt_index * request.n + completion.index,
@@ -197,7 +210,9 @@ class OpenAIServingCompletion(OpenAIServing):
                         stop_reason=completion.stop_reason,
                         prompt_logprobs=prompt_logprobs_json(
                             output.prompt_logprobs, self.token_texts
-                        ),
+                        )
+                        if request.prompt_logprobs is not None
+                        else None,
                     )
                 )
         return CompletionResponse(
@@ -231,16 +246,23 @@ class OpenAIServingCompletion(OpenAIServing):
                 for completion in output.outputs:
                     index = prompt_index * n + completion.index
                     text = completion.text_delta
+                    echoed = None
                     if echo_pending[index]:
                         text = echo_texts[prompt_index] + text
                         echo_pending[index] = False
+                        if request.logprobs is not None:
+                            echoed = self._echo_logprobs(request, output)
+                            # logprob offsets run on through the prompt tokens' own texts
+                            text_offsets[index] = _end_offset(echoed)
                     logprobs = None
                     if request.logprobs is not None and completion.logprobs_delta:
                         logprobs = completion_logprobs(
                             completion.logprobs_delta, self.token_texts, num_top,
                             text_offsets[index],
                         )
-                    text_offsets[index] += len(text)
+                    if echoed is not None:
+                        logprobs = join_logprobs(echoed, logprobs or CompletionLogprobs())
+                    text_offsets[index] += len(text if echoed is None else completion.text_delta)
                     finishing = completion.finish_reason is not None and not finish_sent[index]
                     if not text and logprobs is None and not finishing:
                         continue
@@ -283,3 +305,10 @@ class OpenAIServingCompletion(OpenAIServing):
         finally:
             for stream in streams:
                 stream.close()
+
+
+def _end_offset(logprobs: CompletionLogprobs | None) -> int:
+    """Where the text after these tokens starts (0 without them)."""
+    if logprobs is None or not logprobs.tokens:
+        return 0
+    return logprobs.text_offset[-1] + len(logprobs.tokens[-1])
