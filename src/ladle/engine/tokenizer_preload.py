@@ -1,4 +1,5 @@
-"""Load the tokenizer on a thread while the engine loads the model.
+"""Load the tokenizer on a thread while the engine loads the model (in this process for LLM,
+in the engine process while the API process waits for it when serving).
 
 Most of a tokenizer's load is importing transformers and parsing tokenizer.json; most of a
 model's is torch work that releases the GIL (reading, dequantizing, quantizing). On a small
@@ -34,7 +35,10 @@ class TokenizerPreload:
 
     def result(self, model_path: str | None, arch: ModelArchConfig) -> TextTokenizer | None:
         """The tokenizer the model runs with (None: none), with the model's end ids."""
-        source = resolve_tokenizer_source(self._model_config, model_path)
+        return self.result_for(resolve_tokenizer_source(self._model_config, model_path), arch)
+
+    def result_for(self, source: str | None, arch: ModelArchConfig) -> TextTokenizer | None:
+        """As result(), given the tokenizer source the engine resolved (the server's case)."""
         if self._future is not None:
             preloaded = self._future.result()  # a load error is raised here, as it would be
             if source == self._source:
