@@ -35,7 +35,7 @@ def time_serve_ready(source: str) -> float:
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
     env = {**os.environ, "PYTHONPATH": source, "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "-m", "ladle", "serve", "--port", str(port), "--disable-log-stats"]
+    command = [sys.executable, "-m", "ladle", "serve", "--port", str(port), "--stats-interval", "0"]
     started = time.perf_counter()
     process = subprocess.Popen(
         command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL
