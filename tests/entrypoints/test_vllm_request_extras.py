@@ -155,6 +155,11 @@ def test_offline_cache_salt_keeps_prefix_cache_apart(llm) -> None:
     assert again.num_cached_tokens >= 16  # whole blocks of the same salt hit
     assert other.num_cached_tokens == 0  # another salt never does
     assert again.outputs[0].token_ids == other.outputs[0].token_ids
+    # vLLM's spelling: the salt in the prompt dict
+    salted = {"prompt": prompt, "cache_salt": "bob"}
+    assert llm.generate(salted, params, use_tqdm=False)[0].num_cached_tokens >= 16
+    fresh = {"prompt": prompt, "cache_salt": "carol"}
+    assert llm.generate([fresh], None, use_tqdm=False)[0].num_cached_tokens == 0
 
 
 def test_offline_max_logprobs(llm) -> None:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterator, Sequence
@@ -11,7 +12,12 @@ from ladle.engine.engine_core import EngineCore
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.tokenizer_preload import TokenizerPreload
 from ladle.entrypoints.progress import GenerationProgress
-from ladle.entrypoints.prompt_inputs import PromptType, as_prompt_list, split_prompt
+from ladle.entrypoints.prompt_inputs import (
+    PromptType,
+    as_prompt_list,
+    cache_salt_of,
+    split_prompt,
+)
 from ladle.entrypoints.vllm_outputs import finish_offline_output
 from ladle.model.generation_defaults import sampling_defaults_of
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -102,6 +108,16 @@ class LLM:
         """
         prompt_list = as_prompt_list(prompts)
         encoded = [self._encode_prompt(prompt) for prompt in prompt_list]
+        salts = [cache_salt_of(prompt) for prompt in prompt_list]
+        if any(salt is not None for salt in salts):
+            # vLLM takes the salt with the prompt; ladle's engine takes it with the params.
+            params_list = _broadcast_params(
+                sampling_params or self.get_default_sampling_params(), len(prompt_list)
+            )
+            sampling_params = [
+                params if salt is None else dataclasses.replace(params, cache_salt=salt)
+                for params, salt in zip(params_list, salts, strict=True)
+            ]
         return self._run(encoded, sampling_params, use_tqdm, priority, raise_on_error)
 
     def chat(
