@@ -550,6 +550,9 @@ def test_server_echo_with_logprobs_gives_the_prompt_tokens_too(client, stream) -
     for position in range(1, num_prompt):
         own = next(iter(prompt_entries[position].values()))  # the prompt's token comes first
         assert logprobs["token_logprobs"][position] == pytest.approx(own["logprob"], abs=1e-4)
-    # offsets run through the prompt tokens' texts (its bos included), then the generated text
+    # offsets run through the prompt tokens' texts (its bos included), then on into the
+    # generated text (streamed: by the text each chunk added)
     offsets, tokens = logprobs["text_offset"], logprobs["tokens"]
-    assert offsets == [sum(len(token) for token in tokens[:i]) for i in range(len(tokens))]
+    expected = [sum(len(token) for token in tokens[:i]) for i in range(num_prompt + 1)]
+    assert offsets[: num_prompt + 1] == expected
+    assert offsets == sorted(offsets)
