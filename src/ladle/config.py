@@ -11,6 +11,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ladle.sampling_limits import LIMITS
+
 SUPPORTED_DTYPES = {
     "bfloat16": torch.bfloat16,
     "bf16": torch.bfloat16,
@@ -119,7 +121,19 @@ class ModelConfig:
         },
     )
 
+    max_logprobs: int = field(
+        default=LIMITS["logprobs"].high,
+        metadata={
+            "help": "the most logprobs a request may ask for per token (logprobs / "
+            f"top_logprobs), at most {LIMITS['logprobs'].high}"
+        },
+    )
+
     def __post_init__(self) -> None:
+        if not 0 <= self.max_logprobs <= LIMITS["logprobs"].high:
+            raise ValueError(
+                f"max_logprobs must be in [0, {LIMITS['logprobs'].high}], got {self.max_logprobs}"
+            )
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization {self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}"

@@ -90,3 +90,6 @@ class RequestOutput:
     # Set when the request could not run at all (e.g. rejected as too long): its finish_reason
     # is 'error' and this says why. Other requests of the same batch are unaffected.
     error: str | None = None
+    # SamplingParams.prompt_logprobs: None for the first prompt token, then one entry per token
+    # (TokenLogprobs in the engine and the server; LLM returns vLLM's {token_id: Logprob}).
+    prompt_logprobs: list | None = None

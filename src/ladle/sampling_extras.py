@@ -4,8 +4,9 @@ either implemented (where named) or refused with a ValueError that names the fie
 Implemented: seed=-1 (random, as None), detokenize=False (token ids only, no text),
 truncate_prompt_tokens (keep the last k prompt tokens; -1 keeps max_model_len),
 spaces_between_special_tokens=True (what the detokenizer does), logit_bias and
-allowed_token_ids (sample/logit_processing.py). Refused while ladle lacks them, when set to
-anything that would change the result: bad_words, prompt_logprobs, logits_processors,
+allowed_token_ids and bad_words (sample/logit_processing.py), prompt_logprobs
+(worker/prompt_logprobs.py). Refused while ladle lacks them, when set to anything that would
+change the result: logits_processors,
 guided_decoding (use structured_outputs).
 """
 
@@ -13,11 +14,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ladle.sampling_limits import LIMITS
+
 # field -> why it is refused (only when set to a value that would have an effect).
 UNSUPPORTED_SAMPLING_FIELDS = {
-    "bad_words": "bad_words is not supported by ladle yet",
-    "prompt_logprobs": "prompt_logprobs is not supported by ladle yet (prompt logprobs are not "
-    "computed)",
     "logits_processors": "logits_processors is not supported by ladle",
     "guided_decoding": "guided_decoding is vLLM's older name: use structured_outputs",
 }
@@ -48,6 +48,16 @@ def validate_sampling_extras(params: Any) -> None:
         and (truncate >= 1 or truncate == -1)
     ):
         raise ValueError(f"truncate_prompt_tokens must be >= 1 or -1, got {truncate!r}")
+    _validate_bad_words(params)
+    if params.prompt_logprobs is not None:
+        # vLLM's -1 (the whole vocabulary) is beyond any --max-logprobs ladle allows.
+        if not LIMITS["logprobs"].accepts(params.prompt_logprobs):
+            raise ValueError(
+                f"prompt_logprobs {LIMITS['logprobs'].describe()}, got {params.prompt_logprobs!r}"
+            )
+    salt = params.cache_salt
+    if salt is not None and not (isinstance(salt, str) and salt):
+        raise ValueError(f"cache_salt must be a non-empty string, got {salt!r}")
     if not isinstance(params.detokenize, bool):
         raise ValueError(f"detokenize must be a bool, got {params.detokenize!r}")
     if not params.detokenize and params.stop:
@@ -57,6 +67,26 @@ def validate_sampling_extras(params: Any) -> None:
             "spaces_between_special_tokens=False is not supported by ladle (special tokens are "
             "decoded with the tokenizer's own spacing)"
         )
+
+
+def _validate_bad_words(params: Any) -> None:
+    words = params.bad_words
+    if words is not None:
+        if isinstance(words, str) or not isinstance(words, (list, tuple)) or not all(
+            isinstance(word, str) and word.strip() for word in words
+        ):
+            raise ValueError("bad_words must be a list of non-empty strings")
+        params.bad_words = list(words)
+    sequences = params.bad_words_token_ids
+    if sequences is not None:
+        if not isinstance(sequences, (list, tuple)) or not all(
+            isinstance(seq, (list, tuple)) and seq and all(_is_int(t) and t >= 0 for t in seq)
+            for seq in sequences
+        ):
+            raise ValueError(
+                "bad_words_token_ids must be a list of non-empty lists of non-negative token ids"
+            )
+        params.bad_words_token_ids = [list(seq) for seq in sequences]
 
 
 # OpenAI's documented range; values at the ends ban or force a token.

@@ -64,6 +64,12 @@ class SamplingParams:
     logits_processors: list | None = None
     structured_outputs: Any = None
     guided_decoding: Any = None
+    # Folded into the request's prefix-cache block hashes: requests with different salts never
+    # share cached KV (vLLM takes it with the prompt; the server's cache_salt field sets it).
+    cache_salt: str | None = None
+    # bad_words as token sequences: set from the tokenizer when the request arrives
+    # (sample/bad_words.py); given directly, it works without one.
+    bad_words_token_ids: list[list[int]] | None = None
 
     def __post_init__(self) -> None:
         if self.seed == -1:  # vLLM's spelling of "no seed"

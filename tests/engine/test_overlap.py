@@ -175,3 +175,26 @@ def test_scheduler_hands_the_runner_only_new_blocks(qwen3):
     # One token a step and four a block: about one step in four hands a request a new block.
     assert sum(len(diff) for diff in decode_diffs) < len(prompts) * len(decode_diffs) / 2
     assert all(len(ids) == 1 for diff in decode_diffs for _, ids in diff.values())
+
+
+def test_bad_words_and_prompt_logprobs_requests_agree_with_overlap_off(qwen3):
+    """bad_words bans a word's last token once the output ends with the rest of it, so it needs
+    every token on the host (synchronous steps); prompt logprobs are read at the step that
+    computes the prompt, whose start the scheduler has already advanced past."""
+    path, prompts, expected = qwen3
+    word = expected[0][2:4]  # greedy writes this pair at positions 2-3: the ban must change it
+    params = _mixed_params([])
+    params[0] = SamplingParams(temperature=0.0, max_tokens=12, bad_words_token_ids=[word])
+    params[2] = SamplingParams(temperature=0.0, max_tokens=4, prompt_logprobs=2)
+    runs = {}
+    for async_scheduling in (False, True):
+        llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=async_scheduling)
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        runs[async_scheduling] = [
+            (o.outputs[0].token_ids, [sorted(e.items()) for e in o.prompt_logprobs or [] if e])
+            for o in outputs
+        ]
+    assert runs[True] == runs[False]
+    banned_run = runs[False][0][0]
+    assert banned_run[:3] == expected[0][:3] and banned_run[3] != expected[0][3]
+    assert len(runs[False][2][1]) == len(prompts[2]) - 1  # every prompt token after the first

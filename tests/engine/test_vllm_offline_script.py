@@ -95,8 +95,8 @@ def test_detokenize_false_gives_ids_only(llm) -> None:
 def test_seed_minus_one_is_random_and_unknown_fields_are_named() -> None:
     assert SamplingParams(seed=-1).seed is None
     for name, value in [
-        ("bad_words", ["x"]),
-        ("prompt_logprobs", 1),
+        ("logits_processors", [print]),
+        ("guided_decoding", {"json": {}}),
     ]:
         with pytest.raises(ValueError, match=name):
             SamplingParams(**{name: value})

@@ -71,11 +71,14 @@ def test_unknown_fields_refused_unless_allowed() -> None:
     with pytest.raises(BadRequestError, match="unknown field 'frobnicate'"):
         check_request_fields({"frobnicate": 1}, CompletionRequest, allow_unknown_fields=False)
     check_request_fields({"frobnicate": 1}, CompletionRequest, allow_unknown_fields=True)
-    with pytest.raises(BadRequestError, match="continuous_usage_stats"):
+    check_request_fields(
+        {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        CompletionRequest,
+        allow_unknown_fields=False,
+    )
+    with pytest.raises(BadRequestError, match="stream_options.frobnicate"):
         check_request_fields(
-            {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
-            CompletionRequest,
-            allow_unknown_fields=True,
+            {"stream_options": {"frobnicate": True}}, CompletionRequest, allow_unknown_fields=False
         )
 
 
@@ -102,12 +105,13 @@ def client(tiny_server):
         ("/v1/chat/completions", {"reasoning_effort": "low"}, "reasoning_effort"),
         ("/v1/completions", {"allowed_token_ids": [10**9]}, "allowed_token_ids"),
         ("/v1/completions", {"logit_bias": {"x": 1}}, "logit_bias"),
-        ("/v1/completions", {"cache_salt": "abc"}, "cache_salt"),
+        ("/v1/completions", {"cache_salt": ""}, "cache_salt"),
         ("/v1/completions", {"not_a_field": 1}, "not_a_field"),
+        ("/v1/completions", {"continue_final_message": True}, "continue_final_message"),
         (
             "/v1/completions",
-            {"stream": True, "stream_options": {"continuous_usage_stats": True}},
-            "stream_options.continuous_usage_stats",
+            {"stream": True, "stream_options": {"not_an_option": True}},
+            "stream_options.not_an_option",
         ),
     ],
 )

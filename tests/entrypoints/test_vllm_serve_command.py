@@ -4,6 +4,7 @@ a hub-layout cache, offline), vLLM's flag spellings, a size suffix and a --confi
 from __future__ import annotations
 
 import openai
+import pytest
 
 from tests.entrypoints.server_process import ServerProcess
 from tests.model.test_hub import REPO_ID, build_hub_cache
@@ -16,6 +17,8 @@ def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     config = tmp_path / "serve.yaml"
     config.write_text("max-num-seqs: 8\nenable-chunked-prefill: true\n")
+    template = tmp_path / "template.jinja"
+    template.write_text("{% for m in messages %}[{{ m.role }}] {{ m.content }}\n{% endfor %}")
     # vllm serve tiny-org/tiny-llama --max-model-len 0.5K --no-enable-prefix-caching ...
     args = [
         REPO_ID,
@@ -25,6 +28,9 @@ def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None
         "--uvicorn-log-level", "warning",
         "--generation-config", "vllm",
         "--dtype", "float32",
+        "--max-logprobs", "4",
+        "--disable-log-stats",
+        "--chat-template", str(template),
         "--config", str(config),
     ]  # fmt: skip
     with ServerProcess(args) as server:
@@ -36,3 +42,15 @@ def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None
             model=REPO_ID, prompt="hello world", max_tokens=3, temperature=0
         )
         assert completion.usage.completion_tokens == 3
+        chat = client.chat.completions.create(
+            model=REPO_ID, messages=[{"role": "user", "content": "hello world"}], max_tokens=2,
+            extra_body={"add_generation_prompt": False},
+        )
+        # rendered by the --chat-template file, so as long as that text sent as a prompt
+        rendered = client.completions.create(
+            model=REPO_ID, prompt="[user] hello world\n", max_tokens=1,
+            extra_body={"add_special_tokens": False},
+        )
+        assert chat.usage.prompt_tokens == rendered.usage.prompt_tokens
+        with pytest.raises(openai.BadRequestError, match="max-logprobs"):
+            client.completions.create(model=REPO_ID, prompt="hi", max_tokens=1, logprobs=5)

@@ -80,6 +80,10 @@ class KVCacheManager:
         """
         if not self.enable_caching:
             return [], 0
+        if request.sampling_params.prompt_logprobs is not None:
+            # Prompt logprobs need every prompt position's hidden state: compute them all,
+            # as vLLM does. The request's blocks are still cached for others.
+            return [], 0
         extend_block_hashes(request, self.block_size)
         max_hit_blocks = max(0, (request.num_tokens - 1) // self.block_size)
         hit_blocks: list[KVBlock] = []

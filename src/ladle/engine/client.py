@@ -35,6 +35,7 @@ from typing import TypeVar
 import zmq
 import zmq.asyncio
 
+from ladle.config import EngineConfig
 from ladle.engine import wire
 from ladle.engine.admission import AdmissionController
 from ladle.engine.core_process import run_engine_core
@@ -42,7 +43,8 @@ from ladle.engine.gc_policy import freeze_startup_objects
 from ladle.engine.messages import RequestRejectedError, SchedulerStats
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.restart_policy import RestartBudget, RestartPolicy
-from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
+from ladle.engine.tokenizer import TextTokenizer
+from ladle.engine.tokenizer_preload import TokenizerPreload
 from ladle.metrics import ServerMetrics
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import SamplingParams
@@ -240,12 +242,16 @@ class AsyncEngineClient:
         return self.dead_reason is None and self.info is not None
 
     async def start(self) -> None:
-        """Spawn the engine core, wait until it is ready, load the tokenizer."""
+        """Spawn the engine core, wait until it is ready, load the tokenizer (meanwhile, when
+        its source is known before the model loads)."""
+        preload = TokenizerPreload(EngineConfig.from_kwargs(**self.engine_options).model)
         ready = await self._spawn()
         if ready.tokenizer_source is not None:
             self.tokenizer = await asyncio.to_thread(
-                load_tokenizer, ready.tokenizer_source, ready.arch
+                preload.result_for, ready.tokenizer_source, ready.arch
             )
+        else:
+            preload.cancel()
         self.info = EngineInfo(
             max_model_len=ready.max_model_len,
             memory_budget=ready.memory_budget,

@@ -25,6 +25,7 @@ from ladle.engine.messages import (
     SchedulerStats,
 )
 from ladle.engine.overlap import InFlightStep, OverlapPolicy
+from ladle.engine.prompt_logprobs import PromptLogprobsCollector
 from ladle.engine.step_meter import StepMeter
 from ladle.engine.warmup import describe_startup, warm_up
 from ladle.kernels.compile_log import start_compile_log
@@ -70,6 +71,7 @@ class EngineCore:
         )
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
+        self.prompt_logprobs = PromptLogprobsCollector()
         self.step_meter = StepMeter()
         # On the CPU, torch's thread team follows the cores other programs leave free.
         self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
@@ -94,6 +96,13 @@ class EngineCore:
         self._validate_prompt(prompt)
         check_field("priority", core_request.priority)
         check_top_k(params.top_k, self.vocab_size)
+        for name in ("logprobs", "prompt_logprobs"):
+            asked = getattr(params, name)
+            if asked is not None and asked > self.config.model.max_logprobs:
+                raise RequestRejectedError(
+                    f"{name}: {asked} requested, but this server allows at most "
+                    f"{self.config.model.max_logprobs} (--max-logprobs)"
+                )
         room = self.max_model_len - len(prompt)
         if params.max_tokens is None:
             params = dataclasses.replace(params, max_tokens=room)
@@ -118,6 +127,7 @@ class EngineCore:
             eos_token_ids=tuple(core_request.eos_token_ids),
             priority=core_request.priority,
             arrival_time=core_request.arrival_time or time.monotonic(),
+            cache_salt=params.cache_salt,
         )
         request.sampling_seed = (
             params.seed if params.seed is not None else self._seed_source.getrandbits(31)
@@ -155,6 +165,7 @@ class EngineCore:
         finished_ids = [r.request_id for r in finished]
         self.runner.release(finished_ids)
         self.overlap.forget(request_ids)
+        self.prompt_logprobs.discard(request_ids)
         if self.structured_outputs is not None:
             finished_ids += self.structured_outputs.remove(request_ids)
         return [
@@ -198,6 +209,7 @@ class EngineCore:
             execute, self.scheduler, scheduler_output, block_updates
         )
         self._release_finished(fault_outputs)
+        self.prompt_logprobs.discard([output.request_id for output in fault_outputs])
         outputs += fault_outputs
         previous, self._in_flight = self._in_flight, None
         if launched is not None:
@@ -227,9 +239,11 @@ class EngineCore:
             structured.accept_tokens(
                 scheduler_output.scheduled_requests, runner_output.sampled_token_ids
             )
+        self.prompt_logprobs.add(runner_output.prompt_logprobs)
         outputs = self.scheduler.update_from_output(
             scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
         )
+        self.prompt_logprobs.attach(outputs)
         self._release_finished(outputs)
         return outputs
 

@@ -57,6 +57,9 @@ class EngineCoreOutput:
     first_scheduled_time: float | None = None
     first_token_time: float | None = None
     error: str | None = None  # why, when finish_reason is 'error'
+    # With the first output of a request that asked for prompt_logprobs: one entry per prompt
+    # token, None for the first (engine/prompt_logprobs.py).
+    prompt_logprobs: list[TokenLogprobs | None] | None = None
 
     @property
     def finished(self) -> bool:

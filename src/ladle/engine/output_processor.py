@@ -7,6 +7,7 @@ requests, each with a seed of its own, and folds their outputs back into one Req
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from dataclasses import dataclass, field
 
@@ -15,6 +16,7 @@ from ladle.engine.messages import EngineCoreOutput, EngineCoreRequest
 from ladle.engine.stop_checker import StopChecker
 from ladle.engine.tokenizer import TextTokenizer
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ladle.sample.bad_words import bad_words_token_ids
 from ladle.sampling_params import SamplingParams
 
 CHILD_SEPARATOR = "#"
@@ -74,6 +76,12 @@ class OutputProcessor:
         """Register a request; returns the n engine-core requests to submit for it."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if params.bad_words and params.bad_words_token_ids is None:
+            if self.tokenizer is None:
+                raise ValueError("bad_words needs a tokenizer, and this model has none")
+            params = dataclasses.replace(
+                params, bad_words_token_ids=bad_words_token_ids(params.bad_words, self.tokenizer)
+            )
         samples = []
         core_requests = []
         stop_checker = StopChecker.from_sampling_params(params)  # its tables are built once
@@ -171,6 +179,8 @@ class OutputProcessor:
         completion = sample.completion
         metrics = state.output.metrics
         state.output.num_cached_tokens = core_output.num_cached_tokens
+        if core_output.prompt_logprobs is not None and state.output.prompt_logprobs is None:
+            state.output.prompt_logprobs = core_output.prompt_logprobs  # n samples: the first's
         if core_output.first_scheduled_time is not None and metrics.first_scheduled_time is None:
             metrics.first_scheduled_time = core_output.first_scheduled_time
         if core_output.new_token_ids:

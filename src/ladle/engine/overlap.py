@@ -9,8 +9,9 @@ already sit in the next step: that token is computed and thrown away, never repo
 that ends by length is known to end before its token is read, so it is not scheduled again.
 
 Some requests need every token on the host before their next step is built: a grammar (its
-bitmask follows the tokens accepted so far) and the repetition / presence / frequency penalties
-(their token counts are built from the host's output ids). While any such request is in the
+bitmask follows the tokens accepted so far), the repetition / presence / frequency penalties
+(their token counts are built from the host's output ids) and bad_words (a word's last token is
+banned once the output ends with the rest of it). While any such request is in the
 engine, each step is read before the next one is scheduled (synchronous steps); the others keep
 overlapping as soon as those requests end.
 """
@@ -38,7 +39,11 @@ class InFlightStep:
 def needs_host_tokens(request: Request) -> bool:
     """Whether building the request's next step needs its latest token on the host."""
     params = request.sampling_params
-    return params.structured_outputs is not None or params.uses_penalties
+    return (
+        params.structured_outputs is not None
+        or params.uses_penalties
+        or bool(params.bad_words_token_ids)
+    )
 
 
 @dataclass

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import time
 from collections.abc import Iterator, Sequence
@@ -9,10 +10,14 @@ from collections.abc import Iterator, Sequence
 from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.output_processor import OutputProcessor
-from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
-from ladle.engine.tokenizer_source import resolve_tokenizer_source
+from ladle.engine.tokenizer_preload import TokenizerPreload
 from ladle.entrypoints.progress import GenerationProgress
-from ladle.entrypoints.prompt_inputs import PromptType, as_prompt_list, split_prompt
+from ladle.entrypoints.prompt_inputs import (
+    PromptType,
+    as_prompt_list,
+    cache_salt_of,
+    split_prompt,
+)
 from ladle.entrypoints.vllm_outputs import finish_offline_output
 from ladle.model.generation_defaults import sampling_defaults_of
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -47,8 +52,16 @@ class LLM:
 
             model = str(resolve_default_model())
         self.config = EngineConfig.from_kwargs(model=model, **engine_options)
-        self.engine = EngineCore(self.config)
-        self.tokenizer = self._load_tokenizer()
+        # The tokenizer loads on a thread while the engine loads the model.
+        tokenizer_preload = TokenizerPreload(self.config.model)
+        try:
+            self.engine = EngineCore(self.config)
+        except BaseException:
+            tokenizer_preload.cancel()
+            raise
+        self.tokenizer = tokenizer_preload.result(
+            self.engine.runner.model_path, self.engine.runner.arch
+        )
         eos_token_ids = (
             self.tokenizer.eos_token_ids
             if self.tokenizer
@@ -62,12 +75,6 @@ class LLM:
         # stream() decodes text at every step; generate() only once per finished sample.
         self._stream_processor = OutputProcessor(self.tokenizer, eos_token_ids, stream_text=True)
         self._request_counter = itertools.count()
-
-    def _load_tokenizer(self) -> TextTokenizer | None:
-        source = resolve_tokenizer_source(self.config.model, self.engine.runner.model_path)
-        if source is None:
-            return None
-        return load_tokenizer(source, self.engine.runner.arch)
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation-config defaults (used when generate()
@@ -101,6 +108,16 @@ class LLM:
         """
         prompt_list = as_prompt_list(prompts)
         encoded = [self._encode_prompt(prompt) for prompt in prompt_list]
+        salts = [cache_salt_of(prompt) for prompt in prompt_list]
+        if any(salt is not None for salt in salts):
+            # vLLM takes the salt with the prompt; ladle's engine takes it with the params.
+            params_list = _broadcast_params(
+                sampling_params or self.get_default_sampling_params(), len(prompt_list)
+            )
+            sampling_params = [
+                params if salt is None else dataclasses.replace(params, cache_salt=salt)
+                for params, salt in zip(params_list, salts, strict=True)
+            ]
         return self._run(encoded, sampling_params, use_tqdm, priority, raise_on_error)
 
     def chat(

@@ -25,10 +25,17 @@ class TokensPrompt(TypedDict, total=False):
 
     prompt_token_ids: list[int]
     prompt: str
+    cache_salt: str
+
+
+def cache_salt_of(prompt: Any) -> str | None:
+    """A prompt dict's cache_salt (vLLM's key): its prefix-cache blocks are shared only with
+    prompts of the same salt. None when it has none."""
+    return prompt.get("cache_salt") if isinstance(prompt, dict) else None
 
 
 PromptType = str | Sequence[int] | TextPrompt | TokensPrompt
-_ALLOWED_KEYS = {"prompt", "prompt_token_ids"}
+_ALLOWED_KEYS = {"prompt", "prompt_token_ids", "cache_salt"}  # the salt: cache_salt_of()
 
 
 def as_prompt_list(prompts: PromptType | Sequence[PromptType]) -> list[PromptType]:

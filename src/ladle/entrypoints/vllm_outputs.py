@@ -30,6 +30,11 @@ def finish_offline_output(output: RequestOutput, params: SamplingParams, decode)
     """Convert a finished RequestOutput in place (decode: token id -> its text, or None)."""
     for completion in output.outputs:
         _finish_completion(completion, params, decode)
+    entries = output.prompt_logprobs
+    if entries and any(isinstance(entry, TokenLogprobs) for entry in entries):
+        output.prompt_logprobs = [
+            None if entry is None else to_vllm_logprobs([entry], decode)[0] for entry in entries
+        ]
 
 
 def _finish_completion(completion: CompletionOutput, params: SamplingParams, decode) -> None:

@@ -1,4 +1,5 @@
-"""Per-request logit edits that requests ask for by token id: logit_bias and allowed_token_ids.
+"""Per-request logit edits that requests ask for by token id: logit_bias, allowed_token_ids
+and bad_words (as token sequences, sample/bad_words.py).
 
 One step, applied by the Sampler at one point (after the min_tokens bans, before penalties and
 greedy/random selection), so later features that edit logits (a grammar bitmask) sit beside it.
@@ -16,6 +17,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ladle.sample.bad_words import banned_by_bad_words
 from ladle.sampling_params import SamplingParams
 
 
@@ -29,6 +31,8 @@ class LogitEdits:
     allowed_rows: torch.Tensor | None = None  # [num_restricted_rows] rows with an allow-list
     allowed_local_rows: torch.Tensor | None = None  # [num_allowed] index into allowed_rows
     allowed_token_ids: torch.Tensor | None = None  # [num_allowed]
+    banned_rows: torch.Tensor | None = None  # [num_banned] bad_words: (row, token) set to -inf
+    banned_token_ids: torch.Tensor | None = None  # [num_banned]
 
     def to(self, device: torch.device | str, non_blocking: bool = False) -> LogitEdits:
         return LogitEdits(
@@ -39,8 +43,13 @@ class LogitEdits:
         )
 
 
-def build_logit_edits(params: Sequence[SamplingParams], vocab_size: int) -> LogitEdits | None:
-    """The batch's edits, or None when no request has logit_bias or allowed_token_ids.
+def build_logit_edits(
+    params: Sequence[SamplingParams],
+    vocab_size: int,
+    output_token_ids: Sequence[Sequence[int]] | None = None,
+) -> LogitEdits | None:
+    """The batch's edits, or None when no request has logit_bias, allowed_token_ids or
+    bad_words. output_token_ids: each row's generated tokens (bad_words needs them).
 
     Token ids outside [0, vocab_size) cannot be sampled and are dropped here; the server
     refuses them earlier with a 400 naming the field.
@@ -64,7 +73,17 @@ def build_logit_edits(params: Sequence[SamplingParams], vocab_size: int) -> Logi
                 if 0 <= token_id < vocab_size:
                     local_rows.append(local)
                     allowed_ids.append(token_id)
-    if not bias_rows and not allowed_rows:
+    banned_rows: list[int] = []
+    banned_ids: list[int] = []
+    for row, p in enumerate(params):
+        if p.bad_words_token_ids:
+            if output_token_ids is None:
+                raise ValueError("bad_words needs each row's output token ids")
+            for token_id in banned_by_bad_words(p.bad_words_token_ids, output_token_ids[row]):
+                if 0 <= token_id < vocab_size:
+                    banned_rows.append(row)
+                    banned_ids.append(token_id)
+    if not bias_rows and not allowed_rows and not banned_rows:
         return None
     edits = LogitEdits()
     if bias_rows:
@@ -75,6 +94,9 @@ def build_logit_edits(params: Sequence[SamplingParams], vocab_size: int) -> Logi
         edits.allowed_rows = torch.tensor(allowed_rows, dtype=torch.int64)
         edits.allowed_local_rows = torch.tensor(local_rows, dtype=torch.int64)
         edits.allowed_token_ids = torch.tensor(allowed_ids, dtype=torch.int64)
+    if banned_rows:
+        edits.banned_rows = torch.tensor(banned_rows, dtype=torch.int64)
+        edits.banned_token_ids = torch.tensor(banned_ids, dtype=torch.int64)
     return edits
 
 
@@ -86,6 +108,8 @@ def apply_logit_edits_(logits: torch.Tensor, edits: LogitEdits) -> None:
         )
         blocked[edits.allowed_local_rows, edits.allowed_token_ids] = False
         logits[edits.allowed_rows] = logits[edits.allowed_rows].masked_fill(blocked, float("-inf"))
+    if edits.banned_rows is not None:
+        logits[edits.banned_rows, edits.banned_token_ids] = float("-inf")
     if edits.bias_rows is not None:
         logits.index_put_(
             (edits.bias_rows, edits.bias_token_ids),

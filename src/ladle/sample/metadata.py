@@ -255,6 +255,6 @@ def build_sampling_metadata(
         prompt_token_ids=penalty_ids[0],
         output_token_ids=penalty_ids[1],
         banned_token_ids=banned,
-        logit_edits=build_logit_edits(params, vocab_size),
+        logit_edits=build_logit_edits(params, vocab_size, output_token_ids),
     )
     return metadata.to(device)

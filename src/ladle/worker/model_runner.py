@@ -33,8 +33,10 @@ from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
+from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
+from ladle.worker.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
 from ladle.worker.step_inputs import StepInputBuilder
 
 # Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
@@ -46,6 +48,8 @@ class RunnerOutput:
     # One entry per scheduled request, in batch order; -1 where the request did not sample.
     sampled_token_ids: list[int]
     logprobs: list[TokenLogprobs | None] | None
+    # request id -> this step's prompt logprobs, for requests that asked (prompt_logprobs.py)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] | None = None
 
 
 @dataclass
@@ -59,11 +63,14 @@ class LaunchedStep:
     logprobs_host: SamplerOutput | None  # host copies, when some request asked for logprobs
     num_logprobs_per_req: list[int | None]
     copied: torch.cuda.Event | None  # None on the CPU (the tensors are final already)
+    prompt_logprobs: dict[str, PromptLogprobsChunk] | None = None
 
     def result(self) -> RunnerOutput:
         sampled_ids = [-1] * self.num_requests
         if self.sampled_host is None:
-            return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=None)
+            return RunnerOutput(
+                sampled_token_ids=sampled_ids, logprobs=None, prompt_logprobs=self.prompt_logprobs
+            )
         if self.copied is not None:
             self.copied.synchronize()
         for position, token_id in zip(self.sampling_positions, self.sampled_host.tolist()):
@@ -74,7 +81,9 @@ class LaunchedStep:
             logprobs = [None] * self.num_requests
             for position, entry in zip(self.sampling_positions, per_request):
                 logprobs[position] = entry
-        return RunnerOutput(sampled_token_ids=sampled_ids, logprobs=logprobs)
+        return RunnerOutput(
+            sampled_token_ids=sampled_ids, logprobs=logprobs, prompt_logprobs=self.prompt_logprobs
+        )
 
 
 def _to_host(tensor: torch.Tensor) -> torch.Tensor:
@@ -140,8 +149,7 @@ class ModelRunner:
     def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
         shape = (2, num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
         return [
-            torch.zeros(shape, dtype=self.dtype, device=self.device)
-            for _ in range(self.arch.num_hidden_layers)
+            zeros_lazily(shape, self.dtype, self.device) for _ in range(self.arch.num_hidden_layers)
         ]
 
     @torch.inference_mode()
@@ -237,8 +245,14 @@ class ModelRunner:
         else:
             hidden = self.model(input_ids, inputs.positions, self.kv_caches, attn_metadata)
         num_logprobs = [r.sampling_params.logprobs for r in sampling_requests]
+        prompt_logprobs = None
+        if any(r.sampling_params.prompt_logprobs is not None for r in requests):
+            # Rare, and read on the host at once: such steps give up their overlap.
+            prompt_logprobs = compute_prompt_logprobs(
+                self.model.compute_logits, hidden, scheduler_output
+            )
         if not sampling_requests:
-            return LaunchedStep(len(requests), [], None, None, num_logprobs, None)
+            return LaunchedStep(len(requests), [], None, None, num_logprobs, None, prompt_logprobs)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
         # Penalty rows see every output token: the engine runs their steps without overlap.
@@ -273,5 +287,11 @@ class ModelRunner:
             copied = torch.cuda.Event()
             copied.record()
         return LaunchedStep(
-            len(requests), sampling_positions, sampled_host, logprobs_host, num_logprobs, copied
+            len(requests),
+            sampling_positions,
+            sampled_host,
+            logprobs_host,
+            num_logprobs,
+            copied,
+            prompt_logprobs,
         )

@@ -17,6 +17,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from ladle.entrypoints.openai.errors import BadRequestError
+from ladle.entrypoints.openai.protocol import StreamOptions
 
 _GUIDED = "vLLM's older guided_* fields are not supported: use structured_outputs"
 # Refused only where the request model lacks them (completions): chat implements them.
@@ -38,17 +39,10 @@ REFUSED: dict[str, str] = {
     "function_call": _FUNCTIONS,
     "reasoning_effort": "reasoning_effort is not supported (ladle cannot set a model's effort)",
     # sampling and prompt extras of vLLM not implemented by ladle's sampler yet
-    "bad_words": "bad_words is not supported yet",
-    "prompt_logprobs": "prompt logprobs are not computed",
-    "truncate_prompt_tokens": "truncate_prompt_tokens is not supported yet",
     "use_beam_search": "beam search is not supported",
     "length_penalty": "beam search is not supported",
     "spaces_between_special_tokens": "spaces_between_special_tokens is not supported",
     "return_tokens_as_token_ids": "return_tokens_as_token_ids is not supported",
-    "cache_salt": "cache_salt is not supported (the prefix cache is shared by all requests)",
-    "continue_final_message": "continue_final_message is not supported yet",
-    "add_special_tokens": "add_special_tokens is not supported yet",
-    "echo": "echo on chat completions is not supported",
     "chat_template": "a per-request chat_template is not supported",
     "documents": "documents (RAG templates) are not supported",
     "mm_processor_kwargs": "ladle serves text-only models",
@@ -67,7 +61,7 @@ REFUSED: dict[str, str] = {
     "priority_override": "not supported",
 }
 # Fields each endpoint implements itself (in its request model) even though the other does not.
-CHAT_ONLY_REFUSED = frozenset({"echo", "continue_final_message", "chat_template", "documents"})
+CHAT_ONLY_REFUSED = frozenset({"chat_template", "documents"})
 
 # Values that change nothing, so sending them is accepted even where the field is refused.
 NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
@@ -76,9 +70,6 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "parallel_tool_calls": (True,),
     "functions": ([],),
     "function_call": ("none",),
-    "bad_words": ([],),
-    "echo": (False,),
-    "continue_final_message": (False,),
     "use_beam_search": (False,),
     "store": (False,),
     "return_tokens_as_token_ids": (False,),
@@ -86,10 +77,8 @@ NO_OP_VALUES: dict[str, tuple[Any, ...]] = {
     "length_penalty": (1.0, 1),
     "modalities": (["text"],),
 }
-# stream_options keys beyond include_usage.
-REFUSED_STREAM_OPTIONS = {
-    "continuous_usage_stats": "stream_options.continuous_usage_stats is not supported yet",
-}
+# stream_options keys ladle does not implement (StreamOptions holds the ones it does).
+REFUSED_STREAM_OPTIONS: dict[str, str] = {}
 
 
 def check_request_fields(
@@ -103,7 +92,7 @@ def check_request_fields(
         return
     known = set(request_class.model_fields)
     is_chat = "messages" in known
-    no_op_values = {**NO_OP_VALUES, "add_special_tokens": (not is_chat,)}
+    no_op_values = NO_OP_VALUES
     for name, value in body.items():
         if name in known:
             continue  # the request model holds it: honoured
@@ -125,7 +114,7 @@ def check_request_fields(
                     raise BadRequestError(
                         REFUSED_STREAM_OPTIONS[name], param=f"stream_options.{name}"
                     )
-            elif name != "include_usage" and not allow_unknown_fields:
+            elif name not in StreamOptions.model_fields and not allow_unknown_fields:
                 raise BadRequestError(
                     f"unknown field 'stream_options.{name}'", param=f"stream_options.{name}"
                 )

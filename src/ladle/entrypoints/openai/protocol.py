@@ -48,6 +48,8 @@ class _Strict(BaseModel):
 
 class StreamOptions(_Strict):
     include_usage: StrictBool = False
+    # vLLM's: with include_usage, every chunk carries the usage so far.
+    continuous_usage_stats: StrictBool = False
 
 
 class JsonSchemaFormat(_Strict):
@@ -102,6 +104,13 @@ class _SamplingFields(_Strict):
     # Structured output (ladle.structured): OpenAI's response_format and vLLM's extra.
     response_format: ResponseFormat | None = None
     structured_outputs: StructuredOutputsField | None = None
+    # vLLM's prompt extras (prompt_options.py): keep the prompt's last k tokens (-1:
+    # max_model_len); a salt that keeps this request's prefix-cache blocks apart from others'.
+    truncate_prompt_tokens: StrictInt | None = None
+    cache_salt: StrictStr | None = None
+    bad_words: list[StrictStr] | None = None  # vLLM's: words never generated
+    # vLLM's: the logprob of each prompt token (and its top k), not with stream
+    prompt_logprobs: api_field("logprobs") | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -114,6 +123,7 @@ class CompletionRequest(_SamplingFields):
     echo: StrictBool = False
     best_of: api_field("best_of") | None = None
     suffix: StrictStr | None = None
+    add_special_tokens: StrictBool = True  # vLLM's: a bos (if the model has one) before text
 
 
 class ContentPart(_Strict):
@@ -202,6 +212,12 @@ class ChatCompletionRequest(_SamplingFields):
     # ladle / vLLM extras for the template
     add_generation_prompt: StrictBool = True
     chat_template_kwargs: dict[str, Any] | None = None
+    # vLLM's: the template already writes the special tokens, so none are added by default.
+    add_special_tokens: StrictBool = False
+    # vLLM's: end the prompt inside the last (assistant) message, which the reply continues.
+    continue_final_message: StrictBool = False
+    # vLLM's: the reply's content starts with the last message's, when that is the assistant's.
+    echo: StrictBool = False
 
 
 def parse_request(model_class: type[ModelT], body: bytes) -> ModelT:
@@ -226,12 +242,18 @@ class CompletionLogprobs(BaseModel):
     top_logprobs: list[dict[str, float] | None] = Field(default_factory=list)
 
 
+# vLLM's prompt_logprobs: per prompt token None (the first) or {token id: {logprob, rank,
+# decoded_token}}, the prompt's own token first.
+PromptLogprobs = list[dict[str, dict[str, Any]] | None]
+
+
 class CompletionChoice(BaseModel):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class CompletionResponse(BaseModel):
@@ -311,6 +333,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo | None = None
+    prompt_logprobs: PromptLogprobs | None = None
 
 
 class ChatDelta(BaseModel):

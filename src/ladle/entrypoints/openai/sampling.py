@@ -52,6 +52,9 @@ def build_sampling_params(
             logit_bias=request.logit_bias or None,
             allowed_token_ids=request.allowed_token_ids,
             structured_outputs=structured_outputs,
+            cache_salt=request.cache_salt,
+            bad_words=request.bad_words or None,
+            prompt_logprobs=request.prompt_logprobs,
         )
     except ValueError as error:
         raise from_value_error(error) from error

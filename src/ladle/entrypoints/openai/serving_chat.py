@@ -14,6 +14,15 @@ from ladle.engine.client import AsyncEngineClient, RequestStream
 from ladle.entrypoints.openai.chat_reply import ReplyShaper
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import chat_logprobs
+from ladle.entrypoints.openai.prompt_options import (
+    chat_echo_text,
+    check_chat_prompt_options,
+    check_prompt_logprobs,
+    prompt_logprobs_json,
+    truncate_prompt,
+    usage_so_far,
+    wants_continuous_usage,
+)
 from ladle.entrypoints.openai.protocol import (
     ChatCompletionChoice,
     ChatCompletionChunk,
@@ -67,6 +76,8 @@ class OpenAIServingChat(OpenAIServing):
     async def create(self, body: bytes, raw_request: Request) -> Response:
         request = self.parse_checked(ChatCompletionRequest, body)
         self._check_unsupported(request)
+        check_chat_prompt_options(request)
+        check_prompt_logprobs(request.prompt_logprobs, request.stream)
         plan = plan_tools(request, self.tool_parser)
         structured = structured_outputs_of(request)
         if plan.is_forced and structured is not None:
@@ -76,6 +87,9 @@ class OpenAIServingChat(OpenAIServing):
             )
         structured = plan.structured_outputs or structured
         prompt_text, prompt_token_ids = self._render(request, plan)
+        prompt_token_ids = truncate_prompt(
+            prompt_token_ids, request.truncate_prompt_tokens, self.client.info.max_model_len
+        )
         reasoning = self.reasoning_parser
         starts_in_reasoning = reasoning is not None and reasoning.starts_in_reasoning(prompt_text)
         # Reasoning comes first, unconstrained; the grammar starts after </think>, unless the
@@ -156,10 +170,12 @@ class OpenAIServingChat(OpenAIServing):
         if tools is not None:
             template_kwargs["tools"] = tools
         try:
+            if request.continue_final_message:
+                template_kwargs["continue_final_message"] = True
             text = tokenizer.render_chat_template(
                 messages, add_generation_prompt=request.add_generation_prompt, **template_kwargs
             )
-            return text, tokenizer.encode(text, add_special_tokens=False)
+            return text, tokenizer.encode(text, add_special_tokens=request.add_special_tokens)
         except ValueError as error:
             raise BadRequestError(str(error), param="messages") from error
         except Exception as error:
@@ -187,12 +203,15 @@ class OpenAIServingChat(OpenAIServing):
         shaper: ReplyShaper,
     ) -> ChatCompletionResponse:
         num_top = request.top_logprobs or 0
+        echo = chat_echo_text(request)
         choices = []
         for completion in output.outputs:
             message = ChatResponseMessage(content=completion.text)
             finish_reason = completion.finish_reason
             if not shaper.is_plain:
                 message, finish_reason = shaper.whole(completion.text, finish_reason)
+            if echo:
+                message.content = echo + (message.content or "")
             choices.append(ChatCompletionChoice(
                 index=completion.index,
                 message=message,
@@ -208,6 +227,7 @@ class OpenAIServingChat(OpenAIServing):
             model=self.served_model_name,
             choices=choices,
             usage=self.usage([num_prompt_tokens], [output]),
+            prompt_logprobs=prompt_logprobs_json(output.prompt_logprobs, self.token_texts),
         )
 
     async def _stream(
@@ -221,25 +241,33 @@ class OpenAIServingChat(OpenAIServing):
         created = self.created()
         num_top = request.top_logprobs or 0
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        continuous_usage = wants_continuous_usage(request.stream_options)
+        num_completion_tokens = 0
 
         def chunk(choices: list[ChatStreamChoice]) -> str:
+            usage = None
+            if continuous_usage:
+                usage = usage_so_far(num_prompt_tokens, num_completion_tokens)
             return sse_event(
                 ChatCompletionChunk(
-                    id=response_id, created=created, model=self.served_model_name, choices=choices
+                    id=response_id, created=created, model=self.served_model_name,
+                    choices=choices, usage=usage,
                 ).model_dump_json()
             )
 
         try:
-            # OpenAI opens each choice with the role and empty content.
+            # OpenAI opens each choice with the role and empty content (echo: the echoed text).
+            echo = chat_echo_text(request)
             for index in range(request.n):
                 yield chunk([ChatStreamChoice(
-                    index=index, delta=ChatDelta(role="assistant", content="")
+                    index=index, delta=ChatDelta(role="assistant", content=echo)
                 )])
             finish_sent = [False] * request.n
             shaped = None if shaper.is_plain else [shaper.stream() for _ in range(request.n)]
             final = None
             async for output in stream:
                 choices = []
+                num_completion_tokens = sum(len(c.token_ids) for c in output.outputs)
                 for completion in output.outputs:
                     logprobs = None
                     if request.logprobs and completion.logprobs_delta:

@@ -7,6 +7,7 @@ choice indices run prompt by prompt (prompt_index * n + sample index), as OpenAI
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import uuid
 from collections.abc import AsyncIterator
 
@@ -16,10 +17,20 @@ from fastapi.responses import JSONResponse, Response
 from ladle.engine.client import RequestStream
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import completion_logprobs
+from ladle.entrypoints.openai.prompt_options import (
+    check_prompt_logprobs,
+    echo_logprobs,
+    join_logprobs,
+    prompt_logprobs_json,
+    truncate_prompt,
+    usage_so_far,
+    wants_continuous_usage,
+)
 from ladle.entrypoints.openai.protocol import (
     DEFAULT_MAX_TOKENS,
     CompletionChoice,
     CompletionChunk,
+    CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
 )
@@ -44,7 +55,10 @@ class OpenAIServingCompletion(OpenAIServing):
     async def create(self, body: bytes, raw_request: Request) -> Response:
         request = self.parse_checked(CompletionRequest, body)
         self._check_unsupported(request)
-        prompts = self._tokenize(request.prompt)
+        check_prompt_logprobs(request.prompt_logprobs, request.stream)
+        prompts = self._truncate(
+            request, self._tokenize(request.prompt, request.add_special_tokens)
+        )
         params_list = [self._params(request, token_ids) for _, token_ids in prompts]
         self.admit_batch(
             len(prompts) * request.n, sum(len(ids) for _, ids in prompts) * request.n
@@ -86,14 +100,9 @@ class OpenAIServingCompletion(OpenAIServing):
             raise BadRequestError("suffix is not supported", param="suffix")
         if request.best_of is not None and request.best_of != request.n:
             raise BadRequestError("best_of other than n is not supported", param="best_of")
-        if request.echo and request.logprobs is not None:
-            raise BadRequestError(
-                "echo with logprobs is not supported (prompt logprobs are not computed)",
-                param="echo",
-            )
 
     def _tokenize(
-        self, prompt: str | list[str] | list[int] | list[list[int]]
+        self, prompt: str | list[str] | list[int] | list[list[int]], add_special_tokens: bool = True
     ) -> list[tuple[str | None, list[int]]]:
         """(text, token ids) of each prompt."""
         if isinstance(prompt, str):
@@ -113,24 +122,46 @@ class OpenAIServingCompletion(OpenAIServing):
                     raise BadRequestError(
                         "this model has no tokenizer; send token ids as the prompt", param="prompt"
                     )
-                result.append((item, tokenizer.encode(item)))
+                result.append((item, tokenizer.encode(item, add_special_tokens)))
             else:
                 check_token_ids(item, vocab_size, "prompt")
                 result.append((None, list(item)))
         return result
+
+    def _truncate(
+        self, request: CompletionRequest, prompts: list[tuple[str | None, list[int]]]
+    ) -> list[tuple[str | None, list[int]]]:
+        """truncate_prompt_tokens: a prompt cut short loses its text (echo decodes the ids)."""
+        truncated = []
+        for text, token_ids in prompts:
+            kept = truncate_prompt(
+                token_ids, request.truncate_prompt_tokens, self.client.info.max_model_len
+            )
+            truncated.append((text if len(kept) == len(token_ids) else None, kept))
+        return truncated
 
     def _params(self, request: CompletionRequest, token_ids: list[int]) -> SamplingParams:
         info = self.client.info
         # An explicit null is OpenAI's default (16), as an absent field is.
         requested = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
         max_tokens = resolve_max_tokens(requested, len(token_ids), info.max_model_len, "prompt")
-        return build_sampling_params(
+        params = build_sampling_params(
             request,
             max_tokens,
             request.logprobs,
             structured_outputs_of(request),
             defaults=self.client.sampling_defaults,
             vocab_size=info.vocab_size,
+        )
+        if request.echo and request.logprobs is not None:
+            # echo with logprobs gives the prompt tokens' logprobs too, as OpenAI does.
+            wanted = max(request.logprobs, request.prompt_logprobs or 0)
+            params = dataclasses.replace(params, prompt_logprobs=wanted)
+        return params
+
+    def _echo_logprobs(self, request: CompletionRequest, output: RequestOutput):
+        return echo_logprobs(
+            output.prompt_token_ids, output.prompt_logprobs, self.token_texts, request.logprobs
         )
 
     def _echo_text(self, text: str | None, token_ids: list[int]) -> str:
@@ -163,9 +194,13 @@ class OpenAIServingCompletion(OpenAIServing):
             for completion in output.outputs:
                 logprobs = None
                 if request.logprobs is not None:
+                    echoed = self._echo_logprobs(request, output) if request.echo else None
                     logprobs = completion_logprobs(
-                        completion.logprobs or [], self.token_texts, num_top, 0
+                        completion.logprobs or [], self.token_texts, num_top,
+                        _end_offset(echoed),
                     )
+                    if echoed is not None:
+                        logprobs = join_logprobs(echoed, logprobs)
                 choices.append(
                     CompletionChoice(
                         index=prompt_index * request.n + completion.index,
@@ -173,6 +208,11 @@ class OpenAIServingCompletion(OpenAIServing):
                         logprobs=logprobs,
                         finish_reason=completion.finish_reason,
                         stop_reason=completion.stop_reason,
+                        prompt_logprobs=prompt_logprobs_json(
+                            output.prompt_logprobs, self.token_texts
+                        )
+                        if request.prompt_logprobs is not None
+                        else None,
                     )
                 )
         return CompletionResponse(
@@ -199,22 +239,30 @@ class OpenAIServingCompletion(OpenAIServing):
         finish_sent = [False] * num_choices
         finals: list[RequestOutput | None] = [None] * len(streams)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
+        continuous_usage = wants_continuous_usage(request.stream_options)
         try:
             async for prompt_index, output in merge_streams(streams):
                 choices = []
                 for completion in output.outputs:
                     index = prompt_index * n + completion.index
                     text = completion.text_delta
+                    echoed = None
                     if echo_pending[index]:
                         text = echo_texts[prompt_index] + text
                         echo_pending[index] = False
+                        if request.logprobs is not None:
+                            echoed = self._echo_logprobs(request, output)
+                            # logprob offsets run on through the prompt tokens' own texts
+                            text_offsets[index] = _end_offset(echoed)
                     logprobs = None
                     if request.logprobs is not None and completion.logprobs_delta:
                         logprobs = completion_logprobs(
                             completion.logprobs_delta, self.token_texts, num_top,
                             text_offsets[index],
                         )
-                    text_offsets[index] += len(text)
+                    if echoed is not None:
+                        logprobs = join_logprobs(echoed, logprobs or CompletionLogprobs())
+                    text_offsets[index] += len(text if echoed is None else completion.text_delta)
                     finishing = completion.finish_reason is not None and not finish_sent[index]
                     if not text and logprobs is None and not finishing:
                         continue
@@ -235,6 +283,11 @@ class OpenAIServingCompletion(OpenAIServing):
                         id=response_id, created=created, model=self.served_model_name,
                         choices=choices,
                     )
+                    if continuous_usage:
+                        chunk.usage = usage_so_far(
+                            prompt_lengths[prompt_index],
+                            sum(len(c.token_ids) for c in output.outputs),
+                        )
                     yield sse_event(chunk.model_dump_json())
             if include_usage:
                 done = [output for output in finals if output is not None]
@@ -252,3 +305,10 @@ class OpenAIServingCompletion(OpenAIServing):
         finally:
             for stream in streams:
                 stream.close()
+
+
+def _end_offset(logprobs: CompletionLogprobs | None) -> int:
+    """Where the text after these tokens starts (0 without them)."""
+    if logprobs is None or not logprobs.tokens:
+        return 0
+    return logprobs.text_offset[-1] + len(logprobs.tokens[-1])

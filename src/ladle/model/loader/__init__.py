@@ -175,7 +175,14 @@ def build_model(
     model_class = get_model_class(arch_config.architecture)
     with torch.device("meta"):
         model = model_class(arch_config, attention_backend)
-    model = model.to(dtype=dtype).to_empty(device=device)
+    # Module.to_empty's empty_like on meta tensors goes through torch's Python reference
+    # implementation, whose first use imports sympy (~1 s of start-up); plain empty does not.
+    # Floating tensors take the model's dtype, as Module.to(dtype) would; others keep theirs.
+    model = model._apply(
+        lambda meta: torch.empty(
+            meta.shape, dtype=dtype if meta.is_floating_point() else meta.dtype, device=device
+        )
+    )
     # Buffers that are computed rather than loaded (the rotary table) are filled here.
     for module in model.modules():
         init_buffers = getattr(module, "init_buffers", None)
