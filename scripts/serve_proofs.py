@@ -422,7 +422,14 @@ def slo_phase(
         if vocab_size:
             tokenizer = pad_tokenizer(tokenizer, out / "tokenizer_padded", vocab_size)
         text = ["--tokenizer", str(tokenizer)]
-    runner = Runner(out, deadline, text if text else ["--token-ids", "--ignore-eos"])
+    # Every request generates exactly its max_tokens (random weights would otherwise stop at a
+    # random end token): ladle through the request's ignore_eos, the peer (which refuses that
+    # field) through its generation config, set by transformers_serve_peer.py --ignore-eos.
+    runner = Runner(
+        out, deadline, [*text, "--ignore-eos"] if text else ["--token-ids", "--ignore-eos"]
+    )
+    peer_runner = Runner(out, deadline, text)
+    peer_runner.skipped = runner.skipped
     serve_common = ["--load-format", "dummy", *text]
     chat = ["--workload", "sharegpt", "--slo", SLO]
     warm = [
@@ -478,6 +485,7 @@ def slo_phase(
             str(tokenizer),
             "--port",
             str(port),
+            "--ignore-eos",
         ]
         server = _start(
             lambda timeout: Server(command, out / "server_peer.log", timeout, port),
@@ -490,8 +498,8 @@ def slo_phase(
             peer_ready_s = server.ready_s if server else None
             # transformers serve's /v1/models lists the Hub cache, not the pinned model: name it.
             named = ["--model", f"dummy/{model}"]
-            runner.bench(server, "warmup_peer", 40, *named, *warm[:3], "8", *warm[4:])
-            peer_sweep = runner.bench(server, "peer_short_chat_sweep", 90, *named, *sweep_args)
+            peer_runner.bench(server, "warmup_peer", 40, *named, *warm[:3], "8", *warm[4:])
+            peer_sweep = peer_runner.bench(server, "peer_short_chat_sweep", 90, *named, *sweep_args)
         finally:
             _stop(server)
     ladle_rows = _sweep_rows(ladle_sweep)

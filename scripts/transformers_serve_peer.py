@@ -16,7 +16,7 @@ import argparse
 import sys
 
 
-def _install_loaders(preset: str, tokenizer_dir: str, dtype: str) -> None:
+def _install_loaders(preset: str, tokenizer_dir: str, dtype: str, ignore_eos: bool) -> None:
     import torch
     import transformers
     from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer
@@ -38,6 +38,8 @@ def _install_loaders(preset: str, tokenizer_dir: str, dtype: str) -> None:
             kwargs["attn_implementation"] = self.attn_implementation
         with torch.device(device):
             model = AutoModelForCausalLM.from_config(config, **kwargs)
+        if ignore_eos:  # -1: the continuous-batching manager's "no end token"
+            model.generation_config.eos_token_id = -1
         return model.eval()
 
     def load_processor(self, model_id_and_revision, gguf_file=None):
@@ -57,8 +59,13 @@ def main() -> int:
     parser.add_argument("--cb-max-batch-tokens", type=int, default=None)
     parser.add_argument("--cb-use-cuda-graph", action="store_true")
     parser.add_argument("--attn-implementation", default=None)
+    parser.add_argument(
+        "--ignore-eos",
+        action="store_true",
+        help="generate every request's max_tokens (the server refuses the ignore_eos field)",
+    )
     args = parser.parse_args()
-    _install_loaders(args.preset, args.tokenizer, args.dtype)
+    _install_loaders(args.preset, args.tokenizer, args.dtype, args.ignore_eos)
     from transformers.cli.serve import Serve
 
     options = {}
