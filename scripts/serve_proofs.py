@@ -35,7 +35,7 @@ SERVING = re.compile(r"serving .* on http://127\.0\.0\.1:(\d+)")
 SLO = "ttft=1s,itl=60ms"  # the 8B short-chat SLO of issue 9
 SCRIPTS = Path(__file__).resolve().parent
 # Set from the command line (smoke runs on the CPU shrink the warm-ups and add bench options).
-SMOKE = {"warmup_num": "48", "bench_args": [], "server_args": []}
+SMOKE = {"warmup_num": "48", "warmup_sweep": "16,inf", "bench_args": [], "server_args": []}
 
 
 class Deadline:
@@ -212,12 +212,15 @@ def scheduler_phase(model: str, out: Path, num: int, deadline: Deadline, rate: s
         "a",
     )
     try:
-        # Triton compiles a kernel per new shape on first use: pay for that before measuring.
+        # Triton compiles a kernel variant per new launch shape on first use (~1 s each on the
+        # H100, seen as server-wide pauses in the first GPU run): pay for that before measuring.
+        # A ramp (16/s) makes the running count climb one request at a time, as the measured
+        # runs do, so the mixed steps meet each decode count; the burst (inf) meets big batches.
         warm = [
             "--num-prompts",
             SMOKE["warmup_num"],
-            "--rate",
-            "inf",
+            "--sweep",
+            SMOKE["warmup_sweep"],
             "--no-plots",
             "--seed",
             "1000",
@@ -437,8 +440,8 @@ def slo_phase(
         "sharegpt",
         "--num-prompts",
         SMOKE["warmup_num"],
-        "--rate",
-        "inf",
+        "--sweep",
+        SMOKE["warmup_sweep"],
         "--no-plots",
         "--seed",
         "1000",
@@ -551,11 +554,13 @@ def main() -> int:
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for text prompts")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers serve")
     parser.add_argument("--deadline-s", type=float, default=None, help="wall-time budget")
-    parser.add_argument("--warmup-num", default="48", help="requests per warm-up run")
+    parser.add_argument("--warmup-num", default="48", help="requests per warm-up rate")
+    parser.add_argument("--warmup-sweep", default="16,inf", help="the warm-up's rates")
     parser.add_argument("--bench-args", default="", help="extra `bench serve` options (smoke)")
     parser.add_argument("--server-args", default="", help="extra `ladle serve` options (smoke)")
     args = parser.parse_args()
     SMOKE["warmup_num"] = args.warmup_num
+    SMOKE["warmup_sweep"] = args.warmup_sweep
     SMOKE["bench_args"] = args.bench_args.split()
     SMOKE["server_args"] = shlex.split(args.server_args)
     out = Path(args.out)

@@ -7,6 +7,8 @@ prefix_caching.png   TTFT CDF of the shared-prefix workload, caching on vs off
 priority.png         TTFT CDF of the high- and low-priority halves under overload
 slo_goodput.png      goodput, completed and refused requests under overload, SLO options on/off
 peer_sweep.png       ladle vs `transformers serve --continuous-batching` on the short-chat sweep
+                     (ladle alone when the peer did not run)
+stalls.png           every inter-token gap against time, scheduler-phase runs in order
 """
 
 from __future__ import annotations
@@ -119,6 +121,7 @@ def peer_sweep(proofs: dict, target: Path) -> bool:
         return False
     figure, axes = plt.subplots(1, 3, figsize=(14, 4))
     for name, rows in series.items():
+        rows = [row for row in rows if isinstance(row["rate"], int | float)]
         rows = [row for row in rows if not math.isinf(row["rate"])]
         rates = [row["rate"] for row in rows]
         axes[0].plot(rates, [row["output_throughput"] for row in rows], "o-", label=name)
@@ -140,6 +143,35 @@ def peer_sweep(proofs: dict, target: Path) -> bool:
     return True
 
 
+def stalls(out: Path, target: Path) -> bool:
+    """Every inter-token gap against the time it ended, for runs in the order they ran: the
+    server-wide pauses show as columns of equal gaps across all running requests."""
+    names = [n for n in ("short_only", "long_mix_chunked", "prefix_on", "saturation", "priority")
+             if _records(out, n)]  # fmt: skip
+    if not names:
+        return False
+    figure, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.4), sharey=True)
+    for axis, name in zip(np.atleast_1d(axes), names):
+        times, gaps = [], []
+        for record in _ok(_records(out, name)):
+            clock = record["start"] + record["ttft"]
+            for gap in record["itl"]:
+                clock += gap
+                times.append(clock)
+                gaps.append(gap * 1000.0)
+        axis.scatter(times, gaps, s=3)
+        axis.set_yscale("log")
+        axis.set_title(name, fontsize=9)
+        axis.set_xlabel("time in run (s)")
+        axis.grid(True, which="both", alpha=0.3)
+    np.atleast_1d(axes)[0].set_ylabel("inter-token gap (ms)")
+    figure.suptitle("0.6B shape, one server, runs in order: every gap of every request")
+    figure.tight_layout()
+    figure.savefig(target, dpi=80)
+    plt.close(figure)
+    return True
+
+
 def main() -> int:
     out, target = Path(sys.argv[1]), Path(sys.argv[2])
     target.mkdir(parents=True, exist_ok=True)
@@ -151,6 +183,7 @@ def main() -> int:
         "priority": priority(out, target / "serve_priority.png"),
         "slo_goodput": slo_goodput(slo, target / "serve_slo_goodput.png"),
         "peer_sweep": peer_sweep(slo, target / "serve_peer_sweep.png"),
+        "stalls": stalls(out, target / "serve_stalls.png"),
     }
     print(drawn)
     return 0
