@@ -34,18 +34,14 @@ def run_batch(engine: EngineCore, batch: int, num_constrained: int, steps: int, 
     structured = StructuredOutputsParams(json=SCHEMA)
     for index in range(batch):
         params = SamplingParams(
-            temperature=0,
-            max_tokens=steps + 4,
-            ignore_eos=True,
+            temperature=0, max_tokens=steps + 4, ignore_eos=True,
             structured_outputs=structured if index < num_constrained else None,
         )
-        engine.add_request(
-            EngineCoreRequest(
-                request_id=f"{tag}-{index}",
-                prompt_token_ids=[(index * 37 + j) % 1000 + 10 for j in range(64)],
-                sampling_params=params,
-            )
-        )
+        engine.add_request(EngineCoreRequest(
+            request_id=f"{tag}-{index}", prompt_token_ids=[(index * 37 + j) % 1000 + 10
+                                                          for j in range(64)],
+            sampling_params=params,
+        ))
     # Prefill (and grammar compile: cached after the first constrained run) until all decode.
     while engine.structured_outputs.num_waiting or any(
         r.num_output_tokens == 0 for r in engine.scheduler.requests.values()
@@ -95,12 +91,9 @@ def main() -> None:
     plain = statistics.median(results["plain"])
     constrained = statistics.median(results["constrained"])
     summary = {
-        "model": args.model,
-        "batch": args.batch,
-        "num_constrained": num_constrained,
+        "model": args.model, "batch": args.batch, "num_constrained": num_constrained,
         "vocab_size": compiler.vocab_size,
-        "plain_step_ms": plain * 1e3,
-        "constrained_step_ms": constrained * 1e3,
+        "plain_step_ms": plain * 1e3, "constrained_step_ms": constrained * 1e3,
         "overhead_percent": (constrained / plain - 1) * 100,
         "schema_compile_ms_median": statistics.median(compile_times) * 1e3,
         "rounds": results,
