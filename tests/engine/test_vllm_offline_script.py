@@ -114,3 +114,20 @@ def test_bad_prompt_dict_is_named(llm) -> None:
         raise_on_error=False,
     )
     assert "multi_modal_data" in outputs[0].error
+
+
+def test_chat_takes_a_chat_template_inline_or_from_a_file(llm, tmp_path) -> None:
+    """vLLM's LLM.chat(chat_template=...): the given template renders the prompt, not the
+    tokenizer's own; a file path works as well as inline Jinja; a bad value is named."""
+    template = "{% for m in messages %}<<{{ m['role'] }}>>{{ m['content'] }}\n{% endfor %}"
+    conversation = [{"role": "user", "content": "Hi there"}]
+    greedy = SamplingParams(temperature=0.0, max_tokens=2)
+    expected = llm.get_tokenizer().encode("<<user>>Hi there\n", add_special_tokens=False)
+    inline = llm.chat(conversation, greedy, use_tqdm=False, chat_template=template)[0]
+    assert inline.prompt_token_ids == expected
+    path = tmp_path / "template.jinja"
+    path.write_text(template)
+    from_file = llm.chat(conversation, greedy, use_tqdm=False, chat_template=str(path))[0]
+    assert from_file.prompt_token_ids == expected
+    with pytest.raises(ValueError, match="neither a file nor a Jinja template"):
+        llm.chat(conversation, greedy, chat_template="no-such-file.jinja")

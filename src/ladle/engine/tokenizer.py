@@ -71,7 +71,7 @@ class TextTokenizer:
 
         Raises ValueError when there is no template or the messages are malformed.
         """
-        if not self.has_chat_template:
+        if not self.has_chat_template and kwargs.get("chat_template") is None:
             raise ValueError(
                 "this tokenizer has no chat template; send a plain prompt instead of messages"
             )

@@ -11,6 +11,7 @@ from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.tokenizer_preload import TokenizerPreload
+from ladle.entrypoints.chat_template import load_chat_template
 from ladle.entrypoints.progress import GenerationProgress
 from ladle.entrypoints.prompt_inputs import (
     PromptType,
@@ -128,12 +129,15 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
         raise_on_error: bool = True,
+        chat_template: str | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations (one list of {'role', 'content'} dicts each),
-        formatted by the tokenizer's chat template."""
-        encoded = self._encode_conversations(
-            messages, add_generation_prompt, chat_template_kwargs
-        )
+        formatted by the tokenizer's chat template, or by `chat_template` (a Jinja template or a
+        file holding one, as vLLM's LLM.chat and --chat-template take it)."""
+        template_kwargs = dict(chat_template_kwargs or {})
+        if chat_template is not None:
+            template_kwargs["chat_template"] = load_chat_template(chat_template)
+        encoded = self._encode_conversations(messages, add_generation_prompt, template_kwargs)
         return self._run(encoded, sampling_params, use_tqdm, None, raise_on_error)
 
     def stream(
@@ -263,9 +267,7 @@ class LLM:
             for request_id, (_, token_ids, _), params in zip(order, encoded, params_list)
             if request_id not in results
         }
-        progress = GenerationProgress(
-            len(order), sum(max_tokens_of.values()), enabled=use_tqdm
-        )
+        progress = GenerationProgress(len(order), sum(max_tokens_of.values()), enabled=use_tqdm)
         for _ in results:
             progress.finish_prompt(0)
         try:
