@@ -22,7 +22,7 @@ SUPPORTED_DTYPES = {
     "float": torch.float32,
 }
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-QUANTIZATIONS = ("auto", "none", "int8")
+QUANTIZATIONS = ("auto", "none", "int8", "int4", "gguf")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -113,8 +113,10 @@ class ModelConfig:
     quantization: str = field(
         default="auto",
         metadata={
-            "help": "weight quantization: int8 (weight-only, per-row scales), none, or auto "
-            "(int8 for a GGUF checkpoint on the CPU unless --dtype is given, else none)"
+            "help": "weight quantization: int8 (per-row weight scales; on the CPU int8 x int8 "
+            "with per-token activation scales), int4 (group 128, CPU), gguf (a GGUF file's "
+            "Q8_0/Q4_*/Q6_K tensors kept in their own format, CPU), none, or auto (int8 for a "
+            "GGUF checkpoint on the CPU unless --dtype is given, else none)"
         },
     )
 
@@ -187,9 +189,11 @@ class SchedulerConfig:
     )
     itl_slo_ms: float | None = field(
         default=None,
-        metadata={"help": "inter-token latency SLO in ms (or a duration such as 50ms): steps "
-                  "beside running decodes take only the prompt tokens that keep the measured "
-                  "step time within it (decode-first)"},
+        metadata={
+            "help": "inter-token latency SLO in ms (or a duration such as 50ms): steps "
+            "beside running decodes take only the prompt tokens that keep the measured "
+            "step time within it (decode-first)"
+        },
     )
 
     def __post_init__(self) -> None:
