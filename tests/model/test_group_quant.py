@@ -171,3 +171,27 @@ def test_int4_model_quantization_runs_the_group_weights():
     torch.testing.assert_close(
         model["embed"].logits(x), x @ references["embed"].T, atol=1e-4, rtol=1e-5
     )
+
+
+@needs_engine
+def test_outlier_channels_are_multiplied_in_float_and_keep_small_channels_accurate():
+    generator = torch.Generator().manual_seed(5)
+    weight = torch.randn(40, 128, generator=generator)
+    x = torch.randn(6, 128, generator=generator)
+    x[:, 3] *= 100  # one channel sets every token's scale, as the residual stream's do
+    outliers = torch.tensor([3])
+    codes, scale = quantize_int8_per_row(weight.index_fill(1, outliers, 0.0))
+    packed = pack_int8_weight(codes, scale, outliers, weight[:, outliers].contiguous())
+    reference = x @ weight.T
+    # Only the other channels are rounded, at the step their own maximum sets.
+    rest = x.index_fill(1, outliers, 0.0)
+    step = 2 * rest.abs().amax(1, keepdim=True) / (255 if cpu_has_vnni() else 127)
+    bound = (
+        6 * step / 12**0.5 * weight.norm(dim=1) + 6 * (scale / 12**0.5) * rest.norm(dim=1)[:, None]
+    )
+    assert torch.all((int8_dynamic_linear(x, packed) - reference).abs() <= bound)
+    # Without the split the outlier channel's scale swamps the others (the bug this prevents).
+    plain = pack_int8_weight(*quantize_int8_per_row(weight))
+    assert (int8_dynamic_linear(x, plain) - reference).abs().mean() > 3 * (
+        int8_dynamic_linear(x, packed) - reference
+    ).abs().mean()

@@ -5,9 +5,9 @@
 For each shape of the default model's layers and batch 1 and 32: float32 (MKL), int8 weight-only
 (codes converted to float32 per chunk, then MKL), int8 x int8 on torch's quantized engine with
 per-token activation scales (ladle's CPU int8), int4 group 128 dequantized per chunk then MKL
-(ladle's CPU int4), and torch's `_weight_int4pack_mm_for_cpu` (group 64: it refuses a K that is not a multiple of
-the group, and 576 = 4.5 x 128). --num-weights distinct
-random weights per sweep, so they do not all sit in cache as one would.
+(ladle's CPU int4), and torch's `_weight_int4pack_mm_for_cpu` (group 64: it refuses a K that
+is not a multiple of the group, and 576 = 4.5 x 128). --num-weights distinct random weights per
+sweep, so they do not all sit in cache as one would.
 """
 
 from __future__ import annotations

@@ -59,7 +59,7 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--quantization", nargs="+", default=["int8", "none"])
+    parser.add_argument("--quantization", nargs="+", default=["int8", "gguf", "int4", "none"])
     args = parser.parse_args()
     from llama_cpp import Llama
 

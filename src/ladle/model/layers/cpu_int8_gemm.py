@@ -10,6 +10,9 @@ one scale, so each token's row is first divided by its own absolute maximum and 
 multiplied back (exact, since the matmul is linear in each row):
 
     y[t] = amax(x[t]) * dynamic_int8_linear(x[t] / amax(x[t]), codes, scale) (+ bias)
+
+A few input channels with outlier activations (found at load, activation_outliers.py) are taken
+out of x and multiplied in float32, so they do not set every token's scale.
 """
 
 from __future__ import annotations
@@ -28,12 +31,17 @@ class PackedInt8Weight:
     packed: torch.ScriptObject
     num_rows: int
     num_columns: int
+    # Input channels multiplied in float32 (activation_outliers.py): their indices, and the
+    # float weight columns [N, len(indices)]; the packed codes hold zeros there.
+    outlier_columns: torch.Tensor | None = None
+    outlier_weight: torch.Tensor | None = None
 
     @property
     def num_bytes(self) -> int:
         # The packed layout holds the int8 codes plus one float scale per row (and small column
         # offsets); count what it must at least hold.
-        return self.num_rows * (self.num_columns + 4)
+        outlier_bytes = 0 if self.outlier_weight is None else self.outlier_weight.numel() * 4
+        return self.num_rows * (self.num_columns + 4) + outlier_bytes
 
 
 @functools.cache
@@ -59,8 +67,14 @@ def quantized_engine_available() -> bool:
     return bool(torch.allclose(output, torch.full((1, 2), 4.0), rtol=0.02))
 
 
-def pack_int8_weight(codes: torch.Tensor, scale: torch.Tensor) -> PackedInt8Weight:
-    """Pack int8 codes [N, K] with float32 row scales [N] for `int8_dynamic_linear`."""
+def pack_int8_weight(
+    codes: torch.Tensor,
+    scale: torch.Tensor,
+    outlier_columns: torch.Tensor | None = None,
+    outlier_weight: torch.Tensor | None = None,
+) -> PackedInt8Weight:
+    """Pack int8 codes [N, K] with float32 row scales [N] for `int8_dynamic_linear`; the
+    optional outlier columns (indices, float weight [N, count]) are multiplied in float32."""
     num_rows, num_columns = codes.shape
     with warnings.catch_warnings():
         # torch marks its quantized tensor types deprecated; the CPU engine behind them is the
@@ -73,7 +87,7 @@ def pack_int8_weight(codes: torch.Tensor, scale: torch.Tensor) -> PackedInt8Weig
             0,
         )
         packed = torch.ops.quantized.linear_prepack(quantized, None)
-    return PackedInt8Weight(packed, num_rows, num_columns)
+    return PackedInt8Weight(packed, num_rows, num_columns, outlier_columns, outlier_weight)
 
 
 def int8_dynamic_linear(
@@ -83,6 +97,10 @@ def int8_dynamic_linear(
     leading = x.shape[:-1]
     x = x.reshape(-1, weight.num_columns).float()
     reduce_range = not cpu_has_vnni()
+    outlier_output = None
+    if weight.outlier_columns is not None:
+        outlier_output = x[:, weight.outlier_columns] @ weight.outlier_weight.T
+        x = x.index_fill(1, weight.outlier_columns, 0.0)
     if x.shape[0] == 1:
         # One token: the engine's per-tensor scale is already per token.
         output = torch.ops.quantized.linear_dynamic(x, weight.packed, reduce_range)
@@ -90,6 +108,8 @@ def int8_dynamic_linear(
         token_max = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
         output = torch.ops.quantized.linear_dynamic(x / token_max, weight.packed, reduce_range)
         output.mul_(token_max)
+    if outlier_output is not None:
+        output.add_(outlier_output)
     if bias is not None:
         output.add_(bias)
     return output.reshape(*leading, weight.num_rows)

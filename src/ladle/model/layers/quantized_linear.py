@@ -82,7 +82,9 @@ def int8_embedding(
 
 
 @torch.no_grad()
-def quantize_module_weight_(module: nn.Module, method: str) -> None:
+def quantize_module_weight_(
+    module: nn.Module, method: str, outlier_columns: torch.Tensor | None = None
+) -> None:
     """Replace `module.weight` (a Linear's or an embedding table's) by its quantized form; the
     float weight is freed.
 
@@ -91,6 +93,7 @@ def quantize_module_weight_(module: nn.Module, method: str) -> None:
     kept as buffers `weight_codes`/`weight_scale` only where rows are looked up (the embedding);
     elsewhere the codes feed the chunked float matmul above.
     int4: group-wise int4, group 128, round-to-nearest with scales and zeros (group_quant.py).
+    outlier_columns: input channels that the int8 engine path multiplies in float32.
     """
     if method not in QUANTIZATION_METHODS:
         raise ValueError(
@@ -106,10 +109,17 @@ def quantize_module_weight_(module: nn.Module, method: str) -> None:
     if method == "int4":
         module.quantized_weight = quantize_int4_groups(weight, INT4_GROUP_SIZE)
         return
-    codes, scale = quantize_int8_per_row(weight)
+    use_engine = weight.device.type == "cpu" and quantized_engine_available()
+    outlier_weight = None
+    if use_engine and outlier_columns is not None:
+        outlier_weight = weight[:, outlier_columns].float().contiguous()
+        codes, scale = quantize_int8_per_row(weight.index_fill(1, outlier_columns, 0.0))
+    else:
+        outlier_columns = None
+        codes, scale = quantize_int8_per_row(weight)
     del weight
-    if codes.device.type == "cpu" and quantized_engine_available():
-        module.quantized_weight = pack_int8_weight(codes, scale)
+    if use_engine:
+        module.quantized_weight = pack_int8_weight(codes, scale, outlier_columns, outlier_weight)
         if not isinstance(module, VocabEmbedding) or isinstance(module, LMHead):
             return
     module.register_buffer("weight_codes", codes)
@@ -197,9 +207,14 @@ def quantize_model_(model: nn.Module, method: str) -> list[str]:
     from ladle.model.layers.embedding import VocabEmbedding
     from ladle.model.layers.linear import Linear
 
+    outliers: dict[str, torch.Tensor] = {}
+    if method == "int8" and hasattr(model, "config") and quantized_engine_available():
+        from ladle.model.layers.activation_outliers import find_outlier_channels
+
+        outliers = find_outlier_channels(model, (Linear,))
     quantized = []
     for name, module in model.named_modules():
         if isinstance(module, Linear | VocabEmbedding) and module.weight is not None:
-            quantize_module_weight_(module, method)
+            quantize_module_weight_(module, method, outliers.get(name))
             quantized.append(name)
     return quantized
