@@ -189,11 +189,9 @@ class SchedulerConfig:
     )
     itl_slo_ms: float | None = field(
         default=None,
-        metadata={
-            "help": "inter-token latency SLO in ms (or a duration such as 50ms): steps "
-            "beside running decodes take only the prompt tokens that keep the measured "
-            "step time within it (decode-first)"
-        },
+        metadata={"help": "inter-token latency SLO in ms (or a duration such as 50ms): steps "
+                  "beside running decodes take only the prompt tokens that keep the measured "
+                  "step time within it (decode-first)"},
     )
 
     def __post_init__(self) -> None:

@@ -210,7 +210,9 @@ class Scheduler:
         """Prompt tokens this step may take: all of the budget unless an ITL SLO limits it."""
         if self.prefill_budget is None:
             return self.config.max_num_batched_tokens
-        num_decodes = sum(1 for r in self.running if r.num_computed_tokens >= r.num_tokens - 1)
+        num_decodes = sum(
+            1 for r in self.running if r.num_computed_tokens >= r.num_tokens - 1
+        )
         return self.prefill_budget.budget(num_decodes)
 
     def _pick_preemption_victim(self) -> Request:
@@ -243,7 +245,9 @@ class Scheduler:
             if request.is_finished:
                 continue  # aborted while the step ran
             will_sample = scheduler_output.will_sample(request)
-            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[request.request_id]
+            request.num_computed_tokens += scheduler_output.num_scheduled_tokens[
+                request.request_id
+            ]
             self.kv_cache_manager.cache_computed_blocks(request)
             if not will_sample:
                 continue  # a prompt chunk that did not reach the end of the prompt

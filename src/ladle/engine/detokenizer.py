@@ -108,8 +108,8 @@ class IncrementalDetokenizer:
         return self._advance(new_text, end)
 
     def _advance(self, new_text: str, end: int) -> str:
-        delta = new_text[len(self._prefix_text) :]
-        self._prefix_text = self._decode(self._window_ids[self._read_offset : end])
+        delta = new_text[len(self._prefix_text):]
+        self._prefix_text = self._decode(self._window_ids[self._read_offset:end])
         del self._window_ids[: self._read_offset]
         self._read_offset = end - self._read_offset
         # A local name lets CPython grow the string in place instead of copying all the text.

@@ -114,7 +114,9 @@ class LLM:
     ) -> list[RequestOutput]:
         """Generate replies to conversations (one list of {'role', 'content'} dicts each),
         formatted by the tokenizer's chat template."""
-        encoded = self._encode_conversations(messages, add_generation_prompt, chat_template_kwargs)
+        encoded = self._encode_conversations(
+            messages, add_generation_prompt, chat_template_kwargs
+        )
         return self._run(encoded, sampling_params, use_tqdm, None, raise_on_error)
 
     def stream(
@@ -244,7 +246,9 @@ class LLM:
             for request_id, (_, token_ids, _), params in zip(order, encoded, params_list)
             if request_id not in results
         }
-        progress = GenerationProgress(len(order), sum(max_tokens_of.values()), enabled=use_tqdm)
+        progress = GenerationProgress(
+            len(order), sum(max_tokens_of.values()), enabled=use_tqdm
+        )
         for _ in results:
             progress.finish_prompt(0)
         try:

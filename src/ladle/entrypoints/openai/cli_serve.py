@@ -29,152 +29,68 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     from ladle.cli import add_engine_arguments
 
     parser = subparsers.add_parser(
-        "serve",
-        help="serve a model over an OpenAI-compatible HTTP API",
+        "serve", help="serve a model over an OpenAI-compatible HTTP API",
         description="Serve a model over an OpenAI-compatible HTTP API (see docs/serving.md).",
     )
-    parser.add_argument(
-        "model",
-        nargs="?",
-        default=None,
-        help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M",
-    )
+    parser.add_argument("model", nargs="?", default=None,
+                        help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M")
     parser.add_argument("--model", dest="model_option", default=None)
     server = parser.add_argument_group("server")
-    server.add_argument(
-        "--host",
-        default="127.0.0.1",
-        help="address to bind (default: loopback only; 0.0.0.0 for all)",
-    )
+    server.add_argument("--host", default="127.0.0.1",
+                        help="address to bind (default: loopback only; 0.0.0.0 for all)")
     server.add_argument("--port", type=int, default=8000, help="0 picks a free port")
-    server.add_argument(
-        "--api-key",
-        default=os.environ.get(API_KEY_ENV),
-        help=f"require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})",
-    )
-    server.add_argument(
-        "--served-model-name",
-        default=None,
-        help="the model name clients send (default: the model argument)",
-    )
+    server.add_argument("--api-key", default=os.environ.get(API_KEY_ENV),
+                        help=f"require 'Authorization: Bearer KEY' on /v1 (or ${API_KEY_ENV})")
+    server.add_argument("--served-model-name", default=None,
+                        help="the model name clients send (default: the model argument)")
     server.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model's")
-    server.add_argument(
-        "--max-queued-requests",
-        type=int,
-        default=1024,
-        help="sequences waiting for the engine before new requests get 429",
-    )
-    server.add_argument(
-        "--max-queued-tokens",
-        type=int,
-        default=1 << 20,
-        help="prompt tokens waiting for the engine before new requests get 429",
-    )
-    server.add_argument(
-        "--ttft-slo",
-        default=None,
-        help="time-to-first-token SLO (e.g. 1s): refuse with 429 and a computed "
-        "Retry-After the requests predicted to miss it",
-    )
-    server.add_argument(
-        "--stats-interval",
-        type=float,
-        default=5.0,
-        help="seconds between live stats lines while busy (0: none)",
-    )
-    server.add_argument(
-        "--max-request-bytes",
-        type=int,
-        default=4 * 1024 * 1024,
-        help="larger request bodies get 413",
-    )
-    server.add_argument(
-        "--shutdown-timeout",
-        type=float,
-        default=30.0,
-        help="seconds in-flight requests get to finish on SIGTERM",
-    )
-    server.add_argument(
-        "--request-timeout",
-        type=float,
-        default=60.0,
-        help="seconds a request's headers and body may take to arrive, else 408 "
-        "(slow or silent clients); generating the response is not limited",
-    )
-    server.add_argument(
-        "--keep-alive-timeout",
-        type=float,
-        default=5.0,
-        help="seconds an idle keep-alive connection stays open",
-    )
-    server.add_argument(
-        "--max-connections",
-        type=int,
-        default=1024,
-        help="open connections (and requests in flight) beyond which new requests get 503",
-    )
-    server.add_argument(
-        "--no-engine-restart",
-        dest="engine_restart",
-        action="store_false",
-        help="exit instead of starting a new engine process when one dies",
-    )
-    server.add_argument(
-        "--max-engine-restarts",
-        type=int,
-        default=3,
-        help="engine restarts allowed within --engine-restart-window; one more "
-        "death and the server exits non-zero (for a supervisor to act)",
-    )
-    server.add_argument(
-        "--engine-restart-window",
-        type=float,
-        default=300.0,
-        help="seconds over which --max-engine-restarts is counted",
-    )
-    server.add_argument(
-        "--uvicorn-log-level",
-        "--log-level",
-        dest="log_level",
-        default="info",
-        choices=["critical", "error", "warning", "info", "debug"],
-    )
-    server.add_argument(
-        "--allow-unknown-fields",
-        action="store_true",
-        help="accept request fields neither OpenAI nor vLLM defines (default: 400)",
-    )
+    server.add_argument("--max-queued-requests", type=int, default=1024,
+                        help="sequences waiting for the engine before new requests get 429")
+    server.add_argument("--max-queued-tokens", type=int, default=1 << 20,
+                        help="prompt tokens waiting for the engine before new requests get 429")
+    server.add_argument("--ttft-slo", default=None,
+                        help="time-to-first-token SLO (e.g. 1s): refuse with 429 and a computed "
+                        "Retry-After the requests predicted to miss it")
+    server.add_argument("--stats-interval", type=float, default=5.0,
+                        help="seconds between live stats lines while busy (0: none)")
+    server.add_argument("--max-request-bytes", type=int, default=4 * 1024 * 1024,
+                        help="larger request bodies get 413")
+    server.add_argument("--shutdown-timeout", type=float, default=30.0,
+                        help="seconds in-flight requests get to finish on SIGTERM")
+    server.add_argument("--request-timeout", type=float, default=60.0,
+                        help="seconds a request's headers and body may take to arrive, else 408 "
+                        "(slow or silent clients); generating the response is not limited")
+    server.add_argument("--keep-alive-timeout", type=float, default=5.0,
+                        help="seconds an idle keep-alive connection stays open")
+    server.add_argument("--max-connections", type=int, default=1024,
+                        help="open connections (and requests in flight) beyond which new "
+                        "requests get 503")
+    server.add_argument("--no-engine-restart", dest="engine_restart", action="store_false",
+                        help="exit instead of starting a new engine process when one dies")
+    server.add_argument("--max-engine-restarts", type=int, default=3,
+                        help="engine restarts allowed within --engine-restart-window; one more "
+                        "death and the server exits non-zero (for a supervisor to act)")
+    server.add_argument("--engine-restart-window", type=float, default=300.0,
+                        help="seconds over which --max-engine-restarts is counted")
+    server.add_argument("--uvicorn-log-level", "--log-level", dest="log_level", default="info",
+                        choices=["critical", "error", "warning", "info", "debug"])
+    server.add_argument("--allow-unknown-fields", action="store_true",
+                        help="accept request fields neither OpenAI nor vLLM defines (default: 400)")
 
     server.add_argument("--access-log", action="store_true", help="uvicorn's access log too")
-    server.add_argument(
-        "--disable-log-requests",
-        action="store_true",
-        help="no log line per finished request (method, route, status, tokens in/out, latency)",
-    )
-    server.add_argument(
-        "--tool-call-parser",
-        default=None,
-        choices=sorted(TOOL_PARSERS),
-        help="format of the model's tool calls (default: from the chat template)",
-    )
-    server.add_argument(
-        "--reasoning-parser",
-        default=None,
-        choices=sorted(REASONING_PARSERS),
-        help="split <think> reasoning into reasoning_content (default: from the chat template)",
-    )
+    server.add_argument("--disable-log-requests", action="store_true",
+                        help="no log line per finished request (method, route, status, "
+                        "tokens in/out, latency)")
+    server.add_argument("--tool-call-parser", default=None, choices=sorted(TOOL_PARSERS),
+                        help="format of the model's tool calls (default: from the chat template)")
+    server.add_argument("--reasoning-parser", default=None, choices=sorted(REASONING_PARSERS),
+                        help="split <think> reasoning into reasoning_content (default: from the "
+                        "chat template)")
     cluster = parser.add_argument_group("replicas (Ray Serve; pip install 'ladle[ray]')")
-    cluster.add_argument(
-        "--replicas",
-        type=int,
-        default=1,
-        help="engine replicas behind this endpoint; >1 runs on Ray Serve",
-    )
-    cluster.add_argument(
-        "--ray-address",
-        default=None,
-        help="join this Ray cluster (e.g. ray://head:10001 or auto) to deploy",
-    )
+    cluster.add_argument("--replicas", type=int, default=1,
+                         help="engine replicas behind this endpoint; >1 runs on Ray Serve")
+    cluster.add_argument("--ray-address", default=None,
+                         help="join this Ray cluster (e.g. ray://head:10001 or auto) to deploy")
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -197,11 +113,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.shutdown_timeout < 0:
         raise ValueError(f"--shutdown-timeout must be >= 0, got {args.shutdown_timeout}")
     configure_api_process_threads()  # the engine process has the cores' worth of threads
-    for flag, value in (
-        ("--request-timeout", args.request_timeout),
-        ("--keep-alive-timeout", args.keep_alive_timeout),
-        ("--max-connections", args.max_connections),
-    ):
+    for flag, value in (("--request-timeout", args.request_timeout),
+                        ("--keep-alive-timeout", args.keep_alive_timeout),
+                        ("--max-connections", args.max_connections)):
         if value <= 0:
             raise ValueError(f"{flag} must be > 0, got {value}")
     options = engine_options_from_args(args)
@@ -240,10 +154,7 @@ def run_serve(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     client = AsyncEngineClient(
-        {"model": model, **options},
-        metrics,
-        admission,
-        restart_policy=restart_policy,
+        {"model": model, **options}, metrics, admission, restart_policy=restart_policy,
         on_fatal=on_fatal,
     )
     live_stats = LiveStatsLogger(lambda: client.stats, interval_s=args.stats_interval or 5.0)
