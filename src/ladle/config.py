@@ -115,8 +115,8 @@ class ModelConfig:
         metadata={
             "help": "weight quantization: int8 (per-row weight scales; on the CPU int8 x int8 "
             "with per-token activation scales), int4 (group 128, CPU), gguf (a GGUF file's "
-            "Q8_0/Q4_*/Q6_K tensors kept in their own format, CPU), none, or auto (int8 for a "
-            "GGUF checkpoint on the CPU unless --dtype is given, else none)"
+            "Q8_0/Q4_*/Q6_K tensors kept in their own format, CPU), none, or auto (weight-only "
+            "int8 for a GGUF checkpoint on the CPU unless --dtype is given, else none)"
         },
     )
 

@@ -86,3 +86,16 @@ def test_auto_quantization_keeps_gguf_int8_on_the_cpu_unless_a_dtype_is_given():
         resolve_quantization(ModelConfig(quantization="int8"), "gguf", torch.device("meta"))
     with pytest.raises(ValueError, match="quantization 'fp4'"):
         ModelConfig(quantization="fp4")
+
+
+def test_gguf_and_int4_methods_resolve_on_the_cpu_and_gguf_needs_a_gguf_file():
+    from ladle.config import ModelConfig
+    from ladle.model.loader import resolve_quantization
+
+    cpu = torch.device("cpu")
+    assert resolve_quantization(ModelConfig(quantization="gguf"), "gguf", cpu) == "gguf"
+    assert resolve_quantization(ModelConfig(quantization="int4"), "safetensors", cpu) == "int4"
+    with pytest.raises(ValueError, match="'gguf' keeps a GGUF file's tensors"):
+        resolve_quantization(ModelConfig(quantization="gguf"), "safetensors", cpu)
+    with pytest.raises(ValueError, match="quantization 'int5' is not one of"):
+        ModelConfig(quantization="int5")

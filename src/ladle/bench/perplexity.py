@@ -23,6 +23,7 @@ from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.config import ModelConfig
 from ladle.model.default_model import resolve_default_model
+from ladle.model.layers.quantized_linear import quantize_model_
 from ladle.model.loader import load_model
 
 
@@ -152,7 +153,8 @@ def main() -> None:
         nargs="+",
         default=["none", "gguf", "int8", "int4", "fp8-sim"],
         help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
-        "format), int8 and int4 (ladle's CPU formats), and the simulated numerics int4-sim "
+        "format), int8, int8-weight-only (the auto default) and int4 (ladle's CPU formats), "
+        "and the simulated numerics int4-sim "
         "(RTN asymmetric, group 128) and fp8-sim (e4m3, per-row scales), applied to every "
         "linear layer as quantize-then-dequantize",
     )
@@ -167,12 +169,14 @@ def main() -> None:
     print(f"{sum(map(len, windows))} tokens in {len(windows)} windows of {args.window}")
     results = {}
     for method in args.quantization:
-        loaded_as = "none" if method.endswith("-sim") else method
+        loaded_as = "none" if method.endswith(("-sim", "-weight-only")) else method
         config = ModelConfig(model=model_path, quantization=loaded_as, dtype="float32")
         cpu = torch.device("cpu")
         model = load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
         if method.endswith("-sim"):
             simulate_quantization_(model, method)
+        if method == "int8-weight-only":  # what --quantization auto runs for a GGUF
+            quantize_model_(model, "int8", weight_only=True)
         started = time.perf_counter()
         results[method] = perplexity(model, windows)
         base = results[args.quantization[0]]

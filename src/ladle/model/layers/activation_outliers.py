@@ -28,7 +28,8 @@ def find_outlier_channels(
     model: nn.Module, layer_types: tuple[type, ...]
 ) -> dict[str, torch.Tensor]:
     """Run one float forward over fixed token ids and return, for every module of
-    `layer_types`, the indices of its input channels with the largest activations."""
+    `layer_types` and every embedding table or LM head (whose logits take the final hidden
+    states), the indices of its input channels with the largest activations."""
     maxima: dict[str, torch.Tensor] = {}
 
     def record(name: str):
@@ -43,10 +44,16 @@ def find_outlier_channels(
         if isinstance(module, layer_types)
     ]
     try:
-        _calibration_forward(model)
+        final_hidden = _calibration_forward(model)
     finally:
         for handle in handles:
             handle.remove()
+    # The LM head (or the tied embedding table's logits) multiplies the final hidden states.
+    from ladle.model.layers.embedding import VocabEmbedding
+
+    for name, module in model.named_modules():
+        if isinstance(module, VocabEmbedding):
+            maxima[name] = final_hidden.abs().amax(0)
     outliers = {}
     for name, channel_max in maxima.items():
         count = max(1, int(channel_max.numel() * OUTLIER_FRACTION))
@@ -54,7 +61,8 @@ def find_outlier_channels(
     return outliers
 
 
-def _calibration_forward(model: nn.Module) -> None:
+def _calibration_forward(model: nn.Module) -> torch.Tensor:
+    """The final hidden states [tokens, hidden] of one forward over fixed token ids."""
     config = model.config
     device = next(model.parameters()).device
     # Ids spread over the vocabulary, deterministic; block 0 of the cache is the null block.
@@ -79,4 +87,4 @@ def _calibration_forward(model: nn.Module) -> None:
         query_start_loc_host=[0, num_tokens],
         seq_lens_host=[num_tokens],
     )
-    model(ids, torch.arange(num_tokens, device=device), kv_caches, metadata)
+    return model(ids, torch.arange(num_tokens, device=device), kv_caches, metadata)

@@ -83,7 +83,10 @@ def int8_embedding(
 
 @torch.no_grad()
 def quantize_module_weight_(
-    module: nn.Module, method: str, outlier_columns: torch.Tensor | None = None
+    module: nn.Module,
+    method: str,
+    outlier_columns: torch.Tensor | None = None,
+    weight_only: bool = False,
 ) -> None:
     """Replace `module.weight` (a Linear's or an embedding table's) by its quantized form; the
     float weight is freed.
@@ -94,6 +97,8 @@ def quantize_module_weight_(
     elsewhere the codes feed the chunked float matmul above.
     int4: group-wise int4, group 128, round-to-nearest with scales and zeros (group_quant.py).
     outlier_columns: input channels that the int8 engine path multiplies in float32.
+    weight_only: int8 codes feed the chunked float32 matmul even where the engine exists (the
+    numerics of `--quantization auto`, which keep quality first).
     """
     if method not in QUANTIZATION_METHODS:
         raise ValueError(
@@ -109,7 +114,7 @@ def quantize_module_weight_(
     if method == "int4":
         module.quantized_weight = quantize_int4_groups(weight, INT4_GROUP_SIZE)
         return
-    use_engine = weight.device.type == "cpu" and quantized_engine_available()
+    use_engine = not weight_only and weight.device.type == "cpu" and quantized_engine_available()
     outlier_weight = None
     if use_engine and outlier_columns is not None:
         outlier_weight = weight[:, outlier_columns].float().contiguous()
@@ -117,11 +122,14 @@ def quantize_module_weight_(
     else:
         outlier_columns = None
         codes, scale = quantize_int8_per_row(weight)
-    del weight
     if use_engine:
         module.quantized_weight = pack_int8_weight(codes, scale, outlier_columns, outlier_weight)
         if not isinstance(module, VocabEmbedding) or isinstance(module, LMHead):
             return
+        if outlier_columns is not None:
+            # Lookups read whole rows: their codes keep every column.
+            codes, scale = quantize_int8_per_row(weight)
+    del weight
     module.register_buffer("weight_codes", codes)
     module.register_buffer("weight_scale", scale)
 
@@ -200,7 +208,7 @@ def quantized_embedding(module: nn.Module, input_ids: torch.Tensor) -> torch.Ten
 
 
 @torch.no_grad()
-def quantize_model_(model: nn.Module, method: str) -> list[str]:
+def quantize_model_(model: nn.Module, method: str, weight_only: bool = False) -> list[str]:
     """Quantize every Linear, the embedding table and an untied LM head of a loaded model in
     place, skipping those already quantized (GGUF tensors kept in their own format). Returns
     the names of the modules quantized here."""
@@ -208,13 +216,14 @@ def quantize_model_(model: nn.Module, method: str) -> list[str]:
     from ladle.model.layers.linear import Linear
 
     outliers: dict[str, torch.Tensor] = {}
-    if method == "int8" and hasattr(model, "config") and quantized_engine_available():
+    uses_engine = method == "int8" and not weight_only and quantized_engine_available()
+    if uses_engine and hasattr(model, "config"):
         from ladle.model.layers.activation_outliers import find_outlier_channels
 
         outliers = find_outlier_channels(model, (Linear,))
     quantized = []
     for name, module in model.named_modules():
         if isinstance(module, Linear | VocabEmbedding) and module.weight is not None:
-            quantize_module_weight_(module, method, outliers.get(name))
+            quantize_module_weight_(module, method, outliers.get(name), weight_only)
             quantized.append(name)
     return quantized
