@@ -1,13 +1,16 @@
-"""Weight-only int8 for the CPU: int8 codes with one float32 scale per output row.
+"""Quantized weights on the CPU: which format a module holds, and the matmul that runs it.
 
-Why this layout and not torch's packed kernels: on the 2-core AVX-512 machine this was built on,
-`torch._weight_int8pack_mm` and `torch._weight_int4pack_mm_for_cpu` ran 2-40x slower than the
-float32 MKL matmul at batch 1 and 32 (docs/quantization.md has the numbers), whereas converting
-int8 codes to float32 a cache-sized chunk at a time and running the MKL matmul on that chunk
-reads a quarter of the bytes and beat float32. Decode on the CPU is bound by the bytes of weight
-read per step, so the smaller format wins wherever the matmul itself stays on the fast path.
+    int8 (weight-only, what --quantization auto runs for a GGUF): int8 codes, one float32 scale
+        per output row; codes converted to float32 one cache-sized chunk of rows at a time, then
+        MKL, so no full float32 copy of any weight exists.
+            y = (x @ codes^T) * scale (+ bias),   codes = round(W / scale), scale = max|W_row| / 127
+    int8 (--quantization int8): the same codes, packed for torch's quantized engine and
+        multiplied int8 x int8 with per-token activation scales (cpu_int8_gemm.py), outlier
+        input channels in float32 (activation_outliers.py).
+    int4 (--quantization int4) and GGUF blocks kept in their format (--quantization gguf):
+        group-wise codes with float scales and offsets (group_quant.py).
 
-    y = (x @ codes^T) * scale (+ bias),   codes = round(W / scale), scale = max|W_row| / 127
+docs/quantization.md has the measurements behind each choice.
 """
 
 from __future__ import annotations
