@@ -195,3 +195,31 @@ def test_outlier_channels_are_multiplied_in_float_and_keep_small_channels_accura
     assert (int8_dynamic_linear(x, plain) - reference).abs().mean() > 3 * (
         int8_dynamic_linear(x, packed) - reference
     ).abs().mean()
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_quantized_matmuls_return_the_activation_dtype(dtype):
+    # A bfloat16 model on the CPU: the kernels compute in float32 and hand back its dtype.
+    generator = torch.Generator().manual_seed(6)
+    weight = torch.randn(24, 96, generator=generator)
+    x = torch.randn(3, 96, generator=generator).to(dtype)
+    rows = quantize_int4_groups(weight, 32)
+    output = group_quantized_matmul(x, rows)
+    assert output.dtype == dtype
+    torch.testing.assert_close(output.float(), x.float() @ rows.dequantize().T, atol=0.1, rtol=0.02)
+    if quantized_engine_available():
+        packed = pack_int8_weight(*quantize_int8_per_row(weight))
+        assert int8_dynamic_linear(x, packed).dtype == dtype
+
+
+@pytest.mark.parametrize("method", ["int8", "int4"])
+def test_quantized_embedding_rows_keep_the_model_dtype(method):
+    # The bug: a bfloat16 model's quantized table returned float32 rows, which the bfloat16 KV
+    # cache then refused.
+    table = VocabEmbedding(50, 64).to(torch.bfloat16)
+    table.weight.data.normal_()
+    expected = table(torch.tensor([3, 49]))
+    quantize_model_(torch.nn.ModuleDict({"embed": table}), method)
+    rows = table(torch.tensor([3, 49]))
+    assert rows.dtype == torch.bfloat16
+    torch.testing.assert_close(rows.float(), expected.float(), atol=0.3, rtol=0.05)

@@ -34,7 +34,8 @@ def find_outlier_channels(
 
     def record(name: str):
         def hook(module: nn.Module, inputs: tuple[torch.Tensor, ...], output) -> None:
-            maxima[name] = inputs[0].detach().abs().reshape(-1, inputs[0].shape[-1]).amax(0)
+            values = inputs[0].detach().float().abs()
+            maxima[name] = values.reshape(-1, values.shape[-1]).amax(0)
 
         return hook
 
@@ -53,7 +54,7 @@ def find_outlier_channels(
 
     for name, module in model.named_modules():
         if isinstance(module, VocabEmbedding):
-            maxima[name] = final_hidden.abs().amax(0)
+            maxima[name] = final_hidden.float().abs().amax(0)
     outliers = {}
     for name, channel_max in maxima.items():
         count = max(1, int(channel_max.numel() * OUTLIER_FRACTION))
@@ -64,7 +65,8 @@ def find_outlier_channels(
 def _calibration_forward(model: nn.Module) -> torch.Tensor:
     """The final hidden states [tokens, hidden] of one forward over fixed token ids."""
     config = model.config
-    device = next(model.parameters()).device
+    parameter = next(model.parameters())
+    device, dtype = parameter.device, parameter.dtype
     # Ids spread over the vocabulary, deterministic; block 0 of the cache is the null block.
     num_tokens, block_size = NUM_CALIBRATION_TOKENS, 16
     ids = (torch.arange(num_tokens, device=device) * 7919 + 11) % config.vocab_size
@@ -72,7 +74,7 @@ def _calibration_forward(model: nn.Module) -> torch.Tensor:
     kv_caches = [
         torch.zeros(
             2, num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim,
-            device=device,
+            device=device, dtype=dtype,
         )
         for _ in range(config.num_hidden_layers)
     ]  # fmt: skip

@@ -94,7 +94,7 @@ def int8_dynamic_linear(
     x: torch.Tensor, weight: PackedInt8Weight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
     """x [..., K] float32 @ weight^T (+ bias), activations quantized to int8 per token."""
-    leading = x.shape[:-1]
+    leading, input_dtype = x.shape[:-1], x.dtype
     x = x.reshape(-1, weight.num_columns).float()
     reduce_range = not cpu_has_vnni()
     outlier_output = None
@@ -112,4 +112,4 @@ def int8_dynamic_linear(
         output.add_(outlier_output)
     if bias is not None:
         output.add_(bias)
-    return output.reshape(*leading, weight.num_rows)
+    return output.reshape(*leading, weight.num_rows).to(input_dtype)

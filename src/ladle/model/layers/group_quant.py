@@ -154,7 +154,7 @@ def group_quantized_matmul(
     num_columns = weight.num_columns
     rows_per_chunk = max(1, CHUNK_ELEMENTS // weight.padded_columns)
     outputs = [
-        F.linear(x, _dequantize_rows(weight, start, count)[:, :num_columns])
+        F.linear(x, _dequantize_rows(weight, start, count)[:, :num_columns].to(x.dtype))
         for start in range(0, weight.num_rows, rows_per_chunk)
         for count in [min(rows_per_chunk, weight.num_rows - start)]
     ]

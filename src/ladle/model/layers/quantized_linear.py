@@ -114,6 +114,7 @@ def quantize_module_weight_(
     del module.weight
     module.weight = None
     module.quantization = method
+    module.output_dtype = weight.dtype  # embedding rows come back in the model's dtype
     if method == "int4":
         module.quantized_weight = quantize_int4_groups(weight, INT4_GROUP_SIZE)
         return
@@ -140,6 +141,7 @@ def quantize_module_weight_(
 def set_group_quantized_weight_(module: nn.Module, weight: GroupQuantizedRows) -> None:
     """Make `module` run on an already group-quantized weight (a GGUF tensor kept in its own
     format); its float weight is freed."""
+    module.output_dtype = module.weight.dtype
     del module.weight
     module.weight = None
     module.quantization = f"int{weight.bits}-g{weight.group_size}"
@@ -206,8 +208,10 @@ def quantized_embedding(module: nn.Module, input_ids: torch.Tensor) -> torch.Ten
     """Rows of a quantized embedding table."""
     weight = getattr(module, "quantized_weight", None)
     if isinstance(weight, GroupQuantizedRows):
-        return group_quantized_embedding(input_ids, weight)
-    return int8_embedding(input_ids.long(), module.weight_codes, module.weight_scale)
+        rows = group_quantized_embedding(input_ids, weight)
+    else:
+        rows = int8_embedding(input_ids.long(), module.weight_codes, module.weight_scale)
+    return rows.to(getattr(module, "output_dtype", rows.dtype))
 
 
 @torch.no_grad()
