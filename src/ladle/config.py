@@ -24,7 +24,7 @@ SUPPORTED_DTYPES = {
     "float": torch.float32,
 }
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4")
+QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4", "gguf")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -115,9 +115,11 @@ class ModelConfig:
     quantization: str = field(
         default="auto",
         metadata={
-            "help": "weight quantization: fp8 (CUDA: e4m3 W8A8), int8 (CUDA: W8A8; CPU: "
-            "weight-only), int4 (CUDA: weight-only, group 128), none, or auto (a quantized "
-            "checkpoint's own method; int8 for a GGUF on the CPU unless --dtype is given)"
+            "help": "weight quantization: fp8 (CUDA: e4m3 W8A8), int8 (CUDA: W8A8; CPU: int8 x "
+            "int8 with per-token activation scales), int4 (weight-only, group 128), gguf (a "
+            "GGUF file's Q8_0/Q4_*/Q6_K tensors kept in their own format, CPU), none, or auto (a "
+            "quantized checkpoint's own method; weight-only int8 for a GGUF on the CPU unless "
+            "--dtype is given, else none)"
         },
     )
 

@@ -170,6 +170,8 @@ def test_int8_default_model_stays_close_to_hf_float32(gguf_path: Path, reader, h
     relative_error = (logits - expected).norm() / expected.norm()
     top1_agreement = (logits.argmax(-1) == expected.argmax(-1)).float().mean()
     print(f"int8 vs float32: relative logit error {relative_error:.4f}, top-1 {top1_agreement:.3f}")
-    # Measured 0.049 and 0.93 (27 prompt tokens); a broken quantizer gives ~1 and ~0.
-    assert relative_error < 0.08
-    assert top1_agreement >= 0.85
+    # int8 x int8 with per-token activations: measured 0.0995 and 0.85 (27 prompt tokens); 0.145
+    # without the float32 outlier channels; weight-only int8 was 0.049 and 0.93; a broken
+    # quantizer gives ~1 and ~0.
+    assert relative_error < 0.12
+    assert top1_agreement >= 0.8

@@ -56,7 +56,8 @@ def test_quantize_model_replaces_weights_and_keeps_outputs_close():
     expected_logits = model["embed"].logits(x)
     expected_rows = model["embed"](ids)
     assert sorted(quantize_model_(model, "int8")) == ["embed", "qkv"]
-    assert model["qkv"].weight is None and model["qkv"].weight_codes.dtype == torch.int8
+    # The matmul runs on the int8 engine's packed copy where torch has one, else on the codes.
+    assert model["qkv"].weight is None and model["embed"].weight_codes.dtype == torch.int8
     # A 64-long dot product of unit normals spreads ~8; int8 per-row keeps it within 3% of that.
     torch.testing.assert_close(model["qkv"](x), expected_qkv, atol=0.25, rtol=0)
     torch.testing.assert_close(model["embed"].logits(x), expected_logits, atol=0.25, rtol=0)
@@ -85,3 +86,16 @@ def test_auto_quantization_keeps_gguf_int8_on_the_cpu_unless_a_dtype_is_given():
         resolve_quantization(ModelConfig(quantization="int8"), "gguf", torch.device("meta"))
     with pytest.raises(ValueError, match="quantization 'fp4'"):
         ModelConfig(quantization="fp4")
+
+
+def test_gguf_and_int4_methods_resolve_on_the_cpu_and_gguf_needs_a_gguf_file():
+    from ladle.config import ModelConfig
+    from ladle.model.loader import resolve_quantization
+
+    cpu = torch.device("cpu")
+    assert resolve_quantization(ModelConfig(quantization="gguf"), "gguf", cpu) == "gguf"
+    assert resolve_quantization(ModelConfig(quantization="int4"), "safetensors", cpu) == "int4"
+    with pytest.raises(ValueError, match="'gguf' keeps a GGUF file's tensors"):
+        resolve_quantization(ModelConfig(quantization="gguf"), "safetensors", cpu)
+    with pytest.raises(ValueError, match="quantization 'int5' is not one of"):
+        ModelConfig(quantization="int5")

@@ -5,9 +5,10 @@ interleaved in one run, medians of --repeats.
 
 Measures generated tokens/s of one greedy sequence (prompt of 64 tokens, --output-len tokens,
 EOS ignored) and the time to the first token of a 200-token chat prompt (prefix cache cleared
-between runs, so every run prefills the whole prompt). llama.cpp comes from `llama-cpp-python`
-(not a ladle dependency; it builds from source with pip). Its high-level API runs one sequence,
-so batched throughput is compared through `ladle.bench.offline_throughput` instead.
+between runs, so every run prefills the whole prompt), and the generated tokens/s of --batch
+sequences decoded together (distinct 64-token prompts; llama.cpp through its low-level batch
+API, llamacpp_batched.py). llama.cpp comes from `llama-cpp-python` (not a ladle dependency; it
+builds from source with pip).
 """
 
 from __future__ import annotations
@@ -43,6 +44,15 @@ def time_ladle(llm: LLM, prompt: list[int], max_tokens: int) -> float:
     return elapsed
 
 
+def time_ladle_batch(llm: LLM, prompts: list[list[int]], max_tokens: int) -> float:
+    params = SamplingParams(temperature=0.0, max_tokens=max_tokens, ignore_eos=True)
+    started = time.perf_counter()
+    llm.generate(prompts, params, use_tqdm=False)
+    elapsed = time.perf_counter() - started
+    llm.engine.kv_cache_manager.reset_prefix_cache()
+    return elapsed
+
+
 def time_llamacpp(model, prompt: list[int], max_tokens: int) -> float:
     model.reset()
     started = time.perf_counter()
@@ -59,9 +69,12 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=torch.get_num_threads())
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--output-len", type=int, default=64)
-    parser.add_argument("--quantization", nargs="+", default=["int8", "none"])
+    parser.add_argument("--quantization", nargs="+", default=["auto", "int8", "gguf", "none"])
+    parser.add_argument("--batch", type=int, default=32)
     args = parser.parse_args()
-    from llama_cpp import Llama
+    from llama_cpp import Llama, llama_free
+
+    from ladle.bench.llamacpp_batched import batched_context, time_llamacpp_batched
 
     torch.set_num_threads(args.threads)
     path = str(resolve_default_model())
@@ -73,6 +86,16 @@ def main() -> None:
     first_token: dict[str, list[float]] = {}
     runners = {name: (lambda p, n, e=e: time_ladle(e, p, n)) for name, e in engines.items()}
     runners["llama.cpp"] = lambda p, n: time_llamacpp(peer, p, n)
+    batch_prompts = [list(range(1000 + 64 * i, 1064 + 64 * i)) for i in range(args.batch)]
+    context_len = args.batch * (64 + args.output_len + 8)
+    peer_context = batched_context(peer, args.batch, context_len, args.threads)
+    batch_runners = {
+        name: (lambda n, e=e: time_ladle_batch(e, batch_prompts, n)) for name, e in engines.items()
+    }
+    batch_runners["llama.cpp"] = lambda n: time_llamacpp_batched(
+        peer, peer_context, batch_prompts, n
+    )
+    batched: dict[str, list[float]] = {}
     for run in runners.values():  # warm-up
         run(short, 4)
     for _ in range(args.repeats):
@@ -81,13 +104,19 @@ def main() -> None:
             full, one = run(short, args.output_len + 1), run(short, 1)
             decode.setdefault(name, []).append(args.output_len / (full - one))
             first_token.setdefault(name, []).append(run(chat, 1))
+        for name, run_batch in batch_runners.items():
+            full, one = run_batch(args.output_len + 1), run_batch(1)
+            batched.setdefault(name, []).append(args.batch * args.output_len / (full - one))
     print(f"threads={args.threads} chat prompt={len(chat)} tokens repeats={args.repeats}")
     for name in runners:
         rate, ttft = statistics.median(decode[name]), statistics.median(first_token[name])
         print(
             f"{name:>12}: batch-1 decode {rate:6.1f} tok/s {[round(x, 1) for x in decode[name]]},"
-            f" TTFT {ttft * 1e3:6.0f} ms {[round(x * 1e3) for x in first_token[name]]}"
+            f" TTFT {ttft * 1e3:6.0f} ms {[round(x * 1e3) for x in first_token[name]]},"
+            f" batch-{args.batch} decode {statistics.median(batched[name]):6.1f} tok/s "
+            f"{[round(x, 1) for x in batched[name]]}"
         )
+    llama_free(peer_context)
 
 
 if __name__ == "__main__":

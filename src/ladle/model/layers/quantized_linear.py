@@ -1,13 +1,16 @@
-"""Weight-only int8 for the CPU: int8 codes with one float32 scale per output row.
+"""Quantized weights on the CPU: which format a module holds, and the matmul that runs it.
 
-Why this layout and not torch's packed kernels: on the 2-core AVX-512 machine this was built on,
-`torch._weight_int8pack_mm` and `torch._weight_int4pack_mm_for_cpu` ran 2-40x slower than the
-float32 MKL matmul at batch 1 and 32 (docs/quantization.md has the numbers), whereas converting
-int8 codes to float32 a cache-sized chunk at a time and running the MKL matmul on that chunk
-reads a quarter of the bytes and beat float32. Decode on the CPU is bound by the bytes of weight
-read per step, so the smaller format wins wherever the matmul itself stays on the fast path.
+    int8 (weight-only, what --quantization auto runs for a GGUF): int8 codes, one float32 scale
+        per output row; codes converted to float32 one cache-sized chunk of rows at a time, then
+        MKL, so no full float32 copy of any weight exists.
+            y = (x @ codes^T) * scale (+ bias),   codes = round(W / scale), scale = max|W_row| / 127
+    int8 (--quantization int8): the same codes, packed for torch's quantized engine and
+        multiplied int8 x int8 with per-token activation scales (cpu_int8_gemm.py), outlier
+        input channels in float32 (activation_outliers.py).
+    int4 (--quantization int4) and GGUF blocks kept in their format (--quantization gguf):
+        group-wise codes with float scales and offsets (group_quant.py).
 
-    y = (x @ codes^T) * scale (+ bias),   codes = round(W / scale), scale = max|W_row| / 127
+docs/quantization.md has the measurements behind each choice.
 """
 
 from __future__ import annotations
@@ -16,11 +19,26 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.model.layers.cpu_int8_gemm import (
+    PackedInt8Weight,
+    int8_dynamic_linear,
+    pack_int8_weight,
+    quantized_engine_available,
+)
+from ladle.model.layers.group_quant import (
+    GroupQuantizedRows,
+    group_quantized_embedding,
+    group_quantized_matmul,
+    quantize_int4_groups,
+    stack_rows,
+)
+
 # float32 elements of weight converted per chunk: 1 MiB, so the chunk stays in L2 while the
 # matmul reads it.
 CHUNK_ELEMENTS = 1 << 18
 
-QUANTIZATION_METHODS = ("int8",)
+QUANTIZATION_METHODS = ("int8", "int4")
+INT4_GROUP_SIZE = 128
 
 
 def quantize_int8_per_row(weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -67,32 +85,152 @@ def int8_embedding(
 
 
 @torch.no_grad()
-def quantize_module_weight_(module: nn.Module, method: str) -> None:
-    """Replace `module.weight` (a Linear's or an embedding table's) by int8 codes and row scales,
-    registered as buffers `weight_codes` and `weight_scale`; the float weight is freed."""
+def quantize_module_weight_(
+    module: nn.Module,
+    method: str,
+    outlier_columns: torch.Tensor | None = None,
+    weight_only: bool = False,
+) -> None:
+    """Replace `module.weight` (a Linear's or an embedding table's) by its quantized form; the
+    float weight is freed.
+
+    int8: int8 codes and row scales. On a CPU whose torch has a quantized engine, matmuls run
+    int8 x int8 on a packed copy (`module.quantized_weight`, cpu_int8_gemm.py) and the codes are
+    kept as buffers `weight_codes`/`weight_scale` only where rows are looked up (the embedding);
+    elsewhere the codes feed the chunked float matmul above.
+    int4: group-wise int4, group 128, round-to-nearest with scales and zeros (group_quant.py).
+    outlier_columns: input channels that the int8 engine path multiplies in float32.
+    weight_only: int8 codes feed the chunked float32 matmul even where the engine exists (the
+    numerics of `--quantization auto`, which keep quality first).
+    """
     if method not in QUANTIZATION_METHODS:
         raise ValueError(
             f"quantization {method!r} is not supported on the CPU; choose one of "
             f"{', '.join(QUANTIZATION_METHODS)}"
         )
-    codes, scale = quantize_int8_per_row(module.weight.data)
+    from ladle.model.layers.embedding import LMHead, VocabEmbedding
+
+    weight = module.weight.data
     del module.weight
     module.weight = None
+    module.quantization = method
+    module.output_dtype = weight.dtype  # embedding rows come back in the model's dtype
+    if method == "int4":
+        module.quantized_weight = quantize_int4_groups(weight, INT4_GROUP_SIZE)
+        return
+    use_engine = not weight_only and weight.device.type == "cpu" and quantized_engine_available()
+    outlier_weight = None
+    if use_engine and outlier_columns is not None:
+        outlier_weight = weight[:, outlier_columns].float().contiguous()
+        codes, scale = quantize_int8_per_row(weight.index_fill(1, outlier_columns, 0.0))
+    else:
+        outlier_columns = None
+        codes, scale = quantize_int8_per_row(weight)
+    if use_engine:
+        module.quantized_weight = pack_int8_weight(codes, scale, outlier_columns, outlier_weight)
+        if not isinstance(module, VocabEmbedding) or isinstance(module, LMHead):
+            return
+        if outlier_columns is not None:
+            # Lookups read whole rows: their codes keep every column.
+            codes, scale = quantize_int8_per_row(weight)
+    del weight
     module.register_buffer("weight_codes", codes)
     module.register_buffer("weight_scale", scale)
-    module.quantization = method
+
+
+def set_group_quantized_weight_(module: nn.Module, weight: GroupQuantizedRows) -> None:
+    """Make `module` run on an already group-quantized weight (a GGUF tensor kept in its own
+    format); its float weight is freed."""
+    module.output_dtype = module.weight.dtype
+    del module.weight
+    module.weight = None
+    module.quantization = f"int{weight.bits}-g{weight.group_size}"
+    module.quantized_weight = weight
+
+
+def hold_quantized_rows(
+    module: nn.Module,
+    param: nn.Parameter,
+    rows: GroupQuantizedRows,
+    start: int,
+    num_rows: int,
+    num_columns: int,
+) -> None:
+    """Keep a group-quantized checkpoint tensor for rows start..start+num_rows of `module`'s
+    weight until `adopt_native_weights_`; raises ModelLoadError when it does not fit."""
+    from ladle.model.loader.errors import ModelLoadError
+
+    if param is not module.weight:
+        raise ModelLoadError("a quantized tensor can only fill a weight, not a bias")
+    if (rows.num_rows, rows.num_columns) != (num_rows, num_columns):
+        raise ModelLoadError(
+            f"shape {(rows.num_rows, rows.num_columns)} does not fit {(num_rows, num_columns)}"
+        )
+    module.__dict__.setdefault("pending_quantized_rows", {})[start] = rows
 
 
 @torch.no_grad()
-def quantize_model_(model: nn.Module, method: str) -> list[str]:
-    """Quantize every Linear, the embedding table and an untied LM head of a loaded model in place.
-    Returns the names of the quantized modules."""
+def adopt_native_weights_(model: nn.Module) -> tuple[list[str], list[str]]:
+    """After loading, give each module whose checkpoint tensors came group-quantized its kept
+    weight. A merged layer whose shards have different layouts (Q4_K q with Q6_K v, or one shard
+    in float) gets all its shards dequantized into its float weight instead.
+    Returns (names kept in their format, names dequantized)."""
+    kept, dequantized = [], []
+    for name, module in model.named_modules():
+        pending = module.__dict__.pop("pending_quantized_rows", None)
+        if not pending:
+            continue
+        blocks = [pending[start] for start in sorted(pending)]
+        covers_all = sum(block.num_rows for block in blocks) == module.weight.shape[0]
+        if covers_all and len({block.layout for block in blocks}) == 1:
+            set_group_quantized_weight_(module, stack_rows(blocks))
+            kept.append(name)
+            continue
+        for start, block in pending.items():
+            module.weight.data[start : start + block.num_rows].copy_(block.dequantize())
+        dequantized.append(name)
+    return kept, dequantized
+
+
+def quantized_matmul(
+    module: nn.Module, x: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor:
+    """x @ the quantized weight of `module`^T (+ bias), by the kernel of its layout."""
+    weight = getattr(module, "quantized_weight", None)
+    if isinstance(weight, PackedInt8Weight):
+        return int8_dynamic_linear(x, weight, bias)
+    if isinstance(weight, GroupQuantizedRows):
+        return group_quantized_matmul(x, weight, bias)
+    return int8_weight_matmul(x, module.weight_codes, module.weight_scale, bias)
+
+
+def quantized_embedding(module: nn.Module, input_ids: torch.Tensor) -> torch.Tensor:
+    """Rows of a quantized embedding table."""
+    weight = getattr(module, "quantized_weight", None)
+    if isinstance(weight, GroupQuantizedRows):
+        rows = group_quantized_embedding(input_ids, weight)
+    else:
+        rows = int8_embedding(input_ids.long(), module.weight_codes, module.weight_scale)
+    return rows.to(getattr(module, "output_dtype", rows.dtype))
+
+
+@torch.no_grad()
+def quantize_model_(model: nn.Module, method: str, weight_only: bool = False) -> list[str]:
+    """Quantize every Linear, the embedding table and an untied LM head of a loaded model in
+    place, skipping those already quantized (GGUF tensors kept in their own format). Returns
+    the names of the modules quantized here."""
     from ladle.model.layers.embedding import VocabEmbedding
     from ladle.model.layers.linear import Linear
 
+    outliers: dict[str, torch.Tensor] = {}
+    uses_engine = method == "int8" and not weight_only and quantized_engine_available()
+    if uses_engine and hasattr(model, "config"):
+        from ladle.model.layers.activation_outliers import find_outlier_channels
+
+        outliers = find_outlier_channels(model, (Linear,))
     quantized = []
     for name, module in model.named_modules():
         if isinstance(module, Linear | VocabEmbedding) and module.weight is not None:
-            quantize_module_weight_(module, method)
+            quantize_module_weight_(module, method, outliers.get(name), weight_only)
             quantized.append(name)
     return quantized

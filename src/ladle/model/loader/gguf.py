@@ -21,6 +21,7 @@ import torch
 from gguf.constants import GGMLQuantizationType
 
 from ladle.model.arch_config import SUPPORTED_ARCHITECTURES, ModelArchConfig, UnsupportedModelError
+from ladle.model.layers.group_quant import GroupQuantizedRows
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.gguf_dequant import dequantize
 from ladle.model.loader.gguf_header import (
@@ -29,6 +30,7 @@ from ladle.model.loader.gguf_header import (
     GGUFTensorInfo,
     read_gguf_header,
 )
+from ladle.model.loader.gguf_native import NATIVE_TYPES, native_group_rows
 
 # general.architecture -> the Hugging Face architecture whose checkpoint layout it mirrors.
 GGUF_ARCHITECTURES = {
@@ -298,13 +300,16 @@ def iter_gguf_weights(
     path: str | os.PathLike,
     reader: GGUFHeader | None = None,
     device: torch.device | str = "cpu",
-) -> Iterator[tuple[str, torch.Tensor]]:
+    keep_native: bool = False,
+) -> Iterator[tuple[str, torch.Tensor | GroupQuantizedRows]]:
     """Yield (Hugging Face name, float32 tensor on `device`) for every weight in a GGUF file.
 
     Tensors are dequantized one at a time (on `device`, so on the GPU when the model goes there),
     so peak memory is one float32 tensor beyond the model. lm_head.weight is yielded only when
     the file has an output matrix (untied embeddings).
     reader: an `open_gguf(path)` result to reuse; opened here when None.
+    keep_native: yield 2-D Q8_0/Q4_0/Q4_1/Q4_K/Q6_K tensors as GroupQuantizedRows (CPU) in their
+    own precision instead of dequantizing them (gguf_native.py).
     """
     path = Path(path)
     reader = reader if reader is not None else open_gguf(path)
@@ -327,8 +332,23 @@ def iter_gguf_weights(
             ) from None
         if name is None:
             continue
-        weight = _dequantize(reader, tensor, torch.device(device))
+        if keep_native and tensor.ggml_type in NATIVE_TYPES and len(tensor.shape) == 2:
+            weight = _native_rows(reader, tensor)
+        else:
+            weight = _dequantize(reader, tensor, torch.device(device))
         for projection, heads in permuted_heads.items():
             if f".{projection}." in name:
-                weight = unpermute_rope_rows(weight, heads)
+                if isinstance(weight, GroupQuantizedRows):
+                    weight = weight.map_rows(lambda rows, h=heads: unpermute_rope_rows(rows, h))
+                else:
+                    weight = unpermute_rope_rows(weight, heads)
         yield name, weight
+
+
+def _native_rows(reader: GGUFHeader, tensor: GGUFTensorInfo) -> GroupQuantizedRows:
+    try:
+        return native_group_rows(reader.tensor_bytes(tensor), tensor.ggml_type, tensor.shape)
+    except (ValueError, RuntimeError) as error:
+        raise ModelLoadError(
+            f"GGUF file {str(reader.path)!r}: tensor {tensor.name} is corrupt ({error})"
+        ) from error
