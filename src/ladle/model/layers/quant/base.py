@@ -46,6 +46,31 @@ class QuantMethod(ABC):
         """x [..., K] -> x W^T (+ bias) [..., N] in x's dtype."""
 
 
+class PerRowScaledMethod(QuantMethod):
+    """A method whose checkpoint is one code per weight plus one float32 scale per output row
+    (fp8, int8): the canonical layout and its dequantization are shared; subclasses give the
+    code dtype and the quantizer."""
+
+    code_dtype: torch.dtype
+
+    @abstractmethod
+    def quantize_rows(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(codes [N, K] of code_dtype, scale [N] float32) of a float weight."""
+
+    def canonical_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:
+        return {
+            "weight": ((output_size, input_size), self.code_dtype),
+            "weight_scale": ((output_size,), torch.float32),
+        }
+
+    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, scale = self.quantize_rows(weight)
+        return {"weight": codes, "weight_scale": scale}
+
+    def dequantize(self, tensors: dict[str, torch.Tensor], input_size: int) -> torch.Tensor:
+        return tensors["weight"].float() * tensors["weight_scale"][:, None]
+
+
 def install_canonical_(
     layer: nn.Module, method: QuantMethod, tensors: dict[str, torch.Tensor] | None = None
 ) -> None:

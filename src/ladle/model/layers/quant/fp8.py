@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ladle.model.layers.quant.base import QuantMethod, TensorSpec, add_bias, flatten_tokens
+from ladle.model.layers.quant.base import PerRowScaledMethod, add_bias, flatten_tokens
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
@@ -95,21 +95,12 @@ def fp8_linear(
     return output.reshape(*leading, -1)
 
 
-class Fp8Method(QuantMethod):
+class Fp8Method(PerRowScaledMethod):
     name = "fp8"
+    code_dtype = FP8_DTYPE
 
-    def canonical_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:
-        return {
-            "weight": ((output_size, input_size), FP8_DTYPE),
-            "weight_scale": ((output_size,), torch.float32),
-        }
-
-    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        codes, scale = quantize_fp8_per_row(weight)
-        return {"weight": codes, "weight_scale": scale}
-
-    def dequantize(self, tensors: dict[str, torch.Tensor], input_size: int) -> torch.Tensor:
-        return tensors["weight"].float() * tensors["weight_scale"][:, None]
+    def quantize_rows(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_fp8_per_row(weight)
 
     def finalize(self, layer: nn.Module) -> None:
         weight = layer.weight.data

@@ -18,7 +18,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from ladle.model.layers.quant.base import QuantMethod, TensorSpec, add_bias, flatten_tokens
+from ladle.model.layers.quant.base import PerRowScaledMethod, add_bias, flatten_tokens
 
 INT8_MAX = 127.0
 MIN_SCALE = 1e-12
@@ -89,21 +89,12 @@ def int8_linear(
     return add_bias(output, bias).reshape(*leading, -1)
 
 
-class Int8Method(QuantMethod):
+class Int8Method(PerRowScaledMethod):
     name = "int8"
+    code_dtype = torch.int8
 
-    def canonical_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:
-        return {
-            "weight": ((output_size, input_size), torch.int8),
-            "weight_scale": ((output_size,), torch.float32),
-        }
-
-    def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        codes, scale = quantize_int8_rows(weight)
-        return {"weight": codes, "weight_scale": scale}
-
-    def dequantize(self, tensors: dict[str, torch.Tensor], input_size: int) -> torch.Tensor:
-        return tensors["weight"].float() * tensors["weight_scale"][:, None]
+    def quantize_rows(self, weight: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return quantize_int8_rows(weight)
 
     def finalize(self, layer: nn.Module) -> None:
         rows, cols = layer.weight.shape
