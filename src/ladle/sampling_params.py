@@ -62,7 +62,6 @@ class SamplingParams:
     bad_words: list[str] | None = None
     prompt_logprobs: int | None = None
     logits_processors: list | None = None
-    structured_outputs: Any = None
     guided_decoding: Any = None
     # Folded into the request's prefix-cache block hashes: requests with different salts never
     # share cached KV (vLLM takes it with the prompt; the server's cache_salt field sets it).
