@@ -20,8 +20,6 @@ from torch.profiler import ProfilerActivity, profile
 
 from ladle import LLM
 from ladle.bench.workloads import build_requests, get_workload
-from ladle.engine.messages import EngineCoreRequest
-from ladle.sampling_params import SamplingParams
 
 
 def main() -> None:
@@ -42,17 +40,9 @@ def main() -> None:
     engine = llm.engine
     requests = build_requests(workload)[: args.num_requests]
     for index, request in enumerate(requests):
+        # No request ends while profiled.
         engine.add_request(
-            EngineCoreRequest(
-                request_id=f"gap-{index}",
-                prompt_token_ids=request.prompt_token_ids,
-                sampling_params=SamplingParams(
-                    temperature=request.temperature,
-                    max_tokens=max(request.max_tokens, 1000),  # no request ends while profiled
-                    ignore_eos=True,
-                    seed=request.seed,
-                ),
-            )
+            request.core_request(f"gap-{index}", max_tokens=max(request.max_tokens, 1000))
         )
     while len(engine.scheduler.waiting) or any(
         r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running

@@ -29,9 +29,7 @@ from tqdm import tqdm
 
 from ladle.bench.device_floor import floor_seconds, measure_ceilings
 from ladle.bench.workloads import TokenWorkload, WorkloadRequest, build_requests, get_workload
-from ladle.engine.messages import EngineCoreRequest
 from ladle.kernels.compile_log import compile_totals
-from ladle.sampling_params import SamplingParams
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -52,18 +50,7 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
     num_generated = 0
     for index, request in enumerate(requests):
         request_id = f"{tag}-{index}"
-        engine.add_request(
-            EngineCoreRequest(
-                request_id=request_id,
-                prompt_token_ids=request.prompt_token_ids,
-                sampling_params=SamplingParams(
-                    temperature=request.temperature,
-                    max_tokens=request.max_tokens,
-                    ignore_eos=True,
-                    seed=request.seed,
-                ),
-            )
-        )
+        engine.add_request(request.core_request(request_id))
         arrival[request_id] = started
     progress = tqdm(total=len(requests), desc=tag, disable=not show_progress, dynamic_ncols=True)
     while engine.has_unfinished_requests():
@@ -109,18 +96,7 @@ def gpu_busy_fraction(engine, requests: list[WorkloadRequest], num_steps: int = 
     from torch.profiler import ProfilerActivity, profile
 
     for index, request in enumerate(requests):
-        engine.add_request(
-            EngineCoreRequest(
-                request_id=f"busy-{index}",
-                prompt_token_ids=request.prompt_token_ids,
-                sampling_params=SamplingParams(
-                    temperature=request.temperature,
-                    max_tokens=request.max_tokens,
-                    ignore_eos=True,
-                    seed=request.seed,
-                ),
-            )
-        )
+        engine.add_request(request.core_request(f"busy-{index}"))
     # Past every prompt: the steady decode phase.
     while engine.scheduler.waiting or any(
         r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running

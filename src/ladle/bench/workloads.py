@@ -19,6 +19,9 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
+from ladle.engine.messages import EngineCoreRequest
+from ladle.sampling_params import SamplingParams
+
 
 @dataclass(frozen=True)
 class TokenWorkload:
@@ -44,6 +47,20 @@ class WorkloadRequest:
     max_tokens: int
     temperature: float
     seed: int
+
+    def core_request(self, request_id: str, max_tokens: int | None = None) -> EngineCoreRequest:
+        """The engine-core request that runs it: EOS ignored, its own seed; max_tokens replaces
+        the workload's (a profiler run that must not see requests end)."""
+        return EngineCoreRequest(
+            request_id=request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling_params=SamplingParams(
+                temperature=self.temperature,
+                max_tokens=self.max_tokens if max_tokens is None else max_tokens,
+                ignore_eos=True,
+                seed=self.seed,
+            ),
+        )
 
 
 W1 = TokenWorkload("W1", "qwen3-0.6b", 256, (100, 1024), (100, 1024), temperature=0.6)
