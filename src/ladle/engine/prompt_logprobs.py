@@ -25,6 +25,8 @@ class PromptLogprobsCollector:
     def attach(self, outputs: list[EngineCoreOutput]) -> None:
         """Give each output whose request has prompt logprobs the whole list: None for the
         first token (nothing precedes it), then one entry per prompt token."""
+        if not self._pending:  # the common step: nobody asked, no per-output lookups
+            return
         for output in outputs:
             pending = self._pending.pop(output.request_id, None)
             if pending is None:

@@ -246,7 +246,10 @@ class ModelRunner:
             hidden = self.model(input_ids, inputs.positions, self.kv_caches, attn_metadata)
         num_logprobs = [r.sampling_params.logprobs for r in sampling_requests]
         prompt_logprobs = None
-        if any(r.sampling_params.prompt_logprobs is not None for r in requests):
+        # Only a step with prompt tokens can owe prompt logprobs: decode-only steps skip the scan.
+        if scheduler_output.num_prefill_tokens and any(
+            r.sampling_params.prompt_logprobs is not None for r in requests
+        ):
             # Rare, and read on the host at once: such steps give up their overlap.
             prompt_logprobs = compute_prompt_logprobs(
                 self.model.compute_logits, hidden, scheduler_output
