@@ -88,27 +88,8 @@ def test_logits_match_hf(gguf_path: Path, reader, hf_model) -> None:
     # The converted tokenizer is cached in the ladle cache after its first build.
     input_ids = torch.tensor(load_tokenizer(str(gguf_path), config).encode(PROMPT))
     assert 25 <= input_ids.numel() <= 40
-    num_tokens, block_size = input_ids.numel(), 16
-    num_blocks = 1 + (num_tokens + block_size - 1) // block_size
-    # One prefill over blocks 1..: block 0 is the engine's null block.
-    metadata = AttentionMetadata(
-        slot_mapping=torch.arange(num_tokens) + block_size,
-        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32),
-        seq_lens=torch.tensor([num_tokens], dtype=torch.int32),
-        block_tables=torch.arange(1, num_blocks, dtype=torch.int32)[None],
-        max_query_len=num_tokens,
-        max_seq_len=num_tokens,
-        block_size=block_size,
-        query_start_loc_host=[0, num_tokens],
-        seq_lens_host=[num_tokens],
-    )
-    kv_caches = [
-        torch.zeros(2, num_blocks, block_size, config.num_key_value_heads, config.head_dim)
-        for _ in range(config.num_hidden_layers)
-    ]
+    logits = prefill_logits(model, config, input_ids)
     with torch.no_grad():
-        hidden = model(input_ids, torch.arange(num_tokens), kv_caches, metadata)
-        logits = model.compute_logits(hidden)
         expected = hf_model(input_ids[None]).logits[0]
     torch.testing.assert_close(logits, expected, rtol=1e-4, atol=2e-4)
     assert torch.equal(logits.argmax(-1), expected.argmax(-1))
@@ -146,6 +127,22 @@ def test_int8_default_model_stays_close_to_hf_float32(gguf_path: Path, reader, h
     model.load_weights(iter_gguf_weights(gguf_path, reader))
     assert len(quantize_model_(model, "int8")) == 4 * config.num_hidden_layers + 1
     input_ids = torch.tensor(load_tokenizer(str(gguf_path), config).encode(PROMPT))
+    logits = prefill_logits(model, config, input_ids)
+    with torch.no_grad():
+        expected = hf_model(input_ids[None]).logits[0]
+    relative_error = (logits - expected).norm() / expected.norm()
+    top1_agreement = (logits.argmax(-1) == expected.argmax(-1)).float().mean()
+    print(f"int8 vs float32: relative logit error {relative_error:.4f}, top-1 {top1_agreement:.3f}")
+    # int8 x int8 with per-token activations: measured 0.0995 and 0.85 (27 prompt tokens); 0.145
+    # without the float32 outlier channels; weight-only int8 was 0.049 and 0.93; a broken
+    # quantizer gives ~1 and ~0.
+    assert relative_error < 0.12
+    assert top1_agreement >= 0.8
+
+
+def prefill_logits(model, config, input_ids: torch.Tensor) -> torch.Tensor:
+    """ladle's logits for one prefill of input_ids, over blocks 1.. (block 0 is the engine's
+    null block)."""
     num_tokens, block_size = input_ids.numel(), 16
     num_blocks = 1 + (num_tokens + block_size - 1) // block_size
     metadata = AttentionMetadata(
@@ -165,13 +162,4 @@ def test_int8_default_model_stays_close_to_hf_float32(gguf_path: Path, reader, h
     ]
     with torch.no_grad():
         hidden = model(input_ids, torch.arange(num_tokens), kv_caches, metadata)
-        logits = model.compute_logits(hidden)
-        expected = hf_model(input_ids[None]).logits[0]
-    relative_error = (logits - expected).norm() / expected.norm()
-    top1_agreement = (logits.argmax(-1) == expected.argmax(-1)).float().mean()
-    print(f"int8 vs float32: relative logit error {relative_error:.4f}, top-1 {top1_agreement:.3f}")
-    # int8 x int8 with per-token activations: measured 0.0995 and 0.85 (27 prompt tokens); 0.145
-    # without the float32 outlier channels; weight-only int8 was 0.049 and 0.93; a broken
-    # quantizer gives ~1 and ~0.
-    assert relative_error < 0.12
-    assert top1_agreement >= 0.8
+        return model.compute_logits(hidden)
