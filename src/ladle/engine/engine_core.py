@@ -163,11 +163,8 @@ class EngineCore:
         """End requests now and free their blocks; returns their final 'abort' outputs."""
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
         finished_ids = [r.request_id for r in finished]
-        self.runner.release(finished_ids)
-        self.overlap.forget(request_ids)
-        self.prompt_logprobs.discard(request_ids)
-        if self.structured_outputs is not None:
-            finished_ids += self.structured_outputs.remove(request_ids)
+        # Requests still waiting for their grammar were never scheduled: they end here too.
+        finished_ids += self._forget(request_ids)
         return [
             EngineCoreOutput(request_id=request_id, new_token_ids=[], finish_reason="abort")
             for request_id in finished_ids
@@ -209,7 +206,6 @@ class EngineCore:
             execute, self.scheduler, scheduler_output, block_updates
         )
         self._release_finished(fault_outputs)
-        self.prompt_logprobs.discard([output.request_id for output in fault_outputs])
         outputs += fault_outputs
         previous, self._in_flight = self._in_flight, None
         if launched is not None:
@@ -249,12 +245,19 @@ class EngineCore:
 
     def _release_finished(self, outputs: list[EngineCoreOutput]) -> None:
         finished_ids = [output.request_id for output in outputs if output.finished]
-        if not finished_ids:
-            return
-        self.runner.release(finished_ids)
-        self.overlap.forget(finished_ids)
-        if self.structured_outputs is not None:
-            self.structured_outputs.remove(finished_ids)
+        if finished_ids:
+            self._forget(finished_ids)
+
+    def _forget(self, request_ids: list[str]) -> list[str]:
+        """Drop what the engine keeps per request outside the scheduler: the runner's slot, the
+        overlap policy's entry, pending prompt logprobs and the grammar. Returns the ids that
+        were still waiting for their grammar compile (never handed to the scheduler)."""
+        self.runner.release(request_ids)
+        self.overlap.forget(request_ids)
+        self.prompt_logprobs.discard(request_ids)
+        if self.structured_outputs is None:
+            return []
+        return self.structured_outputs.remove(request_ids)
 
     def _admit_compiled_requests(self) -> list[EngineCoreOutput]:
         """Hand requests whose grammar is compiled to the scheduler; end those that failed."""
