@@ -258,7 +258,7 @@ class ModelRunner:
             return LaunchedStep(len(requests), [], None, None, num_logprobs, None, prompt_logprobs)
         logits = self.model.compute_logits(hidden[inputs.logits_indices])
         # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
-        # Penalty rows see every output token: the engine runs their steps without overlap.
+        # Penalty and bad_words rows see every output token: their steps run without overlap.
         metadata = build_sampling_metadata(
             [r.sampling_params for r in sampling_requests],
             [r.sampling_seed for r in sampling_requests],
