@@ -73,7 +73,7 @@ def test_thinking_on_leaves_the_reasoning_unconstrained_and_streams_the_same(cli
     # All reasoning (no </think> came): the schema, which starts the answer with "{", was not
     # applied to it, and there is no answer yet.
     assert reasoning and not reasoning.lstrip().startswith("{")
-    assert not message.content and reply.choices[0].finish_reason == "length"
+    assert message.content is None and reply.choices[0].finish_reason == "length"
     streamed_reasoning, streamed_content = "", ""
     for chunk in _chat(client, stream=True):
         for choice in chunk.choices:

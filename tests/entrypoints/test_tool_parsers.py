@@ -117,6 +117,8 @@ def _stream_all(shaper: ReplyShaper, text: str, step: int):
         '{"name": "get_weather", "arguments": {"city": "Paris"}}\n</tool_call>',
         "<think>no tool needed</think>Hello there, <tool friend>!",
         "Plain answer < with a bracket",
+        "<think>only thinking, the budget ran out before an answer",
+        "<think>thought it through</think>",
         '<tool_call>{"name": "add", "arguments": {"a": ',
     ],
 )

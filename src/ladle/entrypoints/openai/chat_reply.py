@@ -40,8 +40,10 @@ class ReplyShaper:
             reasoning, text = self.reasoning_parser.split(text, self.starts_in_reasoning)
             text = text or ""
         content, calls = extract_tool_calls(self.plan, text)
+        # As vLLM: content is null when the reply was all reasoning or all tool calls.
+        answered = content or (not calls and reasoning is None)
         message = ChatResponseMessage(
-            content=content if (content or not calls) else None,
+            content=content if answered else None,
             reasoning_content=reasoning,
             tool_calls=calls,
         )
