@@ -215,3 +215,23 @@ def test_a_token_holding_a_unicode_line_separator_does_not_cut_a_chunk():
     record = asyncio.run(run())
     assert record.error is None and record.success
     assert (record.output_tokens, len(record.itl), record.prompt_tokens) == (2, 1, 3)
+
+
+def test_scraped_metrics_add_counts_and_average_kv_usage_over_replicas():
+    from ladle.bench.serve_scrape import parse_metrics
+
+    text = (
+        "# TYPE vllm:kv_cache_usage_perc gauge\n"
+        'vllm:kv_cache_usage_perc{replica="0"} 0.6\n'
+        'vllm:kv_cache_usage_perc{replica="1"} 0.2\n'
+        "# TYPE vllm:num_requests_waiting gauge\n"
+        'vllm:num_requests_waiting{replica="0"} 3\n'
+        'vllm:num_requests_waiting{replica="1"} 4\n'
+        "# TYPE vllm:prefix_cache_hits counter\n"
+        'vllm:prefix_cache_hits_total{replica="0"} 10\n'
+        'vllm:prefix_cache_hits_total{replica="1"} 5\n'
+    )
+    values = parse_metrics(text)
+    assert values["vllm:kv_cache_usage_perc"] == pytest.approx(0.4)
+    assert values["vllm:num_requests_waiting"] == 7
+    assert values["vllm:prefix_cache_hits_total"] == 15

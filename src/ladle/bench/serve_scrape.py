@@ -13,13 +13,22 @@ import httpx
 
 
 def parse_metrics(text: str) -> dict[str, float]:
-    """Sample name -> value, summed over label sets (one model per server)."""
+    """Sample name -> value over all label sets (replicas, models, reasons).
+
+    Counts add up across label sets; a fraction (a `_perc` gauge such as KV usage) is averaged,
+    since two replicas each 60% full are 60% full, not 120%.
+    """
     from prometheus_client.parser import text_string_to_metric_families
 
     values: dict[str, float] = {}
+    label_sets: dict[str, int] = {}
     for family in text_string_to_metric_families(text):
         for sample in family.samples:
             values[sample.name] = values.get(sample.name, 0.0) + float(sample.value)
+            label_sets[sample.name] = label_sets.get(sample.name, 0) + 1
+    for name, count in label_sets.items():
+        if name.endswith("_perc"):
+            values[name] /= count
     return values
 
 
