@@ -17,7 +17,8 @@ for stage in $STAGES; do
     tests)
       echo "== tests $(date +%T)"
       timeout "${TEST_TIMEOUT:-200}" python3 -m pytest -q tests/gpu/test_int4_decode.py \
-        tests/gpu/test_quant_kernels.py -p no:cacheprovider -rfEs -x --maxfail=5 2>&1 \
+        tests/gpu/test_quant_kernels.py -k "${TEST_FILTER:-int4 or fp8}" -p no:cacheprovider \
+        -rfEs --maxfail=10 2>&1 \
         | tail -120 > "$OUT/tests.log"
       grep -E "^(FAILED|ERROR)|passed|failed|Error" "$OUT/tests.log" | tail -20 ;;
     kernels)
@@ -27,8 +28,8 @@ for stage in $STAGES; do
       tail -40 "$OUT/int4_kernels.log" ;;
     w3)
       for method in ${W3_METHODS:-int4 fp8 none}; do
-        bench "w3_8b_$method" "${W3_TIMEOUT:-120}" latency --workload W3-8b --runs 2 --no-busy \
-          --quantization "$method"
+        bench "w3_8b_$method" "${W3_TIMEOUT:-120}" latency --workload W3-8b --runs "${W3_RUNS:-2}" \
+          --no-busy --quantization "$method"
       done ;;
     w2)
       for method in ${W2_METHODS:-none fp8 int4}; do

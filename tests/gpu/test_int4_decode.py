@@ -29,16 +29,33 @@ def quantized(outputs: int, inputs: int, seed: int, symmetric: bool = False):
     return packed_t, scale.t().contiguous(), zero.t().to(torch.float16).contiguous()
 
 
+def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor) -> None:
+    """Both sides are rounded to bf16/fp16 once from float32 sums that differ only in order: a
+    few outputs may land one rounding step apart (2^-8 relative for bf16), the whole stays close."""
+    step = 2.0**-7 if actual.dtype == torch.bfloat16 else 2.0**-10
+    torch.testing.assert_close(actual.float(), expected.float(), rtol=step, atol=1e-3)
+    if expected.numel() >= 256:
+        assert relative_error(actual, expected) < 5e-3
+
+
 def all_kernels():
     from ladle.kernels.int4_decode import GEMV_KERNELS, MMA_KERNELS
 
     return list(GEMV_KERNELS) + list(MMA_KERNELS)
 
 
-KERNEL_IDS = ["gemv-n128", "gemv-n128-wide-split", "gemv-n256", "mma-n64", "mma-n128"]
+def kernel_ids() -> list[str]:
+    """The kernels' names where Triton imports (the module is collected on CPU-only CI too)."""
+    try:
+        return [str(kernel).replace("/", "-") for kernel in all_kernels()]
+    except ImportError:
+        return []
 
 
-@pytest.mark.parametrize("kernel_index", range(5), ids=KERNEL_IDS)
+KERNEL_IDS = kernel_ids()
+
+
+@pytest.mark.parametrize("kernel_index", range(len(KERNEL_IDS)), ids=KERNEL_IDS)
 @pytest.mark.parametrize("tokens", [1, 3, 16, 17, 64])
 @pytest.mark.parametrize(
     # N = 1 and 7, K not a multiple of the group (200, 100, 1000), a long K (split-K), a wide N.
@@ -57,10 +74,10 @@ def test_int4_decode_kernels_match_reference(kernel_index, tokens, outputs, inpu
     actual = int4_decode_matmul(x, packed_t, scale_t, zero_t, GROUP, kernel)
     expected = int4_matmul_reference(x, packed_t, scale_t, zero_t, GROUP)
     assert actual.shape == (tokens, outputs) and actual.dtype == torch.bfloat16
-    assert relative_error(actual, expected) < 5e-3
+    assert_close_to_reference(actual, expected)
 
 
-@pytest.mark.parametrize("kernel_index", range(5), ids=KERNEL_IDS)
+@pytest.mark.parametrize("kernel_index", range(len(KERNEL_IDS)), ids=KERNEL_IDS)
 def test_int4_decode_kernels_take_float16_and_symmetric_weights(kernel_index):
     from ladle.kernels.int4_decode import int4_decode_matmul
     from ladle.kernels.int4_matmul import int4_matmul_reference
@@ -71,10 +88,10 @@ def test_int4_decode_kernels_take_float16_and_symmetric_weights(kernel_index):
     actual = int4_decode_matmul(x, packed_t, scale_t, zero_t, GROUP, kernel)
     assert actual.dtype == torch.float16
     expected = int4_matmul_reference(x, packed_t, scale_t, zero_t, GROUP)
-    assert relative_error(actual, expected) < 5e-3
+    assert_close_to_reference(actual, expected)
 
 
-@pytest.mark.parametrize("kernel_index", [0, 3], ids=["gemv", "mma"])
+@pytest.mark.parametrize("kernel_index", [0, 6, -1], ids=["gemv", "gemv-rows4", "mma"])
 def test_split_k_is_deterministic_and_replays_in_a_cuda_graph(kernel_index):
     """The last-arriving split reduces in split order and resets its counter: repeated calls are
     bitwise equal, and graph replays with new inputs stay right (a counter left non-zero would

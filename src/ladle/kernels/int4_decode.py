@@ -88,6 +88,73 @@ def _finish_tile(
             tl.atomic_xchg(counter_ptr + tile_id, 0)
 
 
+@triton.jit
+def _load_group(
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    group,
+    valid,
+    words,
+    offs_n,
+    is_n,
+    num_columns,
+    num_inputs,
+    GROUP: tl.constexpr,
+):
+    """One group's packed words [GROUP / 8, BN], scales and zeros [BN] (zeros where not valid)."""
+    word_rows = group * (GROUP // 8) + words
+    packed = tl.load(
+        packed_ptr + word_rows[:, None].to(tl.int64) * num_columns + offs_n[None, :],
+        mask=(word_rows[:, None] * 8 < num_inputs) & is_n[None, :] & valid,
+        other=0,
+    )
+    in_range = is_n & (group * GROUP < num_inputs) & valid
+    scale = tl.load(scale_ptr + group * num_columns + offs_n, mask=in_range, other=0.0)
+    zero = tl.load(zero_ptr + group * num_columns + offs_n, mask=in_range, other=0.0)
+    return packed, scale.to(tl.float32), zero.to(tl.float32)
+
+
+@triton.jit
+def _lane_code(packed, high, LANE: tl.constexpr):
+    """Nibble LANE of every word as the float q * 16^j (j = LANE for 0..4, LANE - 5 after), made
+    by OR-ing the masked bits into the mantissa of 2^23 and subtracting 2^23: exact, and no
+    int->float convert. Nibbles 5..7 come from `high` (the words shifted right by 20)."""
+    if LANE == 0:
+        bits = packed & 0xF
+    elif LANE == 1:
+        bits = packed & 0xF0
+    elif LANE == 2:
+        bits = packed & 0xF00
+    elif LANE == 3:
+        bits = packed & 0xF000
+    elif LANE == 4:
+        bits = packed & 0xF0000
+    elif LANE == 5:
+        bits = high & 0xF
+    elif LANE == 6:
+        bits = high & 0xF0
+    else:
+        bits = high & 0xF00
+    return (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
+
+
+@triton.jit
+def _lane_x(x, LANE: tl.constexpr):
+    """x times 16^-j, the inverse of _lane_code's power (exact: a power of two)."""
+    if LANE == 0 or LANE == 5:
+        scaled = x
+    elif LANE == 1 or LANE == 6:
+        scaled = x * 0.0625
+    elif LANE == 2 or LANE == 7:
+        scaled = x * 0.00390625
+    elif LANE == 3:
+        scaled = x * 0.000244140625
+    else:
+        scaled = x * 0.0000152587890625
+    return scaled
+
+
 @triton.jit(
     do_not_specialize=["num_tokens", "stride_x", "stride_out", "groups_per_split", "num_splits"]
 )
@@ -108,66 +175,131 @@ def _int4_gemv_kernel(
     num_splits,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    ROWS: tl.constexpr,
+    PREFETCH: tl.constexpr,
 ):
+    """ROWS (1, 2 or 4) token rows per program: each weight is read and turned into a float once
+    and multiplied into every row. With PREFETCH the next group's words, scales and zeros are
+    loaded before this group's arithmetic, so two groups' reads are in flight per warp."""
     pid_n = tl.program_id(0)
     pid_split = tl.program_id(1)
-    row = tl.program_id(2)
+    pid_m = tl.program_id(2)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     is_n = offs_n < num_columns
     words = tl.arange(0, GROUP // 8)
-    x_row = x_ptr + row.to(tl.int64) * stride_x
-    accumulator = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
+    first_row = pid_m * ROWS
+    x_row0 = x_ptr + first_row.to(tl.int64) * stride_x
+    has_row1 = first_row + 1 < num_tokens
+    has_row2 = first_row + 2 < num_tokens
+    has_row3 = first_row + 3 < num_tokens
+    acc0 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
+    acc1 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
+    acc3 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
     first_group = pid_split * groups_per_split
+    if PREFETCH:
+        packed, scale, zero = _load_group(
+            packed_ptr,
+            scale_ptr,
+            zero_ptr,
+            first_group,
+            groups_per_split > 0,
+            words,
+            offs_n,
+            is_n,
+            num_columns,
+            num_inputs,
+            GROUP,
+        )
     for step in range(0, groups_per_split):
         group = first_group + step
+        if PREFETCH:
+            next_packed, next_scale, next_zero = _load_group(
+                packed_ptr,
+                scale_ptr,
+                zero_ptr,
+                group + 1,
+                step + 1 < groups_per_split,
+                words,
+                offs_n,
+                is_n,
+                num_columns,
+                num_inputs,
+                GROUP,
+            )
+        else:
+            packed, scale, zero = _load_group(
+                packed_ptr,
+                scale_ptr,
+                zero_ptr,
+                group,
+                True,
+                words,
+                offs_n,
+                is_n,
+                num_columns,
+                num_inputs,
+                GROUP,
+            )
         word_rows = group * (GROUP // 8) + words
-        packed = tl.load(
-            packed_ptr + word_rows[:, None].to(tl.int64) * num_columns + offs_n[None, :],
-            mask=(word_rows[:, None] * 8 < num_inputs) & is_n[None, :],
-            other=0,
-        )
         high = packed >> 20  # nibbles 5..7 down to bits 0..11 (the sign bits are masked off)
-        weighted = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
-        x_sum = tl.zeros((GROUP // 8,), dtype=tl.float32)
+        sum0 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
+        sum1 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
+        sum2 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
+        sum3 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
+        x_sum0 = tl.zeros((GROUP // 8,), dtype=tl.float32)
+        x_sum1 = tl.zeros((GROUP // 8,), dtype=tl.float32)
+        x_sum2 = tl.zeros((GROUP // 8,), dtype=tl.float32)
+        x_sum3 = tl.zeros((GROUP // 8,), dtype=tl.float32)
         for lane in tl.static_range(8):
             k = word_rows * 8 + lane
-            x = tl.load(x_row + k, mask=k < num_inputs, other=0.0).to(tl.float32)
-            x_sum += x
-            if lane == 0:
-                bits, step_scale = packed & 0xF, 1.0
-            elif lane == 1:
-                bits, step_scale = packed & 0xF0, 0.0625
-            elif lane == 2:
-                bits, step_scale = packed & 0xF00, 0.00390625
-            elif lane == 3:
-                bits, step_scale = packed & 0xF000, 0.000244140625
-            elif lane == 4:
-                bits, step_scale = packed & 0xF0000, 0.0000152587890625
-            elif lane == 5:
-                bits, step_scale = high & 0xF, 1.0
-            elif lane == 6:
-                bits, step_scale = high & 0xF0, 0.0625
-            else:
-                bits, step_scale = high & 0xF00, 0.00390625
-            code = (bits | 0x4B000000).to(tl.float32, bitcast=True) - 8388608.0
-            weighted += code * (x * step_scale)[:, None]
-        in_range = is_n & (group * GROUP < num_inputs)
-        scale = tl.load(scale_ptr + group * num_columns + offs_n, mask=in_range, other=0.0)
-        zero = tl.load(zero_ptr + group * num_columns + offs_n, mask=in_range, other=0.0)
-        accumulator += scale.to(tl.float32)[None, :] * (
-            weighted - zero.to(tl.float32)[None, :] * x_sum[:, None]
-        )
-    result = tl.sum(accumulator, axis=0)
-    offs_m = tl.zeros((1,), dtype=tl.int32) + row
+            in_k = k < num_inputs
+            code = _lane_code(packed, high, lane)
+            x = tl.load(x_row0 + k, mask=in_k, other=0.0).to(tl.float32)
+            x_sum0 += x
+            sum0 += code * _lane_x(x, lane)[:, None]
+            if ROWS > 1:
+                x = tl.load(x_row0 + stride_x + k, mask=in_k & has_row1, other=0.0)
+                x = x.to(tl.float32)
+                x_sum1 += x
+                sum1 += code * _lane_x(x, lane)[:, None]
+            if ROWS > 2:
+                x = tl.load(x_row0 + 2 * stride_x + k, mask=in_k & has_row2, other=0.0)
+                x = x.to(tl.float32)
+                x_sum2 += x
+                sum2 += code * _lane_x(x, lane)[:, None]
+                x = tl.load(x_row0 + 3 * stride_x + k, mask=in_k & has_row3, other=0.0)
+                x = x.to(tl.float32)
+                x_sum3 += x
+                sum3 += code * _lane_x(x, lane)[:, None]
+        acc0 += scale[None, :] * (sum0 - zero[None, :] * x_sum0[:, None])
+        if ROWS > 1:
+            acc1 += scale[None, :] * (sum1 - zero[None, :] * x_sum1[:, None])
+        if ROWS > 2:
+            acc2 += scale[None, :] * (sum2 - zero[None, :] * x_sum2[:, None])
+            acc3 += scale[None, :] * (sum3 - zero[None, :] * x_sum3[:, None])
+        if PREFETCH:
+            packed, scale, zero = next_packed, next_scale, next_zero
+    if ROWS == 1:
+        offs_m = tl.zeros((1,), dtype=tl.int32) + first_row
+        result = tl.sum(acc0, axis=0)[None, :]
+    else:
+        offs_m = first_row + tl.arange(0, ROWS)
+        row_index = tl.arange(0, ROWS)[:, None]
+        result = tl.where(row_index == 0, tl.sum(acc0, axis=0)[None, :], 0.0)
+        result += tl.where(row_index == 1, tl.sum(acc1, axis=0)[None, :], 0.0)
+        if ROWS > 2:
+            result += tl.where(row_index == 2, tl.sum(acc2, axis=0)[None, :], 0.0)
+            result += tl.where(row_index == 3, tl.sum(acc3, axis=0)[None, :], 0.0)
     _finish_tile(
-        result[None, :],
+        result,
         out_ptr,
         partial_ptr,
         counter_ptr,
         offs_m,
         offs_n,
-        is_n[None, :],
-        row * tl.num_programs(0) + pid_n,
+        (offs_m[:, None] < num_tokens) & is_n[None, :],
+        pid_m * tl.num_programs(0) + pid_n,
         pid_split,
         num_splits,
         num_tokens,
@@ -199,7 +331,11 @@ def _int4_mma_kernel(
     BLOCK_N: tl.constexpr,
     MAGIC_BITS: tl.constexpr,
     MAGIC_VALUE: tl.constexpr,
+    WORD_PER_ROW: tl.constexpr,
 ):
+    """WORD_PER_ROW: load each input row's word directly into a [GROUP, BN] tile (every word
+    eight times, from L1) and shift by the row's nibble, instead of unpacking a [GROUP / 8, BN]
+    tile of words into eight rows each (a reshape that costs a layout shuffle)."""
     pid_n = tl.program_id(0)
     pid_split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -219,14 +355,22 @@ def _int4_mma_kernel(
             mask=is_m[:, None] & (offs_k[None, :] < num_inputs),
             other=0.0,
         )
-        word_rows = group * (GROUP // 8) + words
-        packed = tl.load(
-            packed_ptr + word_rows[:, None].to(tl.int64) * num_columns + offs_n[None, :],
-            mask=(word_rows[:, None] * 8 < num_inputs) & is_n[None, :],
-            other=0,
-        )
-        codes = (packed[:, None, :] >> shifts[None, :, None]) & 0xF
-        codes = tl.reshape(codes, (GROUP, BLOCK_N))
+        if WORD_PER_ROW:
+            packed = tl.load(
+                packed_ptr + (offs_k[:, None] // 8).to(tl.int64) * num_columns + offs_n[None, :],
+                mask=(offs_k[:, None] < num_inputs) & is_n[None, :],
+                other=0,
+            )
+            codes = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
+        else:
+            word_rows = group * (GROUP // 8) + words
+            packed = tl.load(
+                packed_ptr + word_rows[:, None].to(tl.int64) * num_columns + offs_n[None, :],
+                mask=(word_rows[:, None] * 8 < num_inputs) & is_n[None, :],
+                other=0,
+            )
+            codes = (packed[:, None, :] >> shifts[None, :, None]) & 0xF
+            codes = tl.reshape(codes, (GROUP, BLOCK_N))
         weight = (codes | MAGIC_BITS).to(tl.int16).to(x.dtype, bitcast=True)
         product = tl.dot(x, weight)
         x_sum = tl.sum(x.to(tl.float32), axis=1)
@@ -254,16 +398,24 @@ def _int4_mma_kernel(
 
 @dataclass(frozen=True)
 class Int4Kernel:
-    """One launch configuration: which kernel, its column tile, warps, and how many programs the
-    split-K plan aims for (the number of splits follows from the shape)."""
+    """One launch configuration: which kernel, its column tile, warps, how many programs the
+    split-K plan aims for (the number of splits follows from the shape) and, for the GEMV, the
+    token rows per program and whether it prefetches the next group."""
 
     kind: str  # "gemv" or "mma"
     block_n: int
     num_warps: int
     target_programs: int
+    rows: int = 1
+    prefetch: bool = False
+    word_per_row: bool = False
 
     def __str__(self) -> str:
-        return f"{self.kind}/n{self.block_n}/w{self.num_warps}/p{self.target_programs}"
+        if self.kind == "gemv":
+            extra = f"/r{self.rows}{'/prefetch' if self.prefetch else ''}"
+        else:
+            extra = "/word-per-row" if self.word_per_row else ""
+        return f"{self.kind}/n{self.block_n}/w{self.num_warps}/p{self.target_programs}{extra}"
 
 
 # The candidates timed per weight shape and batch bucket at load (quant/int4_plan.py); few
@@ -272,14 +424,21 @@ GEMV_KERNELS = (
     Int4Kernel("gemv", 128, 4, 528),
     Int4Kernel("gemv", 128, 4, 1056),
     Int4Kernel("gemv", 256, 8, 528),
+    Int4Kernel("gemv", 128, 4, 528, prefetch=True),
+    Int4Kernel("gemv", 256, 8, 528, prefetch=True),
+    Int4Kernel("gemv", 128, 4, 264, rows=2, prefetch=True),
+    Int4Kernel("gemv", 128, 4, 264, rows=4, prefetch=True),
+    Int4Kernel("gemv", 256, 8, 264, rows=4, prefetch=True),
 )
 MMA_KERNELS = (
     Int4Kernel("mma", 64, 4, 528),
     Int4Kernel("mma", 128, 8, 264),
+    Int4Kernel("mma", 64, 4, 528, word_per_row=True),
+    Int4Kernel("mma", 128, 8, 264, word_per_row=True),
 )
 # Without a plan (a layer finalized off the GPU, direct calls): the defaults per batch size.
-DEFAULT_GEMV = GEMV_KERNELS[0]
-DEFAULT_MMA = MMA_KERNELS[0]
+DEFAULT_GEMV = GEMV_KERNELS[3]
+DEFAULT_MMA = MMA_KERNELS[1]
 GEMV_MAX_TOKENS = 16
 
 
@@ -327,7 +486,7 @@ def int4_decode_matmul(
         return out
     block_m = _block_m(num_tokens)
     num_blocks_n = triton.cdiv(num_columns, kernel.block_n)
-    rows = num_tokens if kernel.kind == "gemv" else triton.cdiv(num_tokens, block_m)
+    rows = triton.cdiv(num_tokens, kernel.rows if kernel.kind == "gemv" else block_m)
     num_groups = scale_t.shape[0]
     num_splits = max(1, min(num_groups, kernel.target_programs // (num_blocks_n * rows)))
     groups_per_split = triton.cdiv(num_groups, num_splits)
@@ -358,7 +517,12 @@ def int4_decode_matmul(
     )
     if kernel.kind == "gemv":
         _int4_gemv_kernel[grid](
-            *common, GROUP=group_size, BLOCK_N=kernel.block_n, num_warps=kernel.num_warps
+            *common,
+            GROUP=group_size,
+            BLOCK_N=kernel.block_n,
+            ROWS=kernel.rows,
+            PREFETCH=kernel.prefetch,
+            num_warps=kernel.num_warps,
         )
     else:
         bf16 = x.dtype == torch.bfloat16
@@ -369,6 +533,7 @@ def int4_decode_matmul(
             BLOCK_N=kernel.block_n,
             MAGIC_BITS=0x4300 if bf16 else 0x6400,
             MAGIC_VALUE=128.0 if bf16 else 1024.0,
+            WORD_PER_ROW=kernel.word_per_row,
             num_warps=kernel.num_warps,
             num_stages=3,
         )

@@ -70,7 +70,8 @@ def time_in_graph_us(fn, calls: int = CALLS_PER_GRAPH, replays: int = REPLAYS) -
 def candidates(num_tokens: int) -> list[Int4Kernel | None]:
     listed: list[Int4Kernel | None] = list(MMA_KERNELS)
     if num_tokens <= GEMV_MAX_TOKENS:
-        listed = list(GEMV_KERNELS) + listed
+        gemv = [kernel for kernel in GEMV_KERNELS if kernel.rows <= num_tokens]
+        listed = gemv + listed
     if num_tokens >= 8:
         listed.append(None)
     return listed
