@@ -426,6 +426,8 @@ GEMV_KERNELS = (
     Int4Kernel("gemv", 256, 8, 528),
     Int4Kernel("gemv", 128, 4, 528, prefetch=True),
     Int4Kernel("gemv", 256, 8, 528, prefetch=True),
+    Int4Kernel("gemv", 256, 4, 528, prefetch=True),
+    Int4Kernel("gemv", 64, 2, 1056, prefetch=True),
     Int4Kernel("gemv", 128, 4, 264, rows=2, prefetch=True),
     Int4Kernel("gemv", 128, 4, 264, rows=4, prefetch=True),
     Int4Kernel("gemv", 256, 8, 264, rows=4, prefetch=True),
