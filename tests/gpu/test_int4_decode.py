@@ -30,12 +30,12 @@ def quantized(outputs: int, inputs: int, seed: int, symmetric: bool = False):
 
 
 def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor) -> None:
-    """Both sides are rounded to bf16/fp16 once from float32 sums that differ only in order: a
-    few outputs may land one rounding step apart (2^-8 relative for bf16), the whole stays close."""
+    """The kernels sum in float32 and round once to the activation dtype: every output within one
+    rounding step of the exact float32 product (2^-8 relative for bf16, 2^-11 for fp16; twice
+    that for the float32 sums' order), and the whole close in norm."""
     step = 2.0**-7 if actual.dtype == torch.bfloat16 else 2.0**-10
-    torch.testing.assert_close(actual.float(), expected.float(), rtol=step, atol=1e-3)
-    if expected.numel() >= 256:
-        assert relative_error(actual, expected) < 5e-3
+    torch.testing.assert_close(actual.float(), expected, rtol=step, atol=1e-2)
+    assert relative_error(actual, expected) < 5e-3
 
 
 def all_kernels():
@@ -91,7 +91,7 @@ def test_int4_decode_kernels_take_float16_and_symmetric_weights(kernel_index):
     assert_close_to_reference(actual, expected)
 
 
-@pytest.mark.parametrize("kernel_index", [0, 8, -1], ids=["gemv", "gemv-rows4", "mma"])
+@pytest.mark.parametrize("kernel_index", [0, 3, -1], ids=["gemv", "gemv-rows2", "mma"])
 def test_split_k_is_deterministic_and_replays_in_a_cuda_graph(kernel_index):
     """The last-arriving split reduces in split order and resets its counter: repeated calls are
     bitwise equal, and graph replays with new inputs stay right (a counter left non-zero would

@@ -178,7 +178,7 @@ def _int4_gemv_kernel(
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
 ):
-    """ROWS (1, 2 or 4) token rows per program: each weight is read and turned into a float once
+    """ROWS (1 or 2) token rows per program: each weight is read and turned into a float once
     and multiplied into every row. With PREFETCH the next group's words, scales and zeros are
     loaded before this group's arithmetic, so two groups' reads are in flight per warp."""
     pid_n = tl.program_id(0)
@@ -190,12 +190,8 @@ def _int4_gemv_kernel(
     first_row = pid_m * ROWS
     x_row0 = x_ptr + first_row.to(tl.int64) * stride_x
     has_row1 = first_row + 1 < num_tokens
-    has_row2 = first_row + 2 < num_tokens
-    has_row3 = first_row + 3 < num_tokens
     acc0 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
     acc1 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
-    acc2 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
-    acc3 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
     first_group = pid_split * groups_per_split
     if PREFETCH:
         packed, scale, zero = _load_group(
@@ -245,12 +241,8 @@ def _int4_gemv_kernel(
         high = packed >> 20  # nibbles 5..7 down to bits 0..11 (the sign bits are masked off)
         sum0 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
         sum1 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
-        sum2 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
-        sum3 = tl.zeros((GROUP // 8, BLOCK_N), dtype=tl.float32)
         x_sum0 = tl.zeros((GROUP // 8,), dtype=tl.float32)
         x_sum1 = tl.zeros((GROUP // 8,), dtype=tl.float32)
-        x_sum2 = tl.zeros((GROUP // 8,), dtype=tl.float32)
-        x_sum3 = tl.zeros((GROUP // 8,), dtype=tl.float32)
         for lane in tl.static_range(8):
             k = word_rows * 8 + lane
             in_k = k < num_inputs
@@ -263,21 +255,9 @@ def _int4_gemv_kernel(
                 x = x.to(tl.float32)
                 x_sum1 += x
                 sum1 += code * _lane_x(x, lane)[:, None]
-            if ROWS > 2:
-                x = tl.load(x_row0 + 2 * stride_x + k, mask=in_k & has_row2, other=0.0)
-                x = x.to(tl.float32)
-                x_sum2 += x
-                sum2 += code * _lane_x(x, lane)[:, None]
-                x = tl.load(x_row0 + 3 * stride_x + k, mask=in_k & has_row3, other=0.0)
-                x = x.to(tl.float32)
-                x_sum3 += x
-                sum3 += code * _lane_x(x, lane)[:, None]
         acc0 += scale[None, :] * (sum0 - zero[None, :] * x_sum0[:, None])
         if ROWS > 1:
             acc1 += scale[None, :] * (sum1 - zero[None, :] * x_sum1[:, None])
-        if ROWS > 2:
-            acc2 += scale[None, :] * (sum2 - zero[None, :] * x_sum2[:, None])
-            acc3 += scale[None, :] * (sum3 - zero[None, :] * x_sum3[:, None])
         if PREFETCH:
             packed, scale, zero = next_packed, next_scale, next_zero
     if ROWS == 1:
@@ -288,9 +268,6 @@ def _int4_gemv_kernel(
         row_index = tl.arange(0, ROWS)[:, None]
         result = tl.where(row_index == 0, tl.sum(acc0, axis=0)[None, :], 0.0)
         result += tl.where(row_index == 1, tl.sum(acc1, axis=0)[None, :], 0.0)
-        if ROWS > 2:
-            result += tl.where(row_index == 2, tl.sum(acc2, axis=0)[None, :], 0.0)
-            result += tl.where(row_index == 3, tl.sum(acc3, axis=0)[None, :], 0.0)
     _finish_tile(
         result,
         out_ptr,
@@ -331,11 +308,7 @@ def _int4_mma_kernel(
     BLOCK_N: tl.constexpr,
     MAGIC_BITS: tl.constexpr,
     MAGIC_VALUE: tl.constexpr,
-    WORD_PER_ROW: tl.constexpr,
 ):
-    """WORD_PER_ROW: load each input row's word directly into a [GROUP, BN] tile (every word
-    eight times, from L1) and shift by the row's nibble, instead of unpacking a [GROUP / 8, BN]
-    tile of words into eight rows each (a reshape that costs a layout shuffle)."""
     pid_n = tl.program_id(0)
     pid_split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -355,22 +328,14 @@ def _int4_mma_kernel(
             mask=is_m[:, None] & (offs_k[None, :] < num_inputs),
             other=0.0,
         )
-        if WORD_PER_ROW:
-            packed = tl.load(
-                packed_ptr + (offs_k[:, None] // 8).to(tl.int64) * num_columns + offs_n[None, :],
-                mask=(offs_k[:, None] < num_inputs) & is_n[None, :],
-                other=0,
-            )
-            codes = (packed >> ((offs_k % 8) * 4)[:, None]) & 0xF
-        else:
-            word_rows = group * (GROUP // 8) + words
-            packed = tl.load(
-                packed_ptr + word_rows[:, None].to(tl.int64) * num_columns + offs_n[None, :],
-                mask=(word_rows[:, None] * 8 < num_inputs) & is_n[None, :],
-                other=0,
-            )
-            codes = (packed[:, None, :] >> shifts[None, :, None]) & 0xF
-            codes = tl.reshape(codes, (GROUP, BLOCK_N))
+        word_rows = group * (GROUP // 8) + words
+        packed = tl.load(
+            packed_ptr + word_rows[:, None].to(tl.int64) * num_columns + offs_n[None, :],
+            mask=(word_rows[:, None] * 8 < num_inputs) & is_n[None, :],
+            other=0,
+        )
+        codes = (packed[:, None, :] >> shifts[None, :, None]) & 0xF
+        codes = tl.reshape(codes, (GROUP, BLOCK_N))
         weight = (codes | MAGIC_BITS).to(tl.int16).to(x.dtype, bitcast=True)
         product = tl.dot(x, weight)
         x_sum = tl.sum(x.to(tl.float32), axis=1)
@@ -408,13 +373,11 @@ class Int4Kernel:
     target_programs: int
     rows: int = 1
     prefetch: bool = False
-    word_per_row: bool = False
 
     def __str__(self) -> str:
-        if self.kind == "gemv":
-            extra = f"/r{self.rows}{'/prefetch' if self.prefetch else ''}"
-        else:
-            extra = "/word-per-row" if self.word_per_row else ""
+        extra = (
+            f"/r{self.rows}{'/prefetch' if self.prefetch else ''}" if self.kind == "gemv" else ""
+        )
         return f"{self.kind}/n{self.block_n}/w{self.num_warps}/p{self.target_programs}{extra}"
 
 
@@ -423,24 +386,13 @@ class Int4Kernel:
 GEMV_KERNELS = (
     Int4Kernel("gemv", 128, 4, 528),
     Int4Kernel("gemv", 128, 4, 1056),
-    Int4Kernel("gemv", 256, 8, 528),
-    Int4Kernel("gemv", 128, 4, 528, prefetch=True),
-    Int4Kernel("gemv", 256, 8, 528, prefetch=True),
-    Int4Kernel("gemv", 256, 4, 528, prefetch=True),
     Int4Kernel("gemv", 64, 2, 1056, prefetch=True),
     Int4Kernel("gemv", 128, 4, 264, rows=2, prefetch=True),
-    Int4Kernel("gemv", 128, 4, 264, rows=4, prefetch=True),
-    Int4Kernel("gemv", 256, 8, 264, rows=4, prefetch=True),
 )
-MMA_KERNELS = (
-    Int4Kernel("mma", 64, 4, 528),
-    Int4Kernel("mma", 128, 8, 264),
-    Int4Kernel("mma", 64, 4, 528, word_per_row=True),
-    Int4Kernel("mma", 128, 8, 264, word_per_row=True),
-)
+MMA_KERNELS = (Int4Kernel("mma", 128, 8, 264),)
 # Without a plan (a layer finalized off the GPU, direct calls): the defaults per batch size.
-DEFAULT_GEMV = GEMV_KERNELS[3]
-DEFAULT_MMA = MMA_KERNELS[1]
+DEFAULT_GEMV = GEMV_KERNELS[0]
+DEFAULT_MMA = MMA_KERNELS[0]
 GEMV_MAX_TOKENS = 16
 
 
@@ -535,7 +487,6 @@ def int4_decode_matmul(
             BLOCK_N=kernel.block_n,
             MAGIC_BITS=0x4300 if bf16 else 0x6400,
             MAGIC_VALUE=128.0 if bf16 else 1024.0,
-            WORD_PER_ROW=kernel.word_per_row,
             num_warps=kernel.num_warps,
             num_stages=3,
         )

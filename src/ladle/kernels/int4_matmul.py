@@ -86,12 +86,13 @@ def int4_matmul_reference(
     zero_t: torch.Tensor,
     group_size: int,
 ) -> torch.Tensor:
-    """The same product in float32 torch, the weight dequantized and rounded to x's dtype."""
+    """The exact product in float32: x @ ((q - z) s) with nothing rounded to x's dtype, neither
+    the weight nor the result (the decode kernels keep (q - z) s exact and round only their
+    float32 output; the prefill path also rounds the weight, so it is compared more loosely)."""
     num_inputs = x.shape[1]
     shifts = torch.arange(0, 32, 4, dtype=torch.int32, device=x.device)
     codes = ((packed_t[:, None, :] >> shifts[None, :, None]) & 0xF).reshape(-1, packed_t.shape[1])
     codes = codes[:num_inputs].float()
     scale = scale_t.float().repeat_interleave(group_size, dim=0)[:num_inputs]
     zero = zero_t.float().repeat_interleave(group_size, dim=0)[:num_inputs]
-    weight = ((codes - zero) * scale).to(x.dtype).float()
-    return (x.float() @ weight).to(x.dtype)
+    return x.float() @ ((codes - zero) * scale)
