@@ -4,16 +4,19 @@ Same layout as kernels/int4_matmul.py: packed_t int32 [ceil(K/8), N] (input k in
 word k // 8), scale_t and zero_t float16 [G, N], G = ceil(K / group). Consecutive programs and
 lanes read consecutive output columns, so each 8-input row of words is one coalesced read.
 
-Two kernels, each a tile of one quantization group along K per loop trip:
+Two kernels, each a tile of one quantization group along K per loop trip (both launched through
+int4_decode_matmul, which one with which tile is an Int4Kernel):
 
-  int4_gemv   one token row per program, no tensor cores. A nibble becomes a float without an
-              int->float convert (a quarter-rate instruction on Hopper that would cap the kernel
-              near half the memory bandwidth): OR-ing it into the mantissa of 2^23 gives the
-              float 2^23 + q * 16^j exactly, and one subtraction leaves q * 16^j; the activation
-              is pre-scaled by 16^-j. Partial products stay elementwise in a [words, columns]
-              accumulator; the one cross-lane reduction happens after the loop. Per group,
-              sum_k x_k (q_k - z) s = s (sum_k x_k q_k - z sum_k x_k).
-  int4_mma    a token tile against a dequantized tile through tl.dot. The codes enter the
+  gemv        one or two token rows per program, no tensor cores; optionally the next group's
+              words, scales and zeros are loaded before this group's arithmetic. A nibble
+              becomes a float without an int->float convert (a quarter-rate instruction on
+              Hopper that would cap the kernel near half the memory bandwidth): OR-ing it into
+              the mantissa of 2^23 gives the float 2^23 + q * 16^j exactly, and one subtraction
+              leaves q * 16^j; the activation is pre-scaled by 16^-j. Partial products stay
+              elementwise in a [words, columns] accumulator; the one cross-lane reduction
+              happens after the loop. Per group, sum_k x_k (q_k - z) s = s (sum_k x_k q_k -
+              z sum_k x_k).
+  mma         a token tile against a dequantized tile through tl.dot. The codes enter the
               tensor cores as the 16-bit floats M + q (ORed into the mantissa of M = 128 for
               bf16, 1024 for fp16: exact), and the offset folds out after the dot per group:
               x . (M + q) - (M + z) sum(x) = x . (q - z), then times the group's scale.
