@@ -32,7 +32,6 @@ def _relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 
 @torch.no_grad()
 def bench_layers(tokens_list: list[int]) -> list[dict]:
-    from ladle.kernels.int4_matmul import int4_matmul
     from ladle.model.layers.linear import Linear
     from ladle.model.layers.quant import quantize_linears_
 
@@ -58,22 +57,6 @@ def bench_layers(tokens_list: list[int]) -> list[dict]:
                     "ms": ms,
                     "rel_error": _relative_error(layer(x), expected),
                 }
-                if method == "int4" and tokens == 1:  # both decode kernels, whichever runs
-                    from ladle.kernels.int4_matmul import int4_gemv
-
-                    for kernel_name, kernel in (("matmul", int4_matmul), ("gemv", int4_gemv)):
-                        row[f"int4_{kernel_name}_ms"] = time_in_graph(
-                            lambda layer=layer, x=x, kernel=kernel: kernel(
-                                x, layer.packed_t, layer.scale_t, layer.zero_t, 128
-                            )
-                        )
-                    row["int4_uses_gemv"] = layer.use_gemv
-                if method == "int4" and tokens > 64:  # the kernel where the layer dequantizes
-                    row["int4_kernel_ms"] = time_in_graph(
-                        lambda layer=layer, x=x: int4_matmul(
-                            x, layer.packed_t, layer.scale_t, layer.zero_t, 128
-                        )
-                    )
                 rows.append(row)
                 print(json.dumps(row), flush=True)
             del layer

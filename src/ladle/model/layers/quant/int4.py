@@ -12,10 +12,13 @@ group (K not a multiple of 128) is its own group.
 
 Canonical tensors (rows on dim 0): weight_packed int32 [N, ceil(K/8)] (input k in nibble k % 8
 of word k // 8, low nibble first), weight_scale float16 [N, G], weight_zero uint8 [N, G].
-Runtime on the GPU: the same words transposed to [ceil(K/8), N] and scales/zeros as [G, N], read
-by the Triton kernels of kernels/int4_matmul.py: a GEMM that dequantizes inside its loop for
-decode-sized batches (and, at batch 1, a tensor-core-free GEMV where it times faster at load);
-bigger batches dequantize the weight once and run cuBLAS.
+Runtime on the GPU: the same words transposed to [ceil(K/8), N] and scales/zeros as [G, N] (one
+coalesced row of words per 8 inputs), read by the kernels of kernels/int4_decode.py: a
+tensor-core-free GEMV and a tl.dot kernel, both with split-K reduced inside the launch, for
+decode-sized batches; prefill-sized batches dequantize the weight once (kernels/int4_matmul.py)
+and run cuBLAS. Which one runs at which batch size is measured per weight shape at load
+(int4_plan.py). GPTQ and AWQ checkpoints reach the same canonical tensors, so they get the same
+runtime layout and kernels.
 """
 
 from __future__ import annotations
@@ -28,10 +31,8 @@ from ladle.model.layers.quant.base import QuantMethod, TensorSpec, add_bias, fla
 
 GROUP_SIZE = 128
 NIBBLES_PER_WORD = 8
-# Above this many tokens a call dequantizes the weight once (one Triton launch) and runs the
-# dense matmul: the GEMM is then compute-bound and cuBLAS's bf16 kernels beat the Triton
-# dequantizing one. (Measured on an H200 at 256 tokens: the in-GEMM kernel 0.32 ms for the 8B
-# gate_up projection against 0.10 ms for bf16; the first torch-op dequantize took 2.9 ms.)
+# Without a measured plan (a layer finalized off the GPU), calls up to this many tokens use the
+# in-kernel dequantizing kernels and bigger ones dequantize the weight and run cuBLAS.
 MAX_KERNEL_TOKENS = 64
 # float16 scales below this would underflow; weights whose group range is this small lose nothing.
 MIN_SCALE = 1e-5
@@ -125,11 +126,14 @@ class Int4Method(QuantMethod):
         layer.register_buffer("scale_t", layer.weight_scale.data.t().contiguous())
         layer.register_buffer("zero_t", layer.weight_zero.data.t().to(torch.float16).contiguous())
         del layer.weight_packed, layer.weight_scale, layer.weight_zero
-        layer.use_gemv = False
+        layer.int4_plan = None
         if layer.packed_t.is_cuda:
-            from ladle.kernels.int4_matmul import prefers_gemv
+            from ladle.model.layers.quant.int4_plan import plan_for
 
-            layer.use_gemv = prefers_gemv(layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE)
+            dtype = layer.bias.dtype if layer.bias is not None else torch.bfloat16
+            layer.int4_plan = plan_for(
+                layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE, layer.input_size, dtype
+            )
 
     def dequantize_runtime(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
         """The layer's weight as a dense [N, K] matrix in `dtype` (runtime layout)."""
@@ -139,19 +143,33 @@ class Int4Method(QuantMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x2, leading = flatten_tokens(x)
-        if x.is_cuda and x2.shape[0] <= MAX_KERNEL_TOKENS:
-            from ladle.kernels.int4_matmul import int4_gemv, int4_matmul
+        if x.is_cuda:
+            num_tokens = x2.shape[0]
+            plan = getattr(layer, "int4_plan", None)
+            if plan is not None:
+                kernel = plan.kernel_for(num_tokens)
+                in_kernel = kernel is not None
+            else:
+                kernel, in_kernel = None, num_tokens <= MAX_KERNEL_TOKENS
+            if in_kernel:
+                from ladle.kernels.int4_decode import int4_decode_matmul
 
-            kernel = int4_gemv if layer.use_gemv and x2.shape[0] == 1 else int4_matmul
-            output = kernel(x2, layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE)
-            output = add_bias(output, layer.bias)
-        elif x.is_cuda:
-            from ladle.kernels.int4_matmul import int4_dequantize
+                output = int4_decode_matmul(
+                    x2, layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE, kernel
+                )
+                output = add_bias(output, layer.bias)
+            else:
+                from ladle.kernels.int4_matmul import int4_dequantize
 
-            weight_t = int4_dequantize(
-                layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE, layer.input_size, x.dtype
-            )
-            output = add_bias(x2 @ weight_t, layer.bias)
+                weight_t = int4_dequantize(
+                    layer.packed_t,
+                    layer.scale_t,
+                    layer.zero_t,
+                    GROUP_SIZE,
+                    layer.input_size,
+                    x.dtype,
+                )
+                output = add_bias(x2 @ weight_t, layer.bias)
         else:
             output = F.linear(x2, self.dequantize_runtime(layer, x.dtype), layer.bias)
         return output.reshape(*leading, -1)
