@@ -99,8 +99,12 @@ def test_sampler_gives_the_same_tokens_from_the_history():
     )
     expected = Sampler()(logits, host).sampled_token_ids
     assert torch.equal(Sampler()(logits, on_device).sampled_token_ids, expected)
-    plain = Sampler()(logits, build_sampling_metadata([SamplingParams(temperature=0)] * 4,
-                                                      [0] * 4, counts, vocab_size=VOCAB))
+    plain = Sampler()(
+        logits,
+        build_sampling_metadata(
+            [SamplingParams(temperature=0)] * 4, [0] * 4, counts, vocab_size=VOCAB
+        ),
+    )
     assert not torch.equal(plain.sampled_token_ids, expected)  # the penalties mattered
 
 
