@@ -233,6 +233,7 @@ def build_sampling_metadata(
     device: torch.device | str = "cpu",
     rows: dict[str, torch.Tensor] | None = None,
     penalty_token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
+    flags: SamplingFlags | None = None,
 ) -> SamplingMetadata:
     """Build a batch's metadata from lists in one call.
 
@@ -242,8 +243,10 @@ def build_sampling_metadata(
     into its one host-to-device copy); built from params, seeds and num_output_tokens if None.
     penalty_token_ids: the padded (prompt, output) ids when the caller keeps them on the device
     (the model runner's PenaltyHistory); built from the host lists if None.
+    flags: SamplingFlags.from_params(params) when the caller computed them already.
     """
-    flags = SamplingFlags.from_params(params)
+    if flags is None:
+        flags = SamplingFlags.from_params(params)
     penalty_ids: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
     if not flags.no_penalties and penalty_token_ids is not None:
         penalty_ids = penalty_token_ids

@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from ladle.core.request import Request
+from ladle.sample.metadata import SamplingFlags
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.penalty_history import PenaltyRows
 from ladle.worker.prompt_logprobs import PromptLogprobsChunk
@@ -32,3 +33,4 @@ class ForwardStep:
     pending_bitmask: PendingGrammarBitmask | None
     # Resolved at launch: a request the host ends before sampling still owns its row until then.
     penalty_rows: PenaltyRows | None
+    sampling_flags: SamplingFlags | None  # of the sampling requests; None when none samples

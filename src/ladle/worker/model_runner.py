@@ -32,7 +32,7 @@ from ladle.engine.messages import TokenLogprobs
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
-from ladle.sample.metadata import build_sampling_metadata
+from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
@@ -278,11 +278,15 @@ class ModelRunner:
             )
         logits = None
         penalty_rows = None
+        flags = None
         if sampling_requests:
             logits = self.model.compute_logits(hidden[inputs.logits_indices])
-            penalty_rows = self._penalty_history(logits.shape[-1]).rows_for(
-                sampling_requests, num_output_tokens
-            )
+            flags = SamplingFlags.from_params([r.sampling_params for r in sampling_requests])
+            if not flags.no_penalties:
+                # Rows taken now, while every request of the step is live (see ForwardStep).
+                penalty_rows = self._penalty_history(logits.shape[-1]).rows_for(
+                    sampling_requests, num_output_tokens
+                )
         return ForwardStep(
             num_requests=len(requests),
             sampling_positions=sampling_positions,
@@ -293,6 +297,7 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             pending_bitmask=pending_bitmask,
             penalty_rows=penalty_rows,
+            sampling_flags=flags,
         )
 
     def _penalty_history(self, vocab_size: int) -> PenaltyHistory:
@@ -336,6 +341,7 @@ class ModelRunner:
             device=self.device,
             rows=forward.inputs.sampling_rows,
             penalty_token_ids=penalty_token_ids,
+            flags=forward.sampling_flags,
         )
         grammar_bitmask = pending_bitmask.wait() if pending_bitmask is not None else None
         sampler_output = self.sampler(logits, metadata, grammar_bitmask)
