@@ -161,6 +161,57 @@ def test_penalty_rows_overlap_and_match_synchronous_steps(qwen3, options):
             assert got == pytest.approx(want, abs=1e-5)
 
 
+def _hf_penalised_greedy(model, prompt, num_tokens, repetition, frequency, presence):
+    """Greedy decoding under the three penalties, written out in plain torch over HF logits."""
+    import torch
+
+    output: list[int] = []
+    with torch.no_grad():
+        for _ in range(num_tokens):
+            logits = model(torch.tensor([prompt + output])).logits[0, -1].clone()
+            seen = torch.tensor(sorted(set(prompt + output)))
+            logits[seen] = torch.where(
+                logits[seen] > 0, logits[seen] / repetition, logits[seen] * repetition
+            )
+            for token in set(output):
+                logits[token] -= frequency * output.count(token) + presence
+            output.append(int(logits.argmax()))
+    return output
+
+
+def test_overlapped_penalty_rows_match_a_plain_torch_reference(qwen3):
+    """Against HF logits with the penalties applied in the test: the device-side ids must
+    hold every earlier token (both engine modes share the path, so this is the check)."""
+    from helpers.tiny_models import load_hf_reference
+
+    path, prompts = qwen3
+    model = load_hf_reference(path)
+    settings = [(1.3, 0.0, 0.0), (1.0, 0.6, 0.4), (0.8, -0.3, 0.5), (1.0, 0.0, 0.0)]
+    params = [
+        SamplingParams(
+            temperature=0,
+            max_tokens=10,
+            ignore_eos=True,
+            repetition_penalty=repetition,
+            frequency_penalty=frequency,
+            presence_penalty=presence,
+        )
+        for repetition, frequency, presence in settings
+    ]
+    # The longest prompt: plain greedy repeats one token there, so every penalty bites.
+    batch = [prompts[5]] * 3 + [prompts[4]]
+    llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=True)
+    got = [o.outputs[0].token_ids for o in llm.generate(batch, params, use_tqdm=False)]
+    expected = [
+        _hf_penalised_greedy(model, prompt, 10, *setting)
+        for prompt, setting in zip(batch, settings)
+    ]
+    assert got == expected
+    # The penalties changed the greedy tokens (else this would test nothing).
+    plain = _hf_penalised_greedy(model, prompts[5], 10, 1.0, 0.0, 0.0)
+    assert all(plain != tokens for tokens in expected[:3])
+
+
 def test_penalty_rows_arrive_one_step_late(qwen3):
     """A penalty request's steps overlap: its first step's outputs come with the next step."""
     path, prompts = qwen3

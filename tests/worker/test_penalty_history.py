@@ -12,7 +12,7 @@ from ladle.core.request import Request
 from ladle.sample.metadata import build_penalty_token_ids, build_sampling_metadata
 from ladle.sample.sampler import Sampler
 from ladle.sampling_params import SamplingParams
-from ladle.worker.penalty_history import PenaltyHistory
+from ladle.worker.penalty_history import MIN_OUTPUT_WIDTH, PenaltyHistory
 
 VOCAB = 50
 
@@ -51,7 +51,7 @@ def test_history_matches_the_host_lists_through_reuse_growth_and_repeats():
     history = PenaltyHistory(VOCAB, torch.device("cpu"))
     live = [_request(f"r{i}", rng.randint(1, 9), penalty=i % 3 != 1, rng=rng) for i in range(5)]
     next_id = 5
-    for step in range(30):
+    for step in range(150):  # past MIN_OUTPUT_WIDTH: the output width grows
         num_output = [r.num_output_tokens for r in live]
         rows = history.rows_for(live, num_output)
         assert rows is not None
@@ -68,11 +68,12 @@ def test_history_matches_the_host_lists_through_reuse_growth_and_repeats():
             history.record(again, sampled)
         for request, token in zip(live, sampled.tolist()):
             request.append_output_token(token)
-        if step % 5 == 4:  # one ends, a longer one takes its row (widths grow)
+        if step % 40 == 39:  # one ends, a longer prompt takes its row (widths grow)
             ended = live.pop(rng.randrange(len(live)))
             history.release([ended.request_id])
             live.append(_request(f"r{next_id}", rng.randint(5, 40), penalty=True, rng=rng))
             next_id += 1
+    assert history.output_ids.shape[1] > MIN_OUTPUT_WIDTH  # the growth above was exercised
 
 
 def test_sampler_gives_the_same_tokens_from_the_history():

@@ -25,6 +25,9 @@ import torch
 
 from ladle.core.request import Request
 
+# Output ids a row has room for at first; the width doubles when a row needs more.
+MIN_OUTPUT_WIDTH = 64
+
 
 @dataclass
 class PenaltyRows:
@@ -50,8 +53,8 @@ class PenaltyHistory:
         self.prompt_ids = self._empty(0, 1)
         self.output_ids = self._empty(0, 1)
 
-    def _empty(self, num_rows: int, width: int) -> torch.Tensor:
-        return torch.full((num_rows, width), self.vocab_size, dtype=torch.int64, device=self.device)
+    def _empty(self, num_rows: int, width: int, dtype: torch.dtype = torch.int32) -> torch.Tensor:
+        return torch.full((num_rows, width), self.vocab_size, dtype=dtype, device=self.device)
 
     @property
     def num_rows(self) -> int:
@@ -78,7 +81,8 @@ class PenaltyHistory:
         if not batch_rows:
             return None
         if output_width >= self.output_ids.shape[1]:
-            # Past its max_tokens (a caller that set none): room for this step's token.
+            # Room for this step's token: the width doubles as outputs grow, so a request
+            # without max_tokens (the room left in the model) holds only what it wrote.
             self.output_ids = self._grown(self.output_ids, self.num_rows, 2 * output_width)
         packed = torch.tensor([batch_rows, history_rows, output_index], dtype=torch.int64)
         on_device = packed.to(self.device, non_blocking=True)
@@ -94,8 +98,8 @@ class PenaltyHistory:
     def token_ids(self, rows: PenaltyRows) -> tuple[torch.Tensor, torch.Tensor]:
         """(prompt, output) [num_sampling_rows, width] int64 on the device, padded with
         vocab_size; rows without a penalty hold padding only (the sampler leaves them alone)."""
-        prompt = self._empty(rows.num_sampling_rows, rows.prompt_width)
-        prompt[rows.batch_rows] = self.prompt_ids[rows.history_rows, : rows.prompt_width]
+        prompt = self._empty(rows.num_sampling_rows, rows.prompt_width, torch.int64)
+        prompt[rows.batch_rows] = self.prompt_ids[rows.history_rows, : rows.prompt_width].long()
         # Only the tokens before this step's index: a repeated step (a fault-isolation probe,
         # then the re-run) must not read the token it wrote the first time as a past one.
         gathered = self.output_ids[rows.history_rows, : rows.output_width]
@@ -103,13 +107,15 @@ class PenaltyHistory:
         gathered = gathered.masked_fill(
             columns[None, :] >= rows.output_index[:, None], self.vocab_size
         )
-        output = self._empty(rows.num_sampling_rows, rows.output_width)
-        output[rows.batch_rows] = gathered
+        output = self._empty(rows.num_sampling_rows, rows.output_width, torch.int64)
+        output[rows.batch_rows] = gathered.long()
         return prompt, output
 
     def record(self, rows: PenaltyRows, sampled: torch.Tensor) -> None:
         """Write the step's sampled ids (all sampling rows, on the device) at their index."""
-        self.output_ids[rows.history_rows, rows.output_index] = sampled[rows.batch_rows].long()
+        self.output_ids[rows.history_rows, rows.output_index] = sampled[rows.batch_rows].to(
+            self.output_ids.dtype
+        )
 
     def release(self, request_ids: Sequence[str]) -> None:
         """Free the rows of requests that ended or were preempted (unknown ids are ignored)."""
@@ -127,8 +133,7 @@ class PenaltyHistory:
                 f"request {request.request_id} first samples with a penalty while "
                 f"{num_output - len(known_output)} of its tokens are not on the host"
             )
-        max_tokens = request.sampling_params.max_tokens or num_output + 1
-        self._make_room(len(prompt), max(max_tokens, num_output + 1))
+        self._make_room(len(prompt), max(MIN_OUTPUT_WIDTH, 2 * (num_output + 1)))
         row = self._free_rows.pop()
         self._row_of[request.request_id] = row
         self._prompt_length[request.request_id] = max(1, len(prompt))
@@ -137,12 +142,12 @@ class PenaltyHistory:
         self.prompt_ids[row].fill_(self.vocab_size)
         self.output_ids[row].fill_(self.vocab_size)
         if prompt:
-            self.prompt_ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int64).to(
+            self.prompt_ids[row, : len(prompt)] = torch.tensor(prompt, dtype=torch.int32).to(
                 self.device, non_blocking=True
             )
         if known_output:
             self.output_ids[row, : len(known_output)] = torch.tensor(
-                known_output, dtype=torch.int64
+                known_output, dtype=torch.int32
             ).to(self.device, non_blocking=True)
         return row
 
