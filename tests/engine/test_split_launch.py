@@ -227,3 +227,59 @@ def test_penalty_rows_arrive_one_step_late(qwen3):
         tokens += [t for output in engine.step() for t in output.new_token_ids]
     sync = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=False)
     assert tokens == sync.generate([prompts[3]], params, use_tqdm=False)[0].outputs[0].token_ids
+
+
+def test_a_request_that_breaks_a_split_step_ends_alone(qwen3, monkeypatch):
+    """Fault isolation around a split launch: the step in flight is read once, the culprit
+    ends with an error, and the other requests (one with bad_words, so steps split) keep
+    exactly their tokens."""
+    path, prompts = qwen3
+    poison = 13
+    params = [
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True, bad_words_token_ids=[[7]]),
+        SamplingParams(temperature=0, max_tokens=8, ignore_eos=True),
+    ]
+
+    def run(add_poison: bool) -> dict[str, list[int]]:
+        llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=True)
+        engine = llm.engine
+        launch_forward = engine.runner.launch_forward
+
+        def faulty(scheduler_output, *args, **kwargs):
+            if any(r.prompt_token_ids[0] == poison for r in scheduler_output.scheduled_requests):
+                raise ValueError("simulated failure")
+            return launch_forward(scheduler_output, *args, **kwargs)
+
+        monkeypatch.setattr(engine.runner, "launch_forward", faulty)
+        for index, request_params in enumerate(params):
+            engine.add_request(
+                EngineCoreRequest(
+                    request_id=f"good{index}",
+                    prompt_token_ids=prompts[3 + index],
+                    sampling_params=request_params,
+                )
+            )
+        tokens: dict[str, list[int]] = {}
+        finish: dict[str, str | None] = {}
+        for step in range(100):
+            if step == 3 and add_poison:  # arrives while a split step is in flight
+                assert engine.overlap.needs_split_launch() and engine._in_flight is not None
+                engine.add_request(
+                    EngineCoreRequest(
+                        request_id="poison",
+                        prompt_token_ids=[poison, 5, 6],
+                        sampling_params=params[1],
+                    )
+                )
+            for output in engine.step():
+                tokens.setdefault(output.request_id, []).extend(output.new_token_ids)
+                if output.finished:
+                    finish[output.request_id] = output.finish_reason
+            if not engine.has_unfinished_requests():
+                break
+        if add_poison:
+            assert finish["poison"] == "error"
+        assert finish["good0"] == finish["good1"] == "length"
+        return {key: value for key, value in tokens.items() if key != "poison"}
+
+    assert run(add_poison=True) == run(add_poison=False)
