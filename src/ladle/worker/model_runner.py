@@ -329,8 +329,8 @@ class ModelRunner:
         if penalty_rows is not None:
             assert self.penalty_history is not None
             penalty_token_ids = self.penalty_history.token_ids(penalty_rows)
-        # bad_words and min_tokens read the host's output ids: rows with bad_words are sampled
-        # only once the step before is read (engine/split_launch.py).
+        # bad_words reads the host's output ids: with overlap on, a step with such rows is
+        # sampled only once the step before is read (engine/split_launch.py).
         metadata = build_sampling_metadata(
             [r.sampling_params for r in sampling_requests],
             [r.sampling_seed for r in sampling_requests],
