@@ -179,8 +179,8 @@ def test_scheduler_hands_the_runner_only_new_blocks(qwen3):
 
 def test_bad_words_and_prompt_logprobs_requests_agree_with_overlap_off(qwen3):
     """bad_words bans a word's last token once the output ends with the rest of it, so it needs
-    every token on the host (its steps launch split, split_launch.py); prompt logprobs are read at the step that
-    computes the prompt, whose start the scheduler has already advanced past."""
+    every token on the host (its steps launch split, split_launch.py); prompt logprobs are read
+    at the step that computes the prompt, whose start the scheduler has already advanced past."""
     path, prompts, expected = qwen3
     word = expected[0][2:4]  # greedy writes this pair at positions 2-3: the ban must change it
     params = _mixed_params([])
