@@ -7,7 +7,9 @@ Dummy weights of a real shape; the grammar uses the given tokenizer's vocabulary
 to the model's vocabulary). Each run: prefill the batch, then time decode steps (engine.step,
 which includes the grammar job overlapped with the forward and the one-launch application).
 Unconstrained and constrained runs alternate (the order flips every round); medians are
-reported. In the constrained runs it also times, per step, the engine thread's own grammar
+reported. --kinds json,penalty adds a batch whose constrained rows use the repetition / frequency /
+presence penalties instead; --sync-reference also times each kind with overlap off. In the
+constrained runs it also times, per step, the engine thread's own grammar
 work: starting the job, accepting the tokens, and waiting for the job after the logits (time
 the masks were not ready yet), and the job's own length on the worker thread. Also the compile
 time of the 20-field schema (cold: a new grammar each time, llguidance's tokenizer built).
@@ -82,15 +84,17 @@ def run_batch(
     steps: int,
     tag: str,
     host_times: HostTimes | None = None,
+    row_kind: str = "json",
 ):
     structured = StructuredOutputsParams(json=SCHEMA)
     for index in range(batch):
-        params = SamplingParams(
-            temperature=0,
-            max_tokens=steps + 4,
-            ignore_eos=True,
-            structured_outputs=structured if index < num_constrained else None,
-        )
+        constrained = index < num_constrained
+        extra = {}
+        if constrained and row_kind == "json":
+            extra = {"structured_outputs": structured}
+        elif constrained and row_kind == "penalty":
+            extra = {"repetition_penalty": 1.1, "frequency_penalty": 0.2, "presence_penalty": 0.1}
+        params = SamplingParams(temperature=0, max_tokens=steps + 4, ignore_eos=True, **extra)
         engine.add_request(
             EngineCoreRequest(
                 request_id=f"{tag}-{index}",
@@ -126,6 +130,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=24)
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--json", default=None)
+    parser.add_argument("--kinds", default="json", help="comma list of json, penalty")
+    parser.add_argument("--sync-reference", action="store_true")
     args = parser.parse_args()
     config = EngineConfig.from_kwargs(
         model=args.model, load_format=args.load_format, tokenizer=args.tokenizer
@@ -141,43 +147,55 @@ def main() -> None:
         compiler.submit(StructuredOutputsParams(json=schema).to_grammar()).result()
         compile_times.append(time.perf_counter() - start)
     num_constrained = int(args.batch * args.constrained_fraction)
-    results: dict[str, list[float]] = {"plain": [], "constrained": []}
     host_times = HostTimes(engine.structured_outputs)
     run_batch(engine, args.batch, num_constrained, 6, "warm")
     run_batch(engine, args.batch, 0, 6, "warm-plain")
+    # Runs of a round, in turn (the order flips every round): the plain batch, the batch with
+    # a quarter of its rows constrained (json) or penalised (penalty), and with --sync-reference
+    # the constrained batch with overlap off (what main did when such rows forced synchronous
+    # steps).
+    modes = ["plain"] + list(args.kinds.split(","))
+    if args.sync_reference:
+        modes += [f"{kind}-sync" for kind in args.kinds.split(",")]
+    results: dict[str, list[float]] = {mode: [] for mode in modes}
+    overlap_enabled = engine.overlap.enabled
     for round_index in range(args.rounds):
-        order = [0, num_constrained] if round_index % 2 == 0 else [num_constrained, 0]
-        for constrained_rows in order:
-            kind = "constrained" if constrained_rows else "plain"
-            results[kind].append(
+        order = modes if round_index % 2 == 0 else modes[::-1]
+        for mode in order:
+            kind = mode.removesuffix("-sync")
+            engine.overlap.enabled = overlap_enabled and not mode.endswith("-sync")
+            results[mode].append(
                 run_batch(
                     engine,
                     args.batch,
-                    constrained_rows,
+                    0 if mode == "plain" else num_constrained,
                     args.steps,
-                    f"{kind}{round_index}",
-                    host_times,
+                    f"{mode}{round_index}",
+                    host_times if kind == "json" else None,
+                    row_kind=kind,
                 )
             )
+            engine.overlap.enabled = overlap_enabled
     plain = statistics.median(results["plain"])
-    constrained = statistics.median(results["constrained"])
-    # Paired per round (the two runs of a round are adjacent in time).
-    paired = [c / p - 1 for p, c in zip(results["plain"], results["constrained"])]
     summary = {
         "model": args.model,
         "batch": args.batch,
         "num_constrained": num_constrained,
+        "overlap": overlap_enabled,
         "vocab_size": compiler.vocab_size,
         "plain_step_ms": plain * 1e3,
-        "constrained_step_ms": constrained * 1e3,
-        "overhead_percent": (constrained / plain - 1) * 100,
-        "paired_overhead_percent_median": statistics.median(paired) * 100,
-        "paired_overhead_percent": [x * 100 for x in paired],
         "engine_thread_grammar_us_median": host_times.medians_us(),
         "step_ms_unit_note": "medians of per-run medians of decode steps 3..N",
         "schema_compile_ms_median": statistics.median(compile_times) * 1e3,
         "rounds": results,
     }
+    for mode in modes[1:]:
+        median = statistics.median(results[mode])
+        # Paired per round (the runs of a round are adjacent in time).
+        paired = [c / p - 1 for p, c in zip(results["plain"], results[mode])]
+        summary[f"{mode}_step_ms"] = median * 1e3
+        summary[f"{mode}_overhead_percent"] = (median / plain - 1) * 100
+        summary[f"{mode}_paired_overhead_percent_median"] = statistics.median(paired) * 100
     print(json.dumps(summary, indent=1))
     if args.json:
         Path(args.json).write_text(json.dumps(summary, indent=1))

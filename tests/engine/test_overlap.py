@@ -3,8 +3,8 @@
 The CPU runs the same overlap machinery as CUDA when it is asked for (pending tokens in the
 scheduler, decode input ids read from the persistent batch's device copy, outputs read one step
 late), so these tests check it against HF's greedy tokens and against synchronous steps, over
-chunked prefill, preemption, stop tokens met mid-flight, seeded sampling, penalties (which force
-synchronous steps) and logprobs.
+chunked prefill, preemption, stop tokens met mid-flight, seeded sampling, penalties (their token
+ids on the device) and logprobs.
 """
 
 from __future__ import annotations
@@ -125,7 +125,7 @@ def test_overlap_on_and_off_give_the_same_outputs(qwen3):
     assert len(synchronous[4][0]) == 7 and synchronous[2][2]  # max_tokens, logprobs given
 
 
-def test_penalty_requests_run_synchronous_steps_with_overlap_on(qwen3):
+def test_penalty_requests_agree_with_overlap_off(qwen3):
     path, prompts, _ = qwen3
     params = _mixed_params([])
     params[0] = SamplingParams(
@@ -179,8 +179,8 @@ def test_scheduler_hands_the_runner_only_new_blocks(qwen3):
 
 def test_bad_words_and_prompt_logprobs_requests_agree_with_overlap_off(qwen3):
     """bad_words bans a word's last token once the output ends with the rest of it, so it needs
-    every token on the host (synchronous steps); prompt logprobs are read at the step that
-    computes the prompt, whose start the scheduler has already advanced past."""
+    every token on the host (its steps launch split, split_launch.py); prompt logprobs are read
+    at the step that computes the prompt, whose start the scheduler has already advanced past."""
     path, prompts, expected = qwen3
     word = expected[0][2:4]  # greedy writes this pair at positions 2-3: the ban must change it
     params = _mixed_params([])

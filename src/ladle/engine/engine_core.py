@@ -26,6 +26,7 @@ from ladle.engine.messages import (
 )
 from ladle.engine.overlap import InFlightStep, OverlapPolicy
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
+from ladle.engine.split_launch import SplitLaunch
 from ladle.engine.step_meter import StepMeter
 from ladle.engine.warmup import describe_startup, warm_up
 from ladle.kernels.compile_log import start_compile_log
@@ -174,15 +175,14 @@ class EngineCore:
 
     def step(self) -> list[EngineCoreOutput]:
         """Schedule and launch one step; return the outputs of the step before it (overlapped
-        scheduling) or of this one (synchronous). See overlap.py for when a step is synchronous."""
+        scheduling) or of this one (synchronous). See overlap.py for when a step is synchronous and
+        split_launch.py for steps whose sampling waits for the host to read the step before."""
         started = time.perf_counter()
         if self.thread_governor is not None:
             self.thread_governor.maybe_adjust()
         structured = self.structured_outputs
         outputs = self._admit_compiled_requests() if structured is not None else []
         self._release_finished(outputs)
-        if self._in_flight is not None and not self.overlap.may_overlap():
-            outputs += self._finish_in_flight()  # the next schedule needs its tokens on the host
         scheduler_output = self.scheduler.schedule()
         self.runner.release(scheduler_output.preempted_request_ids)
         if not scheduler_output.scheduled_requests:
@@ -199,15 +199,24 @@ class EngineCore:
             new_block_ids.get(r.request_id) for r in scheduler_output.scheduled_requests
         ]
         # A request that breaks the step ends alone (finish_reason "error"); the rest go on.
-        execute = self.runner.execute
-        if structured is not None:
-            execute = functools.partial(execute, fill_grammar_bitmask=structured.start_fill)
+        previous, self._in_flight = self._in_flight, None
+        fill = structured.start_fill if structured is not None else None
+        split = None
+        if previous is not None and self.overlap.needs_split_launch():
+            # Some row samples from host tokens: read the previous step under this forward pass.
+            execute = split = SplitLaunch(
+                self.runner, functools.partial(self._process, previous), fill
+            )
+        else:
+            execute = functools.partial(self.runner.execute, fill_grammar_bitmask=fill)
         launched, fault_outputs = execute_isolating_faults(
             execute, self.scheduler, scheduler_output, block_updates
         )
+        if split is not None:
+            outputs += split.read_previous()
+            previous = None
         self._release_finished(fault_outputs)
         outputs += fault_outputs
-        previous, self._in_flight = self._in_flight, None
         if launched is not None:
             self._in_flight = InFlightStep(scheduler_output, launched)
         if previous is not None:

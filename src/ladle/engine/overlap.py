@@ -8,12 +8,12 @@ from the device copy of that token. A request that the earlier step ends (EOS, a
 already sit in the next step: that token is computed and thrown away, never reported. A request
 that ends by length is known to end before its token is read, so it is not scheduled again.
 
-Some requests need every token on the host before their next step is built: a grammar (its
-bitmask follows the tokens accepted so far), the repetition / presence / frequency penalties
-(their token counts are built from the host's output ids) and bad_words (a word's last token is
-banned once the output ends with the rest of it). While any such request is in the
-engine, each step is read before the next one is scheduled (synchronous steps); the others keep
-overlapping as soon as those requests end.
+Some requests' sampling needs every token on the host: a grammar (its bitmask follows the tokens
+accepted so far) and bad_words (a word's last token is banned once the output ends with the rest
+of it). Their steps still overlap, with the launch split in two (split_launch.py): the forward
+pass of step N+1 is launched first, step N is read while it runs, the matchers advance, and only
+then is N+1 sampled. The repetition / presence / frequency penalties need nothing of the host:
+their token ids live on the device (worker/penalty_history.py).
 """
 
 from __future__ import annotations
@@ -37,21 +37,17 @@ class InFlightStep:
 
 
 def needs_host_tokens(request: Request) -> bool:
-    """Whether building the request's next step needs its latest token on the host."""
+    """Whether sampling the request's next token needs its latest token on the host."""
     params = request.sampling_params
-    return (
-        params.structured_outputs is not None
-        or params.uses_penalties
-        or bool(params.bad_words_token_ids)
-    )
+    return params.structured_outputs is not None or bool(params.bad_words_token_ids)
 
 
 @dataclass
 class OverlapPolicy:
-    """Whether steps overlap, and which live requests force synchronous steps."""
+    """Whether steps overlap, and whether live requests need their launches split."""
 
     enabled: bool
-    _sync_request_ids: set[str] = field(default_factory=set)
+    _host_token_request_ids: set[str] = field(default_factory=set)
 
     @classmethod
     def from_config(cls, config: SchedulerConfig, device: torch.device) -> OverlapPolicy:
@@ -63,12 +59,13 @@ class OverlapPolicy:
 
     def track(self, request: Request) -> None:
         if self.enabled and needs_host_tokens(request):
-            self._sync_request_ids.add(request.request_id)
+            self._host_token_request_ids.add(request.request_id)
 
     def forget(self, request_ids: list[str]) -> None:
-        if self._sync_request_ids:
-            self._sync_request_ids.difference_update(request_ids)
+        if self._host_token_request_ids:
+            self._host_token_request_ids.difference_update(request_ids)
 
-    def may_overlap(self) -> bool:
-        """Whether the next step may be scheduled before the one in flight is read."""
-        return self.enabled and not self._sync_request_ids
+    def needs_split_launch(self) -> bool:
+        """Whether the next step must read the one in flight between its forward and its
+        sampling (some live request needs host tokens to sample)."""
+        return self.enabled and bool(self._host_token_request_ids)

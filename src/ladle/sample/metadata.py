@@ -232,6 +232,8 @@ def build_sampling_metadata(
     eos_token_ids: Sequence[Sequence[int]] | None = None,
     device: torch.device | str = "cpu",
     rows: dict[str, torch.Tensor] | None = None,
+    penalty_token_ids: tuple[torch.Tensor, torch.Tensor] | None = None,
+    flags: SamplingFlags | None = None,
 ) -> SamplingMetadata:
     """Build a batch's metadata from lists in one call.
 
@@ -239,10 +241,16 @@ def build_sampling_metadata(
     eos ids (default none) for min_tokens; those tensors then take their own copy to the device.
     rows: the row tensors when the caller already shipped them (the model runner packs them
     into its one host-to-device copy); built from params, seeds and num_output_tokens if None.
+    penalty_token_ids: the padded (prompt, output) ids when the caller keeps them on the device
+    (the model runner's PenaltyHistory); built from the host lists if None.
+    flags: SamplingFlags.from_params(params) when the caller computed them already.
     """
-    flags = SamplingFlags.from_params(params)
+    if flags is None:
+        flags = SamplingFlags.from_params(params)
     penalty_ids: tuple[torch.Tensor | None, torch.Tensor | None] = (None, None)
-    if not flags.no_penalties:
+    if not flags.no_penalties and penalty_token_ids is not None:
+        penalty_ids = penalty_token_ids
+    elif not flags.no_penalties:
         if prompt_token_ids is None or output_token_ids is None:
             raise ValueError("penalties need prompt_token_ids and output_token_ids")
         penalty_ids = build_penalty_token_ids(prompt_token_ids, output_token_ids, vocab_size)

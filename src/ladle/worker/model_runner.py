@@ -9,6 +9,11 @@ ids, so the engine can schedule and launch the next step first (overlapped sched
 request holds a slot of the persistent batch while it lives; the sampled ids are also written to
 their slots on the device, where the next step reads a decode row's input id before the host has
 seen it (release() frees the slots of requests that ended or were preempted).
+
+execute() is launch_forward() then sample(): the engine calls the two apart when a row's sampling
+needs the previous step's tokens on the host (a grammar, bad_words), so that step is read while
+the device runs this one's forward pass. Penalty rows need no host tokens: their token ids live on
+the device (penalty_history.py).
 """
 
 from __future__ import annotations
@@ -27,14 +32,16 @@ from ladle.engine.messages import TokenLogprobs
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
-from ladle.sample.metadata import build_sampling_metadata
+from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
+from ladle.worker.forward_step import ForwardStep
 from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
+from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
 from ladle.worker.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
 from ladle.worker.step_inputs import StepInputBuilder
@@ -117,6 +124,8 @@ class ModelRunner:
         )
         # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
         self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
+        # Penalty requests' token ids on the device, made at the first step that samples.
+        self.penalty_history: PenaltyHistory | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None  # captured once the KV cache exists
         self.memory_budget = size_kv_cache(
@@ -197,8 +206,11 @@ class ModelRunner:
         return graphs
 
     def release(self, request_ids: list[str]) -> None:
-        """Free the persistent-batch slots of requests that ended or were preempted."""
+        """Free the persistent-batch slots (and penalty rows) of requests that ended or were
+        preempted."""
         self.batch.release(request_ids)
+        if self.penalty_history is not None:
+            self.penalty_history.release(request_ids)
 
     # ----- the step ------------------------------------------------------------------------
 
@@ -218,6 +230,17 @@ class ModelRunner:
         requests on a worker thread; called just before the forward pass is launched (on the CPU
         the forward runs in this thread, so this is the only point that overlaps there), and
         waited for once the logits and the sampling metadata exist."""
+        forward = self.launch_forward(scheduler_output, block_updates, fill_grammar_bitmask)
+        return self.sample(forward)
+
+    @torch.inference_mode()
+    def launch_forward(
+        self,
+        scheduler_output: SchedulerOutput,
+        block_updates: list[BlockUpdate],
+        fill_grammar_bitmask: Callable[[list[Request]], PendingGrammarBitmask | None] | None = None,
+    ) -> ForwardStep:
+        """The first half of execute: inputs, forward pass and logits, queued on the device."""
         requests = scheduler_output.scheduled_requests
         output_index = scheduler_output.output_index
         sampling_positions = [
@@ -244,7 +267,6 @@ class ModelRunner:
             hidden = self.graphs.run(input_ids, inputs.positions, attn_metadata)
         else:
             hidden = self.model(input_ids, inputs.positions, self.kv_caches, attn_metadata)
-        num_logprobs = [r.sampling_params.logprobs for r in sampling_requests]
         prompt_logprobs = None
         # Only a step with prompt tokens can owe prompt logprobs: decode-only steps skip the scan.
         if scheduler_output.num_prefill_tokens and any(
@@ -254,27 +276,82 @@ class ModelRunner:
             prompt_logprobs = compute_prompt_logprobs(
                 self.model.compute_logits, hidden, scheduler_output
             )
-        if not sampling_requests:
-            return LaunchedStep(len(requests), [], None, None, num_logprobs, None, prompt_logprobs)
-        logits = self.model.compute_logits(hidden[inputs.logits_indices])
-        # Penalty and min_tokens token ids are read (and copied) only in batches that use them.
-        # Penalty and bad_words rows see every output token: their steps run without overlap.
+        logits = None
+        penalty_rows = None
+        flags = None
+        if sampling_requests:
+            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            flags = SamplingFlags.from_params([r.sampling_params for r in sampling_requests])
+            if not flags.no_penalties:
+                # Rows taken now, while every request of the step is live (see ForwardStep).
+                penalty_rows = self._penalty_history(logits.shape[-1]).rows_for(
+                    sampling_requests, num_output_tokens
+                )
+        return ForwardStep(
+            num_requests=len(requests),
+            sampling_positions=sampling_positions,
+            sampling_requests=sampling_requests,
+            num_output_tokens=num_output_tokens,
+            inputs=inputs,
+            logits=logits,
+            prompt_logprobs=prompt_logprobs,
+            pending_bitmask=pending_bitmask,
+            penalty_rows=penalty_rows,
+            sampling_flags=flags,
+        )
+
+    def _penalty_history(self, vocab_size: int) -> PenaltyHistory:
+        if self.penalty_history is None:
+            self.penalty_history = PenaltyHistory(vocab_size, self.device)
+        return self.penalty_history
+
+    @torch.inference_mode()
+    def sample(
+        self,
+        forward: ForwardStep,
+        fill_grammar_bitmask: Callable[[list[Request]], PendingGrammarBitmask | None] | None = None,
+    ) -> LaunchedStep:
+        """The second half of execute: sample the launched forward's logits and start the copy
+        of the sampled ids. fill_grammar_bitmask (when the forward started no grammar job) fills
+        the masks now, from the matchers as the host has advanced them since the launch."""
+        sampling_requests = forward.sampling_requests
+        num_logprobs = [r.sampling_params.logprobs for r in sampling_requests]
+        if forward.logits is None:
+            return LaunchedStep(
+                forward.num_requests, [], None, None, num_logprobs, None, forward.prompt_logprobs
+            )
+        pending_bitmask = forward.pending_bitmask
+        if pending_bitmask is None and fill_grammar_bitmask is not None:
+            pending_bitmask = fill_grammar_bitmask(sampling_requests)
+        logits = forward.logits
+        penalty_rows = forward.penalty_rows
+        penalty_token_ids = None
+        if penalty_rows is not None:
+            assert self.penalty_history is not None
+            penalty_token_ids = self.penalty_history.token_ids(penalty_rows)
+        # bad_words reads the host's output ids: with overlap on, a step with such rows is
+        # sampled only once the step before is read (engine/split_launch.py).
         metadata = build_sampling_metadata(
             [r.sampling_params for r in sampling_requests],
             [r.sampling_seed for r in sampling_requests],
-            num_output_tokens,
+            forward.num_output_tokens,
             vocab_size=logits.shape[-1],
-            prompt_token_ids=[r.prompt_token_ids for r in sampling_requests],
             output_token_ids=[r.output_token_ids for r in sampling_requests],
             eos_token_ids=[r.eos_token_ids for r in sampling_requests],
             device=self.device,
-            rows=inputs.sampling_rows,
+            rows=forward.inputs.sampling_rows,
+            penalty_token_ids=penalty_token_ids,
+            flags=forward.sampling_flags,
         )
         grammar_bitmask = pending_bitmask.wait() if pending_bitmask is not None else None
         sampler_output = self.sampler(logits, metadata, grammar_bitmask)
         sampled = sampler_output.sampled_token_ids
+        if penalty_rows is not None:
+            assert self.penalty_history is not None
+            self.penalty_history.record(penalty_rows, sampled)
         last_sampled = self.batch.last_sampled
-        last_sampled.index_copy_(0, inputs.sampling_slots.long(), sampled.to(last_sampled.dtype))
+        sampling_slots = forward.inputs.sampling_slots.long()
+        last_sampled.index_copy_(0, sampling_slots, sampled.to(last_sampled.dtype))
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         sampled_host = _to_host(sampled)
         logprobs_host = None
@@ -290,11 +367,11 @@ class ModelRunner:
             copied = torch.cuda.Event()
             copied.record()
         return LaunchedStep(
-            len(requests),
-            sampling_positions,
+            forward.num_requests,
+            forward.sampling_positions,
             sampled_host,
             logprobs_host,
             num_logprobs,
             copied,
-            prompt_logprobs,
+            forward.prompt_logprobs,
         )
