@@ -481,6 +481,8 @@ def slo_phase(
     rates: list[float],
     peer_rates: list[float],
     duration_s: float,
+    overload_s: float,
+    overload_rate: float | None,
     tokenizer: Path | None,
     peer: bool,
 ) -> dict:
@@ -505,6 +507,8 @@ def slo_phase(
     chat = ["--workload", "sharegpt", "--slo", SLO, "--duration", f"{duration_s:g}"]
     warm = ["--workload", "sharegpt", "--num-prompts", SMOKE["warmup_num"], "--no-plots"]
     warm += ["--seed", "1000", "--rate", "inf"]
+    # Order by what a short call must not lose: the saturation burst and the overload pair
+    # first, then the peer, then the rate sweep for the SLO bound (on a fresh plain server).
     plain = _start(
         lambda timeout: ladle_server(model, serve_common, out / "server_d.log", timeout),
         deadline,
@@ -514,20 +518,15 @@ def slo_phase(
     )
     try:
         runner.bench(plain, "warmup_d", 20, *warm)
-        ladle_results = sweep_until_miss(
-            runner, plain, "ladle_sweep", rates, 25, *chat, "--seed", "11"
-        )
+        # A burst of --slo-num requests (twice max_num_seqs by default): the batch runs full.
         burst = runner.bench(
             plain, "ladle_sweep_inf", 25, *chat, "--seed", "11", "--num-prompts", str(num)
         )
-        ladle_results += [burst] if burst else []
-        saturation = saturation_rate(burst) if burst else None
-        if not saturation:  # no burst figure: the best request throughput of the sweep
-            rows = _sweep_rows(ladle_results)
-            saturation = max([row["request_throughput"] for row in rows], default=0.0)
-        overload = f"{1.5 * max(saturation, 1.0):.2f}"
-        over = [*chat, "--rate", overload, "--seed", "12"]
-        slo_off = runner.bench(plain, "overload_slo_off", 30, *over)
+        saturation = (saturation_rate(burst) if burst else None) or 0.0
+        overload = f"{overload_rate or 1.5 * max(saturation, 1.0):.2f}"
+        # Long enough for the backlog to build: a short run at 1.5x is absorbed by the batch.
+        over = [*chat[:-1], f"{overload_s:g}", "--rate", overload, "--seed", "12"]
+        slo_off = runner.bench(plain, "overload_slo_off", 40, *over)
     finally:
         _stop(plain)
     slo_args = [*serve_common, "--ttft-slo", "1s", "--itl-slo", "60ms"]
@@ -541,7 +540,7 @@ def slo_phase(
     try:
         # The warm-up also gives the admission its first measured prefill rate.
         runner.bench(with_slo, "warmup_e", 20, *warm)
-        slo_on = runner.bench(with_slo, "overload_slo_on", 30, *over)
+        slo_on = runner.bench(with_slo, "overload_slo_on", 40, *over)
     finally:
         _stop(with_slo)
     peer_results: list[dict] = []
@@ -577,10 +576,27 @@ def slo_phase(
             )
         finally:
             _stop(server)
+    ladle_results = []
+    if rates:
+        plain = _start(
+            lambda timeout: ladle_server(model, serve_common, out / "server_f.log", timeout),
+            deadline,
+            60,
+            runner.skipped,
+            "f",
+        )
+        try:
+            ladle_results = sweep_until_miss(
+                runner, plain, "ladle_sweep", rates, 30, *chat, "--seed", "13"
+            )
+        finally:
+            _stop(plain)
+    ladle_results += [burst] if burst else []
     ladle_rows = _sweep_rows(ladle_results)
     peer_rows = _sweep_rows(peer_results)
     return {
         "duration_s": duration_s,
+        "overload_duration_s": overload_s,
         "sweep": ladle_rows,
         **_slo_bound(ladle_rows),
         "saturation": saturation,
@@ -621,12 +637,25 @@ def main() -> int:
     parser.add_argument("--scheduler-model", default="qwen3-0.6b")
     parser.add_argument("--slo-model", default="llama-3.1-8b")
     parser.add_argument("--num", type=int, default=32, help="requests per fixed-rate run")
-    parser.add_argument("--slo-num", type=int, default=200, help="requests of the inf point")
+    parser.add_argument(
+        "--slo-num", type=int, default=512, help="requests of the saturation burst (inf rate)"
+    )
     parser.add_argument("--rate", default="8", help="the chunked-prefill/prefix runs' rate")
-    parser.add_argument("--sweep", default="4,8,16,24,32,48", help="ladle's short-chat rates")
+    parser.add_argument(
+        "--sweep", default="48,64,80,96", help="ladle's short-chat rates ('' for none)"
+    )
     parser.add_argument("--peer-sweep", default="1,2,4,8,16", help="the peer's short-chat rates")
     parser.add_argument(
         "--duration", type=float, default=6.0, help="seconds of arrivals per SLO-phase rate"
+    )
+    parser.add_argument(
+        "--overload-duration", type=float, default=20.0, help="seconds of arrivals per overload run"
+    )
+    parser.add_argument(
+        "--overload-rate",
+        type=float,
+        default=None,
+        help="the overload runs' rate (default: 1.5 x the burst's saturation rate)",
     )
     parser.add_argument(
         "--request-timeout", type=float, default=40.0, help="bench serve's per-request limit"
@@ -663,6 +692,8 @@ def main() -> int:
             _rates(args.sweep),
             _rates(args.peer_sweep),
             args.duration,
+            args.overload_duration,
+            args.overload_rate,
             tokenizer,
             not args.no_peer,
         )
@@ -672,7 +703,7 @@ def main() -> int:
 
 
 def _rates(text: str) -> list[float]:
-    return sorted(float(rate) for rate in text.split(","))
+    return sorted(float(rate) for rate in text.split(",") if rate.strip())
 
 
 def _json_default(value):
