@@ -425,9 +425,11 @@ def saturation_rate(result: dict) -> float | None:
             token_times.append(now)
     begin = sorted(r["start"] + r["ttft"] for r in records)[len(records) // 2]
     end = sorted(r["start"] + r["e2e"] for r in records)[len(records) // 2]
-    if end <= begin:
-        return None
-    tokens_per_s = sum(1 for t in token_times if begin <= t < end) / (end - begin)
+    if end <= begin:  # no full-flight window: the whole run's rate (an underestimate)
+        begin, end = min(token_times), max(token_times)
+        if end <= begin:
+            return None
+    tokens_per_s = sum(1 for t in token_times if begin <= t <= end) / (end - begin)
     mean_output = sum(r["output_tokens"] for r in records) / len(records)
     return tokens_per_s / mean_output
 
