@@ -35,7 +35,13 @@ SERVING = re.compile(r"serving .* on http://127\.0\.0\.1:(\d+)")
 SLO = "ttft=1s,itl=60ms"  # the 8B short-chat SLO of issue 9
 SCRIPTS = Path(__file__).resolve().parent
 # Set from the command line (smoke runs on the CPU shrink the warm-ups and add bench options).
-SMOKE = {"warmup_num": "48", "warmup_sweep": "16,inf", "bench_args": [], "server_args": []}
+SMOKE = {
+    "warmup_num": "48",
+    "warmup_sweep": "16,inf",
+    "bench_args": [],
+    "server_args": [],
+    "request_timeout": "600",
+}
 
 
 class Deadline:
@@ -118,7 +124,9 @@ class Runner:
     def __init__(self, out: Path, deadline: Deadline, common: list[str]) -> None:
         self.out = out
         self.deadline = deadline
-        self.common = common
+        # A request still unfinished after this fails (an error), so no run outlasts its rate's
+        # duration by more; a later --request-timeout in a call's own options wins.
+        self.common = ["--request-timeout", SMOKE["request_timeout"], *common]
         self.skipped: list[str] = []
 
     def bench(self, server: Server | None, name: str, needs_s: float, *args: str) -> dict:
@@ -380,32 +388,91 @@ def pad_tokenizer(source: Path, target: Path, vocab_size: int) -> Path:
     return target
 
 
-def _sweep_rows(result: dict) -> list[dict]:
+def _sweep_rows(results: list[dict]) -> list[dict]:
     return [
         {
-            "rate": run["rate"],
+            "rate": float(run["rate"]),  # results.json writes inf as "inf"
+            "num_requests": run["summary"]["num_requests"],
             "request_throughput": run["summary"]["request_throughput"],
             "output_throughput": run["summary"]["output_throughput"],
             "goodput": run["summary"]["goodput"],
+            "num_good": run["summary"]["num_good"],
+            "ttft_p50_ms": run["summary"]["ttft_ms"]["p50"],
             "ttft_p99_ms": run["summary"]["ttft_ms"]["p99"],
+            "itl_p50_ms": run["summary"]["itl_ms"]["p50"],
             "itl_p99_ms": run["summary"]["itl_ms"]["p99"],
             "errors": run["summary"]["num_errors"],
         }
+        for result in results
         for run in (result or {}).get("runs", [])
     ]
 
 
-def _within_slo(rows: list[dict]) -> float | None:
-    passing = [
-        row["rate"]
-        for row in rows
-        if row["errors"] == 0
+def saturation_rate(result: dict) -> float | None:
+    """The request rate the server sustains at its peak: output tokens per second while the
+    burst is in full flight (from the median first-token time to the median finish time), over
+    the mean output length. The run's plain request throughput would be far lower: short chat's
+    output lengths are heavy-tailed, so most of a burst's wall time is a few long requests."""
+    records = [r for r in result["runs"][0]["records"] if r["success"] and r["ttft"] is not None]
+    if len(records) < 4:
+        return None
+    token_times = []
+    for record in records:
+        now = record["start"] + record["ttft"]
+        token_times.append(now)
+        for gap in record["itl"]:
+            now += gap
+            token_times.append(now)
+    begin = sorted(r["start"] + r["ttft"] for r in records)[len(records) // 2]
+    end = sorted(r["start"] + r["e2e"] for r in records)[len(records) // 2]
+    if end <= begin:  # no full-flight window: the whole run's rate (an underestimate)
+        begin, end = min(token_times), max(token_times)
+        if end <= begin:
+            return None
+    tokens_per_s = sum(1 for t in token_times if begin <= t <= end) / (end - begin)
+    mean_output = sum(r["output_tokens"] for r in records) / len(records)
+    return tokens_per_s / mean_output
+
+
+def _meets_slo(row: dict) -> bool:
+    return (
+        row["errors"] == 0
         and row["ttft_p99_ms"] is not None
         and row["ttft_p99_ms"] <= 1000
         and row["itl_p99_ms"] is not None
         and row["itl_p99_ms"] <= 60
+    )
+
+
+def _slo_bound(rows: list[dict]) -> dict:
+    """The highest rate within the SLO and the lowest above it that misses (the bound's two
+    sides; None where the sweep did not reach one)."""
+    finite = [row for row in rows if not math.isinf(row["rate"])]
+    passing = [row["rate"] for row in finite if _meets_slo(row)]
+    highest = max(passing, default=None)
+    missing = [
+        row["rate"] for row in finite if not _meets_slo(row) and row["rate"] > (highest or 0)
     ]
-    return max(passing, default=None)
+    return {
+        "highest_rate_within_slo": highest,
+        "lowest_rate_missing_slo": min(missing, default=None),
+    }
+
+
+def sweep_until_miss(
+    runner: Runner, server: Server | None, name: str, rates: list[float], needs_s: float, *args
+) -> list[dict]:
+    """One `bench serve` per rate, ascending, stopping after the first rate that misses the SLO
+    (it bounds the highest passing rate from above; higher rates would only miss more)."""
+    results = []
+    for rate in rates:
+        result = runner.bench(server, f"{name}_{rate:g}", needs_s, *args, "--rate", f"{rate:g}")
+        if not result:
+            break
+        results.append(result)
+        if not _meets_slo(_sweep_rows([result])[0]):
+            break
+    return results
 
 
 def slo_phase(
@@ -413,7 +480,11 @@ def slo_phase(
     out: Path,
     num: int,
     deadline: Deadline,
-    sweep: str,
+    rates: list[float],
+    peer_rates: list[float],
+    duration_s: float,
+    overload_s: float,
+    overload_rate: float | None,
     tokenizer: Path | None,
     peer: bool,
 ) -> dict:
@@ -434,19 +505,12 @@ def slo_phase(
     peer_runner = Runner(out, deadline, text)
     peer_runner.skipped = runner.skipped
     serve_common = ["--load-format", "dummy", *text]
-    chat = ["--workload", "sharegpt", "--slo", SLO]
-    warm = [
-        "--workload",
-        "sharegpt",
-        "--num-prompts",
-        SMOKE["warmup_num"],
-        "--sweep",
-        SMOKE["warmup_sweep"],
-        "--no-plots",
-        "--seed",
-        "1000",
-    ]
-    sweep_args = [*chat, "--num-prompts", str(num), "--sweep", sweep, "--seed", "11"]
+    # Each finite rate sends rate x duration requests, so high rates reach a steady state.
+    chat = ["--workload", "sharegpt", "--slo", SLO, "--duration", f"{duration_s:g}"]
+    warm = ["--workload", "sharegpt", "--num-prompts", SMOKE["warmup_num"], "--no-plots"]
+    warm += ["--seed", "1000", "--rate", "inf"]
+    # Order by what a short call must not lose: the saturation burst and the overload pair
+    # first, then the peer, then the rate sweep for the SLO bound (on a fresh plain server).
     plain = _start(
         lambda timeout: ladle_server(model, serve_common, out / "server_d.log", timeout),
         deadline,
@@ -455,28 +519,33 @@ def slo_phase(
         "d",
     )
     try:
-        runner.bench(plain, "warmup_d", 40, *warm)
-        ladle_sweep = runner.bench(plain, "short_chat_sweep", 90, *sweep_args)
-        saturation = max((ladle_sweep or {}).get("saturation_request_throughput", 8.0), 1.0)
-        overload = f"{1.5 * saturation:.2f}"
-        over = [*chat, "--num-prompts", str(2 * num), "--rate", overload, "--seed", "12"]
-        slo_off = runner.bench(plain, "overload_slo_off", 45, *over)
+        runner.bench(plain, "warmup_d", 20, *warm)
+        # A burst of --slo-num requests (twice max_num_seqs by default): the batch runs full.
+        burst = runner.bench(
+            plain, "ladle_sweep_inf", 25, *chat, "--seed", "11", "--num-prompts", str(num)
+        )
+        saturation = (saturation_rate(burst) if burst else None) or 0.0
+        overload = f"{overload_rate or 1.5 * max(saturation, 1.0):.2f}"
+        # Long enough for the backlog to build: a short run at 1.5x is absorbed by the batch.
+        over = [*chat[:-1], f"{overload_s:g}", "--rate", overload, "--seed", "12"]
+        slo_off = runner.bench(plain, "overload_slo_off", 40, *over)
     finally:
         _stop(plain)
     slo_args = [*serve_common, "--ttft-slo", "1s", "--itl-slo", "60ms"]
     with_slo = _start(
         lambda timeout: ladle_server(model, slo_args, out / "server_e.log", timeout),
         deadline,
-        80,
+        70,
         runner.skipped,
         "e",
     )
     try:
-        runner.bench(with_slo, "warmup_e", 40, *warm)
-        slo_on = runner.bench(with_slo, "overload_slo_on", 45, *over)
+        # The warm-up also gives the admission its first measured prefill rate.
+        runner.bench(with_slo, "warmup_e", 20, *warm)
+        slo_on = runner.bench(with_slo, "overload_slo_on", 40, *over)
     finally:
         _stop(with_slo)
-    peer_sweep: dict = {}
+    peer_results: list[dict] = []
     peer_ready_s = None
     if peer and tokenizer is not None:
         port = free_port()
@@ -493,7 +562,7 @@ def slo_phase(
         server = _start(
             lambda timeout: Server(command, out / "server_peer.log", timeout, port),
             deadline,
-            120,
+            90,
             runner.skipped,
             "peer",
         )
@@ -501,15 +570,37 @@ def slo_phase(
             peer_ready_s = server.ready_s if server else None
             # transformers serve's /v1/models lists the Hub cache, not the pinned model: name it.
             named = ["--model", f"dummy/{model}"]
-            peer_runner.bench(server, "warmup_peer", 40, *named, *warm[:3], "8", *warm[4:])
-            peer_sweep = peer_runner.bench(server, "peer_short_chat_sweep", 90, *named, *sweep_args)
+            # Its continuous-batching manager starts on the first request: give that one time.
+            peer_warm = [*warm[:2], "--num-prompts", "4", *warm[4:], "--request-timeout", "120"]
+            peer_runner.bench(server, "warmup_peer", 20, *named, *peer_warm)
+            peer_results = sweep_until_miss(
+                peer_runner, server, "peer_sweep", peer_rates, 25, *named, *chat, "--seed", "11"
+            )
         finally:
             _stop(server)
-    ladle_rows = _sweep_rows(ladle_sweep)
-    peer_rows = _sweep_rows(peer_sweep)
+    ladle_results = []
+    if rates:
+        plain = _start(
+            lambda timeout: ladle_server(model, serve_common, out / "server_f.log", timeout),
+            deadline,
+            60,
+            runner.skipped,
+            "f",
+        )
+        try:
+            ladle_results = sweep_until_miss(
+                runner, plain, "ladle_sweep", rates, 30, *chat, "--seed", "13"
+            )
+        finally:
+            _stop(plain)
+    ladle_results += [burst] if burst else []
+    ladle_rows = _sweep_rows(ladle_results)
+    peer_rows = _sweep_rows(peer_results)
     return {
+        "duration_s": duration_s,
+        "overload_duration_s": overload_s,
         "sweep": ladle_rows,
-        "highest_rate_within_slo": _within_slo(ladle_rows),
+        **_slo_bound(ladle_rows),
         "saturation": saturation,
         "overload_rate": float(overload),
         "slo_off": _overload_row(slo_off),
@@ -518,7 +609,7 @@ def slo_phase(
             "server": "transformers serve --continuous-batching",
             "ready_s": peer_ready_s,
             "sweep": peer_rows,
-            "highest_rate_within_slo": _within_slo(peer_rows),
+            **_slo_bound(peer_rows),
         },
         "skipped": runner.skipped,
     }
@@ -548,14 +639,34 @@ def main() -> int:
     parser.add_argument("--scheduler-model", default="qwen3-0.6b")
     parser.add_argument("--slo-model", default="llama-3.1-8b")
     parser.add_argument("--num", type=int, default=32, help="requests per fixed-rate run")
-    parser.add_argument("--slo-num", type=int, default=24, help="requests per sweep point")
+    parser.add_argument(
+        "--slo-num", type=int, default=512, help="requests of the saturation burst (inf rate)"
+    )
     parser.add_argument("--rate", default="8", help="the chunked-prefill/prefix runs' rate")
-    parser.add_argument("--sweep", default="1,2,4,8", help="the short-chat rates")
+    parser.add_argument(
+        "--sweep", default="48,64,80,96", help="ladle's short-chat rates ('' for none)"
+    )
+    parser.add_argument("--peer-sweep", default="1,2,4,8,16", help="the peer's short-chat rates")
+    parser.add_argument(
+        "--duration", type=float, default=6.0, help="seconds of arrivals per SLO-phase rate"
+    )
+    parser.add_argument(
+        "--overload-duration", type=float, default=20.0, help="seconds of arrivals per overload run"
+    )
+    parser.add_argument(
+        "--overload-rate",
+        type=float,
+        default=None,
+        help="the overload runs' rate (default: 1.5 x the burst's saturation rate)",
+    )
+    parser.add_argument(
+        "--request-timeout", type=float, default=40.0, help="bench serve's per-request limit"
+    )
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for text prompts")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers serve")
     parser.add_argument("--deadline-s", type=float, default=None, help="wall-time budget")
     parser.add_argument("--warmup-num", default="48", help="requests per warm-up rate")
-    parser.add_argument("--warmup-sweep", default="16,inf", help="the warm-up's rates")
+    parser.add_argument("--warmup-sweep", default="16,inf", help="the scheduler warm-up's rates")
     parser.add_argument("--bench-args", default="", help="extra `bench serve` options (smoke)")
     parser.add_argument("--server-args", default="", help="extra `ladle serve` options (smoke)")
     args = parser.parse_args()
@@ -563,6 +674,7 @@ def main() -> int:
     SMOKE["warmup_sweep"] = args.warmup_sweep
     SMOKE["bench_args"] = args.bench_args.split()
     SMOKE["server_args"] = shlex.split(args.server_args)
+    SMOKE["request_timeout"] = f"{args.request_timeout:g}"
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = Deadline(args.deadline_s)
@@ -575,11 +687,25 @@ def main() -> int:
     if args.phase in ("slo", "all"):
         tokenizer = Path(args.tokenizer) if args.tokenizer else None
         proofs["slo"] = slo_phase(
-            args.slo_model, out, args.slo_num, deadline, args.sweep, tokenizer, not args.no_peer
+            args.slo_model,
+            out,
+            args.slo_num,
+            deadline,
+            _rates(args.sweep),
+            _rates(args.peer_sweep),
+            args.duration,
+            args.overload_duration,
+            args.overload_rate,
+            tokenizer,
+            not args.no_peer,
         )
         _write(out, proofs)
     print(json.dumps(proofs, indent=1, default=_json_default))
     return 0
+
+
+def _rates(text: str) -> list[float]:
+    return sorted(float(rate) for rate in text.split(",") if rate.strip())
 
 
 def _json_default(value):

@@ -14,7 +14,7 @@ fi
 export PYTHONPATH=$PWD/src:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$OUT/gpu.txt"
 python3 -c 'import torch, transformers; print("torch", torch.__version__, "transformers", transformers.__version__)'
-python3 scripts/serve_proofs.py --phase all --out /tmp/proofs --deadline-s "${DEADLINE_S:-480}" \
+python3 scripts/serve_proofs.py --phase "${PHASE:-all}" --out /tmp/proofs --deadline-s "${DEADLINE_S:-480}" \
   --tokenizer "${TOKENIZER:?a tokenizer folder}" ${PROOF_ARGS:-} 2>&1 | tee "$OUT/proofs.log"
 cp /tmp/proofs/proofs.json "$OUT/" 2>/dev/null
 tar czf "$OUT/proofs.tgz" -C /tmp --exclude tokenizer_padded proofs

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+from pathlib import Path
 
 
 def _install_loaders(preset: str, tokenizer_dir: str, dtype: str, ignore_eos: bool) -> None:
@@ -24,12 +25,15 @@ def _install_loaders(preset: str, tokenizer_dir: str, dtype: str, ignore_eos: bo
 
     from ladle.model.loader.presets import get_preset
 
-    values = get_preset(preset)
-    if values is None:
-        raise SystemExit(f"unknown preset {preset!r}")
-    model_type = values.pop("model_type")
-    values.pop("architectures", None)
-    config = AutoConfig.for_model(model_type, **values)
+    if Path(preset, "config.json").is_file():  # a local folder's config (CPU smoke runs)
+        config = AutoConfig.from_pretrained(preset)
+    else:
+        values = get_preset(preset)
+        if values is None:
+            raise SystemExit(f"unknown preset {preset!r} (and no folder with a config.json)")
+        model_type = values.pop("model_type")
+        values.pop("architectures", None)
+        config = AutoConfig.for_model(model_type, **values)
 
     def load_model(self, model_id_and_revision, tqdm_class=None, progress_callback=None, **_):
         device = "cuda" if torch.cuda.is_available() else "cpu"
@@ -52,7 +56,10 @@ def _install_loaders(preset: str, tokenizer_dir: str, dtype: str, ignore_eos: bo
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("preset", help="a ladle preset name (its config.json values)")
+    parser.add_argument(
+        "preset",
+        help="a ladle preset name (its config.json values), or a folder with a config.json",
+    )
     parser.add_argument("--tokenizer", required=True, help="a local tokenizer folder")
     parser.add_argument("--port", type=int, required=True)
     parser.add_argument("--dtype", default="bfloat16")

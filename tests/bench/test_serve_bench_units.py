@@ -235,3 +235,72 @@ def test_scraped_metrics_add_counts_and_average_kv_usage_over_replicas():
     assert values["vllm:kv_cache_usage_perc"] == pytest.approx(0.4)
     assert values["vllm:num_requests_waiting"] == 7
     assert values["vllm:prefix_cache_hits_total"] == 15
+
+
+def test_duration_sizes_each_finite_rate_point_and_inf_keeps_num_prompts(tmp_path, monkeypatch):
+    """--duration D: a point at rate R sends round(R x D) requests (a sweep's high rates get a
+    steady state, not a short burst); an inf point sends --num-prompts."""
+    import asyncio
+    import math
+
+    import httpx
+
+    from ladle.bench.serve_run import BenchPlan, run_plan
+
+    body = 'data: {"choices": [{"index": 0, "text": "a"}]}\n\ndata: [DONE]\n\n'
+    sent = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/metrics":
+            return httpx.Response(404)
+        sent.append(json.loads(request.content))
+        return httpx.Response(200, content=body.encode())
+
+    plan = BenchPlan(
+        base_url="http://server",
+        model="m",
+        api_key=None,
+        tokenizer=None,
+        mix={"token-ids": 1.0},
+        num_prompts=3,
+        duration_s=0.25,
+        points=[(20.0, None), (math.inf, None), (42.0, None)],
+        burstiness=1.0,
+        seed=0,
+        temperature=0.0,
+        ignore_eos=True,
+        token_ids=True,
+        input_len=(1, 2),
+        output_len=(1, 2),
+        sharegpt_path=None,
+        priority_fraction=None,
+        slo={},
+        gpu_hour_cost=None,
+        output_dir=tmp_path,
+        label="duration",
+        plots=False,
+        progress=False,
+    )
+    original = httpx.AsyncClient
+
+    class _Mocked(original):
+        def __init__(self, **kwargs):
+            super().__init__(transport=httpx.MockTransport(handler), **kwargs)
+
+    monkeypatch.setattr(httpx, "AsyncClient", _Mocked)
+    result = asyncio.run(run_plan(plan))
+    assert [len(run["records"]) for run in result["runs"]] == [5, 3, 10]  # 20*.25, 3, 42*.25
+    assert len(sent) == 18
+    assert result["duration_s"] == 0.25
+
+
+def test_duration_must_be_positive():
+    import argparse
+
+    from ladle.bench.serve import add_parser
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["serve", "--duration", "0", "--token-ids"])
+    with pytest.raises(ValueError, match="--duration must be > 0"):
+        args.handler(args)

@@ -70,6 +70,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     load.add_argument("--rate", default="inf", help="requests per second, or inf")
     load.add_argument(
+        "--duration",
+        type=float,
+        default=None,
+        help="seconds of arrivals per finite-rate point: each sends rate x this many requests "
+        "(so a sweep's high rates reach a steady state); inf points send --num-prompts",
+    )
+    load.add_argument(
         "--burstiness",
         type=float,
         default=1.0,
@@ -183,6 +190,8 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         )
     if num_prompts < 1:
         raise ValueError(f"--num-prompts must be >= 1, got {num_prompts}")
+    if args.duration is not None and not args.duration > 0:
+        raise ValueError(f"--duration must be > 0 seconds, got {args.duration}")
     if args.burstiness <= 0:
         raise ValueError(f"--burstiness must be > 0, got {args.burstiness}")
     if args.priority_fraction is not None and not 0 <= args.priority_fraction <= 1:
@@ -199,6 +208,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         mix=mix,
         num_prompts=num_prompts,
+        duration_s=args.duration,
         points=[(rate, level) for rate in rates for level in concurrency],
         burstiness=args.burstiness,
         seed=args.seed,

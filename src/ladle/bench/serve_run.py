@@ -47,9 +47,17 @@ class BenchPlan:
     output_dir: Path
     label: str
     max_token_id: int = 10000
+    duration_s: float | None = None  # finite rates send rate x this many requests
     plots: bool = True
     progress: bool = True
     request_timeout: float = 600.0
+
+    def num_requests(self, rate: float) -> int:
+        """Requests a point at this rate sends: rate x duration_s when set (at least one), else
+        num_prompts."""
+        if self.duration_s is None or math.isinf(rate):
+            return self.num_prompts
+        return max(1, round(rate * self.duration_s))
 
     @property
     def headers(self) -> dict[str, str]:
@@ -223,6 +231,7 @@ async def run_plan(plan: BenchPlan) -> dict | None:
             "workload": plan.mix,
             "skipped_workloads": skipped,
             "num_prompts": plan.num_prompts,
+            "duration_s": plan.duration_s,
             "burstiness": plan.burstiness,
             "seed": plan.seed,
             "temperature": plan.temperature,
@@ -251,7 +260,9 @@ async def run_plan(plan: BenchPlan) -> dict | None:
             # Each point of a sweep gets requests of its own seed: the same prompts again would
             # hit the prefix cache the previous point filled. (The standard workloads keep their
             # fixed definition.)
-            point_options = dataclasses.replace(options, seed=plan.seed + point)
+            point_options = dataclasses.replace(
+                options, seed=plan.seed + point, num_requests=plan.num_requests(rate)
+            )
             requests = await asyncio.to_thread(build_workload, mix, point_options)
             if plan.priority_fraction is not None:
                 rng = random.Random(plan.seed + point + 7)

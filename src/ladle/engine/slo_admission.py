@@ -7,6 +7,12 @@ own, divided by the engine's measured prefill rate (engine/step_meter.py, sent w
 stats). A request predicted past the SLO (with a margin for the estimate's error) gets 429 with a
 Retry-After of the time the queue needs to drain enough for it; the requests let in meet the SLO.
 
+When the engine's running batch is full (max_num_seqs running), a queued request waits for
+running ones to finish, not for prefill compute: the prompt-token prediction alone would then
+admit everything (a slow-draining queue of short prompts looks fast). So the prediction is also
+the queue-position wait, (requests queued ahead + 1) / the measured rate at which queued
+requests start (AdmissionController.drain_rate), and the larger of the two counts.
+
 Two cases are always let in: nothing queued ahead (refusing would not make it faster: a prompt
 too long for the SLO on its own still gets served), and no measured rate yet (no prediction).
 
@@ -19,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ladle.engine.admission import AdmissionController, QueueFullError
+from ladle.engine.admission import MAX_RETRY_AFTER_SECONDS, AdmissionController, QueueFullError
 from ladle.engine.messages import SchedulerStats
 
 # Admit only when the prediction is within this fraction of the SLO: the rate is a moving
@@ -35,9 +41,13 @@ class TtftSloAdmission:
         inner: AdmissionController,
         ttft_slo_s: float,
         stats: Callable[[], SchedulerStats],
+        max_num_seqs: int | None = None,
     ) -> None:
+        """max_num_seqs: the engine's running-batch bound (None: never treat the batch as full,
+        the prompt-token prediction alone)."""
         if not ttft_slo_s > 0:
             raise ValueError(f"--ttft-slo must be > 0 seconds, got {ttft_slo_s}")
+        self.max_num_seqs = max_num_seqs
         self.inner = inner
         self.ttft_slo_s = ttft_slo_s
         self.stats = stats
@@ -55,7 +65,21 @@ class TtftSloAdmission:
         rate = self.stats().prefill_tokens_per_s
         if rate <= 0:
             return None
-        return (self.num_queued_prompt_tokens + num_tokens) / rate
+        return max((self.num_queued_prompt_tokens + num_tokens) / rate, self.slot_wait())
+
+    def batch_full(self) -> bool:
+        return self.max_num_seqs is not None and self.stats().num_running_reqs >= self.max_num_seqs
+
+    def slot_wait(self) -> float:
+        """Seconds a new request waits for a place in a full running batch: the requests queued
+        ahead and itself must start, at the rate queued requests have been starting (infinite
+        when none started lately); 0 while the batch has room."""
+        if not self.batch_full():
+            return 0.0
+        started_per_s = self.inner.drain_rate.per_second()
+        if not started_per_s:
+            return math.inf
+        return (self.inner.num_queued_requests + 1) / started_per_s
 
     def check(self, num_sequences: int, num_tokens: int, key: str | None = None) -> None:
         """Raise QueueFullError when the queue bounds or the TTFT SLO say no (QueueLimitError
@@ -87,13 +111,29 @@ class TtftSloAdmission:
         if predicted is None or predicted <= limit:
             return
         rate = self.stats().prefill_tokens_per_s
-        # Wait until the queue ahead has drained to what the SLO leaves room for.
-        excess_tokens = self.num_queued_prompt_tokens + num_tokens - limit * rate
-        retry_after = max(1, math.ceil(excess_tokens / rate))
+        slot_wait = self.slot_wait()
+        if slot_wait >= predicted:  # a full batch, not prefill, makes it late
+            # Wait until enough queued requests have started for this one to start in time.
+            excess_s = slot_wait - limit
+            retry_after = MAX_RETRY_AFTER_SECONDS
+            if math.isfinite(excess_s):
+                retry_after = min(retry_after, max(1, math.ceil(excess_s)))
+            why = (
+                f"running batch full ({self.stats().num_running_reqs} of max_num_seqs "
+                f"{self.max_num_seqs}), {self.inner.num_queued_requests} requests queued ahead, "
+                f"{self.inner.drain_rate.per_second() or 0:.2f} starting per second"
+            )
+        else:
+            # Wait until the queue ahead has drained to what the SLO leaves room for.
+            excess_tokens = self.num_queued_prompt_tokens + num_tokens - limit * rate
+            retry_after = max(1, math.ceil(excess_tokens / rate))
+            why = (
+                f"{self.num_queued_prompt_tokens} prompt tokens queued ahead, "
+                f"prefill {rate:.0f} tokens/s"
+            )
         self.num_refused += 1
         message = (
             f"predicted time to first token {predicted:.2f}s exceeds the TTFT SLO "
-            f"{self.ttft_slo_s:g}s ({self.num_queued_prompt_tokens} prompt tokens queued ahead, "
-            f"prefill {rate:.0f} tokens/s); retry after {retry_after}s"
+            f"{self.ttft_slo_s:g}s ({why}); retry after {retry_after}s"
         )
         raise QueueFullError(message, retry_after_seconds=retry_after)

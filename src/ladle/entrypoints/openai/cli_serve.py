@@ -252,7 +252,7 @@ def run_serve(args: argparse.Namespace) -> int:
     else:
         served_name = args.served_model_name or model
     # Bad options fail here, before a process is spawned, with the field named.
-    EngineConfig.from_kwargs(model=model, **options)
+    engine_config = EngineConfig.from_kwargs(model=model, **options)
     if args.replicas != 1 or args.ray_address or args.max_replicas is not None:
         if chat_template is not None:
             raise ValueError("--chat-template is not supported with --replicas / --ray-address")
@@ -265,7 +265,12 @@ def run_serve(args: argparse.Namespace) -> int:
         from ladle.durations import parse_duration
         from ladle.engine.slo_admission import TtftSloAdmission
 
-        admission = TtftSloAdmission(admission, parse_duration(args.ttft_slo), lambda: client.stats)
+        admission = TtftSloAdmission(
+            admission,
+            parse_duration(args.ttft_slo),
+            lambda: client.stats,
+            max_num_seqs=engine_config.scheduler.max_num_seqs,
+        )
     restart_policy = RestartPolicy(
         args.engine_restart, args.max_engine_restarts, args.engine_restart_window
     )
