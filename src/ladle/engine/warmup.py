@@ -115,7 +115,8 @@ def describe_startup(engine: EngineCore, num_warmup_steps: int, warmup_seconds: 
     graphs = engine.runner.graphs
     if graphs is not None:
         parts.append(
-            f"{len(graphs.batch_sizes)} decode graphs captured in {graphs.capture_seconds:.1f} s"
+            f"{len(graphs.batch_sizes)} decode graphs and {graphs.num_prefill_graphs} prefill "
+            f"graphs captured in {graphs.capture_seconds:.1f} s"
         )
     totals = compile_totals()
     if totals is not None:
