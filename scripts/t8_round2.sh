@@ -14,7 +14,7 @@ nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | 
 git_rev=$(cat REVISION 2>/dev/null); echo "tree: ${git_rev:-?}" | tee -a "$LOG"
 timeout "${TEST_S:-100}" python3 -m pytest -q -p no:cacheprovider -rfs -x \
   tests/gpu/test_prefill_graphs.py tests/gpu/test_cuda_graphs.py tests/gpu/test_overlap_gpu.py \
-  tests/gpu/test_gpu_parity.py 2>&1 | tail -25 >> "$LOG"; tail -3 "$LOG"
+  tests/gpu/test_no_compile_while_serving.py tests/gpu/test_gpu_parity.py 2>&1 | tail -25 >> "$LOG"; tail -3 "$LOG"
 bench() { name=$1; limit=$2; shift 2; echo "== $name" | tee -a "$LOG"
   timeout "$limit" python3 -m ladle bench "$@" --no-progress --json "$OUT/$name.json" \
     > "/tmp/$name.log" 2>&1; grep -E "graphs captured" "/tmp/$name.log" >> "$LOG"
