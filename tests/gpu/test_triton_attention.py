@@ -192,6 +192,31 @@ def test_decode_batch_split_kv(num_splits, heads):
     check_case(case, "cuda", seed=num_splits or 0)
 
 
+# Long fresh prompts (no cached context, >= 512 tokens) take SDPA (attention/fresh_prefill.py),
+# decodes in front of them the paged decode launch; a cached prefix keeps the paged launch.
+FRESH = [[(600, 600), (1100, 1100)], [(1, 300), (1, 40), (700, 700)], [(512, 512)]]
+NOT_FRESH = [[(600, 616)], [(600, 600), (300, 300)], [(700, 700), (1, 30)]]
+
+
+@needs_cuda
+@pytest.mark.parametrize("lengths", FRESH + NOT_FRESH)
+@pytest.mark.parametrize("heads", [(16, 8), (32, 8), (8, 8)])
+def test_long_fresh_prompts_through_sdpa(lengths, heads, monkeypatch):
+    from ladle.attention import triton_backend
+
+    spans_seen = []
+    original = triton_backend.attend_fresh_prompts
+
+    def spy(query, key, value, output, spans, scale):
+        spans_seen.append(spans)
+        return original(query, key, value, output, spans, scale)
+
+    monkeypatch.setattr(triton_backend, "attend_fresh_prompts", spy)
+    num_heads, num_kv_heads = heads
+    check_case(Case(lengths, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=128), "cuda")
+    assert bool(spans_seen) == (lengths in FRESH)
+
+
 @needs_cuda
 def test_repeat_is_stable():
     """The same inputs twice give bit-identical outputs (a race would make them move)."""

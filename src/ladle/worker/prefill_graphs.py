@@ -131,6 +131,7 @@ class PrefillGraphs:
             block_size=self.block_size,
             query_start_loc_host=starts,
             seq_lens_host=lengths,
+            for_graph=True,
         )
 
     @torch.inference_mode()
