@@ -12,7 +12,7 @@ export PYTHONPATH=$PWD/src:$PWD/tests:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 PIP_NO
 LOG=$OUT/round2.log
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
 git_rev=$(cat REVISION 2>/dev/null); echo "tree: ${git_rev:-?}" | tee -a "$LOG"
-timeout "${TEST_S:-95}" python3 -m pytest -q -p no:cacheprovider -rfs -x \
+timeout "${TEST_S:-95}" python3 -m pytest -q -p no:cacheprovider -rfs \
   tests/gpu/test_prefill_graphs.py \
   tests/gpu/test_triton_attention.py::test_long_fresh_prompts_through_sdpa \
   tests/gpu/test_cuda_graphs.py tests/gpu/test_overlap_gpu.py \
