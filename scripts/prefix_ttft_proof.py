@@ -33,6 +33,7 @@ def main() -> int:
     parser.add_argument("--rate", default="8")
     parser.add_argument("--deadline-s", type=float, default=None)
     parser.add_argument("--warmup-num", default="24", help="warm-up requests per rate")
+    parser.add_argument("--servers", default="on,off", help="which servers to run: on, off")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
@@ -42,7 +43,8 @@ def main() -> int:
     fixed = ["--num-prompts", str(args.num), "--rate", args.rate]
     warm = ["--num-prompts", args.warmup_num, "--sweep", "16,inf", "--no-plots", "--seed", "1000"]
     results = {}
-    for name, server_args in SERVERS.items():
+    for name in args.servers.split(","):
+        server_args = SERVERS[name]
         server = _start(
             lambda timeout, server_args=server_args, name=name: ladle_server(
                 args.model, [*common, *server_args], out / f"server_{name}.log", timeout

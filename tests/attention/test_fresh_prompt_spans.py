@@ -31,13 +31,15 @@ def _metadata(lengths: list[tuple[int, int]], for_graph: bool = False) -> Attent
 
 
 def test_long_fresh_prompts_after_leading_decodes():
-    metadata = _metadata([(1, 40), (1, 9), (600, 600), (512, 512)])
-    assert fresh_prompt_spans(metadata, 2) == [(2, 602), (602, 1114)]
+    metadata = _metadata([(1, 40), (1, 9), (600, 600), (600, 600)])
+    assert fresh_prompt_spans(metadata, 2) == [(2, 602), (602, 1202)]
+    assert fresh_prompt_spans(_metadata([(1, 40), (8192, 8192)]), 1) == [(1, 8193)]
 
 
 def test_refused_cases():
     assert fresh_prompt_spans(_metadata([(600, 616)]), 0) is None  # a cached prefix
     assert fresh_prompt_spans(_metadata([(600, 600), (511, 511)]), 0) is None  # a short one
+    assert fresh_prompt_spans(_metadata([(600, 600), (512, 512)]), 0) is None  # two lengths
     assert fresh_prompt_spans(_metadata([(600, 600)], for_graph=True), 0) is None
     many = [(512, 512)] * (MAX_FRESH_PROMPTS + 1)
     assert fresh_prompt_spans(_metadata(many), 0) is None

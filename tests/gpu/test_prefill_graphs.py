@@ -83,15 +83,23 @@ def _run(path, enforce_eager: bool):
     shared = [rng.randrange(4, 500) for _ in range(200)]
     cached_then_new = shared[:160] + [rng.randrange(4, 500) for _ in range(40)]
     short = [rng.randrange(4, 500) for _ in range(5)]
-    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, prompt_logprobs=0)
-    results = llm.generate([long_prompt], params, use_tqdm=False)  # one fresh prompt
+    # Every prompt token's logprob: all rows of the graph's hidden states (such requests skip
+    # the prefix cache, so the cached case below compares its first token's logprob instead).
+    with_prompt_logprobs = SamplingParams(
+        temperature=0.0, max_tokens=6, ignore_eos=True, prompt_logprobs=0
+    )
+    params = SamplingParams(temperature=0.0, max_tokens=6, ignore_eos=True, logprobs=0)
+    fresh = llm.generate([long_prompt], with_prompt_logprobs, use_tqdm=False)[0]
     llm.generate([shared], params, use_tqdm=False)  # fills the prefix cache
     # A 160-token cached prefix plus 40 new tokens, beside a 5-token prompt, in one step.
-    results += llm.generate([cached_then_new, short], params, use_tqdm=False)
+    results = llm.generate([cached_then_new, short], params, use_tqdm=False)
     # The second prompt arrives while the first decodes: a step of one decode and one prefill.
     mixed = _engine_run(llm, [[long_prompt[:50]], [long_prompt[50:170]]], max_tokens=6)
-    logprobs = [_prompt_logprobs(r) for r in results]
-    tokens = [r.outputs[0].token_ids for r in results] + [mixed[k] for k in sorted(mixed)]
+    logprobs = [_prompt_logprobs(fresh)] + [
+        [r.outputs[0].logprobs[0][r.outputs[0].token_ids[0]].logprob] for r in results
+    ]
+    tokens = [fresh.outputs[0].token_ids] + [r.outputs[0].token_ids for r in results]
+    tokens += [mixed[k] for k in sorted(mixed)]
     cached = [r.num_cached_tokens for r in results]
     del llm
     torch.cuda.empty_cache()
@@ -107,7 +115,7 @@ def test_prefill_graphs_match_eager_steps(tmp_path):
     assert eager_replays == 0
     # Four steps with prompt tokens at least: the fresh prompt, the cached pair, the mixed pair.
     assert graph_replays >= 4, f"only {graph_replays} prefill steps replayed a graph"
-    assert graph_cached == eager_cached and graph_cached[1] == 160
+    assert graph_cached == eager_cached and graph_cached[0] == 160
     for index, (eager, graph) in enumerate(zip(eager_logprobs, graph_logprobs)):
         assert len(graph) == len(eager) > 0
         difference = max(abs(a - b) for a, b in zip(eager, graph))

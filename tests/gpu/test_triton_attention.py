@@ -192,10 +192,16 @@ def test_decode_batch_split_kv(num_splits, heads):
     check_case(case, "cuda", seed=num_splits or 0)
 
 
-# Long fresh prompts (no cached context, >= 512 tokens) take SDPA (attention/fresh_prefill.py),
-# decodes in front of them the paged decode launch; a cached prefix keeps the paged launch.
-FRESH = [[(600, 600), (1100, 1100)], [(1, 300), (1, 40), (700, 700)], [(512, 512)]]
-NOT_FRESH = [[(600, 616)], [(600, 600), (300, 300)], [(700, 700), (1, 30)]]
+# Long fresh prompts (no cached context, >= 512 tokens, one length) take SDPA
+# (attention/fresh_prefill.py), decodes in front of them the paged decode launch; a cached
+# prefix, a short prompt or two lengths keep the paged launch.
+FRESH = [[(600, 600), (600, 600)], [(1, 300), (1, 40), (700, 700)], [(512, 512)]]
+NOT_FRESH = [
+    [(600, 616)],
+    [(600, 600), (300, 300)],
+    [(700, 700), (1, 30)],
+    [(600, 600), (900, 900)],
+]
 
 
 @needs_cuda
