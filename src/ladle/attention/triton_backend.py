@@ -11,11 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ladle.attention.fresh_prefill import (
-    MIN_FRESH_TOKENS,
-    attend_fresh_prompts,
-    fresh_prompt_spans,
-)
+from ladle.attention.fresh_prefill import MIN_FRESH_TOKENS, attend_fresh_prompt, fresh_prompt_span
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.paged_attention import LaunchConfig, paged_attention
 from ladle.kernels.reshape_and_cache import reshape_and_cache
@@ -54,13 +50,13 @@ class TritonAttentionBackend:
     ) -> torch.Tensor:
         reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
         leading = self._leading_decodes(metadata)
-        spans = (
-            fresh_prompt_spans(metadata, leading)
+        span = (
+            fresh_prompt_span(metadata, leading)
             if metadata.max_query_len >= MIN_FRESH_TOKENS
             else None
         )
-        if spans is not None:
-            # Long fresh prompts (and any decodes before them): cuDNN's SDPA for the prompts.
+        if span is not None:
+            # One long fresh prompt (and any decodes before it): cuDNN's SDPA for the prompt.
             output = torch.empty_like(query)
             if leading:
                 paged_attention(
@@ -74,7 +70,7 @@ class TritonAttentionBackend:
                     output=output[:leading],
                     config=self.config,
                 )
-            attend_fresh_prompts(query, key, value, output, spans, scale)
+            attend_fresh_prompt(query, key, value, output, span, scale)
             return output
         return paged_attention(
             query,
