@@ -3,9 +3,9 @@
     PYTHONPATH=src python scripts/fresh_prefill_bench.py [--out DIR]
 
 Times TritonAttentionBackend.forward (what a layer of an eager step calls: the cache write, then
-attention; one long fresh prompt goes to SDPA, attention/fresh_prefill.py) and the paged kernel alone,
-on the same data as the SDPA peers of ladle.bench.attention_bench (4 x 2048 and 1 x 8192 fresh
-prompts, Qwen3-0.6B heads; 4 x 2048 with the Llama-3.1-8B's too), do_bench medians. Also the
+attention; one long fresh prompt goes to SDPA, attention/fresh_prefill.py) and the paged kernel
+alone, on the same data as the SDPA peers of ladle.bench.attention_bench (4 x 2048 and 1 x 8192
+fresh prompts, Qwen3-0.6B heads; 4 x 2048 with the Llama-3.1-8B's too), do_bench medians. Also the
 relative difference of the backend and the paged kernel, and the kernel's error against fp32 math
 SDPA. Writes fresh_prefill.json.
 """
