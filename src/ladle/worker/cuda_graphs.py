@@ -146,7 +146,9 @@ class DecodeGraphs:
     def num_prefill_graphs(self) -> int:
         return len(self.prefill.buckets) if self.prefill is not None else 0
 
-    def _is_decode_step(self, num_reqs: int, num_tokens: int, max_query_len: int, width: int):
+    def _is_decode_step(
+        self, num_reqs: int, num_tokens: int, max_query_len: int, width: int
+    ) -> bool:
         return (
             bool(self._graphs)
             and max_query_len == 1
