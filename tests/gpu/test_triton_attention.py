@@ -192,6 +192,32 @@ def test_decode_batch_split_kv(num_splits, heads):
     check_case(case, "cuda", seed=num_splits or 0)
 
 
+# One long fresh prompt (no cached context, >= 512 tokens) takes SDPA
+# (attention/fresh_prefill.py), decodes in front of it the paged decode launch; a cached prefix,
+# a short prompt, or several prompts keep the paged launch.
+FRESH = [[(1, 300), (1, 40), (700, 700)], [(512, 512)], [(2000, 2000)]]
+NOT_FRESH = [[(600, 616)], [(600, 600), (300, 300)], [(700, 700), (1, 30)], [(600, 600)] * 2]
+
+
+@needs_cuda
+@pytest.mark.parametrize("lengths", FRESH + NOT_FRESH)
+@pytest.mark.parametrize("heads", [(16, 8), (32, 8), (8, 8)])
+def test_long_fresh_prompt_through_sdpa(lengths, heads, monkeypatch):
+    from ladle.attention import triton_backend
+
+    spans_seen = []
+    original = triton_backend.attend_fresh_prompt
+
+    def spy(query, key, value, output, span, scale):
+        spans_seen.append(span)
+        return original(query, key, value, output, span, scale)
+
+    monkeypatch.setattr(triton_backend, "attend_fresh_prompt", spy)
+    num_heads, num_kv_heads = heads
+    check_case(Case(lengths, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=128), "cuda")
+    assert bool(spans_seen) == (lengths in FRESH)
+
+
 @needs_cuda
 def test_repeat_is_stable():
     """The same inputs twice give bit-identical outputs (a race would make them move)."""

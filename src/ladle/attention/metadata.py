@@ -31,6 +31,9 @@ class AttentionMetadata:
     # nothing extra: the runner builds them before the one host-to-device copy.
     query_start_loc_host: list[int]
     seq_lens_host: list[int]
+    # The template of a CUDA graph (worker/prefill_graphs.py): the launches must hold for any
+    # layout that the replays bring, so no choice may follow the host values above.
+    for_graph: bool = False
 
     @property
     def num_reqs(self) -> int:

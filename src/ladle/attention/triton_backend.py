@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ladle.attention.fresh_prefill import MIN_FRESH_TOKENS, attend_fresh_prompt, fresh_prompt_span
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.paged_attention import LaunchConfig, paged_attention
 from ladle.kernels.reshape_and_cache import reshape_and_cache
@@ -48,6 +49,29 @@ class TritonAttentionBackend:
         scale: float,
     ) -> torch.Tensor:
         reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        leading = self._leading_decodes(metadata)
+        span = (
+            fresh_prompt_span(metadata, leading)
+            if metadata.max_query_len >= MIN_FRESH_TOKENS
+            else None
+        )
+        if span is not None:
+            # One long fresh prompt (and any decodes before it): cuDNN's SDPA for the prompt.
+            output = torch.empty_like(query)
+            if leading:
+                paged_attention(
+                    query[:leading],
+                    kv_cache,
+                    metadata.block_tables[:leading],
+                    metadata.query_start_loc[: leading + 1],
+                    metadata.seq_lens[:leading],
+                    max_query_len=1,
+                    scale=scale,
+                    output=output[:leading],
+                    config=self.config,
+                )
+            attend_fresh_prompt(query, key, value, output, span, scale)
+            return output
         return paged_attention(
             query,
             kv_cache,
@@ -56,6 +80,6 @@ class TritonAttentionBackend:
             metadata.seq_lens,
             max_query_len=metadata.max_query_len,
             scale=scale,
-            num_leading_decodes=self._leading_decodes(metadata),
+            num_leading_decodes=leading,
             config=self.config,
         )

@@ -65,6 +65,21 @@ def warmup_prompt_lengths(max_prompt_len: int) -> list[int]:
 def warm_up(engine: EngineCore) -> int:
     """Run the warm-up requests to completion; returns the number of steps it took. The prefix
     cache is emptied afterwards, so no later request hits a warm-up block."""
+    # Small steps with prompt tokens replay prefill graphs (their capture built their kernel
+    # variants); the same steps run eagerly here, so the eager path's variants are built too
+    # (a larger batch with a short prompt runs eagerly later).
+    graphs = engine.runner.graphs
+    prefill_graphs = graphs.prefill if graphs is not None else None
+    if graphs is not None:
+        graphs.prefill = None
+    try:
+        return _warm_up_steps(engine)
+    finally:
+        if graphs is not None:
+            graphs.prefill = prefill_graphs
+
+
+def _warm_up_steps(engine: EngineCore) -> int:
     scheduler_config = engine.config.scheduler
     max_prompt_len = min(scheduler_config.max_num_batched_tokens, engine.max_model_len - 4)
     rng = random.Random(0)
@@ -115,7 +130,8 @@ def describe_startup(engine: EngineCore, num_warmup_steps: int, warmup_seconds: 
     graphs = engine.runner.graphs
     if graphs is not None:
         parts.append(
-            f"{len(graphs.batch_sizes)} decode graphs captured in {graphs.capture_seconds:.1f} s"
+            f"{len(graphs.batch_sizes)} decode graphs and {graphs.num_prefill_graphs} prefill "
+            f"graphs captured in {graphs.capture_seconds:.1f} s"
         )
     totals = compile_totals()
     if totals is not None:

@@ -1,4 +1,6 @@
 """CUDA graphs of decode-only steps: capture once per bucketed batch size, replay every step.
+Small steps with prompt tokens replay graphs of their own (prefill_graphs.py), captured here
+into the same pool.
 
 A decode step of a small model is a thousand-odd tiny kernels; launching them one by one from
 Python costs far more than running them. A graph replays the whole forward with one launch.
@@ -26,6 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ladle.attention.metadata import AttentionMetadata
+from ladle.worker.prefill_graphs import PrefillGraphs
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -68,9 +71,17 @@ class DecodeGraphs:
         max_blocks_per_seq: int,
         block_size: int,
         device: torch.device,
+        prefill_max_tokens: int = 0,
     ) -> None:
         self.forward = forward
         self.batch_sizes = graph_batch_sizes(max_batch_size)
+        # Steps with prompt tokens of up to prefill_max_tokens (the step budget) and a few
+        # requests; 0: none.
+        self.prefill = (
+            PrefillGraphs(forward, max_blocks_per_seq, block_size, device, prefill_max_tokens)
+            if prefill_max_tokens > 0
+            else None
+        )
         self.max_blocks_per_seq = max_blocks_per_seq
         self.block_size = block_size
         self.device = device
@@ -113,6 +124,8 @@ class DecodeGraphs:
         torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
+        if self.prefill is not None:
+            self.prefill.capture(pool)  # their activations are the largest: first
         static = self.static
         for batch_size in reversed(self.batch_sizes):
             metadata = self._metadata(batch_size)
@@ -129,8 +142,13 @@ class DecodeGraphs:
         self.pool_bytes = max(0, torch.cuda.memory_reserved(self.device) - reserved_before)
         self.capture_seconds = time.perf_counter() - started
 
-    def can_run(self, num_reqs: int, num_tokens: int, max_query_len: int, width: int) -> bool:
-        """A decode-only step (one token a request) that fits a captured bucket."""
+    @property
+    def num_prefill_graphs(self) -> int:
+        return len(self.prefill.buckets) if self.prefill is not None else 0
+
+    def _is_decode_step(
+        self, num_reqs: int, num_tokens: int, max_query_len: int, width: int
+    ) -> bool:
         return (
             bool(self._graphs)
             and max_query_len == 1
@@ -139,12 +157,30 @@ class DecodeGraphs:
             and width <= self.max_blocks_per_seq
         )
 
+    def can_run(self, num_reqs: int, num_tokens: int, max_query_len: int, width: int) -> bool:
+        """A decode-only step (one token a request) that fits a captured bucket, or a small
+        step with prompt tokens that fits a prefill bucket."""
+        if self._is_decode_step(num_reqs, num_tokens, max_query_len, width):
+            return True
+        return (
+            self.prefill is not None
+            and self.prefill.bucket_for(num_reqs, num_tokens, width) is not None
+        )
+
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
     ) -> torch.Tensor:
-        """Replay the bucket that holds this decode step; returns [num_reqs, hidden] states
-        (a view into the graph's output, valid until the next replay)."""
+        """Replay the bucket that holds this step (can_run said one does); returns
+        [num_tokens, hidden] states (a view into the graph's output, valid until the next
+        replay)."""
         num_reqs = metadata.num_reqs
+        num_tokens = input_ids.shape[0]
+        width = metadata.block_tables.shape[1]
+        if not self._is_decode_step(num_reqs, num_tokens, metadata.max_query_len, width):
+            assert self.prefill is not None
+            bucket = self.prefill.bucket_for(num_reqs, num_tokens, width)
+            assert bucket is not None
+            return self.prefill.run(bucket, input_ids, positions, metadata)
         batch_size = padded_batch_size(num_reqs, self.batch_sizes)
         assert batch_size is not None
         static = self.static
@@ -152,7 +188,6 @@ class DecodeGraphs:
         static.positions[:num_reqs].copy_(positions, non_blocking=True)
         static.slot_mapping[:num_reqs].copy_(metadata.slot_mapping, non_blocking=True)
         static.seq_lens[:num_reqs].copy_(metadata.seq_lens, non_blocking=True)
-        width = metadata.block_tables.shape[1]
         static.block_tables[:num_reqs, :width].copy_(metadata.block_tables, non_blocking=True)
         if batch_size > num_reqs:
             # Padding requests: one token at slot 0 of the null block, a context of one.

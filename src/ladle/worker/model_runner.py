@@ -43,6 +43,7 @@ from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
+from ladle.worker.prefill_graphs import largest_prefill_bucket
 from ladle.worker.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
 from ladle.worker.step_inputs import StepInputBuilder
 
@@ -181,9 +182,16 @@ class ModelRunner:
         self._run_probe_step(num_tokens, scheduler_config.max_num_seqs)
 
     def _run_graph_probe(self) -> None:
-        """A decode step of the largest graph bucket: about what the graph pool will hold."""
+        """A decode step of the largest graph bucket and a step of the largest prefill-graph
+        bucket: about what the graph pool will hold."""
         batch_size = self._graph_max_batch_size()
         self._run_probe_step(batch_size, batch_size)
+        bucket = largest_prefill_bucket(self._prefill_graph_max_tokens())
+        if bucket is not None:
+            self._run_probe_step(*bucket)
+
+    def _prefill_graph_max_tokens(self) -> int:
+        return min(self.config.scheduler.max_num_batched_tokens, self.max_model_len)
 
     def _max_blocks_per_seq(self) -> int:
         return -(-self.max_model_len // self.block_size)
@@ -201,6 +209,7 @@ class ModelRunner:
             max_blocks_per_seq=self._max_blocks_per_seq(),
             block_size=self.block_size,
             device=self.device,
+            prefill_max_tokens=self._prefill_graph_max_tokens(),
         )
         graphs.capture()
         return graphs

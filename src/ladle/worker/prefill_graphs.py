@@ -1,0 +1,197 @@
+"""CUDA graphs of small steps with prompt tokens: a few requests, up to a few thousand tokens.
+
+A step with prompt tokens runs the model eagerly: about 700 launches for a 28-layer model, each
+costing the host 10-50 us (Triton's launch path is the dearest). For a short prompt the host's
+launches take far longer than the GPU's work (W3, 512 prompt tokens on the 0.6B shape: ~30 ms
+of launches against ~3 ms of kernels), so the time to first token was the host's. These graphs
+replay such a step with one launch.
+
+- Buckets: a token count from PREFILL_TOKEN_BUCKETS times a request count from
+  PREFILL_REQUEST_BUCKETS. A step is padded with at least one padding request: those before the
+  last hold one token each, the last holds the rest of the bucket's tokens. Padding tokens write
+  their keys and values to slot 0 of the null block (which no real request reads) and attend
+  over whatever their block table row holds; their outputs are never read.
+- The attention kernel's prefill launch is general (any mix of query lengths and cached
+  context, kernels/paged_attention.py): its grid depends only on the padded token and request
+  counts, so one captured graph is right for any real layout that fits its bucket. Decodes in
+  such a step ride the same launch (the eager path gives leading decodes their own launch).
+- Larger steps run eagerly: there the GPU's work outlasts the launches.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ladle.attention.metadata import AttentionMetadata
+
+PREFILL_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1536, 2048)
+PREFILL_REQUEST_BUCKETS = (2, 4, 8)
+
+ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+
+
+def prefill_bucket(
+    num_tokens: int,
+    num_reqs: int,
+    token_buckets: tuple[int, ...] = PREFILL_TOKEN_BUCKETS,
+    request_buckets: tuple[int, ...] = PREFILL_REQUEST_BUCKETS,
+) -> tuple[int, int] | None:
+    """(tokens, requests) of the smallest bucket that holds the step plus at least one padding
+    request of at least one token per padding request; None when no bucket does."""
+    padded_reqs = next((size for size in request_buckets if size > num_reqs), None)
+    if padded_reqs is None:
+        return None
+    needed = num_tokens + padded_reqs - num_reqs
+    padded_tokens = next((size for size in token_buckets if size >= needed), None)
+    if padded_tokens is None:
+        return None
+    return padded_tokens, padded_reqs
+
+
+def largest_prefill_bucket(max_num_tokens: int) -> tuple[int, int] | None:
+    """(tokens, requests) of the largest bucket within a step budget of max_num_tokens."""
+    tokens = [size for size in PREFILL_TOKEN_BUCKETS if size <= max_num_tokens]
+    return (tokens[-1], max(PREFILL_REQUEST_BUCKETS)) if tokens else None
+
+
+@dataclass
+class _StaticInputs:
+    input_ids: torch.Tensor  # [max_tokens] int32
+    positions: torch.Tensor  # [max_tokens] int64
+    slot_mapping: torch.Tensor  # [max_tokens] int64
+    query_start_loc: torch.Tensor  # [max_reqs + 1] int32
+    seq_lens: torch.Tensor  # [max_reqs] int32
+    block_tables: torch.Tensor  # [max_reqs, max_blocks_per_seq] int32
+    ramp: torch.Tensor  # [max_reqs + 1] int32: 0, 1, 2, ... (padding query offsets)
+
+
+class PrefillGraphs:
+    """The captured small-prefill graphs of one model runner and the buffers they read."""
+
+    def __init__(
+        self,
+        forward: ForwardFn,
+        max_blocks_per_seq: int,
+        block_size: int,
+        device: torch.device,
+        max_num_tokens: int,
+        token_buckets: tuple[int, ...] = PREFILL_TOKEN_BUCKETS,
+        request_buckets: tuple[int, ...] = PREFILL_REQUEST_BUCKETS,
+    ) -> None:
+        self.forward = forward
+        # A bucket above the step's token budget would never be used, and the padding request
+        # (whose context is its own tokens) must fit a block-table row.
+        limit = min(max_num_tokens, max_blocks_per_seq * block_size)
+        self.token_buckets = tuple(t for t in token_buckets if t <= limit)
+        self.request_buckets = tuple(request_buckets)
+        self.buckets = [
+            (tokens, reqs)
+            for tokens in self.token_buckets
+            for reqs in self.request_buckets
+            if tokens >= 2 * reqs  # room for real tokens beside one token per padding request
+        ]
+        self.max_blocks_per_seq = max_blocks_per_seq
+        self.block_size = block_size
+        self.device = device
+        max_tokens = max(self.token_buckets, default=0)
+        max_reqs = max(self.request_buckets)
+        self.static = _StaticInputs(
+            input_ids=torch.zeros(max_tokens, dtype=torch.int32, device=device),
+            positions=torch.zeros(max_tokens, dtype=torch.long, device=device),
+            slot_mapping=torch.zeros(max_tokens, dtype=torch.long, device=device),
+            query_start_loc=torch.zeros(max_reqs + 1, dtype=torch.int32, device=device),
+            seq_lens=torch.ones(max_reqs, dtype=torch.int32, device=device),
+            block_tables=torch.zeros(
+                (max_reqs, max_blocks_per_seq), dtype=torch.int32, device=device
+            ),
+            ramp=torch.arange(max_reqs + 1, dtype=torch.int32, device=device),
+        )
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _capture_metadata(self, num_tokens: int, num_reqs: int) -> AttentionMetadata:
+        """The layout captured: request 0 holds all but num_reqs - 1 tokens, the others one
+        each (so no request leads as a decode and the step takes the one general launch)."""
+        first = num_tokens - (num_reqs - 1)
+        starts = [0] + [first + index for index in range(num_reqs)]
+        lengths = [first] + [1] * (num_reqs - 1)
+        static = self.static
+        static.query_start_loc[: num_reqs + 1].copy_(torch.tensor(starts, dtype=torch.int32))
+        static.seq_lens[:num_reqs].copy_(torch.tensor(lengths, dtype=torch.int32))
+        return AttentionMetadata(
+            slot_mapping=static.slot_mapping[:num_tokens],
+            query_start_loc=static.query_start_loc[: num_reqs + 1],
+            seq_lens=static.seq_lens[:num_reqs],
+            block_tables=static.block_tables[:num_reqs],
+            max_query_len=first,
+            max_seq_len=self.max_blocks_per_seq * self.block_size,
+            block_size=self.block_size,
+            query_start_loc_host=starts,
+            seq_lens_host=lengths,
+            for_graph=True,
+        )
+
+    @torch.inference_mode()
+    def capture(self, pool) -> None:
+        """Capture every bucket, largest first, into pool (shared with the decode graphs)."""
+        static = self.static
+        for bucket in sorted(self.buckets, reverse=True):
+            num_tokens, num_reqs = bucket
+            metadata = self._capture_metadata(num_tokens, num_reqs)
+            ids, positions = static.input_ids[:num_tokens], static.positions[:num_tokens]
+            # One eager run first: Triton compiles its kernel variants outside the capture.
+            self.forward(ids, positions, metadata)
+            torch.cuda.synchronize(self.device)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, pool=pool):
+                output = self.forward(ids, positions, metadata)
+            self._graphs[bucket] = graph
+            self._outputs[bucket] = output
+
+    def bucket_for(self, num_reqs: int, num_tokens: int, width: int) -> tuple[int, int] | None:
+        """The captured bucket that holds this step, or None (then it runs eagerly)."""
+        if not self._graphs or width > self.max_blocks_per_seq:
+            return None
+        bucket = prefill_bucket(num_tokens, num_reqs, self.token_buckets, self.request_buckets)
+        return bucket if bucket in self._graphs else None
+
+    def run(
+        self,
+        bucket: tuple[int, int],
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> torch.Tensor:
+        """Replay bucket (from bucket_for) for this step; returns [num_tokens, hidden] states
+        (a view into the graph's output, valid until the next replay)."""
+        padded_tokens, padded_reqs = bucket
+        num_tokens = input_ids.shape[0]
+        num_reqs = metadata.num_reqs
+        num_pads = padded_reqs - num_reqs
+        static = self.static
+        static.input_ids[:num_tokens].copy_(input_ids, non_blocking=True)
+        static.positions[:num_tokens].copy_(positions, non_blocking=True)
+        static.slot_mapping[:num_tokens].copy_(metadata.slot_mapping, non_blocking=True)
+        static.input_ids[num_tokens:padded_tokens].zero_()
+        static.positions[num_tokens:padded_tokens].zero_()
+        static.slot_mapping[num_tokens:padded_tokens].zero_()
+        static.query_start_loc[: num_reqs + 1].copy_(metadata.query_start_loc, non_blocking=True)
+        static.seq_lens[:num_reqs].copy_(metadata.seq_lens, non_blocking=True)
+        width = metadata.block_tables.shape[1]
+        static.block_tables[:num_reqs, :width].copy_(metadata.block_tables, non_blocking=True)
+        # Padding requests: one token each, the last one the rest; a context of their own tokens.
+        if num_pads > 1:
+            torch.add(
+                static.ramp[1:num_pads],
+                num_tokens,
+                out=static.query_start_loc[num_reqs + 1 : padded_reqs],
+            )
+            static.seq_lens[num_reqs : padded_reqs - 1].fill_(1)
+        static.query_start_loc[padded_reqs].fill_(padded_tokens)
+        static.seq_lens[padded_reqs - 1].fill_(padded_tokens - num_tokens - (num_pads - 1))
+        static.block_tables[num_reqs:padded_reqs].zero_()
+        self._graphs[bucket].replay()
+        return self._outputs[bucket][:num_tokens]

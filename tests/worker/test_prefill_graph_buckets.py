@@ -1,0 +1,96 @@
+"""Which captured prefill graph a step with prompt tokens replays (worker/prefill_graphs.py):
+the smallest bucket that holds the step's tokens plus one token per padding request, with at
+least one padding request (it takes the tokens the bucket adds)."""
+
+from __future__ import annotations
+
+import pytest
+
+from ladle.worker.prefill_graphs import largest_prefill_bucket, prefill_bucket
+
+TOKENS = (16, 32, 64, 128, 512, 640)
+REQUESTS = (2, 4, 8)
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "num_reqs", "expected"),
+    [
+        (1, 1, (16, 2)),  # one request: one padding request, 15 padding tokens
+        (15, 1, (16, 2)),
+        (16, 1, (32, 2)),  # no room left for the padding request's token in 16
+        (512, 1, (640, 2)),
+        (100, 2, (128, 4)),  # two real requests: padded to four, two padding requests
+        (126, 2, (128, 4)),
+        (127, 2, (512, 4)),  # 129 tokens: the next bucket here is 512
+        (30, 7, (32, 8)),  # one padding request of one token
+        (639, 1, (640, 2)),
+        (640, 1, None),  # 640 + 1 fits no bucket: eager
+        (10, 8, None),  # no request bucket above 8: eager
+    ],
+)
+def test_prefill_bucket(num_tokens, num_reqs, expected):
+    assert prefill_bucket(num_tokens, num_reqs, TOKENS, REQUESTS) == expected
+
+
+def test_largest_prefill_bucket_follows_the_step_budget():
+    assert largest_prefill_bucket(8192) == (2048, 8)
+    assert largest_prefill_bucket(1000) == (896, 8)
+    assert largest_prefill_bucket(8) is None
+
+
+class _NoReplay:
+    def replay(self) -> None:
+        pass
+
+
+def test_replay_lays_out_the_padding_requests():
+    """What a replay feeds the captured graph (on the CPU, with the replay itself stubbed out):
+    the real rows, then padding requests of one token each and a last one holding the rest,
+    all writing the null block and reading no real request's blocks."""
+    import torch
+
+    from ladle.attention.metadata import AttentionMetadata
+    from ladle.worker.prefill_graphs import PrefillGraphs
+
+    graphs = PrefillGraphs(
+        forward=None,
+        max_blocks_per_seq=8,
+        block_size=16,
+        device=torch.device("cpu"),
+        max_num_tokens=64,
+        token_buckets=(16, 32, 64),
+        request_buckets=(2, 4, 8),
+    )
+    # Stale values from an earlier replay must not survive where padding goes.
+    graphs.static.slot_mapping.fill_(99)
+    graphs.static.block_tables.fill_(7)
+    bucket = (32, 8)
+    graphs._graphs[bucket] = _NoReplay()
+    graphs._outputs[bucket] = torch.arange(32.0).unsqueeze(1)
+    # Five requests: a decode, a 10-token chunk after 20 cached tokens, three short prompts.
+    seq_lens = [40, 30, 3, 4, 2]  # query lengths 1, 10, 3, 4, 2
+    starts = [0, 1, 11, 14, 18, 20]
+    metadata = AttentionMetadata(
+        slot_mapping=torch.arange(100, 120),
+        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.arange(1, 16, dtype=torch.int32).view(5, 3),
+        max_query_len=10,
+        max_seq_len=40,
+        block_size=16,
+        query_start_loc_host=starts,
+        seq_lens_host=seq_lens,
+    )
+    assert graphs.bucket_for(5, 20, 3) == bucket  # 20 tokens + 3 padding requests <= 32
+    hidden = graphs.run(bucket, torch.arange(1, 21), torch.arange(20), metadata)
+    static = graphs.static
+    assert torch.equal(hidden, torch.arange(20.0).unsqueeze(1))
+    # Padding requests 5 and 6 hold one token each, request 7 the other 10 of the 32.
+    assert static.query_start_loc.tolist() == [0, 1, 11, 14, 18, 20, 21, 22, 32]
+    assert static.seq_lens.tolist() == [40, 30, 3, 4, 2, 1, 1, 10]
+    assert static.input_ids[:20].tolist() == list(range(1, 21))
+    assert static.input_ids[20:32].tolist() == [0] * 12
+    assert static.slot_mapping[:20].tolist() == list(range(100, 120))
+    assert static.slot_mapping[20:32].tolist() == [0] * 12  # the null block
+    assert static.block_tables[:5, :3].tolist() == metadata.block_tables.tolist()
+    assert static.block_tables[5:].tolist() == [[0] * 8] * 3
