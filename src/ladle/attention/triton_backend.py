@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ladle.attention.backend import KVScales
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.paged_attention import LaunchConfig, paged_attention
 from ladle.kernels.reshape_and_cache import reshape_and_cache
@@ -46,8 +47,10 @@ class TritonAttentionBackend:
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
-        reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
+        reshape_and_cache(key, value, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         return paged_attention(
             query,
             kv_cache,
@@ -58,4 +61,6 @@ class TritonAttentionBackend:
             scale=scale,
             num_leading_decodes=self._leading_decodes(metadata),
             config=self.config,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

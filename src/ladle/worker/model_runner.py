@@ -14,12 +14,14 @@ seen it (release() frees the slots of requests that ended or were preempted).
 from __future__ import annotations
 
 import dataclasses
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ladle.attention.backend import get_attention_backend
+from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.core.request import Request
 from ladle.core.scheduler import SchedulerOutput
@@ -33,6 +35,7 @@ from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
+from ladle.worker import kv_calibration
 from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
@@ -119,10 +122,13 @@ class ModelRunner:
         self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None  # captured once the KV cache exists
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
+        if self.kv_cache_dtype == FP8_KV_DTYPE:
+            self._set_fp8_kv_scales()
         self.memory_budget = size_kv_cache(
             config.cache,
             self.arch,
-            self.dtype,
+            self.kv_cache_dtype,
             self.device,
             weights_bytes=module_bytes(self.model),
             run_peak_forward=self._run_peak_forward,
@@ -146,11 +152,48 @@ class ModelRunner:
             )
         return requested
 
-    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+    def _allocate_kv_caches(
+        self, num_blocks: int, dtype: torch.dtype | None = None
+    ) -> list[torch.Tensor]:
         shape = (2, num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
-        return [
-            zeros_lazily(shape, self.dtype, self.device) for _ in range(self.arch.num_hidden_layers)
-        ]
+        dtype = dtype or self.kv_cache_dtype
+        return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
+
+    @torch.inference_mode()
+    def _set_fp8_kv_scales(self) -> None:
+        """Layers whose checkpoint gave no k/v scale get them from one calibration step, run
+        through the real step path over a temporary cache in the model's dtype."""
+        layers = kv_calibration.attention_layers(self.model)
+        uncalibrated = [layer for layer in layers if layer.kv_scales_source != "checkpoint"]
+        note = f"{len(layers) - len(uncalibrated)} layers' k/v scales from the checkpoint"
+        if uncalibrated:
+            prompt_len = max(1, min(kv_calibration.PROMPT_LEN, self.max_model_len - 1))
+            step, block_ids, num_blocks = kv_calibration.build_calibration_step(
+                self.arch.vocab_size, self.block_size, prompt_len
+            )
+            real_caches, self.kv_caches = self.kv_caches, self._allocate_kv_caches(
+                num_blocks, self.dtype
+            )
+            try:
+                with kv_calibration.recording_kv_amax(uncalibrated) as amaxes:
+                    self.execute(step, [(0, ids) for ids in block_ids]).result()
+            finally:
+                self.kv_caches = real_caches
+                self.release([request.request_id for request in step.scheduled_requests])
+            kv_calibration.set_scales_from_amax(uncalibrated, amaxes)
+            note += (
+                f", {len(uncalibrated)} calibrated on {kv_calibration.NUM_PROMPTS} prompts x "
+                f"{prompt_len} seeded random token ids (scale = "
+                f"{kv_calibration.HEADROOM:g} x amax / 448)"
+            )
+        k_scales = [float(layer.k_scale) for layer in layers]
+        v_scales = [float(layer.v_scale) for layer in layers]
+        print(
+            f"[ladle] fp8 KV cache: {note}; k_scale {min(k_scales):.4g}-{max(k_scales):.4g}, "
+            f"v_scale {min(v_scales):.4g}-{max(v_scales):.4g}",
+            file=sys.stderr,
+            flush=True,
+        )
 
     @torch.inference_mode()
     def _run_probe_step(self, num_tokens: int, num_reqs: int) -> None:
