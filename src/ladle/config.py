@@ -187,7 +187,8 @@ class CacheConfig:
 
     def __post_init__(self) -> None:
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
-            hint = "; e5m2 is not supported, use fp8_e4m3" if self.kv_cache_dtype == "fp8_e5m2" else ""
+            is_e5m2 = self.kv_cache_dtype == "fp8_e5m2"
+            hint = "; e5m2 is not supported, use fp8_e4m3" if is_e5m2 else ""
             raise ValueError(
                 f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
                 f"{', '.join(KV_CACHE_DTYPES)}{hint}"

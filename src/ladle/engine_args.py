@@ -39,7 +39,10 @@ NEGATIVE_ALIASES: dict[str, str] = {
     "enable_prefix_caching": "--no-prefix-caching",
     "enable_chunked_prefill": "--no-chunked-prefill",
 }
-CHOICES: dict[str, tuple[str, ...]] = {"load_format": LOAD_FORMATS, "kv_cache_dtype": KV_CACHE_DTYPES}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "load_format": LOAD_FORMATS,
+    "kv_cache_dtype": KV_CACHE_DTYPES,
+}
 
 
 def _duration_ms(text: str) -> float:

@@ -78,7 +78,9 @@ def recording_kv_amax(layers: list[Attention]) -> Iterator[list[list[torch.Tenso
         def record(_module: nn.Module, args: tuple) -> None:
             key, value = args[1], args[2]
             for slot, tensor in enumerate((key, value)):
-                amaxes[index][slot] = torch.maximum(amaxes[index][slot], tensor.abs().amax().float())
+                amaxes[index][slot] = torch.maximum(
+                    amaxes[index][slot], tensor.abs().amax().float()
+                )
 
         return record
 

@@ -34,7 +34,6 @@ class MemoryBudget:
     graph_pool_bytes: int = 0  # CUDA graphs of decode steps, measured after capture
     kv_cache_dtype: torch.dtype | None = None  # what the cache is stored in
 
-
     @property
     def num_token_slots(self) -> int:
         return (self.num_blocks - 1) * self.block_size

@@ -33,9 +33,9 @@ from ladle.sample.metadata import build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
+from ladle.worker import kv_calibration
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
-from ladle.worker import kv_calibration
 from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
@@ -171,8 +171,9 @@ class ModelRunner:
             step, block_ids, num_blocks = kv_calibration.build_calibration_step(
                 self.arch.vocab_size, self.block_size, prompt_len
             )
-            real_caches, self.kv_caches = self.kv_caches, self._allocate_kv_caches(
-                num_blocks, self.dtype
+            real_caches, self.kv_caches = (
+                self.kv_caches,
+                self._allocate_kv_caches(num_blocks, self.dtype),
             )
             try:
                 with kv_calibration.recording_kv_amax(uncalibrated) as amaxes:
@@ -180,6 +181,7 @@ class ModelRunner:
             finally:
                 self.kv_caches = real_caches
                 self.release([request.request_id for request in step.scheduled_requests])
+                self.batch.clear_block_tables()
             kv_calibration.set_scales_from_amax(uncalibrated, amaxes)
             note += (
                 f", {len(uncalibrated)} calibrated on {kv_calibration.NUM_PROMPTS} prompts x "
