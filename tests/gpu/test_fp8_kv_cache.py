@@ -247,7 +247,7 @@ LOGITS_TOLERANCE = 0.1
 KV_BLOCKS = 2048
 
 
-@pytest.fixture(scope="module", params=["llama", "qwen3"])
+@pytest.fixture(scope="module", params=["llama"])
 def setup(request, tmp_path_factory):
     from helpers.tiny_models import load_hf_reference, save_tiny_model
 
