@@ -10,6 +10,11 @@ the model's dtype. Every position's logits are compared (each prompt position at
 cache as a decode step would): relative L2 error over all of them, and how often the argmax
 agrees. Prompts: seeded random token ids of --lengths, or windows of --window tokens of the
 --text files (real text, for a real checkpoint).
+
+Per layer, without compounding: each attention layer's output over an fp8 cache against its
+output over the model-dtype cache, for the same inputs (those of the model-dtype run, longest
+prompt). On random weights the whole-model error compounds through the layers (a random deep
+network amplifies any perturbation), so this is the figure to compare across shapes.
 """
 
 from __future__ import annotations
@@ -47,6 +52,38 @@ def prefill_logits(runner, kv_caches: list[torch.Tensor], token_ids: list[int]) 
         return runner.model.compute_logits(hidden).float()
 
 
+def per_layer_attention_error(runner, kv_caches, token_ids: list[int]) -> list[float]:
+    """Relative L2 error of each attention layer's output with an fp8 cache (its scales) against
+    the model-dtype cache, both fed the inputs of one model-dtype prefill of token_ids."""
+    from ladle.attention.kv_quant import FP8_KV_DTYPE
+
+    layers = _attention_layers(runner)
+    captured: list[tuple] = []
+
+    def capture(module, args, output):
+        query, key, value, _, metadata = args
+        captured.append((module, query.clone(), key.clone(), value.clone(), metadata, output))
+
+    handles = [layer.register_forward_hook(capture) for layer in layers]
+    try:
+        prefill_logits(runner, kv_caches, token_ids)
+    finally:
+        for handle in handles:
+            handle.remove()
+    errors = []
+    with torch.inference_mode():
+        for module, query, key, value, metadata, output in captured:
+            cache = torch.zeros(kv_caches[0].shape, dtype=FP8_KV_DTYPE, device=runner.device)
+            value = value.view(key.shape)
+            fp8 = module.backend.forward(
+                query, key, value, cache, metadata, module.scale, (module.k_scale, module.v_scale)
+            )
+            fp8 = fp8.reshape(output.shape).float()
+            reference = output.float()
+            errors.append(((fp8 - reference).norm() / reference.norm()).item())
+    return errors
+
+
 def text_prompts(tokenizer, files: list[str], window: int, count: int) -> list[list[int]]:
     stream: list[int] = []
     for file in files:
@@ -81,8 +118,13 @@ def measure(options: dict, prompts_of, label: str) -> dict:
         per_prompt.append(
             {"length": len(prompt), "relative_error": (difference / norm) ** 0.5, "top1": matches}
         )
+    longest = max(prompts, key=len)
+    layer_errors = per_layer_attention_error(runner, reference_caches, longest)
     result = {
         "model": label,
+        "attention_layer_relative_error_median": sorted(layer_errors)[len(layer_errors) // 2],
+        "attention_layer_relative_error_max": max(layer_errors),
+        "attention_layer_relative_errors": layer_errors,
         "device": str(runner.device),
         "model_dtype": str(runner.dtype),
         "num_prompts": len(prompts),
@@ -96,7 +138,10 @@ def measure(options: dict, prompts_of, label: str) -> dict:
     print(
         f"{label} on {runner.device}: fp8 KV vs {str(runner.dtype)[6:]} KV logits relative "
         f"error {result['logits_relative_error']:.4f}, top-1 agreement "
-        f"{result['top1_agreement'] * 100:.2f}% over {total} positions of {len(prompts)} prompts",
+        f"{result['top1_agreement'] * 100:.2f}% over {total} positions of {len(prompts)} prompts; "
+        f"per attention layer (same inputs, {len(longest)} tokens): median "
+        f"{result['attention_layer_relative_error_median']:.4f}, max "
+        f"{result['attention_layer_relative_error_max']:.4f}",
         flush=True,
     )
     del llm, runner, fp8_caches, reference_caches
