@@ -209,6 +209,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "model": model,
         "device": torch.cuda.get_device_name() if runner.device.type == "cuda" else "cpu",
         "dtype": str(runner.dtype),
+        "kv_cache_dtype": str(runner.kv_cache_dtype),
         "enforce_eager": llm.config.model.enforce_eager,
         "num_requests": len(requests),
         "startup_s": startup_s,
