@@ -1,7 +1,7 @@
 """Per-layer float8 KV cache scales from a calibration pass at start-up.
 
-When the checkpoint carries no `k_scale`/`v_scale` (model/layers/kv_scales.py), the runner runs
-one real prefill step (ModelRunner.execute, a temporary cache in the model's dtype) over
+When the checkpoint carries no `k_scale`/`v_scale` (model/layers/kv_scales.py), set_fp8_kv_scales
+runs one real prefill step (ModelRunner.execute, a temporary cache in the model's dtype) over
 NUM_PROMPTS prompts of PROMPT_LEN token ids drawn from the vocabulary with a fixed seed, records
 each attention layer's largest |key| and |value|, and sets
 
@@ -20,8 +20,10 @@ the scale come from the projection weights and rotary positions more than from t
 from __future__ import annotations
 
 import random
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
@@ -31,6 +33,9 @@ from ladle.core.request import Request
 from ladle.core.scheduler import SchedulerOutput
 from ladle.model.layers.attention import Attention
 from ladle.sampling_params import SamplingParams
+
+if TYPE_CHECKING:
+    from ladle.worker.model_runner import ModelRunner
 
 NUM_PROMPTS = 4
 PROMPT_LEN = 128
@@ -101,3 +106,40 @@ def set_scales_from_amax(layers: list[Attention], amaxes: list[list[torch.Tensor
             check_kv_scale(f"layer {index} {name} (calibrated, amax {value})", torch.tensor(scale))
             getattr(layer, name).fill_(scale)
         layer.kv_scales_source = "calibration"
+
+
+@torch.inference_mode()
+def set_fp8_kv_scales(runner: ModelRunner) -> None:
+    """Give every attention layer of runner's model its fp8 KV scales: those its checkpoint
+    carried, else one calibration step through the real step path (runner.execute) over a
+    temporary cache in the model's dtype. Runs before the KV cache is sized; says what it did."""
+    layers = attention_layers(runner.model)
+    uncalibrated = [layer for layer in layers if layer.kv_scales_source != "checkpoint"]
+    note = f"{len(layers) - len(uncalibrated)} layers' k/v scales from the checkpoint"
+    if uncalibrated:
+        prompt_len = max(1, min(PROMPT_LEN, runner.max_model_len - 1))
+        step, block_ids, num_blocks = build_calibration_step(
+            runner.arch.vocab_size, runner.block_size, prompt_len
+        )
+        real_caches = runner.kv_caches
+        runner.kv_caches = runner._allocate_kv_caches(num_blocks, runner.dtype)
+        try:
+            with recording_kv_amax(uncalibrated) as amaxes:
+                runner.execute(step, [(0, ids) for ids in block_ids]).result()
+        finally:
+            runner.kv_caches = real_caches
+            runner.release([request.request_id for request in step.scheduled_requests])
+            runner.batch.clear_block_tables()
+        set_scales_from_amax(uncalibrated, amaxes)
+        note += (
+            f", {len(uncalibrated)} calibrated on {NUM_PROMPTS} prompts x {prompt_len} seeded "
+            f"random token ids (scale = {HEADROOM:g} x amax / 448)"
+        )
+    k_scales = [float(layer.k_scale) for layer in layers]
+    v_scales = [float(layer.v_scale) for layer in layers]
+    print(
+        f"[ladle] fp8 KV cache: {note}; k_scale {min(k_scales):.4g}-{max(k_scales):.4g}, "
+        f"v_scale {min(v_scales):.4g}-{max(v_scales):.4g}",
+        file=sys.stderr,
+        flush=True,
+    )

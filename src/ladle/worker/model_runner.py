@@ -14,7 +14,6 @@ seen it (release() frees the slots of requests that ended or were preempted).
 from __future__ import annotations
 
 import dataclasses
-import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -124,7 +123,7 @@ class ModelRunner:
         self.graphs: DecodeGraphs | None = None  # captured once the KV cache exists
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
-            self._set_fp8_kv_scales()
+            kv_calibration.set_fp8_kv_scales(self)
         self.memory_budget = size_kv_cache(
             config.cache,
             self.arch,
@@ -158,44 +157,6 @@ class ModelRunner:
         shape = (2, num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
         dtype = dtype or self.kv_cache_dtype
         return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
-
-    @torch.inference_mode()
-    def _set_fp8_kv_scales(self) -> None:
-        """Layers whose checkpoint gave no k/v scale get them from one calibration step, run
-        through the real step path over a temporary cache in the model's dtype."""
-        layers = kv_calibration.attention_layers(self.model)
-        uncalibrated = [layer for layer in layers if layer.kv_scales_source != "checkpoint"]
-        note = f"{len(layers) - len(uncalibrated)} layers' k/v scales from the checkpoint"
-        if uncalibrated:
-            prompt_len = max(1, min(kv_calibration.PROMPT_LEN, self.max_model_len - 1))
-            step, block_ids, num_blocks = kv_calibration.build_calibration_step(
-                self.arch.vocab_size, self.block_size, prompt_len
-            )
-            real_caches, self.kv_caches = (
-                self.kv_caches,
-                self._allocate_kv_caches(num_blocks, self.dtype),
-            )
-            try:
-                with kv_calibration.recording_kv_amax(uncalibrated) as amaxes:
-                    self.execute(step, [(0, ids) for ids in block_ids]).result()
-            finally:
-                self.kv_caches = real_caches
-                self.release([request.request_id for request in step.scheduled_requests])
-                self.batch.clear_block_tables()
-            kv_calibration.set_scales_from_amax(uncalibrated, amaxes)
-            note += (
-                f", {len(uncalibrated)} calibrated on {kv_calibration.NUM_PROMPTS} prompts x "
-                f"{prompt_len} seeded random token ids (scale = "
-                f"{kv_calibration.HEADROOM:g} x amax / 448)"
-            )
-        k_scales = [float(layer.k_scale) for layer in layers]
-        v_scales = [float(layer.v_scale) for layer in layers]
-        print(
-            f"[ladle] fp8 KV cache: {note}; k_scale {min(k_scales):.4g}-{max(k_scales):.4g}, "
-            f"v_scale {min(v_scales):.4g}-{max(v_scales):.4g}",
-            file=sys.stderr,
-            flush=True,
-        )
 
     @torch.inference_mode()
     def _run_probe_step(self, num_tokens: int, num_reqs: int) -> None:
