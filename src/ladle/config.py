@@ -25,6 +25,8 @@ SUPPORTED_DTYPES = {
 }
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4", "gguf")
+# "auto": the model's dtype. fp8 and fp8_e4m3 are one format (vLLM's spellings).
+KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -176,8 +178,21 @@ class CacheConfig:
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "reuse the KV cache of shared prompt prefixes"}
     )
+    kv_cache_dtype: str = field(
+        default="auto",
+        metadata={"help": "KV cache storage: auto (the model's dtype) or fp8 / fp8_e4m3 (float8 "
+                  "e4m3 with per-layer k/v scales from the checkpoint or a start-up "
+                  "calibration: about twice the tokens of bf16)"},
+    )
 
     def __post_init__(self) -> None:
+        if self.kv_cache_dtype not in KV_CACHE_DTYPES:
+            is_e5m2 = self.kv_cache_dtype == "fp8_e5m2"
+            hint = "; e5m2 is not supported, use fp8_e4m3" if is_e5m2 else ""
+            raise ValueError(
+                f"kv_cache_dtype {self.kv_cache_dtype!r} is not one of "
+                f"{', '.join(KV_CACHE_DTYPES)}{hint}"
+            )
         if self.block_size < 1 or self.block_size > 1024:
             raise ValueError(f"block_size must be in [1, 1024], got {self.block_size}")
         if not 0.0 < self.gpu_memory_utilization <= 1.0:

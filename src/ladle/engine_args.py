@@ -19,7 +19,7 @@ import json
 import re
 from typing import Any
 
-from ladle.config import LOAD_FORMATS, CacheConfig, ModelConfig, SchedulerConfig
+from ladle.config import KV_CACHE_DTYPES, LOAD_FORMATS, CacheConfig, ModelConfig, SchedulerConfig
 
 ENGINE_CONFIG_CLASSES: dict[str, type] = {
     "model": ModelConfig,
@@ -39,7 +39,10 @@ NEGATIVE_ALIASES: dict[str, str] = {
     "enable_prefix_caching": "--no-prefix-caching",
     "enable_chunked_prefill": "--no-chunked-prefill",
 }
-CHOICES: dict[str, tuple[str, ...]] = {"load_format": LOAD_FORMATS}
+CHOICES: dict[str, tuple[str, ...]] = {
+    "load_format": LOAD_FORMATS,
+    "kv_cache_dtype": KV_CACHE_DTYPES,
+}
 
 
 def _duration_ms(text: str) -> float:

@@ -13,8 +13,9 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
+from ladle.attention.backend import KVScales
 from ladle.attention.metadata import AttentionMetadata
-from ladle.attention.torch_backend import TorchAttentionBackend, attend_one_request
+from ladle.attention.torch_backend import TorchAttentionBackend, attend_one_request, gather_cached
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -24,13 +25,21 @@ class CpuAttentionBackend(TorchAttentionBackend):
 
     @staticmethod
     def attend(
-        query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
-        return batched_paged_attention(query, kv_cache, metadata, scale)
+        return batched_paged_attention(query, kv_cache, metadata, scale, kv_scales)
 
 
 def batched_paged_attention(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:
     """Attention of every query row over its request's cached context (same result as
     `paged_attention_reference`), decode rows batched into one call."""
@@ -39,11 +48,15 @@ def batched_paged_attention(
     decode_reqs = [i for i, n in enumerate(query_lens) if n == 1]
     if len(decode_reqs) == len(query_lens):
         # The common serving step: every row a decode, query row i belongs to request i.
-        return decode_attention(query, kv_cache, metadata, list(range(len(query_lens))), scale)
+        return decode_attention(
+            query, kv_cache, metadata, list(range(len(query_lens))), scale, kv_scales
+        )
     output = torch.empty_like(query)
     if len(decode_reqs) > 1:
         rows = torch.tensor([starts[i] for i in decode_reqs], dtype=torch.long)
-        output[rows] = decode_attention(query[rows], kv_cache, metadata, decode_reqs, scale)
+        output[rows] = decode_attention(
+            query[rows], kv_cache, metadata, decode_reqs, scale, kv_scales
+        )
         handled = set(decode_reqs)
     else:
         handled = set()
@@ -52,7 +65,7 @@ def batched_paged_attention(
             continue
         start = starts[index]
         output[start : start + query_len] = attend_one_request(
-            query[start : start + query_len], kv_cache, metadata, index, scale
+            query[start : start + query_len], kv_cache, metadata, index, scale, kv_scales
         )
     return output
 
@@ -63,6 +76,7 @@ def decode_attention(
     metadata: AttentionMetadata,
     request_indices: list[int],
     scale: float,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:  # [num_decodes, num_heads, head_dim]
     num_decodes, num_heads, head_dim = query.shape
     num_kv_heads = kv_cache.shape[3]
@@ -73,8 +87,9 @@ def decode_attention(
     index = torch.tensor(request_indices, dtype=torch.long)
     blocks = metadata.block_tables[index, :num_blocks].long().to(kv_cache.device)
     # [num_decodes, num_blocks * block_size, kv_heads, dim] -> [num_decodes, kv_heads, ctx, dim]
-    keys = kv_cache[0, blocks].flatten(1, 2)[:, :max_seq_len].transpose(1, 2)
-    values = kv_cache[1, blocks].flatten(1, 2)[:, :max_seq_len].transpose(1, 2)
+    keys, values = gather_cached(kv_cache, blocks, query.dtype, kv_scales)
+    keys = keys.flatten(1, 2)[:, :max_seq_len].transpose(1, 2)
+    values = values.flatten(1, 2)[:, :max_seq_len].transpose(1, 2)
     seq_lens = torch.tensor(seq_lens_host, device=query.device)
     positions = torch.arange(max_seq_len, device=query.device)
     mask = (positions[None, :] < seq_lens[:, None])[:, None, None, :]

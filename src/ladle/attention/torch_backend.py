@@ -7,7 +7,8 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ladle.attention.backend import write_kv_cache
+from ladle.attention.backend import KVScales, write_kv_cache
+from ladle.attention.kv_quant import dequantize_kv
 from ladle.attention.metadata import AttentionMetadata
 
 
@@ -22,28 +23,52 @@ class TorchAttentionBackend:
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping)
-        return self.attend(query, kv_cache, metadata, scale)
+        write_kv_cache(key, value, kv_cache, metadata.slot_mapping, kv_scales)
+        return self.attend(query, kv_cache, metadata, scale, kv_scales)
 
     @staticmethod
     def attend(
-        query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+        query: torch.Tensor,
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+        scale: float,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
-        return paged_attention_reference(query, kv_cache, metadata, scale)
+        return paged_attention_reference(query, kv_cache, metadata, scale, kv_scales)
+
+
+def gather_cached(
+    kv_cache: torch.Tensor,
+    blocks: torch.Tensor,
+    dtype: torch.dtype,
+    kv_scales: KVScales | None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keys and values of `blocks` ([..., n] block ids -> [..., n, block_size, kv_heads, dim])
+    in `dtype`, dequantized when the cache is float8 (kv_scales given)."""
+    keys, values = kv_cache[0, blocks], kv_cache[1, blocks]
+    if kv_scales is None:
+        return keys, values
+    return dequantize_kv(keys, kv_scales[0], dtype), dequantize_kv(values, kv_scales[1], dtype)
 
 
 def paged_attention_reference(
-    query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata, scale: float
+    query: torch.Tensor,
+    kv_cache: torch.Tensor,
+    metadata: AttentionMetadata,
+    scale: float,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:
-    """Attention of every query row over its request's cached context, one request at a time."""
+    """Attention of every query row over its request's cached context, one request at a time
+    (a float8 cache is read as codes * scale, with kv_scales)."""
     output = torch.empty_like(query)
     starts = metadata.query_start_loc_host
     for index in range(metadata.num_reqs):
         start, end = starts[index], starts[index + 1]
         if end > start:
             output[start:end] = attend_one_request(
-                query[start:end], kv_cache, metadata, index, scale
+                query[start:end], kv_cache, metadata, index, scale, kv_scales
             )
     return output
 
@@ -54,6 +79,7 @@ def attend_one_request(
     metadata: AttentionMetadata,
     index: int,
     scale: float,
+    kv_scales: KVScales | None = None,
 ) -> torch.Tensor:
     """Request `index`'s query rows [query_len, heads, dim] over its cached context."""
     num_heads = query.shape[1]
@@ -63,8 +89,9 @@ def attend_one_request(
     query_len = query.shape[0]
     num_blocks = (seq_len + block_size - 1) // block_size
     blocks = metadata.block_tables[index, :num_blocks].long()
-    keys = kv_cache[0, blocks].reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
-    values = kv_cache[1, blocks].reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
+    keys, values = gather_cached(kv_cache, blocks, query.dtype, kv_scales)
+    keys = keys.reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
+    values = values.reshape(-1, num_kv_heads, kv_cache.shape[4])[:seq_len]
     # [heads, tokens, dim]; GQA by repeating each kv head over its query group.
     q = query.transpose(0, 1)
     k = keys.transpose(0, 1).repeat_interleave(num_heads // num_kv_heads, dim=0)

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import torch
 
+from ladle.attention.backend import KVScales
 from ladle.attention.fresh_prefill import MIN_FRESH_TOKENS, attend_fresh_prompt, fresh_prompt_span
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.paged_attention import LaunchConfig, paged_attention
@@ -47,8 +48,10 @@ class TritonAttentionBackend:
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
         scale: float,
+        kv_scales: KVScales | None = None,
     ) -> torch.Tensor:
-        reshape_and_cache(key, value, kv_cache, metadata.slot_mapping)
+        k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
+        reshape_and_cache(key, value, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         leading = self._leading_decodes(metadata)
         span = (
             fresh_prompt_span(metadata, leading)
@@ -69,7 +72,10 @@ class TritonAttentionBackend:
                     scale=scale,
                     output=output[:leading],
                     config=self.config,
+                    k_scale=k_scale,
+                    v_scale=v_scale,
                 )
+            # The prompt attends over its own fresh keys and values, never the (maybe fp8) cache.
             attend_fresh_prompt(query, key, value, output, span, scale)
             return output
         return paged_attention(
@@ -82,4 +88,6 @@ class TritonAttentionBackend:
             scale=scale,
             num_leading_decodes=leading,
             config=self.config,
+            k_scale=k_scale,
+            v_scale=v_scale,
         )

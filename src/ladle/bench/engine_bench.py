@@ -197,7 +197,7 @@ def run_bench(args: argparse.Namespace) -> int:
         num_params=num_params,
         weights_bytes=module_bytes(runner.model),
         kv_bytes_per_token=runner.arch.kv_bytes_per_token(
-            torch.empty(0, dtype=runner.dtype).element_size()
+            torch.empty(0, dtype=runner.kv_cache_dtype).element_size()
         ),
         prompt_lens=[len(r.prompt_token_ids) for r in requests],
         output_lens=[r.max_tokens for r in requests],
@@ -209,6 +209,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "model": model,
         "device": torch.cuda.get_device_name() if runner.device.type == "cuda" else "cpu",
         "dtype": str(runner.dtype),
+        "kv_cache_dtype": str(runner.kv_cache_dtype),
         "enforce_eager": llm.config.model.enforce_eager,
         "num_requests": len(requests),
         "startup_s": startup_s,

@@ -16,6 +16,10 @@ Finding the request of a tile without a host sync: request i's tiles are numbere
 query_start_loc[i] // BLOCK_M + i. That start is non-decreasing in i and leaves room for
 ceil(query_len / BLOCK_M) tiles, so a grid of num_tokens // BLOCK_M + num_reqs tiles covers every
 request, and a binary search over query_start_loc maps a tile to its request; spare tiles exit.
+A float8 e4m3 cache (KV_FP8) is read as codes converted to the query's dtype: k_scale folds
+into the softmax scale and v_scale multiplies the normalised output, so each tile costs one
+conversion per element and no extra multiply (reference: ladle.attention.kv_quant).
+
 When every query is one token (decode), tile i is simply request i, and the context can be split
 over num_splits programs (split-KV, merged by a second kernel) so that small batches of long
 contexts still fill the GPU. The grid then depends only on the batch size, which CUDA graphs need.
@@ -91,6 +95,7 @@ def _attend_kv_tiles(
             key = tl.load(key_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
         else:
             key = tl.load(key_cache_ptr + kv_pointers)
+        key = key.to(query.dtype)  # float8 codes -> the query's dtype; else a no-op
         scores = tl.dot(query, tl.trans(key)) * scale_log2
         if MASKED:
             is_visible = (positions[None, :] <= query_position[:, None]) & is_in_context[None, :]
@@ -108,6 +113,7 @@ def _attend_kv_tiles(
             value = tl.load(value_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
         else:
             value = tl.load(value_cache_ptr + kv_pointers)
+        value = value.to(query.dtype)
         accumulator = accumulator * correction[:, None] + tl.dot(
             probabilities.to(value.dtype), value
         )
@@ -119,7 +125,13 @@ def _attend_kv_tiles(
     # Per-step values: specialising on them (== 1, divisible by 16, 16-byte aligned slices of
     # the step's metadata) would compile new variants while serving (kernels/compile_log.py).
     do_not_specialize=["num_reqs", "num_splits", "stride_block_tables"],
-    do_not_specialize_on_alignment=["block_tables_ptr", "query_start_loc_ptr", "seq_lens_ptr"],
+    do_not_specialize_on_alignment=[
+        "block_tables_ptr",
+        "query_start_loc_ptr",
+        "seq_lens_ptr",
+        "k_scale_ptr",  # seq_lens stands in for the scales when the cache is not float8
+        "v_scale_ptr",
+    ],
 )
 def _paged_attention_kernel(
     output_ptr,
@@ -131,6 +143,8 @@ def _paged_attention_kernel(
     seq_lens_ptr,
     split_output_ptr,  # [num_reqs, num_heads, num_splits, HEAD_DIM] fp32, when IS_SPLIT
     split_lse_ptr,  # [num_reqs, num_heads, num_splits] fp32 (log2 units)
+    k_scale_ptr,  # [1] fp32, read when KV_FP8
+    v_scale_ptr,
     scale_log2,
     num_reqs,
     num_splits,
@@ -152,6 +166,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILES_ARE_REQUESTS: tl.constexpr,
     IS_SPLIT: tl.constexpr,
+    KV_FP8: tl.constexpr = False,
 ):
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
@@ -193,7 +208,10 @@ def _paged_attention_kernel(
     query = tl.load(
         query_ptr + query_offsets[:, None] + dims[None, :], mask=is_row_valid[:, None], other=0.0
     )
-    query = query.to(key_cache_ptr.dtype.element_ty)
+    if KV_FP8:
+        scale_log2 = scale_log2 * tl.load(k_scale_ptr)
+    else:
+        query = query.to(key_cache_ptr.dtype.element_ty)
 
     # Keys past the tile's last query position are masked for every row: stop there.
     last_token = tl.minimum(first_token + BLOCK_M, query_len)
@@ -260,6 +278,8 @@ def _paged_attention_kernel(
 
     safe_sum = tl.where(row_sum == 0.0, 1.0, row_sum)
     accumulator = accumulator / safe_sum[:, None]
+    if KV_FP8:
+        accumulator = accumulator * tl.load(v_scale_ptr)
     if IS_SPLIT:
         # Always written, also by an empty split (sum 0 -> lse -inf), so the merge reads no garbage.
         lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
@@ -361,6 +381,8 @@ def paged_attention(
     num_leading_decodes: int = 0,
     output: torch.Tensor | None = None,
     config: LaunchConfig | None = None,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Attention of query [num_tokens, num_heads, head_dim] over the paged cache; no host syncs.
 
@@ -369,7 +391,8 @@ def paged_attention(
     num_leading_decodes requests have query_len <= 1 (host knowledge, e.g. from
     metadata.query_start_loc_host), those get the decode launch and the rest the prefill launch,
     so decodes do not pay for prefill-sized query tiles. Output rows past the last request
-    (padding tokens) are left unwritten.
+    (padding tokens) are left unwritten. A float8 e4m3 kv_cache needs k_scale and v_scale
+    (float32, one element each: the layer's dequantization scales).
     """
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
@@ -383,6 +406,11 @@ def paged_attention(
     assert kv_cache.is_contiguous(), "kv_cache must be contiguous"
     assert query.stride(2) == 1, "query's head_dim must be contiguous"
     config = config or LaunchConfig()
+    kv_scales = None
+    if kv_cache.dtype == torch.float8_e4m3fn:
+        if k_scale is None or v_scale is None:
+            raise ValueError("a float8 KV cache needs k_scale and v_scale")
+        kv_scales = (k_scale, v_scale)
     if output is None:
         output = torch.empty_like(query)
     if num_tokens == 0 or num_reqs == 0:
@@ -398,6 +426,7 @@ def paged_attention(
             scale,
             output,
             config,
+            kv_scales,
         )
         return output
     decodes = slice(0, num_leading_decodes)
@@ -412,6 +441,7 @@ def paged_attention(
         scale,
         output,
         config,
+        kv_scales,
     )
     _launch(
         query,
@@ -423,6 +453,7 @@ def paged_attention(
         scale,
         output,
         config,
+        kv_scales,
     )
     return output
 
@@ -437,6 +468,7 @@ def _launch(
     scale: float,
     output: torch.Tensor,
     config: LaunchConfig,
+    kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
 ) -> None:
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -488,6 +520,8 @@ def _launch(
         seq_lens,
         split_output,
         split_lse,
+        kv_scales[0] if kv_scales is not None else seq_lens,  # unused unless KV_FP8
+        kv_scales[1] if kv_scales is not None else seq_lens,
         scale * LOG2_E,
         num_reqs,
         num_splits,
@@ -509,6 +543,7 @@ def _launch(
         BLOCK_SIZE=block_size,
         TILES_ARE_REQUESTS=is_decode,
         IS_SPLIT=num_splits > 1,
+        KV_FP8=kv_scales is not None,
         num_warps=num_warps,
         num_stages=num_stages,
     )

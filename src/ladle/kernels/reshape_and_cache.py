@@ -1,7 +1,9 @@
 """Write this step's keys and values into their paged-cache slots in one launch.
 
 The torch reference is ladle.attention.backend.write_kv_cache (two index_copy_ calls). One program
-copies one token's K and V rows (all kv heads); a negative slot means "do not write".
+copies one token's K and V rows (all kv heads); a negative slot means "do not write". Into a
+float8 cache it divides by the layer's k/v scale and saturates to e4m3's range on the way
+(QUANTIZE; reference: ladle.attention.kv_quant.quantize_kv).
 """
 
 from __future__ import annotations
@@ -11,13 +13,17 @@ import triton
 import triton.language as tl
 
 
-@triton.jit(do_not_specialize_on_alignment=["slot_mapping_ptr"])  # a view into the step's inputs
+# slot_mapping is a view into the step's inputs (and stands in for the scales of a cache that is
+# not float8): its alignment varies from step to step.
+@triton.jit(do_not_specialize_on_alignment=["slot_mapping_ptr", "k_scale_ptr", "v_scale_ptr"])
 def _reshape_and_cache_kernel(
     key_ptr,
     value_ptr,
     key_cache_ptr,
     value_cache_ptr,
     slot_mapping_ptr,
+    k_scale_ptr,  # [1] float32, read when QUANTIZE
+    v_scale_ptr,
     stride_key_token,
     stride_key_head,
     stride_value_token,
@@ -25,6 +31,7 @@ def _reshape_and_cache_kernel(
     NUM_KV_HEADS: tl.constexpr,
     HEAD_DIM: tl.constexpr,
     BLOCK: tl.constexpr,
+    QUANTIZE: tl.constexpr = False,
 ):
     token = tl.program_id(0)
     slot = tl.load(slot_mapping_ptr + token).to(tl.int64)
@@ -41,6 +48,12 @@ def _reshape_and_cache_kernel(
     value = tl.load(
         value_ptr + token_row * stride_value_token + head * stride_value_head + dim, mask=is_valid
     )
+    if QUANTIZE:
+        # IEEE division, as the torch reference divides: the codes then match it exactly.
+        key = tl.math.div_rn(key.to(tl.float32), tl.load(k_scale_ptr))
+        value = tl.math.div_rn(value.to(tl.float32), tl.load(v_scale_ptr))
+        key = tl.clamp(key, -448.0, 448.0)
+        value = tl.clamp(value, -448.0, 448.0)
     # The cache is contiguous, so a slot (block_id * block_size + offset) is a flat token row.
     cache_offsets = slot * (NUM_KV_HEADS * HEAD_DIM) + elements
     tl.store(key_cache_ptr + cache_offsets, key.to(key_cache_ptr.dtype.element_ty), mask=is_valid)
@@ -50,10 +63,19 @@ def _reshape_and_cache_kernel(
 
 
 def reshape_and_cache(
-    key: torch.Tensor, value: torch.Tensor, kv_cache: torch.Tensor, slot_mapping: torch.Tensor
+    key: torch.Tensor,
+    value: torch.Tensor,
+    kv_cache: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    k_scale: torch.Tensor | None = None,
+    v_scale: torch.Tensor | None = None,
 ) -> None:
-    """key, value [num_tokens, num_kv_heads, head_dim] (head_dim contiguous) -> kv_cache slots."""
+    """key, value [num_tokens, num_kv_heads, head_dim] (head_dim contiguous) -> kv_cache slots;
+    a float8 e4m3 cache needs k_scale and v_scale (float32, one element each)."""
     num_tokens, num_kv_heads, head_dim = key.shape
+    quantize = kv_cache.dtype == torch.float8_e4m3fn
+    if quantize and (k_scale is None or v_scale is None):
+        raise ValueError("a float8 KV cache needs k_scale and v_scale")
     assert kv_cache.is_contiguous(), "kv_cache must be contiguous"
     assert kv_cache.shape[3] == num_kv_heads and kv_cache.shape[4] == head_dim
     assert key.stride(2) == 1 and value.stride(2) == 1, "head_dim must be contiguous"
@@ -66,6 +88,8 @@ def reshape_and_cache(
         kv_cache[0],
         kv_cache[1],
         slot_mapping,
+        k_scale if quantize else slot_mapping,  # unused unless QUANTIZE
+        v_scale if quantize else slot_mapping,
         key.stride(0),
         key.stride(1),
         value.stride(0),
@@ -73,5 +97,6 @@ def reshape_and_cache(
         NUM_KV_HEADS=num_kv_heads,
         HEAD_DIM=head_dim,
         BLOCK=block,
+        QUANTIZE=quantize,
         num_warps=4 if block >= 1024 else 1,
     )

@@ -32,17 +32,22 @@ class MemoryBudget:
     num_blocks: int  # including the reserved null block
     block_size: int
     graph_pool_bytes: int = 0  # CUDA graphs of decode steps, measured after capture
+    kv_cache_dtype: torch.dtype | None = None  # what the cache is stored in
 
     @property
     def num_token_slots(self) -> int:
         return (self.num_blocks - 1) * self.block_size
+
+    def _dtype_note(self) -> str:
+        return "" if self.kv_cache_dtype is None else f" in {str(self.kv_cache_dtype)[6:]}"
 
     def describe(self) -> str:
         return (
             f"memory budget on {self.device}: weights {self.weights_bytes / GIB:.3f} GiB, "
             f"activation peak {self.activation_peak_bytes / GIB:.3f} GiB, "
             f"CUDA graphs {self.graph_pool_bytes / GIB:.3f} GiB, "
-            f"KV cache {self.kv_cache_bytes / GIB:.3f} GiB = {self.num_blocks - 1} blocks of "
+            f"KV cache {self.kv_cache_bytes / GIB:.3f} GiB{self._dtype_note()} = "
+            f"{self.num_blocks - 1} blocks of "
             f"{self.block_size} tokens ({self.block_bytes / 1024:.1f} KiB each), "
             f"{self.num_token_slots} tokens fit"
         )
@@ -70,7 +75,8 @@ def size_kv_cache(
     run_peak_forward: Callable[[], None],
     run_graph_probe: Callable[[], None] | None = None,
 ) -> MemoryBudget:
-    """Decide how many KV blocks to allocate (run_peak_forward is only called on CUDA).
+    """Decide how many KV blocks to allocate (run_peak_forward is only called on CUDA); dtype is
+    the cache's (float8 e4m3 for kv_cache_dtype fp8: half of bf16's bytes per token).
 
     run_graph_probe, when graphs will be captured: a step of the largest graph batch, whose
     peak is reserved for the graph pool (graphs keep their activations in a pool of their own,
@@ -127,4 +133,5 @@ def size_kv_cache(
         block_bytes=block_bytes,
         num_blocks=num_blocks,
         block_size=cache_config.block_size,
+        kv_cache_dtype=dtype,
     )

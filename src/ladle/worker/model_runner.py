@@ -25,6 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from ladle.attention.backend import get_attention_backend
+from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.core.request import Request
 from ladle.core.scheduler import SchedulerOutput
@@ -36,6 +37,7 @@ from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
+from ladle.worker import kv_calibration
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.forward_step import ForwardStep
@@ -129,10 +131,13 @@ class ModelRunner:
         self.penalty_history: PenaltyHistory | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None  # captured once the KV cache exists
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
+        if self.kv_cache_dtype == FP8_KV_DTYPE:
+            kv_calibration.set_fp8_kv_scales(self)
         self.memory_budget = size_kv_cache(
             config.cache,
             self.arch,
-            self.dtype,
+            self.kv_cache_dtype,
             self.device,
             weights_bytes=module_bytes(self.model),
             run_peak_forward=self._run_peak_forward,
@@ -156,11 +161,12 @@ class ModelRunner:
             )
         return requested
 
-    def _allocate_kv_caches(self, num_blocks: int) -> list[torch.Tensor]:
+    def _allocate_kv_caches(
+        self, num_blocks: int, dtype: torch.dtype | None = None
+    ) -> list[torch.Tensor]:
         shape = (2, num_blocks, self.block_size, self.arch.num_key_value_heads, self.arch.head_dim)
-        return [
-            zeros_lazily(shape, self.dtype, self.device) for _ in range(self.arch.num_hidden_layers)
-        ]
+        dtype = dtype or self.kv_cache_dtype
+        return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
 
     @torch.inference_mode()
     def _run_probe_step(self, num_tokens: int, num_reqs: int) -> None:

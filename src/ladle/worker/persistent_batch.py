@@ -75,6 +75,13 @@ class PersistentBatch:
             if slot is not None:
                 self._free_slots.append(slot)
 
+    def clear_block_tables(self) -> None:
+        """Point every table entry at the null block. Start-up steps over a temporary cache (the
+        fp8 KV calibration) leave block ids behind that the real cache may not have, and a
+        backend that gathers whole table rows (the CPU's batched decode) would index them."""
+        self.block_table_host[:] = 0
+        self.block_table.zero_()
+
     def update_block_tables(
         self, slots: np.ndarray, updates: list[BlockUpdate]
     ) -> tuple[np.ndarray, np.ndarray]:

@@ -7,12 +7,17 @@ import torch
 from torch import nn
 
 from ladle.attention.backend import AttentionBackend
+from ladle.attention.kv_quant import is_fp8_kv_cache
 from ladle.attention.metadata import AttentionMetadata
 
 
 class Attention(nn.Module):
     """Paged attention for one decoder layer. Holds no weights and no cache: the cache tensor and
-    the metadata are passed in each call, so the same module serves any batch."""
+    the metadata are passed in each call, so the same module serves any batch.
+
+    k_scale and v_scale (float32, one number each) are this layer's float8 KV cache scales, used
+    only when the cache passed in is float8 (attention/kv_quant.py): 1.0 until a checkpoint's
+    `k_scale`/`v_scale` or the start-up calibration (worker/kv_calibration.py) sets them."""
 
     def __init__(
         self,
@@ -32,6 +37,16 @@ class Attention(nn.Module):
         self.head_dim = head_dim
         self.scale = scale
         self.backend = backend
+        self.register_buffer("k_scale", torch.ones(1, dtype=torch.float32), persistent=False)
+        self.register_buffer("v_scale", torch.ones(1, dtype=torch.float32), persistent=False)
+        self.kv_scales_source = "default"  # "checkpoint" or "calibration" once set
+
+    def init_buffers(self) -> None:
+        """After the meta-device build: the scales in float32 (materialising gave them the
+        model's dtype), at 1.0."""
+        device = self.k_scale.device
+        self.k_scale = torch.ones(1, dtype=torch.float32, device=device)
+        self.v_scale = torch.ones(1, dtype=torch.float32, device=device)
 
     def forward(
         self,
@@ -43,7 +58,12 @@ class Attention(nn.Module):
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
         num_tokens = query.shape[0]
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        output = self.backend.forward(query, key, value, kv_cache, metadata, self.scale)
+        if is_fp8_kv_cache(kv_cache):
+            output = self.backend.forward(
+                query, key, value, kv_cache, metadata, self.scale, (self.k_scale, self.v_scale)
+            )
+        else:
+            output = self.backend.forward(query, key, value, kv_cache, metadata, self.scale)
         return output.reshape(num_tokens, self.num_heads * self.head_dim)
 
     def extra_repr(self) -> str:

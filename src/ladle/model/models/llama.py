@@ -18,6 +18,7 @@ from ladle.model.arch_config import ModelArchConfig
 from ladle.model.layers.activation import SiluAndMul
 from ladle.model.layers.attention import Attention
 from ladle.model.layers.embedding import LMHead, VocabEmbedding
+from ladle.model.layers.kv_scales import load_kv_scale
 from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
 from ladle.model.layers.rotary import RotaryEmbedding
@@ -210,6 +211,8 @@ class LlamaForCausalLM(nn.Module):
         loaded: set[tuple[str, str | int | None]] = set()
         for checkpoint_name, tensor in weights:
             if checkpoint_name.endswith(_IGNORED_SUFFIXES):
+                continue
+            if load_kv_scale(self, checkpoint_name, tensor):  # fp8 KV cache scales
                 continue
             if checkpoint_name == "lm_head.weight" and self.lm_head is None:
                 # Some tied checkpoints also store the (identical) output matrix.
