@@ -8,7 +8,8 @@ token at context position p attends to context positions 0..p (causal).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -31,6 +32,9 @@ class AttentionMetadata:
     # nothing extra: the runner builds them before the one host-to-device copy.
     query_start_loc_host: list[int]
     seq_lens_host: list[int]
+    # What a backend derives from this step's metadata once and reuses in every layer (the CPU
+    # backend's gather indices and mask); empty when the step starts.
+    backend_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_reqs(self) -> int:
