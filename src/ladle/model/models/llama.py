@@ -14,13 +14,13 @@ from torch import nn
 
 from ladle.attention.backend import AttentionBackend
 from ladle.attention.metadata import AttentionMetadata
+from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.layers.activation import SiluAndMul
 from ladle.model.layers.attention import Attention
 from ladle.model.layers.embedding import LMHead, VocabEmbedding
 from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
-from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.rotary import RotaryEmbedding, rotate_with_tables
 from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.loader.errors import ModelLoadError
