@@ -59,3 +59,24 @@ def test_batched_attention_matches_reference(query_lens, context_lens):
     expected = paged_attention_reference(query, kv_cache, metadata, scale=0.25)
     actual = batched_paged_attention(query, kv_cache, metadata, scale=0.25)
     torch.testing.assert_close(actual, expected, rtol=1e-5, atol=1e-5)
+
+
+def test_decode_plan_is_built_once_per_step_and_serves_every_layer():
+    """The decode rows' gather plan is cached on the step's metadata; a second layer (another
+    cache) reuses it and still matches the reference."""
+    context_lens = [1, 7, 16, 17, 33]
+    query, kv_cache, metadata = _random_step([1] * 5, context_lens, block_size=16, seed=6)
+    first = batched_paged_attention(query, kv_cache, metadata, scale=0.25)
+    assert len(metadata.backend_cache) == 1
+    other_layer = torch.randn_like(kv_cache)
+    second = batched_paged_attention(query, other_layer, metadata, scale=0.25)
+    assert len(metadata.backend_cache) == 1
+    torch.testing.assert_close(
+        first, paged_attention_reference(query, kv_cache, metadata, 0.25), rtol=1e-5, atol=1e-5
+    )
+    torch.testing.assert_close(
+        second,
+        paged_attention_reference(query, other_layer, metadata, 0.25),
+        rtol=1e-5,
+        atol=1e-5,
+    )

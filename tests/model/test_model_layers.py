@@ -9,7 +9,7 @@ from helpers.tiny_models import LLAMA3_TINY_SCALING
 from ladle.model.layers.activation import SiluAndMul
 from ladle.model.layers.linear import MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
-from ladle.model.layers.rotary import RotaryEmbedding, compute_inv_freq
+from ladle.model.layers.rotary import RotaryEmbedding, compute_inv_freq, rotate_with_tables
 from ladle.model.loader.errors import ModelLoadError
 
 
@@ -62,6 +62,37 @@ def test_rotary_matches_hf_apply_rotary_pos_emb():
     actual_q, actual_k = rotary(positions, query, key)
     torch.testing.assert_close(actual_q, expected_q[0].transpose(0, 1))
     torch.testing.assert_close(actual_k, expected_k[0].transpose(0, 1))
+
+
+def test_step_tables_rotate_query_and_key_together_bit_for_bit():
+    """The CPU path's shared per-step tables rotate stacked q and k heads to exactly what the
+    per-tensor rotary (checked against HF above) gives each of them."""
+    head_dim = 16
+    rotary = RotaryEmbedding(head_dim, 64, 10000.0, LLAMA3_TINY_SCALING)
+    positions = torch.tensor([0, 1, 2, 7, 3, 63, 5])
+    generator = torch.Generator().manual_seed(4)
+    stacked = torch.randn(len(positions), 4 + 2, head_dim, generator=generator)
+    expected_q, expected_k = rotary(positions, stacked[:, :4], stacked[:, 4:])
+    rotated = rotate_with_tables(stacked, rotary.step_tables(positions))
+    assert torch.equal(rotated[:, :4], expected_q)
+    assert torch.equal(rotated[:, 4:], expected_k)
+
+
+def test_float32_rms_norm_is_the_reference_formula_bit_for_bit():
+    """float32 norms run as one F.rms_norm: the same values as the formula (HF's), at the
+    shapes the model uses, strided q/k-norm views included."""
+    generator = torch.Generator().manual_seed(5)
+    for shape in [(1, 576), (7, 576), (32, 64), (3, 9, 64)]:
+        norm = RMSNorm(shape[-1], eps=1e-5)
+        torch.nn.init.normal_(norm.weight, generator=generator)
+        x = torch.randn(*shape, generator=generator) * 30
+        variance = x.pow(2).mean(-1, keepdim=True)
+        assert torch.equal(norm(x), norm.weight * (x * torch.rsqrt(variance + 1e-5)))
+    strided = torch.randn(4, 12, 64, generator=generator)[:, :9]
+    norm = RMSNorm(64, eps=1e-6)
+    torch.nn.init.normal_(norm.weight, generator=generator)
+    variance = strided.pow(2).mean(-1, keepdim=True)
+    assert torch.equal(norm(strided), norm.weight * (strided * torch.rsqrt(variance + 1e-6)))
 
 
 def test_rms_norm_fused_residual_add():

@@ -31,8 +31,10 @@ def test_quantize_error_is_within_half_a_step(shape):
 @pytest.mark.parametrize("num_tokens", [1, 7, 64])
 @pytest.mark.parametrize("num_rows", [1, 7, 1500])
 def test_chunked_matmul_matches_dequantized_reference(monkeypatch, num_tokens, num_rows):
-    # Small chunks, so that 1500 rows of 96 take several chunks and a ragged last one.
+    # Small chunks, so that 1500 rows of 96 take several chunks and a ragged last one; the GEMV
+    # for few rows is tested below.
     monkeypatch.setattr(quantized_linear, "CHUNK_ELEMENTS", 96 * 64)
+    monkeypatch.setattr(quantized_linear, "GEMV_MAX_ROWS", 0)
     generator = torch.Generator().manual_seed(1)
     codes, scale = quantize_int8_per_row(torch.randn(num_rows, 96, generator=generator))
     x = torch.randn(num_tokens, 96, generator=generator)
@@ -41,6 +43,29 @@ def test_chunked_matmul_matches_dequantized_reference(monkeypatch, num_tokens, n
     # Same math, different summation order (scale applied after the dot product).
     actual = int8_weight_matmul(x, codes, scale, bias)
     torch.testing.assert_close(actual, expected, atol=1e-4, rtol=1e-5)
+
+
+@pytest.mark.parametrize("num_tokens", [1, 3, 4])
+@pytest.mark.parametrize(("num_rows", "num_columns"), [(7, 96), (960, 576), (17, 100)])
+def test_few_rows_match_the_reference_with_bfloat16_activations(num_tokens, num_rows, num_columns):
+    """Up to GEMV_MAX_ROWS rows run the int8-weight GEMV on bfloat16 activations: its result is
+    the dequantized weight times the bfloat16-rounded input, to bfloat16 output rounding. A K
+    that the GEMV cannot take (100: not a multiple of 16, where torch's kernel crashes) runs
+    the float32 path, exactly."""
+    generator = torch.Generator().manual_seed(2)
+    codes, scale = quantize_int8_per_row(torch.randn(num_rows, num_columns, generator=generator))
+    x = torch.randn(num_tokens, num_columns, generator=generator)
+    bias = torch.randn(num_rows, generator=generator)
+    weight = dequantize_int8_per_row(codes, scale)
+    actual = int8_weight_matmul(x, codes, scale, bias)
+    uses_gemv = num_columns % 16 == 0 and quantized_linear.int8_gemv_available()
+    if uses_gemv:
+        expected = x.bfloat16().float() @ weight.T + bias
+        error = (actual - expected).abs().max() / expected.abs().max()
+        assert error < 2**-7  # bfloat16 output rounding, one part in 256
+        assert (actual - (x @ weight.T + bias)).abs().max() > 0  # the GEMV really ran
+    else:
+        torch.testing.assert_close(actual, x @ weight.T + bias, atol=1e-4, rtol=1e-5)
 
 
 def test_quantize_model_replaces_weights_and_keeps_outputs_close():

@@ -8,7 +8,8 @@ token at context position p attends to context positions 0..p (causal).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -34,6 +35,9 @@ class AttentionMetadata:
     # The template of a CUDA graph (worker/prefill_graphs.py): the launches must hold for any
     # layout that the replays bring, so no choice may follow the host values above.
     for_graph: bool = False
+    # What a backend derives from this step's metadata once and reuses in every layer (the CPU
+    # backend's gather indices and mask); empty when the step starts.
+    backend_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
     @property
     def num_reqs(self) -> int:

@@ -116,6 +116,35 @@ def fake_quantize_int4(weight: torch.Tensor, group_size: int = 128) -> torch.Ten
     return (codes * scale + low).view(rows, -1)[:, :cols]
 
 
+# Clipping ratios tried per group by the MSE search: the group's range [low, high] is shrunk
+# around its midpoint by each ratio and the one with the least squared error is kept.
+CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
+
+
+def fake_quantize_int4_mse(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
+    """Round-to-nearest asymmetric 4-bit, group 128, per-group scales and zeros as
+    fake_quantize_int4, but each group's range clipped to the ratio of CLIP_RATIOS that gives
+    the least squared error (still RTN: only the scale and zero of each group change)."""
+    rows, cols = weight.shape
+    padded = torch.nn.functional.pad(weight, (0, (-cols) % group_size))
+    groups = padded.view(rows, -1, group_size)
+    valid = torch.arange(padded.shape[1]).view(1, -1, group_size) < cols
+    low = torch.where(valid, groups, torch.inf).amin(-1, keepdim=True)
+    high = torch.where(valid, groups, -torch.inf).amax(-1, keepdim=True)
+    middle, half_range = (high + low) / 2, (high - low) / 2
+    best, best_error = groups, torch.full_like(low, torch.inf)
+    for ratio in CLIP_RATIOS:
+        clipped_low = middle - half_range * ratio
+        scale = (2 * half_range * ratio / 15).clamp(min=1e-12)
+        codes = torch.round((groups - clipped_low) / scale).clamp(0, 15)
+        candidate = codes * scale + clipped_low
+        error = ((candidate - groups) ** 2 * valid).sum(-1, keepdim=True)
+        better = error < best_error
+        best = torch.where(better, candidate, best)
+        best_error = torch.where(better, error, best_error)
+    return best.view(rows, -1)[:, :cols]
+
+
 def fake_quantize_fp8(weight: torch.Tensor) -> torch.Tensor:
     """float8 e4m3 with one scale per row (max maps to 448), dequantized back to float32."""
     scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
@@ -127,10 +156,18 @@ def simulate_quantization_(model, method: str) -> None:
     """Replace every linear layer's weight by its quantize-dequantize image (numerics only)."""
     from ladle.model.layers.linear import Linear
 
-    fake = {"int4-sim": fake_quantize_int4, "fp8-sim": fake_quantize_fp8}[method]
+    fake = {
+        "int4-sim": fake_quantize_int4,
+        "int4-mse-sim": fake_quantize_int4_mse,
+        "fp8-sim": fake_quantize_fp8,
+        "fp8-w8a8-sim": fake_quantize_fp8,
+    }[method]
     for module in model.modules():
         if isinstance(module, Linear):
             module.weight.copy_(fake(module.weight))
+            if method == "fp8-w8a8-sim":
+                # What --quantization fp8 runs on the GPU: activations quantized per token too.
+                module.register_forward_pre_hook(lambda _, inputs: (fake_quantize_fp8(inputs[0]),))
 
 
 def perplexity(model, windows: list[list[int]]) -> float:
@@ -155,8 +192,9 @@ def main() -> None:
         help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
         "format), int8, int8-weight-only (the auto default) and int4 (ladle's CPU formats), "
         "and the simulated numerics int4-sim "
-        "(RTN asymmetric, group 128) and fp8-sim (e4m3, per-row scales), applied to every "
-        "linear layer as quantize-then-dequantize",
+        "(RTN asymmetric, group 128), int4-mse-sim (the same with an MSE clipping search per "
+        "group), fp8-sim (e4m3, per-row weight scales) and fp8-w8a8-sim (the same and per-token "
+        "e4m3 activations), applied to every linear layer as quantize-then-dequantize",
     )
     args = parser.parse_args()
     from ladle.engine.tokenizer import load_tokenizer

@@ -32,15 +32,16 @@ class PackedInt8Weight:
     num_rows: int
     num_columns: int
     # Input channels multiplied in float32 (activation_outliers.py): their indices, and the
-    # float weight columns [N, len(indices)]; the packed codes hold zeros there.
+    # float weight columns transposed, [len(indices), N] (the operand addmm takes); the packed
+    # codes hold zeros there.
     outlier_columns: torch.Tensor | None = None
-    outlier_weight: torch.Tensor | None = None
+    outlier_weight_t: torch.Tensor | None = None
 
     @property
     def num_bytes(self) -> int:
         # The packed layout holds the int8 codes plus one float scale per row (and small column
         # offsets); count what it must at least hold.
-        outlier_bytes = 0 if self.outlier_weight is None else self.outlier_weight.numel() * 4
+        outlier_bytes = 0 if self.outlier_weight_t is None else self.outlier_weight_t.numel() * 4
         return self.num_rows * (self.num_columns + 4) + outlier_bytes
 
 
@@ -75,6 +76,7 @@ def pack_int8_weight(
 ) -> PackedInt8Weight:
     """Pack int8 codes [N, K] with float32 row scales [N] for `int8_dynamic_linear`; the
     optional outlier columns (indices, float weight [N, count]) are multiplied in float32."""
+    outlier_weight_t = None if outlier_weight is None else outlier_weight.T.contiguous()
     num_rows, num_columns = codes.shape
     with warnings.catch_warnings():
         # torch marks its quantized tensor types deprecated; the CPU engine behind them is the
@@ -87,20 +89,25 @@ def pack_int8_weight(
             0,
         )
         packed = torch.ops.quantized.linear_prepack(quantized, None)
-    return PackedInt8Weight(packed, num_rows, num_columns, outlier_columns, outlier_weight)
+    return PackedInt8Weight(packed, num_rows, num_columns, outlier_columns, outlier_weight_t)
 
 
 def int8_dynamic_linear(
     x: torch.Tensor, weight: PackedInt8Weight, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., K] float32 @ weight^T (+ bias), activations quantized to int8 per token."""
+    """x [..., K] float32 @ weight^T (+ bias), activations quantized to int8 per token.
+
+    A decode step runs this ~120 times on a one-row x, so the row's path is a handful of ops:
+    no reshapes or casts when x is already a float32 matrix, index_select (not advanced
+    indexing) for the outlier columns, and their product added by addmm."""
     leading, input_dtype = x.shape[:-1], x.dtype
-    x = x.reshape(-1, weight.num_columns).float()
+    if x.dim() != 2 or x.dtype != torch.float32:
+        x = x.reshape(-1, weight.num_columns).float()
     reduce_range = not cpu_has_vnni()
-    outlier_output = None
-    if weight.outlier_columns is not None:
-        outlier_output = x[:, weight.outlier_columns] @ weight.outlier_weight.T
-        x = x.index_fill(1, weight.outlier_columns, 0.0)
+    outlier_columns = weight.outlier_columns
+    if outlier_columns is not None:
+        outlier_input = x.index_select(1, outlier_columns)
+        x = x.index_fill(1, outlier_columns, 0.0)
     if x.shape[0] == 1:
         # One token: the engine's per-tensor scale is already per token.
         output = torch.ops.quantized.linear_dynamic(x, weight.packed, reduce_range)
@@ -108,8 +115,10 @@ def int8_dynamic_linear(
         token_max = x.abs().amax(dim=1, keepdim=True).clamp_(min=1e-30)
         output = torch.ops.quantized.linear_dynamic(x / token_max, weight.packed, reduce_range)
         output.mul_(token_max)
-    if outlier_output is not None:
-        output.add_(outlier_output)
+    if outlier_columns is not None:
+        output.addmm_(outlier_input, weight.outlier_weight_t)
     if bias is not None:
         output.add_(bias)
-    return output.reshape(*leading, weight.num_rows).to(input_dtype)
+    if len(leading) != 1 or input_dtype != torch.float32:
+        output = output.reshape(*leading, weight.num_rows).to(input_dtype)
+    return output

@@ -15,6 +15,8 @@ docs/quantization.md has the measurements behind each choice.
 
 from __future__ import annotations
 
+import functools
+
 import torch
 import torch.nn.functional as F
 from torch import nn
@@ -54,12 +56,45 @@ def dequantize_int8_per_row(codes: torch.Tensor, scale: torch.Tensor) -> torch.T
     return codes.float() * scale[:, None]
 
 
+# Up to this many rows (decode of one or a few sequences) the weight-only int8 matmul runs on
+# torch's int8-weight GEMV (`_weight_int8pack_mm`, bfloat16 activations), which reads the codes
+# once; more rows amortise converting the codes to float32 for MKL, which is then faster.
+GEMV_MAX_ROWS = 4
+# The GEMV reads K in vectors of 16: other K give wrong sums or crash (torch 2.13, measured).
+GEMV_COLUMN_MULTIPLE = 16
+
+
+@functools.cache
+def _unit_scales(num_rows: int) -> torch.Tensor:
+    return torch.ones(num_rows, dtype=torch.bfloat16)
+
+
+@functools.cache
+def int8_gemv_available() -> bool:
+    """Whether this torch build has the CPU int8-weight GEMV, and it computes correctly."""
+    try:
+        codes = torch.arange(-16, 16, dtype=torch.int8).view(2, GEMV_COLUMN_MULTIPLE)
+        ones = torch.ones(1, GEMV_COLUMN_MULTIPLE, dtype=torch.bfloat16)
+        output = torch._weight_int8pack_mm(ones, codes, _unit_scales(2))
+    except (RuntimeError, AttributeError, NotImplementedError):
+        return False
+    return output.float().tolist() == [[-136.0, 120.0]]
+
+
 def int8_weight_matmul(
     x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [tokens, K] @ (codes [N, K] * scale [N, 1])^T (+ bias), converting the codes in chunks of
-    rows so that no full float32 copy of the weight is ever made."""
+    """x [tokens, K] @ (codes [N, K] * scale [N, 1])^T (+ bias). Up to GEMV_MAX_ROWS rows: the
+    int8-weight GEMV on bfloat16 activations, the float32 row scales applied to its output (a
+    decode step's ~120 matmuls at 2-3x the rate of converting codes); more rows: the codes
+    converted in chunks of rows for MKL, so that no full float32 copy of the weight is made."""
     num_rows, num_cols = codes.shape
+    fits_gemv = num_cols % GEMV_COLUMN_MULTIPLE == 0 and codes.device.type == "cpu"
+    if fits_gemv and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS:
+        if int8_gemv_available():
+            output = torch._weight_int8pack_mm(x.to(torch.bfloat16), codes, _unit_scales(num_rows))
+            output = output.to(x.dtype).mul_(scale)
+            return output if bias is None else output.add_(bias)
     rows_per_chunk = max(1, CHUNK_ELEMENTS // num_cols)
     if num_rows <= rows_per_chunk:
         output = F.linear(x, codes.to(x.dtype))

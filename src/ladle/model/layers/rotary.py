@@ -93,6 +93,14 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
+    def step_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(cos, signed sin), each [num_tokens, 1, head_dim], for `rotate_with_tables`: built
+        once per step and shared by every layer (the positions are the same in all of them).
+        cos repeats the halves' cosines; sin is (-sin, sin), so the rotation is two multiplies
+        and an add per element, with the same rounding as _rotate."""
+        cos, sin = self.cos_sin_cache.index_select(0, positions).unsqueeze(1).chunk(2, dim=-1)
+        return torch.cat((cos, cos), dim=-1), torch.cat((-sin, sin), dim=-1)
+
     def _may_fuse(self, query: torch.Tensor, key: torch.Tensor) -> bool:
         return (
             query.dtype == key.dtype == self.cos_sin_cache.dtype
@@ -105,6 +113,15 @@ class RotaryEmbedding(nn.Module):
             f"head_dim={self.head_dim}, max_positions={self.max_position_embeddings}, "
             f"base={self.base}, scaling={self.rope_scaling}"
         )
+
+
+def rotate_with_tables(x: torch.Tensor, tables: tuple[torch.Tensor, torch.Tensor]) -> torch.Tensor:
+    """Rotary applied to x [num_tokens, heads, head_dim] with `step_tables`: four ops for
+    query and key heads together (vs ~20 for _rotate on each), the same values bit for bit:
+    first half x1 * cos + x2 * -sin, second half x2 * cos + x1 * sin."""
+    cos, signed_sin = tables
+    x1, x2 = x.chunk(2, dim=-1)
+    return x * cos + torch.cat((x2, x1), dim=-1) * signed_sin
 
 
 def _rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 
 from ladle.attention.backend import AttentionBackend
 from ladle.attention.metadata import AttentionMetadata
+from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.layers.activation import SiluAndMul
 from ladle.model.layers.attention import Attention
@@ -21,7 +22,7 @@ from ladle.model.layers.embedding import LMHead, VocabEmbedding
 from ladle.model.layers.kv_scales import load_kv_scale
 from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
-from ladle.model.layers.rotary import RotaryEmbedding
+from ladle.model.layers.rotary import RotaryEmbedding, rotate_with_tables
 from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.loader.errors import ModelLoadError
 
@@ -72,9 +73,23 @@ class LlamaAttention(nn.Module):
         hidden_states: torch.Tensor,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        rotary_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> torch.Tensor:
+        """rotary_tables: this step's `RotaryEmbedding.step_tables` where the rotary runs as
+        plain torch ops (not the fused CUDA kernel), else None."""
         num_tokens = hidden_states.shape[0]
-        query, key, value = self.qkv_proj.split(self.qkv_proj(hidden_states))
+        qkv = self.qkv_proj(hidden_states)
+        if rotary_tables is not None and self.q_norm is None:
+            # Query and key heads sit side by side in qkv: rotated together, four ops.
+            query_key = qkv[:, : self.qkv_proj.q_size + self.qkv_proj.kv_size]
+            query_key = rotate_with_tables(
+                query_key.view(num_tokens, self.num_heads + self.num_kv_heads, self.head_dim),
+                rotary_tables,
+            )
+            query, key = query_key.split([self.num_heads, self.num_kv_heads], dim=1)
+            value = qkv[:, self.qkv_proj.q_size + self.qkv_proj.kv_size :]
+            return self.o_proj(self.attn(query, key, value, kv_cache, attn_metadata))
+        query, key, value = self.qkv_proj.split(qkv)
         query = query.view(num_tokens, self.num_heads, self.head_dim)
         key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
         if self.q_norm is not None:
@@ -119,13 +134,16 @@ class LlamaDecoderLayer(nn.Module):
         residual: torch.Tensor | None,
         kv_cache: torch.Tensor,
         attn_metadata: AttentionMetadata,
+        rotary_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         if residual is None:
             residual = hidden_states
             hidden_states = self.input_layernorm(hidden_states)
         else:
             hidden_states, residual = self.input_layernorm(hidden_states, residual)
-        hidden_states = self.self_attn(positions, hidden_states, kv_cache, attn_metadata)
+        hidden_states = self.self_attn(
+            positions, hidden_states, kv_cache, attn_metadata, rotary_tables
+        )
         hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
         return self.mlp(hidden_states), residual
 
@@ -156,9 +174,14 @@ class LlamaModel(nn.Module):
             raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
         hidden_states = self.embed_tokens(input_ids)
         residual = None
+        # Off the fused CUDA path the rotary tables of this step's positions are gathered once
+        # for all layers.
+        rotary_tables = None
+        if not use_fused_kernels(hidden_states):
+            rotary_tables = self.rotary_emb.step_tables(positions)
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden_states, residual = layer(
-                positions, hidden_states, residual, kv_cache, attn_metadata
+                positions, hidden_states, residual, kv_cache, attn_metadata, rotary_tables
             )
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
