@@ -17,8 +17,6 @@ import sys
 import threading
 from typing import Any
 
-from ladle.entrypoints.cluster.front_server import FrontServer, bind_socket, build_front_app
-
 RAY_MISSING = (
     "--replicas and --ray-address run ladle on Ray Serve, which is not installed; "
     "install it with: pip install 'ladle[ray]'  (or: pip install 'ray[serve]')"
@@ -35,6 +33,7 @@ def run_cluster(
     except ImportError:
         raise ValueError(RAY_MISSING) from None
     from ladle.entrypoints.cluster.app import build_app, build_replicas
+    from ladle.entrypoints.cluster.front_server import bind_socket
 
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
@@ -108,6 +107,7 @@ def _serve_front(
         ReplicaFront,
         num_running_replicas,
     )
+    from ladle.entrypoints.cluster.front_server import FrontServer, build_front_app
     from ladle.entrypoints.openai.http_protocol import make_timed_protocol
 
     engine = serve.get_deployment_handle(ENGINE_DEPLOYMENT_NAME, APP_NAME)

@@ -64,6 +64,8 @@ _SLOT_FAILURES = (RayError, ConnectionError, RuntimeError)
 _REPLICA_METRICS_TIMEOUT_S = 5.0
 # Pooled connections to replicas idle this long are closed (below the replicas' keep-alive).
 _POOL_IDLE_S = 60.0
+# How long a finished response waits for Ray to confirm its slot call ended (normally ~1 ms).
+_SLOT_END_WAIT_S = 2.0
 
 
 @dataclasses.dataclass(frozen=True)
@@ -258,14 +260,26 @@ async def _relay(
         while chunk := await upstream.content.readany():
             yield chunk
         finished = True
+        upstream.release()
+        # The response ends only once Ray has the slot back: a client that sends its next
+        # request on seeing this one end finds this replica's in-flight count already lowered
+        # (else sequential requests would see a phantom load and spread for no reason).
+        await _end_slot(slot_call)
     except (aiohttp.ClientError, ConnectionError) as error:
         routing_metrics.CUT_STREAMS.inc()
         logger.warning("replica failed mid-response: %s", error)
         if is_event_stream:
             yield _cut_stream_event(error)
     finally:
-        if finished:
-            upstream.release()
-        else:
+        if not finished:
             upstream.close()
         slot_call.cancel()
+
+
+async def _end_slot(slot_call: Any) -> None:
+    """Cancels the slot call and waits (briefly) until Ray reports it ended."""
+    slot_call.cancel()
+    try:
+        await asyncio.wait_for(slot_call.__anext__(), timeout=_SLOT_END_WAIT_S)
+    except Exception:  # noqa: BLE001 - the cancellation, as asked (Ray raises it here)
+        pass
