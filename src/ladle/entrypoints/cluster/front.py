@@ -78,6 +78,7 @@ class FrontSettings:
     num_prefix_blocks: int
     num_replicas_asked: int
     max_attempts: int = 6
+    retry_backoff_s: float = 0.5  # before the second attempt; doubled before each next one
 
 
 def _error(status: int, message: str, code: str) -> JSONResponse:
@@ -132,6 +133,8 @@ class ReplicaFront:
     ) -> None:
         if settings.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {settings.max_attempts}")
+        if settings.retry_backoff_s < 0:
+            raise ValueError(f"retry_backoff_s must be >= 0, got {settings.retry_backoff_s}")
         self._engine = engine
         self._settings = settings
         self._num_running_replicas = num_running_replicas
@@ -227,7 +230,7 @@ class ReplicaFront:
                 logger.warning("replica failed before answering (%s); retrying", error)
                 # Back off past Ray's health check period (2 s), by which time a replica with a
                 # dead engine has left the candidates: 0.5 + 1 + 2 + 4 + 8 s over six attempts.
-                await asyncio.sleep(0.5 * 2 ** (attempt - 1))
+                await asyncio.sleep(self._settings.retry_backoff_s * 2 ** (attempt - 1))
                 continue
             except BaseException:
                 if upstream is not None:
