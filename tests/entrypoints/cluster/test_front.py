@@ -21,7 +21,10 @@ from ladle.entrypoints.cluster.front import FrontSettings, ReplicaFront  # noqa:
 from ladle.entrypoints.cluster.front_server import build_front_app  # noqa: E402
 from ladle.entrypoints.cluster.replica_http import (  # noqa: E402
     ENGINE_DEAD_HEADER,
+    SLOT_HEADER,
     ReplicaSlot,
+    SlotTable,
+    end_slots,
     mark_engine_death,
 )
 
@@ -30,13 +33,14 @@ PROMPT_IDS = list(range(40))  # 2 full blocks of 16: a routing key
 
 
 class _SlotCall:
-    """Stands in for Ray's streaming slot call: the slot (or an error), then held until
-    cancelled."""
+    """Stands in for Ray's streaming slot call: the slot (or an error), then its end, which the
+    replica sends once it is done with the request (here: at once)."""
 
     def __init__(self, answer: ReplicaSlot | Exception) -> None:
         self.answer = answer
         self.answered = False
-        self.cancelled = asyncio.Event()
+        self.cancelled = False
+        self.ended = False  # the front awaited the replica's end of the slot
 
     async def __anext__(self) -> ReplicaSlot:
         if not self.answered:
@@ -44,11 +48,11 @@ class _SlotCall:
             if isinstance(self.answer, Exception):
                 raise self.answer
             return self.answer
-        await self.cancelled.wait()
+        self.ended = True
         raise StopAsyncIteration
 
     def cancel(self) -> None:
-        self.cancelled.set()
+        self.cancelled = True
 
 
 class _Engine:
@@ -73,12 +77,15 @@ class _Engine:
         return self.calls[-1]
 
 
-async def _replica(kind: str) -> tuple[asyncio.Server, str]:
+async def _replica(kind: str, heads: list[bytes] | None = None) -> tuple[asyncio.Server, str]:
     """A replica's HTTP server that answers one way: 'good' (an SSE stream, chunked, in pieces),
-    'cut' (one event, then the connection drops) or 'dead' (503 marked engine-dead)."""
+    'cut' (one event, then the connection drops) or 'dead' (503 marked engine-dead). Request
+    heads are appended to `heads`."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
+        if heads is not None:
+            heads.append(head.lower())
         length = int(next(
             line.split(b":")[1] for line in head.split(b"\r\n")
             if line.lower().startswith(b"content-length")
@@ -137,7 +144,8 @@ async def _post(front: ReplicaFront) -> httpx.Response:
         return await client.post(
             "/v1/completions",
             json={"model": "m", "prompt": PROMPT_IDS, "stream": True},
-            headers={"authorization": "Bearer k"},
+            # A client's slot header never reaches a replica: it could end another's slot.
+            headers={"authorization": "Bearer k", SLOT_HEADER: "forged"},
         )
 
 
@@ -146,14 +154,16 @@ def _count(counter, **labels) -> float:
 
 
 def test_relays_the_replica_stream_after_retrying_replicas_that_did_not_answer():
+    heads: list[bytes] = []
+
     async def scenario() -> tuple[httpx.Response, _Engine]:
-        good, good_url = await _replica("good")
+        good, good_url = await _replica("good", heads)
         dead, dead_url = await _replica("dead")
         engine = _Engine([
             RuntimeError("engine core is gone"),  # the slot call fails
-            ReplicaSlot("closed", _closed_port_url()),  # nothing listens
-            ReplicaSlot("dead", dead_url),  # answers 503 with a dead engine
-            ReplicaSlot("good", good_url),
+            ReplicaSlot("closed", _closed_port_url(), "s1"),  # nothing listens
+            ReplicaSlot("dead", dead_url, "s2"),  # answers 503 with a dead engine
+            ReplicaSlot("good", good_url, "s3"),
         ])  # fmt: skip
         front = ReplicaFront(engine, _settings(), lambda: 2)
         try:
@@ -166,12 +176,17 @@ def test_relays_the_replica_stream_after_retrying_replicas_that_did_not_answer()
     retried = _count(routing_metrics.RETRIED_REQUESTS)
     routed = _count(routing_metrics.ROUTED_REQUESTS, replica="good")
     response, engine = asyncio.run(scenario())
+    [head] = heads
+    assert f"{SLOT_HEADER}: s3\r\n".encode() in head and b"forged" not in head
+    assert b"authorization: bearer k" in head  # the client's own headers go through
     assert response.status_code == 200
     assert response.headers["content-type"] == "text/event-stream"
     assert response.content == b"".join(EVENTS)  # byte for byte what the replica sent
     # The first attempt carries the prefix key; retries drop it (affinity would send them back).
     assert engine.keys[0] is not None and engine.keys[1:] == [None, None, None]
-    assert all(call.cancelled.is_set() for call in engine.calls)  # every slot given back
+    # Failed attempts' slots are cancelled; the answered one is ended by its replica, awaited.
+    assert [call.cancelled for call in engine.calls] == [True, True, True, False]
+    assert engine.calls[-1].ended
     assert _count(routing_metrics.RETRIED_REQUESTS) - retried == 3
     assert _count(routing_metrics.ROUTED_REQUESTS, replica="good") - routed == 1
 
@@ -179,7 +194,7 @@ def test_relays_the_replica_stream_after_retrying_replicas_that_did_not_answer()
 def test_a_cut_stream_ends_with_an_error_event_and_done():
     async def scenario() -> tuple[httpx.Response, _Engine]:
         cut, cut_url = await _replica("cut")
-        engine = _Engine([ReplicaSlot("cut", cut_url)])
+        engine = _Engine([ReplicaSlot("cut", cut_url, "s1")])
         front = ReplicaFront(engine, _settings(), lambda: 2)
         try:
             return await _post(front), engine
@@ -195,7 +210,7 @@ def test_a_cut_stream_ends_with_an_error_event_and_done():
     error = json.loads(body[len(EVENTS[0]) :].split(b"\n\n")[0].removeprefix(b"data: "))
     assert error["error"]["code"] == "replica_failed"
     assert _count(routing_metrics.CUT_STREAMS) - cut_streams == 1
-    assert engine.calls[0].cancelled.is_set()
+    assert engine.calls[0].cancelled
 
 
 def test_no_replica_answering_is_a_503_after_max_attempts():
@@ -246,3 +261,28 @@ def test_engine_death_marks_only_5xx_answers_of_a_dead_engine():
     assert asyncio.run(answer(503, alive=False)) == [marked]
     assert asyncio.run(answer(503, alive=True)) == []
     assert asyncio.run(answer(400, alive=False)) == []
+
+
+def test_a_slot_ends_when_its_request_ends_or_when_no_request_claims_it():
+    async def scenario() -> tuple[bool, bool, int]:
+        slots = SlotTable()
+
+        async def app(scope, receive, send):
+            await asyncio.sleep(0.05)  # the request is being answered
+
+        served = end_slots(app, slots)
+        slot_id = slots.open()
+        waiter = asyncio.create_task(slots.wait_until_done(slot_id))
+        request = asyncio.create_task(
+            served({"type": "http", "headers": [(SLOT_HEADER.encode(), slot_id.encode())]},
+                   None, None)
+        )  # fmt: skip
+        await asyncio.sleep(0.01)
+        running_while_answering = not waiter.done()
+        await request
+        await asyncio.wait_for(waiter, timeout=1)  # ended with its request
+        unclaimed = slots.open()
+        await slots.wait_until_done(unclaimed, unclaimed_s=0.01)  # nobody came: ends anyway
+        return running_while_answering, waiter.done(), len(slots)
+
+    assert asyncio.run(scenario()) == (True, True, 0)

@@ -52,6 +52,7 @@ def build_app(model: str | None = None, **options: Any) -> serve.Application:
     ingress = serve.deployment(LadleIngress, name="LadleIngress").options(
         num_replicas=1,
         ray_actor_options={"num_cpus": 0},
+        logging_config={"enable_access_log": False},
         max_ongoing_requests=max(_max_ongoing(options) * max(num_asked, 1), 1024),
     )
     return ingress.bind(replicas, front_settings)
@@ -138,6 +139,9 @@ def build_replicas(
         ray_actor_options={"num_cpus": num_cpus_per_replica, "num_gpus": num_gpus_per_replica},
         max_ongoing_requests=max_ongoing,
         health_check_period_s=2.0,
+        # ladle logs each request itself (--disable-log-requests); Ray's line per slot call
+        # would repeat it and cost each replica a log line per request.
+        logging_config={"enable_access_log": False},
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=shutdown_timeout,
         request_router_config=RequestRouterConfig(

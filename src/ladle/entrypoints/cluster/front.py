@@ -38,7 +38,7 @@ from starlette.responses import JSONResponse, Response, StreamingResponse
 
 # Through the module (which pickles by name), never its counters: see request_router.py.
 from ladle.entrypoints.cluster import routing_metrics
-from ladle.entrypoints.cluster.replica_http import ENGINE_DEAD_HEADER, ReplicaSlot
+from ladle.entrypoints.cluster.replica_http import ENGINE_DEAD_HEADER, SLOT_HEADER, ReplicaSlot
 from ladle.entrypoints.cluster.replica_metrics import merge_replica_metrics
 from ladle.entrypoints.cluster.request_router import ROUTING_KEY_KWARG
 from ladle.entrypoints.cluster.routing_keys import request_routing_key
@@ -58,6 +58,7 @@ _HOP_HEADERS = {
     "upgrade",
     "content-length",
     "host",
+    SLOT_HEADER,  # the front's own, to the replica; never a client's
 }
 _SLOT_FAILURES = (RayError, ConnectionError, RuntimeError)
 # Replicas that do not answer their metrics call within this are left out of that scrape.
@@ -216,7 +217,10 @@ class ReplicaFront:
             try:
                 slot: ReplicaSlot = await slot_call.__anext__()
                 upstream = await self._http().request(
-                    request.method, slot.base_url + path, headers=headers, data=body
+                    request.method,
+                    slot.base_url + path,
+                    headers=[*headers, (SLOT_HEADER, slot.slot_id)],
+                    data=body,
                 )
                 if upstream.status >= 500 and ENGINE_DEAD_HEADER in upstream.headers:
                     raise ConnectionError(f"replica {slot.replica_id}: its engine died")
@@ -258,31 +262,33 @@ async def _relay(
     """The replica's response body as it arrives; the connection goes back to the pool (or is
     closed, when the client left early, which the replica's app sees as a disconnect and aborts
     the request) and the slot call ends with it."""
-    finished = False
+    slot_ended = False
     try:
         while chunk := await upstream.content.readany():
             yield chunk
-        finished = True
         upstream.release()
-        # The response ends only once Ray has the slot back: a client that sends its next
-        # request on seeing this one end finds this replica's in-flight count already lowered
-        # (else sequential requests would see a phantom load and spread for no reason).
-        await _end_slot(slot_call)
+        # The response ends only once Ray has the slot back (the replica ends it when it is done
+        # with the request): a client that sends its next request on seeing this one end finds
+        # this replica's in-flight count already lowered (else sequential requests would see a
+        # phantom load and spread for no reason).
+        slot_ended = await _slot_ended(slot_call)
     except (aiohttp.ClientError, ConnectionError) as error:
         routing_metrics.CUT_STREAMS.inc()
         logger.warning("replica failed mid-response: %s", error)
         if is_event_stream:
             yield _cut_stream_event(error)
     finally:
-        if not finished:
-            upstream.close()
-        slot_call.cancel()
+        upstream.close()  # a no-op once released
+        if not slot_ended:
+            slot_call.cancel()
 
 
-async def _end_slot(slot_call: Any) -> None:
-    """Cancels the slot call and waits (briefly) until Ray reports it ended."""
-    slot_call.cancel()
+async def _slot_ended(slot_call: Any) -> bool:
+    """Waits (briefly) for the replica to end the slot call; False if it did not."""
     try:
         await asyncio.wait_for(slot_call.__anext__(), timeout=_SLOT_END_WAIT_S)
-    except Exception:  # noqa: BLE001 - the cancellation, as asked (Ray raises it here)
-        pass
+    except StopAsyncIteration:
+        return True
+    except Exception:  # noqa: BLE001 - a slot that failed or lingers: cancelled by the caller
+        return False
+    return False

@@ -19,6 +19,8 @@ from typing import Any
 from ladle.entrypoints.cluster.replica_http import (
     ReplicaHttpServer,
     ReplicaSlot,
+    SlotTable,
+    end_slots,
     mark_engine_death,
 )
 from ladle.entrypoints.cluster.replica_settings import ReplicaServerSettings
@@ -78,7 +80,9 @@ class LadleReplica:
         await lifespan.__aenter__()
         self._lifespan: contextlib.AbstractAsyncContextManager | None = lifespan
         host = settings.http_host or ray.util.get_node_ip_address()
-        self._http = ReplicaHttpServer(mark_engine_death(self._app, lambda: client.is_alive), host)
+        self._slots = SlotTable()
+        served = end_slots(mark_engine_death(self._app, lambda: client.is_alive), self._slots)
+        self._http = ReplicaHttpServer(served, host)
         await self._http.start()
         self._stats_task = (
             asyncio.create_task(live_stats.run()) if settings.stats_interval_s > 0 else None
@@ -94,16 +98,17 @@ class LadleReplica:
         return self._client.engine_pid or 0
 
     async def open_slot(self, routing_key: int | None = None) -> AsyncIterator[ReplicaSlot]:
-        """Answers where to send one HTTP request, then holds until the front cancels the call
-        when that request ends: Ray counts the request on this replica all along.
+        """Answers where to send one HTTP request, then holds until that request has ended here
+        (or the front cancels the call): Ray counts the request on this replica all along.
         routing_key is the router's (unused here).
 
         With a dead engine it raises before answering, so the front tries another replica
         (check_health has Ray replace this one meanwhile)."""
         if not self._client.is_alive:
             raise RuntimeError(f"engine core is gone: {self._client.dead_reason}")
-        yield ReplicaSlot(self._replica_id, self._http.base_url)
-        await asyncio.Event().wait()  # until cancelled
+        slot_id = self._slots.open()
+        yield ReplicaSlot(self._replica_id, self._http.base_url, slot_id)
+        await self._slots.wait_until_done(slot_id)
 
     async def check_health(self) -> None:
         """Ray calls this periodically; raising makes Ray replace the replica."""

@@ -13,6 +13,7 @@ import asyncio
 import contextlib
 import dataclasses
 import socket
+import uuid
 from typing import Any
 
 import uvicorn
@@ -20,6 +21,11 @@ import uvicorn
 # Set on a 5xx answered while the replica's engine is dead: the front retries the request on
 # another replica (nothing reached the client yet) instead of relaying this replica's 503.
 ENGINE_DEAD_HEADER = "x-ladle-engine-dead"
+# The slot a request belongs to (ReplicaSlot.slot_id): the replica ends that slot call when the
+# request's HTTP exchange ends, so Ray counts the request until its last byte left the replica.
+SLOT_HEADER = "x-ladle-slot"
+# A slot whose HTTP request has not arrived by then ends anyway (its front is gone).
+UNCLAIMED_SLOT_S = 60.0
 # Longer than the front's pooled-connection idle time (front.py), so the replica never closes a
 # kept-alive connection the front is about to reuse.
 KEEP_ALIVE_S = 120
@@ -31,6 +37,73 @@ class ReplicaSlot:
 
     replica_id: str
     base_url: str  # http://host:port, no trailing slash
+    slot_id: str = ""  # sent back as SLOT_HEADER on the HTTP request
+
+
+@dataclasses.dataclass
+class _Slot:
+    claimed: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+    done: asyncio.Event = dataclasses.field(default_factory=asyncio.Event)
+
+
+class SlotTable:
+    """The replica's open slots. A slot call opens one, and waits until the HTTP request that
+    names it (SLOT_HEADER) has ended, then ends normally: no cancellation, so Ray's accounting of
+    the call ends as soon as the replica is done with the request."""
+
+    def __init__(self) -> None:
+        self._slots: dict[str, _Slot] = {}
+
+    def __len__(self) -> int:
+        return len(self._slots)
+
+    def open(self) -> str:
+        slot_id = uuid.uuid4().hex
+        self._slots[slot_id] = _Slot()
+        return slot_id
+
+    async def wait_until_done(self, slot_id: str, unclaimed_s: float = UNCLAIMED_SLOT_S) -> None:
+        """Returns when the slot's request has ended, or when none claimed it in unclaimed_s;
+        forgets the slot either way (also when cancelled)."""
+        slot = self._slots[slot_id]
+        try:
+            try:
+                await asyncio.wait_for(slot.claimed.wait(), timeout=unclaimed_s)
+            except TimeoutError:
+                return
+            await slot.done.wait()
+        finally:
+            self._slots.pop(slot_id, None)
+
+    def claim(self, slot_id: str) -> None:
+        if (slot := self._slots.get(slot_id)) is not None:
+            slot.claimed.set()
+
+    def finish(self, slot_id: str) -> None:
+        if (slot := self._slots.get(slot_id)) is not None:
+            slot.done.set()
+
+
+def end_slots(app: Any, slots: SlotTable) -> Any:
+    """ASGI middleware: a request naming a slot claims it, and finishes it once the app is done
+    with the request (answered, failed, or the client left)."""
+    header = SLOT_HEADER.encode()
+
+    async def ending(scope: dict, receive: Any, send: Any) -> None:
+        slot_id = None
+        if scope["type"] == "http":
+            for name, value in scope["headers"]:
+                if name == header:
+                    slot_id = value.decode("latin-1")
+                    slots.claim(slot_id)
+                    break
+        try:
+            await app(scope, receive, send)
+        finally:
+            if slot_id is not None:
+                slots.finish(slot_id)
+
+    return ending
 
 
 def mark_engine_death(app: Any, is_alive: Any) -> Any:
