@@ -24,7 +24,7 @@ import ray
 from ray import serve
 
 from ladle.entrypoints.cluster.app import build_app
-from ladle.entrypoints.cluster.ingress import ENGINE_DEPLOYMENT_NAME
+from ladle.entrypoints.cluster.front import ENGINE_DEPLOYMENT_NAME
 
 AUTOSCALING = {
     "min_replicas": 1,

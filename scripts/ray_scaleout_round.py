@@ -67,6 +67,45 @@ class Server:
                 self.process.wait(10)
 
 
+def _process_role(process) -> str:
+    """Which part of the serving stack a process is, from its command line (Ray names its
+    actors' processes ray::<class>)."""
+    command = " ".join(process.cmdline())
+    for marker, role in (
+        ("LadleIngress", "ingress replica"),
+        ("ProxyActor", "Ray Serve proxy"),
+        ("LadleReplica", "engine replica (API)"),
+        ("ServeController", "Ray Serve controller"),
+        ("spawn_main", "engine core"),
+        ("ladle.cli serve", "ladle serve process"),
+        ("raylet", "Ray (raylet, GCS, workers)"),
+        ("gcs_server", "Ray (raylet, GCS, workers)"),
+    ):
+        if marker in command:
+            return role
+    return "other"
+
+
+def _cpu_seconds_by_role(root_pid: int) -> dict[str, float]:
+    """CPU seconds (user + system) so far of every process under root_pid, summed by role."""
+    import psutil
+
+    totals: dict[str, float] = {}
+    try:
+        root = psutil.Process(root_pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.Error:
+        return totals
+    for process in processes:
+        try:
+            times = process.cpu_times()
+            role = _process_role(process)
+        except psutil.Error:  # exited while we looked
+            continue
+        totals[role] = totals.get(role, 0.0) + times.user + times.system
+    return totals
+
+
 def _health_ok(port: int | None) -> bool:
     try:
         with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as answer:
@@ -161,6 +200,7 @@ def _phase(
             f"{name}_warmup",
             env,
         )
+        cpu_before = _cpu_seconds_by_role(server.process.pid)
         summary = _bench(
             server.port,
             options,
@@ -170,6 +210,12 @@ def _phase(
             name,
             env,
         )
+        cpu_after = _cpu_seconds_by_role(server.process.pid)
+        # Where the time went during the measured run: each role's CPU seconds per second.
+        summary["cpu_cores_by_role"] = {
+            role: round((cpu_after[role] - cpu_before.get(role, 0.0)) / summary["duration_s"], 3)
+            for role in sorted(cpu_after)
+        }
         summary["ready_s"] = ready_s
         print(f"[round] {name}: {json.dumps(summary)}", flush=True)
         return summary

@@ -40,13 +40,14 @@ def test_kserve_inference_service_is_well_formed():
 def test_ray_serve_config_matches_build_app():
     pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ladle[ray]')")
     from ladle.config import EngineConfig
-    from ladle.entrypoints.cluster.app import build_app
+    from ladle.entrypoints.cluster.app import build_replicas
 
     config = yaml.safe_load((DEPLOY / "ray-serve-config.yaml").read_text())
     [application] = config["applications"]
     assert application["import_path"] == "ladle.entrypoints.cluster.app:app_builder"
     args = dict(application["args"])
-    build_app_keywords = set(inspect.signature(build_app).parameters) - {"engine_options"}
+    # build_app's keywords are build_replicas's (build_app(model, **options) passes them on).
+    build_app_keywords = set(inspect.signature(build_replicas).parameters) - {"engine_options"}
     engine_options = {k: v for k, v in args.items() if k not in build_app_keywords}
     # What is left must be engine options EngineConfig accepts (it names any it does not).
     EngineConfig.from_kwargs(model=args["model"], **engine_options)

@@ -24,7 +24,7 @@ def test_replicas_must_be_positive(capsys):
 
 
 def test_server_flags_reach_the_replicas(monkeypatch, capsys):
-    """Every `ladle serve` flag a replica applies itself is handed to build_app (a flag dropped
+    """Every `ladle serve` flag a replica applies itself reaches build_replicas (a flag dropped
     on the way would silently do nothing with --replicas)."""
     import pytest
 
@@ -33,11 +33,11 @@ def test_server_flags_reach_the_replicas(monkeypatch, capsys):
 
     captured = {}
 
-    def fake_build_app(model, **options):
+    def fake_build_replicas(model, **options):
         captured.update(options, model=model)
         raise ValueError("stop before Ray starts")
 
-    monkeypatch.setattr(cluster_app, "build_app", fake_build_app)
+    monkeypatch.setattr(cluster_app, "build_replicas", fake_build_replicas)
     argv = ["serve", "qwen3-0.6b", "--load-format", "dummy", "--replicas", "2",
             "--ttft-slo", "2s", "--stats-interval", "3", "--disable-log-requests",
             "--routing", "round-robin", "--shutdown-timeout", "7", "--max-queued-requests", "9",
@@ -77,11 +77,11 @@ def test_max_replicas_asks_ray_serve_to_autoscale(monkeypatch, capsys):
 
     captured = {}
 
-    def fake_build_app(model, **options):
+    def fake_build_replicas(model, **options):
         captured.update(options)
         raise ValueError("stop before Ray starts")
 
-    monkeypatch.setattr(cluster_app, "build_app", fake_build_app)
+    monkeypatch.setattr(cluster_app, "build_replicas", fake_build_replicas)
     base = ["serve", "qwen3-0.6b", "--load-format", "dummy", "--max-num-seqs", "64"]
     assert main([*base, "--max-replicas", "4"]) == 2
     assert captured["autoscaling_config"] == {

@@ -102,3 +102,19 @@ def test_round_robin_takes_turns_whatever_the_prefix_or_load():
     assert {p.reason for p in picks} == {REASON_ROUND_ROBIN}
     with pytest.raises(ValueError, match="no replica"):
         policy.choose(None, {})
+
+
+def test_prompt_token_ids_of_completion_bodies():
+    """A token-id prompt is one prompt, not a batch of ints (it once got no key at all, so
+    token-id requests were routed by load only); a batch routes by its first prompt."""
+    import json
+
+    from ladle.entrypoints.cluster.routing_keys import prompt_token_ids
+
+    def ids(prompt):
+        return prompt_token_ids("/v1/completions", json.dumps({"prompt": prompt}).encode(), None)
+
+    assert ids([5, 6, 7]) == [5, 6, 7]
+    assert ids([[5, 6], [8]]) == [5, 6]
+    assert ids("text") is None  # no tokenizer here
+    assert prompt_token_ids("/v1/completions", b"not json", None) is None

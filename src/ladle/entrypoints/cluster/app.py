@@ -11,10 +11,14 @@ or in a Serve config file (`serve run config.yaml`):
         import_path: ladle.entrypoints.cluster.app:app_builder
         args: {model: /models/llama, num_replicas: 2, max_model_len: 8192}
 
-Two deployments: LadleIngress (the HTTP endpoint, one replica) and LadleReplica (one ladle
-engine each, N replicas, one GPU each when the engine runs on CUDA, else CPU), the second routed
-by PrefixAwareRequestRouter. `autoscaling_config` replaces the fixed count with Ray Serve's
-autoscaler on ongoing requests per replica (docs/deploy.md has an example).
+Two deployments: LadleIngress (the HTTP endpoint behind Ray Serve's proxy, one replica) and
+LadleReplica (one ladle engine and its own HTTP server each, N replicas, one GPU each when the
+engine runs on CUDA, else CPU), the second routed by PrefixAwareRequestRouter. Responses stream
+from the replica's HTTP server through the ingress (front.py), never as Ray objects.
+`ladle serve --replicas N` deploys only the replicas (build_replicas) and runs the front in its
+own process, which also takes Ray Serve's proxy out of the token path. `autoscaling_config`
+replaces the fixed count with Ray Serve's autoscaler on ongoing requests per replica
+(docs/deploy.md has an example).
 """
 
 from __future__ import annotations
@@ -24,7 +28,8 @@ from typing import Any
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
-from ladle.entrypoints.cluster.ingress import ENGINE_DEPLOYMENT_NAME, LadleIngress
+from ladle.entrypoints.cluster.front import ENGINE_DEPLOYMENT_NAME, FrontSettings
+from ladle.entrypoints.cluster.ingress import LadleIngress
 from ladle.entrypoints.cluster.prefix_routing import (
     DEFAULT_LOAD_MARGIN,
     DEFAULT_MAX_TRACKED_PREFIXES,
@@ -38,7 +43,22 @@ DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 _ROUTER_CLASS = "ladle.entrypoints.cluster.request_router:PrefixAwareRequestRouter"
 
 
-def build_app(
+def build_app(model: str | None = None, **options: Any) -> serve.Application:
+    """A Ray Serve application serving `model` (default: the embedded SmolLM2-135M) from
+    `num_replicas` ladle engines behind one OpenAI-compatible endpoint (Ray Serve's HTTP proxy
+    and the LadleIngress deployment). options: build_replicas's keywords."""
+    replicas, front_settings = build_replicas(model, **options)
+    num_asked = front_settings.num_replicas_asked
+    ingress = serve.deployment(LadleIngress, name="LadleIngress").options(
+        num_replicas=1,
+        ray_actor_options={"num_cpus": 0},
+        logging_config={"enable_access_log": False},
+        max_ongoing_requests=max(_max_ongoing(options) * max(num_asked, 1), 1024),
+    )
+    return ingress.bind(replicas, front_settings)
+
+
+def build_replicas(
     model: str | None = None,
     *,
     num_replicas: int = 1,
@@ -60,10 +80,12 @@ def build_app(
     routing: str = "prefix",
     load_margin: int = DEFAULT_LOAD_MARGIN,
     num_prefix_blocks: int = DEFAULT_PREFIX_BLOCKS,
+    replica_http_host: str | None = None,
     **engine_options: Any,
-) -> serve.Application:
-    """A Ray Serve application serving `model` (default: the embedded SmolLM2-135M) from
-    `num_replicas` ladle engines behind one OpenAI-compatible endpoint.
+) -> tuple[serve.Application, FrontSettings]:
+    """The LadleReplica deployment bound to its options (an application of its own, with no
+    HTTP route: `ladle serve --replicas N` fronts it itself) and what a front needs to route to
+    it.
 
     engine_options: EngineConfig's keyword arguments (max_model_len, block_size, device, ...).
     num_gpus_per_replica: None picks 1 when the engine will run on CUDA, else 0.
@@ -75,6 +97,7 @@ def build_app(
     replica: ttft_slo ('1s', '500ms' or seconds) refuses with 429 the requests predicted to miss
     it, stats_interval is each replica's live stats line (0: none), shutdown_timeout the seconds
     in-flight requests get when a replica stops.
+    replica_http_host: where each replica's own HTTP server listens (None: its node's IP).
     Raises ValueError on bad options, naming the field.
     """
     from ladle.config import EngineConfig
@@ -104,18 +127,21 @@ def build_app(
         log_requests=log_requests,
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
+        http_host=replica_http_host,
     )
     engine_options = {"model": model, **engine_options}
     config = EngineConfig.from_kwargs(**engine_options)  # fails here, before Ray, when bad
     if num_gpus_per_replica is None:
         num_gpus_per_replica = 1.0 if _runs_on_cuda(engine_options.get("device", "auto")) else 0.0
-    block_size = config.cache.block_size
-    max_ongoing = max(2 * int(engine_options.get("max_num_seqs") or 256), 64)
+    max_ongoing = _max_ongoing(engine_options)
 
     replica = serve.deployment(LadleReplica, name=ENGINE_DEPLOYMENT_NAME).options(
         ray_actor_options={"num_cpus": num_cpus_per_replica, "num_gpus": num_gpus_per_replica},
         max_ongoing_requests=max_ongoing,
         health_check_period_s=2.0,
+        # ladle logs each request itself (--disable-log-requests); Ray's line per slot call
+        # would repeat it and cost each replica a log line per request.
+        logging_config={"enable_access_log": False},
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=shutdown_timeout,
         request_router_config=RequestRouterConfig(
@@ -135,19 +161,19 @@ def build_app(
     num_asked = (
         int(autoscaling_config.get("min_replicas", 1)) if autoscaling_config else num_replicas
     )
-    ingress = serve.deployment(LadleIngress, name="LadleIngress").options(
-        num_replicas=1,
-        ray_actor_options={"num_cpus": 0},
-        max_ongoing_requests=max(max_ongoing * max(num_asked, 1), 1024),
+    front_settings = FrontSettings(
+        model=model,
+        tokenizer_path=engine_options.get("tokenizer"),
+        block_size=config.cache.block_size,
+        num_prefix_blocks=num_prefix_blocks,
+        num_replicas_asked=num_asked,
     )
-    return ingress.bind(
-        replica.bind(engine_options, settings),
-        model,
-        engine_options.get("tokenizer"),
-        block_size,
-        num_prefix_blocks,
-        num_asked,
-    )
+    return replica.bind(engine_options, settings), front_settings
+
+
+def _max_ongoing(engine_options: dict[str, Any]) -> int:
+    """Requests in flight per replica Ray lets through: twice the engine's batch."""
+    return max(2 * int(engine_options.get("max_num_seqs") or 256), 64)
 
 
 def app_builder(args: dict[str, Any]) -> serve.Application:

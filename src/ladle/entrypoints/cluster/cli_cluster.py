@@ -1,6 +1,10 @@
 """`ladle serve --replicas N [--ray-address ADDR]`: the same server, as N engine replicas on Ray
-Serve behind one endpoint (app.py). Without --ray-address it starts a private local Ray (no
-dashboard) and stops it on exit; with one it joins that cluster and deploys there.
+Serve behind one endpoint (app.py).
+
+Without --ray-address it starts a private local Ray (no dashboard), deploys the replicas with no
+Ray HTTP proxy, serves the endpoint from this process (front_server.py: replica bytes relayed
+straight to the client) and stops Ray on exit. With one it joins that cluster and deploys the
+whole application there, behind Ray Serve's proxy (build_app), deleting only it on exit.
 """
 
 from __future__ import annotations
@@ -28,13 +32,13 @@ def run_cluster(
         from ray import serve
     except ImportError:
         raise ValueError(RAY_MISSING) from None
-    from ladle.entrypoints.cluster.app import build_app
+    from ladle.entrypoints.cluster.app import build_app, build_replicas
+    from ladle.entrypoints.cluster.front_server import bind_socket
 
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
     autoscaling_config = _autoscaling_config(args, engine_options)
-    app = build_app(
-        model,
+    options = dict(
         num_replicas=args.replicas,
         autoscaling_config=autoscaling_config,
         served_model_name=served_name,
@@ -52,27 +56,101 @@ def run_cluster(
         routing=args.routing,
         **engine_options,
     )
+    replicas = (
+        f"{args.replicas}-{args.max_replicas} replicas, autoscaling"
+        if autoscaling_config
+        else f"{args.replicas} replicas"
+    )
     if args.ray_address:
+        # A shared cluster: Ray Serve's proxy on the cluster is the endpoint (build_app), and
+        # the replicas' servers listen on their nodes' addresses.
+        app = build_app(model, **options)
         ray.init(address=args.ray_address, include_dashboard=False, log_to_driver=True)
-    else:
-        # Enough logical CPUs for every replica even on a small machine: the replicas mostly
-        # wait on their engine-core processes, which Ray does not count.
-        ray.init(
-            num_cpus=max(os.cpu_count() or 1, args.replicas),
-            include_dashboard=False,
-            log_to_driver=True,
+        return _serve_on_cluster(app, args, served_name, replicas)
+    # Local: the replicas' servers on loopback, the front in this process.
+    replica_app, front_settings = build_replicas(model, replica_http_host="127.0.0.1", **options)
+    # Enough logical CPUs for every replica even on a small machine: the replicas mostly wait on
+    # their engine-core processes, which Ray does not count.
+    ray.init(
+        num_cpus=max(os.cpu_count() or 1, args.replicas + 1),
+        include_dashboard=False,
+        log_to_driver=True,
+    )
+    try:
+        listener = bind_socket(args.host, args.port)  # fails before any replica starts
+        serve.start(http_options={"location": "NoServer"})
+        serve.run(replica_app, name=APP_NAME, route_prefix=None, blocking=False)
+        return _serve_front(listener, front_settings, args, served_name, replicas)
+    except Exception as error:  # a replica that cannot start: one clear line, then clean up
+        print(f"ladle: error: the Ray Serve deployment failed: {error}", file=sys.stderr)
+        return 1
+    finally:
+        try:
+            serve.shutdown()
+        finally:
+            ray.shutdown()
+
+
+def _serve_front(
+    listener: socket.socket,
+    front_settings: Any,
+    args: argparse.Namespace,
+    served_name: str,
+    replicas: str,
+) -> int:
+    """ReplicaFront under uvicorn on `listener` until SIGTERM / Ctrl-C."""
+    import uvicorn
+    from ray import serve
+
+    from ladle.entrypoints.cluster.front import (
+        ENGINE_DEPLOYMENT_NAME,
+        ReplicaFront,
+        num_running_replicas,
+    )
+    from ladle.entrypoints.cluster.front_server import FrontServer, build_front_app
+    from ladle.entrypoints.openai.http_protocol import make_timed_protocol
+
+    engine = serve.get_deployment_handle(ENGINE_DEPLOYMENT_NAME, APP_NAME)
+    front = ReplicaFront(engine, front_settings, lambda: num_running_replicas(APP_NAME))
+    port = listener.getsockname()[1]
+    shown = f"[{args.host}]" if ":" in args.host else args.host
+
+    def announce() -> None:
+        print(
+            f"[ladle] serving {served_name} ({replicas} on Ray Serve) on "
+            f"http://{shown}:{port} (OpenAI API under /v1; ready: GET /health -> 200)",
+            flush=True,
         )
+
+    config = uvicorn.Config(
+        build_front_app(front),
+        log_level=args.log_level,
+        access_log=args.access_log,
+        timeout_graceful_shutdown=args.shutdown_timeout,
+        lifespan="on",
+        http=make_timed_protocol(args.request_timeout),
+        timeout_keep_alive=args.keep_alive_timeout,
+        limit_concurrency=args.max_connections,
+    )
+    server = FrontServer(config, announce)
+    try:
+        server.run(sockets=[listener])
+    except KeyboardInterrupt:
+        pass  # uvicorn re-raises the Ctrl-C it handled once it has drained
+    return 0 if server.started else 1
+
+
+def _serve_on_cluster(app: Any, args: argparse.Namespace, served_name: str, replicas: str) -> int:
+    """Deploys `app` behind Ray Serve's proxy on the cluster until SIGTERM / Ctrl-C, then
+    deletes only this application."""
+    from ray import serve
+
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
         signal.signal(signum, lambda *_: stop.set())
     try:
         port = _start_serving(app, args.host, args.port)
         shown = f"[{args.host}]" if ":" in args.host else args.host
-        replicas = (
-            f"{args.replicas}-{args.max_replicas} replicas, autoscaling"
-            if autoscaling_config
-            else f"{args.replicas} replicas"
-        )
         print(
             f"[ladle] serving {served_name} ({replicas} on Ray Serve) on "
             f"http://{shown}:{port} (OpenAI API under /v1; ready: GET /health -> 200)",
@@ -83,12 +161,10 @@ def run_cluster(
         print(f"ladle: error: the Ray Serve deployment failed: {error}", file=sys.stderr)
         return 1
     finally:
-        # On a shared cluster only our application goes; a private Ray goes entirely.
+        import ray
+
         try:
-            if args.ray_address:
-                serve.delete(APP_NAME)
-            else:
-                serve.shutdown()
+            serve.delete(APP_NAME)
         finally:
             ray.shutdown()
     return 0

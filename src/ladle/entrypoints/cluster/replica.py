@@ -1,5 +1,10 @@
-"""LadleReplica: one ladle engine (its own engine-core process) and ladle's FastAPI app, as the
-body of a Ray Serve deployment. The ingress (ingress.py) forwards HTTP requests to it.
+"""LadleReplica: one ladle engine (its own engine-core process) and ladle's FastAPI app served
+by the replica's own HTTP server (replica_http.py), as the body of a Ray Serve deployment.
+
+The front (front.py) asks Ray for a replica with `open_slot`: Ray's request router picks one
+(prefix-aware, request_router.py), the slot answers that replica's address and stays open while
+the front streams the HTTP response straight from it, so Ray's queue counts, back-pressure and
+autoscaling see every request in flight while no token crosses Ray.
 
 Ray restarts a replica whose check_health raises: it does once the engine-core process died.
 """
@@ -8,14 +13,15 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 from collections.abc import AsyncIterator
 from typing import Any
 
-from ladle.entrypoints.cluster.asgi_forwarding import (
-    ForwardedRequest,
-    ResponseStart,
-    run_asgi_request,
+from ladle.entrypoints.cluster.replica_http import (
+    ReplicaHttpServer,
+    ReplicaSlot,
+    SlotTable,
+    end_slots,
+    mark_engine_death,
 )
 from ladle.entrypoints.cluster.replica_settings import ReplicaServerSettings
 
@@ -37,6 +43,7 @@ class LadleReplica:
         from ladle.metrics import ServerMetrics
 
         EngineConfig.from_kwargs(**engine_options)  # bad options fail here, with the field named
+        import ray
         from ray import serve
 
         self._replica_id = serve.get_replica_context().replica_id.unique_id
@@ -72,6 +79,11 @@ class LadleReplica:
         lifespan = self._app.router.lifespan_context(self._app)
         await lifespan.__aenter__()
         self._lifespan: contextlib.AbstractAsyncContextManager | None = lifespan
+        host = settings.http_host or ray.util.get_node_ip_address()
+        self._slots = SlotTable()
+        served = end_slots(mark_engine_death(self._app, lambda: client.is_alive), self._slots)
+        self._http = ReplicaHttpServer(served, host)
+        await self._http.start()
         self._stats_task = (
             asyncio.create_task(live_stats.run()) if settings.stats_interval_s > 0 else None
         )
@@ -85,23 +97,18 @@ class LadleReplica:
         """The engine-core process id of the replica that answers (used by fault tests)."""
         return self._client.engine_pid or 0
 
-    async def forward(
-        self, request: ForwardedRequest, routing_key: int | None = None
-    ) -> AsyncIterator[Any]:
-        """Runs one HTTP request through ladle's app; routing_key is the router's (unused here).
+    async def open_slot(self, routing_key: int | None = None) -> AsyncIterator[ReplicaSlot]:
+        """Answers where to send one HTTP request, then holds until that request has ended here
+        (or the front cancels the call): Ray counts the request on this replica all along.
+        routing_key is the router's (unused here).
 
-        With a dead engine it raises before answering, so the ingress retries elsewhere instead
-        of relaying this replica's 503 (check_health has Ray replace it meanwhile)."""
+        With a dead engine it raises before answering, so the front tries another replica
+        (check_health has Ray replace this one meanwhile)."""
         if not self._client.is_alive:
             raise RuntimeError(f"engine core is gone: {self._client.dead_reason}")
-        async for item in run_asgi_request(self._app, request):
-            if isinstance(item, ResponseStart):
-                if item.status >= 500 and not self._client.is_alive:
-                    # The engine died under this request before anything reached the client:
-                    # fail the call, so that the ingress retries it on another replica.
-                    raise RuntimeError(f"engine core died: {self._client.dead_reason}")
-                item = dataclasses.replace(item, replica_id=self._replica_id)
-            yield item
+        slot_id = self._slots.open()
+        yield ReplicaSlot(self._replica_id, self._http.base_url, slot_id)
+        await self._slots.wait_until_done(slot_id)
 
     async def check_health(self) -> None:
         """Ray calls this periodically; raising makes Ray replace the replica."""
@@ -112,6 +119,9 @@ class LadleReplica:
         stats_task = getattr(self, "_stats_task", None)
         if stats_task is not None:
             stats_task.cancel()
+        http = getattr(self, "_http", None)
+        if http is not None:
+            await http.stop()
         lifespan = getattr(self, "_lifespan", None)  # None when the constructor failed
         if lifespan is not None:
             self._lifespan = None

@@ -20,6 +20,9 @@ class ReplicaServerSettings:
     log_requests: bool = True  # one log line per finished request
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    # Where each replica's own HTTP server listens (the front connects there); None: the
+    # node's IP as Ray knows it, so a front on another node of the cluster reaches it.
+    http_host: str | None = None
 
     def __post_init__(self) -> None:
         if self.max_request_bytes < 1:

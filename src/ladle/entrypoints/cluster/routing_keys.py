@@ -33,8 +33,8 @@ def prompt_token_ids(path: str, body: bytes, tokenizer: Any) -> list[int] | None
             return None
     if path.endswith("/completions"):
         prompt = request.get("prompt")
-        if isinstance(prompt, list) and prompt:
-            prompt = prompt[0]  # a batch: route by its first prompt
+        if isinstance(prompt, list) and prompt and isinstance(prompt[0], (str, list)):
+            prompt = prompt[0]  # a batch: route by its first prompt (a list of ints is one)
         if isinstance(prompt, list) and all(isinstance(token, int) for token in prompt):
             return prompt
         if isinstance(prompt, str) and tokenizer is not None:
