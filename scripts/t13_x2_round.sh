@@ -16,7 +16,7 @@ ROUND_OPTIONS=${ROUND_OPTIONS:---warmup-prompts 32 --start-timeout 90 --bench-ti
 mkdir -p "$OUT"
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target "$SITE" .whl/*.whl .whl_ray/*.whl > "$OUT/install.log" 2>&1
-cd .carry/t13 || exit 1
+cd "${CODE:-.carry/t13}" || exit 1  # CODE=. runs the checkout itself
 export PYTHONPATH=$PWD/src:$PWD:$SITE
 nvidia-smi -L > "$OUT/gpus.txt" 2>&1
 nproc >> "$OUT/gpus.txt"
