@@ -235,6 +235,11 @@ def main() -> int:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--start-timeout", type=float, default=240.0)
     parser.add_argument("--bench-timeout", type=float, default=300.0)
+    parser.add_argument(
+        "--replicated-only",
+        action="store_true",
+        help="skip the one-server phase (its figure comes from an earlier call on the same kind)",
+    )
     parser.add_argument("serve_args", nargs="*", help="after --: model and `ladle serve` flags")
     options = parser.parse_args()
     options.out.mkdir(parents=True, exist_ok=True)
@@ -242,7 +247,11 @@ def main() -> int:
     single_env = dict(env)
     if "CUDA_VISIBLE_DEVICES" not in env:
         single_env["CUDA_VISIBLE_DEVICES"] = "0"  # ignored without GPUs
-    single = _phase("single", options.serve_args, 1, options, options.out, single_env)
+    single = (
+        None
+        if options.replicated_only
+        else _phase("single", options.serve_args, 1, options, options.out, single_env)
+    )
     replicated = _phase(
         f"replicas{options.replicas}",
         [*options.serve_args, "--replicas", str(options.replicas)],
@@ -251,6 +260,8 @@ def main() -> int:
         options.out,
         env,
     )
+    if single is None:
+        return 0
     ratio = replicated["output_throughput"] / single["output_throughput"]
     report = {
         "serve_args": options.serve_args,

@@ -163,12 +163,24 @@ def build_replicas(
     )
     front_settings = FrontSettings(
         model=model,
-        tokenizer_path=engine_options.get("tokenizer"),
+        tokenizer_path=routing_tokenizer_source(config, model),
         block_size=config.cache.block_size,
         num_prefix_blocks=num_prefix_blocks,
         num_replicas_asked=num_asked,
     )
     return replica.bind(engine_options, settings), front_settings
+
+
+def routing_tokenizer_source(config: Any, model: str | None) -> str | None:
+    """The tokenizer the replicas run with, found as the engine finds it, for the front's
+    prefix keys. A preset of random weights has no tokenizer of its own: its name is never
+    looked up on the hub (offline, that lookup retried for ~25 s before every start)."""
+    from ladle.engine.tokenizer_source import resolve_tokenizer_source
+    from ladle.model.loader.presets import get_preset
+
+    is_preset = model is not None and get_preset(model) is not None
+    model_path = None if config.model.load_format == "dummy" and is_preset else model
+    return resolve_tokenizer_source(config.model, model_path)
 
 
 def _max_ongoing(engine_options: dict[str, Any]) -> int:

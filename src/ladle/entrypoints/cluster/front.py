@@ -139,7 +139,7 @@ class ReplicaFront:
         self._engine = engine
         self._settings = settings
         self._num_running_replicas = num_running_replicas
-        self._tokenizer = _load_tokenizer_or_none(settings.tokenizer_path or settings.model)
+        self._tokenizer = _load_tokenizer_or_none(settings.tokenizer_path)
         self._session: aiohttp.ClientSession | None = None
 
     def _http(self) -> aiohttp.ClientSession:
