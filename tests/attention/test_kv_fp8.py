@@ -209,18 +209,7 @@ def _prefill_logits(runner, input_ids: torch.Tensor) -> torch.Tensor:
     from ladle.attention.metadata import AttentionMetadata
 
     length, block_size = input_ids.shape[0], runner.block_size
-    num_blocks = -(-length // block_size)
-    metadata = AttentionMetadata(
-        slot_mapping=torch.arange(block_size, block_size + length),
-        query_start_loc=torch.tensor([0, length], dtype=torch.int32),
-        seq_lens=torch.tensor([length], dtype=torch.int32),
-        block_tables=torch.arange(1, num_blocks + 1, dtype=torch.int32)[None],
-        max_query_len=length,
-        max_seq_len=length,
-        block_size=block_size,
-        query_start_loc_host=[0, length],
-        seq_lens_host=[length],
-    )
+    metadata = AttentionMetadata.one_fresh_prompt(length, block_size)
     with torch.inference_mode():
         hidden = runner.model(input_ids, torch.arange(length), runner.kv_caches, metadata)
         return runner.model.compute_logits(hidden[-1:])[0].float()

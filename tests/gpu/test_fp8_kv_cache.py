@@ -309,18 +309,7 @@ def test_fp8_cache_logits_close_to_bf16_cache(setup):
         rows = []
         for prompt in prompts:
             length, block_size = len(prompt), runner.block_size
-            blocks = -(-length // block_size)
-            metadata = AttentionMetadata(
-                slot_mapping=torch.arange(block_size, block_size + length, device="cuda"),
-                query_start_loc=torch.tensor([0, length], dtype=torch.int32, device="cuda"),
-                seq_lens=torch.tensor([length], dtype=torch.int32, device="cuda"),
-                block_tables=torch.arange(1, blocks + 1, dtype=torch.int32, device="cuda")[None],
-                max_query_len=length,
-                max_seq_len=length,
-                block_size=block_size,
-                query_start_loc_host=[0, length],
-                seq_lens_host=[length],
-            )
+            metadata = AttentionMetadata.one_fresh_prompt(length, block_size, "cuda")
             with torch.inference_mode():
                 ids = torch.tensor(prompt, device="cuda")
                 positions = torch.arange(length, device="cuda")

@@ -39,6 +39,26 @@ class AttentionMetadata:
     # backend's gather indices and mask); empty when the step starts.
     backend_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)
 
+    @classmethod
+    def one_fresh_prompt(
+        cls, num_tokens: int, block_size: int, device: torch.device | str = "cpu"
+    ) -> AttentionMetadata:
+        """One uncached prompt of num_tokens whose keys and values go to blocks 1, 2, ... (block
+        0 is the null block): the step of a whole-prompt forward outside the engine (perplexity,
+        quality benches, tests)."""
+        num_blocks = -(-num_tokens // block_size)
+        return cls(
+            slot_mapping=torch.arange(block_size, block_size + num_tokens, device=device),
+            query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32, device=device),
+            seq_lens=torch.tensor([num_tokens], dtype=torch.int32, device=device),
+            block_tables=torch.arange(1, num_blocks + 1, dtype=torch.int32, device=device)[None],
+            max_query_len=num_tokens,
+            max_seq_len=num_tokens,
+            block_size=block_size,
+            query_start_loc_host=[0, num_tokens],
+            seq_lens_host=[num_tokens],
+        )
+
     @property
     def num_reqs(self) -> int:
         return len(self.seq_lens_host)

@@ -34,18 +34,7 @@ def prefill_logits(runner, kv_caches: list[torch.Tensor], token_ids: list[int]) 
     """float32 logits at every position of one prompt prefilled into blocks 1.. of kv_caches."""
     device = runner.device
     length, block_size = len(token_ids), runner.block_size
-    num_blocks = -(-length // block_size)
-    metadata = AttentionMetadata(
-        slot_mapping=torch.arange(block_size, block_size + length, device=device),
-        query_start_loc=torch.tensor([0, length], dtype=torch.int32, device=device),
-        seq_lens=torch.tensor([length], dtype=torch.int32, device=device),
-        block_tables=torch.arange(1, num_blocks + 1, dtype=torch.int32, device=device)[None],
-        max_query_len=length,
-        max_seq_len=length,
-        block_size=block_size,
-        query_start_loc_host=[0, length],
-        seq_lens_host=[length],
-    )
+    metadata = AttentionMetadata.one_fresh_prompt(length, block_size, device)
     with torch.inference_mode():
         ids = torch.tensor(token_ids, device=device)
         hidden = runner.model(ids, torch.arange(length, device=device), kv_caches, metadata)

@@ -83,17 +83,7 @@ def window_negative_log_likelihood(model, tokens: list[int], block_size: int = 1
         torch.zeros(2, num_blocks + 1, block_size, config.num_key_value_heads, config.head_dim)
         for _ in range(config.num_hidden_layers)
     ]
-    metadata = AttentionMetadata(
-        slot_mapping=torch.arange(num_tokens) + block_size,  # block 0 is the null block
-        query_start_loc=torch.tensor([0, num_tokens], dtype=torch.int32),
-        seq_lens=torch.tensor([num_tokens], dtype=torch.int32),
-        block_tables=torch.arange(1, num_blocks + 1, dtype=torch.int32)[None],
-        max_query_len=num_tokens,
-        max_seq_len=num_tokens,
-        block_size=block_size,
-        query_start_loc_host=[0, num_tokens],
-        seq_lens_host=[num_tokens],
-    )
+    metadata = AttentionMetadata.one_fresh_prompt(num_tokens, block_size)
     ids = torch.tensor(tokens)
     hidden = model(ids, torch.arange(num_tokens), kv_caches, metadata)
     logits = model.compute_logits(hidden[:-1])
