@@ -83,7 +83,7 @@ def test_sampler_gives_the_same_tokens_from_the_history():
         for _ in range(rng.randint(0, 5)):
             request.append_output_token(rng.randrange(VOCAB))
     # Logits that favour the tokens already seen, so the penalties decide the argmax.
-    logits = torch.randn(4, VOCAB)
+    logits = torch.randn(4, VOCAB, generator=torch.Generator().manual_seed(0))  # order-proof
     for row, request in enumerate(requests):
         logits[row, request.all_token_ids] += 3.0
     params = [r.sampling_params for r in requests]
