@@ -128,7 +128,6 @@ def _closed_port_url() -> str:
 
 def _settings(max_attempts: int = 6) -> FrontSettings:
     return FrontSettings(
-        model=None,
         tokenizer_path=None,
         block_size=16,
         num_prefix_blocks=4,

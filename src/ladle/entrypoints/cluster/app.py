@@ -162,7 +162,6 @@ def build_replicas(
         int(autoscaling_config.get("min_replicas", 1)) if autoscaling_config else num_replicas
     )
     front_settings = FrontSettings(
-        model=model,
         tokenizer_path=routing_tokenizer_source(config, model),
         block_size=config.cache.block_size,
         num_prefix_blocks=num_prefix_blocks,

@@ -73,8 +73,7 @@ _SLOT_END_WAIT_S = 2.0
 class FrontSettings:
     """What the front needs besides the replicas' handle; plain data (Ray pickles it)."""
 
-    model: str | None
-    tokenizer_path: str | None
+    tokenizer_path: str | None  # the replicas' tokenizer (app.routing_tokenizer_source)
     block_size: int
     num_prefix_blocks: int
     num_replicas_asked: int
@@ -117,7 +116,7 @@ def _load_tokenizer_or_none(path: str | None) -> Any:
 
     try:
         return load_tokenizer(path)
-    except Exception as error:  # noqa: BLE001 - e.g. a dummy preset without a tokenizer
+    except Exception as error:  # noqa: BLE001 - a tokenizer folder that does not load
         logger.warning("no tokenizer for prefix routing (%s); routing by load only", error)
         return None
 
