@@ -6,7 +6,11 @@ from __future__ import annotations
 
 import pytest
 
-from ladle.worker.prefill_graphs import largest_prefill_bucket, prefill_bucket
+from ladle.worker.prefill_graphs import (
+    largest_prefill_bucket,
+    prefill_bucket,
+    request_buckets_for,
+)
 
 TOKENS = (16, 32, 64, 128, 512, 640)
 REQUESTS = (2, 4, 8)
@@ -36,6 +40,29 @@ def test_largest_prefill_bucket_follows_the_step_budget():
     assert largest_prefill_bucket(8192) == (2048, 8)
     assert largest_prefill_bucket(1000) == (896, 8)
     assert largest_prefill_bucket(8) is None
+    # With the decode batch's request buckets: the most requests the largest token bucket
+    # holds beside one token per padding request.
+    assert largest_prefill_bucket(8192, request_buckets_for(256)) == (2048, 512)
+    assert largest_prefill_bucket(1000, request_buckets_for(256)) == (896, 256)
+
+
+@pytest.mark.parametrize(
+    ("max_requests", "expected"),
+    [(1, (2,)), (7, (2, 4, 8)), (8, (2, 4, 8, 16)), (256, (2, 4, 8, 16, 32, 64, 128, 256, 512))],
+)
+def test_request_buckets_reach_past_the_decode_batch(max_requests, expected):
+    """A mixed step of max_requests (decodes beside a prompt chunk) still has a bucket with a
+    padding request."""
+    buckets = request_buckets_for(max_requests)
+    assert buckets == expected
+    assert prefill_bucket(max_requests + 40, max_requests, (16, 2048), buckets) is not None
+
+
+def test_a_full_batch_beside_a_short_chunk_takes_a_captured_bucket():
+    """255 decodes and a 100-token chunk pad to 512 requests, and so to a token bucket with room
+    for them (a (640, 512) bucket is never captured)."""
+    tokens = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1536, 2048)
+    assert prefill_bucket(355, 256, tokens, request_buckets_for(256)) == (1024, 512)
 
 
 class _NoReplay:

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 import torch
 
 from ladle.attention.metadata import AttentionMetadata
-from ladle.worker.prefill_graphs import PrefillGraphs
+from ladle.worker.prefill_graphs import PrefillGraphs, request_buckets_for
 
 
 def graph_batch_sizes(max_batch_size: int) -> list[int]:
@@ -75,10 +75,17 @@ class DecodeGraphs:
     ) -> None:
         self.forward = forward
         self.batch_sizes = graph_batch_sizes(max_batch_size)
-        # Steps with prompt tokens of up to prefill_max_tokens (the step budget) and a few
-        # requests; 0: none.
+        # Steps with prompt tokens of up to prefill_max_tokens (the step budget) and up to the
+        # decode batch's requests beside them; 0: none.
         self.prefill = (
-            PrefillGraphs(forward, max_blocks_per_seq, block_size, device, prefill_max_tokens)
+            PrefillGraphs(
+                forward,
+                max_blocks_per_seq,
+                block_size,
+                device,
+                prefill_max_tokens,
+                request_buckets=request_buckets_for(max_batch_size),
+            )
             if prefill_max_tokens > 0
             else None
         )

@@ -45,7 +45,7 @@ from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
-from ladle.worker.prefill_graphs import largest_prefill_bucket
+from ladle.worker.prefill_graphs import largest_prefill_bucket, request_buckets_for
 from ladle.worker.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
 from ladle.worker.step_inputs import StepInputBuilder
 
@@ -192,7 +192,9 @@ class ModelRunner:
         bucket: about what the graph pool will hold."""
         batch_size = self._graph_max_batch_size()
         self._run_probe_step(batch_size, batch_size)
-        bucket = largest_prefill_bucket(self._prefill_graph_max_tokens())
+        bucket = largest_prefill_bucket(
+            self._prefill_graph_max_tokens(), request_buckets_for(batch_size)
+        )
         if bucket is not None:
             self._run_probe_step(*bucket)
 

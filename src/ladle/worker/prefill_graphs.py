@@ -15,6 +15,10 @@ replay such a step with one launch.
   context, kernels/paged_attention.py): its grid depends only on the padded token and request
   counts, so one captured graph is right for any real layout that fits its bucket. Decodes in
   such a step ride the same launch (the eager path gives leading decodes their own launch).
+- Mixed steps (many decodes beside one prompt's chunk) are the common step of a busy server:
+  one arrival among 32 or 256 running requests. Eagerly such a step costs the host ~30-50 ms of
+  launches for a few ms of GPU work, stalling every running stream; so the request buckets go
+  up to the largest decode batch (request_buckets_for).
 - Larger steps run eagerly: there the GPU's work outlasts the launches.
 """
 
@@ -30,6 +34,15 @@ from ladle.attention.metadata import AttentionMetadata
 PREFILL_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1536, 2048)
 PREFILL_REQUEST_BUCKETS = (2, 4, 8)
 
+
+def request_buckets_for(max_requests: int) -> tuple[int, ...]:
+    """Powers of two from 2 up to the first that holds max_requests plus a padding request."""
+    buckets = [2]
+    while buckets[-1] <= max_requests:
+        buckets.append(buckets[-1] * 2)
+    return tuple(buckets)
+
+
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
 
 
@@ -44,17 +57,22 @@ def prefill_bucket(
     padded_reqs = next((size for size in request_buckets if size > num_reqs), None)
     if padded_reqs is None:
         return None
-    needed = num_tokens + padded_reqs - num_reqs
+    # Buckets are captured with room for real tokens beside the padding (tokens >= 2 * reqs).
+    needed = max(num_tokens + padded_reqs - num_reqs, 2 * padded_reqs)
     padded_tokens = next((size for size in token_buckets if size >= needed), None)
     if padded_tokens is None:
         return None
     return padded_tokens, padded_reqs
 
 
-def largest_prefill_bucket(max_num_tokens: int) -> tuple[int, int] | None:
+def largest_prefill_bucket(
+    max_num_tokens: int, request_buckets: tuple[int, ...] = PREFILL_REQUEST_BUCKETS
+) -> tuple[int, int] | None:
     """(tokens, requests) of the largest bucket within a step budget of max_num_tokens."""
     tokens = [size for size in PREFILL_TOKEN_BUCKETS if size <= max_num_tokens]
-    return (tokens[-1], max(PREFILL_REQUEST_BUCKETS)) if tokens else None
+    if not tokens:
+        return None
+    return tokens[-1], max(r for r in request_buckets if tokens[-1] >= 2 * r)
 
 
 @dataclass
