@@ -14,13 +14,13 @@ export LADLE_TEST_TOKENIZER=$PWD/.carry/tok
 LOG=$OUT/round.log
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
 git_rev=${REV:-}
-first="tests/gpu/test_gpu_parity.py tests/gpu/test_overlap_gpu.py tests/gpu/test_cuda_graphs.py
+first=${FIRST_FILES:-"tests/gpu/test_gpu_parity.py tests/gpu/test_overlap_gpu.py tests/gpu/test_cuda_graphs.py
   tests/gpu/test_prefill_graphs.py tests/gpu/test_split_launch_gpu.py tests/gpu/test_fp8_kv_cache.py
-  tests/gpu/test_int4_decode.py tests/gpu/test_no_compile_while_serving.py tests/gpu/test_structured_step_gpu.py"
+  tests/gpu/test_int4_decode.py tests/gpu/test_no_compile_while_serving.py tests/gpu/test_structured_step_gpu.py"}
 timeout "${FIRST_TIMEOUT:-200}" python3 -m pytest -q -p no:cacheprovider -rfs $first 2>&1 \
   | tail -40 > "$OUT/gpu_tests_first.log"; tail -6 "$OUT/gpu_tests_first.log" | tee -a "$LOG"
 rest=$(ls tests/gpu/test_*.py | grep -v -F "$(echo $first | tr ' ' '\n')")
-timeout "${REST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -rfs $rest 2>&1 \
+[ "${REST_TIMEOUT:-150}" -gt 0 ] && timeout "${REST_TIMEOUT:-150}" python3 -m pytest -q -p no:cacheprovider -rfs $rest 2>&1 \
   | tail -40 > "$OUT/gpu_tests_rest.log"; tail -6 "$OUT/gpu_tests_rest.log" | tee -a "$LOG"
 if [ "$(left)" -gt 100 ]; then
   echo "== W1" | tee -a "$LOG"
@@ -42,6 +42,7 @@ if [ "$(left)" -gt 90 ]; then
     grep -E "TTFT|ITL|TPOT|hroughput" "/tmp/s1_$n.log" | tee -a "$LOG"
     get http://127.0.0.1:8123/metrics | grep -E "^ladle:step_time_seconds" | tee -a "$LOG"
   done
+  grep -iE "graph|start-up|ready|memory" /tmp/s1_server.log | head -12 | tee -a "$LOG"
   kill "$server"; wait "$server" 2>/dev/null
   tar czf "$OUT/s1.tgz" -C /tmp $(cd /tmp && ls -d s1_*) 2>/dev/null
 fi
