@@ -10,7 +10,7 @@ from ladle.attention.fresh_prefill import fresh_prompt_span
 from ladle.attention.metadata import AttentionMetadata
 
 
-def _metadata(lengths: list[tuple[int, int]], for_graph: bool = False) -> AttentionMetadata:
+def _metadata(lengths: list[tuple[int, int]], graph_launches: bool = False) -> AttentionMetadata:
     starts = [0]
     for query_len, _ in lengths:
         starts.append(starts[-1] + query_len)
@@ -26,7 +26,7 @@ def _metadata(lengths: list[tuple[int, int]], for_graph: bool = False) -> Attent
         block_size=16,
         query_start_loc_host=starts,
         seq_lens_host=seq_lens,
-        for_graph=for_graph,
+        graph_launches=graph_launches,
     )
 
 
@@ -38,7 +38,7 @@ def test_one_long_fresh_prompt_after_leading_decodes():
 def test_refused_cases():
     assert fresh_prompt_span(_metadata([(600, 616)]), 0) is None  # a cached prefix
     assert fresh_prompt_span(_metadata([(511, 511)]), 0) is None  # a short one
-    assert fresh_prompt_span(_metadata([(600, 600)], for_graph=True), 0) is None
+    assert fresh_prompt_span(_metadata([(600, 600)], graph_launches=True), 0) is None
     assert fresh_prompt_span(_metadata([(600, 600)] * 2), 0) is None  # several prompts
     assert fresh_prompt_span(_metadata([(600, 600), (1, 30)]), 0) is None  # a decode after it
     assert fresh_prompt_span(_metadata([(1, 40)]), 1) is None  # nothing after the decodes

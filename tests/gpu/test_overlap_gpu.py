@@ -99,6 +99,11 @@ def test_sampled_and_stopping_rows_identical_with_overlap_on_and_off(model_path)
             params.append(SamplingParams(temperature=0.8, top_k=20, seed=index, max_tokens=24))
         else:
             params.append(SamplingParams(temperature=0.7, seed=index, max_tokens=20, logprobs=3))
+    del synchronous
+    torch.cuda.empty_cache()
+    # A fresh engine for each side: a second run on the same engine would hit the prefix cache,
+    # and a cached prompt's first token comes from another launch than a prefill's.
+    synchronous = _engine(model_path, False, False)
     want, _ = _outputs(synchronous, prompts, params)
     del synchronous
     torch.cuda.empty_cache()

@@ -88,6 +88,7 @@ def test_replay_lays_out_the_padding_requests():
         token_buckets=(16, 32, 64),
         request_buckets=(2, 4, 8),
     )
+    graphs.static = graphs._allocate_static()  # what capture() does first
     # Stale values from an earlier replay must not survive where padding goes.
     graphs.static.slot_mapping.fill_(99)
     graphs.static.block_tables.fill_(7)

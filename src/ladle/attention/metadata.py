@@ -32,9 +32,14 @@ class AttentionMetadata:
     # nothing extra: the runner builds them before the one host-to-device copy.
     query_start_loc_host: list[int]
     seq_lens_host: list[int]
-    # The template of a CUDA graph (worker/prefill_graphs.py): the launches must hold for any
-    # layout that the replays bring, so no choice may follow the host values above.
-    for_graph: bool = False
+    # The launches of a prefill graph (worker/prefill_graphs.py): one general attention launch
+    # with fixed tiles, no choice following the host values above, so the template holds for any
+    # layout that the replays bring. Set on the template and on an eager step that fits a prefill
+    # bucket, so that graphs never change a step's numbers.
+    graph_launches: bool = False
+    # The request count a decode launch is sized for (its split-KV factor), when a graph bucket
+    # pads the step beyond num_reqs; None: num_reqs. Set for the same reason as graph_launches.
+    launch_num_reqs: int | None = None
     # What a backend derives from this step's metadata once and reuses in every layer (the CPU
     # backend's gather indices and mask); empty when the step starts.
     backend_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

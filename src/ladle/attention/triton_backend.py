@@ -4,7 +4,8 @@ No host syncs: launch decisions read only metadata's host values (max_query_len,
 of query_start_loc) and tensor shapes. A pure decode step (max_query_len == 1) launches a grid
 that depends on the batch size alone, so it can be captured in a CUDA graph and replayed with new
 lengths and block tables. In a mixed step, the decodes at the front of the batch get their own
-launch (a runner that orders decodes first gets the most from this).
+launch (a runner that orders decodes first gets the most from this). A step marked
+graph_launches takes a prefill graph's launches instead: one general launch with fixed tiles.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ import torch
 from ladle.attention.backend import KVScales
 from ladle.attention.fresh_prefill import MIN_FRESH_TOKENS, attend_fresh_prompt, fresh_prompt_span
 from ladle.attention.metadata import AttentionMetadata
-from ladle.kernels.paged_attention import LaunchConfig, paged_attention
+from ladle.kernels.paged_attention import GRAPH_TILE_QUERY_LEN, LaunchConfig, paged_attention
 from ladle.kernels.reshape_and_cache import reshape_and_cache
 
 
@@ -30,7 +31,7 @@ class TritonAttentionBackend:
         self._num_leading_decodes = 0
 
     def _leading_decodes(self, metadata: AttentionMetadata) -> int:
-        if metadata.max_query_len <= 1:
+        if metadata.max_query_len <= 1 or metadata.graph_launches:
             return 0
         if metadata is not self._counted_metadata:
             starts = metadata.query_start_loc_host
@@ -84,9 +85,11 @@ class TritonAttentionBackend:
             metadata.block_tables,
             metadata.query_start_loc,
             metadata.seq_lens,
-            max_query_len=metadata.max_query_len,
+            # A prefill graph's tiles must fit any query length its replays bring.
+            max_query_len=GRAPH_TILE_QUERY_LEN if metadata.graph_launches else metadata.max_query_len,
             scale=scale,
             num_leading_decodes=leading,
+            launch_num_reqs=metadata.launch_num_reqs,
             config=self.config,
             k_scale=k_scale,
             v_scale=v_scale,

@@ -38,6 +38,9 @@ LOG2_E = 1.4426950408889634
 # The split-KV factor is a runtime value up to this (and the merge kernel's tile), so the many
 # factors that batch sizes pick share two compiled decode variants (split or not).
 MAX_SPLITS = 16
+# A max_query_len that gives a prefill launch its tallest tile (the default block_rows): what a
+# CUDA graph's template passes, since its replays bring query lengths the capture cannot know.
+GRAPH_TILE_QUERY_LEN = 1 << 16
 
 
 @triton.jit
@@ -379,6 +382,7 @@ def paged_attention(
     max_query_len: int,
     scale: float,
     num_leading_decodes: int = 0,
+    launch_num_reqs: int | None = None,
     output: torch.Tensor | None = None,
     config: LaunchConfig | None = None,
     k_scale: torch.Tensor | None = None,
@@ -392,7 +396,9 @@ def paged_attention(
     metadata.query_start_loc_host), those get the decode launch and the rest the prefill launch,
     so decodes do not pay for prefill-sized query tiles. Output rows past the last request
     (padding tokens) are left unwritten. A float8 e4m3 kv_cache needs k_scale and v_scale
-    (float32, one element each: the layer's dequantization scales).
+    (float32, one element each: the layer's dequantization scales). launch_num_reqs: size a
+    decode launch's split-KV factor as for this many requests (a CUDA graph bucket's padded
+    count), so a step gives the same numbers eagerly as from its graph.
     """
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
@@ -427,6 +433,7 @@ def paged_attention(
             output,
             config,
             kv_scales,
+            launch_num_reqs,
         )
         return output
     decodes = slice(0, num_leading_decodes)
@@ -469,6 +476,7 @@ def _launch(
     output: torch.Tensor,
     config: LaunchConfig,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    launch_num_reqs: int | None = None,
 ) -> None:
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -484,7 +492,9 @@ def _launch(
         block_n = config.block_n or (128 if head_dim <= 128 else 64)
         num_warps = config.num_warps or 4
         num_stages = config.num_stages or 2
-        num_splits = config.num_splits or choose_num_splits(num_reqs, num_kv_heads, query.device)
+        num_splits = config.num_splits or choose_num_splits(
+            max(num_reqs, launch_num_reqs or 0), num_kv_heads, query.device
+        )
         grid = (num_reqs, num_kv_heads, num_splits)
     else:
         # Rows of a tile are BLOCK_M tokens x the padded group; short queries (speculative

@@ -21,6 +21,7 @@ so one captured graph is right for any context lengths and block tables.
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -92,9 +93,17 @@ class DecodeGraphs:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.block_size = block_size
         self.device = device
+        self.static: _StaticInputs | None = None  # allocated at capture
+        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[int, torch.Tensor] = {}
+        self.pool_bytes = 0
+        self.capture_seconds = 0.0
+
+    def _allocate_static(self) -> _StaticInputs:
+        device, max_blocks_per_seq = self.device, self.max_blocks_per_seq
         max_bs = self.batch_sizes[-1]
         zeros = dict(device=device)
-        self.static = _StaticInputs(
+        return _StaticInputs(
             input_ids=torch.zeros(max_bs, dtype=torch.int32, **zeros),
             positions=torch.zeros(max_bs, dtype=torch.long, **zeros),
             slot_mapping=torch.zeros(max_bs, dtype=torch.long, **zeros),
@@ -102,13 +111,10 @@ class DecodeGraphs:
             seq_lens=torch.ones(max_bs, dtype=torch.int32, **zeros),
             block_tables=torch.zeros((max_bs, max_blocks_per_seq), dtype=torch.int32, **zeros),
         )
-        self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[int, torch.Tensor] = {}
-        self.pool_bytes = 0
-        self.capture_seconds = 0.0
 
     def _metadata(self, batch_size: int) -> AttentionMetadata:
         static = self.static
+        assert static is not None
         return AttentionMetadata(
             slot_mapping=static.slot_mapping[:batch_size],
             query_start_loc=static.query_start_loc[: batch_size + 1],
@@ -131,6 +137,7 @@ class DecodeGraphs:
         torch.cuda.empty_cache()
         reserved_before = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
+        self.static = self._allocate_static()
         if self.prefill is not None:
             self.prefill.capture(pool)  # their activations are the largest: first
         static = self.static
@@ -157,22 +164,39 @@ class DecodeGraphs:
         self, num_reqs: int, num_tokens: int, max_query_len: int, width: int
     ) -> bool:
         return (
-            bool(self._graphs)
-            and max_query_len == 1
+            max_query_len == 1
             and num_tokens == num_reqs
             and num_reqs <= self.batch_sizes[-1]
             and width <= self.max_blocks_per_seq
         )
 
+    @property
+    def captured(self) -> bool:
+        return bool(self._graphs)
+
     def can_run(self, num_reqs: int, num_tokens: int, max_query_len: int, width: int) -> bool:
         """A decode-only step (one token a request) that fits a captured bucket, or a small
         step with prompt tokens that fits a prefill bucket."""
+        if not self.captured:
+            return False
         if self._is_decode_step(num_reqs, num_tokens, max_query_len, width):
             return True
         return (
             self.prefill is not None
             and self.prefill.bucket_for(num_reqs, num_tokens, width) is not None
         )
+
+    def eager_metadata(self, metadata: AttentionMetadata, num_tokens: int) -> AttentionMetadata:
+        """metadata marked with the launches that this step's graph bucket takes (if it fits
+        one): the eager run of a step then gives the same numbers as its graph's replay, so
+        turning graphs off (or a step that misses a graph) never changes results."""
+        num_reqs, width = metadata.num_reqs, metadata.block_tables.shape[1]
+        if self._is_decode_step(num_reqs, num_tokens, metadata.max_query_len, width):
+            padded = padded_batch_size(num_reqs, self.batch_sizes)
+            return dataclasses.replace(metadata, launch_num_reqs=padded)
+        if self.prefill is not None and self.prefill.bucket_for(num_reqs, num_tokens, width):
+            return dataclasses.replace(metadata, graph_launches=True)
+        return metadata
 
     def run(
         self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
@@ -191,6 +215,7 @@ class DecodeGraphs:
         batch_size = padded_batch_size(num_reqs, self.batch_sizes)
         assert batch_size is not None
         static = self.static
+        assert static is not None, "run before capture"
         static.input_ids[:num_reqs].copy_(input_ids, non_blocking=True)
         static.positions[:num_reqs].copy_(positions, non_blocking=True)
         static.slot_mapping[:num_reqs].copy_(metadata.slot_mapping, non_blocking=True)

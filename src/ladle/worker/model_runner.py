@@ -131,6 +131,7 @@ class ModelRunner:
         self.penalty_history: PenaltyHistory | None = None
         self.kv_caches: list[torch.Tensor] = []
         self.graphs: DecodeGraphs | None = None  # captured once the KV cache exists
+        self.graph_buckets: DecodeGraphs | None = None  # the same, or uncaptured when eager
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             kv_calibration.set_fp8_kv_scales(self)
@@ -144,8 +145,12 @@ class ModelRunner:
             run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
         )
         self.kv_caches = self._allocate_kv_caches(self.memory_budget.num_blocks)
+        # On CUDA a step that fits a graph bucket takes its graph's launches even when run
+        # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
+        self.graph_buckets = self._graph_buckets() if self.device.type == "cuda" else None
         if self.uses_graphs:
-            self.graphs = self._capture_graphs()
+            self.graphs = self.graph_buckets
+            self.graphs.capture()
             self.memory_budget = dataclasses.replace(
                 self.memory_budget, graph_pool_bytes=self.graphs.pool_bytes
             )
@@ -207,11 +212,13 @@ class ModelRunner:
     def _graph_max_batch_size(self) -> int:
         return min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH_SIZE)
 
-    def _capture_graphs(self) -> DecodeGraphs:
+    def _graph_buckets(self) -> DecodeGraphs:
+        """The graphs' buckets, captured only when graphs are on."""
+
         def forward(input_ids, positions, metadata):
             return self.model(input_ids, positions, self.kv_caches, metadata)
 
-        graphs = DecodeGraphs(
+        return DecodeGraphs(
             forward,
             max_batch_size=self._graph_max_batch_size(),
             max_blocks_per_seq=self._max_blocks_per_seq(),
@@ -219,8 +226,6 @@ class ModelRunner:
             device=self.device,
             prefill_max_tokens=self._prefill_graph_max_tokens(),
         )
-        graphs.capture()
-        return graphs
 
     def release(self, request_ids: list[str]) -> None:
         """Free the persistent-batch slots (and penalty rows) of requests that ended or were
@@ -283,6 +288,8 @@ class ModelRunner:
         ):
             hidden = self.graphs.run(input_ids, inputs.positions, attn_metadata)
         else:
+            if self.graph_buckets is not None:
+                attn_metadata = self.graph_buckets.eager_metadata(attn_metadata, input_ids.shape[0])
             hidden = self.model(input_ids, inputs.positions, self.kv_caches, attn_metadata)
         prompt_logprobs = None
         # Only a step with prompt tokens can owe prompt logprobs: decode-only steps skip the scan.

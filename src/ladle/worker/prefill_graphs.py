@@ -111,12 +111,19 @@ class PrefillGraphs:
             for reqs in self.request_buckets
             if tokens >= 2 * reqs  # room for real tokens beside one token per padding request
         ]
+        self._bucket_set = set(self.buckets)
         self.max_blocks_per_seq = max_blocks_per_seq
         self.block_size = block_size
         self.device = device
+        self.static: _StaticInputs | None = None  # allocated at capture
+        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
+        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
+
+    def _allocate_static(self) -> _StaticInputs:
+        device, max_blocks_per_seq = self.device, self.max_blocks_per_seq
         max_tokens = max(self.token_buckets, default=0)
         max_reqs = max(self.request_buckets)
-        self.static = _StaticInputs(
+        return _StaticInputs(
             input_ids=torch.zeros(max_tokens, dtype=torch.int32, device=device),
             positions=torch.zeros(max_tokens, dtype=torch.long, device=device),
             slot_mapping=torch.zeros(max_tokens, dtype=torch.long, device=device),
@@ -127,8 +134,6 @@ class PrefillGraphs:
             ),
             ramp=torch.arange(max_reqs + 1, dtype=torch.int32, device=device),
         )
-        self._graphs: dict[tuple[int, int], torch.cuda.CUDAGraph] = {}
-        self._outputs: dict[tuple[int, int], torch.Tensor] = {}
 
     def _capture_metadata(self, num_tokens: int, num_reqs: int) -> AttentionMetadata:
         """The layout captured: request 0 holds all but num_reqs - 1 tokens, the others one
@@ -137,6 +142,7 @@ class PrefillGraphs:
         starts = [0] + [first + index for index in range(num_reqs)]
         lengths = [first] + [1] * (num_reqs - 1)
         static = self.static
+        assert static is not None
         static.query_start_loc[: num_reqs + 1].copy_(torch.tensor(starts, dtype=torch.int32))
         static.seq_lens[:num_reqs].copy_(torch.tensor(lengths, dtype=torch.int32))
         return AttentionMetadata(
@@ -149,13 +155,13 @@ class PrefillGraphs:
             block_size=self.block_size,
             query_start_loc_host=starts,
             seq_lens_host=lengths,
-            for_graph=True,
+            graph_launches=True,
         )
 
     @torch.inference_mode()
     def capture(self, pool) -> None:
         """Capture every bucket, largest first, into pool (shared with the decode graphs)."""
-        static = self.static
+        static = self.static = self._allocate_static()
         for bucket in sorted(self.buckets, reverse=True):
             num_tokens, num_reqs = bucket
             metadata = self._capture_metadata(num_tokens, num_reqs)
@@ -170,11 +176,12 @@ class PrefillGraphs:
             self._outputs[bucket] = output
 
     def bucket_for(self, num_reqs: int, num_tokens: int, width: int) -> tuple[int, int] | None:
-        """The captured bucket that holds this step, or None (then it runs eagerly)."""
-        if not self._graphs or width > self.max_blocks_per_seq:
+        """The bucket that holds this step, or None (then it runs eagerly: no graph, no graph
+        launches). Shapes only: whether the graphs were captured is the caller's question."""
+        if width > self.max_blocks_per_seq:
             return None
         bucket = prefill_bucket(num_tokens, num_reqs, self.token_buckets, self.request_buckets)
-        return bucket if bucket in self._graphs else None
+        return bucket if bucket in self._bucket_set else None
 
     def run(
         self,
@@ -190,6 +197,7 @@ class PrefillGraphs:
         num_reqs = metadata.num_reqs
         num_pads = padded_reqs - num_reqs
         static = self.static
+        assert static is not None, "run before capture"
         static.input_ids[:num_tokens].copy_(input_ids, non_blocking=True)
         static.positions[:num_tokens].copy_(positions, non_blocking=True)
         static.slot_mapping[:num_tokens].copy_(metadata.slot_mapping, non_blocking=True)
