@@ -1,6 +1,7 @@
 """The prefix-caching TTFT proof of issue 9 alone: TTFT p50 with caching on vs off.
 
-    python scripts/prefix_ttft_proof.py --out OUT [--deadline-s 200]
+    python scripts/prefix_ttft_proof.py --out OUT [--deadline-s 200] [--pair caching]
+        [--model llama-3.1-8b --rate 16 --num 64]
 
 The same servers, workload and runs as the prefix part of `serve_proofs.py --phase scheduler`
 (server a: chunked prefill, 512-token step budget, caching on; server b: no chunking, no
@@ -19,9 +20,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from serve_proofs import SMOKE, Deadline, Runner, _start, _stop, figure, ladle_server  # noqa: E402
 
-SERVERS = {
-    "on": ["--max-num-batched-tokens", "512"],
-    "off": ["--no-chunked-prefill", "--no-prefix-caching", "--max-num-batched-tokens", "8448"],
+# --pair scheduler: the servers of serve_proofs' scheduler phase (they differ in chunking too).
+# --pair caching: the server's defaults, with and without prefix caching: caching alone.
+PAIRS = {
+    "scheduler": {
+        "on": ["--max-num-batched-tokens", "512"],
+        "off": ["--no-chunked-prefill", "--no-prefix-caching", "--max-num-batched-tokens", "8448"],
+    },
+    "caching": {"on": [], "off": ["--no-prefix-caching"]},
 }
 
 
@@ -34,17 +40,19 @@ def main() -> int:
     parser.add_argument("--deadline-s", type=float, default=None)
     parser.add_argument("--warmup-num", default="24", help="warm-up requests per rate")
     parser.add_argument("--servers", default="on,off", help="which servers to run: on, off")
+    parser.add_argument("--pair", choices=sorted(PAIRS), default="scheduler")
+    parser.add_argument("--max-num-seqs", default="32")
     args = parser.parse_args()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     deadline = Deadline(args.deadline_s)
     runner = Runner(out, deadline, ["--token-ids", "--ignore-eos"])
-    common = ["--load-format", "dummy", "--max-num-seqs", "32"]
+    common = ["--load-format", "dummy", "--max-num-seqs", args.max_num_seqs]
     fixed = ["--num-prompts", str(args.num), "--rate", args.rate]
     warm = ["--num-prompts", args.warmup_num, "--sweep", "16,inf", "--no-plots", "--seed", "1000"]
     results = {}
     for name in args.servers.split(","):
-        server_args = SERVERS[name]
+        server_args = PAIRS[args.pair][name]
         server = _start(
             lambda timeout, server_args=server_args, name=name: ladle_server(
                 args.model, [*common, *server_args], out / f"server_{name}.log", timeout
@@ -71,6 +79,10 @@ def main() -> int:
         "ratio": off / on if on and off else None,
         "ttft_p90_on_ms": figure(results.get("on", {}), "ttft", "p90"),
         "ttft_p90_off_ms": figure(results.get("off", {}), "ttft", "p90"),
+        "pair": args.pair,
+        "model": args.model,
+        "rate": args.rate,
+        "num_prompts": args.num,
         "skipped": runner.skipped,
     }
     (out / "prefix_proof.json").write_text(json.dumps(summary, indent=1))
