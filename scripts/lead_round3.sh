@@ -26,8 +26,7 @@ TRITON_CACHE_DIR=/tmp/cold_cache timeout 90 python3 scripts/startup_profile.py l
   --load-format dummy --json "$OUT/startup_8b.json" 2>&1 | tail -12 | tee -a "$LOG"
 bench w3_06b 60 latency --workload W3 --runs 3
 bench w3_8b 70 latency --workload W3-8b --runs 3
-bench w2 200 throughput --workload W2 --runs 1 --no-busy --peer hf --peer-requests 64
-bench w2_64 60 throughput --workload W2 --num-requests 64 --runs 1 --no-busy
+bench w2 130 throughput --workload W2 --runs 1 --no-busy
 bench w1 90 throughput --workload W1 --runs 2
 if [ "$(left)" -gt 110 ]; then
   echo "== prefix TTFT, 8B, caching on vs off" | tee -a "$LOG"
@@ -36,4 +35,6 @@ if [ "$(left)" -gt 110 ]; then
     --max-num-seqs 64 --deadline-s $(( $(left) - 10 )) > /tmp/prefix.log 2>&1
   tail -20 /tmp/prefix.log | tee -a "$LOG"
 fi
+bench w2_64_peer $(( $(left) - 5 )) throughput --workload W2 --num-requests 64 --runs 1 --no-busy \
+  --peer hf
 echo "elapsed $((SECONDS - start)) s" | tee -a "$LOG"
