@@ -76,7 +76,6 @@ def main() -> None:
     )
     cuda_graphs.DecodeGraphs.capture = timed("CUDA graph capture", cuda_graphs.DecodeGraphs.capture)
     engine_core.warm_up = timed("warm-up (real steps)", engine_core.warm_up)
-    LLM._load_tokenizer = timed("tokenizer", LLM._load_tokenizer)
 
     import torch
 

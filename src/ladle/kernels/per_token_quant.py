@@ -36,10 +36,11 @@ def _per_token_quant_kernel(
     is_column = columns < num_columns
     x = tl.load(input_ptr + row * stride_input + columns, mask=is_column, other=0.0)
     x = x.to(tl.float32)
-    # IEEE-rounded divisions (Triton's `/` is approximate): codes then equal torch's exactly,
-    # where an approximate quotient next to a rounding boundary flips a code by one.
-    qmax = tl.full([], QMAX, tl.float32)
-    scale = tl.maximum(tl.math.div_rn(tl.max(tl.abs(x), axis=0), qmax), 1e-12)  # MIN_SCALE
+    # The scale as torch computes a tensor / scalar (times the float32 reciprocal), and the
+    # codes by an IEEE-rounded division as torch's tensor / tensor (Triton's `/` is approximate):
+    # the codes then equal torch's exactly, where a quotient one ulp off next to a rounding
+    # boundary flips a code by one.
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / QMAX), 1e-12)  # MIN_SCALE
     scaled = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
     if IS_INT:
         scaled = libdevice.rint(scaled)
