@@ -17,6 +17,11 @@ Python costs far more than running them. A graph replays the whole forward with 
 
 The decode attention kernel's grid depends on the batch size alone (kernels/paged_attention.py),
 so one captured graph is right for any context lengths and block tables.
+
+Graphs must not change results, so a step that fits a bucket takes the launches of its graph
+even when it runs eagerly (`--enforce-eager`, the warm-up aside): eager_metadata marks it. What
+can still differ is cuBLAS's kernel for another row count (a graph pads the rows, eager does
+not); on the GPU tests' random models that has not flipped a greedy token.
 """
 
 from __future__ import annotations
