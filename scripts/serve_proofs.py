@@ -487,6 +487,7 @@ def slo_phase(
     overload_rate: float | None,
     tokenizer: Path | None,
     peer: bool,
+    peer_only: bool = False,
 ) -> dict:
     text = []
     if tokenizer is not None:
@@ -511,40 +512,44 @@ def slo_phase(
     warm += ["--seed", "1000", "--rate", "inf"]
     # Order by what a short call must not lose: the saturation burst and the overload pair
     # first, then the peer, then the rate sweep for the SLO bound (on a fresh plain server).
-    plain = _start(
-        lambda timeout: ladle_server(model, serve_common, out / "server_d.log", timeout),
-        deadline,
-        90,
-        runner.skipped,
-        "d",
-    )
-    try:
-        runner.bench(plain, "warmup_d", 20, *warm)
-        # A burst of --slo-num requests (twice max_num_seqs by default): the batch runs full.
-        burst = runner.bench(
-            plain, "ladle_sweep_inf", 25, *chat, "--seed", "11", "--num-prompts", str(num)
+    burst, saturation, overload, slo_off, slo_on = None, 0.0, "0", {}, {}
+    # --peer-only: the peer's sweep (and ladle's, when --sweep names rates) without the overload
+    # pair, for a call that re-runs only the peer.
+    if not peer_only:
+        plain = _start(
+            lambda timeout: ladle_server(model, serve_common, out / "server_d.log", timeout),
+            deadline,
+            90,
+            runner.skipped,
+            "d",
         )
-        saturation = (saturation_rate(burst) if burst else None) or 0.0
-        overload = f"{overload_rate or 1.5 * max(saturation, 1.0):.2f}"
-        # Long enough for the backlog to build: a short run at 1.5x is absorbed by the batch.
-        over = [*chat[:-1], f"{overload_s:g}", "--rate", overload, "--seed", "12"]
-        slo_off = runner.bench(plain, "overload_slo_off", 40, *over)
-    finally:
-        _stop(plain)
-    slo_args = [*serve_common, "--ttft-slo", "1s", "--itl-slo", "60ms"]
-    with_slo = _start(
-        lambda timeout: ladle_server(model, slo_args, out / "server_e.log", timeout),
-        deadline,
-        70,
-        runner.skipped,
-        "e",
-    )
-    try:
-        # The warm-up also gives the admission its first measured prefill rate.
-        runner.bench(with_slo, "warmup_e", 20, *warm)
-        slo_on = runner.bench(with_slo, "overload_slo_on", 40, *over)
-    finally:
-        _stop(with_slo)
+        try:
+            runner.bench(plain, "warmup_d", 20, *warm)
+            # A burst of --slo-num requests (twice max_num_seqs by default): the batch runs full.
+            burst = runner.bench(
+                plain, "ladle_sweep_inf", 25, *chat, "--seed", "11", "--num-prompts", str(num)
+            )
+            saturation = (saturation_rate(burst) if burst else None) or 0.0
+            overload = f"{overload_rate or 1.5 * max(saturation, 1.0):.2f}"
+            # Long enough for the backlog to build: a short run at 1.5x is absorbed by the batch.
+            over = [*chat[:-1], f"{overload_s:g}", "--rate", overload, "--seed", "12"]
+            slo_off = runner.bench(plain, "overload_slo_off", 40, *over)
+        finally:
+            _stop(plain)
+        slo_args = [*serve_common, "--ttft-slo", "1s", "--itl-slo", "60ms"]
+        with_slo = _start(
+            lambda timeout: ladle_server(model, slo_args, out / "server_e.log", timeout),
+            deadline,
+            70,
+            runner.skipped,
+            "e",
+        )
+        try:
+            # The warm-up also gives the admission its first measured prefill rate.
+            runner.bench(with_slo, "warmup_e", 20, *warm)
+            slo_on = runner.bench(with_slo, "overload_slo_on", 40, *over)
+        finally:
+            _stop(with_slo)
     peer_results: list[dict] = []
     peer_ready_s = None
     if peer and tokenizer is not None:
@@ -664,6 +669,9 @@ def main() -> int:
     )
     parser.add_argument("--tokenizer", default=None, help="a tokenizer folder for text prompts")
     parser.add_argument("--no-peer", action="store_true", help="skip transformers serve")
+    parser.add_argument(
+        "--peer-only", action="store_true", help="SLO phase: skip the saturation and overload runs"
+    )
     parser.add_argument("--deadline-s", type=float, default=None, help="wall-time budget")
     parser.add_argument("--warmup-num", default="48", help="requests per warm-up rate")
     parser.add_argument("--warmup-sweep", default="16,inf", help="the scheduler warm-up's rates")
@@ -698,6 +706,7 @@ def main() -> int:
             args.overload_rate,
             tokenizer,
             not args.no_peer,
+            args.peer_only,
         )
         _write(out, proofs)
     print(json.dumps(proofs, indent=1, default=_json_default))
