@@ -26,7 +26,8 @@ MIN_FRESH_TOKENS = 512
 def fresh_prompt_span(metadata: AttentionMetadata, first_request: int) -> tuple[int, int] | None:
     """The (start, end) token rows of request first_request when it is the step's last request
     and a whole prompt with no cached context of at least MIN_FRESH_TOKENS tokens; None
-    otherwise, and always for a graph's template metadata (host values only, no sync)."""
+    otherwise, and always for a step that takes a prefill graph's launches (host values only, no
+    sync)."""
     if metadata.num_reqs - first_request != 1 or metadata.graph_launches:
         return None
     start, end = metadata.query_start_loc_host[first_request : first_request + 2]

@@ -79,14 +79,15 @@ class TritonAttentionBackend:
             # The prompt attends over its own fresh keys and values, never the (maybe fp8) cache.
             attend_fresh_prompt(query, key, value, output, span, scale)
             return output
+        # A prefill graph's tiles must fit any query length its replays bring.
+        max_query_len = GRAPH_TILE_QUERY_LEN if metadata.graph_launches else metadata.max_query_len
         return paged_attention(
             query,
             kv_cache,
             metadata.block_tables,
             metadata.query_start_loc,
             metadata.seq_lens,
-            # A prefill graph's tiles must fit any query length its replays bring.
-            max_query_len=GRAPH_TILE_QUERY_LEN if metadata.graph_launches else metadata.max_query_len,
+            max_query_len=max_query_len,
             scale=scale,
             num_leading_decodes=leading,
             launch_num_reqs=metadata.launch_num_reqs,

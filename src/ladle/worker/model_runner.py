@@ -130,8 +130,8 @@ class ModelRunner:
         # Penalty requests' token ids on the device, made at the first step that samples.
         self.penalty_history: PenaltyHistory | None = None
         self.kv_caches: list[torch.Tensor] = []
-        self.graphs: DecodeGraphs | None = None  # captured once the KV cache exists
-        self.graph_buckets: DecodeGraphs | None = None  # the same, or uncaptured when eager
+        # The graphs' buckets (CUDA only), captured once the KV cache exists unless eager.
+        self.graph_buckets: DecodeGraphs | None = None
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             kv_calibration.set_fp8_kv_scales(self)
@@ -149,11 +149,16 @@ class ModelRunner:
         # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
         self.graph_buckets = self._graph_buckets() if self.device.type == "cuda" else None
         if self.uses_graphs:
-            self.graphs = self.graph_buckets
-            self.graphs.capture()
+            self.graph_buckets.capture()
             self.memory_budget = dataclasses.replace(
-                self.memory_budget, graph_pool_bytes=self.graphs.pool_bytes
+                self.memory_budget, graph_pool_bytes=self.graph_buckets.pool_bytes
             )
+
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        """The captured graphs; None in eager mode, on the CPU and before the capture."""
+        buckets = self.graph_buckets
+        return buckets if buckets is not None and buckets.captured else None
 
     def _resolve_max_model_len(self) -> int:
         limit = self.arch.max_position_embeddings

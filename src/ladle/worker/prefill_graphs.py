@@ -14,7 +14,9 @@ replay such a step with one launch.
 - The attention kernel's prefill launch is general (any mix of query lengths and cached
   context, kernels/paged_attention.py): its grid depends only on the padded token and request
   counts, so one captured graph is right for any real layout that fits its bucket. Decodes in
-  such a step ride the same launch (the eager path gives leading decodes their own launch).
+  such a step ride the same launch, also when the step runs eagerly (graph_launches in its
+  metadata), so a graph never changes a step's numbers; larger eager steps give leading
+  decodes their own launch.
 - Mixed steps (many decodes beside one prompt's chunk) are the common step of a busy server:
   one arrival among 32 or 256 running requests. Eagerly such a step costs the host ~30-50 ms of
   launches for a few ms of GPU work, stalling every running stream; so the request buckets go
