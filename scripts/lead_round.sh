@@ -3,17 +3,8 @@
 # still covers them), then W1 and S1 in what time is left before DEADLINE_S.
 # Run from the repo root of the device copy, carrying .whl and .carry/tok.
 set -uo pipefail
-OUT=${OUT:-.device_out}
-mkdir -p "$OUT"
-start=$SECONDS
-left() { echo $(( ${DEADLINE_S:-540} - (SECONDS - start) )); }
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-export PYTHONPATH=$PWD/src:$PWD/tests:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
-export LADLE_TEST_TOKENIZER=$PWD/.carry/tok
-LOG=$OUT/round.log
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
-git_rev=${REV:-}
+DEADLINE_S=${DEADLINE_S:-540}
+source "$(dirname "$0")/lead_round_env.sh"
 first=${FIRST_FILES:-"tests/gpu/test_gpu_parity.py tests/gpu/test_overlap_gpu.py tests/gpu/test_cuda_graphs.py
   tests/gpu/test_prefill_graphs.py tests/gpu/test_split_launch_gpu.py tests/gpu/test_fp8_kv_cache.py
   tests/gpu/test_int4_decode.py tests/gpu/test_no_compile_while_serving.py tests/gpu/test_structured_step_gpu.py"}

@@ -3,15 +3,7 @@
 # empty Triton cache, and the prefix-caching TTFT proof on the 8B shape at PREFIX_RATE.
 # Run from the repo root of the device copy, carrying .whl and .carry/tok.
 set -uo pipefail
-OUT=${OUT:-.device_out}
-mkdir -p "$OUT"
-start=$SECONDS
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-  --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
-export PYTHONPATH=$PWD/src:$PWD/tests:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
-export LADLE_TEST_TOKENIZER=$PWD/.carry/tok
-LOG=$OUT/round.log
-nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
+source "$(dirname "$0")/lead_round_env.sh"
 timeout 100 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_split_launch_gpu.py \
   "tests/gpu/test_quant_kernels.py::test_per_token_quant_matches_reference" > "$OUT/tests.log" 2>&1
 grep -E "^E  |passed|failed" "$OUT/tests.log" | head -20 | tee -a "$LOG"
