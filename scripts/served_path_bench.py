@@ -4,13 +4,14 @@
         --concurrency 128 256 --step-ms 7 --json out.json
 
 S1's requests (256 token-id prompts, max_tokens U[100, 512], logprobs 0, ignore_eos) go, at
-each --concurrency, to a fresh server of one of two kinds:
+each --concurrency, to a fresh server of one of three kinds:
 
 - `api`: the real `ladle serve` (`python -m ladle.bench.paced_serve`), whose engine-core process
   is a paced stand-in: one token per running request every --step-ms, through the real
   EngineCoreLoop and ZMQ wire. At 128 streams and 7 ms that is S1's ~18,000 events/s.
 - `stub`: `python -m ladle.bench.sse_stub_server`, which writes prebuilt chunks on the same
   clock: the client alone.
+- `real`: `ladle serve qwen3-0.6b --load-format dummy`, the real engine (S1 itself, on a GPU).
 
 and are read by one of these clients, each in a process of its own:
 
@@ -28,6 +29,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import inspect
 import json
 import os
 import re
@@ -120,8 +123,24 @@ async def _raw_load(base_url: str, payloads: list[dict], concurrency: int) -> li
 
 async def _bench_load(base_url: str, payloads: list[dict], concurrency: int) -> list[dict]:
     """ladle bench serve's path: run_point with the same HTTP client run_plan opens."""
+    from ladle.bench import serve_run
     from ladle.bench.serve_client import BenchRequest
-    from ladle.bench.serve_run import BenchPlan, open_http_client, open_stream_session, run_point
+    from ladle.bench.serve_run import BenchPlan, run_point
+
+    def open_http_client(plan):
+        if hasattr(serve_run, "open_http_client"):
+            return serve_run.open_http_client(plan)
+        import httpx  # the same client as that tree's run_plan opened
+
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(plan.request_timeout, connect=30.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
+        )
+
+    def open_stream_session(plan):
+        if hasattr(serve_run, "open_stream_session"):
+            return serve_run.open_stream_session(plan)
+        return contextlib.nullcontext()
 
     plan = BenchPlan(
         base_url=base_url, model=None, api_key=None, tokenizer=None, mix={"S1": 1.0},
@@ -138,19 +157,23 @@ async def _bench_load(base_url: str, payloads: list[dict], concurrency: int) -> 
         requests.append(BenchRequest("S1", len(body["prompt"]), body["max_tokens"],
                                      prompt=body["prompt"], extra_body=extra))
     async with open_http_client(plan) as http, open_stream_session(plan) as streams:
+        clients = (http, streams) if "streams" in inspect.signature(run_point).parameters else (
+            http,)  # a tree from before the bench streamed through aiohttp (httpx alone)
         records, _, _ = await run_point(
-            http, streams, plan, payloads[0]["model"], requests, float("inf"), concurrency
+            *clients, plan, payloads[0]["model"], requests, float("inf"), concurrency
         )
     return [
         {"ttft": r.ttft, "itl": r.itl, "output_tokens": r.output_tokens,
-         "num_chunks": r.num_chunks, "ok": r.success}
+         "num_chunks": getattr(r, "num_chunks", len(r.itl) + 1), "ok": r.success,
+         "error": r.error}
         for r in records
     ]
 
 
 def run_client(kind: str, base_url: str, concurrency: int, num_prompts: int, model: str) -> dict:
-    from ladle.bench.serve_run import run_event_loop
+    from ladle.bench import serve_run
 
+    run_event_loop = getattr(serve_run, "run_event_loop", asyncio.run)
     payloads = s1_payloads(num_prompts, model)
     load = _raw_load if kind == "raw" else _bench_load
     cpu, wall = time.process_time(), time.perf_counter()
@@ -170,7 +193,7 @@ class Server:
 
     def __init__(
         self, kind: str, step_ms: float, tokenizer: str | None, log_path: Path,
-        profile: str | None = None,
+        profile: str | None = None, serve_args: str = "",
     ) -> None:
         self.port = _free_port()
         self.log_path = log_path
@@ -178,6 +201,9 @@ class Server:
         if kind == "stub":
             command = [python, "-m", "ladle.bench.sse_stub_server", "--port", str(self.port),
                        "--step-ms", str(step_ms)]
+        elif kind == "real":
+            command = [python, "-m", "ladle", "serve", *serve_args.split()]
+            command += ["--port", str(self.port)]
         else:
             command = [python, "-m", "ladle.bench.paced_serve", "--step-ms", str(step_ms)]
             if tokenizer is not None:
@@ -188,15 +214,16 @@ class Server:
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
         self.base_url = f"http://127.0.0.1:{self.port}"
-        self.processes = {"api" if kind == "api" else "stub": psutil.Process(self.process.pid)}
+        self.processes = {"stub" if kind == "stub" else "api": psutil.Process(self.process.pid)}
 
-    def wait_ready(self, timeout_s: float = 180.0) -> None:
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
         deadline = time.monotonic() + timeout_s
         while time.monotonic() < deadline:
             if self.process.poll() is not None:
                 raise RuntimeError(f"the server exited: see {self.log_path}")
             try:
-                urllib.request.urlopen(self.base_url + "/v1/models", timeout=2).read()
+                answer = urllib.request.urlopen(self.base_url + "/v1/models", timeout=2).read()
+                self.model = json.loads(answer)["data"][0]["id"]
                 break
             except OSError:
                 time.sleep(0.3)
@@ -233,15 +260,15 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict:
     server = Server(args.server, args.step_ms, args.paced_tokenizer,
-                    log_dir / f"server_{args.server}_{concurrency}.log", args.profile_api)
+                    log_dir / f"server_{args.server}_{concurrency}.log", args.profile_api,
+                    args.serve_args)
     try:
         server.wait_ready()
-        model = "stub" if args.server == "stub" else "qwen3-0.6b"
         before = server.cpu_seconds()
         load_avg = os.getloadavg()[0]
         command = [sys.executable, __file__, "--role", "client", "--client", args.client,
                    "--base-url", server.base_url, "--concurrency", str(concurrency),
-                   "--num-prompts", str(args.num_prompts), "--model", model]
+                   "--num-prompts", str(args.num_prompts), "--model", server.model]
         done = subprocess.run(command, capture_output=True, text=True, check=True)
         after = server.cpu_seconds()
     finally:
@@ -260,6 +287,7 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
         "step_ms": args.step_ms,
         "requests_ok": len(ok),
         "requests": len(client["records"]),
+        "first_error": next((r.get("error") for r in client["records"] if not r["ok"]), None),
         "output_tokens": tokens,
         "tokens_per_chunk": round(tokens / max(1, sum(r["num_chunks"] for r in ok)), 2),
         "wall_s": round(wall, 2),
@@ -287,7 +315,7 @@ def _round(value: float | None) -> float | None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--role", choices=["run", "client"], default="run")
-    parser.add_argument("--server", choices=["api", "stub"], default="api")
+    parser.add_argument("--server", choices=["api", "stub", "real"], default="api")
     parser.add_argument("--client", choices=["bench", "raw"], default="bench")
     parser.add_argument("--concurrency", type=int, nargs="+", default=[128, 256])
     parser.add_argument("--step-ms", type=float, default=7.0)
@@ -295,6 +323,10 @@ def main() -> None:
     parser.add_argument(
         "--paced-tokenizer", default=None,
         help="api server: the tokenizer to decode with, or 'none' (default: the default model's)",
+    )
+    parser.add_argument(
+        "--serve-args", default="qwen3-0.6b --load-format dummy",
+        help="real server: `ladle serve`'s arguments (default: S1's server)",
     )
     parser.add_argument("--profile-api", default=None, help="cProfile the API process (api server)")
     parser.add_argument("--base-url", default=None)
