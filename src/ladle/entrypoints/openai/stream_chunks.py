@@ -4,8 +4,10 @@ A streamed completion sends one chunk per engine step per stream: at 128 streams
 step that is ~18,000 chunks a second from one Python process. Building and dumping pydantic
 models (CompletionChunk, CompletionChoice, CompletionLogprobs) cost ~16 us a chunk; here the
 fields every chunk of a response shares (id, object, created, model) are encoded once, and each
-chunk's choices, plain dicts in the models' field order, go through msgspec (~1.5 us). The JSON
-is the same document `CompletionChunk(...).model_dump_json()` gives (tests compare them).
+chunk's choices, plain dicts in the models' field order, go through msgspec (~1.5 us). The bytes
+are those of `CompletionChunk(...).model_dump_json()` / `ChatCompletionChunk(...)`'s (tests
+compare them); rarer choices (chat logprobs, reasoning and tool-call deltas) stay pydantic
+models and are dumped to dicts first.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 from typing import Any
 
 import msgspec
+from pydantic import BaseModel
 
 _encoder = msgspec.json.Encoder()
 
@@ -26,9 +29,12 @@ class ChunkEncoder:
         )
         self._head = b"data: " + head[:-1] + b',"choices":'
 
-    def event(self, choices: list[dict[str, Any]], usage: dict[str, int] | None = None) -> bytes:
+    def event(
+        self, choices: list[dict[str, Any] | BaseModel], usage: dict[str, int] | None = None
+    ) -> bytes:
+        plain = [c.model_dump() if isinstance(c, BaseModel) else c for c in choices]
         return (
-            self._head + _encoder.encode(choices) + b',"usage":' + _encoder.encode(usage) + b"}\n\n"
+            self._head + _encoder.encode(plain) + b',"usage":' + _encoder.encode(usage) + b"}\n\n"
         )
 
 
@@ -47,4 +53,21 @@ def completion_choice(
         "finish_reason": finish_reason,
         "stop_reason": stop_reason,
         "prompt_logprobs": None,
+    }
+
+
+def chat_choice(
+    index: int,
+    delta: dict[str, str],
+    finish_reason: str | None = None,
+    stop_reason: int | str | None = None,
+) -> dict[str, Any]:
+    """A ChatStreamChoice's fields, in its order, without logprobs; delta holds ChatDelta's
+    fields that are not None (role, content), as ChatDelta dumps itself."""
+    return {
+        "index": index,
+        "delta": delta,
+        "logprobs": None,
+        "finish_reason": finish_reason,
+        "stop_reason": stop_reason,
     }
