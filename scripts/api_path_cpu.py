@@ -36,7 +36,8 @@ async def _lifespan_startup(app) -> asyncio.Task:
         if message["type"] == "lifespan.startup.complete":
             started.set()
 
-    task = asyncio.ensure_future(app({"type": "lifespan", "asgi": {"version": "3.0"}}, receive, send))
+    scope = {"type": "lifespan", "asgi": {"version": "3.0"}}
+    task = asyncio.ensure_future(app(scope, receive, send))
     await started.wait()
     return task
 
@@ -62,7 +63,8 @@ async def run_once(
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
 
-    client = AsyncEngineClient({"model": None}, ServerMetrics("m"), AdmissionController(10**6, 10**12))
+    admission = AdmissionController(10**6, 10**12)
+    client = AsyncEngineClient({"model": None}, ServerMetrics("m"), admission)
     if tokenizer is not None:
         from ladle.engine.tokenizer import load_tokenizer
 
@@ -128,7 +130,10 @@ async def run_once(
         task.cancel()
     await asyncio.gather(*tasks, lifespan, return_exceptions=True)
     tokens_out = num_steps * num_streams
-    return {"cpu_us_per_token": cpu / tokens_out * 1e6, "wall_us_per_token": wall / tokens_out * 1e6}
+    return {
+        "cpu_us_per_token": cpu / tokens_out * 1e6,
+        "wall_us_per_token": wall / tokens_out * 1e6,
+    }
 
 
 def main() -> None:
@@ -136,7 +141,7 @@ def main() -> None:
     parser.add_argument("--streams", type=int, default=128)
     parser.add_argument("--steps", type=int, default=200)
     parser.add_argument("--repeats", type=int, default=5)
-    parser.add_argument("--tokenizer", default=None, help="decode with this tokenizer (default: none)")
+    parser.add_argument("--tokenizer", default=None, help="decode with this tokenizer")
     parser.add_argument("--profile", default=None, help="cProfile the timed steps into this file")
     args = parser.parse_args()
     profiler = None
