@@ -71,3 +71,30 @@ def test_stub_server_streams_max_tokens_chunks_that_the_bench_client_counts():
     assert [(r.output_tokens, r.num_chunks, len(r.itl)) for r in records] == [
         (1, 1, 0), (5, 5, 4), (9, 9, 8)
     ]
+
+
+def test_a_stalled_stream_ends_its_record_with_a_timeout_not_the_run():
+    """--request-timeout bounds each wait between reads (not the whole stream): a server that
+    stops sending fails that request alone, with the reason."""
+    from types import SimpleNamespace
+
+    from ladle.bench.serve_run import open_stream_session
+    from ladle.bench.sse_stub_server import STREAM_HEAD, TOKEN_CHUNK
+
+    async def stall(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        await reader.read(65536)
+        writer.write(STREAM_HEAD + TOKEN_CHUNK)  # one token, then nothing
+        await reader.read()  # until the client gives up and closes
+        writer.close()
+
+    async def run() -> RequestRecord:
+        server = await asyncio.start_server(stall, "127.0.0.1", 0)
+        port = server.sockets[0].getsockname()[1]
+        async with server, open_stream_session(SimpleNamespace(request_timeout=0.3)) as session:
+            request = BenchRequest("w", 3, 4, prompt=[1, 2, 3])
+            return await send_request(session, f"http://127.0.0.1:{port}", request,
+                                      RequestRecord(0, "w", 0.0), "stub", 0.0, {}, 0.0)
+
+    record = asyncio.run(run())
+    assert record.num_chunks == 1 and record.ttft is not None
+    assert record.error is not None and "Timeout" in record.error

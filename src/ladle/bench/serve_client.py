@@ -109,7 +109,9 @@ async def send_request(
                     usage = chunk["usage"]
                 if _chunk_has_content(chunk, request.is_chat):
                     events.add(arrived)
-    except (aiohttp.ClientError, json.JSONDecodeError, UnicodeDecodeError, OSError) as error:
+    except (
+        aiohttp.ClientError, TimeoutError, json.JSONDecodeError, UnicodeDecodeError, OSError
+    ) as error:
         record.error = f"{type(error).__name__}: {error}"
     record.e2e = time.perf_counter() - sent
     record.ttft, record.itl, record.num_chunks = events.ttft, events.itl, events.count

@@ -231,9 +231,14 @@ def open_http_client(plan: BenchPlan) -> httpx.AsyncClient:
 
 def open_stream_session(plan: BenchPlan) -> aiohttp.ClientSession:
     """The session every timed request streams through (serve_client.py says why aiohttp)."""
+    # request_timeout bounds each wait (to connect, between reads), as httpx's timeout did, not
+    # the whole stream: a long generation that keeps streaming is not cut off.
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=30.0, sock_read=plan.request_timeout
+    )
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0),  # --max-concurrency is the only bound
-        timeout=aiohttp.ClientTimeout(total=plan.request_timeout, connect=30.0),
+        timeout=timeout,
     )
 
 
