@@ -12,8 +12,9 @@ steps) is one event and one gap, as vLLM's bench counts it; RequestRecord.num_ch
 count, so tokens per chunk shows such merging.
 
 The streams go through aiohttp (its HTTP parser is C): at S1's ~15,000 events/s one Python
-process reading them with httpx spent ~51 us of CPU per event, with aiohttp on uvloop ~18 us
-(scripts/served_path_bench.py), and a client that falls behind bunches the events it reads.
+process reading them with httpx spent 37-51 us of CPU per event, with aiohttp on uvloop 15-26 us
+(scripts/served_path_bench.py, docs/benchmarks.md), and a client that falls behind bunches the
+events it reads.
 """
 
 from __future__ import annotations
