@@ -38,6 +38,7 @@ import signal
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -251,6 +252,37 @@ class Server:
         self.log.close()
 
 
+class StepGaugeSampler(threading.Thread):
+    """Reads `ladle:step_time_seconds` from the server's /metrics twice a second while a run
+    goes (nothing from a server without it)."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = base_url + "/metrics"
+        self.samples_ms: list[float] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.5):
+            try:
+                text = urllib.request.urlopen(self.url, timeout=2).read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith("ladle:step_time_seconds"):
+                    value = float(line.split()[-1])
+                    if value > 0:
+                        self.samples_ms.append(value * 1000)
+
+    def __enter__(self) -> StepGaugeSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        self.join()
+
+
 def _percentile(values: list[float], q: float) -> float | None:
     if not values:
         return None
@@ -269,7 +301,8 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
         command = [sys.executable, __file__, "--role", "client", "--client", args.client,
                    "--base-url", server.base_url, "--concurrency", str(concurrency),
                    "--num-prompts", str(args.num_prompts), "--model", server.model]
-        done = subprocess.run(command, capture_output=True, text=True, check=True)
+        with StepGaugeSampler(server.base_url) as step_gauge:
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
         after = server.cpu_seconds()
     finally:
         server.stop()
@@ -301,6 +334,13 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
     }
     for q in (10, 50, 90, 99):
         result[f"itl_ms_p{q}"] = _round(_percentile(itl_ms, q))
+    # TPOT: a request's first to last content event over its tokens after the first.
+    tpot_ms = [
+        sum(r["itl"]) * 1000 / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1
+    ]
+    result["tpot_ms_p50"] = _round(_percentile(tpot_ms, 50))
+    # The engine's own moving-average step time (`ladle serve`'s /metrics), sampled meanwhile.
+    result["engine_step_gauge_ms_p50"] = _round(_percentile(step_gauge.samples_ms, 50))
     for name, seconds in cpu.items():
         result[f"{name}_cpu_s"] = round(seconds, 2)
         result[f"{name}_cpu_per_wall"] = round(seconds / wall, 2)
