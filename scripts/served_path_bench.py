@@ -1,268 +1,393 @@
-"""Does the API process keep up? `ladle serve`'s front end against an engine of known speed.
+"""Who makes a served stream late: the API process, the engine's output path, or the client?
 
-    python scripts/served_path_bench.py --concurrency 32 128 256 --step-ms 10 --runs 3
+    PYTHONPATH=src python scripts/served_path_bench.py --server api --client bench \
+        --concurrency 128 256 --step-ms 7 --json out.json
 
-The real API process (FastAPI app, AsyncEngineClient, detokenization of the default model's
-tokenizer, stop checks, SSE) serves streaming /v1/completions, but its engine-core process is a
-paced stand-in: every `--step-ms` it gives each running request one token (ids of real text, so
-the detokenizer meets real words) until max_tokens, through the real EngineCoreLoop and ZMQ
-wire. The engine's step time is therefore exact, and the inter-token times the clients see show
-what the front end adds: the issue-8 criterion is the served ITL within 10% of the step time.
+S1's requests (256 token-id prompts, max_tokens U[100, 512], logprobs 0, ignore_eos) go, at
+each --concurrency, to a fresh server of one of three kinds:
 
-Run it with PYTHONPATH pointing at different source trees to compare them (same machine, same
-load, interleaved); on a shared machine take medians of several runs.
+- `api`: the real `ladle serve` (`python -m ladle.bench.paced_serve`), whose engine-core process
+  is a paced stand-in: one token per running request every --step-ms, through the real
+  EngineCoreLoop and ZMQ wire. At 128 streams and 7 ms that is S1's ~18,000 events/s.
+- `stub`: `python -m ladle.bench.sse_stub_server`, which writes prebuilt chunks on the same
+  clock: the client alone.
+- `real`: `ladle serve qwen3-0.6b --load-format dummy`, the real engine (S1 itself, on a GPU).
+
+and are read by one of these clients, each in a process of its own:
+
+- `bench`: `ladle bench serve`'s own request path (`ladle.bench.serve_run.run_point`).
+- `raw`: a bare asyncio reader (no HTTP library, no JSON parsing), timing each read.
+
+Per level it reports the output tok/s (ideal: streams x 1000 / step_ms), the client's
+inter-token times against the known step (a p50 far under the step means tokens arrive in
+bunches), and the CPU time per output token of each process (client, API, engine), measured
+from /proc by psutil: CPU time is robust to a loaded machine where wall time is not. A process
+near 1 s of CPU per second of wall time is saturated and bunches what it handles.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
+import inspect
 import json
-import multiprocessing
 import os
+import re
+import signal
 import socket
+import subprocess
 import sys
+import threading
 import time
+import urllib.request
+from pathlib import Path
 
-STEP_MS_ENV = "LADLE_PACED_STEP_MS"
-TOKENIZER_ENV = "LADLE_PACED_TOKENIZER"
+import psutil
 
-
-class PacedEngine:
-    """EngineCore's interface as EngineCoreLoop uses it, one token per request per step."""
-
-    def __init__(self, step_s: float, token_ids: list[int]) -> None:
-        from ladle.engine.messages import SchedulerStats
-
-        self.step_s = step_s
-        self.token_ids = token_ids
-        self.running: dict[str, list[int]] = {}  # request id -> [num generated, max_tokens]
-        self.next_step = time.perf_counter()
-        self.stats = SchedulerStats()
-        self.step_durations: list[float] = []
-
-    def has_unfinished_requests(self) -> bool:
-        return bool(self.running)
-
-    def add_request(self, request) -> None:
-        self.running[request.request_id] = [0, request.sampling_params.max_tokens or 16]
-
-    def abort_requests(self, request_ids):
-        from ladle.engine.messages import EngineCoreOutput
-
-        outputs = []
-        for request_id in request_ids:
-            if self.running.pop(request_id, None) is not None:
-                outputs.append(EngineCoreOutput(request_id, [], finish_reason="abort"))
-        return outputs
-
-    def step(self):
-        from ladle.engine.messages import EngineCoreOutput
-
-        now = time.perf_counter()
-        if self.next_step > now:
-            time.sleep(self.next_step - now)
-        started = time.perf_counter()
-        self.next_step = max(self.next_step + self.step_s, started)
-        outputs = []
-        for request_id, progress in list(self.running.items()):
-            token = self.token_ids[(hash(request_id) + progress[0]) % len(self.token_ids)]
-            progress[0] += 1
-            finished = progress[0] >= progress[1]
-            outputs.append(
-                EngineCoreOutput(
-                    request_id,
-                    [token],
-                    finish_reason="length" if finished else None,
-                    first_token_time=time.monotonic() if progress[0] == 1 else None,
-                )
-            )
-            if finished:
-                del self.running[request_id]
-        self.step_durations.append(time.perf_counter() - started)
-        return outputs
-
-    def get_stats(self):
-        self.stats.num_running_reqs = len(self.running)
-        return self.stats
+ENGINE_PID_LINE = re.compile(r"engine core running in process (\d+)")
 
 
-def paced_engine_core(options_json: str, input_address: str, output_address: str, parent: int):
-    """The engine-core process entry (the same signature as run_engine_core)."""
-    import zmq
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
 
-    from ladle.engine import wire
-    from ladle.engine.core_process import EngineCoreLoop
-    from ladle.engine.tokenizer import load_tokenizer
-    from ladle.model.default_model import resolve_default_model
-    from ladle.model.loader import _dummy_arch_config
 
-    context = zmq.Context()
-    input_socket = context.socket(zmq.PULL)
-    input_socket.connect(input_address)
-    output_socket = context.socket(zmq.PUSH)
-    output_socket.connect(output_address)
-    source = os.environ.get(TOKENIZER_ENV) or str(resolve_default_model())
-    arch, _ = _dummy_arch_config(None, {})
-    tokenizer = load_tokenizer(source, arch).hf_tokenizer
-    with open(__file__, encoding="utf-8") as handle:
-        token_ids = tokenizer.encode(handle.read() * 4, add_special_tokens=False)
-    engine = PacedEngine(float(os.environ[STEP_MS_ENV]) / 1000, token_ids)
-    ready = wire.EngineReady(
-        max_model_len=8192, tokenizer_source=source, arch=arch, memory_budget="paced stand-in"
+def s1_payloads(num_prompts: int, model: str) -> list[dict]:
+    """S1's request bodies, exactly as `ladle bench serve --workload S1 --token-ids` sends them."""
+    from ladle.bench.serve_workloads import WorkloadOptions, build_workload
+
+    options = WorkloadOptions(
+        num_requests=num_prompts, seed=0, tokenizer=None, input_len=(100, 1024),
+        output_len=(100, 512), ignore_eos=True, sharegpt_path=None,
     )
-    output_socket.send(wire.encode_output(ready))
-    EngineCoreLoop(engine, input_socket, output_socket, parent).run()
-    os._exit(0)
+    return [request.payload(model, 0.6) for request in build_workload({"S1": 1.0}, options)]
 
 
-async def _stream_one(host: str, port: int, body: bytes) -> dict:
-    """One streaming completion over a raw connection; the times of its content chunks.
+# ----- clients (each runs in its own process: `--role client`) ---------------------------------
 
-    A bare asyncio reader, not httpx: at hundreds of streams a full HTTP client parsing every
-    line in one Python process falls behind the server and shows its own lag as the server's.
-    """
+
+async def _raw_stream(host: str, port: int, body: bytes, record: dict) -> None:
+    """One completion over a bare connection: a timestamp per read, per event in it."""
     reader, writer = await asyncio.open_connection(host, port)
     writer.write(
         b"POST /v1/completions HTTP/1.1\r\nHost: bench\r\nConnection: close\r\n"
         b"Content-Type: application/json\r\nContent-Length: %d\r\n\r\n" % len(body) + body
     )
     await writer.drain()
-    status = await reader.readline()
-    while (await reader.readline()) not in (b"\r\n", b""):
-        pass
-    times = []
-    while line := await reader.readline():
-        if not line.startswith(b"data: "):
-            continue  # chunk sizes and blank lines
-        if line.startswith(b"data: [DONE]"):
-            break
-        # A content chunk carries text; the usage chunk and an empty finishing one do not.
-        if b'"text":""' not in line and b'"choices":[]' not in line:
-            times.append(time.perf_counter())
+    times, sizes = record["times"], record["sizes"]
+    pending = b""
+    done = False
+    while not done and (data := await reader.read(65536)):
+        now = time.perf_counter()
+        pending += data
+        *events, pending = pending.split(b"\n\n")
+        for event in events:
+            if b"data: [DONE]" in event:
+                done = True
+            elif b'"choices":[{' in event:
+                times.append(now)
+                sizes.append(_tokens_in(event))
     writer.close()
-    error = None if b" 200 " in status else status.decode(errors="replace").strip()
-    if error is None and not times:
-        error = "no content"
-    return {"error": error, "itl": [b - a for a, b in zip(times, times[1:])], "tokens": len(times)}
 
 
-def run_load(
-    base_url: str, concurrency: int, max_tokens: int, requests_per_slot: int
-) -> tuple[list[dict], float]:
-    """concurrency clients, each streaming completions one after another; plain records."""
+def _tokens_in(event: bytes) -> int:
+    """The tokens one completions chunk carries: its logprobs entries (S1 asks logprobs 0)."""
+    start = event.find(b'"token_logprobs":[')
+    if start < 0:
+        return 1
+    end = event.find(b"]", start)
+    return event.count(b",", start, end) + 1
+
+
+async def _raw_load(base_url: str, payloads: list[dict], concurrency: int) -> list[dict]:
     host, port = base_url.removeprefix("http://").split(":")
-    body = json.dumps(
-        {
-            "model": "paced",
-            "prompt": "Tell me a story about a fox",
-            "max_tokens": max_tokens,
-            "temperature": 0.0,
-            "stream": True,
-        }
-    ).encode()
+    records = [{"times": [], "sizes": [], "sent": 0.0} for _ in payloads]
+    queue = list(range(len(payloads)))[::-1]
 
-    async def load() -> tuple[list[dict], float]:
-        records: list[dict] = []
-        remaining = [concurrency * requests_per_slot]
+    async def worker() -> None:
+        while queue:
+            index = queue.pop()
+            records[index]["sent"] = time.perf_counter()
+            body = json.dumps(payloads[index]).encode()
+            await _raw_stream(host, int(port), body, records[index])
 
-        async def worker() -> None:
-            while remaining[0] > 0:
-                remaining[0] -= 1
-                records.append(await _stream_one(host, int(port), body))
-
-        started = time.perf_counter()
-        await asyncio.gather(*(worker() for _ in range(concurrency)))
-        return records, time.perf_counter() - started
-
-    return asyncio.run(load())
+    await asyncio.gather(*(worker() for _ in range(concurrency)))
+    return [
+        {"ttft": r["times"][0] - r["sent"] if r["times"] else None,
+         "itl": [b - a for a, b in zip(r["times"], r["times"][1:])],
+         "output_tokens": sum(r["sizes"]), "num_chunks": len(r["times"]), "ok": bool(r["times"])}
+        for r in records
+    ]
 
 
-async def run_level(concurrency: int, args) -> dict:
-    import uvicorn
+async def _bench_load(base_url: str, payloads: list[dict], concurrency: int) -> list[dict]:
+    """ladle bench serve's path: run_point with the same HTTP client run_plan opens."""
+    from ladle.bench import serve_run
+    from ladle.bench.serve_client import BenchRequest
+    from ladle.bench.serve_run import BenchPlan, run_point
 
-    import ladle.engine.client as client_module
-    from ladle.engine.admission import AdmissionController
-    from ladle.entrypoints.openai.server import ServerSettings, build_app
-    from ladle.metrics import ServerMetrics
+    def open_http_client(plan):
+        if hasattr(serve_run, "open_http_client"):
+            return serve_run.open_http_client(plan)
+        import httpx  # the same client as that tree's run_plan opened
 
-    client_module.run_engine_core = paced_engine_core  # the stand-in engine process
-    metrics = ServerMetrics("paced")
-    client = client_module.AsyncEngineClient(
-        {"model": None}, metrics, AdmissionController(100_000, 10**9)
-    )
-    await client.start()
-    settings = ServerSettings(served_model_name="paced", log_requests=False)
-    app = build_app(client, settings)
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    server = uvicorn.Server(
-        uvicorn.Config(app, host="127.0.0.1", port=port, log_level="warning", lifespan="on")
-    )
-    serving = asyncio.create_task(server.serve())
-    while not server.started:
-        await asyncio.sleep(0.05)
-    base_url = f"http://127.0.0.1:{port}"
-    # The load runs in a process of its own: its SSE parsing must not share the API's loop.
-    spawn = multiprocessing.get_context("spawn")
-    with spawn.Pool(1) as pool:
-        records, wall = await asyncio.to_thread(
-            pool.apply, run_load, (base_url, concurrency, args.max_tokens, args.requests_per_slot)
+        return httpx.AsyncClient(
+            timeout=httpx.Timeout(plan.request_timeout, connect=30.0),
+            limits=httpx.Limits(max_connections=None, max_keepalive_connections=64),
         )
-    server.should_exit = True
-    await serving
-    failed = [r for r in records if r["error"]]
-    itls = sorted(i * 1000 for r in records if not r["error"] for i in r["itl"])
-    tokens = sum(r["tokens"] for r in records if not r["error"])
 
-    def pct(q: float) -> float:
-        return itls[min(len(itls) - 1, int(q / 100 * (len(itls) - 1)))] if itls else float("nan")
+    def open_stream_session(plan):
+        if hasattr(serve_run, "open_stream_session"):
+            return serve_run.open_stream_session(plan)
+        return contextlib.nullcontext()
 
+    plan = BenchPlan(
+        base_url=base_url, model=None, api_key=None, tokenizer=None, mix={"S1": 1.0},
+        num_prompts=len(payloads), points=[(float("inf"), concurrency)], burstiness=1.0, seed=0,
+        temperature=0.6, ignore_eos=True, token_ids=True, input_len=(100, 1024),
+        output_len=(100, 512), sharegpt_path=None, priority_fraction=None, slo={},
+        gpu_hour_cost=None, output_dir=Path("/tmp"), label="served-path", plots=False,
+        progress=False,
+    )
+    requests = []
+    for body in payloads:
+        extra = {k: v for k, v in body.items() if k not in (
+            "model", "max_tokens", "temperature", "stream", "stream_options", "prompt")}
+        requests.append(BenchRequest("S1", len(body["prompt"]), body["max_tokens"],
+                                     prompt=body["prompt"], extra_body=extra))
+    async with open_http_client(plan) as http, open_stream_session(plan) as streams:
+        clients = (http, streams) if "streams" in inspect.signature(run_point).parameters else (
+            http,)  # a tree from before the bench streamed through aiohttp (httpx alone)
+        records, _, _ = await run_point(
+            *clients, plan, payloads[0]["model"], requests, float("inf"), concurrency
+        )
+    return [
+        {"ttft": r.ttft, "itl": r.itl, "output_tokens": r.output_tokens,
+         "num_chunks": getattr(r, "num_chunks", len(r.itl) + 1), "ok": r.success,
+         "error": r.error}
+        for r in records
+    ]
+
+
+def run_client(kind: str, base_url: str, concurrency: int, num_prompts: int, model: str) -> dict:
+    from ladle.bench import serve_run
+
+    run_event_loop = getattr(serve_run, "run_event_loop", asyncio.run)
+    payloads = s1_payloads(num_prompts, model)
+    load = _raw_load if kind == "raw" else _bench_load
+    cpu, wall = time.process_time(), time.perf_counter()
+    records = run_event_loop(load(base_url, payloads, concurrency))
     return {
+        "client_cpu_s": time.process_time() - cpu,
+        "wall_s": time.perf_counter() - wall,
+        "records": records,
+    }
+
+
+# ----- servers -----------------------------------------------------------------------------
+
+
+class Server:
+    """A fresh server process (and, for `api`, its paced engine process)."""
+
+    def __init__(
+        self, kind: str, step_ms: float, tokenizer: str | None, log_path: Path,
+        profile: str | None = None, serve_args: str = "",
+    ) -> None:
+        self.port = _free_port()
+        self.log_path = log_path
+        python = sys.executable
+        if kind == "stub":
+            command = [python, "-m", "ladle.bench.sse_stub_server", "--port", str(self.port),
+                       "--step-ms", str(step_ms)]
+        elif kind == "real":
+            command = [python, "-m", "ladle", "serve", *serve_args.split()]
+            command += ["--port", str(self.port)]
+        else:
+            command = [python, "-m", "ladle.bench.paced_serve", "--step-ms", str(step_ms)]
+            if tokenizer is not None:
+                command += ["--paced-tokenizer", tokenizer]
+            if profile is not None:
+                command += ["--profile", profile]
+            command += ["--", "qwen3-0.6b", "--load-format", "dummy", "--port", str(self.port)]
+        self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
+        self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
+        self.base_url = f"http://127.0.0.1:{self.port}"
+        self.processes = {"stub" if kind == "stub" else "api": psutil.Process(self.process.pid)}
+
+    def wait_ready(self, timeout_s: float = 300.0) -> None:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"the server exited: see {self.log_path}")
+            try:
+                answer = urllib.request.urlopen(self.base_url + "/v1/models", timeout=2).read()
+                self.model = json.loads(answer)["data"][0]["id"]
+                break
+            except OSError:
+                time.sleep(0.3)
+        else:
+            raise RuntimeError(f"the server was not ready in {timeout_s:.0f} s")
+        match = ENGINE_PID_LINE.search(self.log_path.read_text())
+        if match:
+            self.processes["engine"] = psutil.Process(int(match.group(1)))
+
+    def cpu_seconds(self) -> dict[str, float]:
+        return {
+            name: process.cpu_times().user + process.cpu_times().system
+            for name, process in self.processes.items()
+        }
+
+    def stop(self) -> None:
+        # SIGINT: uvicorn drains, then re-raises it as KeyboardInterrupt, which `ladle serve`
+        # handles (a profile gets written); it re-raises SIGTERM as a plain kill.
+        self.process.send_signal(signal.SIGINT)
+        try:
+            self.process.wait(60)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            self.process.wait()
+        self.log.close()
+
+
+class StepGaugeSampler(threading.Thread):
+    """Reads `ladle:step_time_seconds` from the server's /metrics twice a second while a run
+    goes (nothing from a server without it)."""
+
+    def __init__(self, base_url: str) -> None:
+        super().__init__(daemon=True)
+        self.url = base_url + "/metrics"
+        self.samples_ms: list[float] = []
+        self._done = threading.Event()
+
+    def run(self) -> None:
+        while not self._done.wait(0.5):
+            try:
+                text = urllib.request.urlopen(self.url, timeout=2).read().decode()
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if line.startswith("ladle:step_time_seconds"):
+                    value = float(line.split()[-1])
+                    if value > 0:
+                        self.samples_ms.append(value * 1000)
+
+    def __enter__(self) -> StepGaugeSampler:
+        self.start()
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self._done.set()
+        self.join()
+
+
+def _percentile(values: list[float], q: float) -> float | None:
+    if not values:
+        return None
+    ordered = sorted(values)
+    return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
+
+
+def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict:
+    server = Server(args.server, args.step_ms, args.paced_tokenizer,
+                    log_dir / f"server_{args.server}_{concurrency}.log", args.profile_api,
+                    args.serve_args)
+    try:
+        server.wait_ready()
+        before = server.cpu_seconds()
+        load_avg = os.getloadavg()[0]
+        command = [sys.executable, __file__, "--role", "client", "--client", args.client,
+                   "--base-url", server.base_url, "--concurrency", str(concurrency),
+                   "--num-prompts", str(args.num_prompts), "--model", server.model]
+        with StepGaugeSampler(server.base_url) as step_gauge:
+            done = subprocess.run(command, capture_output=True, text=True, check=True)
+        after = server.cpu_seconds()
+    finally:
+        server.stop()
+    client = json.loads(done.stdout.strip().splitlines()[-1])
+    ok = [r for r in client["records"] if r["ok"]]
+    tokens = sum(r["output_tokens"] for r in ok)
+    itl_ms = [gap * 1000 for r in ok for gap in r["itl"]]
+    cpu = {name: after[name] - before[name] for name in after}
+    cpu["client"] = client["client_cpu_s"]
+    wall = client["wall_s"]
+    result = {
+        "server": args.server,
+        "client": args.client,
         "concurrency": concurrency,
         "step_ms": args.step_ms,
-        "requests": len(records),
-        "failed": len(failed),
-        "output_tok_per_s": tokens / wall,
-        "ideal_tok_per_s": concurrency * 1000 / args.step_ms,
-        "itl_ms_p50": pct(50),
-        "itl_ms_p90": pct(90),
-        "itl_ms_p99": pct(99),
+        "requests_ok": len(ok),
+        "requests": len(client["records"]),
+        "first_error": next((r.get("error") for r in client["records"] if not r["ok"]), None),
+        "output_tokens": tokens,
+        "tokens_per_chunk": round(tokens / max(1, sum(r["num_chunks"] for r in ok)), 2),
+        "wall_s": round(wall, 2),
+        "output_tok_per_s": round(tokens / wall),
+        "ideal_tok_per_s": round(concurrency * 1000 / args.step_ms),
+        "load_average_1m": round(load_avg, 2),
+        "ttft_ms_p50": _round(_percentile([r["ttft"] * 1000 for r in ok if r["ttft"]], 50)),
+        # Bunched: gaps under half a step are tokens of consecutive steps that arrived together.
+        "itl_bunched_fraction": round(sum(g < args.step_ms / 2 for g in itl_ms) / len(itl_ms), 3)
+        if itl_ms else None,
     }
+    for q in (10, 50, 90, 99):
+        result[f"itl_ms_p{q}"] = _round(_percentile(itl_ms, q))
+    # TPOT: a request's first to last content event over its tokens after the first.
+    tpot_ms = [
+        sum(r["itl"]) * 1000 / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1
+    ]
+    result["tpot_ms_p50"] = _round(_percentile(tpot_ms, 50))
+    # The engine's own moving-average step time (`ladle serve`'s /metrics), sampled meanwhile.
+    result["engine_step_gauge_ms_p50"] = _round(_percentile(step_gauge.samples_ms, 50))
+    for name, seconds in cpu.items():
+        result[f"{name}_cpu_s"] = round(seconds, 2)
+        result[f"{name}_cpu_per_wall"] = round(seconds / wall, 2)
+        result[f"{name}_us_per_token"] = round(seconds / max(tokens, 1) * 1e6, 1)
+    return result
+
+
+def _round(value: float | None) -> float | None:
+    return None if value is None else round(value, 2)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--concurrency", type=int, nargs="+", default=[32, 128, 256])
-    parser.add_argument("--step-ms", type=float, default=10.0)
-    parser.add_argument("--max-tokens", type=int, default=128)
-    parser.add_argument("--requests-per-slot", type=int, default=1)
-    parser.add_argument("--tokenizer", default=None, help="default: the default model's")
-    parser.add_argument("--json", default=None)
-    parser.add_argument("--profile", default=None, help="cProfile the API process into this file")
+    parser.add_argument("--role", choices=["run", "client"], default="run")
+    parser.add_argument("--server", choices=["api", "stub", "real"], default="api")
+    parser.add_argument("--client", choices=["bench", "raw"], default="bench")
+    parser.add_argument("--concurrency", type=int, nargs="+", default=[128, 256])
+    parser.add_argument("--step-ms", type=float, default=7.0)
+    parser.add_argument("--num-prompts", type=int, default=256)
+    parser.add_argument(
+        "--paced-tokenizer", default=None,
+        help="api server: the tokenizer to decode with, or 'none' (default: the default model's)",
+    )
+    parser.add_argument(
+        "--serve-args", default="qwen3-0.6b --load-format dummy",
+        help="real server: `ladle serve`'s arguments (default: S1's server)",
+    )
+    parser.add_argument("--profile-api", default=None, help="cProfile the API process (api server)")
+    parser.add_argument("--base-url", default=None)
+    parser.add_argument("--model", default="qwen3-0.6b")
+    parser.add_argument("--log-dir", default="/tmp/served_path_bench")
+    parser.add_argument("--json", default=None, help="append the results (a JSON line each)")
     args = parser.parse_args()
-    os.environ[STEP_MS_ENV] = str(args.step_ms)
-    if args.tokenizer:
-        os.environ[TOKENIZER_ENV] = os.path.abspath(args.tokenizer)
-    results = []
-    profiler = None
-    if args.profile:
-        import cProfile
-
-        profiler = cProfile.Profile()
-        profiler.enable()
+    if args.role == "client":
+        result = run_client(
+            args.client, args.base_url, args.concurrency[0], args.num_prompts, args.model
+        )
+        print(json.dumps(result))
+        return
+    log_dir = Path(args.log_dir)
+    log_dir.mkdir(parents=True, exist_ok=True)
     for concurrency in args.concurrency:
-        result = asyncio.run(run_level(concurrency, args))
-        results.append(result)
+        result = run_level(args, concurrency, log_dir)
         print(json.dumps(result), flush=True)
-    if profiler is not None:
-        profiler.disable()
-        profiler.dump_stats(args.profile)
-    if args.json:
-        with open(args.json, "w") as handle:
-            json.dump(results, handle, indent=1)
-    sys.stdout.flush()
+        if args.json:
+            with open(args.json, "a") as handle:
+                handle.write(json.dumps(result) + "\n")
 
 
 if __name__ == "__main__":

@@ -187,34 +187,123 @@ def test_tool_calling_is_skipped_with_the_servers_reason_when_tools_are_refused(
     assert json.loads((tmp_path / "results.json").read_text())["skipped_workloads"]
 
 
-def test_a_token_holding_a_unicode_line_separator_does_not_cut_a_chunk():
-    """Regression: httpx's aiter_lines splits on U+2028 / U+0085 inside a JSON string."""
+class _FakeClock:
+    """time.perf_counter for serve_client: advanced by the fake stream, read by the client."""
+
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+class _FakeContent:
+    def __init__(self, reads: list[tuple[float, bytes]], clock: _FakeClock) -> None:
+        self.reads, self.clock = reads, clock
+
+    async def iter_any(self):
+        for delay, data in self.reads:
+            self.clock.now += delay
+            yield data
+
+
+class _FakeResponse:
+    def __init__(self, status: int, reads: list[tuple[float, bytes]], clock: _FakeClock) -> None:
+        self.status = status
+        self.content = _FakeContent(reads, clock)
+
+    async def read(self) -> bytes:
+        return b"".join(data for _, data in self.content.reads)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info):
+        return False
+
+
+class _FakeSession:
+    """aiohttp.ClientSession's post() as serve_client uses it: every response is made of
+    `reads` (seconds to wait before the read, the bytes it returns) on a fake clock."""
+
+    def __init__(self, reads: list[tuple[float, bytes]], clock: _FakeClock | None = None):
+        self.reads, self.clock = reads, clock or _FakeClock()
+        self.sent: list[dict] = []
+
+    def post(self, url: str, json: dict, headers: dict) -> _FakeResponse:
+        self.sent.append(json)
+        return _FakeResponse(200, self.reads, self.clock)
+
+    async def __aenter__(self):
+        return self
+
+    async def __aexit__(self, *exc_info):
+        return False
+
+
+def _sse(*chunks: dict) -> bytes:
+    return "".join(f"data: {json.dumps(c, ensure_ascii=False)}\n\n" for c in chunks).encode()
+
+
+def _send_one(reads: list[tuple[float, bytes]], monkeypatch) -> RequestRecord:
     import asyncio
 
-    import httpx
-
+    from ladle.bench import serve_client
     from ladle.bench.serve_client import BenchRequest, send_request
 
-    chunks = [
+    clock = _FakeClock()
+    monkeypatch.setattr(serve_client.time, "perf_counter", clock)
+
+    async def run():
+        record = RequestRecord(0, "w", 0.0)
+        request = BenchRequest("w", 3, 2, prompt=[1, 2, 3])
+        session = _FakeSession(reads, clock)
+        return await send_request(session, "http://x", request, record, "m", 0.0, {}, 0.0)
+
+    return asyncio.run(run())
+
+
+def test_a_token_holding_a_unicode_line_separator_does_not_cut_a_chunk(monkeypatch):
+    """Regression: httpx's aiter_lines split on U+2028 / U+0085 inside a JSON string."""
+    body = _sse(
         {"choices": [{"index": 0, "text": "a\u2028b"}]},
         {"choices": [{"index": 0, "text": "c\u0085d\r"}]},
         {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
-    ]
-    body = "".join(f"data: {json.dumps(c, ensure_ascii=False)}\r\n\r\n" for c in chunks)
-    body += "data: [DONE]\n\n"
-
-    def handler(request: httpx.Request) -> httpx.Response:
-        return httpx.Response(200, content=body.encode("utf-8"))
-
-    async def run():
-        async with httpx.AsyncClient(transport=httpx.MockTransport(handler)) as http:
-            record = RequestRecord(0, "w", 0.0)
-            request = BenchRequest("w", 3, 2, prompt=[1, 2, 3])
-            return await send_request(http, "http://x", request, record, "m", 0.0, {}, 0.0)
-
-    record = asyncio.run(run())
+    ).replace(b"\n\n", b"\r\n\r\n") + b"data: [DONE]\n\n"
+    record = _send_one([(0.0, body)], monkeypatch)
     assert record.error is None and record.success
     assert (record.output_tokens, len(record.itl), record.prompt_tokens) == (2, 1, 3)
+
+
+def test_itl_times_each_event_by_the_read_that_brought_it(monkeypatch):
+    """A synthetic stream on a fake clock: events in one read share its time (gap 0), an event
+    split over two reads counts when it completes, a chunk of three tokens is one gap, empty
+    and usage chunks are no events; TTFT runs from the send to the first content read."""
+
+    def token(text: str, num_tokens: int = 1) -> dict:
+        logprobs = {"tokens": [text] * num_tokens, "token_logprobs": [-1.0] * num_tokens}
+        return {"choices": [{"index": 0, "text": text * num_tokens, "logprobs": logprobs}]}
+
+    first, second, third = _sse(token("a")), _sse(token("b")), _sse(token("c"))
+    reads = [
+        (0.050, first),  # TTFT 50 ms
+        (0.007, second + third),  # two events in one read: gaps of 7 ms and 0
+        (0.007, _sse(token("d"))[:20]),  # half an event: it completes with the next read
+        (0.003, _sse(token("d"))[20:]),
+        (0.021, _sse(token("e", 3))),  # three tokens in one chunk (merged steps): one gap
+        (0.001, _sse({"choices": [{"index": 0, "text": "", "finish_reason": "length"}]})),
+        (0.001, _sse({"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 7}})),
+        (0.0, b"data: [DONE]\n\n"),
+    ]
+    record = _send_one(reads, monkeypatch)
+    assert record.success
+    assert record.ttft == pytest.approx(0.050)
+    assert record.itl == pytest.approx([0.007, 0.0, 0.010, 0.021])
+    assert (record.num_chunks, record.output_tokens) == (5, 7)
+    assert record.e2e == pytest.approx(0.090)
+    summary = summarize([record], 1.0, {}, None)
+    assert summary["tokens_per_chunk"] == pytest.approx(7 / 5)
+    assert summary["itl_ms"]["p50"] == pytest.approx(np.percentile([7.0, 0.0, 10.0, 21.0], 50))
 
 
 def test_scraped_metrics_add_counts_and_average_kv_usage_over_replicas():
@@ -245,16 +334,16 @@ def test_duration_sizes_each_finite_rate_point_and_inf_keeps_num_prompts(tmp_pat
 
     import httpx
 
+    from ladle.bench import serve_run
     from ladle.bench.serve_run import BenchPlan, run_plan
 
-    body = 'data: {"choices": [{"index": 0, "text": "a"}]}\n\ndata: [DONE]\n\n'
-    sent = []
+    body = b'data: {"choices": [{"index": 0, "text": "a"}]}\n\ndata: [DONE]\n\n'
+    streams = _FakeSession([(0.0, body)])
+    monkeypatch.setattr(serve_run, "open_stream_session", lambda plan: streams)
 
     def handler(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/metrics":
-            return httpx.Response(404)
-        sent.append(json.loads(request.content))
-        return httpx.Response(200, content=body.encode())
+        assert request.url.path == "/metrics"  # the timed requests go through `streams`
+        return httpx.Response(404)
 
     plan = BenchPlan(
         base_url="http://server",
@@ -290,7 +379,7 @@ def test_duration_sizes_each_finite_rate_point_and_inf_keeps_num_prompts(tmp_pat
     monkeypatch.setattr(httpx, "AsyncClient", _Mocked)
     result = asyncio.run(run_plan(plan))
     assert [len(run["records"]) for run in result["runs"]] == [5, 3, 10]  # 20*.25, 3, 42*.25
-    assert len(sent) == 18
+    assert len(streams.sent) == 18
     assert result["duration_s"] == 0.25
 
 

@@ -17,7 +17,6 @@ record too) and PNG plots (serve_plots.py) to --output-dir.
 from __future__ import annotations
 
 import argparse
-import asyncio
 import json
 import math
 import os
@@ -170,7 +169,7 @@ def _parse_concurrency(text: str | None) -> list[int | None]:
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
-    from ladle.bench.serve_run import BenchPlan, run_plan
+    from ladle.bench.serve_run import BenchPlan, run_event_loop, run_plan
     from ladle.bench.serve_stats import parse_slo
     from ladle.bench.serve_workloads import parse_mix
     from ladle.bench.workloads import WORKLOADS
@@ -228,7 +227,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         progress=not args.disable_tqdm,
         request_timeout=args.request_timeout,
     )
-    result = asyncio.run(run_plan(plan))
+    result = run_event_loop(run_plan(plan))
     if result is None:
         return 1
     print(

@@ -4,6 +4,17 @@ Works against any server that speaks the OpenAI streaming protocol (server-sent 
 `data: [DONE]`): ladle, vLLM, SGLang, `transformers serve`. Token counts come from the final
 usage chunk (`stream_options.include_usage`) when the server sends one, else from the number of
 content chunks.
+
+Timing: every content chunk is one event, timed when the read that brought it returned (not when
+it was parsed), so several chunks that arrived in one read share a timestamp and the gaps between
+them are 0: they did arrive together. A chunk that carries several tokens (a server that merged
+steps) is one event and one gap, as vLLM's bench counts it; RequestRecord.num_chunks keeps the
+count, so tokens per chunk shows such merging.
+
+The streams go through aiohttp (its HTTP parser is C): at S1's ~15,000 events/s one Python
+process reading them with httpx spent 37-51 us of CPU per event, with aiohttp on uvloop 15-26 us
+(scripts/served_path_bench.py, docs/benchmarks.md), and a client that falls behind bunches the
+events it reads.
 """
 
 from __future__ import annotations
@@ -12,7 +23,7 @@ import json
 import time
 from dataclasses import dataclass, field
 
-import httpx
+import aiohttp
 
 from ladle.bench.serve_stats import RequestRecord
 
@@ -60,7 +71,7 @@ def _chunk_has_content(chunk: dict, is_chat: bool) -> bool:
 
 
 async def send_request(
-    http: httpx.AsyncClient,
+    session: aiohttp.ClientSession,
     base_url: str,
     request: BenchRequest,
     record: RequestRecord,
@@ -75,63 +86,78 @@ async def send_request(
     record.prompt_tokens = request.prompt_len
     sent = time.perf_counter()
     record.start = sent - run_start
-    last_event = sent
-    num_chunks = 0
+    events = _EventTimes(sent)
     usage: dict | None = None
     try:
-        async with http.stream("POST", base_url + path, json=body, headers=headers) as response:
-            record.status = response.status_code
-            if response.status_code != 200:
-                text = (await response.aread()).decode("utf-8", "replace")
-                record.error = _error_message(text, response.status_code)
+        async with session.post(base_url + path, json=body, headers=headers) as response:
+            record.status = response.status
+            if response.status != 200:
+                text = (await response.read()).decode("utf-8", "replace")
+                record.error = _error_message(text, response.status)
                 record.e2e = time.perf_counter() - sent
                 return record
-            async for line in _sse_lines(response):
-                if not line.startswith("data:"):
+            async for line, arrived in _sse_lines(response):
+                if not line.startswith(b"data:"):
                     continue
                 data = line[5:].strip()
-                if data == "[DONE]":
+                if data == b"[DONE]":
                     break
                 chunk = json.loads(data)
                 if "error" in chunk:
-                    record.error = _error_message(data, response.status_code)
+                    record.error = _error_message(data.decode("utf-8", "replace"), response.status)
                     break
-                now = time.perf_counter()
                 if chunk.get("usage"):
                     usage = chunk["usage"]
-                if not _chunk_has_content(chunk, request.is_chat):
-                    continue
-                if record.ttft is None:
-                    record.ttft = now - sent
-                else:
-                    record.itl.append(now - last_event)
-                last_event = now
-                num_chunks += 1
-    except (httpx.HTTPError, json.JSONDecodeError, OSError) as error:
+                if _chunk_has_content(chunk, request.is_chat):
+                    events.add(arrived)
+    except (
+        aiohttp.ClientError, TimeoutError, json.JSONDecodeError, UnicodeDecodeError, OSError
+    ) as error:
         record.error = f"{type(error).__name__}: {error}"
     record.e2e = time.perf_counter() - sent
+    record.ttft, record.itl, record.num_chunks = events.ttft, events.itl, events.count
     if usage is not None:
         record.prompt_tokens = int(usage.get("prompt_tokens") or request.prompt_len)
-        record.output_tokens = int(usage.get("completion_tokens") or num_chunks)
+        record.output_tokens = int(usage.get("completion_tokens") or events.count)
     else:
-        record.output_tokens = num_chunks
+        record.output_tokens = events.count
     if record.error is None and record.ttft is None:
         record.error = "the stream ended without any content"
     return record
 
 
-async def _sse_lines(response: httpx.Response):
-    """The stream's lines, split on newlines only. (httpx's aiter_lines also splits on the
-    Unicode line separators, such as U+2028 or U+0085, that a generated token may hold inside
-    a JSON string, which cut a chunk in two.)"""
+class _EventTimes:
+    """TTFT and the inter-event gaps of one stream, from each content event's arrival time."""
+
+    def __init__(self, sent: float) -> None:
+        self.sent = sent
+        self.ttft: float | None = None
+        self.itl: list[float] = []
+        self.count = 0
+        self._last = sent
+
+    def add(self, arrived: float) -> None:
+        if self.ttft is None:
+            self.ttft = arrived - self.sent
+        else:
+            self.itl.append(arrived - self._last)
+        self._last = arrived
+        self.count += 1
+
+
+async def _sse_lines(response: aiohttp.ClientResponse):
+    """(line, arrival time) of the stream's lines, split on b"\\n" only, each timed when the
+    read that completed it returned. (A line splitter that also splits on the Unicode line
+    separators, as httpx's aiter_lines does, cuts a chunk whose token holds U+2028 or U+0085.)"""
     pending = b""
-    async for data in response.aiter_bytes():
+    async for data in response.content.iter_any():
+        arrived = time.perf_counter()
         pending += data
         *lines, pending = pending.split(b"\n")
         for line in lines:
-            yield line.rstrip(b"\r").decode("utf-8")
+            yield line.rstrip(b"\r"), arrived
     if pending:
-        yield pending.rstrip(b"\r").decode("utf-8")
+        yield pending.rstrip(b"\r"), time.perf_counter()
 
 
 def _error_message(text: str, status: int) -> str:

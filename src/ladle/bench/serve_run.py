@@ -9,9 +9,12 @@ import math
 import random
 import sys
 import time
+from collections.abc import Coroutine
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
+import aiohttp
 import httpx
 import numpy as np
 
@@ -22,6 +25,7 @@ from ladle.bench.serve_stats import RequestRecord, format_summary, summarize
 from ladle.bench.serve_workloads import WorkloadOptions, build_workload, tool_definitions
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
+T = TypeVar("T")
 
 
 @dataclass
@@ -144,6 +148,7 @@ async def tools_refusal(http: httpx.AsyncClient, plan: BenchPlan, model: str) ->
 
 async def run_point(
     http: httpx.AsyncClient,
+    streams: aiohttp.ClientSession,
     plan: BenchPlan,
     model: str,
     requests: list[BenchRequest],
@@ -174,7 +179,8 @@ async def run_point(
         records.append(record)
         async with limit:
             await send_request(
-                http, plan.base_url, request, record, model, plan.temperature, plan.headers, started
+                streams, plan.base_url, request, record, model, plan.temperature, plan.headers,
+                started,
             )
         if progress is not None:
             progress.update(1)
@@ -206,13 +212,41 @@ def _groups(records: list[RequestRecord], key) -> dict[str, list[RequestRecord]]
     return groups
 
 
+def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
+    """asyncio.run on uvloop when it is installed: its loop costs the client about half the CPU
+    per streamed event of asyncio's own (scripts/served_path_bench.py)."""
+    try:
+        import uvloop
+    except ImportError:
+        return asyncio.run(main)
+    return uvloop.run(main)
+
+
+def open_http_client(plan: BenchPlan) -> httpx.AsyncClient:
+    """The client of the few control requests: /v1/models, /metrics, the tools probe."""
+    timeout = httpx.Timeout(plan.request_timeout, connect=30.0)
+    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
+    return httpx.AsyncClient(timeout=timeout, limits=limits)
+
+
+def open_stream_session(plan: BenchPlan) -> aiohttp.ClientSession:
+    """The session every timed request streams through (serve_client.py says why aiohttp)."""
+    # request_timeout bounds each wait (to connect, between reads), as httpx's timeout did, not
+    # the whole stream: a long generation that keeps streaming is not cut off.
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=30.0, sock_read=plan.request_timeout
+    )
+    return aiohttp.ClientSession(
+        connector=aiohttp.TCPConnector(limit=0),  # --max-concurrency is the only bound
+        timeout=timeout,
+    )
+
+
 async def run_plan(plan: BenchPlan) -> dict | None:
     """Every point of the plan, then results.json and the plots; None if nothing could run."""
     from ladle.bench.serve import write_json
 
-    timeout = httpx.Timeout(plan.request_timeout, connect=30.0)
-    limits = httpx.Limits(max_connections=None, max_keepalive_connections=64)
-    async with httpx.AsyncClient(timeout=timeout, limits=limits) as http:
+    async with open_http_client(plan) as http, open_stream_session(plan) as streams:
         model = plan.model or await _served_model(http, plan)
         mix = dict(plan.mix)
         skipped = {}
@@ -270,7 +304,7 @@ async def run_plan(plan: BenchPlan) -> dict | None:
                     high = rng.random() < plan.priority_fraction
                     request.extra_body["priority"] = 0 if high else 1
             records, duration, server = await run_point(
-                http, plan, model, requests, rate, concurrency
+                http, streams, plan, model, requests, rate, concurrency
             )
             summary = summarize(records, duration, plan.slo, plan.gpu_hour_cost)
             run = {

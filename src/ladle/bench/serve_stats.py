@@ -4,8 +4,9 @@ Every figure of the summary is recomputed from the records alone (tests check th
 file of records is enough to re-derive, re-plot or re-judge a run against another SLO:
 
 - TTFT: request sent -> first content chunk; ITL: the gaps between content chunks (a chunk that
-  carries several tokens is one gap, as vLLM's bench counts it); TPOT: (e2e - TTFT) /
-  (output tokens - 1); e2e: sent -> last byte.
+  carries several tokens is one gap, as vLLM's bench counts it; chunks that arrived in one read
+  are gaps of 0); TPOT: (e2e - TTFT) / (output tokens - 1); e2e: sent -> last byte.
+- Tokens per chunk: output tokens / content chunks; above 1 where the server merged steps.
 - Goodput: successful requests per second of the run that meet every bound of the SLO.
 - Cost per million output tokens: the hardware's hourly price times the run's wall time.
 """
@@ -36,6 +37,7 @@ class RequestRecord:
     output_tokens: int = 0
     ttft: float | None = None
     itl: list[float] = field(default_factory=list)
+    num_chunks: int = 0  # content chunks received (one more than the ITL gaps)
     e2e: float | None = None
     status: int | None = None  # HTTP status; None when the connection itself failed
     error: str | None = None
@@ -126,6 +128,7 @@ def summarize(
     num_errors = len(records) - len(ok)
     num_429 = sum(1 for r in records if r.status == 429)
     output_tokens = sum(r.output_tokens for r in ok)
+    num_chunks = sum(r.num_chunks for r in ok)
     prompt_tokens = sum(r.prompt_tokens for r in ok)
     duration = max(duration_s, 1e-9)
     num_good = sum(1 for r in ok if meets_slo(r, slo))
@@ -141,6 +144,7 @@ def summarize(
         "total_output_tokens": output_tokens,
         "request_throughput": len(ok) / duration,
         "output_throughput": output_tokens / duration,
+        "tokens_per_chunk": output_tokens / num_chunks if num_chunks else None,
         "total_token_throughput": (prompt_tokens + output_tokens) / duration,
         "slo": {key: value * 1000.0 for key, value in slo.items()},  # milliseconds
         "num_good": num_good,
@@ -180,6 +184,11 @@ def format_summary(summary: dict, label: str) -> str:
         f"throughput: {summary['request_throughput']:.2f} req/s, "
         f"{summary['output_throughput']:.1f} output tok/s, "
         f"{summary['total_token_throughput']:.1f} total tok/s"
+        + (
+            f", {summary['tokens_per_chunk']:.2f} tokens per chunk"
+            if summary.get("tokens_per_chunk")
+            else ""
+        )
     )
     if summary["slo"]:
         terms = ", ".join(f"{k}<={v:g}ms" for k, v in summary["slo"].items())

@@ -79,24 +79,41 @@ def completion_logprobs(
     entries: list[TokenLogprobs], token_text: TokenTexts, num_top: int, text_offset: int
 ) -> CompletionLogprobs:
     """Legacy shape; text_offset is where the first of these tokens starts in the choice's text."""
-    result = CompletionLogprobs()
+    fields = completion_logprobs_fields(entries, token_text, num_top, text_offset)
+    return CompletionLogprobs(**fields)
+
+
+def completion_logprobs_fields(
+    entries: list[TokenLogprobs], token_text: TokenTexts, num_top: int, text_offset: int
+) -> dict[str, list]:
+    """completion_logprobs' fields as a plain dict in the model's order (a streamed chunk is
+    encoded from it without building the model)."""
+    text_offsets: list[int] = []
+    token_logprobs: list[float | None] = []
+    tokens: list[str] = []
+    top_logprobs: list[dict[str, float] | None] = []
     offset = text_offset
     for entry in entries:
         text = token_text(entry.token_id)
-        result.tokens.append(text)
-        result.token_logprobs.append(entry.logprob)
-        result.text_offset.append(offset)
+        tokens.append(text)
+        token_logprobs.append(entry.logprob)
+        text_offsets.append(offset)
         offset += len(text)
         if num_top > 0:
-            result.top_logprobs.append(
+            top_logprobs.append(
                 {
                     token_text(token_id): logprob
                     for token_id, logprob in zip(entry.top_token_ids, entry.top_logprobs)
                 }
             )
         else:
-            result.top_logprobs.append(None)
-    return result
+            top_logprobs.append(None)
+    return {
+        "text_offset": text_offsets,
+        "token_logprobs": token_logprobs,
+        "tokens": tokens,
+        "top_logprobs": top_logprobs,
+    }
 
 
 def chat_logprobs(

@@ -25,7 +25,6 @@ from ladle.entrypoints.openai.prompt_options import (
 )
 from ladle.entrypoints.openai.protocol import (
     ChatCompletionChoice,
-    ChatCompletionChunk,
     ChatCompletionRequest,
     ChatCompletionResponse,
     ChatDelta,
@@ -35,10 +34,10 @@ from ladle.entrypoints.openai.protocol import (
 from ladle.entrypoints.openai.reasoning_parsers import select_reasoning_parser
 from ladle.entrypoints.openai.sampling import build_sampling_params, resolve_max_tokens
 from ladle.entrypoints.openai.serving_base import OpenAIServing
+from ladle.entrypoints.openai.stream_chunks import ChunkEncoder, chat_choice
 from ladle.entrypoints.openai.streaming import (
     SSE_DONE,
     DisconnectAwareStreamingResponse,
-    sse_event,
 )
 from ladle.entrypoints.openai.structured_fields import structured_outputs_of
 from ladle.entrypoints.openai.tool_calling import (
@@ -237,31 +236,28 @@ class OpenAIServingChat(OpenAIServing):
         stream: RequestStream,
         num_prompt_tokens: int,
         shaper: ReplyShaper,
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[bytes | str]:
         created = self.created()
         num_top = request.top_logprobs or 0
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         continuous_usage = wants_continuous_usage(request.stream_options)
         num_completion_tokens = 0
 
-        def chunk(choices: list[ChatStreamChoice]) -> str:
+        chunks = ChunkEncoder(
+            response_id, "chat.completion.chunk", created, self.served_model_name
+        )
+
+        def chunk(choices: list[dict | ChatStreamChoice]) -> bytes:
             usage = None
             if continuous_usage:
-                usage = usage_so_far(num_prompt_tokens, num_completion_tokens)
-            return sse_event(
-                ChatCompletionChunk(
-                    id=response_id, created=created, model=self.served_model_name,
-                    choices=choices, usage=usage,
-                ).model_dump_json()
-            )
+                usage = usage_so_far(num_prompt_tokens, num_completion_tokens).model_dump()
+            return chunks.event(choices, usage)
 
         try:
             # OpenAI opens each choice with the role and empty content (echo: the echoed text).
             echo = chat_echo_text(request)
             for index in range(request.n):
-                yield chunk([ChatStreamChoice(
-                    index=index, delta=ChatDelta(role="assistant", content=echo)
-                )])
+                yield chunk([chat_choice(index, {"role": "assistant", "content": echo})])
             finish_sent = [False] * request.n
             shaped = None if shaper.is_plain else [shaper.stream() for _ in range(request.n)]
             final = None
@@ -285,13 +281,25 @@ class OpenAIServingChat(OpenAIServing):
                             shaped[completion.index], completion, logprobs, finishing
                         )
                         continue
+                    finish_reason = completion.finish_reason if finishing else None
+                    stop_reason = completion.stop_reason if finishing else None
+                    if logprobs is None:
+                        choices.append(
+                            chat_choice(
+                                completion.index,
+                                {"content": completion.text_delta},
+                                finish_reason,
+                                stop_reason,
+                            )
+                        )
+                        continue
                     choices.append(
                         ChatStreamChoice(
                             index=completion.index,
                             delta=ChatDelta(content=completion.text_delta),
                             logprobs=logprobs,
-                            finish_reason=completion.finish_reason if finishing else None,
-                            stop_reason=completion.stop_reason if finishing else None,
+                            finish_reason=finish_reason,
+                            stop_reason=stop_reason,
                         )
                     )
                 if choices:
@@ -299,12 +307,7 @@ class OpenAIServingChat(OpenAIServing):
                 if output.finished:
                     final = output
             if include_usage and final is not None:
-                yield sse_event(
-                    ChatCompletionChunk(
-                        id=response_id, created=created, model=self.served_model_name,
-                        choices=[], usage=self.usage([num_prompt_tokens], [final]),
-                    ).model_dump_json()
-                )
+                yield chunks.event([], self.usage([num_prompt_tokens], [final]).model_dump())
             yield SSE_DONE
         except asyncio.CancelledError:
             raise

@@ -16,7 +16,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ladle.engine.client import RequestStream
 from ladle.entrypoints.openai.errors import BadRequestError
-from ladle.entrypoints.openai.logprobs import completion_logprobs
+from ladle.entrypoints.openai.logprobs import completion_logprobs, completion_logprobs_fields
 from ladle.entrypoints.openai.prompt_options import (
     check_prompt_logprobs,
     echo_logprobs,
@@ -29,7 +29,6 @@ from ladle.entrypoints.openai.prompt_options import (
 from ladle.entrypoints.openai.protocol import (
     DEFAULT_MAX_TOKENS,
     CompletionChoice,
-    CompletionChunk,
     CompletionLogprobs,
     CompletionRequest,
     CompletionResponse,
@@ -40,11 +39,11 @@ from ladle.entrypoints.openai.sampling import (
     resolve_max_tokens,
 )
 from ladle.entrypoints.openai.serving_base import OpenAIServing
+from ladle.entrypoints.openai.stream_chunks import ChunkEncoder, completion_choice
 from ladle.entrypoints.openai.streaming import (
     SSE_DONE,
     DisconnectAwareStreamingResponse,
     merge_streams,
-    sse_event,
 )
 from ladle.entrypoints.openai.structured_fields import structured_outputs_of
 from ladle.outputs import RequestOutput
@@ -229,7 +228,7 @@ class OpenAIServingCompletion(OpenAIServing):
         streams: list[RequestStream],
         echo_texts: list[str],
         prompt_lengths: list[int],
-    ) -> AsyncIterator[str]:
+    ) -> AsyncIterator[bytes | str]:
         created = self.created()
         n = request.n
         num_top = request.logprobs or 0
@@ -240,6 +239,7 @@ class OpenAIServingCompletion(OpenAIServing):
         finals: list[RequestOutput | None] = [None] * len(streams)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         continuous_usage = wants_continuous_usage(request.stream_options)
+        chunks = ChunkEncoder(response_id, "text_completion", created, self.served_model_name)
         try:
             async for prompt_index, output in merge_streams(streams):
                 choices = []
@@ -256,46 +256,42 @@ class OpenAIServingCompletion(OpenAIServing):
                             text_offsets[index] = _end_offset(echoed)
                     logprobs = None
                     if request.logprobs is not None and completion.logprobs_delta:
-                        logprobs = completion_logprobs(
+                        logprobs = completion_logprobs_fields(
                             completion.logprobs_delta, self.token_texts, num_top,
                             text_offsets[index],
                         )
                     if echoed is not None:
-                        logprobs = join_logprobs(echoed, logprobs or CompletionLogprobs())
+                        generated = CompletionLogprobs(**logprobs) if logprobs else None
+                        logprobs = join_logprobs(
+                            echoed, generated or CompletionLogprobs()
+                        ).model_dump()
                     text_offsets[index] += len(text if echoed is None else completion.text_delta)
                     finishing = completion.finish_reason is not None and not finish_sent[index]
                     if not text and logprobs is None and not finishing:
                         continue
                     finish_sent[index] = finish_sent[index] or finishing
                     choices.append(
-                        CompletionChoice(
-                            index=index,
-                            text=text,
-                            logprobs=logprobs,
-                            finish_reason=completion.finish_reason if finishing else None,
-                            stop_reason=completion.stop_reason if finishing else None,
+                        completion_choice(
+                            index,
+                            text,
+                            logprobs,
+                            completion.finish_reason if finishing else None,
+                            completion.stop_reason if finishing else None,
                         )
                     )
                 if output.finished:
                     finals[prompt_index] = output
                 if choices:
-                    chunk = CompletionChunk(
-                        id=response_id, created=created, model=self.served_model_name,
-                        choices=choices,
-                    )
+                    usage = None
                     if continuous_usage:
-                        chunk.usage = usage_so_far(
+                        usage = usage_so_far(
                             prompt_lengths[prompt_index],
                             sum(len(c.token_ids) for c in output.outputs),
-                        )
-                    yield sse_event(chunk.model_dump_json())
+                        ).model_dump()
+                    yield chunks.event(choices, usage)
             if include_usage:
                 done = [output for output in finals if output is not None]
-                chunk = CompletionChunk(
-                    id=response_id, created=created, model=self.served_model_name, choices=[],
-                    usage=self.usage(prompt_lengths, done),
-                )
-                yield sse_event(chunk.model_dump_json())
+                yield chunks.event([], self.usage(prompt_lengths, done).model_dump())
             yield SSE_DONE
         except asyncio.CancelledError:
             raise
