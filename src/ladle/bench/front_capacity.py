@@ -68,7 +68,9 @@ async def _one_stream(http, url: str, body: bytes, level: _Level, measuring: lis
     last = None
     pending = b""
     try:
-        async with http.post(url, data=body, headers={"content-type": "application/json"}) as answer:
+        async with http.post(
+            url, data=body, headers={"content-type": "application/json"}
+        ) as answer:
             if answer.status != 200:
                 level.num_errors += 1
                 await answer.read()
@@ -95,8 +97,13 @@ async def _one_stream(http, url: str, body: bytes, level: _Level, measuring: lis
 
 
 async def _drive(
-    port: int, num_streams: int, output_tokens: int, warmup_s: float, duration_s: float,
-    window: _CpuWindow, seed: int,
+    port: int,
+    num_streams: int,
+    output_tokens: int,
+    warmup_s: float,
+    duration_s: float,
+    window: _CpuWindow,
+    seed: int,
 ) -> tuple[_Level, float]:
     """num_streams closed-loop clients for warmup_s + duration_s; returns the measured level
     and its measured seconds (the tokens that arrived within them)."""
@@ -269,9 +276,9 @@ def serve_stub_cluster(options: argparse.Namespace) -> int:
     import ray
     from ray import serve
 
+    from ladle.bench.stub_replica import build_stub_replicas
     from ladle.entrypoints.cluster.cli_cluster import APP_NAME, _serve_front
     from ladle.entrypoints.cluster.front_server import bind_socket
-    from ladle.bench.stub_replica import build_stub_replicas
 
     app, settings = build_stub_replicas(options.replicas, options.step_ms / 1000.0)
     ray.init(num_cpus=max(os.cpu_count() or 1, options.replicas + 1), include_dashboard=False)

@@ -115,13 +115,19 @@ class StubCompletionsApp:
         )
         for index in range(stream.max_tokens):
             await self._clock.next_step()
-            await send({"type": "http.response.body", "body": stream.token(index), "more_body": True})
+            await send(
+                {"type": "http.response.body", "body": stream.token(index), "more_body": True}
+            )
         await send({"type": "http.response.body", "body": stream.ending(), "more_body": False})
 
 
 async def _answer(send: Any, status: int, body: bytes, content_type: bytes) -> None:
     await send(
-        {"type": "http.response.start", "status": status, "headers": [(b"content-type", content_type)]}
+        {
+            "type": "http.response.start",
+            "status": status,
+            "headers": [(b"content-type", content_type)],
+        }
     )
     await send({"type": "http.response.body", "body": body})
 
@@ -194,7 +200,9 @@ class StubReplica:
         self._replica_id = serve.get_replica_context().replica_id.unique_id
         self._clock = StepClock(step_interval_s)
         self._slots = SlotTable()
-        self._http = ReplicaHttpServer(end_slots(StubCompletionsApp(self._clock), self._slots), host)
+        self._http = ReplicaHttpServer(
+            end_slots(StubCompletionsApp(self._clock), self._slots), host
+        )
         await self._http.start()
 
     async def metrics_text(self) -> tuple[str, bytes]:
