@@ -150,11 +150,11 @@ def test_shared_system_prompts_stick_to_one_replica(cluster):
         homes.append(next(iter(moved)))
     after = _decisions(cluster)
     # Sequential requests never overload a replica: the first of each system prompt is new,
-    # every repeat goes back to the replica that holds it (round-robin would send half away),
-    # and the four prompts are shared out over both replicas.
+    # every repeat goes back to the replica that holds it (round-robin would send half away).
+    # (Which replica owns which prompt is a hash of the prefix: the four may share out 2/2, 3/1
+    # or 4/0; the load margin spreads them under load.)
     assert after.get("new_prefix", 0) - before.get("new_prefix", 0) == 4
     assert after.get("prefix_hit", 0) - before.get("prefix_hit", 0) == 8
-    assert sorted(homes.count(replica) for replica in set(homes)) == [2, 2]
     # The per-replica engine metrics agree: each home replica found its prefix in its cache.
     hits_after = _per_replica(cluster, "vllm:prefix_cache_hits_total")
     for replica in set(homes):
