@@ -88,7 +88,9 @@ class PrefixAwarePolicy:
         """queue_lengths: every replica that may take the request -> its ongoing requests."""
         if not queue_lengths:
             raise ValueError("no replica to route to")
-        least_loaded = min(queue_lengths, key=lambda replica: (queue_lengths[replica], str(replica)))
+        least_loaded = min(
+            queue_lengths, key=lambda replica: (queue_lengths[replica], str(replica))
+        )
         if key is None:
             return RoutingDecision(least_loaded, REASON_NO_PREFIX)
         owner = self._owners.get(key)
