@@ -289,6 +289,7 @@ def serve_stub_cluster(options: argparse.Namespace) -> int:
         args = argparse.Namespace(
             host="127.0.0.1", log_level="warning", access_log=False, shutdown_timeout=5.0,
             request_timeout=60.0, keep_alive_timeout=5.0, max_connections=4096,
+            replicas=options.replicas, max_replicas=None,
             api_server_count=options.api_server_count,
         )  # fmt: skip
         return _serve_front(listener, settings, args, "stub", f"{options.replicas} stub replicas")

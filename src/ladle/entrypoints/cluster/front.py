@@ -10,8 +10,9 @@ It answers itself:
 
     GET /health    200 {"status": "ok"} when all asked-for replicas run, 200 "degraded" when
                    some do, 503 when none does
-    GET /metrics   the router's counters (routing_metrics.py), then every replica's own engine
-                   metrics labelled replica="<id>" (replica_metrics.py)
+    GET /metrics   the router's counters (routing_metrics.py; summed over the front processes
+                   when there are several), then every replica's own engine metrics labelled
+                   replica="<id>" (replica_metrics.py)
 
 Faults: a request whose replica fails before answering (its slot call or its connection fails,
 or it answers a 5xx with a dead engine) is sent again to another replica, up to `max_attempts`
@@ -28,7 +29,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -121,15 +122,22 @@ def _load_tokenizer_or_none(path: str | None) -> Any:
         return None
 
 
+async def _own_routing_metrics() -> bytes:
+    return routing_metrics.render_routing_metrics()
+
+
 class ReplicaFront:
     """engine: a DeploymentHandle to the LadleReplica deployment; num_running_replicas: a
-    blocking function answering how many of them run now (Ray's status)."""
+    blocking function answering how many of them run now (Ray's status); routing_metrics_text:
+    the router counters /metrics shows (default: this process's; with several front processes,
+    their sum: front_peers.py)."""
 
     def __init__(
         self,
         engine: Any,
         settings: FrontSettings,
         num_running_replicas: Callable[[], int],
+        routing_metrics_text: Callable[[], Awaitable[bytes]] = _own_routing_metrics,
     ) -> None:
         if settings.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {settings.max_attempts}")
@@ -138,6 +146,7 @@ class ReplicaFront:
         self._engine = engine
         self._settings = settings
         self._num_running_replicas = num_running_replicas
+        self._routing_metrics_text = routing_metrics_text
         self._tokenizer = _load_tokenizer_or_none(settings.tokenizer_path)
         self._session: aiohttp.ClientSession | None = None
 
@@ -166,9 +175,11 @@ class ReplicaFront:
         return JSONResponse({"status": status, **body})
 
     async def metrics(self) -> Response:
-        texts = await self._replica_metrics()
+        routing_text, texts = await asyncio.gather(
+            self._routing_metrics_text(), self._replica_metrics()
+        )
         return Response(
-            routing_metrics.render_routing_metrics() + merge_replica_metrics(texts),
+            routing_text + merge_replica_metrics(texts),
             media_type="text/plain; version=0.0.4",
         )
 

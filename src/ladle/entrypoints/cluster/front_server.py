@@ -1,13 +1,20 @@
 """The endpoint of `ladle serve --replicas N`: ReplicaFront (front.py) under uvicorn in the
 `ladle serve` process itself, so a response's bytes go replica -> this process -> client with
-no Ray hop per token (Ray Serve's own proxy would add one: proxy <-> ingress replica).
+no Ray hop per token (Ray Serve's own proxy would add one: proxy <-> ingress replica). With
+`--api-server-count K` the same server runs in K processes on one listening socket
+(front_processes.py).
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
+import dataclasses
+import os
 import socket
+import sys
 from collections.abc import AsyncIterator, Callable
+from typing import TYPE_CHECKING
 
 import uvicorn
 from starlette.applications import Starlette
@@ -16,6 +23,10 @@ from starlette.responses import Response
 from starlette.routing import Route
 
 from ladle.entrypoints.cluster.front import ReplicaFront
+
+if TYPE_CHECKING:
+    from ladle.entrypoints.cluster.front_peers import FrontPeers
+    from ladle.entrypoints.cluster.front_processes import FrontWorkers
 
 _FORWARDED_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
 
@@ -57,14 +68,91 @@ def bind_socket(host: str, port: int) -> socket.socket:
     return listener
 
 
-class FrontServer(uvicorn.Server):
-    """uvicorn serving the front; on_started() runs once it listens (the ready line)."""
+@dataclasses.dataclass(frozen=True)
+class FrontServerOptions:
+    """uvicorn's settings for every front process (`ladle serve`'s server flags); plain data,
+    handed to the other front processes as JSON."""
 
-    def __init__(self, config: uvicorn.Config, on_started: Callable[[], None]) -> None:
+    log_level: str = "info"
+    access_log: bool = False
+    shutdown_timeout_s: float = 30.0
+    request_timeout_s: float = 60.0  # a request's headers and body, else 408
+    keep_alive_timeout_s: float = 5.0
+    max_connections: int | None = 1024  # per front process
+
+
+def front_uvicorn_config(front: ReplicaFront, options: FrontServerOptions) -> uvicorn.Config:
+    from ladle.entrypoints.openai.http_protocol import make_timed_protocol
+
+    return uvicorn.Config(
+        build_front_app(front),
+        log_level=options.log_level,
+        access_log=options.access_log,
+        timeout_graceful_shutdown=options.shutdown_timeout_s,
+        lifespan="on",
+        http=make_timed_protocol(options.request_timeout_s),
+        timeout_keep_alive=options.keep_alive_timeout_s,
+        limit_concurrency=options.max_connections,
+    )
+
+
+class FrontServer(uvicorn.Server):
+    """uvicorn serving the front; on_started() runs once it listens (the ready line).
+
+    peers: this process's place among several front processes (its counters served to them);
+    workers: the other front processes, when this is the first one: it waits until they serve
+    before on_started, restarts any that dies, and stops them when it stops;
+    parent_pid: in another front process, the first one's pid: this one stops when it is gone.
+    """
+
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        on_started: Callable[[], None],
+        peers: FrontPeers | None = None,
+        workers: FrontWorkers | None = None,
+        parent_pid: int | None = None,
+    ) -> None:
         super().__init__(config)
         self._on_started = on_started
+        self._peers = peers
+        self._workers = workers
+        self._parent_pid = parent_pid
+        self._watch: asyncio.Task | None = None
+        self.start_failed = False
 
     async def startup(self, sockets: list[socket.socket] | None = None) -> None:
         await super().startup(sockets)
-        if self.started and not self.should_exit:
-            self._on_started()
+        if not self.started or self.should_exit:
+            return
+        if self._peers is not None:
+            await self._peers.start()
+        if self._workers is not None:
+            try:
+                await self._workers.wait_serving()
+            except RuntimeError as error:
+                print(f"ladle: error: {error}", file=sys.stderr, flush=True)
+                self.start_failed = True
+                self.should_exit = True
+                return
+        self._watch = asyncio.create_task(self._watch_processes())
+        self._on_started()
+
+    async def _watch_processes(self) -> None:
+        while not self.should_exit:
+            await asyncio.sleep(1.0)
+            if self._workers is not None:
+                self._workers.restart_dead()
+            if self._parent_pid is not None and os.getppid() != self._parent_pid:
+                self.should_exit = True  # the first front process is gone: so is the endpoint
+
+    async def shutdown(self, sockets: list[socket.socket] | None = None) -> None:
+        if self._watch is not None:
+            self._watch.cancel()
+        if self._workers is not None:
+            self._workers.stop()  # they drain their own requests meanwhile
+        await super().shutdown(sockets)
+        if self._workers is not None:
+            await asyncio.to_thread(self._workers.wait_stopped)
+        if self._peers is not None:
+            await self._peers.close()

@@ -200,6 +200,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         "aims for (default: half of --max-num-seqs)",
     )
     cluster.add_argument(
+        "--api-server-count",
+        type=int,
+        default=None,
+        help="processes serving the endpoint in front of the replicas, on one port (default: "
+        "one per replica, at most a quarter of the CPU cores); each relays ~1 core of tokens",
+    )
+    cluster.add_argument(
         "--routing",
         default="prefix",
         choices=["prefix", "round-robin"],

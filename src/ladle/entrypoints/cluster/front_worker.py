@@ -1,0 +1,33 @@
+"""One more front process of `ladle serve --replicas N --api-server-count K` (front_processes.py):
+`python -m ladle.entrypoints.cluster.front_worker`, started by the first front process with the
+listening socket inherited and FrontProcessSpec as JSON on stdin. It joins the running Ray
+cluster as a driver, serves the endpoint on that socket, and stops on SIGTERM or when the first
+front process is gone.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+
+
+def main() -> int:
+    from ladle.entrypoints.cluster.front_processes import FrontProcessSpec, serve_front_process
+
+    spec, index, listener_fd = FrontProcessSpec.from_json(sys.stdin.read())
+    parent_pid = os.getppid()
+    listener = socket.socket(fileno=listener_fd)
+    import ray
+
+    # Its own logs only: the replicas' lines already reach the first process's output.
+    ray.init(address=spec.ray_address, include_dashboard=False, log_to_driver=False)
+    try:
+        served = serve_front_process(listener, spec, index, lambda: None, parent_pid=parent_pid)
+    finally:
+        ray.shutdown()
+    return 0 if served else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
