@@ -82,7 +82,7 @@ class FrontServerOptions:
 
 
 def front_uvicorn_config(front: ReplicaFront, options: FrontServerOptions) -> uvicorn.Config:
-    from ladle.entrypoints.openai.http_protocol import make_timed_protocol
+    from ladle.entrypoints.openai.http_protocol import make_fastest_timed_protocol
 
     return uvicorn.Config(
         build_front_app(front),
@@ -90,7 +90,7 @@ def front_uvicorn_config(front: ReplicaFront, options: FrontServerOptions) -> uv
         access_log=options.access_log,
         timeout_graceful_shutdown=options.shutdown_timeout_s,
         lifespan="on",
-        http=make_timed_protocol(options.request_timeout_s),
+        http=make_fastest_timed_protocol(options.request_timeout_s),
         timeout_keep_alive=options.keep_alive_timeout_s,
         limit_concurrency=options.max_connections,
     )

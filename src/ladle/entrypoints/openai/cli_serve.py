@@ -223,7 +223,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
     from ladle.engine.restart_policy import RestartPolicy
-    from ladle.entrypoints.openai.http_protocol import make_timed_protocol
+    from ladle.entrypoints.openai.http_protocol import make_fastest_timed_protocol
     from ladle.entrypoints.openai.live_stats import LiveStatsLogger
     from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import ServerSettings, build_app
@@ -317,7 +317,7 @@ def run_serve(args: argparse.Namespace) -> int:
         access_log=args.access_log,
         timeout_graceful_shutdown=args.shutdown_timeout,
         lifespan="on",
-        http=make_timed_protocol(args.request_timeout),
+        http=make_fastest_timed_protocol(args.request_timeout),
         timeout_keep_alive=args.keep_alive_timeout,
         limit_concurrency=args.max_connections,
     )
