@@ -258,12 +258,52 @@ class ReplicaFront:
                 if name.lower() not in _HOP_HEADERS
             }
             is_event_stream = upstream.content_type == "text/event-stream"
-            return StreamingResponse(
+            return RelayResponse(
                 _relay(upstream, slot_call, is_event_stream),
                 status_code=upstream.status,
                 headers=response_headers,
             )
         raise AssertionError("unreachable")
+
+
+class RelayResponse(StreamingResponse):
+    """The replica's response body sent on as it arrives: one ASGI send per piece, with no
+    per-request task group (Starlette's streaming response runs one, for its disconnect
+    watcher, on servers of ASGI spec < 2.4, as uvicorn is). A client that leaves ends the
+    relay here too: the connection to the replica closes, so the replica aborts the request."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        relaying = asyncio.current_task()
+        state = {"finished": False, "client_left": False}
+
+        def on_client_gone(_: asyncio.Future) -> None:
+            if not state["finished"] and relaying is not None:
+                state["client_left"] = True
+                relaying.cancel()
+
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        watcher.add_done_callback(on_client_gone)
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            state["finished"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["client_left"] or relaying is None:
+                raise
+            relaying.uncancel()  # the cancellation was ours: the client left
+        finally:
+            state["finished"] = True
+            watcher.cancel()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _until_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _relay(

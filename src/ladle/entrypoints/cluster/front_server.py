@@ -14,7 +14,7 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 import uvicorn
 from starlette.applications import Starlette
@@ -29,10 +29,14 @@ if TYPE_CHECKING:
     from ladle.entrypoints.cluster.front_processes import FrontWorkers
 
 _FORWARDED_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
+_ANSWERED_PATHS = ("/health", "/metrics")
 
 
-def build_front_app(front: ReplicaFront) -> Starlette:
-    """GET /health and /metrics answered here, everything else forwarded to a replica."""
+def build_front_app(front: ReplicaFront) -> Any:
+    """GET /health and /metrics answered here, everything else forwarded to a replica.
+
+    A forwarded request goes straight to the front, past Starlette's routing and middleware,
+    whose wrappers would otherwise run for every relayed piece of every stream."""
 
     async def health(request: Request) -> Response:
         return await front.health()
@@ -43,7 +47,7 @@ def build_front_app(front: ReplicaFront) -> Starlette:
     async def forward(request: Request) -> Response:
         return await front.forward(request)
 
-    return Starlette(
+    answered_here = Starlette(
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
@@ -51,6 +55,19 @@ def build_front_app(front: ReplicaFront) -> Starlette:
         ],
         lifespan=lambda app: _closing(front),
     )
+
+    async def app(scope: dict, receive: Any, send: Any) -> None:
+        if (
+            scope["type"] == "http"
+            and scope["method"] in _FORWARDED_METHODS
+            and not (scope["method"] == "GET" and scope["path"] in _ANSWERED_PATHS)
+        ):
+            response = await front.forward(Request(scope, receive))
+            await response(scope, receive, send)
+            return
+        await answered_here(scope, receive, send)
+
+    return app
 
 
 @contextlib.asynccontextmanager
