@@ -319,7 +319,7 @@ def test_a_client_that_leaves_ends_the_relay_and_the_replica_connection():
         while not server.started:
             await asyncio.sleep(0.01)
         try:
-            url = "http://127.0.0.1:%d/v1/completions" % listener.getsockname()[1]
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/completions"
             async with httpx.AsyncClient() as client:
                 body = {"model": "m", "prompt": PROMPT_IDS, "stream": True}
                 async with client.stream("POST", url, json=body) as response:

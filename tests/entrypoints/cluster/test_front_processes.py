@@ -1,0 +1,93 @@
+"""Several front processes without a Ray cluster: /metrics adds up the router counters of every
+front process that answers (front_peers.py) and leaves out one that does not; the spec a front
+process gets on stdin round-trips; the default process count; the flag's checks."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ladle[ray]')")
+
+from ladle.cli import main  # noqa: E402
+from ladle.entrypoints.cluster import routing_metrics  # noqa: E402
+from ladle.entrypoints.cluster.front import FrontSettings  # noqa: E402
+from ladle.entrypoints.cluster.front_peers import FrontPeers  # noqa: E402
+from ladle.entrypoints.cluster.front_processes import (  # noqa: E402
+    FrontProcessSpec,
+    default_api_server_count,
+)
+from ladle.entrypoints.cluster.front_server import FrontServerOptions  # noqa: E402
+from ladle.entrypoints.cluster.replica_metrics import sum_metrics  # noqa: E402
+
+
+def _samples(text: bytes) -> dict[str, float]:
+    lines = [line for line in text.decode().splitlines() if line and not line.startswith("#")]
+    return {line.rpartition(" ")[0]: float(line.rpartition(" ")[2]) for line in lines}
+
+
+def test_metrics_add_up_the_counters_of_every_front_process_that_answers(tmp_path):
+    """Three front processes' places in one process (so all serve the same counters): the one
+    scraped reports its own plus both others'; once one is gone, its share is left out."""
+    routing_metrics.ROUTED_REQUESTS.labels(replica="r-sum").inc(5)
+    routing_metrics.ROUTING_DECISIONS.labels(reason="prefix_hit").inc()
+    own = _samples(routing_metrics.render_routing_metrics())
+
+    async def scrape() -> tuple[bytes, bytes]:
+        peers = [FrontPeers(tmp_path, index, 3) for index in range(3)]
+        for peer in peers:
+            await peer.start()
+        all_three = await peers[1].routing_metrics_text()
+        await peers[2].close()
+        two_left = await peers[1].routing_metrics_text()
+        for peer in peers[:2]:
+            await peer.close()
+        return all_three, two_left
+
+    all_three, two_left = asyncio.run(scrape())
+    summed, summed_two = _samples(all_three), _samples(two_left)
+    routed = 'ladle_router_requests_total{replica="r-sum"}'
+    assert summed[routed] == 3 * own[routed] and summed_two[routed] == 2 * own[routed]
+    hits = 'ladle_router_decisions_total{reason="prefix_hit"}'
+    assert summed[hits] == 3 * own[hits]
+    assert not any(name.endswith("_created") or "_created{" in name for name in summed)
+    assert b"# TYPE ladle_router_requests_total counter" in all_three
+
+
+def test_sum_metrics_adds_samples_with_the_same_labels_only():
+    first = b'# TYPE c counter\nc_total{r="a"} 1.0\nc_total{r="b"} 2.0\n'
+    second = b'# TYPE c counter\nc_total{r="a"} 3.0\n# TYPE g gauge\ng 7.0\n'
+    assert _samples(sum_metrics([first, second])) == {
+        'c_total{r="a"}': 4.0,
+        'c_total{r="b"}': 2.0,
+        "g": 7.0,
+    }
+
+
+def test_the_spec_a_front_process_reads_round_trips():
+    spec = FrontProcessSpec(
+        ray_address="10.0.0.1:6379",
+        app_name="ladle",
+        count=3,
+        peers_dir="/tmp/x",
+        settings=FrontSettings("/tok", 16, 4, 2, max_attempts=3),
+        options=FrontServerOptions(log_level="warning", max_connections=None),
+    )
+    assert FrontProcessSpec.from_json(spec.to_json(2, 7)) == (spec, 2, 7)
+
+
+@pytest.mark.parametrize(
+    ("replicas", "cpus", "expected"),
+    [(2, 16, 2), (8, 16, 4), (2, 2, 1), (1, 64, 1), (4, 4, 1)],
+)
+def test_default_count_is_one_per_replica_within_a_quarter_of_the_cores(replicas, cpus, expected):
+    assert default_api_server_count(replicas, cpus) == expected
+
+
+def test_api_server_count_is_checked_before_ray_starts(capsys):
+    base = ["serve", "qwen3-0.6b", "--load-format", "dummy", "--replicas", "2"]
+    assert main([*base, "--api-server-count", "0"]) == 2
+    assert "--api-server-count must be >= 1" in capsys.readouterr().err
+    assert main([*base, "--ray-address", "auto", "--api-server-count", "2"]) == 2
+    assert "--api-server-count runs the local front" in capsys.readouterr().err
