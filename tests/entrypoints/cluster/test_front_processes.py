@@ -91,3 +91,6 @@ def test_api_server_count_is_checked_before_ray_starts(capsys):
     assert "--api-server-count must be >= 1" in capsys.readouterr().err
     assert main([*base, "--ray-address", "auto", "--api-server-count", "2"]) == 2
     assert "--api-server-count runs the local front" in capsys.readouterr().err
+    one_server = ["serve", "qwen3-0.6b", "--load-format", "dummy", "--api-server-count", "2"]
+    assert main(one_server) == 2
+    assert "in front of --replicas N" in capsys.readouterr().err

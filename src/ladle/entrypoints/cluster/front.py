@@ -144,6 +144,7 @@ class ReplicaFront:
         if settings.retry_backoff_s < 0:
             raise ValueError(f"retry_backoff_s must be >= 0, got {settings.retry_backoff_s}")
         self._engine = engine
+        self._slots = engine.options(stream=True)  # made once: options() builds a new handle
         self._settings = settings
         self._num_running_replicas = num_running_replicas
         self._routing_metrics_text = routing_metrics_text
@@ -220,7 +221,7 @@ class ReplicaFront:
         max_attempts = self._settings.max_attempts
         for attempt in range(1, max_attempts + 1):
             # A retry drops the prefix key: affinity would send it back to the failed replica.
-            slot_call = self._engine.options(stream=True).open_slot.remote(
+            slot_call = self._slots.open_slot.remote(
                 **{ROUTING_KEY_KWARG: key if attempt == 1 else None}
             )
             upstream = None

@@ -266,6 +266,11 @@ def run_serve(args: argparse.Namespace) -> int:
         from ladle.entrypoints.cluster.cli_cluster import run_cluster
 
         return run_cluster(args, model, served_name, options)
+    if args.api_server_count not in (None, 1):
+        raise ValueError(
+            "--api-server-count sets the processes in front of --replicas N (N > 1); one "
+            "`ladle serve` answers from its own API process"
+        )
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
     if args.ttft_slo is not None:
