@@ -150,15 +150,9 @@ def _front_processes(root_pid: int) -> list:
     processes, whose stub replicas stand in for the engines)."""
     import psutil
 
-    root = psutil.Process(root_pid)
-    processes = [root]
-    for child in root.children(recursive=True):
-        try:
-            if "front_worker" in " ".join(child.cmdline()):
-                processes.append(child)
-        except psutil.Error:
-            continue
-    return processes
+    from ladle.entrypoints.cluster.front_processes import find_front_workers
+
+    return [psutil.Process(root_pid), *find_front_workers(root_pid)]
 
 
 def _cpu_seconds(processes: list) -> float:

@@ -303,7 +303,8 @@ def test_a_client_that_leaves_ends_the_relay_and_the_replica_connection():
     connection to the replica (which aborts the request there) and cancels the slot."""
     import uvicorn
 
-    from ladle.entrypoints.cluster.front_server import FrontServerOptions, front_uvicorn_config
+    from ladle.entrypoints.cluster.front_server import build_front_app
+    from ladle.entrypoints.openai.http_server_options import HttpServerOptions
 
     async def scenario() -> tuple[list[bytes], _Engine]:
         heads: list[bytes] = []
@@ -313,7 +314,7 @@ def test_a_client_that_leaves_ends_the_relay_and_the_replica_connection():
         listener = socket.socket()
         listener.bind(("127.0.0.1", 0))
         server = uvicorn.Server(
-            front_uvicorn_config(front, FrontServerOptions(log_level="warning"))
+            HttpServerOptions(log_level="warning").uvicorn_config(build_front_app(front))
         )
         serving = asyncio.create_task(server.serve(sockets=[listener]))
         while not server.started:

@@ -18,8 +18,8 @@ from ladle.entrypoints.cluster.front_processes import (  # noqa: E402
     FrontProcessSpec,
     default_api_server_count,
 )
-from ladle.entrypoints.cluster.front_server import FrontServerOptions  # noqa: E402
 from ladle.entrypoints.cluster.replica_metrics import sum_metrics  # noqa: E402
+from ladle.entrypoints.openai.http_server_options import HttpServerOptions  # noqa: E402
 
 
 def _samples(text: bytes) -> dict[str, float]:
@@ -72,7 +72,7 @@ def test_the_spec_a_front_process_reads_round_trips():
         count=3,
         peers_dir="/tmp/x",
         settings=FrontSettings("/tok", 16, 4, 2, max_attempts=3),
-        options=FrontServerOptions(log_level="warning", max_connections=None),
+        options=HttpServerOptions(log_level="warning", max_connections=None),
     )
     assert FrontProcessSpec.from_json(spec.to_json(2, 7)) == (spec, 2, 7)
 

@@ -141,16 +141,9 @@ def test_64_concurrent_streams_complete(cluster):
 
 def _front_workers(server: ServerProcess) -> list:
     """The front processes after the first (children of the `ladle serve` process)."""
-    import psutil
+    from ladle.entrypoints.cluster.front_processes import find_front_workers
 
-    workers = []
-    for child in psutil.Process(server.pid).children():
-        try:
-            if "front_worker" in " ".join(child.cmdline()):
-                workers.append(child)
-        except psutil.Error:
-            pass
-    return workers
+    return find_front_workers(server.pid)
 
 
 def _watch_connections(process, port: int, done: threading.Event, seen: list[int]) -> None:

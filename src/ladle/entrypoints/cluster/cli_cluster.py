@@ -105,16 +105,9 @@ def _serve_front(
     replicas: str,
 ) -> int:
     """The front (front_server.py) in --api-server-count processes until SIGTERM / Ctrl-C."""
-    from ladle.entrypoints.cluster.front_server import FrontServerOptions
+    from ladle.entrypoints.openai.http_server_options import HttpServerOptions
 
-    options = FrontServerOptions(
-        log_level=args.log_level,
-        access_log=args.access_log,
-        shutdown_timeout_s=args.shutdown_timeout,
-        request_timeout_s=args.request_timeout,
-        keep_alive_timeout_s=args.keep_alive_timeout,
-        max_connections=args.max_connections,
-    )
+    options = HttpServerOptions.from_args(args)
     count = api_server_count(args)
     port = listener.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host

@@ -37,7 +37,7 @@ from typing import Any
 
 from ladle.entrypoints.cluster.front import FrontSettings
 from ladle.entrypoints.cluster.front_peers import peer_socket_path
-from ladle.entrypoints.cluster.front_server import FrontServerOptions
+from ladle.entrypoints.openai.http_server_options import HttpServerOptions
 
 logger = logging.getLogger("ladle.cluster")
 
@@ -63,7 +63,7 @@ class FrontProcessSpec:
     count: int
     peers_dir: str
     settings: FrontSettings
-    options: FrontServerOptions
+    options: HttpServerOptions
 
     def to_json(self, index: int, listener_fd: int) -> str:
         return json.dumps({"index": index, "listener_fd": listener_fd, **dataclasses.asdict(self)})
@@ -74,7 +74,7 @@ class FrontProcessSpec:
         fields = json.loads(text)
         index, listener_fd = fields.pop("index"), fields.pop("listener_fd")
         fields["settings"] = FrontSettings(**fields["settings"])
-        fields["options"] = FrontServerOptions(**fields["options"])
+        fields["options"] = HttpServerOptions(**fields["options"])
         return FrontProcessSpec(**fields), index, listener_fd
 
 
@@ -96,7 +96,7 @@ def serve_front_process(
         num_running_replicas,
     )
     from ladle.entrypoints.cluster.front_peers import FrontPeers
-    from ladle.entrypoints.cluster.front_server import FrontServer, front_uvicorn_config
+    from ladle.entrypoints.cluster.front_server import FrontServer, build_front_app
 
     engine = serve.get_deployment_handle(ENGINE_DEPLOYMENT_NAME, spec.app_name)
     peers = FrontPeers(spec.peers_dir, index, spec.count) if spec.count > 1 else None
@@ -107,13 +107,28 @@ def serve_front_process(
         engine, spec.settings, lambda: num_running_replicas(spec.app_name), **extra
     )
     server = FrontServer(
-        front_uvicorn_config(front, spec.options), on_started, peers, workers, parent_pid
+        spec.options.uvicorn_config(build_front_app(front)), on_started, peers, workers, parent_pid
     )
     try:
         server.run(sockets=[listener])
     except KeyboardInterrupt:
         pass  # uvicorn re-raises the Ctrl-C it handled once it has drained
     return server.started and not server.start_failed
+
+
+def find_front_workers(root_pid: int) -> list[Any]:
+    """The front processes after the first, under the `ladle serve` process root_pid (psutil
+    processes; for benchmarks and tests, which watch them from outside)."""
+    import psutil
+
+    workers = []
+    for child in psutil.Process(root_pid).children(recursive=True):
+        try:
+            if "front_worker" in " ".join(child.cmdline()):
+                workers.append(child)
+        except psutil.Error:  # exited while we looked
+            continue
+    return workers
 
 
 class FrontWorkers:

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import dataclasses
 import os
 import socket
 import sys
@@ -83,34 +82,6 @@ def bind_socket(host: str, port: int) -> socket.socket:
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     listener.bind((host, port))
     return listener
-
-
-@dataclasses.dataclass(frozen=True)
-class FrontServerOptions:
-    """uvicorn's settings for every front process (`ladle serve`'s server flags); plain data,
-    handed to the other front processes as JSON."""
-
-    log_level: str = "info"
-    access_log: bool = False
-    shutdown_timeout_s: float = 30.0
-    request_timeout_s: float = 60.0  # a request's headers and body, else 408
-    keep_alive_timeout_s: float = 5.0
-    max_connections: int | None = 1024  # per front process
-
-
-def front_uvicorn_config(front: ReplicaFront, options: FrontServerOptions) -> uvicorn.Config:
-    from ladle.entrypoints.openai.http_protocol import make_fastest_timed_protocol
-
-    return uvicorn.Config(
-        build_front_app(front),
-        log_level=options.log_level,
-        access_log=options.access_log,
-        timeout_graceful_shutdown=options.shutdown_timeout_s,
-        lifespan="on",
-        http=make_fastest_timed_protocol(options.request_timeout_s),
-        timeout_keep_alive=options.keep_alive_timeout_s,
-        limit_concurrency=options.max_connections,
-    )
 
 
 class FrontServer(uvicorn.Server):

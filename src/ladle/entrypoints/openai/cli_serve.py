@@ -223,7 +223,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
     from ladle.engine.restart_policy import RestartPolicy
-    from ladle.entrypoints.openai.http_protocol import make_fastest_timed_protocol
+    from ladle.entrypoints.openai.http_server_options import HttpServerOptions
     from ladle.entrypoints.openai.live_stats import LiveStatsLogger
     from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import ServerSettings, build_app
@@ -314,18 +314,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if settings.log_requests:
         enable_request_logging()
     app = build_app(client, settings, on_refusal=live_stats.record_refusal)
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        timeout_graceful_shutdown=args.shutdown_timeout,
-        lifespan="on",
-        http=make_fastest_timed_protocol(args.request_timeout),
-        timeout_keep_alive=args.keep_alive_timeout,
-        limit_concurrency=args.max_connections,
-    )
+    config = HttpServerOptions.from_args(args).uvicorn_config(app, host=args.host, port=args.port)
     server = _AnnouncingServer(config, served_name, lambda: client.engine_pid)
 
     async def serve() -> int:
