@@ -280,7 +280,9 @@ class RelayResponse(StreamingResponse):
         relaying = asyncio.current_task()
         state = {"finished": False, "client_left": False}
 
-        def on_client_gone(_: asyncio.Future) -> None:
+        def on_client_gone(watched: asyncio.Future) -> None:
+            if not watched.cancelled():
+                watched.exception()  # retrieved: a receive that failed counts as the client gone
             if not state["finished"] and relaying is not None:
                 state["client_left"] = True
                 relaying.cancel()
