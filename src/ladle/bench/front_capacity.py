@@ -155,33 +155,39 @@ def _front_processes(root_pid: int) -> list:
     return [psutil.Process(root_pid), *find_front_workers(root_pid)]
 
 
-def _cpu_seconds(processes: list) -> float:
+def _cpu_seconds(processes: list) -> list[float]:
+    """Each process's CPU seconds (user + system) so far; 0 for one that is gone."""
     import psutil
 
-    total = 0.0
+    seconds = []
     for process in processes:
         try:
             times = process.cpu_times()
         except psutil.Error:
+            seconds.append(0.0)
             continue
-        total += times.user + times.system
-    return total
+        seconds.append(times.user + times.system)
+    return seconds
 
 
 class _CpuWindow:
-    """Front CPU seconds between start() and end() (called from the client's loop)."""
+    """Front CPU seconds between start() and end() (called from the client's loop), in all and
+    per front process."""
 
     def __init__(self, processes: list) -> None:
         self._processes = processes
         self.cpu_s = 0.0
+        self.cpu_s_by_process: list[float] = []
         self.load_average: tuple[float, ...] = ()
-        self._started_cpu = 0.0
+        self._started: list[float] = []
 
     def start(self) -> None:
-        self._started_cpu = _cpu_seconds(self._processes)
+        self._started = _cpu_seconds(self._processes)
 
     def end(self) -> None:
-        self.cpu_s = _cpu_seconds(self._processes) - self._started_cpu
+        ended = _cpu_seconds(self._processes)
+        self.cpu_s_by_process = [after - before for after, before in zip(ended, self._started)]
+        self.cpu_s = sum(self.cpu_s_by_process)
         self.load_average = os.getloadavg()
 
 
@@ -246,6 +252,9 @@ def run_levels(options: argparse.Namespace) -> dict:
                 "requests": level.num_requests,
                 "errors": level.num_errors,
                 "front_cpu_cores": round(window.cpu_s / measured_s, 3),
+                "front_cpu_cores_by_process": [
+                    round(cpu_s / measured_s, 3) for cpu_s in window.cpu_s_by_process
+                ],
                 "front_cpu_us_per_token": round(1e6 * window.cpu_s / max(level.num_tokens, 1), 1),
                 "ttft_ms_p50": round(1e3 * _percentile(level.ttft_s, 0.50), 1),
                 "ttft_ms_p99": round(1e3 * _percentile(level.ttft_s, 0.99), 1),

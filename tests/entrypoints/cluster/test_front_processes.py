@@ -1,6 +1,8 @@
 """Several front processes without a Ray cluster: /metrics adds up the router counters of every
 front process that answers (front_peers.py) and leaves out one that does not; the spec a front
-process gets on stdin round-trips; the default process count; the flag's checks."""
+process gets on stdin round-trips; one that exits before serving fails the start, one that keeps
+dying is started again a bounded number of times; the default process count; the flag's
+checks."""
 
 from __future__ import annotations
 
@@ -11,11 +13,12 @@ import pytest
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ladle[ray]')")
 
 from ladle.cli import main  # noqa: E402
-from ladle.entrypoints.cluster import routing_metrics  # noqa: E402
+from ladle.entrypoints.cluster import front_processes, routing_metrics  # noqa: E402
 from ladle.entrypoints.cluster.front import FrontSettings  # noqa: E402
 from ladle.entrypoints.cluster.front_peers import FrontPeers  # noqa: E402
 from ladle.entrypoints.cluster.front_processes import (  # noqa: E402
     FrontProcessSpec,
+    FrontWorkers,
     default_api_server_count,
 )
 from ladle.entrypoints.cluster.replica_metrics import sum_metrics  # noqa: E402
@@ -75,6 +78,41 @@ def test_the_spec_a_front_process_reads_round_trips():
         options=HttpServerOptions(log_level="warning", max_connections=None),
     )
     assert FrontProcessSpec.from_json(spec.to_json(2, 7)) == (spec, 2, 7)
+
+
+def test_front_processes_that_die_fail_the_start_and_are_restarted_a_bounded_number_of_times(
+    tmp_path, monkeypatch
+):
+    import socket
+    import sys
+    import time
+
+    # Stands in for front_worker: reads its spec, exits 3 without serving.
+    monkeypatch.setattr(
+        front_processes,
+        "WORKER_COMMAND",
+        [sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"],
+    )
+    spec = FrontProcessSpec("x:1", "ladle", 2, str(tmp_path), FrontSettings(None, 16, 4, 2),
+                            HttpServerOptions())  # fmt: skip
+    with socket.socket() as listener:
+        listener.bind(("127.0.0.1", 0))
+        workers = FrontWorkers(listener, spec)
+        workers.start()
+        with pytest.raises(RuntimeError, match="front process 1 exited with 3 before serving"):
+            asyncio.run(workers.wait_serving(timeout_s=30))
+        pids = set(workers.pids)
+        for _ in range(front_processes.MAX_RESTARTS + 2):
+            for process in workers._processes.values():
+                process.wait(30)
+            workers.restart_dead()
+            pids |= set(workers.pids)
+        # The first start, then MAX_RESTARTS more; then it stays down.
+        assert len(pids) == 1 + front_processes.MAX_RESTARTS
+        workers.stop()
+        started = time.monotonic()
+        workers.wait_stopped()
+        assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(

@@ -44,6 +44,10 @@ logger = logging.getLogger("ladle.cluster")
 # Importing ladle and ray and joining the cluster as a driver takes a few seconds; on a loaded
 # machine, many more.
 START_TIMEOUT_S = 120.0
+WORKER_COMMAND = [sys.executable, "-m", "ladle.entrypoints.cluster.front_worker"]
+# A front process that keeps dying is started again at most this often.
+MAX_RESTARTS = 5
+RESTART_WINDOW_S = 300.0
 
 
 def default_api_server_count(num_replicas: int, num_cpus: int | None = None) -> int:
@@ -138,6 +142,8 @@ class FrontWorkers:
         self._listener = listener
         self._spec = spec
         self._processes: dict[int, subprocess.Popen] = {}
+        self._restarts: dict[int, list[float]] = {}  # index -> when it was started again
+        self._given_up: set[int] = set()
         self._stopping = False
 
     @property
@@ -152,7 +158,7 @@ class FrontWorkers:
         with contextlib.suppress(FileNotFoundError):
             peer_socket_path(self._spec.peers_dir, index).unlink()  # its readiness mark
         process = subprocess.Popen(
-            [sys.executable, "-m", "ladle.entrypoints.cluster.front_worker"],
+            WORKER_COMMAND,
             stdin=subprocess.PIPE,
             pass_fds=(self._listener.fileno(),),
             text=True,
@@ -176,15 +182,31 @@ class FrontWorkers:
                 await asyncio.sleep(0.1)
 
     def restart_dead(self) -> None:
+        """Starts again each front process that exited, unless it already was MAX_RESTARTS
+        times within RESTART_WINDOW_S (then it stays down: something else is wrong, and the
+        others serve on)."""
+        now = time.monotonic()
         for index, process in list(self._processes.items()):
-            if process.poll() is not None and not self._stopping:
-                logger.warning(
-                    "front process %d (pid %d) exited with %s; starting it again",
+            if process.poll() is None or self._stopping or index in self._given_up:
+                continue
+            recent = [t for t in self._restarts.get(index, []) if now - t < RESTART_WINDOW_S]
+            if len(recent) >= MAX_RESTARTS:
+                self._given_up.add(index)
+                logger.error(
+                    "front process %d exited %d times within %gs; not starting it again",
                     index,
-                    process.pid,
-                    process.returncode,
+                    len(recent) + 1,
+                    RESTART_WINDOW_S,
                 )
-                self._spawn(index)
+                continue
+            logger.warning(
+                "front process %d (pid %d) exited with %s; starting it again",
+                index,
+                process.pid,
+                process.returncode,
+            )
+            self._restarts[index] = [*recent, now]
+            self._spawn(index)
 
     def stop(self) -> None:
         """SIGTERM to each: it stops accepting and drains its requests (--shutdown-timeout)."""
