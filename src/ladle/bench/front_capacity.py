@@ -59,6 +59,7 @@ class _Level:
         self.ttft_s: list[float] = []
         self.itl_s: list[float] = []
         self.num_tokens = 0
+        self.num_reads = 0  # reads that brought tokens: about the pieces the front wrote
         self.num_requests = 0
         self.num_errors = 0
 
@@ -79,6 +80,8 @@ async def _one_stream(http, url: str, body: bytes, level: _Level, measuring: lis
                 now = time.perf_counter()
                 pending += chunk
                 *events, pending = pending.split(b"\n\n")
+                if measuring[0]:
+                    level.num_reads += 1
                 for event in events:
                     if b'"text"' not in event and b'"content"' not in event:
                         continue  # the usage chunk, [DONE]
@@ -256,6 +259,10 @@ def run_levels(options: argparse.Namespace) -> dict:
                     round(cpu_s / measured_s, 3) for cpu_s in window.cpu_s_by_process
                 ],
                 "front_cpu_us_per_token": round(1e6 * window.cpu_s / max(level.num_tokens, 1), 1),
+                # The relay coalesces what a stream's replica wrote since its last read: per
+                # piece is the cost that does not depend on how busy the front was.
+                "tokens_per_piece": round(level.num_tokens / max(level.num_reads, 1), 2),
+                "front_cpu_us_per_piece": round(1e6 * window.cpu_s / max(level.num_reads, 1), 1),
                 "ttft_ms_p50": round(1e3 * _percentile(level.ttft_s, 0.50), 1),
                 "ttft_ms_p99": round(1e3 * _percentile(level.ttft_s, 0.99), 1),
                 "itl_ms_p50": round(1e3 * _percentile(level.itl_s, 0.50), 1),
