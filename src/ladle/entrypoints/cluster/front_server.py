@@ -50,6 +50,7 @@ def build_front_app(front: ReplicaFront) -> Any:
         routes=[
             Route("/health", health, methods=["GET"]),
             Route("/metrics", metrics, methods=["GET"]),
+            # What reaches this route is HEAD (Starlette adds it to GET's): forwarded as well.
             Route("/{path:path}", forward, methods=_FORWARDED_METHODS),
         ],
         lifespan=lambda app: _closing(front),
@@ -123,7 +124,8 @@ class FrontServer(uvicorn.Server):
                 self.start_failed = True
                 self.should_exit = True
                 return
-        self._watch = asyncio.create_task(self._watch_processes())
+        if self._workers is not None or self._parent_pid is not None:
+            self._watch = asyncio.create_task(self._watch_processes())
         self._on_started()
 
     async def _watch_processes(self) -> None:
