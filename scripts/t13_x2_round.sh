@@ -5,15 +5,16 @@
 # 64-128 out, closed loop at 128 in flight per replica (scripts/ray_scaleout_round.py), the CPU
 # of every process role recorded (the front: the ladle serve process plus its front_worker
 # processes). First, unless FRONT_BENCH=0, the front's own capacity on this host's CPUs against
-# stub replicas (python -m ladle.bench.front_capacity, no GPU; 1 and 2 front processes, ~2 min).
+# stub replicas (python -m ladle.bench.front_capacity, no GPU; 1 and 2 front processes, ~70 s).
 # Everything lands under $OUT.
 #
 #   bash .carry/t13/scripts/t13_x2_round.sh
 #
-# uvloop: uvicorn (the front, the replicas' servers) uses it when installed, and it makes each
-# relayed piece cheaper than asyncio's pure-Python loop. It is not in .whl_ray; a cp312 wheel is
-# 4.5 MB (uvloop-0.23.0-cp312-...-manylinux...whl): drop it into .whl_ray when the carry's 64 MiB
-# allow (it is picked up by the install below), else the round runs on asyncio's loop.
+# uvloop is not carried and not needed: on the CPU it made no measurable difference to the
+# front's CPU per token (docs/benchmarks.md, "Issue 13: the front on more than one core"); a
+# cp312 wheel (4.5 MB) dropped into .whl_ray would be installed by the line below, but it does
+# not fit the 64 MiB carry beside the current wheels. httptools (in .whl_ray) is what the
+# front's uvicorn uses. About 8.5 minutes in all: FRONT_BENCH=0 skips the first ~70 s.
 set -u
 # NVLink multicast stays off on the shared host (KINDS.md); nothing here uses NCCL anyway.
 export NCCL_NVLS_ENABLE=0 TORCH_SYMM_MEM_DISABLE_MULTICAST=1 NVSHMEM_DISABLE_NVLS=1
@@ -36,7 +37,7 @@ if [ "${FRONT_BENCH:-1}" != 0 ]; then
     # streams offer 21k and 43k tok/s, past one front process's capacity.
     for count in 1 2; do
         timeout 150 python3 -m ladle.bench.front_capacity --replicas 2 --step-ms 12 \
-            --streams 256,512 --output-tokens 96 --warmup 3 --duration 10 \
+            --streams 256,512 --output-tokens 96 --warmup 2 --duration 8 \
             --api-server-count "$count" --out "$OUT/front_capacity_$count.json" \
             > "$OUT/front_capacity_$count.log" 2>&1
         echo "front capacity, $count front processes: rc=$?"
