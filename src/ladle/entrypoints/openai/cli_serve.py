@@ -204,7 +204,8 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         type=int,
         default=None,
         help="processes serving the endpoint in front of the replicas, on one port (default: "
-        "one per replica, at most a quarter of the CPU cores); each relays ~1 core of tokens",
+        "one per replica, at most a quarter of the CPU cores); one relays ~13k tokens/s at a "
+        "full core (docs/deploy.md)",
     )
     cluster.add_argument(
         "--routing",
