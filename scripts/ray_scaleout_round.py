@@ -228,7 +228,9 @@ def _phase(
             )
             output_tokens = summary["output_throughput"] * summary["duration_s"]
             summary["front_cpu_cores"] = round(front_s / summary["duration_s"], 3)
-            summary["front_cpu_us_per_token"] = round(1e6 * front_s / max(output_tokens, 1), 1)
+            summary["front_cpu_us_per_token"] = (
+                round(1e6 * front_s / output_tokens, 1) if output_tokens else None
+            )
         summary["ready_s"] = ready_s
         print(f"[round] {name}: {json.dumps(summary)}", flush=True)
         return summary

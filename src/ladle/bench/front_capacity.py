@@ -287,21 +287,21 @@ def serve_stub_cluster(options: argparse.Namespace) -> int:
     from ray import serve
 
     from ladle.bench.stub_replica import build_stub_replicas
-    from ladle.entrypoints.cluster.cli_cluster import APP_NAME, _serve_front
+    from ladle.entrypoints.cluster.cli_cluster import APP_NAME, _serve_front, api_server_count
     from ladle.entrypoints.cluster.front_server import bind_socket
 
     app, settings = build_stub_replicas(options.replicas, options.step_ms / 1000.0)
     ray.init(num_cpus=max(os.cpu_count() or 1, options.replicas + 1), include_dashboard=False)
     try:
-        listener = bind_socket("127.0.0.1", 0)
-        serve.start(http_options={"location": "NoServer"})
-        serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)
         args = argparse.Namespace(
             host="127.0.0.1", log_level="warning", access_log=False, shutdown_timeout=5.0,
             request_timeout=60.0, keep_alive_timeout=5.0, max_connections=4096,
             replicas=options.replicas, max_replicas=None,
             api_server_count=options.api_server_count,
         )  # fmt: skip
+        listener = bind_socket("127.0.0.1", 0, reuse_port=api_server_count(args) > 1)
+        serve.start(http_options={"location": "NoServer"})
+        serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)
         return _serve_front(listener, settings, args, "stub", f"{options.replicas} stub replicas")
     finally:
         try:

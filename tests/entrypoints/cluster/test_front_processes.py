@@ -72,18 +72,19 @@ def test_the_spec_a_front_process_reads_round_trips():
     spec = FrontProcessSpec(
         ray_address="10.0.0.1:6379",
         app_name="ladle",
+        host="::",
+        port=8000,
         count=3,
         peers_dir="/tmp/x",
         settings=FrontSettings("/tok", 16, 4, 2, max_attempts=3),
         options=HttpServerOptions(log_level="warning", max_connections=None),
     )
-    assert FrontProcessSpec.from_json(spec.to_json(2, 7)) == (spec, 2, 7)
+    assert FrontProcessSpec.from_json(spec.to_json(2)) == (spec, 2)
 
 
 def test_front_processes_that_die_fail_the_start_and_are_restarted_a_bounded_number_of_times(
     tmp_path, monkeypatch
 ):
-    import socket
     import sys
     import time
 
@@ -93,26 +94,24 @@ def test_front_processes_that_die_fail_the_start_and_are_restarted_a_bounded_num
         "WORKER_COMMAND",
         [sys.executable, "-c", "import sys; sys.stdin.read(); sys.exit(3)"],
     )
-    spec = FrontProcessSpec("x:1", "ladle", 2, str(tmp_path), FrontSettings(None, 16, 4, 2),
-                            HttpServerOptions())  # fmt: skip
-    with socket.socket() as listener:
-        listener.bind(("127.0.0.1", 0))
-        workers = FrontWorkers(listener, spec)
-        workers.start()
-        with pytest.raises(RuntimeError, match="front process 1 exited with 3 before serving"):
-            asyncio.run(workers.wait_serving(timeout_s=30))
-        pids = set(workers.pids)
-        for _ in range(front_processes.MAX_RESTARTS + 2):
-            for process in workers._processes.values():
-                process.wait(30)
-            workers.restart_dead()
-            pids |= set(workers.pids)
-        # The first start, then MAX_RESTARTS more; then it stays down.
-        assert len(pids) == 1 + front_processes.MAX_RESTARTS
-        workers.stop()
-        started = time.monotonic()
-        workers.wait_stopped()
-        assert time.monotonic() - started < 5
+    spec = FrontProcessSpec("x:1", "ladle", "127.0.0.1", 0, 2, str(tmp_path),
+                            FrontSettings(None, 16, 4, 2), HttpServerOptions())  # fmt: skip
+    workers = FrontWorkers(spec)
+    workers.start()
+    with pytest.raises(RuntimeError, match="front process 1 exited with 3 before serving"):
+        asyncio.run(workers.wait_serving(timeout_s=30))
+    pids = set(workers.pids)
+    for _ in range(front_processes.MAX_RESTARTS + 2):
+        for process in workers._processes.values():
+            process.wait(30)
+        workers.restart_dead()
+        pids |= set(workers.pids)
+    # The first start, then MAX_RESTARTS more; then it stays down.
+    assert len(pids) == 1 + front_processes.MAX_RESTARTS
+    workers.stop()
+    started = time.monotonic()
+    workers.wait_stopped()
+    assert time.monotonic() - started < 5
 
 
 @pytest.mark.parametrize(
@@ -132,3 +131,20 @@ def test_api_server_count_is_checked_before_ray_starts(capsys):
     one_server = ["serve", "qwen3-0.6b", "--load-format", "dummy", "--api-server-count", "2"]
     assert main(one_server) == 2
     assert "in front of --replicas N" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not front_processes.can_share_a_port(), reason="SO_REUSEPORT is Linux's")
+def test_front_processes_bind_one_port_each_with_a_socket_of_their_own():
+    from ladle.entrypoints.cluster.front_server import bind_socket
+
+    first = bind_socket("127.0.0.1", 0, reuse_port=True)
+    first.listen()
+    port = first.getsockname()[1]
+    try:
+        second = bind_socket("127.0.0.1", port, reuse_port=True)
+        second.listen()
+        second.close()
+        with pytest.raises(OSError):  # a socket without the option cannot join them
+            bind_socket("127.0.0.1", port)
+    finally:
+        first.close()

@@ -37,7 +37,7 @@ def run_cluster(
 
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
-    api_server_count(args)  # a bad count fails here, before Ray starts
+    num_fronts = api_server_count(args)  # a bad count fails here, before Ray starts
     autoscaling_config = _autoscaling_config(args, engine_options)
     options = dict(
         num_replicas=args.replicas,
@@ -83,7 +83,8 @@ def run_cluster(
         log_to_driver=True,
     )
     try:
-        listener = bind_socket(args.host, args.port)  # fails before any replica starts
+        # Fails before any replica starts.
+        listener = bind_socket(args.host, args.port, reuse_port=num_fronts > 1)
         serve.start(http_options={"location": "NoServer"})
         serve.run(replica_app, name=APP_NAME, route_prefix=None, blocking=False)
         return _serve_front(listener, front_settings, args, served_name, replicas)
@@ -125,13 +126,18 @@ def _serve_front(
 
 def api_server_count(args: argparse.Namespace) -> int:
     """--api-server-count, or its default for the replicas asked (the most, when autoscaling)."""
-    from ladle.entrypoints.cluster.front_processes import default_api_server_count
+    from ladle.entrypoints.cluster.front_processes import (
+        can_share_a_port,
+        default_api_server_count,
+    )
 
     count = getattr(args, "api_server_count", None)
     if count is None:
         return default_api_server_count(max(args.replicas, args.max_replicas or 0))
     if count < 1:
         raise ValueError(f"--api-server-count must be >= 1, got {count}")
+    if count > 1 and not can_share_a_port():
+        raise ValueError("--api-server-count > 1 needs Linux (SO_REUSEPORT)")
     return count
 
 
@@ -142,8 +148,9 @@ def serve_front(
     count: int,
     announce: Any,
 ) -> int:
-    """The front in `count` processes on `listener` (this one and count-1 started here), for
-    the replicas of application APP_NAME on the Ray cluster this process belongs to."""
+    """The front in `count` processes on `listener`'s port (this one and count-1 started here,
+    which bind it too: `listener` must have SO_REUSEPORT when count > 1), for the replicas of
+    application APP_NAME on the Ray cluster this process belongs to."""
     import shutil
     import tempfile
 
@@ -156,15 +163,18 @@ def serve_front(
     )
 
     peers_dir = tempfile.mkdtemp(prefix="ladle-front-")
+    host, port = listener.getsockname()[:2]
     spec = FrontProcessSpec(
         ray_address=ray.get_runtime_context().gcs_address,
         app_name=APP_NAME,
+        host=host,
+        port=port,
         count=count,
         peers_dir=peers_dir,
         settings=front_settings,
         options=options,
     )
-    workers = FrontWorkers(listener, spec) if count > 1 else None
+    workers = FrontWorkers(spec) if count > 1 else None
     try:
         if workers is not None:
             workers.start()

@@ -3,10 +3,11 @@ Python process relaying every replica's tokens tops out at about one core (docs/
 "Issue 13: the front on more than one core").
 
 The first front process is the `ladle serve` process itself: it starts Ray, deploys the replicas,
-binds the listening socket and then starts K-1 more front processes (front_worker.py) that
-inherit that socket: the kernel hands each new connection to whichever process accepts it first,
-which under load is the least busy one. Each process joins the same Ray cluster as a driver of
-its own, with its own handle to the replicas and so its own request router:
+binds the port with SO_REUSEPORT and then starts K-1 more front processes (front_worker.py) that
+bind it too, each its own socket: the kernel spreads new connections over them by a hash of the
+connection's addresses (Linux only, hence K > 1 only there). Each process joins the same Ray
+cluster as a driver of its own, with its own handle to the replicas and so its own request
+router:
 
 - prefix routing agrees across them: a prefix's owner is a hash of the prefix among the replicas
   within the load margin (prefix_routing.py), the same in every process;
@@ -50,10 +51,18 @@ MAX_RESTARTS = 5
 RESTART_WINDOW_S = 300.0
 
 
+def can_share_a_port() -> bool:
+    """SO_REUSEPORT spreading connections over the sockets bound to one port: Linux's."""
+    return sys.platform.startswith("linux") and hasattr(socket, "SO_REUSEPORT")
+
+
 def default_api_server_count(num_replicas: int, num_cpus: int | None = None) -> int:
     """One front process per replica (each relays about one replica's tokens at full speed),
     at most a quarter of the machine's cores: every replica also runs an engine-core process and
-    its own API process (~2 cores), which the fronts must not starve."""
+    its own API process (~2 cores), which the fronts must not starve. One where processes cannot
+    share a port."""
+    if not can_share_a_port():
+        return 1
     num_cpus = num_cpus or os.cpu_count() or 1
     return max(1, min(num_replicas, num_cpus // 4))
 
@@ -64,22 +73,24 @@ class FrontProcessSpec:
 
     ray_address: str
     app_name: str
+    host: str  # the port every front process binds (SO_REUSEPORT)
+    port: int
     count: int
     peers_dir: str
     settings: FrontSettings
     options: HttpServerOptions
 
-    def to_json(self, index: int, listener_fd: int) -> str:
-        return json.dumps({"index": index, "listener_fd": listener_fd, **dataclasses.asdict(self)})
+    def to_json(self, index: int) -> str:
+        return json.dumps({"index": index, **dataclasses.asdict(self)})
 
     @staticmethod
-    def from_json(text: str) -> tuple[FrontProcessSpec, int, int]:
-        """(spec, this process's index, the inherited listener's file descriptor)."""
+    def from_json(text: str) -> tuple[FrontProcessSpec, int]:
+        """(spec, this process's index)."""
         fields = json.loads(text)
-        index, listener_fd = fields.pop("index"), fields.pop("listener_fd")
+        index = fields.pop("index")
         fields["settings"] = FrontSettings(**fields["settings"])
         fields["options"] = HttpServerOptions(**fields["options"])
-        return FrontProcessSpec(**fields), index, listener_fd
+        return FrontProcessSpec(**fields), index
 
 
 def serve_front_process(
@@ -138,8 +149,7 @@ def find_front_workers(root_pid: int) -> list[Any]:
 class FrontWorkers:
     """The front processes after the first: started, watched, restarted, stopped by it."""
 
-    def __init__(self, listener: socket.socket, spec: FrontProcessSpec) -> None:
-        self._listener = listener
+    def __init__(self, spec: FrontProcessSpec) -> None:
         self._spec = spec
         self._processes: dict[int, subprocess.Popen] = {}
         self._restarts: dict[int, list[float]] = {}  # index -> when it was started again
@@ -157,13 +167,8 @@ class FrontWorkers:
     def _spawn(self, index: int) -> None:
         with contextlib.suppress(FileNotFoundError):
             peer_socket_path(self._spec.peers_dir, index).unlink()  # its readiness mark
-        process = subprocess.Popen(
-            WORKER_COMMAND,
-            stdin=subprocess.PIPE,
-            pass_fds=(self._listener.fileno(),),
-            text=True,
-        )
-        process.stdin.write(self._spec.to_json(index, self._listener.fileno()))
+        process = subprocess.Popen(WORKER_COMMAND, stdin=subprocess.PIPE, text=True)
+        process.stdin.write(self._spec.to_json(index))
         process.stdin.close()
         self._processes[index] = process
 

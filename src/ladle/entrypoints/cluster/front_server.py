@@ -76,11 +76,19 @@ async def _closing(front: ReplicaFront) -> AsyncIterator[None]:
     await front.close()
 
 
-def bind_socket(host: str, port: int) -> socket.socket:
-    """The listening socket, bound now so port 0 names its real port before serving starts."""
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """The listening socket, bound now so port 0 names its real port before serving starts.
+
+    reuse_port: SO_REUSEPORT, so that the other front processes bind the same port with sockets
+    of their own and the kernel spreads new connections over them by a hash of each connection's
+    addresses (Linux). One socket shared by all would not spread them: every process is woken
+    for a connection and the first to run takes it, with all others queued behind it (asyncio
+    accepts in a loop), so one process got 55-70% of a burst of connections."""
     family = socket.AF_INET6 if ":" in host else socket.AF_INET
     listener = socket.socket(family, socket.SOCK_STREAM)
     listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:
+        listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     listener.bind((host, port))
     return listener
 

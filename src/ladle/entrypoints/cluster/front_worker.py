@@ -1,23 +1,23 @@
 """One more front process of `ladle serve --replicas N --api-server-count K` (front_processes.py):
-`python -m ladle.entrypoints.cluster.front_worker`, started by the first front process with the
-listening socket inherited and FrontProcessSpec as JSON on stdin. It joins the running Ray
-cluster as a driver, serves the endpoint on that socket, and stops on SIGTERM or when the first
-front process is gone.
+`python -m ladle.entrypoints.cluster.front_worker`, started by the first front process with
+FrontProcessSpec as JSON on stdin. It binds the endpoint's port (SO_REUSEPORT, beside the other
+front processes' sockets), joins the running Ray cluster as a driver, serves the endpoint, and
+stops on SIGTERM or when the first front process is gone.
 """
 
 from __future__ import annotations
 
 import os
-import socket
 import sys
 
 
 def main() -> int:
     from ladle.entrypoints.cluster.front_processes import FrontProcessSpec, serve_front_process
+    from ladle.entrypoints.cluster.front_server import bind_socket
 
-    spec, index, listener_fd = FrontProcessSpec.from_json(sys.stdin.read())
+    spec, index = FrontProcessSpec.from_json(sys.stdin.read())
     parent_pid = os.getppid()
-    listener = socket.socket(fileno=listener_fd)
+    listener = bind_socket(spec.host, spec.port, reuse_port=True)
     import ray
 
     # Its own logs only: the replicas' lines already reach the first process's output.
