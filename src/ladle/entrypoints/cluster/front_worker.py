@@ -17,11 +17,13 @@ def main() -> int:
 
     spec, index = FrontProcessSpec.from_json(sys.stdin.read())
     parent_pid = os.getppid()
-    listener = bind_socket(spec.host, spec.port, reuse_port=True)
     import ray
 
     # Its own logs only: the replicas' lines already reach the first process's output.
     ray.init(address=spec.ray_address, include_dashboard=False, log_to_driver=False)
+    # Bound only now, ready to serve: from its bind on, the kernel hands this socket its share
+    # of new connections, which would wait out the seconds of joining Ray.
+    listener = bind_socket(spec.host, spec.port, reuse_port=True)
     try:
         served = serve_front_process(listener, spec, index, lambda: None, parent_pid=parent_pid)
     finally:
