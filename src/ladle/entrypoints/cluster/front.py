@@ -19,8 +19,9 @@ or it answers a 5xx with a dead engine) is sent again to another replica, up to 
 in all, backing off; a stream cut after it began ends with an OpenAI error event and
 `data: [DONE]`, so no client waits forever.
 
-Used twice: run in the `ladle serve --replicas N` process itself (front_server.py), and inside
-the LadleIngress deployment behind Ray Serve's proxy for `serve run` users (ingress.py).
+Used twice: run in the `ladle serve --replicas N` process itself (front_server.py; and in each
+of its --api-server-count front processes, front_processes.py), and inside the LadleIngress
+deployment behind Ray Serve's proxy for `serve run` users (ingress.py).
 """
 
 from __future__ import annotations
