@@ -1,7 +1,8 @@
 """The request deadline on both of uvicorn's HTTP protocols (h11, and httptools, which `ladle
 serve` and the replicas' front pick when installed): a request must arrive whole within the
 deadline, else 408 and the connection closes; a request that arrived is answered, and a response
-that takes longer than the deadline is never cut."""
+that takes longer than the deadline is never cut; with httptools, a request head over 64 KiB is
+refused."""
 
 from __future__ import annotations
 
@@ -100,3 +101,15 @@ def test_a_whole_request_is_answered_past_the_deadline(make_protocol):
     received = asyncio.run(_exchange(make_protocol, [REQUEST_HEAD + b"abcd"]))
     assert received.startswith(b"HTTP/1.1 200"), received
     assert received.count(b"tick") == 3 and received.endswith(b"0\r\n\r\n")
+
+
+def test_a_request_head_over_64_kib_is_refused_with_httptools():
+    pytest.importorskip("httptools")
+    head = b"POST / HTTP/1.1\r\nhost: x\r\ncontent-length: 4\r\n"
+    huge = head + b"x-big: " + b"a" * (80 * 1024) + b"\r\n\r\nabcd"
+    received = asyncio.run(_exchange(make_timed_httptools_protocol, [huge]))
+    assert received.startswith(b"HTTP/1.1 400"), received[:80]
+    # Under the bound is fine.
+    fine = head + b"x-big: " + b"a" * (60 * 1024) + b"\r\n\r\nabcd"
+    received = asyncio.run(_exchange(make_timed_httptools_protocol, [fine]))
+    assert received.startswith(b"HTTP/1.1 200"), received[:80]

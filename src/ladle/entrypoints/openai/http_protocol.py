@@ -20,6 +20,9 @@ import h11
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 _STILL_RECEIVING = (h11.IDLE, h11.SEND_BODY)
+# A request's line and headers, at most, with httptools, which keeps any number of header bytes
+# (h11 refuses a head still incomplete past 16 KiB).
+MAX_HEAD_BYTES = 64 * 1024
 
 
 def _timeout_response(timeout_s: float) -> bytes:
@@ -101,14 +104,16 @@ def make_timed_protocol(request_timeout_s: float) -> type[H11Protocol]:
 
 
 def make_timed_httptools_protocol(request_timeout_s: float) -> type:
-    """The same deadline on uvicorn's httptools protocol (C parser; about twice as cheap per
-    streamed chunk as h11, which matters where one process relays many streams: the front of
-    `ladle serve --replicas N`). Needs httptools (it comes with Ray Serve, uvicorn[standard])."""
+    """The same deadline on uvicorn's httptools protocol (C parser; cheaper per streamed chunk
+    than h11, which matters where one process relays many streams: the front of `ladle serve
+    --replicas N`), and a bound on a request's head (MAX_HEAD_BYTES). Needs httptools (it comes
+    with Ray Serve, uvicorn[standard])."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
     class TimedHttpToolsProtocol(_RequestDeadline, HttpToolsProtocol):
         _request_timeout_s = request_timeout_s
         _receiving = True  # from the connection's opening: a silent client gets the 408
+        _head_bytes = 0
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
@@ -119,7 +124,23 @@ def make_timed_httptools_protocol(request_timeout_s: float) -> type:
             if not self._receiving:
                 self._receiving = True
                 self._arm_request_timer()
+            self._head_bytes = 0
             super().on_message_begin()
+
+        def on_url(self, url: bytes) -> None:
+            self._count_head_bytes(len(url))
+            super().on_url(url)
+
+        def on_header(self, name: bytes, value: bytes) -> None:
+            self._count_head_bytes(len(name) + len(value))
+            super().on_header(name, value)
+
+        def _count_head_bytes(self, num_bytes: int) -> None:
+            # Raised in a parser callback, this makes uvicorn answer 400 and close, as it does
+            # for a head over h11's limit.
+            self._head_bytes += num_bytes
+            if self._head_bytes > MAX_HEAD_BYTES:
+                raise ValueError(f"request line and headers over {MAX_HEAD_BYTES} bytes")
 
         def on_message_complete(self) -> None:
             self._receiving = False
