@@ -287,7 +287,11 @@ def serve_stub_cluster(options: argparse.Namespace) -> int:
     from ray import serve
 
     from ladle.bench.stub_replica import build_stub_replicas
-    from ladle.entrypoints.cluster.cli_cluster import APP_NAME, _serve_front, api_server_count
+    from ladle.entrypoints.cluster.cli_cluster import (
+        APP_NAME,
+        api_server_count,
+        serve_front_with_flags,
+    )
     from ladle.entrypoints.cluster.front_server import bind_socket
 
     app, settings = build_stub_replicas(options.replicas, options.step_ms / 1000.0)
@@ -302,7 +306,9 @@ def serve_stub_cluster(options: argparse.Namespace) -> int:
         listener = bind_socket("127.0.0.1", 0, reuse_port=api_server_count(args) > 1)
         serve.start(http_options={"location": "NoServer"})
         serve.run(app, name=APP_NAME, route_prefix=None, blocking=False)
-        return _serve_front(listener, settings, args, "stub", f"{options.replicas} stub replicas")
+        return serve_front_with_flags(
+            listener, settings, args, "stub", f"{options.replicas} stub replicas"
+        )
     finally:
         try:
             serve.shutdown()

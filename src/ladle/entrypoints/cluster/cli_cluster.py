@@ -87,7 +87,7 @@ def run_cluster(
         listener = bind_socket(args.host, args.port, reuse_port=num_fronts > 1)
         serve.start(http_options={"location": "NoServer"})
         serve.run(replica_app, name=APP_NAME, route_prefix=None, blocking=False)
-        return _serve_front(listener, front_settings, args, served_name, replicas)
+        return serve_front_with_flags(listener, front_settings, args, served_name, replicas)
     except Exception as error:  # a replica that cannot start: one clear line, then clean up
         print(f"ladle: error: the Ray Serve deployment failed: {error}", file=sys.stderr)
         return 1
@@ -98,7 +98,7 @@ def run_cluster(
             ray.shutdown()
 
 
-def _serve_front(
+def serve_front_with_flags(
     listener: socket.socket,
     front_settings: Any,
     args: argparse.Namespace,
