@@ -77,6 +77,8 @@ def _process_role(process) -> str:
         ("LadleReplica", "engine replica (API)"),
         ("ServeController", "Ray Serve controller"),
         ("spawn_main", "engine core"),
+        # --api-server-count K: the front processes after the first (children of ladle serve)
+        ("front_worker", "front processes after the first"),
         ("ladle.cli serve", "ladle serve process"),
         ("raylet", "Ray (raylet, GCS, workers)"),
         ("gcs_server", "Ray (raylet, GCS, workers)"),
@@ -216,6 +218,19 @@ def _phase(
             role: round((cpu_after[role] - cpu_before.get(role, 0.0)) / summary["duration_s"], 3)
             for role in sorted(cpu_after)
         }
+        if num_replicas > 1:
+            # The whole front: the ladle serve process (the first front, Ray's driver threads
+            # with it) and any further front processes; per output token, the figure
+            # `python -m ladle.bench.front_capacity` measures against stub replicas.
+            front_s = sum(
+                cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)
+                for role in ("ladle serve process", "front processes after the first")
+            )
+            output_tokens = summary["output_throughput"] * summary["duration_s"]
+            summary["front_cpu_cores"] = round(front_s / summary["duration_s"], 3)
+            summary["front_cpu_us_per_token"] = (
+                round(1e6 * front_s / output_tokens, 1) if output_tokens else None
+            )
         summary["ready_s"] = ready_s
         print(f"[round] {name}: {json.dumps(summary)}", flush=True)
         return summary
@@ -236,6 +251,12 @@ def main() -> int:
     parser.add_argument("--start-timeout", type=float, default=240.0)
     parser.add_argument("--bench-timeout", type=float, default=300.0)
     parser.add_argument(
+        "--api-server-count",
+        type=int,
+        default=None,
+        help="front processes of the replicated phase (default: ladle serve's default)",
+    )
+    parser.add_argument(
         "--replicated-only",
         action="store_true",
         help="skip the one-server phase (its figure comes from an earlier call on the same kind)",
@@ -252,9 +273,11 @@ def main() -> int:
         if options.replicated_only
         else _phase("single", options.serve_args, 1, options, options.out, single_env)
     )
+    count = options.api_server_count
+    fronts = [] if count is None else ["--api-server-count", str(count)]
     replicated = _phase(
         f"replicas{options.replicas}",
-        [*options.serve_args, "--replicas", str(options.replicas)],
+        [*options.serve_args, "--replicas", str(options.replicas), *fronts],
         options.replicas,
         options,
         options.out,

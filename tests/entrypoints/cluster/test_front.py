@@ -79,8 +79,9 @@ class _Engine:
 
 async def _replica(kind: str, heads: list[bytes] | None = None) -> tuple[asyncio.Server, str]:
     """A replica's HTTP server that answers one way: 'good' (an SSE stream, chunked, in pieces),
-    'cut' (one event, then the connection drops) or 'dead' (503 marked engine-dead). Request
-    heads are appended to `heads`."""
+    'cut' (one event, then the connection drops), 'dead' (503 marked engine-dead) or 'endless'
+    (events until the front hangs up, then b"hung up" in `heads`). Request heads are appended
+    to `heads`."""
 
     async def handle(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         head = await reader.readuntil(b"\r\n\r\n")
@@ -105,6 +106,16 @@ async def _replica(kind: str, heads: list[bytes] | None = None) -> tuple[asyncio
             b"HTTP/1.1 200 OK\r\ncontent-type: text/event-stream\r\n"
             b"transfer-encoding: chunked\r\n\r\n"
         )
+        if kind == "endless":  # an event every 10 ms until the front hangs up
+            try:
+                while True:
+                    writer.write(b"%x\r\n%s\r\n" % (len(EVENTS[0]), EVENTS[0]))
+                    await writer.drain()
+                    await asyncio.sleep(0.01)
+            except ConnectionError:
+                if heads is not None:
+                    heads.append(b"hung up")
+                return
         events = EVENTS[:1] if kind == "cut" else EVENTS
         for event in events:
             writer.write(b"%x\r\n%s\r\n" % (len(event), event))
@@ -285,3 +296,46 @@ def test_a_slot_ends_when_its_request_ends_or_when_no_request_claims_it():
         return running_while_answering, waiter.done(), len(slots)
 
     assert asyncio.run(scenario()) == (True, True, 0)
+
+
+def test_a_client_that_leaves_ends_the_relay_and_the_replica_connection():
+    """Through a real server (uvicorn): the front notices the client is gone, closes its
+    connection to the replica (which aborts the request there) and cancels the slot."""
+    import uvicorn
+
+    from ladle.entrypoints.cluster.front_server import build_front_app
+    from ladle.entrypoints.openai.http_server_options import HttpServerOptions
+
+    async def scenario() -> tuple[list[bytes], _Engine]:
+        heads: list[bytes] = []
+        endless, endless_url = await _replica("endless", heads)
+        engine = _Engine([ReplicaSlot("endless", endless_url, "s1")])
+        front = ReplicaFront(engine, _settings(), lambda: 2)
+        listener = socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        server = uvicorn.Server(
+            HttpServerOptions(log_level="warning").uvicorn_config(build_front_app(front))
+        )
+        serving = asyncio.create_task(server.serve(sockets=[listener]))
+        while not server.started:
+            await asyncio.sleep(0.01)
+        try:
+            url = f"http://127.0.0.1:{listener.getsockname()[1]}/v1/completions"
+            async with httpx.AsyncClient() as client:
+                body = {"model": "m", "prompt": PROMPT_IDS, "stream": True}
+                async with client.stream("POST", url, json=body) as response:
+                    async for _ in response.aiter_bytes():
+                        break  # one piece, then leave
+            for _ in range(200):
+                if b"hung up" in heads:
+                    break
+                await asyncio.sleep(0.01)
+            return heads, engine
+        finally:
+            server.should_exit = True
+            await serving
+            endless.close()
+
+    heads, engine = asyncio.run(scenario())
+    assert heads[-1] == b"hung up"
+    assert engine.calls[0].cancelled

@@ -1,5 +1,6 @@
 """The prefix-aware policy, without Ray: keys agree with the engine's block hashes, a prefix sticks
-to its replica within the load margin, spills past it, and distinct prefixes spread out."""
+to its replica within the load margin, spills past it, distinct prefixes spread out, and separate
+policies (one per front process) agree on a new prefix's owner."""
 
 import pytest
 
@@ -11,6 +12,7 @@ from ladle.entrypoints.cluster.prefix_routing import (
     REASON_PREFIX_HIT,
     PrefixAwarePolicy,
     prefix_routing_key,
+    rendezvous_weight,
 )
 
 
@@ -33,31 +35,55 @@ def test_key_rejects_bad_sizes():
         prefix_routing_key([1, 2, 3], block_size=0)
 
 
+def _key_owned_first_by(replica: str, replicas: tuple[str, ...]) -> int:
+    """A key whose rendezvous winner among `replicas` is `replica`."""
+    return next(
+        key
+        for key in range(1000)
+        if max(replicas, key=lambda r: rendezvous_weight(key, r)) == replica
+    )
+
+
 def test_same_prefix_sticks_to_its_owner_within_the_margin():
     policy = PrefixAwarePolicy(load_margin=2)
-    first = policy.choose(11, {"a": 0, "b": 0})
+    key = _key_owned_first_by("a", ("a", "b"))
+    first = policy.choose(key, {"a": 0, "b": 0})
     assert (first.replica, first.reason) == ("a", REASON_NEW_PREFIX)
     # The owner is busier, but by no more than the margin: the prefix stays.
-    assert policy.choose(11, {"a": 2, "b": 0}).replica == "a"
-    assert policy.choose(11, {"a": 2, "b": 0}).reason == REASON_PREFIX_HIT
+    assert policy.choose(key, {"a": 2, "b": 0}).replica == "a"
+    assert policy.choose(key, {"a": 2, "b": 0}).reason == REASON_PREFIX_HIT
     # Past the margin: the least loaded takes it, and the owner stays the owner.
-    spilled = policy.choose(11, {"a": 3, "b": 0})
+    spilled = policy.choose(key, {"a": 3, "b": 0})
     assert (spilled.replica, spilled.reason) == ("b", REASON_OVERLOADED)
-    assert policy.owner_of(11) == "a"
-    assert policy.choose(11, {"a": 1, "b": 0}).replica == "a"
+    assert policy.owner_of(key) == "a"
+    assert policy.choose(key, {"a": 1, "b": 0}).replica == "a"
 
 
 def test_distinct_prefixes_spread_over_idle_replicas():
     policy = PrefixAwarePolicy()
-    idle = {"r0": 0, "r1": 0}
-    owners = [policy.choose(key, idle).replica for key in (1, 2, 3, 4)]
-    assert sorted(owners) == ["r0", "r0", "r1", "r1"]
-    # Four system prompts, many requests each: every repeat lands on its owner (no halving of the
+    idle = {"r0": 0, "r1": 0, "r2": 0}
+    keys = range(300)
+    owners = [policy.choose(key, idle).replica for key in keys]
+    assert all(70 <= owners.count(replica) <= 130 for replica in idle), owners
+    # System prompts with many requests each: every repeat lands on its owner (no halving of the
     # cache hit rate as round-robin would do).
-    for _ in range(5):
-        for key, owner in zip((1, 2, 3, 4), owners):
-            assert policy.choose(key, idle) == policy.choose(key, idle)
-            assert policy.choose(key, idle).replica == owner
+    for key, owner in zip(keys, owners):
+        assert policy.choose(key, idle) == policy.choose(key, idle)
+        assert policy.choose(key, idle).replica == owner
+
+
+def test_front_processes_agree_on_new_owners_without_talking():
+    """Each front process has its own policy and its own view of the loads: a new prefix gets
+    the same owner from all of them while their loads differ by no more than the margin (a
+    conversation's turns arrive through any of them)."""
+    first, second = PrefixAwarePolicy(load_margin=4), PrefixAwarePolicy(load_margin=4)
+    for key in range(200):
+        a = first.choose(key, {"r0": key % 3, "r1": 2, "r2": 0})
+        b = second.choose(key, {"r0": 1, "r1": 0, "r2": (key * 7) % 5})
+        assert a.replica == b.replica, key
+    # A replica past the margin is no candidate for a new prefix.
+    crowded = {"r0": 9, "r1": 0, "r2": 0}
+    assert all(first.choose(key, crowded).replica != "r0" for key in range(1000, 1100))
 
 
 def test_no_key_goes_to_the_least_loaded():
@@ -67,12 +93,13 @@ def test_no_key_goes_to_the_least_loaded():
 
 def test_a_gone_owner_hands_its_prefixes_on():
     policy = PrefixAwarePolicy()
-    assert policy.choose(7, {"a": 0, "b": 1}).replica == "a"
+    key = _key_owned_first_by("a", ("a", "b"))
+    assert policy.choose(key, {"a": 0, "b": 1}).replica == "a"
     # "a" is not among the candidates (dead or scaled away): a new owner is chosen.
-    moved = policy.choose(7, {"b": 1, "c": 0})
-    assert (moved.replica, moved.reason) == ("c", REASON_NEW_PREFIX)
-    policy.forget_replica("c")
-    assert policy.owner_of(7) is None
+    moved = policy.choose(key, {"b": 1, "c": 0})
+    assert moved.reason == REASON_NEW_PREFIX and moved.replica in ("b", "c")
+    policy.forget_replica(moved.replica)
+    assert policy.owner_of(key) is None
 
 
 def test_owner_table_is_bounded_lru():

@@ -144,14 +144,7 @@ def build_replicas(
         logging_config={"enable_access_log": False},
         health_check_timeout_s=30.0,
         graceful_shutdown_timeout_s=shutdown_timeout,
-        request_router_config=RequestRouterConfig(
-            request_router_class=_ROUTER_CLASS,
-            request_router_kwargs={
-                "load_margin": load_margin,
-                "max_tracked_prefixes": DEFAULT_MAX_TRACKED_PREFIXES,
-                "policy": routing,
-            },
-        ),
+        request_router_config=replica_router_config(routing, load_margin),
         **(
             {"autoscaling_config": autoscaling_config}
             if autoscaling_config
@@ -168,6 +161,19 @@ def build_replicas(
         num_replicas_asked=num_asked,
     )
     return replica.bind(engine_options, settings), front_settings
+
+
+def replica_router_config(routing: str, load_margin: int) -> RequestRouterConfig:
+    """Ray Serve's request router for the engine deployment: PrefixAwareRequestRouter, built
+    by Ray in every process that holds a handle to the deployment (each front process)."""
+    return RequestRouterConfig(
+        request_router_class=_ROUTER_CLASS,
+        request_router_kwargs={
+            "load_margin": load_margin,
+            "max_tracked_prefixes": DEFAULT_MAX_TRACKED_PREFIXES,
+            "policy": routing,
+        },
+    )
 
 
 def routing_tokenizer_source(config: Any, model: str | None) -> str | None:

@@ -37,6 +37,7 @@ def run_cluster(
 
     if args.replicas < 1:
         raise ValueError(f"--replicas must be >= 1, got {args.replicas}")
+    num_fronts = api_server_count(args)  # a bad count fails here, before Ray starts
     autoscaling_config = _autoscaling_config(args, engine_options)
     options = dict(
         num_replicas=args.replicas,
@@ -62,6 +63,11 @@ def run_cluster(
         else f"{args.replicas} replicas"
     )
     if args.ray_address:
+        if getattr(args, "api_server_count", None) not in (None, 1):
+            raise ValueError(
+                "--api-server-count runs the local front in several processes; with "
+                "--ray-address the endpoint is Ray Serve's proxy on the cluster"
+            )
         # A shared cluster: Ray Serve's proxy on the cluster is the endpoint (build_app), and
         # the replicas' servers listen on their nodes' addresses.
         app = build_app(model, **options)
@@ -77,10 +83,11 @@ def run_cluster(
         log_to_driver=True,
     )
     try:
-        listener = bind_socket(args.host, args.port)  # fails before any replica starts
+        # Fails before any replica starts.
+        listener = bind_socket(args.host, args.port, reuse_port=num_fronts > 1)
         serve.start(http_options={"location": "NoServer"})
         serve.run(replica_app, name=APP_NAME, route_prefix=None, blocking=False)
-        return _serve_front(listener, front_settings, args, served_name, replicas)
+        return serve_front_with_flags(listener, front_settings, args, served_name, replicas)
     except Exception as error:  # a replica that cannot start: one clear line, then clean up
         print(f"ladle: error: the Ray Serve deployment failed: {error}", file=sys.stderr)
         return 1
@@ -91,53 +98,93 @@ def run_cluster(
             ray.shutdown()
 
 
-def _serve_front(
+def serve_front_with_flags(
     listener: socket.socket,
     front_settings: Any,
     args: argparse.Namespace,
     served_name: str,
     replicas: str,
 ) -> int:
-    """ReplicaFront under uvicorn on `listener` until SIGTERM / Ctrl-C."""
-    import uvicorn
-    from ray import serve
+    """The front (front_server.py) in --api-server-count processes until SIGTERM / Ctrl-C."""
+    from ladle.entrypoints.openai.http_server_options import HttpServerOptions
 
-    from ladle.entrypoints.cluster.front import (
-        ENGINE_DEPLOYMENT_NAME,
-        ReplicaFront,
-        num_running_replicas,
-    )
-    from ladle.entrypoints.cluster.front_server import FrontServer, build_front_app
-    from ladle.entrypoints.openai.http_protocol import make_timed_protocol
-
-    engine = serve.get_deployment_handle(ENGINE_DEPLOYMENT_NAME, APP_NAME)
-    front = ReplicaFront(engine, front_settings, lambda: num_running_replicas(APP_NAME))
+    options = HttpServerOptions.from_args(args)
+    count = api_server_count(args)
     port = listener.getsockname()[1]
     shown = f"[{args.host}]" if ":" in args.host else args.host
+    fronts = f", {count} front processes" if count > 1 else ""
 
     def announce() -> None:
         print(
-            f"[ladle] serving {served_name} ({replicas} on Ray Serve) on "
+            f"[ladle] serving {served_name} ({replicas} on Ray Serve{fronts}) on "
             f"http://{shown}:{port} (OpenAI API under /v1; ready: GET /health -> 200)",
             flush=True,
         )
 
-    config = uvicorn.Config(
-        build_front_app(front),
-        log_level=args.log_level,
-        access_log=args.access_log,
-        timeout_graceful_shutdown=args.shutdown_timeout,
-        lifespan="on",
-        http=make_timed_protocol(args.request_timeout),
-        timeout_keep_alive=args.keep_alive_timeout,
-        limit_concurrency=args.max_connections,
+    return serve_front(listener, front_settings, options, count, announce)
+
+
+def api_server_count(args: argparse.Namespace) -> int:
+    """--api-server-count, or its default for the replicas asked (the most, when autoscaling)."""
+    from ladle.entrypoints.cluster.front_processes import (
+        can_share_a_port,
+        default_api_server_count,
     )
-    server = FrontServer(config, announce)
+
+    count = getattr(args, "api_server_count", None)
+    if count is None:
+        return default_api_server_count(max(args.replicas, args.max_replicas or 0))
+    if count < 1:
+        raise ValueError(f"--api-server-count must be >= 1, got {count}")
+    if count > 1 and not can_share_a_port():
+        raise ValueError("--api-server-count > 1 needs Linux (SO_REUSEPORT)")
+    return count
+
+
+def serve_front(
+    listener: socket.socket,
+    front_settings: Any,
+    options: Any,
+    count: int,
+    announce: Any,
+) -> int:
+    """The front in `count` processes on `listener`'s port (this one and count-1 started here,
+    which bind it too: `listener` must have SO_REUSEPORT when count > 1), for the replicas of
+    application APP_NAME on the Ray cluster this process belongs to."""
+    import shutil
+    import tempfile
+
+    import ray
+
+    from ladle.entrypoints.cluster.front_processes import (
+        FrontProcessSpec,
+        FrontWorkers,
+        serve_front_process,
+    )
+
+    peers_dir = tempfile.mkdtemp(prefix="ladle-front-")
+    host, port = listener.getsockname()[:2]
+    spec = FrontProcessSpec(
+        ray_address=ray.get_runtime_context().gcs_address,
+        app_name=APP_NAME,
+        host=host,
+        port=port,
+        count=count,
+        peers_dir=peers_dir,
+        settings=front_settings,
+        options=options,
+    )
+    workers = FrontWorkers(spec) if count > 1 else None
     try:
-        server.run(sockets=[listener])
-    except KeyboardInterrupt:
-        pass  # uvicorn re-raises the Ctrl-C it handled once it has drained
-    return 0 if server.started else 1
+        if workers is not None:
+            workers.start()
+        served = serve_front_process(listener, spec, 0, announce, workers)
+    finally:
+        if workers is not None:
+            workers.stop()
+            workers.wait_stopped()
+        shutil.rmtree(peers_dir, ignore_errors=True)
+    return 0 if served else 1
 
 
 def _serve_on_cluster(app: Any, args: argparse.Namespace, served_name: str, replicas: str) -> int:

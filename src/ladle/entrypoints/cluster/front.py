@@ -10,16 +10,18 @@ It answers itself:
 
     GET /health    200 {"status": "ok"} when all asked-for replicas run, 200 "degraded" when
                    some do, 503 when none does
-    GET /metrics   the router's counters (routing_metrics.py), then every replica's own engine
-                   metrics labelled replica="<id>" (replica_metrics.py)
+    GET /metrics   the router's counters (routing_metrics.py; summed over the front processes
+                   when there are several), then every replica's own engine metrics labelled
+                   replica="<id>" (replica_metrics.py)
 
 Faults: a request whose replica fails before answering (its slot call or its connection fails,
 or it answers a 5xx with a dead engine) is sent again to another replica, up to `max_attempts`
 in all, backing off; a stream cut after it began ends with an OpenAI error event and
 `data: [DONE]`, so no client waits forever.
 
-Used twice: run in the `ladle serve --replicas N` process itself (front_server.py), and inside
-the LadleIngress deployment behind Ray Serve's proxy for `serve run` users (ingress.py).
+Used twice: run in the `ladle serve --replicas N` process itself (front_server.py; and in each
+of its --api-server-count front processes, front_processes.py), and inside the LadleIngress
+deployment behind Ray Serve's proxy for `serve run` users (ingress.py).
 """
 
 from __future__ import annotations
@@ -28,7 +30,7 @@ import asyncio
 import dataclasses
 import json
 import logging
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
@@ -121,23 +123,32 @@ def _load_tokenizer_or_none(path: str | None) -> Any:
         return None
 
 
+async def _own_routing_metrics() -> bytes:
+    return routing_metrics.render_routing_metrics()
+
+
 class ReplicaFront:
     """engine: a DeploymentHandle to the LadleReplica deployment; num_running_replicas: a
-    blocking function answering how many of them run now (Ray's status)."""
+    blocking function answering how many of them run now (Ray's status); routing_metrics_text:
+    the router counters /metrics shows (default: this process's; with several front processes,
+    their sum: front_peers.py)."""
 
     def __init__(
         self,
         engine: Any,
         settings: FrontSettings,
         num_running_replicas: Callable[[], int],
+        routing_metrics_text: Callable[[], Awaitable[bytes]] = _own_routing_metrics,
     ) -> None:
         if settings.max_attempts < 1:
             raise ValueError(f"max_attempts must be >= 1, got {settings.max_attempts}")
         if settings.retry_backoff_s < 0:
             raise ValueError(f"retry_backoff_s must be >= 0, got {settings.retry_backoff_s}")
         self._engine = engine
+        self._slots = engine.options(stream=True)  # made once: options() builds a new handle
         self._settings = settings
         self._num_running_replicas = num_running_replicas
+        self._routing_metrics_text = routing_metrics_text
         self._tokenizer = _load_tokenizer_or_none(settings.tokenizer_path)
         self._session: aiohttp.ClientSession | None = None
 
@@ -166,9 +177,11 @@ class ReplicaFront:
         return JSONResponse({"status": status, **body})
 
     async def metrics(self) -> Response:
-        texts = await self._replica_metrics()
+        routing_text, texts = await asyncio.gather(
+            self._routing_metrics_text(), self._replica_metrics()
+        )
         return Response(
-            routing_metrics.render_routing_metrics() + merge_replica_metrics(texts),
+            routing_text + merge_replica_metrics(texts),
             media_type="text/plain; version=0.0.4",
         )
 
@@ -209,7 +222,7 @@ class ReplicaFront:
         max_attempts = self._settings.max_attempts
         for attempt in range(1, max_attempts + 1):
             # A retry drops the prefix key: affinity would send it back to the failed replica.
-            slot_call = self._engine.options(stream=True).open_slot.remote(
+            slot_call = self._slots.open_slot.remote(
                 **{ROUTING_KEY_KWARG: key if attempt == 1 else None}
             )
             upstream = None
@@ -247,12 +260,54 @@ class ReplicaFront:
                 if name.lower() not in _HOP_HEADERS
             }
             is_event_stream = upstream.content_type == "text/event-stream"
-            return StreamingResponse(
+            return RelayResponse(
                 _relay(upstream, slot_call, is_event_stream),
                 status_code=upstream.status,
                 headers=response_headers,
             )
         raise AssertionError("unreachable")
+
+
+class RelayResponse(StreamingResponse):
+    """The replica's response body sent on as it arrives: one ASGI send per piece, with no
+    per-request task group (Starlette's streaming response runs one, for its disconnect
+    watcher, on servers of ASGI spec < 2.4, as uvicorn is). A client that leaves ends the
+    relay here too: the connection to the replica closes, so the replica aborts the request."""
+
+    async def __call__(self, scope: Any, receive: Any, send: Any) -> None:
+        await send(
+            {"type": "http.response.start", "status": self.status_code, "headers": self.raw_headers}
+        )
+        relaying = asyncio.current_task()
+        state = {"finished": False, "client_left": False}
+
+        def on_client_gone(watched: asyncio.Future) -> None:
+            if not watched.cancelled():
+                watched.exception()  # retrieved: a receive that failed counts as the client gone
+            if not state["finished"] and relaying is not None:
+                state["client_left"] = True
+                relaying.cancel()
+
+        watcher = asyncio.ensure_future(_until_disconnect(receive))
+        watcher.add_done_callback(on_client_gone)
+        try:
+            async for chunk in self.body_iterator:
+                await send({"type": "http.response.body", "body": chunk, "more_body": True})
+            state["finished"] = True
+            await send({"type": "http.response.body", "body": b"", "more_body": False})
+        except asyncio.CancelledError:
+            if not state["client_left"] or relaying is None:
+                raise
+            relaying.uncancel()  # the cancellation was ours: the client left
+        finally:
+            state["finished"] = True
+            watcher.cancel()
+            await self.body_iterator.aclose()  # type: ignore[attr-defined]
+
+
+async def _until_disconnect(receive: Any) -> None:
+    while (await receive())["type"] != "http.disconnect":
+        pass
 
 
 async def _relay(

@@ -12,6 +12,7 @@ and why. Ray's request router (request_router.py) feeds it the queue lengths Ray
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 from collections import OrderedDict
 from collections.abc import Hashable, Mapping, Sequence
 
@@ -58,8 +59,11 @@ class PrefixAwarePolicy:
     - A key seen before goes to the replica that first served it (its owner), unless the owner's
       queue is longer than the least loaded replica's by more than `load_margin`; then the least
       loaded takes it (the owner stays the owner: the spill is temporary, the cache is not).
-    - A new key (or one whose owner left) goes to the least loaded replica, ties broken by the
-      fewest owned prefixes, so distinct prefixes spread over replicas instead of piling up.
+    - A new key (or one whose owner left) goes to its rendezvous-hash winner among the replicas
+      within `load_margin` of the least loaded: of those, the one with the highest
+      hash(key, replica). Distinct prefixes spread evenly over replicas, and every front process
+      (each has its own policy: `ladle serve --api-server-count`) that sees a key first picks the
+      same owner for it without talking to the others, unless their loads differ past the margin.
     - No key: the least loaded replica.
     The owner table keeps the `max_tracked_prefixes` most recently used keys (LRU).
     """
@@ -76,7 +80,6 @@ class PrefixAwarePolicy:
         self.load_margin = load_margin
         self.max_tracked_prefixes = max_tracked_prefixes
         self._owners: OrderedDict[int, Hashable] = OrderedDict()
-        self._num_owned: dict[Hashable, int] = {}
 
     def owner_of(self, key: int) -> Hashable | None:
         return self._owners.get(key)
@@ -86,12 +89,7 @@ class PrefixAwarePolicy:
         if not queue_lengths:
             raise ValueError("no replica to route to")
         least_loaded = min(
-            queue_lengths,
-            key=lambda replica: (
-                queue_lengths[replica],
-                self._num_owned.get(replica, 0),
-                str(replica),
-            ),
+            queue_lengths, key=lambda replica: (queue_lengths[replica], str(replica))
         )
         if key is None:
             return RoutingDecision(least_loaded, REASON_NO_PREFIX)
@@ -101,21 +99,24 @@ class PrefixAwarePolicy:
             if queue_lengths[owner] - queue_lengths[least_loaded] > self.load_margin:
                 return RoutingDecision(least_loaded, REASON_OVERLOADED)
             return RoutingDecision(owner, REASON_PREFIX_HIT)
-        self._set_owner(key, least_loaded)
-        return RoutingDecision(least_loaded, REASON_NEW_PREFIX)
+        least_load = queue_lengths[least_loaded]
+        owner = max(
+            (r for r in queue_lengths if queue_lengths[r] - least_load <= self.load_margin),
+            key=lambda replica: rendezvous_weight(key, replica),
+        )
+        self._owners.pop(key, None)
+        self._owners[key] = owner
+        while len(self._owners) > self.max_tracked_prefixes:
+            self._owners.popitem(last=False)
+        return RoutingDecision(owner, REASON_NEW_PREFIX)
 
     def forget_replica(self, replica: Hashable) -> None:
         """Drop a replica that died or was scaled away: its prefixes find new owners."""
         for key in [key for key, owner in self._owners.items() if owner == replica]:
             del self._owners[key]
-        self._num_owned.pop(replica, None)
 
-    def _set_owner(self, key: int, replica: Hashable) -> None:
-        previous = self._owners.pop(key, None)
-        if previous is not None:
-            self._num_owned[previous] -= 1
-        self._owners[key] = replica
-        self._num_owned[replica] = self._num_owned.get(replica, 0) + 1
-        while len(self._owners) > self.max_tracked_prefixes:
-            _, evicted_owner = self._owners.popitem(last=False)
-            self._num_owned[evicted_owner] -= 1
+
+def rendezvous_weight(key: int, replica: Hashable) -> int:
+    """hash(key, replica), the same in every process (no per-process salt, unlike hash())."""
+    digest = hashlib.blake2b(f"{key}/{replica}".encode(), digest_size=8).digest()
+    return int.from_bytes(digest, "little")

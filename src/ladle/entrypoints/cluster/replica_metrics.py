@@ -9,7 +9,7 @@ The replica ids are the same as in the router's `ladle_router_requests_total{rep
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -32,25 +32,52 @@ def merge_replica_metrics(texts: Mapping[str, bytes | str]) -> bytes:
     """{replica id: that replica's Prometheus text} -> one text, every sample labelled by its
     replica. Families keep the order they first appear in; `*_created` timestamps are dropped
     (per-process bookkeeping that means nothing across replicas)."""
-    headers: dict[str, tuple[str, str, str]] = {}  # family -> (exposed name, type, help)
-    samples: dict[str, list[str]] = {}
+    families = _Families()
     for replica in sorted(texts):
-        text = texts[replica]
+        families.add(texts[replica], {REPLICA_LABEL: replica})
+    return families.render()
+
+
+def sum_metrics(texts: Iterable[bytes | str]) -> bytes:
+    """Prometheus texts of processes with the same metrics (the front processes' router
+    counters) -> one text, the samples with the same name and labels added up."""
+    families = _Families()
+    for text in texts:
+        families.add(text, {}, add_up=True)
+    return families.render()
+
+
+class _Families:
+    """Metric families gathered from several texts, rendered as one."""
+
+    def __init__(self) -> None:
+        self._headers: dict[str, tuple[str, str, str]] = {}  # family -> (exposed, type, help)
+        # family -> {(sample name, labels): value}, in the order first seen
+        self._samples: dict[str, dict[tuple[str, tuple[tuple[str, str], ...]], float]] = {}
+
+    def add(self, text: bytes | str, extra_labels: dict[str, str], add_up: bool = False) -> None:
         if isinstance(text, bytes):
             text = text.decode()
         for family in text_string_to_metric_families(text):
             if family.name.endswith("_created"):
                 continue
             exposed = family.name + "_total" if family.type == "counter" else family.name
-            headers.setdefault(family.name, (exposed, family.type, family.documentation))
-            lines = samples.setdefault(family.name, [])
+            self._headers.setdefault(family.name, (exposed, family.type, family.documentation))
+            samples = self._samples.setdefault(family.name, {})
             for sample in family.samples:
-                labels = {REPLICA_LABEL: replica, **sample.labels}
-                rendered = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels.items())
-                lines.append(f"{sample.name}{{{rendered}}} {_format_value(sample.value)}")
-    out: list[str] = []
-    for name, (exposed, kind, documentation) in headers.items():
-        out.append(f"# HELP {exposed} {_escape(documentation)}")
-        out.append(f"# TYPE {exposed} {kind}")
-        out.extend(samples[name])
-    return ("\n".join(out) + "\n").encode() if out else b""
+                if sample.name.endswith("_created"):
+                    continue
+                labels = tuple({**extra_labels, **sample.labels}.items())
+                key = (sample.name, labels)
+                samples[key] = (samples.get(key, 0.0) if add_up else 0.0) + sample.value
+
+    def render(self) -> bytes:
+        out: list[str] = []
+        for name, (exposed, kind, documentation) in self._headers.items():
+            out.append(f"# HELP {exposed} {_escape(documentation)}")
+            out.append(f"# TYPE {exposed} {kind}")
+            for (sample_name, labels), value in self._samples[name].items():
+                rendered = ",".join(f'{k}="{_escape(str(v))}"' for k, v in labels)
+                braces = f"{{{rendered}}}" if rendered else ""
+                out.append(f"{sample_name}{braces} {_format_value(value)}")
+        return ("\n".join(out) + "\n").encode() if out else b""

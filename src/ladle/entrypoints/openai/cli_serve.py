@@ -200,6 +200,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         "aims for (default: half of --max-num-seqs)",
     )
     cluster.add_argument(
+        "--api-server-count",
+        type=int,
+        default=None,
+        help="processes serving the endpoint in front of the replicas, on one port (default: "
+        "one per replica, at most a quarter of the CPU cores); one relays ~13k tokens/s at a "
+        "full core (docs/deploy.md)",
+    )
+    cluster.add_argument(
         "--routing",
         default="prefix",
         choices=["prefix", "round-robin"],
@@ -216,7 +224,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.engine.admission import AdmissionController
     from ladle.engine.client import AsyncEngineClient, EngineStartError
     from ladle.engine.restart_policy import RestartPolicy
-    from ladle.entrypoints.openai.http_protocol import make_timed_protocol
+    from ladle.entrypoints.openai.http_server_options import HttpServerOptions
     from ladle.entrypoints.openai.live_stats import LiveStatsLogger
     from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import ServerSettings, build_app
@@ -259,6 +267,11 @@ def run_serve(args: argparse.Namespace) -> int:
         from ladle.entrypoints.cluster.cli_cluster import run_cluster
 
         return run_cluster(args, model, served_name, options)
+    if args.api_server_count not in (None, 1):
+        raise ValueError(
+            "--api-server-count sets the processes in front of --replicas N (N > 1); one "
+            "`ladle serve` answers from its own API process"
+        )
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
     if args.ttft_slo is not None:
@@ -302,18 +315,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if settings.log_requests:
         enable_request_logging()
     app = build_app(client, settings, on_refusal=live_stats.record_refusal)
-    config = uvicorn.Config(
-        app,
-        host=args.host,
-        port=args.port,
-        log_level=args.log_level,
-        access_log=args.access_log,
-        timeout_graceful_shutdown=args.shutdown_timeout,
-        lifespan="on",
-        http=make_timed_protocol(args.request_timeout),
-        timeout_keep_alive=args.keep_alive_timeout,
-        limit_concurrency=args.max_connections,
-    )
+    config = HttpServerOptions.from_args(args).uvicorn_config(app, host=args.host, port=args.port)
     server = _AnnouncingServer(config, served_name, lambda: client.engine_pid)
 
     async def serve() -> int:
