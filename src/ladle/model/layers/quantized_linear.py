@@ -21,6 +21,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.kernels.cpu_native.gemv import int8_rows_gemv
 from ladle.model.layers.cpu_int8_gemm import (
     PackedInt8Weight,
     int8_dynamic_linear,
@@ -87,7 +88,13 @@ def int8_weight_matmul(
     """x [tokens, K] @ (codes [N, K] * scale [N, 1])^T (+ bias). Up to GEMV_MAX_ROWS rows: the
     int8-weight GEMV on bfloat16 activations, the float32 row scales applied to its output (a
     decode step's ~120 matmuls at 2-3x the rate of converting codes); more rows: the codes
-    converted in chunks of rows for MKL, so that no full float32 copy of the weight is made."""
+    converted in chunks of rows for MKL, so that no full float32 copy of the weight is made.
+    Before either, up to GEMV_MAX_ROWS rows go to ladle's C kernel (kernels/cpu_native/gemv.py):
+    float32 activations, any K, the codes widened in registers."""
+    if x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS:
+        output = int8_rows_gemv(x, codes, scale, bias)
+        if output is not None:
+            return output
     num_rows, num_cols = codes.shape
     fits_gemv = num_cols % GEMV_COLUMN_MULTIPLE == 0 and codes.device.type == "cpu"
     if fits_gemv and x.dim() == 2 and x.shape[0] <= GEMV_MAX_ROWS:
