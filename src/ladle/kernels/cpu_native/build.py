@@ -27,7 +27,9 @@ import tempfile
 from pathlib import Path
 
 DISABLE_ENV = "LADLE_CPU_KERNELS"
-SOURCES = ("int8_gemv.c", "group_gemv.c")
+SOURCES = (
+    "int8_gemv.c", "group_gemv.c", "rms_norm.c", "silu_and_mul.c", "decode_attention.c",
+)  # fmt: skip
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 BUILD_TIMEOUT_S = 120
 
@@ -80,7 +82,7 @@ def _build(compiler: str, sources: list[Path], target: Path) -> None:
     # half-written library.
     with tempfile.TemporaryDirectory(dir=target.parent) as scratch:
         output = Path(scratch) / target.name
-        command = [compiler, *FLAGS, "-o", str(output), *map(str, sources)]
+        command = [compiler, *FLAGS, "-o", str(output), *map(str, sources), "-lm"]
         result = subprocess.run(
             command, capture_output=True, text=True, timeout=BUILD_TIMEOUT_S, check=False
         )
@@ -89,12 +91,25 @@ def _build(compiler: str, sources: list[Path], target: Path) -> None:
         os.replace(output, target)
 
 
-@functools.cache
+_enabled = os.environ.get(DISABLE_ENV, "1") != "0"
+
+
+def set_native_kernels(enabled: bool) -> bool:
+    """Turn the C kernels on or off for this process (tests compare against the torch path);
+    returns the previous setting."""
+    global _enabled
+    previous, _enabled = _enabled, enabled
+    return previous
+
+
 def native_library() -> ctypes.CDLL | None:
     """The loaded kernel library, building it on first use; None (logged once) where it cannot
-    be had, so that callers fall back to torch."""
-    if os.environ.get(DISABLE_ENV, "1") == "0":
-        return None
+    be had or is turned off, so that callers fall back to torch."""
+    return _load_library() if _enabled else None
+
+
+@functools.cache
+def _load_library() -> ctypes.CDLL | None:
     if not sys.platform.startswith("linux"):
         return None
     compiler = _compiler()
@@ -125,4 +140,15 @@ def _declare(library: ctypes.CDLL) -> None:
     library.ladle_group_gemv.argtypes = [
         pointer, int64, int64, int64, int64, pointer, pointer, pointer, int64, pointer, pointer,
         int64, int64,
+    ]  # fmt: skip
+    library.ladle_add_rms_norm.restype = None
+    library.ladle_add_rms_norm.argtypes = [
+        pointer, pointer, pointer, ctypes.c_double, pointer, int64, int64,
+    ]  # fmt: skip
+    library.ladle_silu_and_mul.restype = None
+    library.ladle_silu_and_mul.argtypes = [pointer, pointer, int64, int64]
+    library.ladle_decode_attention.restype = ctypes.c_int
+    library.ladle_decode_attention.argtypes = [
+        pointer, pointer, pointer, pointer, pointer, int64, int64, int64, int64, int64,
+        ctypes.c_double, pointer, int64,
     ]  # fmt: skip

@@ -1,0 +1,90 @@
+"""The small per-layer ops of a CPU decode step through the C kernels: RMSNorm with its residual
+add, SiLU-and-multiply, and decode attention read in place from the paged cache.
+
+At batch 1 each torch version is several ops of a few microseconds of dispatch each, and a
+decode step of the default model runs ~600 of them; one C call replaces each group. Every
+function returns None when its kernel does not apply (no library, not float32 on the CPU, a
+layout it does not take) and the caller runs its torch code, which is the reference.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ladle.kernels.cpu_native.build import native_library
+
+
+def _is_cpu_float32(*tensors: torch.Tensor) -> bool:
+    return all(
+        t.device.type == "cpu" and t.dtype == torch.float32 and t.is_contiguous() for t in tensors
+    )
+
+
+def add_rms_norm(
+    x: torch.Tensor, residual: torch.Tensor | None, weight: torch.Tensor, eps: float
+) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor] | None:
+    """RMSNorm(x) * weight, or with a residual: residual += x in place, then (RMSNorm(residual)
+    * weight, residual). None when the kernel does not apply."""
+    library = native_library()
+    if library is None or x.requires_grad or not _is_cpu_float32(x, weight):
+        return None
+    hidden = weight.shape[0]
+    if x.shape[-1] != hidden or x.numel() == 0:
+        return None
+    num_rows = x.numel() // hidden
+    output = torch.empty_like(x)
+    if residual is None:
+        # Normalising x itself: the kernel's "residual" is x, read only (no add).
+        library.ladle_add_rms_norm(
+            None, x.data_ptr(), weight.data_ptr(), eps, output.data_ptr(), num_rows, hidden
+        )
+        return output
+    if residual.shape != x.shape or not _is_cpu_float32(residual):
+        return None
+    library.ladle_add_rms_norm(
+        x.data_ptr(), residual.data_ptr(), weight.data_ptr(), eps, output.data_ptr(), num_rows,
+        hidden,
+    )  # fmt: skip
+    return output, residual
+
+
+def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
+    """silu(gate) * up for gate_up [..., 2 d]; None when the kernel does not apply."""
+    library = native_library()
+    if library is None or gate_up.requires_grad or not _is_cpu_float32(gate_up):
+        return None
+    width = gate_up.shape[-1] // 2
+    if width == 0 or gate_up.shape[-1] % 2:
+        return None
+    output = gate_up.new_empty(*gate_up.shape[:-1], width)
+    library.ladle_silu_and_mul(
+        gate_up.data_ptr(), output.data_ptr(), gate_up.numel() // (2 * width), width
+    )
+    return output
+
+
+def paged_decode_attention(
+    query: torch.Tensor,  # [num_requests, num_heads, head_dim]
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    slots: torch.Tensor,  # int64 [num_requests * max_context]
+    lengths: torch.Tensor,  # int64 [num_requests]
+    max_context: int,
+    scale: float,
+) -> torch.Tensor | None:
+    """Each query row attends over its request's first lengths[r] cache slots; None when the
+    kernel does not apply (a float8 cache, head_dim > 256, other dtypes)."""
+    library = native_library()
+    if library is None or not _is_cpu_float32(query, kv_cache):
+        return None
+    if slots.dtype != torch.int64 or lengths.dtype != torch.int64 or not slots.is_contiguous():
+        return None
+    num_requests, num_heads, head_dim = query.shape
+    num_kv_heads = kv_cache.shape[3]
+    lengths = lengths.contiguous()  # held here: the kernel reads it through a bare pointer
+    output = torch.empty_like(query)
+    status = library.ladle_decode_attention(
+        query.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), slots.data_ptr(),
+        lengths.data_ptr(), num_requests, max_context, num_heads, num_kv_heads,
+        head_dim, scale, output.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return output if status == 0 else None
