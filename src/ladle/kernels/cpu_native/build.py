@@ -141,6 +141,10 @@ def _declare(library: ctypes.CDLL) -> None:
         pointer, int64, int64, int64, int64, pointer, pointer, pointer, int64, pointer, pointer,
         int64, int64,
     ]  # fmt: skip
+    library.ladle_group_dequantize.restype = ctypes.c_int
+    library.ladle_group_dequantize.argtypes = [
+        pointer, pointer, pointer, int64, int64, int64, int64, int64, int64, pointer, int64,
+    ]  # fmt: skip
     library.ladle_add_rms_norm.restype = None
     library.ladle_add_rms_norm.argtypes = [
         pointer, pointer, pointer, ctypes.c_double, pointer, int64, int64,

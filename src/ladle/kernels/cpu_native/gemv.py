@@ -97,3 +97,25 @@ def group_rows_gemv(
     if status != 0:
         return None
     return output.to(x.dtype)
+
+
+def group_dequantize_rows(
+    weight: GroupQuantizedRows, start: int, count: int
+) -> torch.Tensor | None:
+    """float32 [count, padded_columns] of rows start..start+count in one C pass; None if the
+    kernel does not apply (then `group_quant._dequantize_rows`'s torch code, its reference)."""
+    library = native_library()
+    if library is None or weight.codes.device.type != "cpu" or not weight.codes.is_contiguous():
+        return None
+    scale, offset = weight.scale, weight.offset
+    if scale.dtype not in (torch.float32, torch.float16) or not scale.is_contiguous():
+        return None
+    if offset is not None and (offset.dtype != scale.dtype or not offset.is_contiguous()):
+        return None
+    output = torch.empty(count, weight.padded_columns, dtype=torch.float32)
+    status = library.ladle_group_dequantize(
+        weight.codes.data_ptr(), scale.data_ptr(), _pointer(offset),
+        int(scale.dtype == torch.float16), weight.padded_columns, weight.bits,
+        weight.group_size, start, count, output.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return output if status == 0 else None

@@ -181,3 +181,40 @@ int ladle_group_gemv(const float *x, int64_t num_x_rows, int64_t padded, int64_t
     }
     return 0;
 }
+
+/* Rows [row_start, row_start + num_rows) of the weight as float32 [num_rows, padded]: the
+ * chunked dequantize-then-MKL path of prefill and batched decode, in one pass instead of
+ * torch's five (unpack, convert, scale, offset, copy). Returns -1 (nothing written) for 4-bit
+ * codes whose groups straddle the two nibble halves (an odd number of groups). */
+int ladle_group_dequantize(const uint8_t *codes, const void *scale, const void *offset,
+                            int64_t scale_is_half, int64_t padded, int64_t bits, int64_t group,
+                            int64_t row_start, int64_t num_rows, float *out,
+                            int64_t num_threads) {
+    const int64_t num_groups = padded / group, row_bytes = padded * bits / 8, half = padded / 2;
+    if ((bits != 4 && bits != 8) || padded % group || (bits == 4 && half % group)) return -1;
+    int threads = num_rows * padded >= (1 << 16) && num_threads > 1 ? (int)num_threads : 1;
+#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
+    for (int64_t r = 0; r < num_rows; r++) {
+        const int64_t n = row_start + r;
+        const uint8_t *row_codes = codes + n * row_bytes;
+        float *values = out + r * padded;
+        for (int64_t g = 0; g < num_groups; g++) {
+            float s = param_at(scale, (int)scale_is_half, n * num_groups + g);
+            float o = offset ? param_at(offset, (int)scale_is_half, n * num_groups + g) : 0.0f;
+            const int64_t start = g * group, end = start + group;
+            if (bits == 8) {
+#pragma omp simd
+                for (int64_t k = start; k < end; k++)
+                    values[k] = (float)(int8_t)row_codes[k] * s + o;
+            } else if (start < half) { /* each group lies wholly in one nibble half */
+#pragma omp simd
+                for (int64_t k = start; k < end; k++) values[k] = (float)(row_codes[k] & 0x0F) * s + o;
+            } else {
+#pragma omp simd
+                for (int64_t k = start; k < end; k++)
+                    values[k] = (float)(row_codes[k - half] >> 4) * s + o;
+            }
+        }
+    }
+    return 0;
+}

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
-from ladle.kernels.cpu_native.gemv import group_rows_gemv
+from ladle.kernels.cpu_native.gemv import group_dequantize_rows, group_rows_gemv
 
 # float32 elements of weight converted per chunk: 1 MiB, so the chunk stays in L2 while the
 # matmul reads it.
@@ -138,7 +138,11 @@ def quantize_int4_groups(weight: torch.Tensor, group_size: int = 128) -> GroupQu
 
 
 def _dequantize_rows(weight: GroupQuantizedRows, start: int, count: int) -> torch.Tensor:
-    """float32 [count, padded_columns] of rows start..start+count."""
+    """float32 [count, padded_columns] of rows start..start+count (one C pass where it applies,
+    kernels/cpu_native/gemv.py; the torch code below is its reference)."""
+    native = group_dequantize_rows(weight, start, count)
+    if native is not None:
+        return native
     codes = weight.codes[start : start + count]
     if weight.bits == 4:
         codes = unpack_int4(codes)
