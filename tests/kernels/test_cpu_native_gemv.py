@@ -21,7 +21,8 @@ def _reference(x: torch.Tensor, weight: torch.Tensor, bias: torch.Tensor | None)
 
 @pytest.mark.parametrize(
     ("num_x_rows", "num_rows", "num_columns"),
-    [(1, 1, 1), (1, 7, 30), (3, 9, 33), (4, 13, 576), (2, 5, 17), (1, 64, 1536)],
+    # (1, 1001, 576): enough rows to be shared out between threads, with a partial last block
+    [(1, 1, 1), (1, 7, 30), (3, 9, 33), (4, 13, 576), (2, 5, 17), (1, 64, 1536), (1, 1001, 576)],
 )
 @pytest.mark.parametrize("with_bias", [False, True])
 def test_int8_rows_gemv_matches_dequantized_product(num_x_rows, num_rows, num_columns, with_bias):
@@ -48,7 +49,14 @@ def test_gemv_declines_what_it_does_not_take():
 
 @pytest.mark.parametrize(
     ("num_x_rows", "num_rows", "num_columns", "group_size"),
-    [(1, 1, 30, 32), (1, 7, 100, 32), (3, 9, 576, 32), (4, 7, 576, 128), (2, 5, 17, 16)],
+    [
+        (1, 1, 30, 32),
+        (1, 7, 100, 32),
+        (3, 9, 576, 32),
+        (4, 7, 576, 128),
+        (2, 5, 17, 16),
+        (2, 1001, 576, 32),
+    ],  # the last one shared out between threads
 )
 @pytest.mark.parametrize("half_params", [False, True])
 def test_int4_group_gemv_matches_dequantized_product(

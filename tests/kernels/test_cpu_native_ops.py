@@ -53,7 +53,13 @@ def test_silu_and_mul_matches_torch(shape):
 
 @pytest.mark.parametrize(
     ("lengths", "num_heads", "num_kv_heads", "head_dim"),
-    [([1], 9, 3, 64), ([1, 7, 16, 17, 100], 6, 2, 16), ([33, 5], 4, 4, 7)],
+    # The last is enough work to be shared out between threads.
+    [
+        ([1], 9, 3, 64),
+        ([1, 7, 16, 17, 100], 6, 2, 16),
+        ([33, 5], 4, 4, 7),
+        ([300, 1, 250], 9, 3, 64),
+    ],
 )
 def test_paged_decode_attention_matches_sdpa(lengths, num_heads, num_kv_heads, head_dim):
     generator = torch.Generator().manual_seed(len(lengths))

@@ -10,8 +10,12 @@ headers (a torch C++ extension takes ~a minute to compile).
 Where there is no compiler, the build fails, or LADLE_CPU_KERNELS=0 is set, `native_library()`
 returns None after one log line, and every caller keeps its torch path.
 
-OpenMP: the library links libgomp.so.1, which resolves to the copy torch has already loaded, so
-the kernels' threads are torch's own team (one pool, one wait policy, ladle/threads.py).
+Threads: the decode GEMVs share their rows out through thread_pool.c, whose caller never waits
+for a helper thread that is not running (an OpenMP team does, at its closing barrier, which on a
+busy machine costs a time slice per call); they use `kernel_threads()`, all usable cores unless
+OMP_NUM_THREADS says fewer, even while ladle's thread governor (ladle/threads.py) has shrunk
+torch's team. The rest use OpenMP: the library links libgomp.so.1, which resolves to the copy
+torch has already loaded, so theirs is torch's own team.
 """
 
 from __future__ import annotations
@@ -28,8 +32,10 @@ from pathlib import Path
 
 DISABLE_ENV = "LADLE_CPU_KERNELS"
 SOURCES = (
-    "int8_gemv.c", "group_gemv.c", "rms_norm.c", "silu_and_mul.c", "decode_attention.c",
+    "thread_pool.c", "int8_gemv.c", "group_gemv.c", "rms_norm.c", "silu_and_mul.c",
+    "decode_attention.c",
 )  # fmt: skip
+HEADERS = ("thread_pool.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 BUILD_TIMEOUT_S = 120
 
@@ -102,6 +108,15 @@ def set_native_kernels(enabled: bool) -> bool:
     return previous
 
 
+@functools.cache
+def kernel_threads() -> int:
+    """Threads of the decode GEMVs' pool: the usable cores, or OMP_NUM_THREADS if set."""
+    from ladle.threads import usable_cores
+
+    requested = os.environ.get("OMP_NUM_THREADS", "")
+    return max(1, int(requested)) if requested.isdigit() else usable_cores()
+
+
 def native_library() -> ctypes.CDLL | None:
     """The loaded kernel library, building it on first use; None (logged once) where it cannot
     be had or is turned off, so that callers fall back to torch."""
@@ -119,7 +134,7 @@ def _load_library() -> ctypes.CDLL | None:
     here = Path(__file__).parent
     sources = [here / name for name in SOURCES]
     try:
-        target = _cache_dir() / _library_name(compiler, sources)
+        target = _cache_dir() / _library_name(compiler, [*sources, *(here / h for h in HEADERS)])
         if not target.exists():
             _build(compiler, sources, target)
         library = ctypes.CDLL(str(target))

@@ -14,6 +14,8 @@
 #include <math.h>
 #include <stdint.h>
 
+#include "thread_pool.h"
+
 #define MAX_HEAD_DIM 256
 #define MIN_PARALLEL_WORK (1 << 16)
 
@@ -47,21 +49,36 @@ static void attend_head(const float *q, const float *keys, const float *values,
     for (int64_t d = 0; d < head_dim; d++) out[d] = acc[d] * inverse;
 }
 
-/* Returns 0, or -1 when head_dim is past what this kernel holds in registers. */
+typedef struct {
+    const float *query, *keys, *values;
+    const int64_t *slots, *lengths;
+    int64_t num_heads, group, kv_stride, head_dim, max_context;
+    float scale;
+    float *out;
+} attention_job;
+
+static void attend_item(const void *args, int64_t item) {
+    const attention_job *job = args;
+    int64_t request = item / job->num_heads, head = item % job->num_heads;
+    int64_t kv_head = head / job->group;
+    attend_head(job->query + item * job->head_dim, job->keys + kv_head * job->head_dim,
+                job->values + kv_head * job->head_dim, job->slots + request * job->max_context,
+                job->lengths[request], job->kv_stride, job->head_dim, job->scale,
+                job->out + item * job->head_dim);
+}
+
+/* Returns 0, or -1 when head_dim is past what this kernel holds in registers. Query rows and
+ * heads are shared out by thread_pool.c. */
 int ladle_decode_attention(const float *query, const float *keys, const float *values,
                            const int64_t *slots, const int64_t *lengths, int64_t num_requests,
                            int64_t max_context, int64_t num_heads, int64_t num_kv_heads,
                            int64_t head_dim, double scale, float *out, int64_t num_threads) {
     if (head_dim > MAX_HEAD_DIM || num_kv_heads < 1 || num_heads % num_kv_heads) return -1;
-    const int64_t group = num_heads / num_kv_heads, kv_stride = num_kv_heads * head_dim;
+    attention_job job = {query, keys, values, slots, lengths, num_heads,
+                         num_heads / num_kv_heads, num_kv_heads * head_dim, head_dim,
+                         max_context, (float)scale, out};
     const int64_t work = num_requests * num_heads * max_context * head_dim;
-    int threads = work >= MIN_PARALLEL_WORK && num_threads > 1 ? (int)num_threads : 1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t item = 0; item < num_requests * num_heads; item++) {
-        int64_t request = item / num_heads, head = item % num_heads, kv_head = head / group;
-        attend_head(query + item * head_dim, keys + kv_head * head_dim,
-                    values + kv_head * head_dim, slots + request * max_context,
-                    lengths[request], kv_stride, head_dim, (float)scale, out + item * head_dim);
-    }
+    ladle_run_chunks(attend_item, &job, num_requests * num_heads,
+                     work >= MIN_PARALLEL_WORK ? num_threads : 1);
     return 0;
 }

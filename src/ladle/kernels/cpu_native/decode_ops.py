@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ladle.kernels.cpu_native.build import native_library
+from ladle.kernels.cpu_native.build import kernel_threads, native_library
 
 
 def _is_cpu_float32(*tensors: torch.Tensor) -> bool:
@@ -85,6 +85,6 @@ def paged_decode_attention(
     status = library.ladle_decode_attention(
         query.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(), slots.data_ptr(),
         lengths.data_ptr(), num_requests, max_context, num_heads, num_kv_heads,
-        head_dim, scale, output.data_ptr(), torch.get_num_threads(),
+        head_dim, scale, output.data_ptr(), kernel_threads(),
     )  # fmt: skip
     return output if status == 0 else None

@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING
 
 import torch
 
-from ladle.kernels.cpu_native.build import native_library
+from ladle.kernels.cpu_native.build import kernel_threads, native_library
 
 if TYPE_CHECKING:  # group_quant.py calls into this module
     from ladle.model.layers.group_quant import GroupQuantizedRows
@@ -33,6 +33,16 @@ def _fits(x: torch.Tensor, weight_device: torch.device) -> bool:
 
 def _pointer(tensor: torch.Tensor | None) -> int | None:
     return None if tensor is None else tensor.data_ptr()
+
+
+def _has_kernel_layout(weight: GroupQuantizedRows) -> bool:
+    """Contiguous codes, and float32 or float16 scales (and offsets of the same dtype)."""
+    scale, offset = weight.scale, weight.offset
+    if not weight.codes.is_contiguous() or not scale.is_contiguous():
+        return False
+    if scale.dtype not in (torch.float32, torch.float16):
+        return False
+    return offset is None or (offset.dtype == scale.dtype and offset.is_contiguous())
 
 
 def _float32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
@@ -56,7 +66,7 @@ def int8_rows_gemv(
     output = torch.empty(x.shape[0], num_rows, dtype=torch.float32)
     status = library.ladle_int8_gemv(
         x32.data_ptr(), x.shape[0], num_columns, codes.data_ptr(), scale32.data_ptr(),
-        _pointer(bias32), output.data_ptr(), num_rows, torch.get_num_threads(),
+        _pointer(bias32), output.data_ptr(), num_rows, kernel_threads(),
     )  # fmt: skip
     if status != 0:
         return None
@@ -75,13 +85,9 @@ def group_rows_gemv(
     padded = weight.padded_columns
     if weight.group_size % 16 or (weight.bits == 4 and padded % 32):
         return None
-    if x.shape[1] != weight.num_columns or not weight.codes.is_contiguous():
+    if x.shape[1] != weight.num_columns or not _has_kernel_layout(weight):
         return None
     scale, offset = weight.scale, weight.offset
-    if scale.dtype not in (torch.float32, torch.float16) or not scale.is_contiguous():
-        return None
-    if offset is not None and (offset.dtype != scale.dtype or not offset.is_contiguous()):
-        return None
     x32 = x.contiguous().float()
     if padded != weight.num_columns:
         # The kernel reads whole groups; zeros in the padded columns add nothing.
@@ -92,7 +98,7 @@ def group_rows_gemv(
         x32.data_ptr(), x.shape[0], padded, weight.bits, weight.group_size,
         weight.codes.data_ptr(), scale.data_ptr(), _pointer(offset),
         int(scale.dtype == torch.float16), _pointer(bias32), output.data_ptr(), weight.num_rows,
-        torch.get_num_threads(),
+        kernel_threads(),
     )  # fmt: skip
     if status != 0:
         return None
@@ -105,13 +111,9 @@ def group_dequantize_rows(
     """float32 [count, padded_columns] of rows start..start+count in one C pass; None if the
     kernel does not apply (then `group_quant._dequantize_rows`'s torch code, its reference)."""
     library = native_library()
-    if library is None or weight.codes.device.type != "cpu" or not weight.codes.is_contiguous():
+    if library is None or weight.codes.device.type != "cpu" or not _has_kernel_layout(weight):
         return None
     scale, offset = weight.scale, weight.offset
-    if scale.dtype not in (torch.float32, torch.float16) or not scale.is_contiguous():
-        return None
-    if offset is not None and (offset.dtype != scale.dtype or not offset.is_contiguous()):
-        return None
     output = torch.empty(count, weight.padded_columns, dtype=torch.float32)
     status = library.ladle_group_dequantize(
         weight.codes.data_ptr(), scale.data_ptr(), _pointer(offset),

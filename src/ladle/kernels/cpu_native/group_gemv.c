@@ -14,6 +14,8 @@
  */
 #include <stdint.h>
 
+#include "thread_pool.h"
+
 #if defined(__AVX512F__) || defined(__F16C__)
 #include <immintrin.h>
 #endif
@@ -159,26 +161,48 @@ DEFINE_BLOCK_LOOP(4)
 
 /* x: float32 [num_x_rows, padded] (zero past the real columns). Returns 0, or -1 when the
  * arguments are outside what this kernel handles. */
+typedef struct {
+    const float *x;
+    int64_t num_x_rows, padded, bits, group, n;
+    const uint8_t *codes;
+    group_params params;
+    const float *bias;
+    float *y;
+} gemv_job;
+
+/* One chunk: BLOCKS_PER_CHUNK blocks of ROW_BLOCK output rows. */
+#define BLOCKS_PER_CHUNK 4
+
+static void gemv_chunk(const void *args, int64_t chunk) {
+    const gemv_job *job = args;
+    int64_t num_blocks = (job->n + ROW_BLOCK - 1) / ROW_BLOCK;
+    int64_t first = chunk * BLOCKS_PER_CHUNK;
+    int64_t last = first + BLOCKS_PER_CHUNK < num_blocks ? first + BLOCKS_PER_CHUNK : num_blocks;
+    for (int64_t block = first; block < last; block++) {
+        switch (job->num_x_rows) {
+        case 1: block_loop_1(job->x, job->padded, (int)job->bits, job->group, job->codes, job->params, job->bias, job->y, job->n, block); break;
+        case 2: block_loop_2(job->x, job->padded, (int)job->bits, job->group, job->codes, job->params, job->bias, job->y, job->n, block); break;
+        case 3: block_loop_3(job->x, job->padded, (int)job->bits, job->group, job->codes, job->params, job->bias, job->y, job->n, block); break;
+        default: block_loop_4(job->x, job->padded, (int)job->bits, job->group, job->codes, job->params, job->bias, job->y, job->n, block); break;
+        }
+    }
+}
+
+/* x: float32 [num_x_rows, padded] (zero past the real columns). Returns 0, or -1 when the
+ * arguments are outside what this kernel handles. */
 int ladle_group_gemv(const float *x, int64_t num_x_rows, int64_t padded, int64_t bits,
                      int64_t group, const uint8_t *codes, const void *scale,
                      const void *offset, int64_t scale_is_half, const float *bias, float *y,
                      int64_t n, int64_t num_threads) {
-    group_params params = {scale, offset, (int)scale_is_half};
     if (num_x_rows < 1 || num_x_rows > MAX_X_ROWS || group % 16 || padded % group) return -1;
     if (bits != 4 && bits != 8) return -1;
     if (bits == 4 && padded % 32) return -1;
+    gemv_job job = {x, num_x_rows, padded, bits, group, n, codes,
+                    {scale, offset, (int)scale_is_half}, bias, y};
     int64_t num_blocks = (n + ROW_BLOCK - 1) / ROW_BLOCK;
-    int threads = n * padded * bits / 8 >= MIN_PARALLEL_BYTES && num_threads > 1
-                      ? (int)num_threads : 1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t block = 0; block < num_blocks; block++) {
-        switch (num_x_rows) {
-        case 1: block_loop_1(x, padded, (int)bits, group, codes, params, bias, y, n, block); break;
-        case 2: block_loop_2(x, padded, (int)bits, group, codes, params, bias, y, n, block); break;
-        case 3: block_loop_3(x, padded, (int)bits, group, codes, params, bias, y, n, block); break;
-        default: block_loop_4(x, padded, (int)bits, group, codes, params, bias, y, n, block); break;
-        }
-    }
+    int64_t num_chunks = (num_blocks + BLOCKS_PER_CHUNK - 1) / BLOCKS_PER_CHUNK;
+    int64_t threads = n * padded * bits / 8 >= MIN_PARALLEL_BYTES ? num_threads : 1;
+    ladle_run_chunks(gemv_chunk, &job, num_chunks, threads);
     return 0;
 }
 

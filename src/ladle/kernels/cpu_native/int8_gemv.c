@@ -5,9 +5,11 @@
  * x, scale, bias and y are float32; codes are int8, one row per output. The codes are read once
  * and widened to float32 in registers, so each weight costs one byte of memory traffic: at batch
  * 1 a decode step is a stream over every weight, and the byte count sets its speed.
- * Output rows are split between OpenMP threads (the runtime torch itself uses, so one team).
+ * Output rows are shared out in chunks by thread_pool.c.
  */
 #include <stdint.h>
+
+#include "thread_pool.h"
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 #include <immintrin.h>
@@ -83,21 +85,39 @@ DEFINE_BLOCK_LOOP(2)
 DEFINE_BLOCK_LOOP(3)
 DEFINE_BLOCK_LOOP(4)
 
+typedef struct {
+    const float *x;
+    int64_t num_x_rows, k, n;
+    const int8_t *codes;
+    const float *scale, *bias;
+    float *y;
+} gemv_job;
+
+#define BLOCKS_PER_CHUNK 4
+
+static void gemv_chunk(const void *args, int64_t chunk) {
+    const gemv_job *job = args;
+    int64_t num_blocks = (job->n + ROW_BLOCK - 1) / ROW_BLOCK;
+    int64_t first = chunk * BLOCKS_PER_CHUNK;
+    int64_t last = first + BLOCKS_PER_CHUNK < num_blocks ? first + BLOCKS_PER_CHUNK : num_blocks;
+    for (int64_t block = first; block < last; block++) {
+        switch (job->num_x_rows) {
+        case 1: block_loop_1(job->x, job->k, job->codes, job->scale, job->bias, job->y, job->n, block); break;
+        case 2: block_loop_2(job->x, job->k, job->codes, job->scale, job->bias, job->y, job->n, block); break;
+        case 3: block_loop_3(job->x, job->k, job->codes, job->scale, job->bias, job->y, job->n, block); break;
+        default: block_loop_4(job->x, job->k, job->codes, job->scale, job->bias, job->y, job->n, block); break;
+        }
+    }
+}
+
 /* Returns 0, or -1 when num_x_rows is out of range (the caller then takes another path). */
 int ladle_int8_gemv(const float *x, int64_t num_x_rows, int64_t k, const int8_t *codes,
                     const float *scale, const float *bias, float *y, int64_t n,
                     int64_t num_threads) {
     if (num_x_rows < 1 || num_x_rows > MAX_X_ROWS) return -1;
+    gemv_job job = {x, num_x_rows, k, n, codes, scale, bias, y};
     int64_t num_blocks = (n + ROW_BLOCK - 1) / ROW_BLOCK;
-    int threads = n * k >= MIN_PARALLEL_WEIGHTS && num_threads > 1 ? (int)num_threads : 1;
-#pragma omp parallel for schedule(static) num_threads(threads) if (threads > 1)
-    for (int64_t block = 0; block < num_blocks; block++) {
-        switch (num_x_rows) {
-        case 1: block_loop_1(x, k, codes, scale, bias, y, n, block); break;
-        case 2: block_loop_2(x, k, codes, scale, bias, y, n, block); break;
-        case 3: block_loop_3(x, k, codes, scale, bias, y, n, block); break;
-        default: block_loop_4(x, k, codes, scale, bias, y, n, block); break;
-        }
-    }
+    int64_t num_chunks = (num_blocks + BLOCKS_PER_CHUNK - 1) / BLOCKS_PER_CHUNK;
+    ladle_run_chunks(gemv_chunk, &job, num_chunks, n * k >= MIN_PARALLEL_WEIGHTS ? num_threads : 1);
     return 0;
 }
