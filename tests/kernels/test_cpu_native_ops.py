@@ -109,3 +109,42 @@ def test_tiny_model_decodes_the_same_tokens_with_and_without_c_kernels(
         llm.engine.kv_cache_manager.reset_prefix_cache()
         tokens[native] = [list(o.outputs[0].token_ids) for o in alone + together]
     assert tokens[True] == tokens[False]
+
+
+@pytest.mark.parametrize(
+    ("num_tokens", "num_heads", "num_kv_heads", "head_dim"), [(1, 9, 3, 64), (7, 4, 2, 6)]
+)
+def test_rotate_and_cache_is_rotate_then_write_bit_for_bit(
+    num_tokens, num_heads, num_kv_heads, head_dim
+):
+    from ladle.attention.backend import write_kv_cache
+    from ladle.kernels.cpu_native.decode_ops import rotate_and_cache
+    from ladle.model.layers.rotary import RotaryEmbedding, rotate_with_tables
+
+    generator = torch.Generator().manual_seed(num_tokens)
+    rotary = RotaryEmbedding(head_dim, 512, 10000.0, None)
+    positions = torch.randint(0, 512, (num_tokens,), generator=generator)
+    tables = rotary.step_tables(positions)
+    width = (num_heads + 2 * num_kv_heads) * head_dim
+    qkv = torch.randn(num_tokens, width, generator=generator)
+    slots = torch.randperm(4 * 16, generator=generator)[:num_tokens]
+    expected_cache = torch.zeros(2, 4, 16, num_kv_heads, head_dim)
+    query_key = qkv[:, : (num_heads + num_kv_heads) * head_dim]
+    rotated = rotate_with_tables(
+        query_key.reshape(num_tokens, num_heads + num_kv_heads, head_dim), tables
+    )
+    value = qkv[:, (num_heads + num_kv_heads) * head_dim :]
+    write_kv_cache(
+        rotated[:, num_heads:],
+        value.reshape(num_tokens, num_kv_heads, head_dim),
+        expected_cache,
+        slots,
+    )
+    cache = torch.zeros_like(expected_cache)
+    assert rotate_and_cache(qkv, tables, cache, slots, num_heads, num_kv_heads, head_dim)
+    assert torch.equal(qkv[:, : query_key.shape[1]], rotated.reshape(num_tokens, -1))
+    assert torch.equal(cache, expected_cache)
+    # A slot past the cache: nothing written, the caller's torch path takes it.
+    assert not rotate_and_cache(
+        qkv, tables, cache, torch.full_like(slots, 64), num_heads, num_kv_heads, head_dim
+    )

@@ -33,7 +33,7 @@ from pathlib import Path
 DISABLE_ENV = "LADLE_CPU_KERNELS"
 SOURCES = (
     "thread_pool.c", "int8_gemv.c", "group_gemv.c", "rms_norm.c", "silu_and_mul.c",
-    "decode_attention.c",
+    "rotary_cache.c", "decode_attention.c",
 )  # fmt: skip
 HEADERS = ("thread_pool.h",)
 FLAGS = ("-O3", "-march=native", "-fopenmp", "-shared", "-fPIC", "-std=c11")
@@ -166,6 +166,11 @@ def _declare(library: ctypes.CDLL) -> None:
     ]  # fmt: skip
     library.ladle_silu_and_mul.restype = None
     library.ladle_silu_and_mul.argtypes = [pointer, pointer, int64, int64]
+    library.ladle_rotary_and_cache.restype = ctypes.c_int
+    library.ladle_rotary_and_cache.argtypes = [
+        pointer, int64, int64, int64, int64, int64, pointer, pointer, pointer, pointer, pointer,
+        int64,
+    ]  # fmt: skip
     library.ladle_decode_attention.restype = ctypes.c_int
     library.ladle_decode_attention.argtypes = [
         pointer, pointer, pointer, pointer, pointer, int64, int64, int64, int64, int64,

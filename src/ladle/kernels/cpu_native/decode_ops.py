@@ -88,3 +88,36 @@ def paged_decode_attention(
         head_dim, scale, output.data_ptr(), kernel_threads(),
     )  # fmt: skip
     return output if status == 0 else None
+
+
+def rotate_and_cache(
+    qkv: torch.Tensor,  # [num_tokens, (num_heads + 2 * num_kv_heads) * head_dim], rotated in place
+    rotary_tables: tuple[torch.Tensor, torch.Tensor],  # RotaryEmbedding.step_tables
+    kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
+    slot_mapping: torch.Tensor,  # [num_tokens]
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+) -> bool:
+    """Rotary on qkv's query and key heads in place, and its keys and values written to their
+    cache slots (`rotate_with_tables` then `write_kv_cache`, same values); False, with nothing
+    done, when the kernel does not apply (a float8 cache, other dtypes or layouts)."""
+    library = native_library()
+    cos, signed_sin = rotary_tables
+    if library is None or qkv.requires_grad or not _is_cpu_float32(qkv, kv_cache, cos, signed_sin):
+        return False
+    num_tokens = qkv.shape[0]
+    if qkv.dim() != 2 or qkv.shape[1] != (num_heads + 2 * num_kv_heads) * head_dim:
+        return False
+    if cos.numel() != num_tokens * head_dim or signed_sin.numel() != cos.numel():
+        return False
+    if slot_mapping.dtype != torch.int64 or not slot_mapping.is_contiguous():
+        return False
+    if kv_cache.shape[3:] != (num_kv_heads, head_dim):
+        return False
+    status = library.ladle_rotary_and_cache(
+        qkv.data_ptr(), num_tokens, qkv.shape[1], num_heads, num_kv_heads, head_dim,
+        cos.data_ptr(), signed_sin.data_ptr(), kv_cache[0].data_ptr(), kv_cache[1].data_ptr(),
+        slot_mapping.data_ptr(), kv_cache.shape[1] * kv_cache.shape[2],
+    )  # fmt: skip
+    return status == 0
