@@ -103,19 +103,15 @@ def resolve_quantization(
     model_config: ModelConfig, source: ModelSource, device: torch.device
 ) -> str | None:
     """The quantization to apply, or None. 'auto' keeps a GGUF checkpoint quantized on the CPU
-    unless the user chose a dtype: in its own format ('gguf') where ladle's C kernels for the
-    CPU are available (their decode matmul reads the file's 4-bit weights, and the values are
-    exactly the float32 dequantization's), else weight-only int8. 'gguf' keeps its Q8_0/Q4_0/
-    Q4_1/Q4_K/Q6_K tensors in their own format (and the rest in weight-only int8)."""
+    (weight-only int8) unless the user chose a dtype; 'gguf' keeps its Q8_0/Q4_0/Q4_1/Q4_K/
+    Q6_K tensors in their own format (and the rest in weight-only int8). auto is not 'gguf':
+    its 4-bit GEMV was not faster than int8 at batch 1 and its batch-32 path is slower
+    (docs/quantization.md, "ladle's C kernels for the CPU")."""
     method = model_config.quantization
     if method == "auto":
         is_default_dtype = model_config.dtype == "auto"
         keep_quantized = source == "gguf" and device.type == "cpu" and is_default_dtype
-        if not keep_quantized:
-            return None
-        from ladle.kernels.cpu_native.build import native_library
-
-        return "gguf" if native_library() is not None else "int8"
+        return "int8" if keep_quantized else None
     if method == "none":
         return None
     if device.type == "cuda" and method not in QUANT_METHODS:
