@@ -13,6 +13,11 @@ import torch
 
 from ladle.kernels.cpu_native.build import kernel_threads, native_library
 
+# The norm and activation kernels run on one thread without vectorised exp: past a few rows
+# (prefill, batch 32) torch's vectorised, multi-threaded ops win (a 232-token prefill measured
+# 1007 ms against 726 with them in C everywhere), so they take decode-sized inputs only.
+MAX_ELEMENTWISE_ROWS = 8
+
 
 def _is_cpu_float32(*tensors: torch.Tensor) -> bool:
     return all(
@@ -32,6 +37,8 @@ def add_rms_norm(
     if x.shape[-1] != hidden or x.numel() == 0:
         return None
     num_rows = x.numel() // hidden
+    if num_rows > MAX_ELEMENTWISE_ROWS:
+        return None
     output = torch.empty_like(x)
     if residual is None:
         # Normalising x itself: the kernel's "residual" is x, read only (no add).
@@ -54,7 +61,7 @@ def silu_and_mul(gate_up: torch.Tensor) -> torch.Tensor | None:
     if library is None or gate_up.requires_grad or not _is_cpu_float32(gate_up):
         return None
     width = gate_up.shape[-1] // 2
-    if width == 0 or gate_up.shape[-1] % 2:
+    if width == 0 or gate_up.shape[-1] % 2 or gate_up.numel() > MAX_ELEMENTWISE_ROWS * 2 * width:
         return None
     output = gate_up.new_empty(*gate_up.shape[:-1], width)
     library.ladle_silu_and_mul(
