@@ -159,8 +159,6 @@ DEFINE_BLOCK_LOOP(2)
 DEFINE_BLOCK_LOOP(3)
 DEFINE_BLOCK_LOOP(4)
 
-/* x: float32 [num_x_rows, padded] (zero past the real columns). Returns 0, or -1 when the
- * arguments are outside what this kernel handles. */
 typedef struct {
     const float *x;
     int64_t num_x_rows, padded, bits, group, n;
@@ -175,9 +173,8 @@ typedef struct {
 
 static void gemv_chunk(const void *args, int64_t chunk) {
     const gemv_job *job = args;
-    int64_t num_blocks = (job->n + ROW_BLOCK - 1) / ROW_BLOCK;
-    int64_t first = chunk * BLOCKS_PER_CHUNK;
-    int64_t last = first + BLOCKS_PER_CHUNK < num_blocks ? first + BLOCKS_PER_CHUNK : num_blocks;
+    int64_t first, last;
+    ladle_chunk_blocks(chunk, (job->n + ROW_BLOCK - 1) / ROW_BLOCK, BLOCKS_PER_CHUNK, &first, &last);
     for (int64_t block = first; block < last; block++) {
         switch (job->num_x_rows) {
         case 1: block_loop_1(job->x, job->padded, (int)job->bits, job->group, job->codes, job->params, job->bias, job->y, job->n, block); break;

@@ -97,9 +97,8 @@ typedef struct {
 
 static void gemv_chunk(const void *args, int64_t chunk) {
     const gemv_job *job = args;
-    int64_t num_blocks = (job->n + ROW_BLOCK - 1) / ROW_BLOCK;
-    int64_t first = chunk * BLOCKS_PER_CHUNK;
-    int64_t last = first + BLOCKS_PER_CHUNK < num_blocks ? first + BLOCKS_PER_CHUNK : num_blocks;
+    int64_t first, last;
+    ladle_chunk_blocks(chunk, (job->n + ROW_BLOCK - 1) / ROW_BLOCK, BLOCKS_PER_CHUNK, &first, &last);
     for (int64_t block = first; block < last; block++) {
         switch (job->num_x_rows) {
         case 1: block_loop_1(job->x, job->k, job->codes, job->scale, job->bias, job->y, job->n, block); break;
