@@ -28,74 +28,12 @@ from ladle.outputs import RequestOutput
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # vLLM's buckets, so histograms from the two engines can be compared bucket by bucket.
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-INTER_TOKEN_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-REQUEST_LATENCY_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                       5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
 class _EngineStatsCollector(Collector):
@@ -121,74 +59,40 @@ class _EngineStatsCollector(Collector):
             family.add_metric(values, value)
             return family
 
-        yield gauge(
-            "vllm:num_requests_running", "Sequences in the running batch.", stats.num_running_reqs
-        )
-        yield gauge(
-            "vllm:num_requests_waiting",
-            "Sequences waiting to be scheduled.",
-            stats.num_waiting_reqs,
-        )
-        yield gauge(
-            "vllm:kv_cache_usage_perc",
-            "Fraction of KV cache blocks in use (0 to 1).",
-            stats.kv_cache_usage,
-        )
-        yield counter(
-            "vllm:prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            stats.prefix_cache_queries,
-        )
-        yield counter(
-            "vllm:prefix_cache_hits",
-            "Prompt tokens found in the prefix cache.",
-            stats.prefix_cache_hits,
-        )
-        yield counter(
-            "vllm:num_preemptions", "Preemptions (by recompute) since start.", stats.num_preemptions
-        )
+        yield gauge("vllm:num_requests_running", "Sequences in the running batch.",
+                    stats.num_running_reqs)
+        yield gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.",
+                    stats.num_waiting_reqs)
+        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).",
+                    stats.kv_cache_usage)
+        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      stats.prefix_cache_queries)
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      stats.prefix_cache_hits)
+        yield counter("vllm:num_preemptions", "Preemptions (by recompute) since start.",
+                      stats.num_preemptions)
         hit_rate = (
             stats.prefix_cache_hits / stats.prefix_cache_queries
-            if stats.prefix_cache_queries
-            else 0.0
+            if stats.prefix_cache_queries else 0.0
         )
-        yield gauge(
-            "ladle:prefix_cache_hit_rate",
-            "Prefix-cache hits / queries (tokens) since start.",
-            hit_rate,
-        )
-        yield gauge(
-            "ladle:kv_cache_free_blocks",
-            "KV cache blocks free (cached ones included).",
-            stats.num_free_blocks,
-        )
-        yield gauge(
-            "ladle:kv_cache_total_blocks", "KV cache blocks in the pool.", stats.num_total_blocks
-        )
-        yield gauge(
-            "ladle:engine_alive",
-            "1 while the engine-core process is alive.",
-            1.0 if self.engine_alive else 0.0,
-        )
-        yield gauge(
-            "ladle:prefill_tokens_per_second",
-            "Measured prompt tokens per second of the steps that computed some (moving "
-            "average; what the TTFT-SLO admission predicts with).",
-            stats.prefill_tokens_per_s,
-        )
-        yield gauge(
-            "ladle:step_time_seconds",
-            "Moving average of the engine step time.",
-            stats.mean_step_time_s,
-        )
-        yield counter(
-            "ladle:prefill_tokens",
-            "Prompt tokens computed (recomputes included).",
-            stats.num_prefill_tokens,
-        )
-        yield counter(
-            "ladle:decode_tokens", "Tokens computed by decode steps.", stats.num_decode_tokens
-        )
+        yield gauge("ladle:prefix_cache_hit_rate",
+                    "Prefix-cache hits / queries (tokens) since start.", hit_rate)
+        yield gauge("ladle:kv_cache_free_blocks", "KV cache blocks free (cached ones included).",
+                    stats.num_free_blocks)
+        yield gauge("ladle:kv_cache_total_blocks", "KV cache blocks in the pool.",
+                    stats.num_total_blocks)
+        yield gauge("ladle:engine_alive", "1 while the engine-core process is alive.",
+                    1.0 if self.engine_alive else 0.0)
+        yield gauge("ladle:prefill_tokens_per_second",
+                    "Measured prompt tokens per second of the steps that computed some (moving "
+                    "average; what the TTFT-SLO admission predicts with).",
+                    stats.prefill_tokens_per_s)
+        yield gauge("ladle:step_time_seconds", "Moving average of the engine step time.",
+                    stats.mean_step_time_s)
+        yield counter("ladle:prefill_tokens", "Prompt tokens computed (recomputes included).",
+                      stats.num_prefill_tokens)
+        yield counter("ladle:decode_tokens", "Tokens computed by decode steps.",
+                      stats.num_decode_tokens)
 
 
 class ServerMetrics:
@@ -201,69 +105,44 @@ class ServerMetrics:
         labels = ["model_name"]
         self._model_name = model_name
         self.prompt_tokens = Counter(
-            "vllm:prompt_tokens",
-            "Prompt tokens of accepted sequences.",
-            labels,
+            "vllm:prompt_tokens", "Prompt tokens of accepted sequences.", labels,
             registry=self.registry,
         ).labels(model_name)
         self.generation_tokens = Counter(
-            "vllm:generation_tokens",
-            "Tokens generated.",
-            labels,
-            registry=self.registry,
+            "vllm:generation_tokens", "Tokens generated.", labels, registry=self.registry,
         ).labels(model_name)
         self._request_success = Counter(
-            "vllm:request_success",
-            "Finished requests by finish reason.",
-            ["model_name", "finished_reason"],
-            registry=self.registry,
+            "vllm:request_success", "Finished requests by finish reason.",
+            ["model_name", "finished_reason"], registry=self.registry,
         )
         self.time_to_first_token = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Arrival to first token.",
-            labels,
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
+            "vllm:time_to_first_token_seconds", "Arrival to first token.", labels,
+            buckets=TTFT_BUCKETS, registry=self.registry,
         ).labels(model_name)
         self.inter_token_latency = Histogram(
-            "vllm:inter_token_latency_seconds",
-            "Time between consecutive tokens of a sequence.",
-            labels,
-            buckets=INTER_TOKEN_BUCKETS,
-            registry=self.registry,
+            "vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sequence.",
+            labels, buckets=INTER_TOKEN_BUCKETS, registry=self.registry,
         ).labels(model_name)
         self.e2e_request_latency = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Arrival to last token.",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=self.registry,
+            "vllm:e2e_request_latency_seconds", "Arrival to last token.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
         ).labels(model_name)
         self.request_queue_time = Histogram(
-            "vllm:request_queue_time_seconds",
-            "Arrival to first scheduled.",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=self.registry,
+            "vllm:request_queue_time_seconds", "Arrival to first scheduled.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
         ).labels(model_name)
         self._rejected = Counter(
-            "ladle:requests_rejected",
-            "Requests refused before reaching the engine, by reason "
+            "ladle:requests_rejected", "Requests refused before reaching the engine, by reason "
             "(queue_full, too_long, bad_request, unauthorized, too_large).",
-            ["model_name", "reason"],
-            registry=self.registry,
+            ["model_name", "reason"], registry=self.registry,
         )
         self._aborted = Counter(
-            "ladle:requests_aborted",
-            "Requests aborted in the engine (client gone, shutdown).",
-            labels,
-            registry=self.registry,
+            "ladle:requests_aborted", "Requests aborted in the engine (client gone, shutdown).",
+            labels, registry=self.registry,
         ).labels(model_name)
         self.engine_restarts = Counter(
-            "ladle:engine_restarts",
-            "Engine-core processes started again after one died.",
-            labels,
-            registry=self.registry,
+            "ladle:engine_restarts", "Engine-core processes started again after one died.",
+            labels, registry=self.registry,
         ).labels(model_name)
 
     # ----- reporting -------------------------------------------------------------------------

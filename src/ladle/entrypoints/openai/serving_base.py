@@ -105,23 +105,14 @@ class OpenAIServing:
         )
 
     def add_request(
-        self,
-        prefix: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        priority: int,
-        admission_checked: bool = False,
+        self, prefix: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        priority: int, admission_checked: bool = False,
     ) -> RequestStream:
         """admission_checked: admit_batch() already admitted the batch this request is part of
         (so a batch is admitted whole or not at all)."""
         try:
             stream = self.client.add_request(
-                self.client.new_request_id(prefix),
-                prompt,
-                prompt_token_ids,
-                params,
-                priority,
+                self.client.new_request_id(prefix), prompt, prompt_token_ids, params, priority,
                 admission_checked=admission_checked,
             )
         except QueueFullError as error:
@@ -141,7 +132,9 @@ class OpenAIServing:
         if isinstance(error, RequestRejectedError):
             return BadRequestError(str(error))
         if isinstance(error, EngineDeadError):
-            return InternalServerError(f"the request failed: {error}", code="engine_dead")
+            return InternalServerError(
+                f"the request failed: {error}", code="engine_dead"
+            )
         return InternalServerError(f"the request failed: {type(error).__name__}: {error}")
 
     @staticmethod

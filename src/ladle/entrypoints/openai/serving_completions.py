@@ -60,14 +60,15 @@ class OpenAIServingCompletion(OpenAIServing):
             request, self._tokenize(request.prompt, request.add_special_tokens)
         )
         params_list = [self._params(request, token_ids) for _, token_ids in prompts]
-        self.admit_batch(len(prompts) * request.n, sum(len(ids) for _, ids in prompts) * request.n)
+        self.admit_batch(
+            len(prompts) * request.n, sum(len(ids) for _, ids in prompts) * request.n
+        )
         streams: list[RequestStream] = []
         try:
             for (text, token_ids), params in zip(prompts, params_list, strict=True):
                 streams.append(
-                    self.add_request(
-                        "cmpl", text, token_ids, params, request.priority, admission_checked=True
-                    )
+                    self.add_request("cmpl", text, token_ids, params, request.priority,
+                                     admission_checked=True)
                 )
         except BaseException:
             for stream in streams:
@@ -195,9 +196,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 if request.logprobs is not None:
                     echoed = self._echo_logprobs(request, output) if request.echo else None
                     logprobs = completion_logprobs(
-                        completion.logprobs or [],
-                        self.token_texts,
-                        num_top,
+                        completion.logprobs or [], self.token_texts, num_top,
                         _end_offset(echoed),
                     )
                     if echoed is not None:
@@ -258,9 +257,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs = None
                     if request.logprobs is not None and completion.logprobs_delta:
                         logprobs = completion_logprobs(
-                            completion.logprobs_delta,
-                            self.token_texts,
-                            num_top,
+                            completion.logprobs_delta, self.token_texts, num_top,
                             text_offsets[index],
                         )
                     if echoed is not None:
@@ -283,9 +280,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     finals[prompt_index] = output
                 if choices:
                     chunk = CompletionChunk(
-                        id=response_id,
-                        created=created,
-                        model=self.served_model_name,
+                        id=response_id, created=created, model=self.served_model_name,
                         choices=choices,
                     )
                     if continuous_usage:
@@ -297,10 +292,7 @@ class OpenAIServingCompletion(OpenAIServing):
             if include_usage:
                 done = [output for output in finals if output is not None]
                 chunk = CompletionChunk(
-                    id=response_id,
-                    created=created,
-                    model=self.served_model_name,
-                    choices=[],
+                    id=response_id, created=created, model=self.served_model_name, choices=[],
                     usage=self.usage(prompt_lengths, done),
                 )
                 yield sse_event(chunk.model_dump_json())
