@@ -6,6 +6,7 @@ import pytest
 import torch
 from helpers.tiny_models import LLAMA3_TINY_SCALING
 
+from ladle.kernels.cpu_native.build import set_native_kernels
 from ladle.model.layers.activation import SiluAndMul
 from ladle.model.layers.linear import MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
@@ -78,9 +79,18 @@ def test_step_tables_rotate_query_and_key_together_bit_for_bit():
     assert torch.equal(rotated[:, 4:], expected_k)
 
 
-def test_float32_rms_norm_is_the_reference_formula_bit_for_bit():
-    """float32 norms run as one F.rms_norm: the same values as the formula (HF's), at the
-    shapes the model uses, strided q/k-norm views included."""
+@pytest.fixture
+def torch_cpu_ops():
+    """The torch path of the CPU layers: ladle's C kernels off for the test."""
+    previous = set_native_kernels(False)
+    yield
+    set_native_kernels(previous)
+
+
+def test_float32_rms_norm_is_the_reference_formula_bit_for_bit(torch_cpu_ops):
+    """float32 norms run as one F.rms_norm (without the C kernels, whose sums run in another
+    order: tests/kernels/test_cpu_native_ops.py): the same values as the formula (HF's), at
+    the shapes the model uses, strided q/k-norm views included."""
     generator = torch.Generator().manual_seed(5)
     for shape in [(1, 576), (7, 576), (32, 64), (3, 9, 64)]:
         norm = RMSNorm(shape[-1], eps=1e-5)
@@ -96,13 +106,16 @@ def test_float32_rms_norm_is_the_reference_formula_bit_for_bit():
 
 
 def test_rms_norm_fused_residual_add():
+    """The sum may be written into the residual passed in (CUDA and the CPU's C kernel do):
+    callers hand the returned residual on and never read the old one."""
     norm = RMSNorm(8, eps=1e-5)
     torch.nn.init.normal_(norm.weight)
     x, residual = torch.randn(3, 8), torch.randn(3, 8)
+    total = x + residual
     normed, new_residual = norm(x, residual)
-    torch.testing.assert_close(new_residual, x + residual)
-    variance = (x + residual).pow(2).mean(-1, keepdim=True)
-    torch.testing.assert_close(normed, norm.weight * (x + residual) / torch.sqrt(variance + 1e-5))
+    torch.testing.assert_close(new_residual, total)
+    variance = total.pow(2).mean(-1, keepdim=True)
+    torch.testing.assert_close(normed, norm.weight * total / torch.sqrt(variance + 1e-5))
 
 
 def test_silu_and_mul():

@@ -19,6 +19,7 @@ from ladle.attention.backend import KVScales
 from ladle.attention.kv_quant import dequantize_kv
 from ladle.attention.metadata import AttentionMetadata
 from ladle.attention.torch_backend import TorchAttentionBackend, attend_one_request
+from ladle.kernels.cpu_native.decode_ops import paged_decode_attention
 
 
 class CpuAttentionBackend(TorchAttentionBackend):
@@ -85,6 +86,13 @@ def decode_attention(
     num_kv_heads = kv_cache.shape[3]
     plan = decode_gather_plan(metadata, request_indices, kv_cache.device)
     context_len = plan.context_len
+    if kv_scales is None:
+        # The C kernel reads the slots in place: no gathered copy, no mask, one call.
+        attended = paged_decode_attention(
+            query.contiguous(), kv_cache, plan.slots, plan.lengths, context_len, scale
+        )
+        if attended is not None:
+            return attended
     # [num_decodes * ctx, kv_heads, dim] -> [num_decodes, kv_heads, ctx, dim]; index_select on
     # flat slots is ~5x cheaper than advanced indexing with a block table.
     keys = kv_cache[0].view(-1, num_kv_heads, head_dim).index_select(0, plan.slots)
@@ -112,6 +120,7 @@ class DecodeGatherPlan:
     slots: torch.Tensor  # int64 [num_decodes * context_len]; past a context's end, slot 0
     context_len: int  # the longest context among the decode rows
     mask: torch.Tensor | None  # bool [num_decodes, 1, 1, context_len], None when all are full
+    lengths: torch.Tensor  # int64 [num_decodes]: each row's context length
 
 
 def decode_gather_plan(
@@ -138,6 +147,7 @@ def decode_gather_plan(
         # Padded positions read slot 0 (the null block) and are masked out.
         slots = slots.masked_fill(~valid, 0)
         mask = valid[:, None, None, :]
-    plan = DecodeGatherPlan(slots.reshape(-1).contiguous(), context_len, mask)
+    lengths = torch.tensor(seq_lens_host, dtype=torch.long, device=device)
+    plan = DecodeGatherPlan(slots.reshape(-1).contiguous(), context_len, mask, lengths)
     metadata.backend_cache[key] = plan
     return plan

@@ -20,6 +20,7 @@ import time
 import torch
 
 from ladle import LLM, SamplingParams
+from ladle.kernels.cpu_native.build import set_native_kernels
 from ladle.model.default_model import resolve_default_model
 
 CHAT_PROMPT_WORDS = 150  # about 200 tokens once templated
@@ -53,6 +54,15 @@ def time_ladle_batch(llm: LLM, prompts: list[list[int]], max_tokens: int) -> flo
     return elapsed
 
 
+def with_c_kernels(enabled: bool, run, *args) -> float:
+    """run(*args) with ladle's C kernels for the CPU on or off (off: the torch path)."""
+    previous = set_native_kernels(enabled)
+    try:
+        return run(*args)
+    finally:
+        set_native_kernels(previous)
+
+
 def time_llamacpp(model, prompt: list[int], max_tokens: int) -> float:
     model.reset()
     started = time.perf_counter()
@@ -71,6 +81,12 @@ def main() -> None:
     parser.add_argument("--output-len", type=int, default=64)
     parser.add_argument("--quantization", nargs="+", default=["auto", "int8", "gguf", "none"])
     parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument(
+        "--torch-ops-too",
+        action="store_true",
+        help="also run each ladle engine with its C kernels off (kernels/cpu_native): the torch "
+        "path, interleaved in the same run",
+    )
     args = parser.parse_args()
     from llama_cpp import Llama, llama_free
 
@@ -84,18 +100,27 @@ def main() -> None:
     short = list(range(1000, 1064))
     decode: dict[str, list[float]] = {}
     first_token: dict[str, list[float]] = {}
-    runners = {name: (lambda p, n, e=e: time_ladle(e, p, n)) for name, e in engines.items()}
+    variants = {name: (engine, True) for name, engine in engines.items()}
+    if args.torch_ops_too:
+        variants.update({f"{name} (torch ops)": (e, False) for name, e in engines.items()})
+    runners = {
+        name: (lambda p, n, e=e, c=c: with_c_kernels(c, time_ladle, e, p, n))
+        for name, (e, c) in variants.items()
+    }
     runners["llama.cpp"] = lambda p, n: time_llamacpp(peer, p, n)
     batch_prompts = [list(range(1000 + 64 * i, 1064 + 64 * i)) for i in range(args.batch)]
     context_len = args.batch * (64 + args.output_len + 8)
     peer_context = batched_context(peer, args.batch, context_len, args.threads)
     batch_runners = {
-        name: (lambda n, e=e: time_ladle_batch(e, batch_prompts, n)) for name, e in engines.items()
+        name: (lambda n, e=e, c=c: with_c_kernels(c, time_ladle_batch, e, batch_prompts, n))
+        for name, (e, c) in variants.items()
     }
     batch_runners["llama.cpp"] = lambda n: time_llamacpp_batched(
         peer, peer_context, batch_prompts, n
     )
     batched: dict[str, list[float]] = {}
+    with open("/proc/loadavg") as file:
+        print(f"load average at the start: {file.read().split()[:3]}", flush=True)
     for run in runners.values():  # warm-up
         run(short, 4)
     for _ in range(args.repeats):
@@ -108,10 +133,12 @@ def main() -> None:
             full, one = run_batch(args.output_len + 1), run_batch(1)
             batched.setdefault(name, []).append(args.batch * args.output_len / (full - one))
     print(f"threads={args.threads} chat prompt={len(chat)} tokens repeats={args.repeats}")
+    with open("/proc/loadavg") as file:
+        print(f"load average at the end: {file.read().split()[:3]}")
     for name in runners:
         rate, ttft = statistics.median(decode[name]), statistics.median(first_token[name])
         print(
-            f"{name:>12}: batch-1 decode {rate:6.1f} tok/s {[round(x, 1) for x in decode[name]]},"
+            f"{name:>24}: batch-1 decode {rate:6.1f} tok/s {[round(x, 1) for x in decode[name]]},"
             f" TTFT {ttft * 1e3:6.0f} ms {[round(x * 1e3) for x in first_token[name]]},"
             f" batch-{args.batch} decode {statistics.median(batched[name]):6.1f} tok/s "
             f"{[round(x, 1) for x in batched[name]]}"

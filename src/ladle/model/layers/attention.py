@@ -66,6 +66,19 @@ class Attention(nn.Module):
             output = self.backend.forward(query, key, value, kv_cache, metadata, self.scale)
         return output.reshape(num_tokens, self.num_heads * self.head_dim)
 
+    def can_attend_cached(self, kv_cache: torch.Tensor) -> bool:
+        """Whether `attend_cached` may be called: a backend that attends over the cache alone
+        (the CPU's) and a cache without float8 scales."""
+        return hasattr(self.backend, "attend") and not is_fp8_kv_cache(kv_cache)
+
+    def attend_cached(
+        self, query: torch.Tensor, kv_cache: torch.Tensor, metadata: AttentionMetadata
+    ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+        """Attention for a step whose keys and values are already in the cache (written by the
+        caller, kernels/cpu_native/rotary_cache.c)."""
+        output = self.backend.attend(query, kv_cache, metadata, self.scale)
+        return output.reshape(query.shape[0], self.num_heads * self.head_dim)
+
     def extra_repr(self) -> str:
         return (
             f"heads={self.num_heads}, kv_heads={self.num_kv_heads}, head_dim={self.head_dim}, "

@@ -22,6 +22,8 @@ from dataclasses import dataclass, replace
 import torch
 import torch.nn.functional as F
 
+from ladle.kernels.cpu_native.gemv import group_dequantize_rows, group_rows_gemv
+
 # float32 elements of weight converted per chunk: 1 MiB, so the chunk stays in L2 while the
 # matmul reads it.
 CHUNK_ELEMENTS = 1 << 18
@@ -32,8 +34,8 @@ class GroupQuantizedRows:
     """Rows [N, num_columns] of a weight in a group-wise integer layout (see the module doc)."""
 
     codes: torch.Tensor  # bits 8: int8 [N, padded]; bits 4: uint8 [N, padded // 2]
-    scale: torch.Tensor  # float32 [N, groups]
-    offset: torch.Tensor | None  # float32 [N, groups], or None (symmetric)
+    scale: torch.Tensor  # float32 or float16 (GGUF's own, exact) [N, groups]
+    offset: torch.Tensor | None  # the scale's dtype, [N, groups], or None (symmetric)
     group_size: int
     bits: int
     num_columns: int
@@ -136,7 +138,11 @@ def quantize_int4_groups(weight: torch.Tensor, group_size: int = 128) -> GroupQu
 
 
 def _dequantize_rows(weight: GroupQuantizedRows, start: int, count: int) -> torch.Tensor:
-    """float32 [count, padded_columns] of rows start..start+count."""
+    """float32 [count, padded_columns] of rows start..start+count (one C pass where it applies,
+    kernels/cpu_native/gemv.py; the torch code below is its reference)."""
+    native = group_dequantize_rows(weight, start, count)
+    if native is not None:
+        return native
     codes = weight.codes[start : start + count]
     if weight.bits == 4:
         codes = unpack_int4(codes)
@@ -150,7 +156,12 @@ def _dequantize_rows(weight: GroupQuantizedRows, start: int, count: int) -> torc
 def group_quantized_matmul(
     x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., K] @ weight^T (+ bias), dequantizing one chunk of rows at a time."""
+    """x [..., K] @ weight^T (+ bias). Up to 4 rows (decode): the C kernel that widens the codes
+    in registers (kernels/cpu_native/gemv.py), reading each weight's own bits once; otherwise,
+    or without it, one chunk of rows at a time dequantized for MKL."""
+    output = group_rows_gemv(x, weight, bias)
+    if output is not None:
+        return output
     num_columns = weight.num_columns
     rows_per_chunk = max(1, CHUNK_ELEMENTS // weight.padded_columns)
     outputs = [

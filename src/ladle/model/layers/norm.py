@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.kernels.cpu_native.decode_ops import add_rms_norm
 from ladle.kernels.dispatch import use_fused_kernels
 
 
@@ -15,8 +16,9 @@ class RMSNorm(nn.Module):
     Called as norm(x) it returns the normalised x. Called as norm(x, residual) it first adds x to
     the residual stream and returns (normalised sum, new residual): the decoder layer then keeps
     one running residual tensor instead of re-adding it in three places. On CUDA one fused Triton
-    launch does either (kernels/rms_norm.py), and the new residual is the residual tensor passed
-    in, updated in place; x may be a strided [tokens, heads, head_dim] view (Qwen3's q/k norm).
+    launch does either (kernels/rms_norm.py), on the CPU in float32 one C call
+    (kernels/cpu_native/rms_norm.c), and the new residual is the residual tensor passed in,
+    updated in place; x may be a strided [tokens, heads, head_dim] view (Qwen3's q/k norm).
     """
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
@@ -42,6 +44,11 @@ class RMSNorm(nn.Module):
     ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         if use_fused_kernels(x):
             return self._forward_fused(x, residual)
+        # On the CPU, float32: one C call (kernels/cpu_native), the residual updated in place
+        # as on CUDA; None where it does not apply.
+        native = add_rms_norm(x, residual, self.weight, self.eps)
+        if native is not None:
+            return native
         if residual is None:
             return self._normalize(x)
         residual = x + residual

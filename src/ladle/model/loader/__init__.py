@@ -104,7 +104,9 @@ def resolve_quantization(
 ) -> str | None:
     """The quantization to apply, or None. 'auto' keeps a GGUF checkpoint quantized on the CPU
     (weight-only int8) unless the user chose a dtype; 'gguf' keeps its Q8_0/Q4_0/Q4_1/Q4_K/
-    Q6_K tensors in their own format (and the rest in weight-only int8)."""
+    Q6_K tensors in their own format (and the rest in weight-only int8). auto is not 'gguf':
+    its 4-bit GEMV was not faster than int8 at batch 1 and its batch-32 path is slower
+    (docs/quantization.md, "ladle's C kernels for the CPU")."""
     method = model_config.quantization
     if method == "auto":
         is_default_dtype = model_config.dtype == "auto"

@@ -9,8 +9,10 @@ float32 copy of the weight:
     Q4_K  4-bit codes, scale d * sc, min -dmin * m per 32     -> int4, group 32
 
 Each format's values are exactly code * scale + offset in float32, so the kept weights equal
-the dequantized ones (gguf_dequant.py); only the matmul's summation order differs. Other types
-(F16, Q5_*, Q2_K, Q3_K, IQ*) are dequantized as before.
+the dequantized ones (gguf_dequant.py); only the matmul's summation order differs. Q8_0, Q4_0
+and Q4_1 keep their scales and offsets in float16, as the file stores them (exact, and the
+decode kernel then reads 5 bits per 4-bit weight instead of 6); the K types' are products and
+stay float32. Other types (F16, Q5_*, Q2_K, Q3_K, IQ*) are dequantized as before.
 """
 
 from __future__ import annotations
@@ -32,7 +34,10 @@ def _q8_0(blocks: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, None, int, 
 
 def _q4_0(blocks: torch.Tensor):
     scale = _block_f16(blocks, 0)
-    return _ggml_nibbles(blocks[:, :, 2:18]), scale, -8.0 * scale, 32, 4
+    offset = -8.0 * scale  # a power-of-two multiple: exact in float16 unless it overflows
+    if not torch.isfinite(offset).all():
+        scale, offset = scale.float(), -8.0 * scale.float()
+    return _ggml_nibbles(blocks[:, :, 2:18]), scale, offset, 32, 4
 
 
 def _q4_1(blocks: torch.Tensor):
@@ -69,8 +74,8 @@ NATIVE_TYPES = frozenset(_NATIVE_DECODERS)
 
 
 def _block_f16(blocks: torch.Tensor, start: int) -> torch.Tensor:
-    """A float16 field of every block as float32 [rows, blocks]."""
-    return blocks[:, :, start : start + 2].contiguous().view(torch.float16).float().squeeze(-1)
+    """A float16 field of every block, [rows, blocks] float16."""
+    return blocks[:, :, start : start + 2].contiguous().view(torch.float16).squeeze(-1)
 
 
 def _ggml_nibbles(packed: torch.Tensor) -> torch.Tensor:

@@ -14,6 +14,7 @@ from torch import nn
 
 from ladle.attention.backend import AttentionBackend
 from ladle.attention.metadata import AttentionMetadata
+from ladle.kernels.cpu_native.decode_ops import rotate_and_cache
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.layers.activation import SiluAndMul
@@ -80,6 +81,19 @@ class LlamaAttention(nn.Module):
         num_tokens = hidden_states.shape[0]
         qkv = self.qkv_proj(hidden_states)
         if rotary_tables is not None and self.q_norm is None:
+            # On the CPU in float32: one C call rotates the query and key heads in place and
+            # writes keys and values to the cache (kernels/cpu_native/rotary_cache.c).
+            if self.attn.can_attend_cached(kv_cache) and rotate_and_cache(
+                qkv,
+                rotary_tables,
+                kv_cache,
+                attn_metadata.slot_mapping,
+                self.num_heads,
+                self.num_kv_heads,
+                self.head_dim,
+            ):
+                query = qkv[:, : self.qkv_proj.q_size].view(num_tokens, self.num_heads, -1)
+                return self.o_proj(self.attn.attend_cached(query, kv_cache, attn_metadata))
             # Query and key heads sit side by side in qkv: rotated together, four ops.
             query_key = qkv[:, : self.qkv_proj.q_size + self.qkv_proj.kv_size]
             query_key = rotate_with_tables(

@@ -1,0 +1,123 @@
+"""Decode-sized matmuls (1 to 4 rows) on quantized CPU weights, through the C kernels.
+
+Each function returns None when its kernel does not apply (no library, a shape or dtype it does
+not take, more than MAX_ROWS rows), and the caller runs its torch path; a result is the float32
+product of x with the dequantized weight, up to the order of the sums (the torch references are
+`dequantize_int8_per_row` and `GroupQuantizedRows.dequantize`).
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from ladle.kernels.cpu_native.build import kernel_threads, native_library
+
+if TYPE_CHECKING:  # group_quant.py calls into this module
+    from ladle.model.layers.group_quant import GroupQuantizedRows
+
+# The kernels keep one accumulator per (row of x, output row) in registers: up to 4 rows of x.
+MAX_ROWS = 4
+
+
+def _fits(x: torch.Tensor, weight_device: torch.device) -> bool:
+    return (
+        x.dim() == 2
+        and 1 <= x.shape[0] <= MAX_ROWS
+        and x.device.type == "cpu"
+        and weight_device.type == "cpu"
+        and not x.requires_grad
+    )
+
+
+def _pointer(tensor: torch.Tensor | None) -> int | None:
+    return None if tensor is None else tensor.data_ptr()
+
+
+def _has_kernel_layout(weight: GroupQuantizedRows) -> bool:
+    """Contiguous codes, and float32 or float16 scales (and offsets of the same dtype)."""
+    scale, offset = weight.scale, weight.offset
+    if not weight.codes.is_contiguous() or not scale.is_contiguous():
+        return False
+    if scale.dtype not in (torch.float32, torch.float16):
+        return False
+    return offset is None or (offset.dtype == scale.dtype and offset.is_contiguous())
+
+
+def _float32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
+    return None if bias is None else bias.contiguous().float()
+
+
+def int8_rows_gemv(
+    x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """x [M, K] @ (codes [N, K] int8 * scale [N, 1])^T (+ bias), in x's dtype; None if the
+    kernel does not apply."""
+    library = native_library()
+    if library is None or not _fits(x, codes.device) or codes.dtype != torch.int8:
+        return None
+    num_rows, num_columns = codes.shape
+    if x.shape[1] != num_columns or not codes.is_contiguous():
+        return None
+    x32 = x.contiguous().float()
+    scale32 = scale.contiguous().float()
+    bias32 = _float32_bias(bias)
+    output = torch.empty(x.shape[0], num_rows, dtype=torch.float32)
+    status = library.ladle_int8_gemv(
+        x32.data_ptr(), x.shape[0], num_columns, codes.data_ptr(), scale32.data_ptr(),
+        _pointer(bias32), output.data_ptr(), num_rows, kernel_threads(),
+    )  # fmt: skip
+    if status != 0:
+        return None
+    return output.to(x.dtype)
+
+
+def group_rows_gemv(
+    x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """x [M, K] @ weight^T (+ bias), in x's dtype; None if the kernel does not apply (it needs
+    groups of a multiple of 16 columns and, for 4-bit codes, padded columns a multiple of 32,
+    so that every 16-column vector of either nibble half lies in one group)."""
+    library = native_library()
+    if library is None or not _fits(x, weight.codes.device):
+        return None
+    padded = weight.padded_columns
+    if weight.group_size % 16 or (weight.bits == 4 and padded % 32):
+        return None
+    if x.shape[1] != weight.num_columns or not _has_kernel_layout(weight):
+        return None
+    scale, offset = weight.scale, weight.offset
+    x32 = x.contiguous().float()
+    if padded != weight.num_columns:
+        # The kernel reads whole groups; zeros in the padded columns add nothing.
+        x32 = torch.nn.functional.pad(x32, (0, padded - weight.num_columns))
+    bias32 = _float32_bias(bias)
+    output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
+    status = library.ladle_group_gemv(
+        x32.data_ptr(), x.shape[0], padded, weight.bits, weight.group_size,
+        weight.codes.data_ptr(), scale.data_ptr(), _pointer(offset),
+        int(scale.dtype == torch.float16), _pointer(bias32), output.data_ptr(), weight.num_rows,
+        kernel_threads(),
+    )  # fmt: skip
+    if status != 0:
+        return None
+    return output.to(x.dtype)
+
+
+def group_dequantize_rows(
+    weight: GroupQuantizedRows, start: int, count: int
+) -> torch.Tensor | None:
+    """float32 [count, padded_columns] of rows start..start+count in one C pass; None if the
+    kernel does not apply (then `group_quant._dequantize_rows`'s torch code, its reference)."""
+    library = native_library()
+    if library is None or weight.codes.device.type != "cpu" or not _has_kernel_layout(weight):
+        return None
+    scale, offset = weight.scale, weight.offset
+    output = torch.empty(count, weight.padded_columns, dtype=torch.float32)
+    status = library.ladle_group_dequantize(
+        weight.codes.data_ptr(), scale.data_ptr(), _pointer(offset),
+        int(scale.dtype == torch.float16), weight.padded_columns, weight.bits,
+        weight.group_size, start, count, output.data_ptr(), torch.get_num_threads(),
+    )  # fmt: skip
+    return output if status == 0 else None
