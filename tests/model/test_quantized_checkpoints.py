@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.tiny_models import PagedBatch, make_kv_caches
+from helpers.tiny_models import paged_logits
 from safetensors.torch import load_file, save_file
 
 from ladle.attention.torch_backend import TorchAttentionBackend
@@ -42,15 +42,6 @@ def _load(path: str, **options):
     return load_model(config, CPU, torch.float32, TorchAttentionBackend())
 
 
-@torch.no_grad()
-def _logits(loaded) -> torch.Tensor:
-    arch = loaded.arch_config
-    prompts = [list(range(4, 9)), list(range(20, 31))]
-    input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts)
-    caches = make_kv_caches(arch.num_hidden_layers, 16, 4, arch.num_key_value_heads, arch.head_dim)
-    return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
-
-
 @pytest.fixture(scope="module")
 def float_model(tmp_path_factory) -> str:
     from helpers.tiny_models import save_tiny_model
@@ -73,10 +64,10 @@ def test_written_checkpoint_loads_to_the_in_memory_quantized_logits(
     loaded = _load(str(out))
     assert loaded.checkpoint_quantization == method
     reference = _load(float_model)
-    float_logits = _logits(reference)
+    float_logits = paged_logits(reference)
     quantize_linears_(reference.model, get_quant_method(method, symmetric=symmetric))
-    in_memory = _logits(reference)
-    assert torch.equal(_logits(loaded), in_memory)
+    in_memory = paged_logits(reference)
+    assert torch.equal(paged_logits(loaded), in_memory)
     error = ((in_memory - float_logits).norm() / float_logits.norm()).item()
     assert 0 < error < LOGIT_TOLERANCE[method]
 
@@ -198,4 +189,4 @@ def test_sharded_quantized_checkpoint_with_parts_across_files(
     assert len(set(index["weight_map"].values())) > 3
     reference = _load(float_model)
     quantize_linears_(reference.model, "int4")
-    assert torch.equal(_logits(_load(str(out))), _logits(reference))
+    assert torch.equal(paged_logits(_load(str(out))), paged_logits(reference))

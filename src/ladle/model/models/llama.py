@@ -257,7 +257,7 @@ class LlamaForCausalLM(nn.Module):
             except ModelLoadError as error:
                 raise ModelLoadError(f"weight {checkpoint_name!r}: {error}") from None
             loaded.add((name, shard_id))
-        missing = sorted(_to_checkpoint_name(*key) for key in expected - loaded)
+        missing = sorted(to_checkpoint_name(*key) for key in expected - loaded)
         if missing:
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             shown = ", ".join(missing[:8]) + more
@@ -284,7 +284,8 @@ def _to_param_name(checkpoint_name: str) -> tuple[str, str | int | None]:
     return checkpoint_name, None
 
 
-def _to_checkpoint_name(param_name: str, shard_id: str | int | None) -> str:
+def to_checkpoint_name(param_name: str, shard_id: str | int | None) -> str:
+    """The checkpoint tensor that fills shard `shard_id` of parameter `param_name`."""
     for fragment, merged_fragment, merged_shard in _MERGED_WEIGHTS:
         if merged_fragment in param_name and shard_id == merged_shard:
             return param_name.replace(merged_fragment, fragment)
