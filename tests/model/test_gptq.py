@@ -108,7 +108,7 @@ def test_calibrated_checkpoint_loads_to_the_in_memory_calibrated_logits(
 
     from ladle.attention.torch_backend import TorchAttentionBackend
     from ladle.config import ModelConfig
-    from ladle.model.layers.quant import get_quant_method
+    from ladle.model.layers.quant import default_float_layers, get_quant_method
     from ladle.model.layers.quant.base import install_canonical_
     from ladle.model.loader import load_model
     from ladle.model.loader.calibration import (
@@ -126,16 +126,22 @@ def test_calibrated_checkpoint_loads_to_the_in_memory_calibrated_logits(
     float_model = save_tiny_model(tmp_path, "qwen2", intermediate_size=200)
     windows = [list(range(3, 60)), list(range(40, 100)), list(range(7, 30))]
     method = get_quant_method(method_name, symmetric=symmetric)
-    calibrated = calibrate_checkpoint(float_model, method, torch.float32, windows)
+    float_layers = default_float_layers(method_name, 2)
+    calibrated = calibrate_checkpoint(
+        float_model, method, torch.float32, windows, float_layers=float_layers
+    )
     out = tmp_path / "calibrated"
     summary = write_quantized_checkpoint(
         float_model, out, method_name, fmt, torch.float32, symmetric, calibrated
     )
-    assert summary["calibrated"] == summary["quantized"] == 2 * 7
+    num_float_layers = 1 if method_name == "fp8" else 0  # fp8 keeps its last layer float
+    assert summary["calibrated"] == summary["quantized"] == (2 - num_float_layers) * 7
 
     reference = load(float_model)
     float_logits = paged_logits(reference)
-    results = calibrate_linears(reference.model, windows, gptq_quantizer(method))
+    results = calibrate_linears(
+        reference.model, windows, gptq_quantizer(method), float_layers=float_layers
+    )
     for name, canonical in results.items():
         module = reference.model.get_submodule(name)
         install_canonical_(module, method, canonical)

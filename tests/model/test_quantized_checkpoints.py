@@ -56,9 +56,14 @@ def test_written_checkpoint_loads_to_the_in_memory_quantized_logits(
 ):
     out = tmp_path / "quantized"
     summary = write_quantized_checkpoint(float_model, out, method, fmt, torch.float32, symmetric)
-    assert summary["quantized"] == 2 * 7  # q, k, v, o, gate, up, down in each of two layers
+    # q, k, v, o, gate, up, down in each of two layers; fp8 keeps the last layer's float.
+    num_float_layers = 1 if method == "fp8" else 0
+    assert summary["quantized"] == (2 - num_float_layers) * 7
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == {"hf-fp8": "fp8"}.get(fmt, fmt)
+    float_modules = config["quantization_config"].get("modules_to_not_convert", [])
+    assert len(float_modules) == 7 * num_float_layers
+    assert all(name.startswith("model.layers.1.") for name in float_modules)
     assert (out / "tokenizer.json").is_file()
 
     loaded = _load(str(out))
@@ -190,3 +195,25 @@ def test_sharded_quantized_checkpoint_with_parts_across_files(
     reference = _load(float_model)
     quantize_linears_(reference.model, "int4")
     assert torch.equal(paged_logits(_load(str(out))), paged_logits(reference))
+
+
+def test_modules_to_not_convert_stay_float_and_merged_ones_must_be_listed_whole(
+    float_model, tmp_path
+):
+    out = tmp_path / "int4"
+    write_quantized_checkpoint(float_model, out, "int4", "gptq", torch.float32, float_layers={0})
+    loaded = _load(str(out))
+    assert loaded.model.get_submodule("model.layers.0.mlp.down_proj").quant_method is None
+    assert loaded.model.get_submodule("model.layers.1.mlp.down_proj").quant_method is not None
+    reference = _load(float_model)
+    quantize_linears_(reference.model, "int4", float_layers={0})
+    assert torch.equal(paged_logits(loaded), paged_logits(reference))
+
+    config = json.loads((out / "config.json").read_text())
+    listed = config["quantization_config"]["modules_to_not_convert"]
+    config["quantization_config"]["modules_to_not_convert"] = [
+        name for name in listed if not name.endswith("k_proj")
+    ]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="model.layers.0.self_attn.k_proj"):
+        _load(str(out))

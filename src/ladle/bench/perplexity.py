@@ -55,11 +55,13 @@ def window_negative_log_likelihood(model, tokens: list[int], block_size: int = 1
 # Methods measured through the GPU path's own layers (model/layers/quant/), run on the CPU by
 # their float32 reference: quantize_linears_ is the call `--quantization fp8|int4` makes at load
 # on CUDA, and the numerics a checkpoint of `ladle quantize --method fp8|int4` runs anywhere. Only
-# the decoder's projections are quantized; the embedding and the tied LM head stay float32.
+# the decoder's projections are quantized (fp8: but its last layer's, by default); the embedding
+# and the tied LM head stay float32. name -> (method, symmetric, float layers; None: default).
 LAYER_METHODS = {
-    "fp8": ("fp8", False),
-    "int4-g128": ("int4", False),
-    "int4-g128-sym": ("int4", True),
+    "fp8": ("fp8", False, None),
+    "fp8-all-layers": ("fp8", False, ()),
+    "int4-g128": ("int4", False, None),
+    "int4-g128-sym": ("int4", True, None),
 }
 
 
@@ -73,8 +75,8 @@ def load_for_perplexity(model_path: str, method: str):
     config = ModelConfig(model=model_path, quantization=loaded_as, dtype="float32")
     model = load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
     if method in LAYER_METHODS:
-        name, symmetric = LAYER_METHODS[method]
-        quantize_linears_(model, get_quant_method(name, symmetric=symmetric))
+        name, symmetric, float_layers = LAYER_METHODS[method]
+        quantize_linears_(model, get_quant_method(name, symmetric=symmetric), float_layers)
     if method == "int8-weight-only":  # what --quantization auto runs for a GGUF
         quantize_model_(model, "int8", weight_only=True)
     return model
@@ -101,9 +103,10 @@ def main() -> None:
         default=["none", "gguf", "int8", "int4", "fp8"],
         help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
         "format), int8, int8-weight-only (the auto default) and int4 (ladle's CPU formats; the "
-        "CPU's int4 quantizes the embedding and tied LM head too); fp8 (e4m3 W8A8), int4-g128 "
-        "and int4-g128-sym (RTN) through the GPU methods' layers on the decoder's projections "
-        "(what --quantization fp8|int4 runs on CUDA); or a quantized checkpoint folder (e.g. "
+        "CPU's int4 quantizes the embedding and tied LM head too); fp8 (e4m3 W8A8, the last "
+        "layer kept float), fp8-all-layers, int4-g128 and int4-g128-sym (RTN) through the GPU "
+        "methods' layers on the decoder's projections (what --quantization fp8|int4 runs on "
+        "CUDA); or a quantized checkpoint folder (e.g. "
         "one `ladle quantize` wrote), loaded as it would be served",
     )
     args = parser.parse_args()

@@ -17,7 +17,7 @@ overwritten by their quantized images as the pass goes.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 
 import torch
 from torch import nn
@@ -104,9 +104,11 @@ def calibrate_linears(
     windows: list[list[int]],
     quantizer: WeightQuantizer,
     log: Callable[[str], None] | None = None,
+    float_layers: Collection[int] = (),
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Quantize every decoder Linear of `model` from calibration `windows` (token id lists),
-    layer by layer; returns {module name: canonical tensors}. The model's Linear weights are
+    layer by layer, except in the decoder layers `float_layers`; returns {module name:
+    canonical tensors}. The model's Linear weights are
     left holding the dequantized quantized weights (its float outputs are gone)."""
     runner = _LayerRunner(model, windows)
     device = runner.device
@@ -114,6 +116,9 @@ def calibrate_linears(
     results: dict[str, dict[str, torch.Tensor]] = {}
     started = time.perf_counter()
     for index, layer in enumerate(model.model.layers):
+        if index in float_layers:
+            states = runner.run(layer, states)
+            continue
         linears = _linears(layer)
         accumulators = {
             name: HessianAccumulator(module.input_size, device) for name, module in linears.items()
@@ -183,6 +188,7 @@ def calibrate_checkpoint(
     windows: list[list[int]],
     search_clip: bool = False,
     log: Callable[[str], None] | None = None,
+    float_layers: Collection[int] = (),
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
     when there is one) and quantize its projections with GPTQ from `windows`; returns canonical
@@ -195,5 +201,6 @@ def calibrate_checkpoint(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
     model = load_model(config, device, dtype, get_attention_backend(device)).model
-    results = calibrate_linears(model, windows, gptq_quantizer(method, search_clip), log)
+    quantizer = gptq_quantizer(method, search_clip)
+    results = calibrate_linears(model, windows, quantizer, log, float_layers)
     return by_checkpoint_name(model, results)

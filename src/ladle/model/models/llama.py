@@ -240,7 +240,7 @@ class LlamaForCausalLM(nn.Module):
             if checkpoint_name == "lm_head.weight" and self.lm_head is None:
                 # Some tied checkpoints also store the (identical) output matrix.
                 continue
-            name, shard_id = _to_param_name(checkpoint_name)
+            name, shard_id = to_param_name(checkpoint_name)
             param = params.get(name)
             if param is None or (name, shard_id) not in expected:
                 raise ModelLoadError(f"unexpected weight {checkpoint_name!r} in checkpoint")
@@ -277,7 +277,8 @@ class LlamaForCausalLM(nn.Module):
         return expected
 
 
-def _to_param_name(checkpoint_name: str) -> tuple[str, str | int | None]:
+def to_param_name(checkpoint_name: str) -> tuple[str, str | int | None]:
+    """(ladle parameter name, shard id) that checkpoint tensor `checkpoint_name` fills."""
     for fragment, merged_fragment, shard_id in _MERGED_WEIGHTS:
         if fragment in checkpoint_name:
             return checkpoint_name.replace(fragment, merged_fragment), shard_id
