@@ -92,9 +92,10 @@ def run_quantize(args: argparse.Namespace) -> int:
     summary = write_quantized_checkpoint(
         source, args.out, args.method, args.format, dtype, args.symmetric, calibrated, float_layers
     )
+    how = f"{summary['calibrated']} by gptq" if calibrated else "round to nearest"
+    kept = f", {len(float_layers)} last layer(s) left in {args.dtype}" if float_layers else ""
     print(
-        f"ladle quantize: {summary['quantized']} weights to {args.method} "
-        f"({summary['calibrated']} by {args.algorithm}) in "
+        f"ladle quantize: {summary['quantized']} weights to {args.method} ({how}{kept}) in "
         f"{time.perf_counter() - start:.1f}s; {summary['bytes_in'] / 2**20:.1f} MiB -> "
         f"{summary['bytes_out'] / 2**20:.1f} MiB in {args.out}",
         file=sys.stderr,

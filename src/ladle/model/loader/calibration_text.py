@@ -35,8 +35,12 @@ def sharegpt_texts(seed: int, num_conversations: int, skip: int = 0) -> list[str
 
 
 def calibration_texts(seed: int, num_conversations: int = 2000) -> list[str]:
-    """Conversations disjoint from the perplexity bench's sample of the same seed."""
-    return sharegpt_texts(seed, num_conversations, skip=EVALUATION_CONVERSATIONS)
+    """Conversations disjoint from the perplexity bench's sample of the same seed: the ones after
+    it in the shuffle, less any whose text repeats one of the sample's (ShareGPT holds
+    duplicates: 22 of seed 0's first 2000 reappear among the next 2000)."""
+    evaluation = set(sharegpt_texts(seed, EVALUATION_CONVERSATIONS))
+    later = sharegpt_texts(seed, num_conversations, skip=EVALUATION_CONVERSATIONS)
+    return [text for text in later if text not in evaluation]
 
 
 def _complete_records(text: str) -> list[dict]:
