@@ -8,8 +8,9 @@ from the inputs it actually sees (gptq.py).
         quantize each Linear with its Hessian; put the quantized (dequantized) weight in place
         run the windows through it again: the next layer's inputs, quantization error included
 
-Only one layer's inputs for all windows are held at a time (for 128 windows x 512 tokens of an
-8B model, 2 x 0.5 GiB in bfloat16 beside the model), never every layer's activations. The model
+Only one layer's inputs for all windows are held at a time (hidden states and residual: for 128
+windows x 512 tokens of an 8B model, 2 x 0.5 GiB in bfloat16 beside the model, twice that while
+the next layer's are built), never every layer's activations. The model
 itself stays loaded (in the dtype it was loaded in), as GPTQ tools do; its float weights are
 overwritten by their quantized images as the pass goes.
 """
