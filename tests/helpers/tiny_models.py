@@ -249,3 +249,13 @@ def make_kv_caches(
     """One zeroed [2, num_blocks, block_size, num_kv_heads, head_dim] cache per layer."""
     shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
     return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+
+
+@torch.no_grad()
+def paged_logits(loaded) -> torch.Tensor:
+    """A loaded model's logits for two fixed prompts in one paged step (every position)."""
+    arch = loaded.arch_config
+    prompts = [list(range(4, 9)), list(range(20, 31))]
+    input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts)
+    caches = make_kv_caches(arch.num_hidden_layers, 16, 4, arch.num_key_value_heads, arch.head_dim)
+    return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))

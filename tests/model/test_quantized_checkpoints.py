@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from helpers.tiny_models import PagedBatch, make_kv_caches
+from helpers.tiny_models import paged_logits
 from safetensors.torch import load_file, save_file
 
 from ladle.attention.torch_backend import TorchAttentionBackend
@@ -42,15 +42,6 @@ def _load(path: str, **options):
     return load_model(config, CPU, torch.float32, TorchAttentionBackend())
 
 
-@torch.no_grad()
-def _logits(loaded) -> torch.Tensor:
-    arch = loaded.arch_config
-    prompts = [list(range(4, 9)), list(range(20, 31))]
-    input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts)
-    caches = make_kv_caches(arch.num_hidden_layers, 16, 4, arch.num_key_value_heads, arch.head_dim)
-    return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
-
-
 @pytest.fixture(scope="module")
 def float_model(tmp_path_factory) -> str:
     from helpers.tiny_models import save_tiny_model
@@ -65,18 +56,23 @@ def test_written_checkpoint_loads_to_the_in_memory_quantized_logits(
 ):
     out = tmp_path / "quantized"
     summary = write_quantized_checkpoint(float_model, out, method, fmt, torch.float32, symmetric)
-    assert summary["quantized"] == 2 * 7  # q, k, v, o, gate, up, down in each of two layers
+    # q, k, v, o, gate, up, down in each of two layers; fp8 keeps the last layer's float.
+    num_float_layers = 1 if method == "fp8" else 0
+    assert summary["quantized"] == (2 - num_float_layers) * 7
     config = json.loads((out / "config.json").read_text())
     assert config["quantization_config"]["quant_method"] == {"hf-fp8": "fp8"}.get(fmt, fmt)
+    float_modules = config["quantization_config"].get("modules_to_not_convert", [])
+    assert len(float_modules) == 7 * num_float_layers
+    assert all(name.startswith("model.layers.1.") for name in float_modules)
     assert (out / "tokenizer.json").is_file()
 
     loaded = _load(str(out))
     assert loaded.checkpoint_quantization == method
     reference = _load(float_model)
-    float_logits = _logits(reference)
+    float_logits = paged_logits(reference)
     quantize_linears_(reference.model, get_quant_method(method, symmetric=symmetric))
-    in_memory = _logits(reference)
-    assert torch.equal(_logits(loaded), in_memory)
+    in_memory = paged_logits(reference)
+    assert torch.equal(paged_logits(loaded), in_memory)
     error = ((in_memory - float_logits).norm() / float_logits.norm()).item()
     assert 0 < error < LOGIT_TOLERANCE[method]
 
@@ -198,4 +194,26 @@ def test_sharded_quantized_checkpoint_with_parts_across_files(
     assert len(set(index["weight_map"].values())) > 3
     reference = _load(float_model)
     quantize_linears_(reference.model, "int4")
-    assert torch.equal(_logits(_load(str(out))), _logits(reference))
+    assert torch.equal(paged_logits(_load(str(out))), paged_logits(reference))
+
+
+def test_modules_to_not_convert_stay_float_and_merged_ones_must_be_listed_whole(
+    float_model, tmp_path
+):
+    out = tmp_path / "int4"
+    write_quantized_checkpoint(float_model, out, "int4", "gptq", torch.float32, float_layers={0})
+    loaded = _load(str(out))
+    assert loaded.model.get_submodule("model.layers.0.mlp.down_proj").quant_method is None
+    assert loaded.model.get_submodule("model.layers.1.mlp.down_proj").quant_method is not None
+    reference = _load(float_model)
+    quantize_linears_(reference.model, "int4", float_layers={0})
+    assert torch.equal(paged_logits(loaded), paged_logits(reference))
+
+    config = json.loads((out / "config.json").read_text())
+    listed = config["quantization_config"]["modules_to_not_convert"]
+    config["quantization_config"]["modules_to_not_convert"] = [
+        name for name in listed if not name.endswith("k_proj")
+    ]
+    (out / "config.json").write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="model.layers.0.self_attn.k_proj"):
+        _load(str(out))

@@ -1,6 +1,10 @@
 """Greedy-token agreement of a quantized default model with float32 over 32 chat prompts.
 
     PYTHONPATH=... python -m ladle.bench.greedy_agreement --quantization int8 --max-tokens 32
+    PYTHONPATH=... python -m ladle.bench.greedy_agreement --model QUANTIZED_FOLDER
+
+(--model: a quantized checkpoint of the default model, e.g. `ladle quantize` output, served as
+written; the reference is always the default model in float32.)
 
 Agreement: the fraction of generated positions, over all prompts, before which both runs produced
 identical tokens and at which they agree (a prompt stops counting at its first divergence, since
@@ -37,10 +41,15 @@ def generate(llm: LLM, max_tokens: int) -> list[list[int]]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quantization", default="int8")
+    parser.add_argument("--model", default=None, help="candidate model (default: the default)")
     parser.add_argument("--max-tokens", type=int, default=32)
     args = parser.parse_args()
     reference = generate(LLM(quantization="none", dtype="float32"), args.max_tokens)
-    candidate = generate(LLM(quantization=args.quantization), args.max_tokens)
+    if args.model is not None:
+        candidate_llm = LLM(model=args.model, quantization="auto")
+    else:
+        candidate_llm = LLM(quantization=args.quantization)
+    candidate = generate(candidate_llm, args.max_tokens)
     agreed, identical = 0, 0
     for ref, cand in zip(reference, candidate, strict=True):
         prefix = next((i for i, (a, b) in enumerate(zip(ref, cand)) if a != b), len(ref))
@@ -48,8 +57,9 @@ def main() -> None:
         identical += prefix == len(ref)
     total = sum(map(len, reference))
     print(
-        f"{args.quantization} vs float32: {agreed}/{total} greedy tokens agree before the first "
-        f"divergence ({agreed / total:.1%}); {identical}/{len(TOPICS)} prompts identical"
+        f"{args.model or args.quantization} vs float32: {agreed}/{total} greedy tokens agree "
+        f"before the first divergence ({agreed / total:.1%}); {identical}/{len(TOPICS)} "
+        "prompts identical"
     )
 
 

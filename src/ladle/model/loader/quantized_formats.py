@@ -20,7 +20,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
@@ -47,6 +47,8 @@ class CheckpointQuantization:
     method: str
     format: str
     symmetric: bool = False
+    # Checkpoint modules left in float (modules_to_not_convert, vLLM fp8's ignored_layers).
+    float_modules: tuple[str, ...] = ()
 
     def quant_method(self) -> QuantMethod:
         return get_quant_method(self.method, symmetric=self.symmetric)
@@ -60,6 +62,16 @@ def read_checkpoint_quantization(config: dict, where: str) -> CheckpointQuantiza
     if not isinstance(qc, dict):
         raise ModelLoadError(f"{where!r}: quantization_config is not a JSON object")
     kind = qc.get("quant_method")
+    float_modules = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
+    if not isinstance(float_modules, list | tuple) or not all(
+        isinstance(name, str) for name in float_modules
+    ):
+        raise ModelLoadError(f"{where!r}: modules_to_not_convert is not a list of module names")
+    return replace(_read_method(qc, kind, where), float_modules=tuple(float_modules))
+
+
+def _read_method(qc: dict, kind, where: str) -> CheckpointQuantization:
+    """ladle's method and format for a quantization_config; ModelLoadError when unsupported."""
 
     def bad(field: str, expected: str) -> ModelLoadError:
         return ModelLoadError(
@@ -218,6 +230,9 @@ def convert_quantized_weights(
             and tensor.is_floating_point()
             and (tensor.dtype != FP8_DTYPE)
         )
+        if is_float_linear and prefix in fmt.float_modules:
+            yield name, tensor
+            continue
         if is_float_linear:
             for part_name, value in method.quantize(tensor).items():
                 yield f"{prefix}.{part_name}", value

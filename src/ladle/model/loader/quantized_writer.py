@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Collection, Iterator
 from pathlib import Path
 
 import torch
 from safetensors.torch import save_file
 
-from ladle.model.layers.quant import get_quant_method
+from ladle.model.layers.quant import default_float_layers, get_quant_method, in_layers
 from ladle.model.layers.quant.int4 import GROUP_SIZE, unpack_int4_rows
 from ladle.model.loader.errors import ModelLoadError
+from ladle.model.loader.gguf import iter_gguf_weights
+from ladle.model.loader.gguf_source import gguf_hf_config, is_gguf_file, save_gguf_tokenizer
 from ladle.model.loader.quantized_formats import (
     AWQ_ORDER,
     DEFAULT_FORMAT,
@@ -38,8 +40,21 @@ from ladle.model.loader.safetensors import (
 )
 
 
-def quantization_config(method: str, fmt: str, symmetric: bool) -> dict:
-    """The config.json `quantization_config` a format's readers expect."""
+def quantization_config(
+    method: str, fmt: str, symmetric: bool, float_modules: list[str] | None = None
+) -> dict:
+    """The config.json `quantization_config` a format's readers expect; float_modules (left
+    unquantized) as modules_to_not_convert (transformers' and AWQ's key) and, for fp8, also as
+    ignored_layers (vLLM's)."""
+    config = _method_config(method, fmt, symmetric)
+    if float_modules:
+        config["modules_to_not_convert"] = list(float_modules)
+        if fmt == "hf-fp8":
+            config["ignored_layers"] = list(float_modules)
+    return config
+
+
+def _method_config(method: str, fmt: str, symmetric: bool) -> dict:
     if fmt == "hf-fp8":
         return {"quant_method": "fp8", "activation_scheme": "dynamic", "weight_block_size": None}
     if fmt == "gptq":
@@ -101,25 +116,35 @@ def write_quantized_checkpoint(
     fmt: str | None = None,
     dtype: torch.dtype = torch.bfloat16,
     symmetric: bool = False,
+    calibrated: dict[str, dict[str, torch.Tensor]] | None = None,
+    float_layers: Collection[int] | None = None,
 ) -> dict:
-    """Quantize the float checkpoint in `source_dir` into `out_dir`; returns a summary
-    (quantized tensor count, bytes before and after)."""
+    """Quantize the float checkpoint in `source_dir` (a Hugging Face folder, or a GGUF file
+    whose tensors are dequantized) into `out_dir`; returns a summary (quantized tensor count,
+    bytes before and after). `calibrated`: canonical tensors already quantized by the
+    calibration pass (calibration.py), by checkpoint weight name; other projection weights are
+    rounded to nearest here. `float_layers`: decoder layers whose projections are written in
+    `dtype` unquantized (default: the method's, quant/__init__.py's KEEP_LAST_LAYERS)."""
     fmt = check_method_format(method, fmt)
     source_dir, out_dir = Path(source_dir), Path(out_dir)
     if out_dir.resolve() == source_dir.resolve():
         raise ValueError("the output folder must differ from the model folder")
-    config = read_hf_config(source_dir)
+    from_gguf = is_gguf_file(source_dir)
+    config = gguf_hf_config(source_dir) if from_gguf else read_hf_config(source_dir)
     if "quantization_config" in config:
         raise ModelLoadError(f"{str(source_dir)!r} is already quantized; give a float checkpoint")
     if symmetric and method != "int4":
         raise ValueError("--symmetric applies to int4 only (fp8 and int8 are always symmetric)")
     quant_method = get_quant_method(method, symmetric=symmetric)
+    if float_layers is None:
+        float_layers = default_float_layers(method, config.get("num_hidden_layers"))
+    float_modules: list[str] = []
     out_dir.mkdir(parents=True, exist_ok=True)
     shard: dict[str, torch.Tensor] = {}
     shard_bytes = 0
     weight_map: dict[str, str] = {}
     shard_names: list[list[str]] = []
-    summary = {"quantized": 0, "bytes_in": 0, "bytes_out": 0}
+    summary = {"quantized": 0, "calibrated": 0, "bytes_in": 0, "bytes_out": 0}
 
     def flush() -> None:
         nonlocal shard, shard_bytes
@@ -139,10 +164,23 @@ def write_quantized_checkpoint(
         if shard_bytes >= SHARD_BYTES:
             flush()
 
-    for name, tensor in iter_safetensors_weights(find_safetensors_files(source_dir)):
+    calibrated = dict(calibrated or {})
+    if from_gguf:
+        weights = iter_gguf_weights(source_dir)
+    else:
+        weights = iter_safetensors_weights(find_safetensors_files(source_dir))
+    for name, tensor in weights:
         summary["bytes_in"] += tensor.numel() * tensor.element_size()
-        if LINEAR_WEIGHT.search(name) and tensor.dim() == 2 and tensor.is_floating_point():
-            canonical = quant_method.quantize(tensor.to(dtype))
+        is_projection = LINEAR_WEIGHT.search(name) and tensor.dim() == 2
+        if is_projection and tensor.is_floating_point() and in_layers(name, float_layers):
+            float_modules.append(name.removesuffix(".weight"))
+            add(name, tensor.to(dtype))
+        elif is_projection and tensor.is_floating_point():
+            canonical = calibrated.pop(name, None)
+            if canonical is None:
+                canonical = quant_method.quantize(tensor.to(dtype))
+            else:
+                summary["calibrated"] += 1
             prefix = name[: -len("weight")]
             for out_name, value in _format_tensors(prefix, canonical, fmt, tensor.shape[1]):
                 add(out_name, value)
@@ -150,10 +188,15 @@ def write_quantized_checkpoint(
         else:
             add(name, tensor.to(dtype) if tensor.is_floating_point() else tensor)
     flush()
+    if calibrated:
+        raise ValueError(f"calibrated weights not in the checkpoint: {sorted(calibrated)[:4]}")
     _rename_single_shard(out_dir, shard_names, weight_map)
-    config["quantization_config"] = quantization_config(method, fmt, symmetric)
+    config["quantization_config"] = quantization_config(method, fmt, symmetric, float_modules)
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    _copy_side_files(source_dir, out_dir)
+    if from_gguf:
+        save_gguf_tokenizer(source_dir, out_dir)
+    else:
+        _copy_side_files(source_dir, out_dir)
     return summary
 
 

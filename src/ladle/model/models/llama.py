@@ -254,7 +254,7 @@ class LlamaForCausalLM(nn.Module):
             if checkpoint_name == "lm_head.weight" and self.lm_head is None:
                 # Some tied checkpoints also store the (identical) output matrix.
                 continue
-            name, shard_id = _to_param_name(checkpoint_name)
+            name, shard_id = to_param_name(checkpoint_name)
             param = params.get(name)
             if param is None or (name, shard_id) not in expected:
                 raise ModelLoadError(f"unexpected weight {checkpoint_name!r} in checkpoint")
@@ -271,7 +271,7 @@ class LlamaForCausalLM(nn.Module):
             except ModelLoadError as error:
                 raise ModelLoadError(f"weight {checkpoint_name!r}: {error}") from None
             loaded.add((name, shard_id))
-        missing = sorted(_to_checkpoint_name(*key) for key in expected - loaded)
+        missing = sorted(to_checkpoint_name(*key) for key in expected - loaded)
         if missing:
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             shown = ", ".join(missing[:8]) + more
@@ -291,14 +291,16 @@ class LlamaForCausalLM(nn.Module):
         return expected
 
 
-def _to_param_name(checkpoint_name: str) -> tuple[str, str | int | None]:
+def to_param_name(checkpoint_name: str) -> tuple[str, str | int | None]:
+    """(ladle parameter name, shard id) that checkpoint tensor `checkpoint_name` fills."""
     for fragment, merged_fragment, shard_id in _MERGED_WEIGHTS:
         if fragment in checkpoint_name:
             return checkpoint_name.replace(fragment, merged_fragment), shard_id
     return checkpoint_name, None
 
 
-def _to_checkpoint_name(param_name: str, shard_id: str | int | None) -> str:
+def to_checkpoint_name(param_name: str, shard_id: str | int | None) -> str:
+    """The checkpoint tensor that fills shard `shard_id` of parameter `param_name`."""
     for fragment, merged_fragment, merged_shard in _MERGED_WEIGHTS:
         if merged_fragment in param_name and shard_id == merged_shard:
             return param_name.replace(merged_fragment, fragment)

@@ -42,6 +42,30 @@ def num_groups(input_size: int, group_size: int = GROUP_SIZE) -> int:
     return -(-input_size // group_size)
 
 
+def int4_group_params(
+    groups: torch.Tensor, symmetric: bool = False
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero) float32 [..., G] of float32 groups [..., G, group_size], by the rule of the
+    module doc; scales are already rounded to float16. Shared by round-to-nearest and by the
+    calibrated quantizer (gptq.py), so both write scales and zeros the loader reads the same."""
+    if symmetric:
+        scale = groups.abs().amax(dim=-1) * (2.0 / 15.0)
+        scale = scale.clamp(min=MIN_SCALE).half().float()
+        return scale, torch.full_like(scale, 8.0)
+    lo = groups.amin(dim=-1).clamp(max=0.0)
+    hi = groups.amax(dim=-1).clamp(min=0.0)
+    scale = ((hi - lo) * (1.0 / 15.0)).clamp(min=MIN_SCALE).half().float()
+    # Zero is kept >= 1 because GPTQ (v1) checkpoints store zero - 1 in a nibble; a group that
+    # would need 0 (all weights >= 0) loses one step at its top instead.
+    zero = torch.round(-lo / scale).clamp(1, 15)
+    return scale, zero
+
+
+def int4_codes(values: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor) -> torch.Tensor:
+    """Round-to-nearest codes 0..15 (float32) of values on the grid (code - zero) * scale."""
+    return (torch.round(values / scale) + zero).clamp(0, 15)
+
+
 def quantize_int4_groups(
     weight: torch.Tensor, group_size: int = GROUP_SIZE, symmetric: bool = False
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -50,19 +74,9 @@ def quantize_int4_groups(
     rows, cols = weight.shape
     groups = num_groups(cols, group_size)
     padded = F.pad(weight, (0, groups * group_size - cols)).view(rows, groups, group_size)
-    if symmetric:
-        scale = padded.abs().amax(dim=-1) * (2.0 / 15.0)
-        scale = scale.clamp(min=MIN_SCALE).half().float()
-        zero = torch.full_like(scale, 8.0)
-    else:
-        lo = padded.amin(dim=-1).clamp(max=0.0)
-        hi = padded.amax(dim=-1).clamp(min=0.0)
-        scale = ((hi - lo) * (1.0 / 15.0)).clamp(min=MIN_SCALE).half().float()
-        # Zero is kept >= 1 because GPTQ (v1) checkpoints store zero - 1 in a nibble; a group
-        # that would need 0 (all weights >= 0) loses one step at its top instead.
-        zero = torch.round(-lo / scale).clamp(1, 15)
-    codes = torch.round(padded / scale[..., None]) + zero[..., None]
-    codes = codes.clamp(0, 15).view(rows, -1)[:, :cols].to(torch.uint8)
+    scale, zero = int4_group_params(padded, symmetric)
+    codes = int4_codes(padded, scale[..., None], zero[..., None])
+    codes = codes.view(rows, -1)[:, :cols].to(torch.uint8)
     return codes, scale.half(), zero.to(torch.uint8)
 
 

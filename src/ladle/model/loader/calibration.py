@@ -1,0 +1,207 @@
+"""The calibration pass of `ladle quantize --algorithm gptq`: run calibration token windows
+through a loaded float model one decoder layer at a time and quantize each layer's projections
+from the inputs it actually sees (gptq.py).
+
+    inputs of layer 0 = the embedding of every window
+    for each layer:
+        run the windows through it with its float weights, accumulating x x^T at every Linear
+        quantize each Linear with its Hessian; put the quantized (dequantized) weight in place
+        run the windows through it again: the next layer's inputs, quantization error included
+
+Only one layer's inputs for all windows are held at a time (hidden states and residual: for 128
+windows x 512 tokens of an 8B model, 2 x 0.5 GiB in bfloat16 beside the model, twice that while
+the next layer's are built), never every layer's activations. The model
+itself stays loaded (in the dtype it was loaded in), as GPTQ tools do; its float weights are
+overwritten by their quantized images as the pass goes.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Collection
+
+import torch
+from torch import nn
+
+from ladle.attention.metadata import AttentionMetadata
+from ladle.kernels.dispatch import use_fused_kernels
+from ladle.model.layers.quant import QuantMethod
+from ladle.model.layers.quant.fp8 import Fp8Method
+from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
+from ladle.model.layers.quant.int4 import Int4Method, pack_int4_rows
+
+BLOCK_SIZE = 16
+# (weight [N, K], Hessian [K, K]) -> the method's canonical tensors
+WeightQuantizer = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
+
+
+def gptq_quantizer(method: QuantMethod, search_clip: bool = False) -> WeightQuantizer:
+    """The calibrated quantizer of `method` (int4 or fp8), writing its canonical tensors."""
+    if isinstance(method, Int4Method):
+
+        def quantize_int4(weight: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
+            codes, scale, zero = gptq_int4(weight, hessian, method.symmetric, search_clip)
+            return {
+                "weight_packed": pack_int4_rows(codes),
+                "weight_scale": scale,
+                "weight_zero": zero,
+            }
+
+        return quantize_int4
+    if isinstance(method, Fp8Method):
+
+        def quantize_fp8(weight: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
+            codes, scale = gptq_fp8(weight, hessian)
+            return {"weight": codes, "weight_scale": scale}
+
+        return quantize_fp8
+    raise ValueError(f"GPTQ calibration supports int4 and fp8, not {method.name}")
+
+
+def _linears(layer: nn.Module) -> dict[str, nn.Module]:
+    from ladle.model.layers.linear import Linear
+
+    return {name: module for name, module in layer.named_modules() if isinstance(module, Linear)}
+
+
+class _LayerRunner:
+    """Runs one decoder layer over every calibration window, as the model's forward would."""
+
+    def __init__(self, model: nn.Module, windows: list[list[int]]) -> None:
+        config = model.config
+        longest = max(map(len, windows))
+        num_blocks = -(-longest // BLOCK_SIZE) + 1  # block 0 is the null block
+        parameter = next(model.parameters())
+        self.device, self.dtype = parameter.device, parameter.dtype
+        self.kv_cache = torch.zeros(
+            2,
+            num_blocks,
+            BLOCK_SIZE,
+            config.num_key_value_heads,
+            config.head_dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        self.steps = []
+        for window in windows:
+            positions = torch.arange(len(window), device=self.device)
+            metadata = AttentionMetadata.one_fresh_prompt(len(window), BLOCK_SIZE, self.device)
+            self.steps.append((positions, metadata))
+        self.rotary = model.model.rotary_emb
+
+    def run(self, layer: nn.Module, states: list[tuple[torch.Tensor, torch.Tensor | None]]):
+        outputs = []
+        for (positions, metadata), (hidden, residual) in zip(self.steps, states, strict=True):
+            tables = None if use_fused_kernels(hidden) else self.rotary.step_tables(positions)
+            # The fused CUDA norm updates the residual in place; the first pass must not.
+            residual = None if residual is None else residual.clone()
+            outputs.append(layer(positions, hidden, residual, self.kv_cache, metadata, tables))
+        return outputs
+
+
+@torch.no_grad()
+def calibrate_linears(
+    model: nn.Module,
+    windows: list[list[int]],
+    quantizer: WeightQuantizer,
+    log: Callable[[str], None] | None = None,
+    float_layers: Collection[int] = (),
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Quantize every decoder Linear of `model` from calibration `windows` (token id lists),
+    layer by layer, except in the decoder layers `float_layers`; returns {module name:
+    canonical tensors}. The model's Linear weights are
+    left holding the dequantized quantized weights (its float outputs are gone)."""
+    runner = _LayerRunner(model, windows)
+    device = runner.device
+    states = [(model.model.embed_tokens(torch.tensor(w, device=device)), None) for w in windows]
+    results: dict[str, dict[str, torch.Tensor]] = {}
+    started = time.perf_counter()
+    for index, layer in enumerate(model.model.layers):
+        if index in float_layers:
+            states = runner.run(layer, states)
+            continue
+        linears = _linears(layer)
+        accumulators = {
+            name: HessianAccumulator(module.input_size, device) for name, module in linears.items()
+        }
+        hooks = [
+            module.register_forward_pre_hook(
+                lambda _, inputs, accumulator=accumulators[name]: accumulator.add(inputs[0])
+            )
+            for name, module in linears.items()
+        ]
+        try:
+            runner.run(layer, states)
+        finally:
+            for hook in hooks:
+                hook.remove()
+        for name, module in linears.items():
+            canonical = quantizer(module.weight.data.float(), accumulators[name].hessian())
+            dequantized = _method_of(canonical).dequantize(canonical, module.input_size)
+            module.weight.data.copy_(dequantized.to(module.weight.dtype))
+            results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
+        del accumulators
+        states = runner.run(layer, states)
+        if log is not None:
+            log(
+                f"layer {index + 1}/{len(model.model.layers)} quantized "
+                f"({time.perf_counter() - started:.0f} s)"
+            )
+    return results
+
+
+def _method_of(canonical: dict[str, torch.Tensor]) -> QuantMethod:
+    return Int4Method() if "weight_packed" in canonical else Fp8Method()
+
+
+def by_checkpoint_name(
+    model: nn.Module, results: dict[str, dict[str, torch.Tensor]]
+) -> dict[str, dict[str, torch.Tensor]]:
+    """calibrate_linears' results keyed by the checkpoint's weight names: a merged module's rows
+    (q/k/v, gate/up) split back into its projections (every canonical tensor has rows on dim 0,
+    and GPTQ treats rows independently, so the split equals quantizing each projection)."""
+    from ladle.model.layers.linear import MergedLinear, QKVLinear
+    from ladle.model.models.llama import to_checkpoint_name
+
+    named: dict[str, dict[str, torch.Tensor]] = {}
+    for module_name, canonical in results.items():
+        module = model.get_submodule(module_name)
+        if isinstance(module, QKVLinear):
+            shards: list[str | int | None] = ["q", "k", "v"]
+        elif isinstance(module, MergedLinear):
+            shards = list(range(len(module.output_sizes)))
+        else:
+            shards = [None]
+        for shard in shards:
+            start, num_rows = module.shard_rows(shard)
+            name = to_checkpoint_name(f"{module_name}.weight", shard)
+            named[name] = {
+                key: value.narrow(0, start, num_rows).contiguous()
+                for key, value in canonical.items()
+            }
+    return named
+
+
+def calibrate_checkpoint(
+    source: str,
+    method: QuantMethod,
+    dtype: torch.dtype,
+    windows: list[list[int]],
+    search_clip: bool = False,
+    log: Callable[[str], None] | None = None,
+    float_layers: Collection[int] = (),
+) -> dict[str, dict[str, torch.Tensor]]:
+    """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
+    when there is one) and quantize its projections with GPTQ from `windows`; returns canonical
+    tensors by checkpoint weight name, for write_quantized_checkpoint(calibrated=...)."""
+    from ladle.attention.backend import get_attention_backend
+    from ladle.config import SUPPORTED_DTYPES, ModelConfig
+    from ladle.model.loader import load_model
+
+    dtype_name = next(name for name, value in SUPPORTED_DTYPES.items() if value == dtype)
+    device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
+    model = load_model(config, device, dtype, get_attention_backend(device)).model
+    quantizer = gptq_quantizer(method, search_clip)
+    results = calibrate_linears(model, windows, quantizer, log, float_layers)
+    return by_checkpoint_name(model, results)
