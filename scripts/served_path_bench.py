@@ -260,6 +260,8 @@ class StepGaugeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.url = base_url + "/metrics"
         self.samples_ms: list[float] = []
+        # The last values of the engine's graph/eager step counters (ladle:*_steps_total).
+        self.step_counts: dict[str, float] = {}
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -269,6 +271,9 @@ class StepGaugeSampler(threading.Thread):
             except OSError:
                 continue
             for line in text.splitlines():
+                for kind in ("graph", "eager"):
+                    if line.startswith(f"ladle:{kind}_steps_total"):
+                        self.step_counts[kind] = float(line.split()[-1])
                 if line.startswith("ladle:step_time_seconds"):
                     value = float(line.split()[-1])
                     if value > 0:
@@ -334,6 +339,12 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
     }
     for q in (10, 50, 90, 99):
         result[f"itl_ms_p{q}"] = _round(_percentile(itl_ms, q))
+    # The first wave's prompts are all prefilled at once at the start (a ramp of long mixed
+    # steps); the requests sent later (as earlier ones finish) see the steady state.
+    later = [r for r in client["records"][concurrency:] if r["ok"]]
+    later_itl_ms = [gap * 1000 for r in later for gap in r["itl"]]
+    for q in (50, 99):
+        result[f"itl_ms_p{q}_after_first_wave"] = _round(_percentile(later_itl_ms, q))
     # TPOT: a request's first to last content event over its tokens after the first.
     tpot_ms = [
         sum(r["itl"]) * 1000 / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1
@@ -341,6 +352,8 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
     result["tpot_ms_p50"] = _round(_percentile(tpot_ms, 50))
     # The engine's own moving-average step time (`ladle serve`'s /metrics), sampled meanwhile.
     result["engine_step_gauge_ms_p50"] = _round(_percentile(step_gauge.samples_ms, 50))
+    for kind, count in step_gauge.step_counts.items():  # since start-up, warm-up included
+        result[f"engine_{kind}_steps"] = int(count)
     for name, seconds in cpu.items():
         result[f"{name}_cpu_s"] = round(seconds, 2)
         result[f"{name}_cpu_per_wall"] = round(seconds / wall, 2)

@@ -93,6 +93,10 @@ class _EngineStatsCollector(Collector):
                       stats.num_prefill_tokens)
         yield counter("ladle:decode_tokens", "Tokens computed by decode steps.",
                       stats.num_decode_tokens)
+        yield counter("ladle:graph_steps", "Engine steps replayed from a CUDA graph.",
+                      stats.num_graph_steps)
+        yield counter("ladle:eager_steps", "Engine steps whose model ran eagerly (all of them "
+                      "on the CPU and under --enforce-eager).", stats.num_eager_steps)
 
 
 class ServerMetrics:

@@ -120,3 +120,15 @@ def test_preemption_matches_hf(reference):
     stats = llm.engine.get_stats()
     assert stats.num_preemptions > 0
     assert stats.num_free_blocks == stats.num_total_blocks
+
+
+def test_every_cpu_model_run_is_counted_as_eager(reference):
+    # /metrics' ladle:eager_steps and ladle:graph_steps: the CPU never replays a graph, and one
+    # prompt of 5 new tokens takes 5 model runs (the prompt's step samples the first token).
+    path, prompts, _ = reference
+    llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=False)
+    before = llm.engine.get_stats()
+    llm.generate([prompts[0]], greedy(5), use_tqdm=False)
+    after = llm.engine.get_stats()
+    assert after.num_graph_steps == 0
+    assert after.num_eager_steps - before.num_eager_steps == 5

@@ -7,6 +7,8 @@ from __future__ import annotations
 import pytest
 
 from ladle.worker.prefill_graphs import (
+    PREFILL_TOKEN_BUCKETS,
+    graph_worthy_tokens,
     largest_prefill_bucket,
     prefill_bucket,
     request_buckets_for,
@@ -37,12 +39,13 @@ def test_prefill_bucket(num_tokens, num_reqs, expected):
 
 
 def test_largest_prefill_bucket_follows_the_step_budget():
-    assert largest_prefill_bucket(8192) == (2048, 8)
+    assert largest_prefill_bucket(8192) == (8192, 8)
+    assert largest_prefill_bucket(3000) == (2048, 8)
     assert largest_prefill_bucket(1000) == (896, 8)
     assert largest_prefill_bucket(8) is None
     # With the decode batch's request buckets: the most requests the largest token bucket
     # holds beside one token per padding request.
-    assert largest_prefill_bucket(8192, request_buckets_for(256)) == (2048, 512)
+    assert largest_prefill_bucket(8192, request_buckets_for(256)) == (8192, 512)
     assert largest_prefill_bucket(1000, request_buckets_for(256)) == (896, 256)
 
 
@@ -122,3 +125,23 @@ def test_replay_lays_out_the_padding_requests():
     assert static.slot_mapping[20:32].tolist() == [0] * 12  # the null block
     assert static.block_tables[:5, :3].tolist() == metadata.block_tables.tolist()
     assert static.block_tables[5:].tolist() == [[0] * 8] * 3
+
+
+def _layer_params(num_layers, hidden, q_width, kv_width, intermediate):
+    per_layer = hidden * (q_width + 2 * kv_width) + q_width * hidden + 3 * hidden * intermediate
+    return num_layers * per_layer
+
+
+def test_graphs_stop_where_the_gpu_outlasts_the_launches():
+    # Qwen3-0.6B: a step of the whole 8192-token budget still launches for longer than its
+    # GEMMs run, so a busy server's mixed steps of 2,000-4,000 tokens (decodes beside two
+    # arrivals' prompts) get graphs.
+    small = graph_worthy_tokens(28, _layer_params(28, 1024, 2048, 1024, 3072))
+    assert small > 8192
+    # Llama-3.1-8B: ~1,100 tokens of GEMMs outlast the launches; no graph above 1024 tokens.
+    large = graph_worthy_tokens(32, _layer_params(32, 4096, 4096, 1024, 14336))
+    assert 1024 <= large < 1536
+    assert largest_prefill_bucket(min(8192, large), request_buckets_for(256)) == (1024, 512)
+    # More layers per weight (a deeper, narrower model) means more launches for the same work.
+    assert abs(graph_worthy_tokens(56, _layer_params(28, 1024, 2048, 1024, 3072)) - 2 * small) <= 1
+    assert PREFILL_TOKEN_BUCKETS[-1] == 8192

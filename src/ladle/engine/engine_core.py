@@ -298,4 +298,6 @@ class EngineCore:
             mean_step_time_s=meter.mean_step_time_s,
             num_prefill_tokens=meter.num_prefill_tokens,
             num_decode_tokens=meter.num_decode_tokens,
+            num_graph_steps=self.runner.num_graph_steps,
+            num_eager_steps=self.runner.num_eager_steps,
         )

@@ -83,3 +83,5 @@ class SchedulerStats:
     mean_step_time_s: float = 0.0
     num_prefill_tokens: int = 0  # prompt tokens computed since start (recomputes included)
     num_decode_tokens: int = 0
+    num_graph_steps: int = 0  # model runs replayed from a CUDA graph
+    num_eager_steps: int = 0  # model runs launched eagerly

@@ -45,7 +45,11 @@ from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import module_bytes, size_kv_cache
 from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
-from ladle.worker.prefill_graphs import largest_prefill_bucket, request_buckets_for
+from ladle.worker.prefill_graphs import (
+    graph_worthy_tokens,
+    largest_prefill_bucket,
+    request_buckets_for,
+)
 from ladle.worker.prompt_logprobs import PromptLogprobsChunk, compute_prompt_logprobs
 from ladle.worker.step_inputs import StepInputBuilder
 
@@ -126,6 +130,10 @@ class ModelRunner:
             initial_slots=config.scheduler.max_num_seqs + 8,
         )
         # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
+        # Steps replayed from a CUDA graph and steps run eagerly (/metrics): an eager step of a
+        # small model costs the host tens of ms of launches while every stream waits.
+        self.num_graph_steps = 0
+        self.num_eager_steps = 0
         self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
         # Penalty requests' token ids on the device, made at the first step that samples.
         self.penalty_history: PenaltyHistory | None = None
@@ -209,7 +217,13 @@ class ModelRunner:
             self._run_probe_step(*bucket)
 
     def _prefill_graph_max_tokens(self) -> int:
-        return min(self.config.scheduler.max_num_batched_tokens, self.max_model_len)
+        """The largest step with prompt tokens worth a graph: within the step budget, and not
+        so large that its kernels outlast its eager launches."""
+        layer_params = sum(
+            p.numel() for name, p in self.model.named_parameters() if "layers." in name
+        )
+        worthy = graph_worthy_tokens(self.arch.num_hidden_layers, layer_params)
+        return min(self.config.scheduler.max_num_batched_tokens, self.max_model_len, worthy)
 
     def _max_blocks_per_seq(self) -> int:
         return -(-self.max_model_len // self.block_size)
@@ -291,8 +305,10 @@ class ModelRunner:
             attn_metadata.max_query_len,
             attn_metadata.block_tables.shape[1],
         ):
+            self.num_graph_steps += 1
             hidden = self.graphs.run(input_ids, inputs.positions, attn_metadata)
         else:
+            self.num_eager_steps += 1
             if self.graph_buckets is not None:
                 attn_metadata = self.graph_buckets.eager_metadata(attn_metadata, input_ids.shape[0])
             hidden = self.model(input_ids, inputs.positions, self.kv_caches, attn_metadata)

@@ -21,7 +21,11 @@ replay such a step with one launch.
   one arrival among 32 or 256 running requests. Eagerly such a step costs the host ~30-50 ms of
   launches for a few ms of GPU work, stalling every running stream; so the request buckets go
   up to the largest decode batch (request_buckets_for).
-- Larger steps run eagerly: there the GPU's work outlasts the launches.
+- Token buckets go up to the step budget, but not past the step size at which the GPU's work
+  outlasts an eager step's launches (graph_worthy_tokens): there a graph saves nothing and costs
+  capture time at start-up and pool memory. On the 0.6B shape that is past the budget: a busy
+  server's step of ~128 decodes beside two arrivals' prompts (~2,000-2,500 tokens) replays a
+  graph instead of ~30 ms of launches. On the 8B shape it is ~1,000 tokens.
 """
 
 from __future__ import annotations
@@ -33,8 +37,26 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 
-PREFILL_TOKEN_BUCKETS = (16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1536, 2048)
+PREFILL_TOKEN_BUCKETS = (
+    16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1536, 2048, 3072, 4096, 8192
+)
 PREFILL_REQUEST_BUCKETS = (2, 4, 8)
+
+# What an eager step costs the host per decoder layer on an H100 machine: ~13 launches with the
+# fused kernels, 0.6-1.3 ms measured (docs/benchmarks.md, the fused-kernel table).
+EAGER_HOST_S_PER_LAYER = 0.8e-3
+# The bf16 matmul rate a prefill step's GEMMs reach on Hopper (the bench measures ~785 TFLOP/s
+# for large square GEMMs; a step's narrower ones get less).
+PREFILL_MATMUL_FLOPS_PER_S = 6e14
+
+
+def graph_worthy_tokens(num_layers: int, layer_params: int) -> int:
+    """The step size (tokens) at which the GPU's work, 2 FLOPs per decoder-layer weight per
+    token, takes as long as an eager step's launches: larger steps gain nothing from a graph.
+    A deterministic estimate from the model's shape (not a timing), so that one configuration
+    always captures the same graphs and steps take the same launches run after run."""
+    host_s = num_layers * EAGER_HOST_S_PER_LAYER
+    return int(host_s * PREFILL_MATMUL_FLOPS_PER_S / (2 * max(layer_params, 1)))
 
 
 def request_buckets_for(max_requests: int) -> tuple[int, ...]:
