@@ -7,8 +7,10 @@ into ONE pinned int32 host buffer and moved with ONE non-blocking copy; the devi
 views into it. The parts that the device uses as int64 (positions, cache slots, and every index
 of a gather or scatter) travel as int64, each value as a pair of int32 words at the front of the
 buffer, and are viewed back as int64: a `.long()` of each on the device would be one more
-kernel launch per part and step, and at batch 1 the step is bound by its launches. Block tables and sampling rows live in the persistent batch (persistent_batch.py):
-only what the scheduler changed is shipped, and the step's rows are gathered on the device.
+kernel launch per part and step, and at batch 1 the step is bound by its launches.
+
+Block tables and sampling rows live in the persistent batch (persistent_batch.py): only what the
+scheduler changed is shipped, and the step's rows are gathered on the device.
 Numpy builds the per-token arrays so the host cost grows with the number of requests, not with
 Python work per token.
 
