@@ -33,14 +33,16 @@ import statistics
 import sys
 import time
 from collections.abc import Callable
+from pathlib import Path
 
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ladle import LLM, SamplingParams
-from ladle.attention.metadata import AttentionMetadata
-from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.model_runner import LaunchedStep
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
 
 # W3's model with one small layer and a small vocabulary: the host's work per step depends on
 # neither, and the CPU's logits matmul and argmax over 151,936 ids would drown it.
@@ -53,46 +55,6 @@ TINY_LAYER = {
     "num_key_value_heads": 2,
     "head_dim": 16,
 }
-
-
-class EmulatedGraph:
-    """Stands in for a captured CUDA graph on the CPU: replay() runs the model eagerly on the
-    graphs' static buffers (the context lengths read back from them) into a fixed output."""
-
-    def __init__(self, runner, graphs: DecodeGraphs, batch_size: int) -> None:
-        self.runner, self.graphs, self.batch_size = runner, graphs, batch_size
-        self.output = torch.zeros(batch_size, runner.arch.hidden_size, dtype=runner.dtype)
-
-    def replay(self) -> None:
-        static, size = self.graphs.static, self.batch_size
-        seq_lens = static.seq_lens[:size]
-        metadata = AttentionMetadata(
-            slot_mapping=static.slot_mapping[:size],
-            query_start_loc=static.query_start_loc[: size + 1],
-            seq_lens=seq_lens,
-            block_tables=static.block_tables[:size],
-            max_query_len=1,
-            max_seq_len=int(seq_lens.max()),
-            block_size=self.graphs.block_size,
-            query_start_loc_host=list(range(size + 1)),
-            seq_lens_host=seq_lens.tolist(),
-        )
-        hidden = self.runner.model(
-            static.input_ids[:size], static.positions[:size], self.runner.kv_caches, metadata
-        )
-        self.output.copy_(hidden)
-
-
-def install_emulated_graphs(runner) -> None:
-    """Give a CPU runner decode "graphs" (EmulatedGraph) so its steps take the graph path."""
-    graphs = runner._graph_buckets()
-    graphs.prefill = None  # prompt steps run eagerly here
-    graphs.static = graphs._allocate_static()
-    for batch_size in graphs.batch_sizes:
-        graph = EmulatedGraph(runner, graphs, batch_size)
-        graphs._graphs[batch_size] = graph
-        graphs._outputs[batch_size] = graph.output
-    runner.graph_buckets = graphs
 
 
 class OpCounter(TorchDispatchMode):
