@@ -8,8 +8,9 @@ launches the graph and the sampler and reads the sampled id. This runs that same
 tiny layer and a 4,096-id vocabulary, so the model's own compute is small (and timed apart),
 and reports:
 
-- per-phase host time per decode step (perf_counter around each phase; the model forward,
-  which is the GPU's work there, is timed apart and left out of its callers' time);
+- per-phase host time per decode step: the thread's CPU time (time.thread_time, torch on one
+  thread), so other programs sharing the cores do not count; the model forward, which is the
+  GPU's work there, is timed apart and left out of its callers' time;
 - the aten ops a decode step dispatches outside the model forward (a TorchDispatchMode with
   the forward excluded), by name: on CUDA nearly each is one kernel launch (a copy, a gather)
   at ~9 us of host time each, except views, which this count leaves out.
@@ -105,11 +106,11 @@ class PhaseTimer:
                 finally:
                     self.counter.counting = True
             self._stack.append(0.0)
-            started = time.perf_counter()
+            started = time.thread_time()
             try:
                 return inner(*args, **kwargs)
             finally:
-                elapsed = time.perf_counter() - started
+                elapsed = time.thread_time() - started
                 nested = self._stack.pop()
                 self.seconds[phase] += elapsed - nested
                 if self._stack:
@@ -141,11 +142,11 @@ def _generate(llm, timer: PhaseTimer, counter: OpCounter, args, count_ops: bool)
             counter.counting = measured and count_ops
             if profiler is not None:
                 (profiler.enable if measured else profiler.disable)()
-            started = time.perf_counter()
+            started = time.thread_time()
             outputs = engine.step()
             request_outputs, _ = llm.output_processor.process_outputs(outputs)
             if measured:
-                step_times.append(time.perf_counter() - started)
+                step_times.append(time.thread_time() - started)
             for output in request_outputs:
                 if output.finished:
                     tokens = output.outputs[0].token_ids
