@@ -295,8 +295,12 @@ class ModelRunner:
         input_ids = inputs.input_ids
         if inputs.token_slots is not None:
             # Decode rows whose last token the previous step sampled: read it on the device.
-            from_device = self.batch.last_sampled[inputs.token_slots.long()]
-            input_ids = torch.where(input_ids < 0, from_device, input_ids)
+            # These ids are int64 (last_sampled's); a graph's int32 buffer converts on its copy.
+            from_device = self.batch.last_sampled[inputs.token_slots]
+            if inputs.reads_only_device_ids:
+                input_ids = from_device
+            else:
+                input_ids = torch.where(input_ids < 0, from_device, input_ids)
         attn_metadata = inputs.attn_metadata
         pending_bitmask = fill_grammar_bitmask(sampling_requests) if fill_grammar_bitmask else None
         if self.graphs is not None and self.graphs.can_run(
@@ -311,7 +315,9 @@ class ModelRunner:
             self.num_eager_steps += 1
             if self.graph_buckets is not None:
                 attn_metadata = self.graph_buckets.eager_metadata(attn_metadata, input_ids.shape[0])
-            hidden = self.model(input_ids, inputs.positions, self.kv_caches, attn_metadata)
+            hidden = self.model(
+                input_ids.to(torch.int32), inputs.positions, self.kv_caches, attn_metadata
+            )
         prompt_logprobs = None
         # Only a step with prompt tokens can owe prompt logprobs: decode-only steps skip the scan.
         if scheduler_output.num_prefill_tokens and any(
@@ -325,7 +331,10 @@ class ModelRunner:
         penalty_rows = None
         flags = None
         if sampling_requests:
-            logits = self.model.compute_logits(hidden[inputs.logits_indices])
+            if len(sampling_positions) < hidden.shape[0]:
+                hidden = hidden[inputs.logits_indices]
+            # else every row samples its one token: the rows are hidden's own, in order.
+            logits = self.model.compute_logits(hidden)
             flags = SamplingFlags.from_params([r.sampling_params for r in sampling_requests])
             if not flags.no_penalties:
                 # Rows taken now, while every request of the step is live (see ForwardStep).
@@ -394,9 +403,7 @@ class ModelRunner:
         if penalty_rows is not None:
             assert self.penalty_history is not None
             self.penalty_history.record(penalty_rows, sampled)
-        last_sampled = self.batch.last_sampled
-        sampling_slots = forward.inputs.sampling_slots.long()
-        last_sampled.index_copy_(0, sampling_slots, sampled.to(last_sampled.dtype))
+        self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         sampled_host = _to_host(sampled)
         logprobs_host = None

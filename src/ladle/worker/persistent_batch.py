@@ -35,7 +35,8 @@ class PersistentBatch:
         self.block_table_host = np.zeros((0, max_blocks_per_seq), dtype=np.int32)
         self.num_blocks = np.zeros(0, dtype=np.int64)
         self.block_table = torch.zeros((0, max_blocks_per_seq), dtype=torch.int32, device=device)
-        self.last_sampled = torch.zeros(0, dtype=torch.int32, device=device)
+        # int64, as the sampler returns ids: recording a step's ids is one scatter, no cast.
+        self.last_sampled = torch.zeros(0, dtype=torch.int64, device=device)
         self.sampling_rows = torch.zeros((0, len(ROW_DTYPES)), dtype=torch.int32, device=device)
 
     def slots_for(self, request_ids: list[str]) -> tuple[np.ndarray, list[int]]:
@@ -59,13 +60,14 @@ class PersistentBatch:
         return slots, new_positions
 
     def write_sampling_rows(self, slots: torch.Tensor, packed_rows: torch.Tensor) -> None:
-        """Store new requests' packed sampling rows ([n, len(ROW_DTYPES)] int32, on the device)."""
+        """Store new requests' packed sampling rows ([n, len(ROW_DTYPES)] int32, on the device)
+        in their slots (int64, on the device)."""
         if slots.numel():
-            self.sampling_rows.index_copy_(0, slots.long(), packed_rows)
+            self.sampling_rows.index_copy_(0, slots, packed_rows)
 
     def gather_sampling_rows(self, slots: torch.Tensor) -> torch.Tensor:
-        """The packed sampling rows of the given slots, [n, len(ROW_DTYPES)] int32."""
-        return self.sampling_rows[slots.long()]
+        """The packed sampling rows of the given slots (int64), [n, len(ROW_DTYPES)] int32."""
+        return self.sampling_rows[slots]
 
     def release(self, request_ids: list[str]) -> None:
         """Free the slots of requests that ended or were preempted (unknown ids are ignored):
@@ -108,9 +110,9 @@ class PersistentBatch:
         )
 
     def apply_block_updates(self, flat_indices: torch.Tensor, block_ids: torch.Tensor) -> None:
-        """Mirror update_block_tables' writes on the device (both int32, on the device)."""
+        """Mirror update_block_tables' writes on the device (indices int64, ids int32)."""
         if flat_indices.numel():
-            self.block_table.view(-1).index_copy_(0, flat_indices.long(), block_ids)
+            self.block_table.view(-1).index_copy_(0, flat_indices, block_ids)
 
     def _grow(self) -> None:
         old = self.num_slots
@@ -125,7 +127,7 @@ class PersistentBatch:
         table = torch.zeros((new, width), dtype=torch.int32, device=self.device)
         table[:old] = self.block_table
         self.block_table = table
-        last_sampled = torch.zeros(new, dtype=torch.int32, device=self.device)
+        last_sampled = torch.zeros(new, dtype=torch.int64, device=self.device)
         last_sampled[:old] = self.last_sampled
         self.last_sampled = last_sampled
         rows = torch.zeros((new, len(ROW_DTYPES)), dtype=torch.int32, device=self.device)

@@ -4,8 +4,13 @@ All integer metadata of the step (token ids, positions, cache slots, query offse
 lengths, new block-table entries, which rows to sample, each sampling row's step counter) and the
 sampling rows of requests new to the batch (float32 values stored bit for bit as int32) are laid
 into ONE pinned int32 host buffer and moved with ONE non-blocking copy; the device tensors are
-views into it. Block tables and sampling rows live in the persistent batch (persistent_batch.py):
-only what the scheduler changed is shipped, and the step's rows are gathered on the device.
+views into it. The parts that the device uses as int64 (positions, cache slots, and every index
+of a gather or scatter) travel as int64, each value as a pair of int32 words at the front of the
+buffer, and are viewed back as int64: a `.long()` of each on the device would be one more
+kernel launch per part and step, and at batch 1 the step is bound by its launches.
+
+Block tables and sampling rows live in the persistent batch (persistent_batch.py): only what the
+scheduler changed is shipped, and the step's rows are gathered on the device.
 Numpy builds the per-token arrays so the host cost grows with the number of requests, not with
 Python work per token.
 
@@ -29,6 +34,20 @@ from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
 
 _NO_ROWS = torch.zeros((0, len(ROW_DTYPES)), dtype=torch.int32)
 
+# The parts shipped as int64 (see the module docstring); the others go as int32.
+_INT64_PARTS = frozenset(
+    {
+        "positions",
+        "slot_mapping",
+        "block_update_indices",
+        "request_slots",
+        "new_row_slots",
+        "logits_indices",
+        "sampling_slots",
+        "token_slots",
+    }
+)
+
 
 @dataclass
 class StepInputs:
@@ -37,10 +56,13 @@ class StepInputs:
     attn_metadata: AttentionMetadata
     logits_indices: torch.Tensor  # [num_sampling_reqs] int64: rows of the hidden states to sample
     sampling_rows: dict[str, torch.Tensor]  # [num_sampling_reqs] each, on the device
-    # [num_tokens] int32 slot of each token's request when some input id is -1 (read from the
+    # [num_tokens] int64 slot of each token's request when some input id is -1 (read from the
     # device), else None.
     token_slots: torch.Tensor | None
-    sampling_slots: torch.Tensor  # [num_sampling_reqs] int32 slot of each sampling request
+    sampling_slots: torch.Tensor  # [num_sampling_reqs] int64 slot of each sampling request
+    # Every input id is -1 (a decode step whose tokens are all still on the device): the ids
+    # are the gather at token_slots alone, no merge with the shipped ones.
+    reads_only_device_ids: bool = False
 
 
 class StepInputBuilder:
@@ -96,12 +118,12 @@ class StepInputBuilder:
         positions = computed[request_of_token] + offsets
 
         chunks = []
-        reads_device_ids = False
+        num_device_ids = 0
         for r, c, n in zip(requests, computed.tolist(), query_lens.tolist()):
             chunk = r.all_token_ids[c : c + n]
             if len(chunk) < n:  # the last token is still being sampled on the device
+                num_device_ids += n - len(chunk)
                 chunk = chunk + [-1] * (n - len(chunk))
-                reads_device_ids = True
             chunks.append(chunk)
         input_ids = np.fromiter(
             itertools.chain.from_iterable(chunks), dtype=np.int64, count=num_tokens
@@ -128,7 +150,7 @@ class StepInputBuilder:
             "logits_indices": np.asarray(logits_indices, dtype=np.int64),
             "sampling_slots": slots[sampling_positions],
         }
-        if reads_device_ids:
+        if num_device_ids:
             int_parts["token_slots"] = slots[request_of_token]
         device_views = self._ship(int_parts)
         batch.write_sampling_rows(
@@ -141,10 +163,10 @@ class StepInputBuilder:
         batch.apply_block_updates(
             device_views["block_update_indices"], device_views["block_update_ids"]
         )
-        block_tables = batch.block_table[device_views["request_slots"].long(), :max_blocks]
+        block_tables = batch.block_table[device_views["request_slots"], :max_blocks]
 
         attn_metadata = AttentionMetadata(
-            slot_mapping=device_views["slot_mapping"].long(),
+            slot_mapping=device_views["slot_mapping"],
             query_start_loc=device_views["query_start_loc"],
             seq_lens=device_views["seq_lens"],
             block_tables=block_tables,
@@ -156,23 +178,29 @@ class StepInputBuilder:
         )
         return StepInputs(
             input_ids=device_views["input_ids"],
-            positions=device_views["positions"].long(),
+            positions=device_views["positions"],
             attn_metadata=attn_metadata,
-            logits_indices=device_views["logits_indices"].long(),
+            logits_indices=device_views["logits_indices"],
             sampling_rows=sampling_rows,
             token_slots=device_views.get("token_slots"),
             sampling_slots=device_views["sampling_slots"],
+            reads_only_device_ids=num_device_ids == num_tokens,
         )
 
     def _ship(self, int_parts: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
-        """Pack every part into one int32 buffer, copy it once, and return views per part."""
-        pieces: list[tuple[str, torch.Tensor]] = [
-            (name, torch.from_numpy(array.astype(np.int32, copy=False)))
-            for name, array in int_parts.items()
-        ]
-        total = sum(piece.numel() for _, piece in pieces)
+        """Pack every part into one int32 buffer, copy it once, and return views per part: the
+        _INT64_PARTS first, as int32 pairs, so each starts at an even offset and views back as
+        int64 (viewing 4-byte words as 8-byte ones needs an even offset and length)."""
+        order = sorted(int_parts, key=lambda name: name not in _INT64_PARTS)  # stable
+        pieces: list[tuple[str, torch.Tensor, bool]] = []
+        for name in order:
+            wide = name in _INT64_PARTS
+            array = int_parts[name].astype(np.int64 if wide else np.int32, copy=False)
+            words = array.view(np.int32) if wide else array  # little-endian: (low, high) pairs
+            pieces.append((name, torch.from_numpy(words), wide))
+        total = sum(piece.numel() for _, piece, _ in pieces)
         if self.device.type == "cpu":
-            on_device = torch.cat([piece for _, piece in pieces])  # already where it is used
+            on_device = torch.cat([piece for _, piece, _ in pieces])  # already where it is used
         else:
             turn = self._turn
             self._turn = 1 - turn
@@ -184,13 +212,14 @@ class StepInputBuilder:
                 staging = self._staging[turn] = torch.empty(
                     max(total, 2 * staging.numel()), dtype=torch.int32, pin_memory=True
                 )
-            torch.cat([piece for _, piece in pieces], out=staging[:total])
+            torch.cat([piece for _, piece, _ in pieces], out=staging[:total])
             on_device = staging[:total].to(self.device, non_blocking=True)
             copy_done = self._copy_done[turn] = torch.cuda.Event()
             copy_done.record()
         views = {}
         offset = 0
-        for name, piece in pieces:
-            views[name] = on_device[offset : offset + piece.numel()]
+        for name, piece, wide in pieces:
+            view = on_device[offset : offset + piece.numel()]
+            views[name] = view.view(torch.int64) if wide else view
             offset += piece.numel()
         return views

@@ -1,0 +1,227 @@
+"""The host's work per decode step at batch 1, measured on the CPU (issue 8, W3).
+
+    python scripts/host_step_profile.py [--steps 200] [--no-async-scheduling] [--eager]
+
+W3 on the H100 is host-bound: the GPU waits for the Python that schedules, builds the inputs,
+launches the graph and the sampler and reads the sampled id. This runs that same step loop
+(LLM._drive's engine.step + output processing) on the CPU, over W3's model shape shrunk to one
+tiny layer and a 4,096-id vocabulary, so the model's own compute is small (and timed apart),
+and reports:
+
+- per-phase host time per decode step: the thread's CPU time (time.thread_time, torch on one
+  thread), so other programs sharing the cores do not count; the model forward, which is the
+  GPU's work there, is timed apart and left out of its callers' time;
+- the aten ops a decode step dispatches outside the model forward (a TorchDispatchMode with
+  the forward excluded), by name: on CUDA nearly each is one kernel launch (a copy, a gather)
+  at ~9 us of host time each, except views, which this count leaves out.
+
+By default the decode graph path is emulated: the runner gets a DecodeGraphs whose "graphs"
+run the model eagerly on the graphs' static buffers, so the step takes the graph path's code
+(the static-buffer copies, the padding) as on the GPU. --eager takes the eager path instead.
+CPU numbers: compare them with each other (before/after a change), not with the H100's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import contextlib
+import cProfile
+import hashlib
+import json
+import pstats
+import statistics
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from ladle import LLM, SamplingParams
+from ladle.worker.model_runner import LaunchedStep
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
+
+# W3's model with one small layer and a small vocabulary: the host's work per step depends on
+# neither, and the CPU's logits matmul and argmax over 151,936 ids would drown it.
+TINY_LAYER = {
+    "vocab_size": 4096,
+    "num_hidden_layers": 1,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+
+
+class OpCounter(TorchDispatchMode):
+    """Counts the aten ops dispatched while `counting` is set, views left out."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.counting = False
+        self.counts: collections.Counter[str] = collections.Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        result = func(*args, **(kwargs or {}))
+        if self.counting and (not func.is_view or not _aliases_an_input(result, args)):
+            self.counts[str(func.overloadpacket.__name__)] += 1
+        return result
+
+
+def _aliases_an_input(result, args) -> bool:
+    """Whether a view-like op (aten.to is one: it may return its input) returned a view."""
+    if not isinstance(result, torch.Tensor):
+        return True
+    storage = result.untyped_storage().data_ptr()
+    return any(
+        isinstance(arg, torch.Tensor) and arg.untyped_storage().data_ptr() == storage
+        for arg in args
+    )
+
+
+class PhaseTimer:
+    """Host seconds per phase; a phase's nested phases are taken out of its own time."""
+
+    def __init__(self, counter: OpCounter) -> None:
+        self.counter = counter
+        self.recording = False
+        self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
+        self._stack: list[float] = []  # time spent in nested phases, per open phase
+
+    def wrap(self, owner: object, attribute: str, phase: str, counts_ops: bool = True) -> None:
+        inner: Callable = getattr(owner, attribute)
+
+        def timed(*args, **kwargs):
+            if not self.recording:
+                if not self.counter.counting or counts_ops:
+                    return inner(*args, **kwargs)
+                self.counter.counting = False
+                try:
+                    return inner(*args, **kwargs)
+                finally:
+                    self.counter.counting = True
+            self._stack.append(0.0)
+            started = time.thread_time()
+            try:
+                return inner(*args, **kwargs)
+            finally:
+                elapsed = time.thread_time() - started
+                nested = self._stack.pop()
+                self.seconds[phase] += elapsed - nested
+                if self._stack:
+                    self._stack[-1] += elapsed
+
+        setattr(owner, attribute, timed)
+
+
+FORWARD_PHASE = "model forward (device work on the GPU)"
+LOGITS_PHASE = "logits matmul (device work on the GPU)"
+WARM_UP_STEPS = 8
+
+
+def _generate(llm, timer: PhaseTimer, counter: OpCounter, args, count_ops: bool):
+    """One W3-like request through LLM._drive's loop; times (or counts the ops of) the decode
+    steps after WARM_UP_STEPS. Returns the step times, the tokens and the cProfile, if any."""
+    engine = llm.engine
+    params = SamplingParams(temperature=0.0, max_tokens=args.steps + WARM_UP_STEPS + 4)
+    prompt = [(7 * i + 3) % 4000 + 10 for i in range(args.prompt_len)]
+    llm._submit(f"profile-{count_ops}", None, prompt, params, time.monotonic(), 0)
+    step_times: list[float] = []
+    tokens: list[int] = []
+    num_steps = 0
+    profiler = cProfile.Profile() if args.cprofile and not count_ops else None
+    with counter if count_ops else contextlib.nullcontext():
+        while engine.has_unfinished_requests():
+            measured = WARM_UP_STEPS <= num_steps < WARM_UP_STEPS + args.steps
+            timer.recording = measured and not count_ops
+            counter.counting = measured and count_ops
+            if profiler is not None:
+                (profiler.enable if measured else profiler.disable)()
+            started = time.thread_time()
+            outputs = engine.step()
+            request_outputs, _ = llm.output_processor.process_outputs(outputs)
+            if measured:
+                step_times.append(time.thread_time() - started)
+            for output in request_outputs:
+                if output.finished:
+                    tokens = output.outputs[0].token_ids
+            num_steps += 1
+    timer.recording = counter.counting = False
+    if profiler is not None:
+        profiler.disable()
+    return step_times, tokens, profiler
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=200, help="decode steps measured")
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
+    parser.add_argument("--eager", action="store_true", help="the eager path, no emulated graphs")
+    parser.add_argument("--cprofile", type=int, default=0, help="also print the N costliest calls")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    llm = LLM(
+        "qwen3-0.6b",
+        load_format="dummy",
+        device="cpu",
+        hf_overrides=TINY_LAYER,
+        async_scheduling=args.async_scheduling,
+        cpu_kv_cache_gib=0.25,
+    )
+    engine, runner = llm.engine, llm.engine.runner
+    if not args.eager:
+        install_emulated_graphs(runner)
+    counter = OpCounter()
+    timer = PhaseTimer(counter)
+    timer.wrap(engine.scheduler, "schedule", "schedule")
+    timer.wrap(runner.input_builder, "build", "build inputs")
+    timer.wrap(runner, "launch_forward", "launch forward (rest: ids, copies, logits)")
+    timer.wrap(runner.model, "forward", FORWARD_PHASE, counts_ops=False)
+    timer.wrap(EmulatedGraph, "replay", FORWARD_PHASE, counts_ops=False)
+    # Its ops count (they are launches on the GPU too); its time is the GPU's there.
+    timer.wrap(runner.model, "compute_logits", LOGITS_PHASE)
+    timer.wrap(runner, "sample", "sample (metadata, sampler, id copy)")
+    timer.wrap(LaunchedStep, "result", "read sampled ids")
+    timer.wrap(engine.scheduler, "update_from_output", "update from output")
+    timer.wrap(llm.output_processor, "process_outputs", "output processing")
+    timer.wrap(engine, "step", "engine step (rest)")
+
+    # Pass 1 times the steps; pass 2 counts their ops (the dispatch mode slows every op down).
+    step_times, tokens, profiler = _generate(llm, timer, counter, args, count_ops=False)
+    _generate(llm, timer, counter, args, count_ops=True)
+    if profiler is not None:
+        pstats.Stats(profiler, stream=sys.stderr).sort_stats("tottime").print_stats(args.cprofile)
+    per_step_us = {
+        phase: round(seconds / len(step_times) * 1e6, 1) for phase, seconds in timer.seconds.items()
+    }
+    model_us = per_step_us.get(FORWARD_PHASE, 0.0) + per_step_us.get(LOGITS_PHASE, 0.0)
+    ops = {name: count / len(step_times) for name, count in counter.counts.most_common()}
+    print(
+        json.dumps(
+            {
+                "path": "eager" if args.eager else "emulated graphs",
+                "async_scheduling": args.async_scheduling,
+                "steps": len(step_times),
+                "step_us_median": round(statistics.median(step_times) * 1e6, 1),
+                "host_us_per_step_without_forward": round(
+                    statistics.mean(step_times) * 1e6 - model_us, 1
+                ),
+                "phase_us_per_step": per_step_us,
+                "ops_per_step_outside_forward": round(sum(ops.values()), 2),
+                "ops_by_name": {name: round(count, 2) for name, count in ops.items()},
+                "tokens_sha1": hashlib.sha1(repr(tokens).encode()).hexdigest()[:12],
+                "num_tokens": len(tokens),
+            },
+            indent=1,
+        )
+    )
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,54 @@
+"""CUDA graphs emulated on the CPU, so CPU tests and scripts can take the decode graph path.
+
+install_emulated_graphs(runner) gives a CPU ModelRunner a DecodeGraphs whose "graphs" run the
+model eagerly on the graphs' static buffers: a step then goes through DecodeGraphs.run (its
+copies into the static buffers, the padding rows) and the runner's graph-path code, as on the
+GPU, where only a real replay can show that path's mistakes.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ladle.attention.metadata import AttentionMetadata
+from ladle.worker.cuda_graphs import DecodeGraphs
+
+
+class EmulatedGraph:
+    """Stands in for a captured CUDA graph on the CPU: replay() runs the model eagerly on the
+    graphs' static buffers (the context lengths read back from them) into a fixed output."""
+
+    def __init__(self, runner, graphs: DecodeGraphs, batch_size: int) -> None:
+        self.runner, self.graphs, self.batch_size = runner, graphs, batch_size
+        self.output = torch.zeros(batch_size, runner.arch.hidden_size, dtype=runner.dtype)
+
+    def replay(self) -> None:
+        static, size = self.graphs.static, self.batch_size
+        seq_lens = static.seq_lens[:size]
+        metadata = AttentionMetadata(
+            slot_mapping=static.slot_mapping[:size],
+            query_start_loc=static.query_start_loc[: size + 1],
+            seq_lens=seq_lens,
+            block_tables=static.block_tables[:size],
+            max_query_len=1,
+            max_seq_len=int(seq_lens.max()),
+            block_size=self.graphs.block_size,
+            query_start_loc_host=list(range(size + 1)),
+            seq_lens_host=seq_lens.tolist(),
+        )
+        hidden = self.runner.model(
+            static.input_ids[:size], static.positions[:size], self.runner.kv_caches, metadata
+        )
+        self.output.copy_(hidden)
+
+
+def install_emulated_graphs(runner) -> None:
+    """Give a CPU runner decode "graphs" (EmulatedGraph) so its steps take the graph path."""
+    graphs = runner._graph_buckets()
+    graphs.prefill = None  # prompt steps run eagerly here
+    graphs.static = graphs._allocate_static()
+    for batch_size in graphs.batch_sizes:
+        graph = EmulatedGraph(runner, graphs, batch_size)
+        graphs._graphs[batch_size] = graph
+        graphs._outputs[batch_size] = graph.output
+    runner.graph_buckets = graphs
