@@ -7,22 +7,43 @@ bad value is rejected at construction with a ValueError that names the field.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass, field
-
-import torch
+from typing import TYPE_CHECKING
 
 from ladle.sampling_limits import LIMITS
 
-SUPPORTED_DTYPES = {
-    "bfloat16": torch.bfloat16,
-    "bf16": torch.bfloat16,
-    "float16": torch.float16,
-    "fp16": torch.float16,
-    "half": torch.float16,
-    "float32": torch.float32,
-    "fp32": torch.float32,
-    "float": torch.float32,
+if TYPE_CHECKING:
+    import torch
+
+# torch is imported only where a dtype or device is resolved (in the engine): `ladle serve`'s
+# API process builds and validates an EngineConfig but never needs torch, and importing it there
+# (1.5-3 s) delays spawning the engine process by as much.
+SUPPORTED_DTYPE_NAMES = {
+    "bfloat16": "bfloat16",
+    "bf16": "bfloat16",
+    "float16": "float16",
+    "fp16": "float16",
+    "half": "float16",
+    "float32": "float32",
+    "fp32": "float32",
+    "float": "float32",
 }
+
+
+def supported_dtypes() -> dict[str, torch.dtype]:
+    """Each accepted dtype spelling and the torch dtype it names."""
+    import torch
+
+    return {name: getattr(torch, torch_name) for name, torch_name in SUPPORTED_DTYPE_NAMES.items()}
+
+
+def _is_torch_dtype(value: object) -> bool:
+    # A torch.dtype can only exist once torch is imported; checking so keeps torch unimported.
+    torch = sys.modules.get("torch")
+    return torch is not None and isinstance(value, torch.dtype)
+
+
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4", "gguf")
 # "auto": the model's dtype. fp8 and fp8_e4m3 are one format (vLLM's spellings).
@@ -31,6 +52,8 @@ KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 
 def resolve_device(device: str) -> torch.device:
     """'auto' picks CUDA when present, else the CPU."""
+    import torch
+
     if device == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     resolved = torch.device(device)
@@ -41,17 +64,20 @@ def resolve_device(device: str) -> torch.device:
 
 def resolve_dtype(dtype: str | torch.dtype, device: torch.device) -> torch.dtype:
     """'auto' is bfloat16 on CUDA and float32 on the CPU (where bf16 matmuls are slow, inexact)."""
+    import torch
+
+    dtypes = supported_dtypes()
     if isinstance(dtype, torch.dtype):
-        if dtype not in SUPPORTED_DTYPES.values():
+        if dtype not in dtypes.values():
             raise ValueError(f"dtype {dtype} is not supported; use bfloat16, float16 or float32")
         return dtype
     if dtype == "auto":
         return torch.bfloat16 if device.type == "cuda" else torch.float32
-    if dtype not in SUPPORTED_DTYPES:
+    if dtype not in dtypes:
         raise ValueError(
-            f"dtype {dtype!r} is not supported; choose one of auto, {', '.join(SUPPORTED_DTYPES)}"
+            f"dtype {dtype!r} is not supported; choose one of auto, {', '.join(dtypes)}"
         )
-    return SUPPORTED_DTYPES[dtype]
+    return dtypes[dtype]
 
 
 def check_generation_config_folder(folder: str) -> None:
@@ -148,11 +174,11 @@ class ModelConfig:
             check_generation_config_folder(self.generation_config)
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
-        if not isinstance(self.dtype, torch.dtype) and self.dtype != "auto":
-            if self.dtype not in SUPPORTED_DTYPES:
+        if not _is_torch_dtype(self.dtype) and self.dtype != "auto":
+            if self.dtype not in SUPPORTED_DTYPE_NAMES:
                 raise ValueError(
                     f"dtype {self.dtype!r} is not supported; choose one of auto, "
-                    f"{', '.join(SUPPORTED_DTYPES)}"
+                    f"{', '.join(SUPPORTED_DTYPE_NAMES)}"
                 )
 
 

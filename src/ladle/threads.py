@@ -60,10 +60,14 @@ def runnable_threads() -> int | None:
 
 
 def configure_api_process_threads() -> None:
-    """The API process computes no tensors: one torch thread, no spare OpenMP team."""
-    import torch
+    """The API process computes no tensors: one torch thread, no spare OpenMP team, if torch is
+    loaded here at all. Call it again once the tokenizer is loaded (which may import torch).
 
-    torch.set_num_threads(1)
+    It never imports torch itself: that would delay spawning the engine process by torch's
+    import time (1.5-3 s), and a process that never loads torch has no OpenMP team to size."""
+    torch = sys.modules.get("torch")
+    if torch is not None:
+        torch.set_num_threads(1)
 
 
 class ThreadGovernor:

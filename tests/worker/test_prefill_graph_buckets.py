@@ -145,3 +145,61 @@ def test_graphs_stop_where_the_gpu_outlasts_the_launches():
     # More layers per weight (a deeper, narrower model) means more launches for the same work.
     assert abs(graph_worthy_tokens(56, _layer_params(28, 1024, 2048, 1024, 3072)) - 2 * small) <= 1
     assert PREFILL_TOKEN_BUCKETS[-1] == 8192
+
+
+def _reachable_buckets(graphs, max_num_seqs: int, max_num_tokens: int) -> set[tuple[int, int]]:
+    """The buckets that the steps with prompt tokens replay: every shape of R <= max_num_seqs
+    requests and T tokens, R < T <= max_num_tokens (T == R is a decode step: decode graphs).
+    Tokens above the largest bucket fit none, so the enumeration stops there."""
+    width = graphs.max_blocks_per_seq
+    largest = max(graphs.token_buckets, default=0)
+    reached = set()
+    for num_reqs in range(1, max_num_seqs + 1):
+        for num_tokens in range(num_reqs + 1, min(max_num_tokens, largest) + 1):
+            bucket = graphs.bucket_for(num_reqs, num_tokens, width)
+            if bucket is None:
+                continue
+            padded_tokens, padded_reqs = bucket
+            # The bucket holds the step and one token for each of its padding requests.
+            assert padded_reqs > num_reqs
+            assert padded_tokens >= num_tokens + padded_reqs - num_reqs
+            reached.add(bucket)
+    return reached
+
+
+@pytest.mark.parametrize(
+    ("max_num_seqs", "max_num_tokens", "max_model_len", "expected_count"),
+    [
+        # The defaults on the 0.6B shape (max_model_len far above the step budget, and every
+        # token bucket graph-worthy): 118 prefill graphs.
+        (256, 8192, 40960, 118),
+        (256, 8192, 131072, 118),
+        # The 8B shape: graph_worthy_tokens caps the token buckets at ~1,100 (test above).
+        (256, 1100, 131072, 73),
+        (64, 2048, 4096, 81),
+        (5, 100, 256, 9),  # budget 100: token buckets up to 64, request buckets 2, 4, 8
+        (1, 8192, 300, 5),  # max_model_len 300: token buckets up to 256, one request bucket
+    ],
+)
+def test_every_captured_bucket_is_reachable_and_every_reachable_step_is_captured(
+    max_num_seqs, max_num_tokens, max_model_len, expected_count
+):
+    """The captured set is exactly what steps replay: nothing is captured that no step of the
+    scheduler's limits can use, and every step shape that fits a bucket finds it captured (so
+    the set cannot shrink without sending some step to another graph or to eager)."""
+    import torch
+
+    from ladle.worker.prefill_graphs import PrefillGraphs
+
+    block_size = 16
+    graphs = PrefillGraphs(
+        forward=None,
+        max_blocks_per_seq=-(-max_model_len // block_size),
+        block_size=block_size,
+        device=torch.device("cpu"),
+        max_num_tokens=min(max_num_tokens, max_model_len),
+        request_buckets=request_buckets_for(max_num_seqs),
+    )
+    assert len(graphs.buckets) == expected_count
+    reached = _reachable_buckets(graphs, max_num_seqs, min(max_num_tokens, max_model_len))
+    assert reached == set(graphs.buckets)

@@ -24,10 +24,11 @@ import sys
 import time
 from dataclasses import replace
 
-import torch
 from tqdm import tqdm
 
-from ladle.bench.device_floor import floor_seconds, measure_ceilings
+# torch (and device_floor, which needs it) is imported inside the functions that run a
+# benchmark: `ladle` builds this module's parser for every command, `ladle serve` included,
+# whose API process must not wait 1.5-3 s for torch before spawning the engine.
 from ladle.bench.workloads import TokenWorkload, WorkloadRequest, build_requests, get_workload
 from ladle.kernels.compile_log import compile_totals
 
@@ -93,6 +94,7 @@ def gpu_busy_fraction(engine, requests: list[WorkloadRequest], num_steps: int = 
     """Kernel time over wall time across num_steps steady steps (after the prompts are in)."""
     if engine.runner.device.type != "cuda":
         return None
+    import torch
     from torch.profiler import ProfilerActivity, profile
 
     for index, request in enumerate(requests):
@@ -124,6 +126,7 @@ def gpu_busy_fraction(engine, requests: list[WorkloadRequest], num_steps: int = 
 def run_hf_peer(llm, requests: list[WorkloadRequest]) -> dict:
     """HF transformers' generate_batch on the same prompts; one fixed output length (the
     median of the workload's) since generate_batch takes one generation config."""
+    import torch
     from transformers import GenerationConfig
 
     from ladle.bench.offline_throughput import load_hf_peer
@@ -166,7 +169,10 @@ def _workload_from_args(args: argparse.Namespace) -> TokenWorkload:
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    import torch
+
     from ladle import LLM
+    from ladle.bench.device_floor import floor_seconds, measure_ceilings
     from ladle.cli import engine_options_from_args
     from ladle.worker.memory import module_bytes
 

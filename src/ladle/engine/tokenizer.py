@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ladle.model.arch_config import ModelArchConfig
-from ladle.model.loader.errors import ModelLoadError
+from ladle.model.load_errors import ModelLoadError
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
 # ChatML ends a turn with <|im_end|>; <|im_start|> opens one and must never stop generation, even

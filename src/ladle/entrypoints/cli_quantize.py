@@ -8,7 +8,7 @@ import argparse
 import sys
 import time
 
-from ladle.config import SUPPORTED_DTYPES
+from ladle.config import SUPPORTED_DTYPE_NAMES, supported_dtypes
 
 
 def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -31,7 +31,7 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--dtype",
         default="bfloat16",
-        choices=sorted(SUPPORTED_DTYPES),
+        choices=sorted(SUPPORTED_DTYPE_NAMES),
         help="dtype the weights are cast to before quantizing, and of the unquantized tensors "
         "(the dtype you will serve in; default bfloat16)",
     )
@@ -84,7 +84,7 @@ def run_quantize(args: argparse.Namespace) -> int:
             raise ValueError(f"model {args.model!r} is not a Hugging Face folder or Hub id")
         source = resolve_hub_model(args.model, args.revision, None)
     start = time.perf_counter()
-    dtype = SUPPORTED_DTYPES[args.dtype]
+    dtype = supported_dtypes()[args.dtype]
     float_layers = _float_layers(args, source)
     calibrated = None
     if args.algorithm == "gptq":

@@ -327,6 +327,7 @@ def run_serve(args: argparse.Namespace) -> int:
             print(f"ladle: error: {error}", file=sys.stderr)
             await client.shutdown()
             return 1
+        configure_api_process_threads()  # again: loading the tokenizer may have imported torch
         if chat_template is not None and client.tokenizer is not None:
             from ladle.entrypoints.chat_template import apply_chat_template_override
 

@@ -195,10 +195,10 @@ def calibrate_checkpoint(
     when there is one) and quantize its projections with GPTQ from `windows`; returns canonical
     tensors by checkpoint weight name, for write_quantized_checkpoint(calibrated=...)."""
     from ladle.attention.backend import get_attention_backend
-    from ladle.config import SUPPORTED_DTYPES, ModelConfig
+    from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
 
-    dtype_name = next(name for name, value in SUPPORTED_DTYPES.items() if value == dtype)
+    dtype_name = next(name for name, value in supported_dtypes().items() if value == dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
     model = load_model(config, device, dtype, get_attention_backend(device)).model

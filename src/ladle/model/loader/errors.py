@@ -1,5 +1,5 @@
-"""Errors raised while finding or reading weights: ValueErrors that name the file and problem."""
+"""The loader's errors (defined in ladle/model/load_errors.py, which says why they live there)."""
 
+from ladle.model.load_errors import ModelLoadError
 
-class ModelLoadError(ValueError):
-    """A model path that is missing, truncated, corrupt or of a form ladle cannot read."""
+__all__ = ["ModelLoadError"]
