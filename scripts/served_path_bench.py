@@ -262,6 +262,7 @@ class StepGaugeSampler(threading.Thread):
         self.samples_ms: list[float] = []
         # The last values of the engine's graph/eager step counters (ladle:*_steps_total).
         self.step_counts: dict[str, float] = {}
+        self.last_text = ""  # the last scrape, whole (its step-time histogram)
         self._done = threading.Event()
 
     def run(self) -> None:
@@ -270,6 +271,7 @@ class StepGaugeSampler(threading.Thread):
                 text = urllib.request.urlopen(self.url, timeout=2).read().decode()
             except OSError:
                 continue
+            self.last_text = text
             for line in text.splitlines():
                 for kind in ("graph", "eager"):
                     if line.startswith(f"ladle:{kind}_steps_total"):
@@ -354,6 +356,14 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
     result["engine_step_gauge_ms_p50"] = _round(_percentile(step_gauge.samples_ms, 50))
     for kind, count in step_gauge.step_counts.items():  # since start-up, warm-up included
         result[f"engine_{kind}_steps"] = int(count)
+    # Steps slower than 20 / 40 ms (since start-up): where the ITL tail can come from.
+    for line in step_gauge.last_text.splitlines():
+        if line.startswith("ladle:step_duration_seconds_bucket"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            if bound in ("0.02", "0.04", "+Inf"):
+                result[f"engine_{kind}_steps_le_{bound}"] = int(float(line.split()[-1]))
+    (log_dir / f"metrics_{concurrency}.txt").write_text(step_gauge.last_text)
     for name, seconds in cpu.items():
         result[f"{name}_cpu_s"] = round(seconds, 2)
         result[f"{name}_cpu_per_wall"] = round(seconds / wall, 2)

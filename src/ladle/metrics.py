@@ -19,10 +19,10 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Histogram, generate_latest
-from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ladle.engine.messages import SchedulerStats
+from ladle.engine.messages import STEP_TIME_BOUNDS_S, SchedulerStats
 from ladle.outputs import RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -93,6 +93,23 @@ class _EngineStatsCollector(Collector):
                       stats.num_prefill_tokens)
         yield counter("ladle:decode_tokens", "Tokens computed by decode steps.",
                       stats.num_decode_tokens)
+        step_time = HistogramMetricFamily(
+            "ladle:step_duration_seconds",
+            "Engine step wall time, steps with prompt tokens (kind=prefill, mixed steps "
+            "included) and decode-only steps (kind=decode).",
+            labels=["model_name", "kind"],
+        )
+        for kind, counts, seconds in (
+            ("prefill", stats.prefill_step_counts, stats.prefill_step_seconds),
+            ("decode", stats.decode_step_counts, stats.decode_step_seconds),
+        ):
+            counts = counts or (0,) * (len(STEP_TIME_BOUNDS_S) + 1)
+            cumulative, buckets = 0, []
+            for bound, count in zip((*map(str, STEP_TIME_BOUNDS_S), "+Inf"), counts):
+                cumulative += count
+                buckets.append((bound, cumulative))
+            step_time.add_metric([self.model_name, kind], buckets, seconds)
+        yield step_time
         yield counter("ladle:graph_steps", "Engine steps replayed from a CUDA graph.",
                       stats.num_graph_steps)
         yield counter("ladle:eager_steps", "Engine steps whose model ran eagerly (all of them "

@@ -66,3 +66,42 @@ def test_names_and_values():
 def test_two_servers_in_one_process_do_not_collide():
     ServerMetrics("a")
     ServerMetrics("a")
+
+
+def test_step_time_histogram_by_kind():
+    """The engine's step times: cumulative buckets per kind, the sum, and the count."""
+    from ladle.engine.step_meter import StepMeter
+
+    meter = StepMeter()
+    meter.record(num_prefill=0, num_decode=128, seconds=0.003)  # decode, in (2.5, 5] ms
+    meter.record(num_prefill=0, num_decode=128, seconds=0.0049)
+    meter.record(num_prefill=900, num_decode=128, seconds=0.05)  # mixed: kind=prefill
+    meter.record(num_prefill=0, num_decode=0, seconds=0.5)  # nothing computed: not counted
+    metrics = ServerMetrics("tiny")
+    metrics.record_engine_stats(SchedulerStats(
+        prefill_step_counts=tuple(meter.prefill_step_counts),
+        decode_step_counts=tuple(meter.decode_step_counts),
+        prefill_step_seconds=meter.prefill_step_seconds,
+        decode_step_seconds=meter.decode_step_seconds,
+    ))
+    text = metrics.render().decode()
+    values = {
+        line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
+        for line in text.splitlines() if line.startswith("ladle:step_duration_seconds")
+    }
+
+    def bucket(kind, le):
+        return next(
+            value for name, value in values.items()
+            if name.startswith("ladle:step_duration_seconds_bucket")
+            and f'kind="{kind}"' in name and f'le="{le}"' in name
+        )
+
+    assert bucket("decode", "0.0025") == 0
+    assert bucket("decode", "0.005") == 2
+    assert bucket("decode", "+Inf") == 2
+    assert bucket("prefill", "0.04") == 0
+    assert bucket("prefill", "0.08") == 1
+    sums = {name: value for name, value in values.items() if "_sum" in name}
+    assert abs(sum(v for n, v in sums.items() if 'kind="decode"' in n) - 0.0079) < 1e-9
+    assert abs(sum(v for n, v in sums.items() if 'kind="prefill"' in n) - 0.05) < 1e-9

@@ -298,6 +298,10 @@ class EngineCore:
             mean_step_time_s=meter.mean_step_time_s,
             num_prefill_tokens=meter.num_prefill_tokens,
             num_decode_tokens=meter.num_decode_tokens,
+            prefill_step_counts=tuple(meter.prefill_step_counts),
+            decode_step_counts=tuple(meter.decode_step_counts),
+            prefill_step_seconds=meter.prefill_step_seconds,
+            decode_step_seconds=meter.decode_step_seconds,
             num_graph_steps=self.runner.num_graph_steps,
             num_eager_steps=self.runner.num_eager_steps,
         )

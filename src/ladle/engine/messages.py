@@ -66,6 +66,10 @@ class EngineCoreOutput:
         return self.finish_reason is not None
 
 
+# Upper bounds (s) of the engine's step-time histogram (/metrics): a running stream's inter-token
+# time is at least its step's time, so the slow steps are where a server's ITL tail comes from.
+STEP_TIME_BOUNDS_S = (0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
+
 @dataclass
 class SchedulerStats:
     """A snapshot for metrics and for tests that check the pool drains."""
@@ -83,5 +87,10 @@ class SchedulerStats:
     mean_step_time_s: float = 0.0
     num_prefill_tokens: int = 0  # prompt tokens computed since start (recomputes included)
     num_decode_tokens: int = 0
+    # StepMeter's step-time histogram: counts per STEP_TIME_BOUNDS_S bucket and total seconds.
+    prefill_step_counts: tuple[int, ...] = ()
+    decode_step_counts: tuple[int, ...] = ()
+    prefill_step_seconds: float = 0.0
+    decode_step_seconds: float = 0.0
     num_graph_steps: int = 0  # model runs replayed from a CUDA graph
     num_eager_steps: int = 0  # model runs launched eagerly

@@ -8,9 +8,11 @@ what a queued prompt really gets, not the kernel's peak.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+import bisect
+from dataclasses import dataclass, field
 
 from ladle.core.request import Request
+from ladle.engine.messages import STEP_TIME_BOUNDS_S
 
 # Weight of the newest step in the moving averages: about the last 20 steps count.
 SMOOTHING = 0.1
@@ -45,12 +47,29 @@ class StepMeter:
     mean_step_time_s: float = 0.0
     num_prefill_tokens: int = 0
     num_decode_tokens: int = 0
+    # Steps per STEP_TIME_BOUNDS_S bucket (the last: slower than every bound), apart for steps
+    # with prompt tokens and decode-only steps, and each kind's total seconds.
+    prefill_step_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(STEP_TIME_BOUNDS_S) + 1)
+    )
+    decode_step_counts: list[int] = field(
+        default_factory=lambda: [0] * (len(STEP_TIME_BOUNDS_S) + 1)
+    )
+    prefill_step_seconds: float = 0.0
+    decode_step_seconds: float = 0.0
 
     def record(self, num_prefill: int, num_decode: int, seconds: float) -> None:
         self.num_prefill_tokens += num_prefill
         self.num_decode_tokens += num_decode
         if seconds <= 0:
             return
+        bucket = bisect.bisect_left(STEP_TIME_BOUNDS_S, seconds)
+        if num_prefill > 0:
+            self.prefill_step_counts[bucket] += 1
+            self.prefill_step_seconds += seconds
+        elif num_decode > 0:
+            self.decode_step_counts[bucket] += 1
+            self.decode_step_seconds += seconds
         self.mean_step_time_s = _smooth(self.mean_step_time_s, seconds)
         if num_prefill > 0:
             self.prefill_tokens_per_s = _smooth(self.prefill_tokens_per_s, num_prefill / seconds)
