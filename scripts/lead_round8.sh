@@ -18,7 +18,7 @@ echo "== tests done at $((SECONDS - start)) s" | tee -a "$LOG"
 for w in W3 W3-8b; do
   echo "== $w" | tee -a "$LOG"
   timeout 150 python3 -m ladle bench latency --workload $w --runs 3 --no-progress \
-    --json "$OUT/bench_$w.json" > "$OUT/$w.log" 2>&1; grep -E "TTFT|ITL|busy|start-up|floor ms" "$OUT/$w.log" | tee -a "$LOG"
+    --json "$OUT/bench_$w.json" > "/tmp/$w.log" 2>&1; grep -E "TTFT|ITL|busy|start-up|floor ms" "/tmp/$w.log" | tee -a "$LOG"
 done
 s1() {
   [ "$(left)" -gt 60 ] || { echo "skipped (deadline): $*" | tee -a "$LOG"; return; }
