@@ -115,7 +115,7 @@ async def _raw_load(base_url: str, payloads: list[dict], concurrency: int) -> li
 
     await asyncio.gather(*(worker() for _ in range(concurrency)))
     return [
-        {"ttft": r["times"][0] - r["sent"] if r["times"] else None,
+        {"ttft": r["times"][0] - r["sent"] if r["times"] else None, "start": r["sent"],
          "itl": [b - a for a, b in zip(r["times"], r["times"][1:])],
          "output_tokens": sum(r["sizes"]), "num_chunks": len(r["times"]), "ok": bool(r["times"])}
         for r in records
@@ -164,7 +164,7 @@ async def _bench_load(base_url: str, payloads: list[dict], concurrency: int) -> 
             *clients, plan, payloads[0]["model"], requests, float("inf"), concurrency
         )
     return [
-        {"ttft": r.ttft, "itl": r.itl, "output_tokens": r.output_tokens,
+        {"ttft": r.ttft, "start": r.start, "itl": r.itl, "output_tokens": r.output_tokens,
          "num_chunks": getattr(r, "num_chunks", len(r.itl) + 1), "ok": r.success,
          "error": r.error}
         for r in records
@@ -263,31 +263,82 @@ class StepGaugeSampler(threading.Thread):
         # The last values of the engine's graph/eager step counters (ladle:*_steps_total).
         self.step_counts: dict[str, float] = {}
         self.last_text = ""  # the last scrape, whole (its step-time histogram)
+        self.first_text = ""  # the first, before the load: start-up's warm-up steps are in it
         self._done = threading.Event()
 
     def run(self) -> None:
-        while not self._done.wait(0.5):
-            try:
-                text = urllib.request.urlopen(self.url, timeout=2).read().decode()
-            except OSError:
-                continue
-            self.last_text = text
-            for line in text.splitlines():
-                for kind in ("graph", "eager"):
-                    if line.startswith(f"ladle:{kind}_steps_total"):
-                        self.step_counts[kind] = float(line.split()[-1])
-                if line.startswith("ladle:step_time_seconds"):
-                    value = float(line.split()[-1])
-                    if value > 0:
-                        self.samples_ms.append(value * 1000)
+        while True:
+            self._scrape()
+            if self._done.wait(0.5):
+                self._scrape()  # the end of the run
+                return
+
+    def _scrape(self) -> None:
+        try:
+            text = urllib.request.urlopen(self.url, timeout=2).read().decode()
+        except OSError:
+            return
+        self.last_text = text
+        self.first_text = self.first_text or text
+        for line in text.splitlines():
+            for kind in ("graph", "eager"):
+                if line.startswith(f"ladle:{kind}_steps_total"):
+                    self.step_counts[kind] = float(line.split()[-1])
+            if line.startswith("ladle:step_time_seconds"):
+                value = float(line.split()[-1])
+                if value > 0:
+                    self.samples_ms.append(value * 1000)
 
     def __enter__(self) -> StepGaugeSampler:
+        self._scrape()  # before the load: the baseline (start-up's steps)
         self.start()
         return self
 
     def __exit__(self, *exc_info) -> None:
         self._done.set()
         self.join()
+
+
+def _step_histogram(text: str) -> dict[str, int]:
+    """{'<kind>_steps_le_<bound>': cumulative count} from ladle:step_duration_seconds."""
+    counts = {}
+    for line in text.splitlines():
+        if line.startswith("ladle:step_duration_seconds_bucket"):
+            kind = line.split('kind="', 1)[1].split('"', 1)[0]
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            if bound in ("0.01", "0.02", "0.04", "0.08", "+Inf"):
+                counts[f"{kind}_steps_le_{bound}"] = int(float(line.split()[-1]))
+    return counts
+
+
+def _stalls(records: list[dict], min_gap_s: float = 0.03, window_s: float = 0.005) -> list:
+    """Gaps over min_gap_s grouped by when they ended (within window_s of each other): a stall
+    that every stream sees at once is the server's (a slow step or a blocked process); gaps
+    spread over time, one stream each, are per stream. [[end s, streams, median gap ms]...]
+    of the 12 largest groups, by streams."""
+    ends = []
+    for r in records:
+        if r.get("start") is None or r["ttft"] is None:
+            continue
+        t = r["start"] + r["ttft"]
+        for gap in r["itl"]:
+            t += gap
+            if gap > min_gap_s:
+                ends.append((t, gap))
+    ends.sort()
+    groups: list[list[tuple[float, float]]] = []
+    for end, gap in ends:
+        if groups and end - groups[-1][-1][0] <= window_s:
+            groups[-1].append((end, gap))
+        else:
+            groups.append([(end, gap)])
+    origin = min((r["start"] for r in records if r.get("start") is not None), default=0.0)
+    summary = [
+        [round(group[0][0] - origin, 3), len(group),
+         round(sorted(g for _, g in group)[len(group) // 2] * 1000, 1)]
+        for group in groups
+    ]
+    return sorted(summary, key=lambda item: -item[1])[:12]
 
 
 def _percentile(values: list[float], q: float) -> float | None:
@@ -356,13 +407,12 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
     result["engine_step_gauge_ms_p50"] = _round(_percentile(step_gauge.samples_ms, 50))
     for kind, count in step_gauge.step_counts.items():  # since start-up, warm-up included
         result[f"engine_{kind}_steps"] = int(count)
-    # Steps slower than 20 / 40 ms (since start-up): where the ITL tail can come from.
-    for line in step_gauge.last_text.splitlines():
-        if line.startswith("ladle:step_duration_seconds_bucket"):
-            kind = line.split('kind="', 1)[1].split('"', 1)[0]
-            bound = line.split('le="', 1)[1].split('"', 1)[0]
-            if bound in ("0.02", "0.04", "+Inf"):
-                result[f"engine_{kind}_steps_le_{bound}"] = int(float(line.split()[-1]))
+    # The run's steps (the last scrape less the first, which holds start-up's warm-up steps) by
+    # time: where the ITL tail can come from.
+    start_counts = _step_histogram(step_gauge.first_text)
+    for key, count in _step_histogram(step_gauge.last_text).items():
+        result[f"engine_{key}"] = count - start_counts.get(key, 0)
+    result["stalls"] = _stalls(ok)
     (log_dir / f"metrics_{concurrency}.txt").write_text(step_gauge.last_text)
     for name, seconds in cpu.items():
         result[f"{name}_cpu_s"] = round(seconds, 2)
