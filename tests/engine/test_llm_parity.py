@@ -132,3 +132,19 @@ def test_every_cpu_model_run_is_counted_as_eager(reference):
     after = llm.engine.get_stats()
     assert after.num_graph_steps == 0
     assert after.num_eager_steps - before.num_eager_steps == 5
+
+
+def test_slow_steps_are_logged_with_their_shape(reference, monkeypatch, capsys):
+    # LADLE_SLOW_STEP_MS: every step over it gets a line naming its shape (here every step).
+    path, prompts, _ = reference
+    monkeypatch.setenv("LADLE_SLOW_STEP_MS", "0.000001")
+    llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=False)
+    capsys.readouterr()
+    llm.generate([prompts[0]], greedy(3), use_tqdm=False)
+    lines = [line for line in capsys.readouterr().err.splitlines() if "slow step" in line]
+    assert len(lines) == 3
+    assert f"1 requests, {len(prompts[0])} prompt tokens, 0 decodes" in lines[0]
+    assert all("eager" in line for line in lines)
+    assert "1 requests, 0 prompt tokens, 1 decodes" in lines[1]
+    monkeypatch.setenv("LADLE_SLOW_STEP_MS", "fast")
+    assert LLM(path, block_size=4, num_kv_blocks=400).engine.slow_step_s is None

@@ -75,8 +75,8 @@ class _NoReplay:
 
 def test_replay_lays_out_the_padding_requests():
     """What a replay feeds the captured graph (on the CPU, with the replay itself stubbed out):
-    the real rows, then padding requests of one token each and a last one holding the rest,
-    all writing the null block and reading no real request's blocks."""
+    the real rows, then padding requests sharing the rest of the bucket's tokens evenly, all
+    writing the null block and reading no real request's blocks."""
     import torch
 
     from ladle.attention.metadata import AttentionMetadata
@@ -116,9 +116,9 @@ def test_replay_lays_out_the_padding_requests():
     hidden = graphs.run(bucket, torch.arange(1, 21), torch.arange(20), metadata)
     static = graphs.static
     assert torch.equal(hidden, torch.arange(20.0).unsqueeze(1))
-    # Padding requests 5 and 6 hold one token each, request 7 the other 10 of the 32.
-    assert static.query_start_loc.tolist() == [0, 1, 11, 14, 18, 20, 21, 22, 32]
-    assert static.seq_lens.tolist() == [40, 30, 3, 4, 2, 1, 1, 10]
+    # Padding requests 5, 6 and 7 share the other 12 of the 32 tokens: 4 each.
+    assert static.query_start_loc.tolist() == [0, 1, 11, 14, 18, 20, 24, 28, 32]
+    assert static.seq_lens.tolist() == [40, 30, 3, 4, 2, 4, 4, 4]
     assert static.input_ids[:20].tolist() == list(range(1, 21))
     assert static.input_ids[20:32].tolist() == [0] * 12
     assert static.slot_mapping[:20].tolist() == list(range(100, 120))
@@ -203,3 +203,32 @@ def test_every_captured_bucket_is_reachable_and_every_reachable_step_is_captured
     assert len(graphs.buckets) == expected_count
     reached = _reachable_buckets(graphs, max_num_seqs, min(max_num_tokens, max_model_len))
     assert reached == set(graphs.buckets)
+
+
+def test_padding_tokens_are_shared_out_evenly_with_the_remainder_first():
+    """13 padding tokens over 3 padding requests: 5, 4, 4 (never one request holding them all,
+    whose attention would grow with the square of the padding)."""
+    import torch
+
+    from ladle.attention.metadata import AttentionMetadata
+    from ladle.worker.prefill_graphs import PrefillGraphs
+
+    graphs = PrefillGraphs(
+        forward=None, max_blocks_per_seq=8, block_size=16, device=torch.device("cpu"),
+        max_num_tokens=64, token_buckets=(16, 32, 64), request_buckets=(2, 4, 8),
+    )
+    graphs.static = graphs._allocate_static()
+    bucket = (32, 8)
+    graphs._graphs[bucket] = _NoReplay()
+    graphs._outputs[bucket] = torch.zeros(32, 1)
+    starts = [0, 4, 8, 12, 16, 19]  # five prompts, 19 tokens
+    seq_lens = [4, 4, 4, 4, 3]
+    metadata = AttentionMetadata(
+        slot_mapping=torch.arange(19), query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+        block_tables=torch.ones(5, 1, dtype=torch.int32), max_query_len=4, max_seq_len=4,
+        block_size=16, query_start_loc_host=starts, seq_lens_host=seq_lens,
+    )
+    graphs.run(bucket, torch.arange(19), torch.arange(19), metadata)
+    assert graphs.static.query_start_loc.tolist() == [0, 4, 8, 12, 16, 19, 24, 28, 32]
+    assert graphs.static.seq_lens.tolist() == [4, 4, 4, 4, 3, 5, 4, 4]

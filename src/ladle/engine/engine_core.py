@@ -26,6 +26,7 @@ from ladle.engine.messages import (
 )
 from ladle.engine.overlap import InFlightStep, OverlapPolicy
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
+from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
 from ladle.engine.split_launch import SplitLaunch
 from ladle.engine.step_meter import StepMeter
 from ladle.engine.warmup import describe_startup, warm_up
@@ -74,6 +75,7 @@ class EngineCore:
         self._seed_source = random.Random(config.model.seed)
         self.prompt_logprobs = PromptLogprobsCollector()
         self.step_meter = StepMeter()
+        self.slow_step_s = slow_step_threshold_s()
         # On the CPU, torch's thread team follows the cores other programs leave free.
         self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
         self.structured_outputs = build_structured_output_manager(config, self.runner)
@@ -200,6 +202,7 @@ class EngineCore:
         ]
         # A request that breaks the step ends alone (finish_reason "error"); the rest go on.
         previous, self._in_flight = self._in_flight, None
+        graph_steps_before = self.runner.num_graph_steps
         fill = structured.start_fill if structured is not None else None
         split = None
         if previous is not None and self.overlap.needs_split_launch():
@@ -212,6 +215,8 @@ class EngineCore:
         launched, fault_outputs = execute_isolating_faults(
             execute, self.scheduler, scheduler_output, block_updates
         )
+        launch_seconds = time.perf_counter() - started
+        previous_step = previous.scheduler_output if previous is not None else None
         if split is not None:
             outputs += split.read_previous()
             previous = None
@@ -226,6 +231,9 @@ class EngineCore:
             outputs += self._finish_in_flight()
         seconds = time.perf_counter() - started
         self.step_meter.record(num_prefill, num_decode, seconds)
+        if self.slow_step_s is not None and seconds > self.slow_step_s:
+            graphed = self.runner.num_graph_steps > graph_steps_before
+            log_slow_step(seconds, launch_seconds, graphed, scheduler_output, previous_step)
         if self.scheduler.prefill_budget is not None:
             self.scheduler.prefill_budget.observe(num_prefill + num_decode, seconds)
         return outputs

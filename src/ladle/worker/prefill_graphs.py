@@ -7,8 +7,8 @@ of launches against ~3 ms of kernels), so the time to first token was the host's
 replay such a step with one launch.
 
 - Buckets: a token count from PREFILL_TOKEN_BUCKETS times a request count from
-  PREFILL_REQUEST_BUCKETS. A step is padded with at least one padding request: those before the
-  last hold one token each, the last holds the rest of the bucket's tokens. Padding tokens write
+  PREFILL_REQUEST_BUCKETS. A step is padded with at least one padding request; the padding
+  requests share the bucket's remaining tokens evenly. Padding tokens write
   their keys and values to slot 0 of the null block (which no real request reads) and attend
   over whatever their block table row holds; their outputs are never read.
 - The attention kernel's prefill launch is general (any mix of query lengths and cached
@@ -232,16 +232,17 @@ class PrefillGraphs:
         static.seq_lens[:num_reqs].copy_(metadata.seq_lens, non_blocking=True)
         width = metadata.block_tables.shape[1]
         static.block_tables[:num_reqs, :width].copy_(metadata.block_tables, non_blocking=True)
-        # Padding requests: one token each, the last one the rest; a context of their own tokens.
-        if num_pads > 1:
-            torch.add(
-                static.ramp[1:num_pads],
-                num_tokens,
-                out=static.query_start_loc[num_reqs + 1 : padded_reqs],
-            )
-            static.seq_lens[num_reqs : padded_reqs - 1].fill_(1)
-        static.query_start_loc[padded_reqs].fill_(padded_tokens)
-        static.seq_lens[padded_reqs - 1].fill_(padded_tokens - num_tokens - (num_pads - 1))
+        # Padding requests share the padding tokens evenly, each a context of its own tokens:
+        # one holding them all would attend over them quadratically, which in a large bucket
+        # (thousands of padding tokens) costs more than the step's real work. Request j starts
+        # at num_tokens + j * base + min(j, extra), written by device ops (no host copy).
+        base, extra = divmod(padded_tokens - num_tokens, num_pads)
+        ramp = static.ramp[: num_pads + 1]
+        starts = static.query_start_loc[num_reqs : padded_reqs + 1]
+        torch.clamp(ramp, max=extra, out=starts)
+        torch.add(starts, ramp, alpha=base, out=starts)
+        starts.add_(num_tokens)
+        torch.sub(starts[1:], starts[:-1], out=static.seq_lens[num_reqs:padded_reqs])
         static.block_tables[num_reqs:padded_reqs].zero_()
         self._graphs[bucket].replay()
         return self._outputs[bucket][:num_tokens]
