@@ -86,3 +86,28 @@ def test_deferred_text_equals_streamed_text(tiny_tokenizer):
     streamed, deferred = results
     assert deferred.text == streamed.text == tiny_tokenizer.decode(token_ids)
     assert deferred.token_ids == streamed.token_ids == token_ids
+
+
+def test_a_streamed_request_keeps_only_each_steps_logprobs():
+    """A stream reads logprobs_delta; the whole list would be 3 objects a token held for the
+    request's life (every full garbage-collector scan walks them). A non-streamed request keeps
+    them all for its final response."""
+    from ladle.engine.messages import TokenLogprobs
+
+    processor = OutputProcessor(None)
+    params = SamplingParams(max_tokens=3, logprobs=1)
+    processor.add_request("streamed", None, [1, 2], params, 0.0, deltas_only=True)
+    processor.add_request("whole", None, [1, 2], params, 0.0)
+    for step, token in enumerate((5, 6, 7)):
+        finished = "length" if step == 2 else None
+        outputs, _ = processor.process_outputs([
+            EngineCoreOutput(request_id=request_id, new_token_ids=[token],
+                             new_logprobs=[TokenLogprobs(token, -0.5, 1)], finish_reason=finished)
+            for request_id in ("streamed", "whole")
+        ])
+        by_id = {output.request_id: output.outputs[0] for output in outputs}
+        for completion in by_id.values():
+            assert [entry.token_id for entry in completion.logprobs_delta] == [token]
+    assert by_id["streamed"].logprobs == []
+    assert [entry.token_id for entry in by_id["whole"].logprobs] == [5, 6, 7]
+    assert by_id["streamed"].token_ids == by_id["whole"].token_ids == [5, 6, 7]

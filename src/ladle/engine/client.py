@@ -437,10 +437,12 @@ class AsyncEngineClient:
         params: SamplingParams,
         priority: int = 0,
         admission_checked: bool = False,
+        stream: bool = False,
     ) -> RequestStream:
         """Send a request to the engine now. Raises EngineDeadError, or QueueFullError /
         QueueLimitError when the admission bounds refuse it (nothing is sent then).
-        admission_checked: the caller already checked a batch this request belongs to."""
+        admission_checked: the caller already checked a batch this request belongs to.
+        stream: the caller reads only each output's *_delta fields (no cumulative logprobs)."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         assert self.output_processor is not None, "start() first"
@@ -449,7 +451,8 @@ class AsyncEngineClient:
         )
         try:
             core_requests = self.output_processor.add_request(
-                request_id, prompt, prompt_token_ids, params, time.monotonic(), priority
+                request_id, prompt, prompt_token_ids, params, time.monotonic(), priority,
+                deltas_only=stream,
             )
             buffer = _OutputBuffer()
             self._buffers[request_id] = buffer

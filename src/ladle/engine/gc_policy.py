@@ -9,6 +9,15 @@ frozen. So once a process is ready to serve, its start-up objects move to the co
 permanent generation (gc.freeze): they stay alive as before and are never scanned again.
 Garbage made while serving is collected as usual.
 
+Full collections stay rare while serving. Python runs one when, after threshold2 (default 10)
+collections of the middle generation, the objects promoted since the last one exceed a quarter
+of the old generation, and freezing empties the old generation: a busy API process (128 streams
+of ~170 tokens/s, a few objects a token outliving the young collections) met that twice a
+second, and each full collection scanned every live stream's objects, 20-130 ms in which no
+stream got a token (docs/benchmarks.md, the lead's 2026-11-23 evening section). So threshold2
+goes from 10 to SERVING_FULL_COLLECTION_EVERY: cyclic garbage still gets collected, ten times
+less often.
+
 Only processes that hold one engine for life freeze (the engine-core process, the API process):
 an offline program may build and drop several LLMs, and a dropped engine's reference cycles,
 once frozen, would keep its KV cache allocated.
@@ -18,8 +27,14 @@ from __future__ import annotations
 
 import gc
 
+# Middle-generation collections between two full ones while serving (Python's default: 10).
+SERVING_FULL_COLLECTION_EVERY = 100
+
 
 def freeze_startup_objects() -> None:
-    """Collect what start-up left behind, then exempt everything alive from later scans."""
+    """Collect what start-up left behind, exempt everything alive from later scans, and make
+    full collections rarer from now on."""
     gc.collect()
     gc.freeze()
+    young, middle, _ = gc.get_threshold()
+    gc.set_threshold(young, middle, SERVING_FULL_COLLECTION_EVERY)

@@ -46,6 +46,9 @@ class _RequestState:
     num_finished: int = 0
     touched: bool = False
     child_ids: list[str] = field(default_factory=list)
+    # A streamed request is read through the *_delta fields alone: its cumulative logprobs
+    # are not kept (3 objects a token, which would sit in every full garbage-collector scan).
+    deltas_only: bool = False
 
 
 class OutputProcessor:
@@ -72,8 +75,11 @@ class OutputProcessor:
         params: SamplingParams,
         arrival_time: float,
         priority: int = 0,
+        deltas_only: bool = False,
     ) -> list[EngineCoreRequest]:
-        """Register a request; returns the n engine-core requests to submit for it."""
+        """Register a request; returns the n engine-core requests to submit for it.
+        deltas_only: the caller reads each step's *_delta fields and never the whole logprobs
+        (a stream), so completion.logprobs stays empty."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
         if params.bad_words and params.bad_words_token_ids is None:
@@ -127,6 +133,7 @@ class OutputProcessor:
             params=params,
             samples=samples,
             child_ids=[r.request_id for r in core_requests],
+            deltas_only=deltas_only,
         )
         return core_requests
 
@@ -190,7 +197,8 @@ class OutputProcessor:
         completion.token_ids.extend(core_output.new_token_ids)
         completion.token_ids_delta.extend(core_output.new_token_ids)
         if core_output.new_logprobs and completion.logprobs is not None:
-            completion.logprobs.extend(core_output.new_logprobs)
+            if not state.deltas_only:
+                completion.logprobs.extend(core_output.new_logprobs)
             completion.logprobs_delta.extend(core_output.new_logprobs)
         finishing = core_output.finish_reason is not None
         if sample.detokenizer is None:

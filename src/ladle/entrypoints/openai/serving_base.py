@@ -106,14 +106,14 @@ class OpenAIServing:
 
     def add_request(
         self, prefix: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
-        priority: int, admission_checked: bool = False,
+        priority: int, admission_checked: bool = False, stream: bool = False,
     ) -> RequestStream:
         """admission_checked: admit_batch() already admitted the batch this request is part of
-        (so a batch is admitted whole or not at all)."""
+        (so a batch is admitted whole or not at all). stream: the response streams deltas."""
         try:
-            stream = self.client.add_request(
+            request_stream = self.client.add_request(
                 self.client.new_request_id(prefix), prompt, prompt_token_ids, params, priority,
-                admission_checked=admission_checked,
+                admission_checked=admission_checked, stream=stream,
             )
         except QueueFullError as error:
             raise self.queue_full(error) from error
@@ -121,8 +121,8 @@ class OpenAIServing:
             raise BadRequestError(str(error), code="queue_limit_exceeded") from error
         except EngineDeadError as error:
             raise ServiceUnavailableError(str(error), code="engine_unavailable") from error
-        record_engine_request(len(prompt_token_ids), stream)
-        return stream
+        record_engine_request(len(prompt_token_ids), request_stream)
+        return request_stream
 
     @staticmethod
     def generation_error(error: Exception) -> APIError:

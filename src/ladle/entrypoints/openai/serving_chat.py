@@ -115,7 +115,10 @@ class OpenAIServingChat(OpenAIServing):
             request, max_tokens, num_top if request.logprobs else None, structured,
             defaults=self.client.sampling_defaults, vocab_size=info.vocab_size,
         )
-        stream = self.add_request("chatcmpl", None, prompt_token_ids, params, request.priority)
+        stream = self.add_request(
+            "chatcmpl", None, prompt_token_ids, params, request.priority,
+            stream=bool(request.stream),
+        )
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         if request.stream:
             return DisconnectAwareStreamingResponse(

@@ -67,7 +67,7 @@ class OpenAIServingCompletion(OpenAIServing):
             for (text, token_ids), params in zip(prompts, params_list, strict=True):
                 streams.append(
                     self.add_request("cmpl", text, token_ids, params, request.priority,
-                                     admission_checked=True)
+                                     admission_checked=True, stream=bool(request.stream))
                 )
         except BaseException:
             for stream in streams:
