@@ -7,11 +7,7 @@
 #   DEADLINE_S=240 bash scripts/lead_round10.sh
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
-timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 --dist loadfile \
-  tests/gpu/test_prefill_graphs.py tests/gpu/test_cuda_graphs.py tests/gpu/test_split_launch_gpu.py \
-  tests/gpu/test_no_compile_while_serving.py tests/gpu/test_gpu_parity.py tests/gpu/test_overlap_gpu.py \
-  > "$OUT/gpu_tests.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -8 | tee -a "$LOG"
+step_path_tests 100
 export LADLE_SLOW_STEP_MS=30
 for run in 1 2; do
   [ "$(left)" -gt 40 ] || break

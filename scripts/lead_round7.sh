@@ -7,18 +7,7 @@
 #   DEADLINE_S=560 bash scripts/lead_round7.sh
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
-timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 --dist loadfile \
-  tests/gpu/test_prefill_graphs.py tests/gpu/test_cuda_graphs.py tests/gpu/test_split_launch_gpu.py \
-  tests/gpu/test_no_compile_while_serving.py tests/gpu/test_gpu_parity.py tests/gpu/test_overlap_gpu.py \
-  > "$OUT/gpu_tests.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -12 | tee -a "$LOG"
-s1() {
-  [ "$(left)" -gt 60 ] || { echo "skipped (deadline): $*" | tee -a "$LOG"; return; }
-  echo "== S1 $*" | tee -a "$LOG"
-  timeout $(( $(left) - 10 )) python3 scripts/served_path_bench.py --json "$OUT/served_path.jsonl" \
-    --log-dir /tmp/served_path "$@" --server real --client bench 2>&1 \
-    | grep -v Warning | tail -3 | tee -a "$LOG"
-}
+step_path_tests 200
 s1 --concurrency 128
 grep -E "warm-up|memory budget" /tmp/served_path/server_real_128.log | tee -a "$LOG"
 s1 --concurrency 128

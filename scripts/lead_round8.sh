@@ -20,15 +20,9 @@ for w in W3 W3-8b; do
   timeout 150 python3 -m ladle bench latency --workload $w --runs 3 --no-progress \
     --json "$OUT/bench_$w.json" > "/tmp/$w.log" 2>&1; grep -E "TTFT|ITL|busy|start-up|floor ms" "/tmp/$w.log" | tee -a "$LOG"
 done
-s1() {
-  [ "$(left)" -gt 60 ] || { echo "skipped (deadline): $*" | tee -a "$LOG"; return; }
-  echo "== S1 $*" | tee -a "$LOG"
-  timeout $(( $(left) - 10 )) python3 scripts/served_path_bench.py --json "$OUT/served_path.jsonl" \
-    --log-dir /tmp/served_path "$@" --server real --client bench 2>&1 \
-    | grep -v Warning | tail -3 | tee -a "$LOG"
-  cp /tmp/served_path/metrics_128.txt "$OUT/metrics_128_$(date +%s).txt" 2>/dev/null
-}
-s1 --concurrency 128
-s1 --concurrency 128
+for run in 1 2; do
+  s1 --concurrency 128
+  cp /tmp/served_path/metrics_128.txt "$OUT/metrics_128_$run.txt" 2>/dev/null
+done
 tar czf "$OUT/served_path_logs.tgz" -C /tmp served_path 2>/dev/null
 echo "elapsed $((SECONDS - start)) s" | tee -a "$LOG"

@@ -11,3 +11,23 @@ export PYTHONPATH=$PWD/src:$PWD/tests:$PWD:$PYTHONPATH PYTHONUNBUFFERED=1 PIP_NO
 export LADLE_TEST_TOKENIZER=$PWD/.carry/tok
 LOG=$OUT/round.log
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
+
+# The GPU tests of the step path: graphs (decode and prefill), split launch, overlap, parity, no
+# compilation while serving; four pytest workers. Their summary goes to the round log.
+step_path_tests() {
+  timeout "${1:-200}" python3 -m pytest -q -p no:cacheprovider -rfE -n 4 --dist loadfile \
+    tests/gpu/test_prefill_graphs.py tests/gpu/test_cuda_graphs.py tests/gpu/test_split_launch_gpu.py \
+    tests/gpu/test_no_compile_while_serving.py tests/gpu/test_gpu_parity.py tests/gpu/test_overlap_gpu.py \
+    > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -12 | tee -a "$LOG"
+}
+
+# One S1 run through a fresh `ladle serve` (scripts/served_path_bench.py, its arguments after
+# these), skipped when the deadline is near; its JSON line to the round log and served_path.jsonl.
+s1() {
+  [ "$(left)" -gt 60 ] || { echo "skipped (deadline): $*" | tee -a "$LOG"; return; }
+  echo "== S1 $*" | tee -a "$LOG"
+  timeout $(( $(left) - 10 )) python3 scripts/served_path_bench.py --json "$OUT/served_path.jsonl" \
+    --log-dir /tmp/served_path "$@" --server real --client bench 2>&1 \
+    | grep -v Warning | tail -1 | tee -a "$LOG"
+}
