@@ -1,4 +1,5 @@
-"""Decode-sized matmuls (1 to 4 rows) on quantized CPU weights, through the C kernels.
+"""Decode-sized matmuls (1 to 4 rows; int8 activations: any count) on quantized CPU weights,
+through the C kernels.
 
 Each function returns None when its kernel does not apply (no library, a shape or dtype it does
 not take, more than MAX_ROWS rows), and the caller runs its torch path; a result is the float32
@@ -8,6 +9,7 @@ product of x with the dequantized weight, up to the order of the sums (the torch
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,6 +21,23 @@ if TYPE_CHECKING:  # group_quant.py calls into this module
 
 # The kernels keep one accumulator per (row of x, output row) in registers: up to 4 rows of x.
 MAX_ROWS = 4
+
+# "0": the 4-bit group-32 weights multiply float32 activations (group_gemv.c, exactly the
+# dequantized weight's product up to summation order) instead of int8 ones (q4_int8_gemm.c).
+INT8_ACTIVATIONS_ENV = "LADLE_CPU_INT8_ACTIVATIONS"
+_int8_activations = os.environ.get(INT8_ACTIVATIONS_ENV, "1") != "0"
+
+
+def set_int8_activations(enabled: bool) -> bool:
+    """Turn the int8-activation 4-bit path on or off for this process (tests and benches
+    compare the two); returns the previous setting."""
+    global _int8_activations
+    previous, _int8_activations = _int8_activations, enabled
+    return previous
+
+
+def int8_activations_enabled() -> bool:
+    return _int8_activations
 
 
 def _fits(x: torch.Tensor, weight_device: torch.device) -> bool:
@@ -99,6 +118,39 @@ def group_rows_gemv(
         weight.codes.data_ptr(), scale.data_ptr(), _pointer(offset),
         int(scale.dtype == torch.float16), _pointer(bias32), output.data_ptr(), weight.num_rows,
         kernel_threads(),
+    )  # fmt: skip
+    if status != 0:
+        return None
+    return output.to(x.dtype)
+
+
+def q4_int8_activation_matmul(
+    x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None
+) -> torch.Tensor | None:
+    """x [M, K] @ weight^T (+ bias) for 4-bit codes in groups of 32 (GGUF Q4_0/Q4_1/Q4_K) with
+    x quantized to int8 per group of 32 on the fly (q4_int8_gemm.c: integer dot products, the
+    offsets applied to x's float group sums), in x's dtype, any M; None if the kernel does not
+    apply (no library, other codes, an odd number of groups)."""
+    library = native_library()
+    if library is None or x.dim() != 2 or x.device.type != "cpu" or x.requires_grad:
+        return None
+    if weight.bits != 4 or weight.group_size != 32 or weight.padded_columns % 64:
+        return None
+    if weight.codes.device.type != "cpu" or x.shape[1] != weight.num_columns:
+        return None
+    if not _has_kernel_layout(weight):
+        return None
+    x32 = x.contiguous().float()
+    padded = weight.padded_columns
+    if padded != weight.num_columns:
+        x32 = torch.nn.functional.pad(x32, (0, padded - weight.num_columns))
+    bias32 = _float32_bias(bias)
+    scale, offset = weight.scale, weight.offset
+    output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
+    status = library.ladle_q4_int8_gemm(
+        x32.data_ptr(), x.shape[0], padded, weight.codes.data_ptr(), scale.data_ptr(),
+        _pointer(offset), int(scale.dtype == torch.float16), _pointer(bias32),
+        output.data_ptr(), weight.num_rows, kernel_threads(),
     )  # fmt: skip
     if status != 0:
         return None

@@ -1,0 +1,330 @@
+/* 4-bit weights in groups of 32 (GGUF's Q4_0 / Q4_1 / Q4_K, as group_quant.py keeps them)
+ * multiplied by activations quantized to int8 on the fly, with integer dot products:
+ *
+ *     w[n][k] = code[n][k] * s[n][g] + o[n][g],            g = k / 32, code in 0..15
+ *     x[i][k] ~ q[i][k] * d[i][g],                         q in -127..127, d = max|x| / 127
+ *     y[i][n] = sum_g s[n][g] d[i][g] (sum_k code q) + o[n][g] (sum_k x[i][k])   (+ bias[n])
+ *
+ * The offset term uses the float sum of the group's activations, so Q4_1's minimum (and
+ * Q4_0's -8 d) folds in exactly; only the code term sees the activations' 8-bit rounding (the
+ * numerics of llama.cpp's Q4_1 x Q8_1 dot product, which keeps the quantized sum instead).
+ *
+ * Why: a GEMV that widens the codes to float32 spends ~4 vector instructions per 16 weights;
+ * here one VNNI `vpdpbusd` multiplies 64 code/activation byte pairs, so batches of rows (2-64
+ * sequences, prefill) cost a fraction of the float arithmetic, and one row still streams each
+ * weight's 4 bits once.
+ *
+ * Layout: byte j of a weight row holds column j (low nibble) and column j + padded / 2 (high),
+ * so with padded % 64 == 0 the 32 bytes at 32 p hold group p (low nibbles) and group
+ * p + groups / 2 (high): a "pair". The activations' int8 codes are written in the same pair
+ * order (64 bytes per pair: group p, then group p + groups / 2), so one 512-bit load meets one
+ * unpacked 32-byte load of codes.
+ *
+ * Paths, chosen at build time (-march=native): AVX-512 VNNI (512-bit vpdpbusd), AVX2
+ * (vpmaddubsw + vpmaddwd; AVX-VNNI's 256-bit vpdpbusd where the CPU has it), plain C.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "thread_pool.h"
+
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#define GROUP 32
+#define ROW_BLOCK 4   /* weight rows per micro-kernel call (clamped at the last block) */
+#define X_TILE 4      /* activation rows per micro-kernel call */
+#define MAX_GROUPS 1024
+#define BLOCKS_PER_CHUNK 4
+#define MIN_PARALLEL_WORK (1 << 17) /* weights x rows below which one thread is faster */
+
+/* float16 -> float32 (GGUF's scales): F16C where present, else by hand for the normal and
+ * zero values GGUF holds. */
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F;
+    uint32_t mantissa = h & 0x3FF, bits;
+    if (exponent == 0 && mantissa == 0) bits = sign;
+    else if (exponent == 0) {
+        float value = (float)mantissa / 16777216.0f;
+        return sign ? -value : value;
+    } else bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    float result;
+    memcpy(&result, &bits, 4);
+    return result;
+#endif
+}
+
+/* Byte offset of group g's 32 codes inside a row in pair order. */
+static inline int64_t pair_position(int64_t g, int64_t half_groups) {
+    return g < half_groups ? 64 * g : 64 * (g - half_groups) + 32;
+}
+
+/* One activation row: int8 codes in pair order, the group scales d and the float sums. */
+static void quantize_row(const float *x, int64_t num_groups, int8_t *q, float *d, float *sums) {
+    const int64_t half_groups = num_groups / 2;
+    for (int64_t g = 0; g < num_groups; g++) {
+        const float *values = x + g * GROUP;
+        int8_t *codes = q + pair_position(g, half_groups);
+#if defined(__AVX512F__)
+        const __m512 a = _mm512_loadu_ps(values), b = _mm512_loadu_ps(values + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        const float sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        /* round to nearest even (the default MXCSR mode), then narrow */
+        _mm_storeu_si128((__m128i *)codes,
+                         _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(a, inverse))));
+        _mm_storeu_si128((__m128i *)(codes + 16),
+                         _mm512_cvtsepi32_epi8(_mm512_cvtps_epi32(_mm512_mul_ps(b, inverse))));
+#else
+        float amax = 0.0f, sum = 0.0f;
+        for (int k = 0; k < GROUP; k++) {
+            float magnitude = fabsf(values[k]);
+            amax = magnitude > amax ? magnitude : amax;
+            sum += values[k];
+        }
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int k = 0; k < GROUP; k++) codes[k] = (int8_t)lrintf(values[k] * inverse);
+#endif
+        d[g] = amax / 127.0f;
+        sums[g] = sum;
+    }
+}
+
+typedef struct {
+    const int8_t *q;           /* [m, padded], pair order */
+    const float *d, *sums;     /* [m, groups] */
+    int64_t m, padded, n;
+    const uint8_t *codes;      /* [n, padded / 2] */
+    const void *scale, *offset; /* [n, groups], float32 or float16 */
+    int is_half;
+    const float *bias;
+    float *y;                  /* [m, n] */
+} gemm_job;
+
+static inline float param(const gemm_job *job, const void *values, int64_t index) {
+    return job->is_half ? half_to_float(((const uint16_t *)values)[index])
+                        : ((const float *)values)[index];
+}
+
+/* The group scales (and offsets) of ROW_BLOCK weight rows in float32, rows past n repeating
+ * the last one. */
+static void block_params(const gemm_job *job, int64_t row, float s[ROW_BLOCK][MAX_GROUPS],
+                         float o[ROW_BLOCK][MAX_GROUPS]) {
+    const int64_t num_groups = job->padded / GROUP;
+    for (int r = 0; r < ROW_BLOCK; r++) {
+        const int64_t n = row + r < job->n ? row + r : job->n - 1;
+        for (int64_t g = 0; g < num_groups; g++) {
+            s[r][g] = param(job, job->scale, n * num_groups + g);
+            o[r][g] = job->offset ? param(job, job->offset, n * num_groups + g) : 0.0f;
+        }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+/* sums[i][r] = the code term of x row i and weight row r (ROW_BLOCK x num_x). */
+static inline __attribute__((always_inline)) void micro_kernel(
+    const gemm_job *job, int64_t x_row, int num_x, const uint8_t *rows[ROW_BLOCK],
+    float s[ROW_BLOCK][MAX_GROUPS], float sums[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
+    const __m256i low_mask = _mm256_set1_epi8(0x0F);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc[X_TILE][ROW_BLOCK];
+    for (int i = 0; i < num_x; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm512_setzero_ps();
+    for (int64_t p = 0; p < half_groups; p++) {
+        __m512i w[ROW_BLOCK];
+        __m512 ws[ROW_BLOCK];
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
+            __m256i low = _mm256_and_si256(packed, low_mask);
+            __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
+            w[r] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+            /* lanes 0-7: group p's scale, lanes 8-15: group p + half's */
+            ws[r] = _mm512_mask_broadcastss_ps(_mm512_set1_ps(s[r][p]), 0xFF00,
+                                               _mm_set_ss(s[r][p + half_groups]));
+        }
+        for (int i = 0; i < num_x; i++) {
+            const int64_t xi = x_row + i;
+            const __m512i xq = _mm512_loadu_si512(job->q + xi * job->padded + 64 * p);
+            const float *d = job->d + xi * num_groups;
+            const __m512 xd = _mm512_mask_broadcastss_ps(_mm512_set1_ps(d[p]), 0xFF00,
+                                                         _mm_set_ss(d[p + half_groups]));
+            for (int r = 0; r < ROW_BLOCK; r++) {
+                __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, w[r], xq));
+                acc[i][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws[r], xd), acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < num_x; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) sums[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+#elif defined(__AVX2__)
+
+/* 32 unsigned codes times 32 signed activations, summed in 8 int32 lanes. */
+static inline __m256i dot32(__m256i codes, __m256i activations) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), codes, activations);
+#else
+    /* 15 * 127 * 2 fits in int16: vpmaddubsw cannot saturate here. */
+    __m256i pairs = _mm256_maddubs_epi16(codes, activations);
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+
+static inline __attribute__((always_inline)) void micro_kernel(
+    const gemm_job *job, int64_t x_row, int num_x, const uint8_t *rows[ROW_BLOCK],
+    float s[ROW_BLOCK][MAX_GROUPS], float sums[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
+    const __m256i low_mask = _mm256_set1_epi8(0x0F);
+    __m256 acc[X_TILE][ROW_BLOCK];
+    for (int i = 0; i < num_x; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < half_groups; p++) {
+        __m256i low[ROW_BLOCK], high[ROW_BLOCK];
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
+            low[r] = _mm256_and_si256(packed, low_mask);
+            high[r] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
+        }
+        for (int i = 0; i < num_x; i++) {
+            const int64_t xi = x_row + i;
+            const int8_t *q = job->q + xi * job->padded + 64 * p;
+            const __m256i q_low = _mm256_loadu_si256((const __m256i *)q);
+            const __m256i q_high = _mm256_loadu_si256((const __m256i *)(q + 32));
+            const float *d = job->d + xi * num_groups;
+            for (int r = 0; r < ROW_BLOCK; r++) {
+                __m256 dot_low = _mm256_cvtepi32_ps(dot32(low[r], q_low));
+                __m256 dot_high = _mm256_cvtepi32_ps(dot32(high[r], q_high));
+                acc[i][r] = _mm256_fmadd_ps(dot_low, _mm256_set1_ps(s[r][p] * d[p]), acc[i][r]);
+                acc[i][r] = _mm256_fmadd_ps(
+                    dot_high, _mm256_set1_ps(s[r][p + half_groups] * d[p + half_groups]),
+                    acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < num_x; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[i][r]),
+                                  _mm256_extractf128_ps(acc[i][r], 1));
+            v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            v = _mm_add_ss(v, _mm_movehdup_ps(v));
+            sums[i][r] = _mm_cvtss_f32(v);
+        }
+}
+
+#else
+
+static inline void micro_kernel(const gemm_job *job, int64_t x_row, int num_x,
+                                const uint8_t *rows[ROW_BLOCK], float s[ROW_BLOCK][MAX_GROUPS],
+                                float sums[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
+    for (int i = 0; i < num_x; i++) {
+        const int64_t xi = x_row + i;
+        const float *d = job->d + xi * num_groups;
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            float total = 0.0f;
+            for (int64_t g = 0; g < num_groups; g++) {
+                const int8_t *q = job->q + xi * job->padded + pair_position(g, half_groups);
+                const uint8_t *packed = rows[r] + 32 * (g % half_groups);
+                const int shift = g < half_groups ? 0 : 4;
+                int32_t dot = 0;
+                for (int k = 0; k < GROUP; k++) dot += ((packed[k] >> shift) & 0x0F) * q[k];
+                total += (float)dot * s[r][g] * d[g];
+            }
+            sums[i][r] = total;
+        }
+    }
+}
+
+#endif
+
+static void gemm_chunk(const void *args, int64_t chunk) {
+    const gemm_job *job = args;
+    const int64_t num_groups = job->padded / GROUP, row_bytes = job->padded / 2;
+    float s[ROW_BLOCK][MAX_GROUPS], o[ROW_BLOCK][MAX_GROUPS];
+    int64_t first, last;
+    ladle_chunk_blocks(chunk, (job->n + ROW_BLOCK - 1) / ROW_BLOCK, BLOCKS_PER_CHUNK, &first,
+                       &last);
+    for (int64_t block = first; block < last; block++) {
+        const int64_t row = block * ROW_BLOCK;
+        const int rows_here = job->n - row < ROW_BLOCK ? (int)(job->n - row) : ROW_BLOCK;
+        const uint8_t *rows[ROW_BLOCK];
+        for (int r = 0; r < ROW_BLOCK; r++)
+            rows[r] = job->codes + (r < rows_here ? row + r : job->n - 1) * row_bytes;
+        block_params(job, row, s, o);
+        for (int64_t x_row = 0; x_row < job->m; x_row += X_TILE) {
+            const int num_x = job->m - x_row < X_TILE ? (int)(job->m - x_row) : X_TILE;
+            float sums[X_TILE][ROW_BLOCK];
+            /* constant tile heights, so the accumulators stay in registers */
+            switch (num_x) {
+            case 1: micro_kernel(job, x_row, 1, rows, s, sums); break;
+            case 2: micro_kernel(job, x_row, 2, rows, s, sums); break;
+            case 3: micro_kernel(job, x_row, 3, rows, s, sums); break;
+            default: micro_kernel(job, x_row, 4, rows, s, sums); break;
+            }
+            for (int i = 0; i < num_x; i++) {
+                const float *x_sums = job->sums + (x_row + i) * num_groups;
+                for (int r = 0; r < rows_here; r++) {
+                    float total = sums[i][r];
+                    if (job->offset) {
+                        float offsets = 0.0f;
+#pragma omp simd reduction(+ : offsets)
+                        for (int64_t g = 0; g < num_groups; g++) offsets += o[r][g] * x_sums[g];
+                        total += offsets;
+                    }
+                    if (job->bias) total += job->bias[row + r];
+                    job->y[(x_row + i) * job->n + row + r] = total;
+                }
+            }
+        }
+    }
+}
+
+typedef struct {
+    const float *x;
+    int64_t padded;
+    int8_t *q;
+    float *d, *sums;
+} quantize_job;
+
+static void quantize_chunk(const void *args, int64_t row) {
+    const quantize_job *job = args;
+    const int64_t num_groups = job->padded / GROUP;
+    quantize_row(job->x + row * job->padded, num_groups, job->q + row * job->padded,
+                 job->d + row * num_groups, job->sums + row * num_groups);
+}
+
+/* x: float32 [m, padded] (zero past the real columns); y: float32 [m, n]. Returns 0, -1 for
+ * arguments outside what this kernel handles (nothing written), -2 when out of memory. */
+int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, const uint8_t *codes,
+                       const void *scale, const void *offset, int64_t scale_is_half,
+                       const float *bias, float *y, int64_t n, int64_t num_threads) {
+    const int64_t num_groups = padded / GROUP;
+    if (m < 1 || n < 1 || padded % (2 * GROUP) || num_groups > MAX_GROUPS) return -1;
+    int8_t *q = aligned_alloc(64, (size_t)((m * padded + 63) / 64 * 64));
+    float *params = malloc(sizeof(float) * (size_t)(2 * m * num_groups));
+    if (!q || !params) {
+        free(q);
+        free(params);
+        return -2;
+    }
+    const int64_t threads = n * padded * m >= MIN_PARALLEL_WORK ? num_threads : 1;
+    quantize_job quantize = {x, padded, q, params, params + m * num_groups};
+    ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
+    gemm_job job = {q, params, params + m * num_groups, m, padded, n, codes,
+                    scale, offset, (int)scale_is_half, bias, y};
+    const int64_t num_blocks = (n + ROW_BLOCK - 1) / ROW_BLOCK;
+    ladle_run_chunks(gemm_chunk, &job, (num_blocks + BLOCKS_PER_CHUNK - 1) / BLOCKS_PER_CHUNK,
+                     threads);
+    free(q);
+    free(params);
+    return 0;
+}
