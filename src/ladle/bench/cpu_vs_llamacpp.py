@@ -21,7 +21,7 @@ import torch
 
 from ladle import LLM, SamplingParams
 from ladle.kernels.cpu_native.build import set_native_kernels
-from ladle.kernels.cpu_native.gemv import set_int8_activations
+from ladle.kernels.cpu_native.gemv import INT8_ACTIVATION_MAX_ROWS, set_int8_activation_rows
 from ladle.model.default_model import resolve_default_model
 
 CHAT_PROMPT_WORDS = 150  # about 200 tokens once templated
@@ -59,12 +59,22 @@ def with_c_kernels(enabled: bool, int8_activations: bool, run, *args) -> float:
     """run(*args) with ladle's C kernels for the CPU on or off (off: the torch path), and the
     4-bit layers' int8 activations on or off (off: float32 activations)."""
     previous = set_native_kernels(enabled)
-    previous_int8 = set_int8_activations(int8_activations)
+    previous_rows = set_int8_activation_rows(INT8_ACTIVATION_MAX_ROWS if int8_activations else 0)
     try:
         return run(*args)
     finally:
         set_native_kernels(previous)
-        set_int8_activations(previous_int8)
+        set_int8_activation_rows(previous_rows)
+
+
+def _has_4bit_groups(llm: LLM) -> bool:
+    from ladle.model.layers.group_quant import GroupQuantizedRows
+
+    model = llm.engine.runner.model
+    return any(
+        isinstance(w, GroupQuantizedRows) and w.bits == 4
+        for w in (getattr(m, "quantized_weight", None) for m in model.modules())
+    )
 
 
 def time_llamacpp(model, prompt: list[int], max_tokens: int) -> float:
@@ -94,7 +104,7 @@ def main() -> None:
     parser.add_argument(
         "--float-activations-too",
         action="store_true",
-        help="also run each ladle engine with the 4-bit layers' int8 activations off "
+        help="also run each ladle engine holding 4-bit layers with their int8 activations off "
         "(LADLE_CPU_INT8_ACTIVATIONS=0: float32 activations), interleaved in the same run",
     )
     args = parser.parse_args()
@@ -112,7 +122,9 @@ def main() -> None:
     first_token: dict[str, list[float]] = {}
     variants = {name: (engine, True, True) for name, engine in engines.items()}
     if args.float_activations_too:
-        variants.update({f"{name} (float act)": (e, True, False) for name, e in engines.items()})
+        # only where the weights are 4-bit groups (`gguf`; `auto` too once it keeps them)
+        four_bit = {n: e for n, e in engines.items() if _has_4bit_groups(e)}
+        variants.update({f"{name} (float act)": (e, True, False) for name, e in four_bit.items()})
     if args.torch_ops_too:
         variants.update({f"{name} (torch ops)": (e, False, False) for name, e in engines.items()})
     runners = {

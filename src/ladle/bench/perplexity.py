@@ -23,6 +23,7 @@ import torch
 from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.config import ModelConfig
+from ladle.kernels.cpu_native.gemv import int8_activation_rows, set_int8_activation_rows
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.quant import get_quant_method, quantize_linears_
 from ladle.model.layers.quantized_linear import quantize_model_
@@ -65,6 +66,12 @@ LAYER_METHODS = {
 }
 
 
+# `gguf` with its 4-bit layers' activations pinned to one path at every row count (as served,
+# windows of more than INT8_ACTIVATION_MAX_ROWS tokens would take float32 activations):
+# int8 is what decode computes, float32 the exact dequantized product. name -> max rows.
+ACTIVATION_VARIANTS = {"gguf-int8-activations": 1 << 30, "gguf-float-activations": 0}
+
+
 def load_for_perplexity(model_path: str, method: str):
     """The model whose perplexity `method` names (see --quantization), in float32 on the CPU."""
     cpu = torch.device("cpu")
@@ -72,6 +79,7 @@ def load_for_perplexity(model_path: str, method: str):
         config = ModelConfig(model=method, quantization="auto", dtype="float32")
         return load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
     loaded_as = "none" if method in LAYER_METHODS or method == "int8-weight-only" else method
+    loaded_as = "gguf" if method in ACTIVATION_VARIANTS else loaded_as
     config = ModelConfig(model=model_path, quantization=loaded_as, dtype="float32")
     model = load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
     if method in LAYER_METHODS:
@@ -102,7 +110,8 @@ def main() -> None:
         nargs="+",
         default=["none", "gguf", "int8", "int4", "fp8"],
         help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
-        "format), int8, int8-weight-only (the auto default) and int4 (ladle's CPU formats; the "
+        "format), gguf-int8-activations / gguf-float-activations (gguf with its 4-bit layers' "
+        "activations int8 / float32 at every row count), int8, int8-weight-only and int4 (ladle's CPU formats; the "
         "CPU's int4 quantizes the embedding and tied LM head too); fp8 (e4m3 W8A8, the last "
         "layer kept float), fp8-all-layers, int4-g128 and int4-g128-sym (RTN) through the GPU "
         "methods' layers on the decoder's projections (what --quantization fp8|int4 runs on "
@@ -122,7 +131,12 @@ def main() -> None:
     for method in args.quantization:
         model = load_for_perplexity(model_path, method)
         started = time.perf_counter()
-        results[method] = perplexity(model, windows)
+        rows = ACTIVATION_VARIANTS.get(method, int8_activation_rows())
+        previous = set_int8_activation_rows(rows)
+        try:
+            results[method] = perplexity(model, windows)
+        finally:
+            set_int8_activation_rows(previous)
         base = results[args.quantization[0]]
         print(
             f"{method:>6}: perplexity {results[method]:.4f} "

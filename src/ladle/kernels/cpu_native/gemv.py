@@ -22,22 +22,29 @@ if TYPE_CHECKING:  # group_quant.py calls into this module
 # The kernels keep one accumulator per (row of x, output row) in registers: up to 4 rows of x.
 MAX_ROWS = 4
 
-# "0": the 4-bit group-32 weights multiply float32 activations (group_gemv.c, exactly the
-# dequantized weight's product up to summation order) instead of int8 ones (q4_int8_gemm.c).
+# 4-bit group-32 weights multiply activations quantized to int8 (q4_int8_gemm.c) for up to
+# this many rows: decode of one or many sequences, where the matmuls stream the weights and
+# integer dot products cut the arithmetic; larger prefill chunks keep float32 activations (the
+# dequantize-then-MKL path, as fast there: docs/quantization.md), so a prompt's own tokens see
+# exactly the dequantized weights. LADLE_CPU_INT8_ACTIVATIONS=0: float32 activations always
+# (group_gemv.c, exactly the dequantized weight's product up to summation order).
+INT8_ACTIVATION_MAX_ROWS = 64
 INT8_ACTIVATIONS_ENV = "LADLE_CPU_INT8_ACTIVATIONS"
-_int8_activations = os.environ.get(INT8_ACTIVATIONS_ENV, "1") != "0"
+_int8_activation_rows = (
+    0 if os.environ.get(INT8_ACTIVATIONS_ENV, "1") == "0" else INT8_ACTIVATION_MAX_ROWS
+)
 
 
-def set_int8_activations(enabled: bool) -> bool:
-    """Turn the int8-activation 4-bit path on or off for this process (tests and benches
-    compare the two); returns the previous setting."""
-    global _int8_activations
-    previous, _int8_activations = _int8_activations, enabled
+def set_int8_activation_rows(max_rows: int) -> int:
+    """Up to how many rows the 4-bit layers take int8 activations in this process (0: never;
+    tests and benches compare the paths); returns the previous setting."""
+    global _int8_activation_rows
+    previous, _int8_activation_rows = _int8_activation_rows, max_rows
     return previous
 
 
-def int8_activations_enabled() -> bool:
-    return _int8_activations
+def int8_activation_rows() -> int:
+    return _int8_activation_rows
 
 
 def _fits(x: torch.Tensor, weight_device: torch.device) -> bool:

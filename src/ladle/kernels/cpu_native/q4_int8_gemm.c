@@ -16,9 +16,8 @@
  *
  * Layout: byte j of a weight row holds column j (low nibble) and column j + padded / 2 (high),
  * so with padded % 64 == 0 the 32 bytes at 32 p hold group p (low nibbles) and group
- * p + groups / 2 (high): a "pair". The activations' int8 codes are written in the same pair
- * order (64 bytes per pair: group p, then group p + groups / 2), so one 512-bit load meets one
- * unpacked 32-byte load of codes.
+ * p + groups / 2 (high): masking and shifting one load gives codes in the activations' own
+ * column order (64 bytes: two groups of each half per AVX-512 step).
  *
  * Paths, chosen at build time (-march=native): AVX-512 VNNI (512-bit vpdpbusd), AVX2
  * (vpmaddubsw + vpmaddwd; AVX-VNNI's 256-bit vpdpbusd where the CPU has it), plain C.
@@ -38,6 +37,9 @@
 #define ROW_BLOCK 4   /* weight rows per micro-kernel call (clamped at the last block) */
 #define X_TILE 4      /* activation rows per micro-kernel call */
 #define MAX_GROUPS 1024
+/* float32 group parameters are read 16 at a time from any group: rows of them are padded */
+#define PARAM_PAD 16
+#define PARAM_STRIDE (MAX_GROUPS + PARAM_PAD)
 #define BLOCKS_PER_CHUNK 4
 #define MIN_PARALLEL_WORK (1 << 17) /* weights x rows below which one thread is faster */
 
@@ -60,17 +62,11 @@ static inline float half_to_float(uint16_t h) {
 #endif
 }
 
-/* Byte offset of group g's 32 codes inside a row in pair order. */
-static inline int64_t pair_position(int64_t g, int64_t half_groups) {
-    return g < half_groups ? 64 * g : 64 * (g - half_groups) + 32;
-}
-
-/* One activation row: int8 codes in pair order, the group scales d and the float sums. */
+/* One activation row: its int8 codes, the group scales d and the groups' float sums. */
 static void quantize_row(const float *x, int64_t num_groups, int8_t *q, float *d, float *sums) {
-    const int64_t half_groups = num_groups / 2;
     for (int64_t g = 0; g < num_groups; g++) {
         const float *values = x + g * GROUP;
-        int8_t *codes = q + pair_position(g, half_groups);
+        int8_t *codes = q + g * GROUP;
 #if defined(__AVX512F__)
         const __m512 a = _mm512_loadu_ps(values), b = _mm512_loadu_ps(values + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
@@ -97,8 +93,8 @@ static void quantize_row(const float *x, int64_t num_groups, int8_t *q, float *d
 }
 
 typedef struct {
-    const int8_t *q;           /* [m, padded], pair order */
-    const float *d, *sums;     /* [m, groups] */
+    const int8_t *q;           /* [m, padded] */
+    const float *d, *sums;     /* [m, groups], and PARAM_PAD floats after (vector loads) */
     int64_t m, padded, n;
     const uint8_t *codes;      /* [n, padded / 2] */
     const void *scale, *offset; /* [n, groups], float32 or float16 */
@@ -114,8 +110,8 @@ static inline float param(const gemm_job *job, const void *values, int64_t index
 
 /* The group scales (and offsets) of ROW_BLOCK weight rows in float32, rows past n repeating
  * the last one. */
-static void block_params(const gemm_job *job, int64_t row, float s[ROW_BLOCK][MAX_GROUPS],
-                         float o[ROW_BLOCK][MAX_GROUPS]) {
+static void block_params(const gemm_job *job, int64_t row, float s[ROW_BLOCK][PARAM_STRIDE],
+                         float o[ROW_BLOCK][PARAM_STRIDE]) {
     const int64_t num_groups = job->padded / GROUP;
     for (int r = 0; r < ROW_BLOCK; r++) {
         const int64_t n = row + r < job->n ? row + r : job->n - 1;
@@ -128,36 +124,79 @@ static void block_params(const gemm_job *job, int64_t row, float s[ROW_BLOCK][MA
 
 #if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
 
-/* sums[i][r] = the code term of x row i and weight row r (ROW_BLOCK x num_x). */
+/* One 64-byte half-step: weight codes w[r] (unsigned, two groups: lanes 0-7 and 8-15 of the
+ * int32 sums) against the activation codes at byte `column` of each x row, whose groups start
+ * at `group`. */
+static inline __attribute__((always_inline)) void half_step(
+    const gemm_job *job, int64_t x_row, int num_x, const __m512i w[ROW_BLOCK],
+    const __m512 ws[ROW_BLOCK], int64_t column, int64_t group, __m512 acc[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP;
+    const __m512i split = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int i = 0; i < num_x; i++) {
+        const int64_t xi = x_row + i;
+        const __m512i xq = _mm512_loadu_si512(job->q + xi * job->padded + column);
+        /* the two groups' activation scales, each over 8 lanes */
+        const __m512 xd =
+            _mm512_permutexvar_ps(split, _mm512_loadu_ps(job->d + xi * num_groups + group));
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xq));
+            acc[i][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws[r], xd), acc[i][r]);
+        }
+    }
+}
+
+/* sums[i][r] = the code term of x row i and weight row r. A 64-byte load of codes holds the
+ * low nibbles of groups p and p + 1 and the high nibbles of groups p + h and p + h + 1
+ * (h = groups / 2), each pair of groups adjacent in x's own order; an odd h leaves one
+ * 32-byte step at the end. */
 static inline __attribute__((always_inline)) void micro_kernel(
     const gemm_job *job, int64_t x_row, int num_x, const uint8_t *rows[ROW_BLOCK],
-    float s[ROW_BLOCK][MAX_GROUPS], float sums[X_TILE][ROW_BLOCK]) {
-    const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
-    const __m256i low_mask = _mm256_set1_epi8(0x0F);
-    const __m512i zero = _mm512_setzero_si512();
+    float s[ROW_BLOCK][PARAM_STRIDE], float sums[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP, h = num_groups / 2;
+    const __m512i low_mask = _mm512_set1_epi8(0x0F);
+    const __m512i split = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
     __m512 acc[X_TILE][ROW_BLOCK];
     for (int i = 0; i < num_x; i++)
         for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm512_setzero_ps();
-    for (int64_t p = 0; p < half_groups; p++) {
+    int64_t p = 0;
+    for (; p + 2 <= h; p += 2) {
+        __m512i w[ROW_BLOCK];
+        __m512 ws[ROW_BLOCK];
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            w[r] = _mm512_and_si512(_mm512_loadu_si512(rows[r] + 32 * p), low_mask);
+            ws[r] = _mm512_permutexvar_ps(split, _mm512_loadu_ps(&s[r][p]));
+        }
+        half_step(job, x_row, num_x, w, ws, 32 * p, p, acc);
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m512i packed = _mm512_loadu_si512(rows[r] + 32 * p);
+            w[r] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+            ws[r] = _mm512_permutexvar_ps(split, _mm512_loadu_ps(&s[r][p + h]));
+        }
+        half_step(job, x_row, num_x, w, ws, 32 * (p + h), p + h, acc);
+    }
+    if (p < h) { /* the last 32 bytes: group p (low nibbles) and group p + h (high) */
+        const __m256i mask256 = _mm256_set1_epi8(0x0F);
         __m512i w[ROW_BLOCK];
         __m512 ws[ROW_BLOCK];
         for (int r = 0; r < ROW_BLOCK; r++) {
             __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
-            __m256i low = _mm256_and_si256(packed, low_mask);
-            __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
+            __m256i low = _mm256_and_si256(packed, mask256);
+            __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask256);
             w[r] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
-            /* lanes 0-7: group p's scale, lanes 8-15: group p + half's */
             ws[r] = _mm512_mask_broadcastss_ps(_mm512_set1_ps(s[r][p]), 0xFF00,
-                                               _mm_set_ss(s[r][p + half_groups]));
+                                               _mm_set_ss(s[r][p + h]));
         }
         for (int i = 0; i < num_x; i++) {
             const int64_t xi = x_row + i;
-            const __m512i xq = _mm512_loadu_si512(job->q + xi * job->padded + 64 * p);
+            const int8_t *q = job->q + xi * job->padded;
+            const __m512i xq = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * p))),
+                _mm256_loadu_si256((const __m256i *)(q + 32 * (p + h))), 1);
             const float *d = job->d + xi * num_groups;
             const __m512 xd = _mm512_mask_broadcastss_ps(_mm512_set1_ps(d[p]), 0xFF00,
-                                                         _mm_set_ss(d[p + half_groups]));
+                                                         _mm_set_ss(d[p + h]));
             for (int r = 0; r < ROW_BLOCK; r++) {
-                __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(zero, w[r], xq));
+                __m512 dot = _mm512_cvtepi32_ps(_mm512_dpbusd_epi32(_mm512_setzero_si512(), w[r], xq));
                 acc[i][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws[r], xd), acc[i][r]);
             }
         }
@@ -181,7 +220,7 @@ static inline __m256i dot32(__m256i codes, __m256i activations) {
 
 static inline __attribute__((always_inline)) void micro_kernel(
     const gemm_job *job, int64_t x_row, int num_x, const uint8_t *rows[ROW_BLOCK],
-    float s[ROW_BLOCK][MAX_GROUPS], float sums[X_TILE][ROW_BLOCK]) {
+    float s[ROW_BLOCK][PARAM_STRIDE], float sums[X_TILE][ROW_BLOCK]) {
     const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
     const __m256i low_mask = _mm256_set1_epi8(0x0F);
     __m256 acc[X_TILE][ROW_BLOCK];
@@ -196,9 +235,10 @@ static inline __attribute__((always_inline)) void micro_kernel(
         }
         for (int i = 0; i < num_x; i++) {
             const int64_t xi = x_row + i;
-            const int8_t *q = job->q + xi * job->padded + 64 * p;
-            const __m256i q_low = _mm256_loadu_si256((const __m256i *)q);
-            const __m256i q_high = _mm256_loadu_si256((const __m256i *)(q + 32));
+            const int8_t *q = job->q + xi * job->padded;
+            const __m256i q_low = _mm256_loadu_si256((const __m256i *)(q + 32 * p));
+            const __m256i q_high =
+                _mm256_loadu_si256((const __m256i *)(q + 32 * (p + half_groups)));
             const float *d = job->d + xi * num_groups;
             for (int r = 0; r < ROW_BLOCK; r++) {
                 __m256 dot_low = _mm256_cvtepi32_ps(dot32(low[r], q_low));
@@ -223,7 +263,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
 #else
 
 static inline void micro_kernel(const gemm_job *job, int64_t x_row, int num_x,
-                                const uint8_t *rows[ROW_BLOCK], float s[ROW_BLOCK][MAX_GROUPS],
+                                const uint8_t *rows[ROW_BLOCK], float s[ROW_BLOCK][PARAM_STRIDE],
                                 float sums[X_TILE][ROW_BLOCK]) {
     const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
     for (int i = 0; i < num_x; i++) {
@@ -232,7 +272,7 @@ static inline void micro_kernel(const gemm_job *job, int64_t x_row, int num_x,
         for (int r = 0; r < ROW_BLOCK; r++) {
             float total = 0.0f;
             for (int64_t g = 0; g < num_groups; g++) {
-                const int8_t *q = job->q + xi * job->padded + pair_position(g, half_groups);
+                const int8_t *q = job->q + xi * job->padded + g * GROUP;
                 const uint8_t *packed = rows[r] + 32 * (g % half_groups);
                 const int shift = g < half_groups ? 0 : 4;
                 int32_t dot = 0;
@@ -249,7 +289,7 @@ static inline void micro_kernel(const gemm_job *job, int64_t x_row, int num_x,
 static void gemm_chunk(const void *args, int64_t chunk) {
     const gemm_job *job = args;
     const int64_t num_groups = job->padded / GROUP, row_bytes = job->padded / 2;
-    float s[ROW_BLOCK][MAX_GROUPS], o[ROW_BLOCK][MAX_GROUPS];
+    float s[ROW_BLOCK][PARAM_STRIDE], o[ROW_BLOCK][PARAM_STRIDE];
     int64_t first, last;
     ladle_chunk_blocks(chunk, (job->n + ROW_BLOCK - 1) / ROW_BLOCK, BLOCKS_PER_CHUNK, &first,
                        &last);
@@ -310,7 +350,7 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, const uint8_t 
     const int64_t num_groups = padded / GROUP;
     if (m < 1 || n < 1 || padded % (2 * GROUP) || num_groups > MAX_GROUPS) return -1;
     int8_t *q = aligned_alloc(64, (size_t)((m * padded + 63) / 64 * 64));
-    float *params = malloc(sizeof(float) * (size_t)(2 * m * num_groups));
+    float *params = calloc((size_t)(2 * m * num_groups + PARAM_PAD), sizeof(float));
     if (!q || !params) {
         free(q);
         free(params);
