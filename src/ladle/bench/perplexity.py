@@ -111,12 +111,12 @@ def main() -> None:
         default=["none", "gguf", "int8", "int4", "fp8"],
         help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
         "format), gguf-int8-activations / gguf-float-activations (gguf with its 4-bit layers' "
-        "activations int8 / float32 at every row count), int8, int8-weight-only and int4 (ladle's CPU formats; the "
-        "CPU's int4 quantizes the embedding and tied LM head too); fp8 (e4m3 W8A8, the last "
-        "layer kept float), fp8-all-layers, int4-g128 and int4-g128-sym (RTN) through the GPU "
-        "methods' layers on the decoder's projections (what --quantization fp8|int4 runs on "
-        "CUDA); or a quantized checkpoint folder (e.g. "
-        "one `ladle quantize` wrote), loaded as it would be served",
+        "activations int8 / float32 at every row count), int8, int8-weight-only and int4 "
+        "(ladle's CPU formats; the CPU's int4 quantizes the embedding and tied LM head too); "
+        "fp8 (e4m3 W8A8, the last layer kept float), fp8-all-layers, int4-g128 and "
+        "int4-g128-sym (RTN) through the GPU methods' layers on the decoder's projections (what "
+        "--quantization fp8|int4 runs on CUDA); or a quantized checkpoint folder (e.g. one "
+        "`ladle quantize` wrote), loaded as it would be served",
     )
     args = parser.parse_args()
     from ladle.engine.tokenizer import load_tokenizer
