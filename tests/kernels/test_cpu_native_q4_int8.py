@@ -1,8 +1,8 @@
-"""The int8-activation 4-bit GEMM (kernels/cpu_native/q4_int8_gemm.c) against its torch
-reference (the same activation quantization, products in float64), at awkward sizes: K not a
-multiple of 32 (padded to whole groups), N = 1, 7 and many rows shared between threads, 1 to 33
-activation rows (partial tiles of 4); and its fallback paths (AVX2, plain C) built for another
--march in a subprocess."""
+"""The 4-bit GEMM on quantized activations (kernels/cpu_native/q4_int8_gemm.c, 8 and 16 bits)
+against its torch reference (the same activation quantization, products in float64), at awkward
+sizes: K not a multiple of 32 (padded to whole groups), N = 1, 7 and many rows shared between
+threads, 1 to 33 activation rows (partial tiles of 4); and its fallback paths (AVX2, plain C)
+built for another -march in a subprocess."""
 
 from __future__ import annotations
 
@@ -16,11 +16,7 @@ import pytest
 import torch
 
 from ladle.kernels.cpu_native.build import MARCH_ENV, native_library
-from ladle.kernels.cpu_native.gemv import (
-    INT8_ACTIVATION_MAX_ROWS,
-    q4_int8_activation_matmul,
-    set_int8_activation_rows,
-)
+from ladle.kernels.cpu_native.gemv import q4_int8_activation_matmul, set_activation_bits
 from ladle.kernels.cpu_native.int8_activation_reference import (
     q4_int8_activation_reference,
     quantize_activations_int8,
@@ -51,25 +47,27 @@ def _weight(num_rows: int, num_columns: int, half: bool, symmetric: bool, seed: 
     [(1, 1, 64), (5, 7, 100), (32, 7, 576), (33, 1, 1000), (1, 1001, 576), (5, 1001, 1536)],
 )
 @pytest.mark.parametrize(("half", "symmetric"), [(True, False), (False, False), (True, True)])
-def test_q4_int8_gemm_matches_reference(num_x_rows, num_rows, num_columns, half, symmetric):
+@pytest.mark.parametrize("bits", [8, 16])
+def test_q4_int8_gemm_matches_reference(num_x_rows, num_rows, num_columns, half, symmetric, bits):
     weight = _weight(num_rows, num_columns, half, symmetric, seed=num_rows + num_columns)
     generator = torch.Generator().manual_seed(num_x_rows)
     x = torch.randn(num_x_rows, num_columns, generator=generator)
     x[0, :7] *= 30  # an outlier group, as the residual stream has
     bias = torch.randn(num_rows, generator=generator)
-    output = q4_int8_activation_matmul(x, weight, bias)
-    expected = q4_int8_activation_reference(x, weight, bias)
+    output = q4_int8_activation_matmul(x, weight, bias, bits)
+    expected = q4_int8_activation_reference(x, weight, bias, bits)
     torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-3)
-    # and within the activations' 8-bit rounding of the float product
+    # and within the activations' rounding of the float product (an outlier group coarsens it)
     exact = x.double() @ weight.dequantize().double().T + bias.double()
-    assert (output.double() - exact).norm() <= 0.03 * exact.norm()
+    assert (output.double() - exact).norm() <= (0.03 if bits == 8 else 1e-3) * exact.norm()
 
 
-def test_activation_quantization_round_trips():
+@pytest.mark.parametrize("bits", [8, 16])
+def test_activation_quantization_round_trips(bits):
     x = torch.randn(3, 64)
     x[1] = 0  # an all-zero row: scale 0, codes 0
-    codes, scale, sums = quantize_activations_int8(x)
-    restored = codes.float().view(3, 2, 32) * scale[..., None]
+    codes, scale, sums = quantize_activations_int8(x, bits)
+    restored = codes.double().view(3, 2, 32) * scale[..., None].double()
     assert (restored.view(3, 64) - x).abs().max() <= scale.max() / 2 + 1e-6
     assert codes[1].eq(0).all() and scale[1].eq(0).all()
     torch.testing.assert_close(sums, x.view(3, 2, 32).sum(-1))
@@ -82,24 +80,22 @@ def test_declines_layouts_it_does_not_take():
     assert q4_int8_activation_matmul(torch.randn(1, 256), group_128) is None
 
 
-def test_group_matmul_takes_int8_activations_up_to_its_row_limit():
+@pytest.mark.parametrize("bits", [8, 16, 32])
+def test_group_matmul_takes_the_activation_bits_it_is_set_to(bits):
     weight = _weight(9, 576, True, False, 3)
-    previous = set_int8_activation_rows(INT8_ACTIVATION_MAX_ROWS)
+    previous = set_activation_bits(bits)
     try:
-        for num_x_rows in (1, 4, INT8_ACTIVATION_MAX_ROWS):
+        for num_x_rows in (1, 4, 65):
             x = torch.randn(num_x_rows, 576)
-            torch.testing.assert_close(
-                group_quantized_matmul(x, weight), q4_int8_activation_reference(x, weight),
-                rtol=1e-4, atol=1e-3,
-            )  # fmt: skip
-        for num_x_rows, limit in ((INT8_ACTIVATION_MAX_ROWS + 1, INT8_ACTIVATION_MAX_ROWS), (4, 0)):
-            set_int8_activation_rows(limit)  # past the limit, or turned off: float activations
-            x = torch.randn(num_x_rows, 576)
-            exact = x.double() @ weight.dequantize().double().T
-            output = group_quantized_matmul(x, weight).double()
-            torch.testing.assert_close(output, exact, rtol=1e-5, atol=1e-4)
+            output = group_quantized_matmul(x, weight)
+            if bits == 32:  # float32 activations: the dequantized weight's product
+                expected = (x.double() @ weight.dequantize().double().T).float()
+                torch.testing.assert_close(output, expected, rtol=1e-5, atol=1e-4)
+            else:
+                expected = q4_int8_activation_reference(x, weight, None, bits)
+                torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-3)
     finally:
-        set_int8_activation_rows(previous)
+        set_activation_bits(previous)
 
 
 _FALLBACK_SCRIPT = textwrap.dedent(
@@ -112,13 +108,14 @@ _FALLBACK_SCRIPT = textwrap.dedent(
 
     assert native_library() is not None
     torch.manual_seed(0)
-    for rows, n, k in [(1, 7, 100), (5, 33, 576), (33, 9, 1536)]:
+    sizes = [(1, 7, 100), (5, 33, 576), (33, 9, 1536)]
+    for (rows, n, k), bits in zip(sizes * 2, [8] * 3 + [16] * 3):
         w = quantize_int4_groups(torch.randn(n, k), 32)
         w = GroupQuantizedRows(w.codes, w.scale.half(), w.offset.half(), 32, 4, k)
         x = torch.randn(rows, k)
         torch.testing.assert_close(
-            q4_int8_activation_matmul(x, w), q4_int8_activation_reference(x, w),
-            rtol=1e-4, atol=1e-3,
+            q4_int8_activation_matmul(x, w, None, bits),
+            q4_int8_activation_reference(x, w, None, bits), rtol=1e-4, atol=1e-3,
         )
     print("ok")
     """

@@ -21,7 +21,7 @@ import torch
 
 from ladle import LLM, SamplingParams
 from ladle.kernels.cpu_native.build import set_native_kernels
-from ladle.kernels.cpu_native.gemv import INT8_ACTIVATION_MAX_ROWS, set_int8_activation_rows
+from ladle.kernels.cpu_native.gemv import activation_bits, set_activation_bits
 from ladle.model.default_model import resolve_default_model
 
 CHAT_PROMPT_WORDS = 150  # about 200 tokens once templated
@@ -55,16 +55,16 @@ def time_ladle_batch(llm: LLM, prompts: list[list[int]], max_tokens: int) -> flo
     return elapsed
 
 
-def with_c_kernels(enabled: bool, int8_activations: bool, run, *args) -> float:
+def with_c_kernels(enabled: bool, bits: int, run, *args) -> float:
     """run(*args) with ladle's C kernels for the CPU on or off (off: the torch path), and the
-    4-bit layers' int8 activations on or off (off: float32 activations)."""
+    4-bit layers' activations at `bits` (kernels/cpu_native/gemv.py)."""
     previous = set_native_kernels(enabled)
-    previous_rows = set_int8_activation_rows(INT8_ACTIVATION_MAX_ROWS if int8_activations else 0)
+    previous_bits = set_activation_bits(bits)
     try:
         return run(*args)
     finally:
         set_native_kernels(previous)
-        set_int8_activation_rows(previous_rows)
+        set_activation_bits(previous_bits)
 
 
 def _has_4bit_groups(llm: LLM) -> bool:
@@ -102,10 +102,13 @@ def main() -> None:
         "path, interleaved in the same run",
     )
     parser.add_argument(
-        "--float-activations-too",
-        action="store_true",
-        help="also run each ladle engine holding 4-bit layers with their int8 activations off "
-        "(LADLE_CPU_INT8_ACTIVATIONS=0: float32 activations), interleaved in the same run",
+        "--activation-bits",
+        type=int,
+        nargs="+",
+        default=None,
+        help="run each ladle engine holding 4-bit layers once per value (8, 16, 32: the bits "
+        "their activations are quantized to; LADLE_CPU_ACTIVATION_BITS), interleaved in the "
+        "same run; default: LADLE_CPU_ACTIVATION_BITS's only",
     )
     args = parser.parse_args()
     from llama_cpp import Llama, llama_free
@@ -120,13 +123,15 @@ def main() -> None:
     short = list(range(1000, 1064))
     decode: dict[str, list[float]] = {}
     first_token: dict[str, list[float]] = {}
-    variants = {name: (engine, True, True) for name, engine in engines.items()}
-    if args.float_activations_too:
-        # only where the weights are 4-bit groups (`gguf`; `auto` too once it keeps them)
-        four_bit = {n: e for n, e in engines.items() if _has_4bit_groups(e)}
-        variants.update({f"{name} (float act)": (e, True, False) for name, e in four_bit.items()})
+    bits = args.activation_bits or [activation_bits()]
+    variants = {}
+    for name, engine in engines.items():
+        if _has_4bit_groups(engine):  # `gguf`, and `auto` on a GGUF
+            variants.update({f"{name} ({b}-bit act)": (engine, True, b) for b in bits})
+        else:
+            variants[name] = (engine, True, bits[0])
     if args.torch_ops_too:
-        variants.update({f"{name} (torch ops)": (e, False, False) for name, e in engines.items()})
+        variants.update({f"{name} (torch ops)": (e, False, 32) for name, e in engines.items()})
     runners = {
         name: (lambda p, n, e=e, c=c, a=a: with_c_kernels(c, a, time_ladle, e, p, n))
         for name, (e, c, a) in variants.items()

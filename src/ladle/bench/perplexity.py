@@ -23,7 +23,7 @@ import torch
 from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.config import ModelConfig
-from ladle.kernels.cpu_native.gemv import int8_activation_rows, set_int8_activation_rows
+from ladle.kernels.cpu_native.gemv import activation_bits, set_activation_bits
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.quant import get_quant_method, quantize_linears_
 from ladle.model.layers.quantized_linear import quantize_model_
@@ -66,10 +66,10 @@ LAYER_METHODS = {
 }
 
 
-# `gguf` with its 4-bit layers' activations pinned to one path at every row count (as served,
-# windows of more than INT8_ACTIVATION_MAX_ROWS tokens would take float32 activations):
-# int8 is what decode computes, float32 the exact dequantized product. name -> max rows.
-ACTIVATION_VARIANTS = {"gguf-int8-activations": 1 << 30, "gguf-float-activations": 0}
+# `gguf` with its 4-bit layers' activations at other bits than LADLE_CPU_ACTIVATION_BITS's
+# (kernels/cpu_native/gemv.py): 8 is llama.cpp's Q4 x Q8 numerics, 32 the float32 product with
+# the dequantized weights. name -> bits.
+ACTIVATION_VARIANTS = {"gguf-act8": 8, "gguf-act16": 16, "gguf-act32": 32}
 
 
 def load_for_perplexity(model_path: str, method: str):
@@ -110,8 +110,8 @@ def main() -> None:
         nargs="+",
         default=["none", "gguf", "int8", "int4", "fp8"],
         help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
-        "format), gguf-int8-activations / gguf-float-activations (gguf with its 4-bit layers' "
-        "activations int8 / float32 at every row count), int8, int8-weight-only and int4 "
+        "format; its 4-bit layers' activations at LADLE_CPU_ACTIVATION_BITS, or gguf-act8 / "
+        "gguf-act16 / gguf-act32 for 8 / 16 / 32 bits), int8, int8-weight-only and int4 "
         "(ladle's CPU formats; the CPU's int4 quantizes the embedding and tied LM head too); "
         "fp8 (e4m3 W8A8, the last layer kept float), fp8-all-layers, int4-g128 and "
         "int4-g128-sym (RTN) through the GPU methods' layers on the decoder's projections (what "
@@ -131,12 +131,11 @@ def main() -> None:
     for method in args.quantization:
         model = load_for_perplexity(model_path, method)
         started = time.perf_counter()
-        rows = ACTIVATION_VARIANTS.get(method, int8_activation_rows())
-        previous = set_int8_activation_rows(rows)
+        previous = set_activation_bits(ACTIVATION_VARIANTS.get(method, activation_bits()))
         try:
             results[method] = perplexity(model, windows)
         finally:
-            set_int8_activation_rows(previous)
+            set_activation_bits(previous)
         base = results[args.quantization[0]]
         print(
             f"{method:>6}: perplexity {results[method]:.4f} "

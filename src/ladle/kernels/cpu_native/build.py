@@ -165,7 +165,8 @@ def _declare(library: ctypes.CDLL) -> None:
     ]  # fmt: skip
     library.ladle_q4_int8_gemm.restype = ctypes.c_int
     library.ladle_q4_int8_gemm.argtypes = [
-        pointer, int64, int64, pointer, pointer, pointer, int64, pointer, pointer, int64, int64,
+        pointer, int64, int64, int64, pointer, pointer, pointer, int64, pointer, pointer, int64,
+        int64,
     ]  # fmt: skip
     library.ladle_group_dequantize.restype = ctypes.c_int
     library.ladle_group_dequantize.argtypes = [

@@ -22,29 +22,38 @@ if TYPE_CHECKING:  # group_quant.py calls into this module
 # The kernels keep one accumulator per (row of x, output row) in registers: up to 4 rows of x.
 MAX_ROWS = 4
 
-# 4-bit group-32 weights multiply activations quantized to int8 (q4_int8_gemm.c) for up to
-# this many rows: decode of one or many sequences, where the matmuls stream the weights and
-# integer dot products cut the arithmetic; larger prefill chunks keep float32 activations (the
-# dequantize-then-MKL path, as fast there: docs/quantization.md), so a prompt's own tokens see
-# exactly the dequantized weights. LADLE_CPU_INT8_ACTIVATIONS=0: float32 activations always
-# (group_gemv.c, exactly the dequantized weight's product up to summation order).
-INT8_ACTIVATION_MAX_ROWS = 64
-INT8_ACTIVATIONS_ENV = "LADLE_CPU_INT8_ACTIVATIONS"
-_int8_activation_rows = (
-    0 if os.environ.get(INT8_ACTIVATIONS_ENV, "1") == "0" else INT8_ACTIVATION_MAX_ROWS
-)
+# 4-bit group-32 weights (the GGUF 4-bit types) multiply activations quantized per group of 32
+# (q4_int8_gemm.c): 8 bits (one int8 code each, llama.cpp's Q4 x Q8 numerics), 16 bits (a code
+# and a residual code, two integer passes: the float32 product to ~5 significant digits), or
+# 32 (float32 activations: group_gemv.c up to 4 rows, exactly the dequantized weight's product
+# up to summation order, else dequantize-then-MKL). Measured choice: docs/quantization.md.
+ACTIVATION_BITS_ENV = "LADLE_CPU_ACTIVATION_BITS"
+DEFAULT_ACTIVATION_BITS = 16
+ACTIVATION_BITS = (8, 16, 32)
 
 
-def set_int8_activation_rows(max_rows: int) -> int:
-    """Up to how many rows the 4-bit layers take int8 activations in this process (0: never;
-    tests and benches compare the paths); returns the previous setting."""
-    global _int8_activation_rows
-    previous, _int8_activation_rows = _int8_activation_rows, max_rows
+def _activation_bits_from_environment() -> int:
+    value = os.environ.get(ACTIVATION_BITS_ENV, str(DEFAULT_ACTIVATION_BITS))
+    if not value.isdigit() or int(value) not in ACTIVATION_BITS:
+        raise ValueError(f"{ACTIVATION_BITS_ENV}={value!r}: choose one of {ACTIVATION_BITS}")
+    return int(value)
+
+
+_activation_bits = _activation_bits_from_environment()
+
+
+def set_activation_bits(bits: int) -> int:
+    """The 4-bit layers' activation bits for this process (tests and benches compare them);
+    returns the previous setting."""
+    global _activation_bits
+    if bits not in ACTIVATION_BITS:
+        raise ValueError(f"activation bits {bits}: choose one of {ACTIVATION_BITS}")
+    previous, _activation_bits = _activation_bits, bits
     return previous
 
 
-def int8_activation_rows() -> int:
-    return _int8_activation_rows
+def activation_bits() -> int:
+    return _activation_bits
 
 
 def _fits(x: torch.Tensor, weight_device: torch.device) -> bool:
@@ -132,12 +141,12 @@ def group_rows_gemv(
 
 
 def q4_int8_activation_matmul(
-    x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None
+    x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None, bits: int = 8
 ) -> torch.Tensor | None:
     """x [M, K] @ weight^T (+ bias) for 4-bit codes in groups of 32 (GGUF Q4_0/Q4_1/Q4_K) with
-    x quantized to int8 per group of 32 on the fly (q4_int8_gemm.c: integer dot products, the
-    offsets applied to x's float group sums), in x's dtype, any M; None if the kernel does not
-    apply (no library, other codes, an odd number of groups)."""
+    x quantized per group of 32 on the fly to `bits` 8 or 16 (q4_int8_gemm.c: integer dot
+    products, the offsets applied to x's float group sums), in x's dtype, any M; None if the
+    kernel does not apply (no library, other codes, an odd number of groups)."""
     library = native_library()
     if library is None or x.dim() != 2 or x.device.type != "cpu" or x.requires_grad:
         return None
@@ -155,7 +164,7 @@ def q4_int8_activation_matmul(
     scale, offset = weight.scale, weight.offset
     output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
     status = library.ladle_q4_int8_gemm(
-        x32.data_ptr(), x.shape[0], padded, weight.codes.data_ptr(), scale.data_ptr(),
+        x32.data_ptr(), x.shape[0], padded, bits, weight.codes.data_ptr(), scale.data_ptr(),
         _pointer(offset), int(scale.dtype == torch.float16), _pointer(bias32),
         output.data_ptr(), weight.num_rows, kernel_threads(),
     )  # fmt: skip
