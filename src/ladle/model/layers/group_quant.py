@@ -10,9 +10,9 @@ unpacking writes two contiguous halves. Columns are padded to whole groups; padd
 never read by the matmul.
 
 The matmul, where ladle's C kernels are built: 4-bit codes in groups of 32 (the GGUF 4-bit
-types) multiply activations quantized per group of 32 with integer dot products
-(kernels/cpu_native/q4_int8_gemm.c): to 16 bits by default (two int8 passes, the float32
-product to ~5 digits), or 8 (llama.cpp's Q4 x Q8 numerics) or 32 (float32) with
+types), up to 48 rows, multiply activations quantized per group of 32 with integer dot
+products (kernels/cpu_native/q4_int8_gemm.c): to 16 bits by default (two int8 passes, the
+float32 product to ~5 digits), or 8 (llama.cpp's Q4 x Q8 numerics) or 32 (float32) with
 LADLE_CPU_ACTIVATION_BITS (kernels/cpu_native/gemv.py); other layouts, up to 4 rows, widen the
 codes to float32 in registers (group_gemv.c). Otherwise one cache-sized chunk of rows at a time
 is converted to float32 for MKL (no full float32 copy exists): measured faster than torch's
@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 
 from ladle.kernels.cpu_native.gemv import (
+    INTEGER_ACTIVATION_MAX_ROWS,
     activation_bits,
     group_dequantize_rows,
     group_rows_gemv,
@@ -167,13 +168,13 @@ def _dequantize_rows(weight: GroupQuantizedRows, start: int, count: int) -> torc
 def group_quantized_matmul(
     x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., K] @ weight^T (+ bias). 4-bit groups of 32: activations quantized to 8 or 16
-    bits and integer dot products (unless LADLE_CPU_ACTIVATION_BITS=32); else up to 4 rows
-    (decode): the C kernel that widens the codes in registers (kernels/cpu_native/gemv.py),
-    reading each weight's own bits once; otherwise, or without them, one chunk of rows at a
-    time dequantized for MKL."""
+    """x [..., K] @ weight^T (+ bias). 4-bit groups of 32, up to 48 rows: activations
+    quantized to 8 or 16 bits and integer dot products (unless LADLE_CPU_ACTIVATION_BITS=32);
+    else up to 4 rows (decode): the C kernel that widens the codes in registers
+    (kernels/cpu_native/gemv.py), reading each weight's own bits once; otherwise, or without
+    them, one chunk of rows at a time dequantized for MKL."""
     bits = activation_bits()
-    if x.dim() == 2 and bits < 32:
+    if x.dim() == 2 and bits < 32 and x.shape[0] <= INTEGER_ACTIVATION_MAX_ROWS:
         output = q4_int8_activation_matmul(x, weight, bias, bits)
         if output is not None:
             return output
