@@ -1,10 +1,12 @@
-"""Decode-sized matmuls (1 to 4 rows; int8 activations: any count) on quantized CPU weights,
-through the C kernels.
+"""Decode-sized matmuls on quantized CPU weights, through the C kernels: 1 to 4 rows of float32
+activations (int8 rows, group-quantized rows), and 4-bit group-32 rows times activations
+quantized to 8 or 16 bits (any count of rows; group_quant.py uses it up to 48).
 
 Each function returns None when its kernel does not apply (no library, a shape or dtype it does
-not take, more than MAX_ROWS rows), and the caller runs its torch path; a result is the float32
-product of x with the dequantized weight, up to the order of the sums (the torch references are
-`dequantize_int8_per_row` and `GroupQuantizedRows.dequantize`).
+not take, more rows than it takes), and the caller runs its torch path. A float32-activation
+result is the float32 product of x with the dequantized weight, up to the order of the sums (the
+torch references are `dequantize_int8_per_row` and `GroupQuantizedRows.dequantize`); a quantized
+one is that of int8_activation_reference.py.
 """
 
 from __future__ import annotations

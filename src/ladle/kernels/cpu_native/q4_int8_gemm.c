@@ -1,17 +1,20 @@
 /* 4-bit weights in groups of 32 (GGUF's Q4_0 / Q4_1 / Q4_K, as group_quant.py keeps them)
- * multiplied by activations quantized to int8 on the fly, with integer dot products:
+ * multiplied by activations quantized on the fly, with integer dot products:
  *
  *     w[n][k] = code[n][k] * s[n][g] + o[n][g],            g = k / 32, code in 0..15
  *     x[i][k] ~ q[i][k] * d[i][g],                         q in -127..127, d = max|x| / 127
  *     y[i][n] = sum_g s[n][g] d[i][g] (sum_k code q) + o[n][g] (sum_k x[i][k])   (+ bias[n])
  *
  * The offset term uses the float sum of the group's activations, so Q4_1's minimum (and
- * Q4_0's -8 d) folds in exactly; only the code term sees the activations' 8-bit rounding (the
- * numerics of llama.cpp's Q4_1 x Q8_1 dot product, which keeps the quantized sum instead).
+ * Q4_0's -8 d) folds in exactly; only the code term sees the activations' rounding. With 8-bit
+ * activations that is the numerics of llama.cpp's Q4_1 x Q8_1 dot product (which keeps the
+ * quantized sum instead); it moved the default model's perplexity by +1.1%, so the default is
+ * 16 bits: a second int8 code per activation holds the first one's remainder times 256,
+ * x ~ d (q + r / 256), and the integer sum is 256 sum(code q) + sum(code r) (two passes).
  *
  * Why: a GEMV that widens the codes to float32 spends ~4 vector instructions per 16 weights;
- * here one VNNI `vpdpbusd` multiplies 64 code/activation byte pairs, so batches of rows (2-64
- * sequences, prefill) cost a fraction of the float arithmetic, and one row still streams each
+ * here one VNNI `vpdpbusd` multiplies 64 code/activation byte pairs, so batches of rows (up to
+ * 48 sequences) cost a fraction of the float arithmetic, and one row still streams each
  * weight's 4 bits once.
  *
  * Layout: byte j of a weight row holds column j (low nibble) and column j + padded / 2 (high),
