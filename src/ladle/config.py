@@ -146,8 +146,8 @@ class ModelConfig:
             "help": "weight quantization: fp8 (CUDA: e4m3 W8A8), int8 (CUDA: W8A8; CPU: int8 x "
             "int8 with per-token activation scales), int4 (weight-only, group 128), gguf (a "
             "GGUF file's Q8_0/Q4_*/Q6_K tensors kept in their own format, CPU), none, or auto (a "
-            "quantized checkpoint's own method; weight-only int8 for a GGUF on the CPU unless "
-            "--dtype is given, else none)"
+            "quantized checkpoint's own method; for a GGUF on the CPU, unless --dtype is given, "
+            "gguf where ladle's C kernels build, else weight-only int8; otherwise none)"
         },
     )
 

@@ -116,7 +116,7 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 
 
 def test_int8_default_model_stays_close_to_hf_float32(gguf_path: Path, reader, hf_model) -> None:
-    """The CPU default (--quantization auto -> int8) against HF's float32 dequantization."""
+    """--quantization int8 (int8 x int8) against HF's float32 dequantization."""
     from ladle.attention.cpu_backend import CpuAttentionBackend
     from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quantized_linear import quantize_model_

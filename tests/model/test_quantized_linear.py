@@ -97,12 +97,20 @@ def test_unknown_method_is_rejected():
         quantize_model_(layer, "int3")
 
 
-def test_auto_quantization_keeps_gguf_int8_on_the_cpu_unless_a_dtype_is_given():
+def test_auto_quantization_keeps_gguf_quantized_on_the_cpu_unless_a_dtype_is_given():
     from ladle.config import ModelConfig
+    from ladle.kernels.cpu_native.build import native_library, set_native_kernels
     from ladle.model.loader import resolve_quantization
 
     cpu = torch.device("cpu")
-    assert resolve_quantization(ModelConfig(), "gguf", cpu) == "int8"
+    # its own blocks where the C kernels are built, else weight-only int8
+    kept = "gguf" if native_library() is not None else "int8"
+    assert resolve_quantization(ModelConfig(), "gguf", cpu) == kept
+    previous = set_native_kernels(False)
+    try:
+        assert resolve_quantization(ModelConfig(), "gguf", cpu) == "int8"
+    finally:
+        set_native_kernels(previous)
     assert resolve_quantization(ModelConfig(dtype="float32"), "gguf", cpu) is None
     assert resolve_quantization(ModelConfig(), "safetensors", cpu) is None
     assert resolve_quantization(ModelConfig(quantization="none"), "gguf", cpu) is None

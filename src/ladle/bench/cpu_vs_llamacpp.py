@@ -21,6 +21,7 @@ import torch
 
 from ladle import LLM, SamplingParams
 from ladle.kernels.cpu_native.build import set_native_kernels
+from ladle.kernels.cpu_native.gemv import activation_bits, set_activation_bits
 from ladle.model.default_model import resolve_default_model
 
 CHAT_PROMPT_WORDS = 150  # about 200 tokens once templated
@@ -54,13 +55,26 @@ def time_ladle_batch(llm: LLM, prompts: list[list[int]], max_tokens: int) -> flo
     return elapsed
 
 
-def with_c_kernels(enabled: bool, run, *args) -> float:
-    """run(*args) with ladle's C kernels for the CPU on or off (off: the torch path)."""
+def with_c_kernels(enabled: bool, bits: int, run, *args) -> float:
+    """run(*args) with ladle's C kernels for the CPU on or off (off: the torch path), and the
+    4-bit layers' activations at `bits` (kernels/cpu_native/gemv.py)."""
     previous = set_native_kernels(enabled)
+    previous_bits = set_activation_bits(bits)
     try:
         return run(*args)
     finally:
         set_native_kernels(previous)
+        set_activation_bits(previous_bits)
+
+
+def _has_4bit_groups(llm: LLM) -> bool:
+    from ladle.model.layers.group_quant import GroupQuantizedRows
+
+    model = llm.engine.runner.model
+    return any(
+        isinstance(w, GroupQuantizedRows) and w.bits == 4
+        for w in (getattr(m, "quantized_weight", None) for m in model.modules())
+    )
 
 
 def time_llamacpp(model, prompt: list[int], max_tokens: int) -> float:
@@ -87,6 +101,15 @@ def main() -> None:
         help="also run each ladle engine with its C kernels off (kernels/cpu_native): the torch "
         "path, interleaved in the same run",
     )
+    parser.add_argument(
+        "--activation-bits",
+        type=int,
+        nargs="+",
+        default=None,
+        help="run each ladle engine holding 4-bit layers once per value (8, 16, 32: the bits "
+        "their activations are quantized to; LADLE_CPU_ACTIVATION_BITS), interleaved in the "
+        "same run; default: LADLE_CPU_ACTIVATION_BITS's only",
+    )
     args = parser.parse_args()
     from llama_cpp import Llama, llama_free
 
@@ -100,20 +123,26 @@ def main() -> None:
     short = list(range(1000, 1064))
     decode: dict[str, list[float]] = {}
     first_token: dict[str, list[float]] = {}
-    variants = {name: (engine, True) for name, engine in engines.items()}
+    bits = args.activation_bits or [activation_bits()]
+    variants = {}
+    for name, engine in engines.items():
+        if _has_4bit_groups(engine):  # `gguf`, and `auto` on a GGUF
+            variants.update({f"{name} ({b}-bit act)": (engine, True, b) for b in bits})
+        else:
+            variants[name] = (engine, True, bits[0])
     if args.torch_ops_too:
-        variants.update({f"{name} (torch ops)": (e, False) for name, e in engines.items()})
+        variants.update({f"{name} (torch ops)": (e, False, 32) for name, e in engines.items()})
     runners = {
-        name: (lambda p, n, e=e, c=c: with_c_kernels(c, time_ladle, e, p, n))
-        for name, (e, c) in variants.items()
+        name: (lambda p, n, e=e, c=c, a=a: with_c_kernels(c, a, time_ladle, e, p, n))
+        for name, (e, c, a) in variants.items()
     }
     runners["llama.cpp"] = lambda p, n: time_llamacpp(peer, p, n)
     batch_prompts = [list(range(1000 + 64 * i, 1064 + 64 * i)) for i in range(args.batch)]
     context_len = args.batch * (64 + args.output_len + 8)
     peer_context = batched_context(peer, args.batch, context_len, args.threads)
     batch_runners = {
-        name: (lambda n, e=e, c=c: with_c_kernels(c, time_ladle_batch, e, batch_prompts, n))
-        for name, (e, c) in variants.items()
+        name: (lambda n, e=e, c=c, a=a: with_c_kernels(c, a, time_ladle_batch, e, batch_prompts, n))
+        for name, (e, c, a) in variants.items()
     }
     batch_runners["llama.cpp"] = lambda n: time_llamacpp_batched(
         peer, peer_context, batch_prompts, n
@@ -138,7 +167,7 @@ def main() -> None:
     for name in runners:
         rate, ttft = statistics.median(decode[name]), statistics.median(first_token[name])
         print(
-            f"{name:>24}: batch-1 decode {rate:6.1f} tok/s {[round(x, 1) for x in decode[name]]},"
+            f"{name:>28}: batch-1 decode {rate:6.1f} tok/s {[round(x, 1) for x in decode[name]]},"
             f" TTFT {ttft * 1e3:6.0f} ms {[round(x * 1e3) for x in first_token[name]]},"
             f" batch-{args.batch} decode {statistics.median(batched[name]):6.1f} tok/s "
             f"{[round(x, 1) for x in batched[name]]}"

@@ -23,6 +23,7 @@ import torch
 from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.config import ModelConfig
+from ladle.kernels.cpu_native.gemv import activation_bits, set_activation_bits
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.quant import get_quant_method, quantize_linears_
 from ladle.model.layers.quantized_linear import quantize_model_
@@ -65,6 +66,12 @@ LAYER_METHODS = {
 }
 
 
+# `gguf` with its 4-bit layers' activations at other bits than LADLE_CPU_ACTIVATION_BITS's
+# (kernels/cpu_native/gemv.py): 8 is llama.cpp's Q4 x Q8 numerics, 32 the float32 product with
+# the dequantized weights. name -> bits.
+ACTIVATION_VARIANTS = {"gguf-act8": 8, "gguf-act16": 16, "gguf-act32": 32}
+
+
 def load_for_perplexity(model_path: str, method: str):
     """The model whose perplexity `method` names (see --quantization), in float32 on the CPU."""
     cpu = torch.device("cpu")
@@ -72,6 +79,7 @@ def load_for_perplexity(model_path: str, method: str):
         config = ModelConfig(model=method, quantization="auto", dtype="float32")
         return load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
     loaded_as = "none" if method in LAYER_METHODS or method == "int8-weight-only" else method
+    loaded_as = "gguf" if method in ACTIVATION_VARIANTS else loaded_as
     config = ModelConfig(model=model_path, quantization=loaded_as, dtype="float32")
     model = load_model(config, cpu, torch.float32, get_attention_backend(cpu)).model
     if method in LAYER_METHODS:
@@ -102,12 +110,13 @@ def main() -> None:
         nargs="+",
         default=["none", "gguf", "int8", "int4", "fp8"],
         help="none (the GGUF dequantized to float32), gguf (its tensors kept in their own "
-        "format), int8, int8-weight-only (the auto default) and int4 (ladle's CPU formats; the "
-        "CPU's int4 quantizes the embedding and tied LM head too); fp8 (e4m3 W8A8, the last "
-        "layer kept float), fp8-all-layers, int4-g128 and int4-g128-sym (RTN) through the GPU "
-        "methods' layers on the decoder's projections (what --quantization fp8|int4 runs on "
-        "CUDA); or a quantized checkpoint folder (e.g. "
-        "one `ladle quantize` wrote), loaded as it would be served",
+        "format; its 4-bit layers' activations at LADLE_CPU_ACTIVATION_BITS, or gguf-act8 / "
+        "gguf-act16 / gguf-act32 for 8 / 16 / 32 bits), int8, int8-weight-only and int4 "
+        "(ladle's CPU formats; the CPU's int4 quantizes the embedding and tied LM head too); "
+        "fp8 (e4m3 W8A8, the last layer kept float), fp8-all-layers, int4-g128 and "
+        "int4-g128-sym (RTN) through the GPU methods' layers on the decoder's projections (what "
+        "--quantization fp8|int4 runs on CUDA); or a quantized checkpoint folder (e.g. one "
+        "`ladle quantize` wrote), loaded as it would be served",
     )
     args = parser.parse_args()
     from ladle.engine.tokenizer import load_tokenizer
@@ -122,7 +131,11 @@ def main() -> None:
     for method in args.quantization:
         model = load_for_perplexity(model_path, method)
         started = time.perf_counter()
-        results[method] = perplexity(model, windows)
+        previous = set_activation_bits(ACTIVATION_VARIANTS.get(method, activation_bits()))
+        try:
+            results[method] = perplexity(model, windows)
+        finally:
+            set_activation_bits(previous)
         base = results[args.quantization[0]]
         print(
             f"{method:>6}: perplexity {results[method]:.4f} "

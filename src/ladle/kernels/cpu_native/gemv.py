@@ -1,13 +1,17 @@
-"""Decode-sized matmuls (1 to 4 rows) on quantized CPU weights, through the C kernels.
+"""Decode-sized matmuls on quantized CPU weights, through the C kernels: 1 to 4 rows of float32
+activations (int8 rows, group-quantized rows), and 4-bit group-32 rows times activations
+quantized to 8 or 16 bits (any count of rows; group_quant.py uses it up to 48).
 
 Each function returns None when its kernel does not apply (no library, a shape or dtype it does
-not take, more than MAX_ROWS rows), and the caller runs its torch path; a result is the float32
-product of x with the dequantized weight, up to the order of the sums (the torch references are
-`dequantize_int8_per_row` and `GroupQuantizedRows.dequantize`).
+not take, more rows than it takes), and the caller runs its torch path. A float32-activation
+result is the float32 product of x with the dequantized weight, up to the order of the sums (the
+torch references are `dequantize_int8_per_row` and `GroupQuantizedRows.dequantize`); a quantized
+one is that of int8_activation_reference.py.
 """
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING
 
 import torch
@@ -19,6 +23,42 @@ if TYPE_CHECKING:  # group_quant.py calls into this module
 
 # The kernels keep one accumulator per (row of x, output row) in registers: up to 4 rows of x.
 MAX_ROWS = 4
+
+# 4-bit group-32 weights (the GGUF 4-bit types) multiply activations quantized per group of 32
+# (q4_int8_gemm.c): 8 bits (one int8 code each, llama.cpp's Q4 x Q8 numerics), 16 bits (a code
+# and a residual code, two integer passes: the float32 product to ~5 significant digits), or
+# 32 (float32 activations: group_gemv.c up to 4 rows, exactly the dequantized weight's product
+# up to summation order, else dequantize-then-MKL). Measured choice: docs/quantization.md.
+ACTIVATION_BITS_ENV = "LADLE_CPU_ACTIVATION_BITS"
+DEFAULT_ACTIVATION_BITS = 16
+ACTIVATION_BITS = (8, 16, 32)
+# Above this many rows (prefill chunks) MKL on dequantized chunks was faster than the integer
+# path on 2 cores (crossover at 56-64 rows for 16 bits), and its product is exact.
+INTEGER_ACTIVATION_MAX_ROWS = 48
+
+
+def _activation_bits_from_environment() -> int:
+    value = os.environ.get(ACTIVATION_BITS_ENV, str(DEFAULT_ACTIVATION_BITS))
+    if not value.isdigit() or int(value) not in ACTIVATION_BITS:
+        raise ValueError(f"{ACTIVATION_BITS_ENV}={value!r}: choose one of {ACTIVATION_BITS}")
+    return int(value)
+
+
+_activation_bits = _activation_bits_from_environment()
+
+
+def set_activation_bits(bits: int) -> int:
+    """The 4-bit layers' activation bits for this process (tests and benches compare them);
+    returns the previous setting."""
+    global _activation_bits
+    if bits not in ACTIVATION_BITS:
+        raise ValueError(f"activation bits {bits}: choose one of {ACTIVATION_BITS}")
+    previous, _activation_bits = _activation_bits, bits
+    return previous
+
+
+def activation_bits() -> int:
+    return _activation_bits
 
 
 def _fits(x: torch.Tensor, weight_device: torch.device) -> bool:
@@ -99,6 +139,39 @@ def group_rows_gemv(
         weight.codes.data_ptr(), scale.data_ptr(), _pointer(offset),
         int(scale.dtype == torch.float16), _pointer(bias32), output.data_ptr(), weight.num_rows,
         kernel_threads(),
+    )  # fmt: skip
+    if status != 0:
+        return None
+    return output.to(x.dtype)
+
+
+def q4_int8_activation_matmul(
+    x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None, bits: int = 8
+) -> torch.Tensor | None:
+    """x [M, K] @ weight^T (+ bias) for 4-bit codes in groups of 32 (GGUF Q4_0/Q4_1/Q4_K) with
+    x quantized per group of 32 on the fly to `bits` 8 or 16 (q4_int8_gemm.c: integer dot
+    products, the offsets applied to x's float group sums), in x's dtype, any M; None if the
+    kernel does not apply (no library, other codes, an odd number of groups)."""
+    library = native_library()
+    if library is None or x.dim() != 2 or x.device.type != "cpu" or x.requires_grad:
+        return None
+    if weight.bits != 4 or weight.group_size != 32 or weight.padded_columns % 64:
+        return None
+    if weight.codes.device.type != "cpu" or x.shape[1] != weight.num_columns:
+        return None
+    if not _has_kernel_layout(weight):
+        return None
+    x32 = x.contiguous().float()
+    padded = weight.padded_columns
+    if padded != weight.num_columns:
+        x32 = torch.nn.functional.pad(x32, (0, padded - weight.num_columns))
+    bias32 = _float32_bias(bias)
+    scale, offset = weight.scale, weight.offset
+    output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
+    status = library.ladle_q4_int8_gemm(
+        x32.data_ptr(), x.shape[0], padded, bits, weight.codes.data_ptr(), scale.data_ptr(),
+        _pointer(offset), int(scale.dtype == torch.float16), _pointer(bias32),
+        output.data_ptr(), weight.num_rows, kernel_threads(),
     )  # fmt: skip
     if status != 0:
         return None

@@ -25,6 +25,7 @@ from torch import nn
 
 from ladle.attention.backend import AttentionBackend
 from ladle.config import ModelConfig
+from ladle.kernels.cpu_native.build import native_library
 from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
 from ladle.model.layers.quant import (
     QUANT_METHODS,
@@ -92,8 +93,8 @@ def load_model(
         )
         method = "int8"
     if method is not None:
-        # auto keeps weight-only int8 (+0.6% perplexity); an explicit int8 runs int8 x int8,
-        # faster and coarser (docs/quantization.md).
+        # auto and gguf put what they do not keep in weight-only int8 (+0.6% perplexity); an
+        # explicit int8 runs int8 x int8, faster and coarser (docs/quantization.md).
         weight_only = model_config.quantization in ("auto", "gguf")
         quantize_model_(loaded.model, method, weight_only=weight_only)
     return loaded
@@ -102,16 +103,20 @@ def load_model(
 def resolve_quantization(
     model_config: ModelConfig, source: ModelSource, device: torch.device
 ) -> str | None:
-    """The quantization to apply, or None. 'auto' keeps a GGUF checkpoint quantized on the CPU
-    (weight-only int8) unless the user chose a dtype; 'gguf' keeps its Q8_0/Q4_0/Q4_1/Q4_K/
-    Q6_K tensors in their own format (and the rest in weight-only int8). auto is not 'gguf':
-    its 4-bit GEMV was not faster than int8 at batch 1 and its batch-32 path is slower
-    (docs/quantization.md, "ladle's C kernels for the CPU")."""
+    """The quantization to apply, or None. 'gguf' keeps a GGUF file's Q8_0/Q4_0/Q4_1/Q4_K/Q6_K
+    tensors in their own format (and the rest in weight-only int8). 'auto' keeps a GGUF
+    checkpoint quantized on the CPU unless the user chose a dtype: as 'gguf' where ladle's C
+    kernels are built (its 4-bit layers then multiply 16-bit quantized activations with integer
+    dot products: faster than int8 weight-only at every batch size measured, and closer to the
+    float32 model), else in weight-only int8 (without the C kernels torch would dequantize the
+    4-bit blocks every step). docs/quantization.md, "int4 x int8 dot products"."""
     method = model_config.quantization
     if method == "auto":
         is_default_dtype = model_config.dtype == "auto"
         keep_quantized = source == "gguf" and device.type == "cpu" and is_default_dtype
-        return "int8" if keep_quantized else None
+        if not keep_quantized:
+            return None
+        return "gguf" if native_library() is not None else "int8"
     if method == "none":
         return None
     if device.type == "cuda" and method not in QUANT_METHODS:

@@ -1,0 +1,445 @@
+/* 4-bit weights in groups of 32 (GGUF's Q4_0 / Q4_1 / Q4_K, as group_quant.py keeps them)
+ * multiplied by activations quantized on the fly, with integer dot products:
+ *
+ *     w[n][k] = code[n][k] * s[n][g] + o[n][g],            g = k / 32, code in 0..15
+ *     x[i][k] ~ q[i][k] * d[i][g],                         q in -127..127, d = max|x| / 127
+ *     y[i][n] = sum_g s[n][g] d[i][g] (sum_k code q) + o[n][g] (sum_k x[i][k])   (+ bias[n])
+ *
+ * The offset term uses the float sum of the group's activations, so Q4_1's minimum (and
+ * Q4_0's -8 d) folds in exactly; only the code term sees the activations' rounding. With 8-bit
+ * activations that is the numerics of llama.cpp's Q4_1 x Q8_1 dot product (which keeps the
+ * quantized sum instead); it moved the default model's perplexity by +1.1%, so the default is
+ * 16 bits: a second int8 code per activation holds the first one's remainder times 256,
+ * x ~ d (q + r / 256), and the integer sum is 256 sum(code q) + sum(code r) (two passes).
+ *
+ * Why: a GEMV that widens the codes to float32 spends ~4 vector instructions per 16 weights;
+ * here one VNNI `vpdpbusd` multiplies 64 code/activation byte pairs, so batches of rows (up to
+ * 48 sequences) cost a fraction of the float arithmetic, and one row still streams each
+ * weight's 4 bits once.
+ *
+ * Layout: byte j of a weight row holds column j (low nibble) and column j + padded / 2 (high),
+ * so with padded % 64 == 0 the 32 bytes at 32 p hold group p (low nibbles) and group
+ * p + groups / 2 (high): masking and shifting one load gives codes in the activations' own
+ * column order (64 bytes: two groups of each half per AVX-512 step).
+ *
+ * Paths, chosen at build time (-march=native): AVX-512 VNNI (512-bit vpdpbusd), AVX2
+ * (vpmaddubsw + vpmaddwd; AVX-VNNI's 256-bit vpdpbusd where the CPU has it), plain C.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "thread_pool.h"
+
+#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
+#include <immintrin.h>
+#endif
+
+#define GROUP 32
+#define ROW_BLOCK 4   /* weight rows per micro-kernel call (clamped at the last block) */
+#define X_TILE 4      /* activation rows per micro-kernel call */
+#define MAX_GROUPS 1024
+/* float32 group parameters are read 16 at a time from any group: rows of them are padded */
+#define PARAM_PAD 16
+#define PARAM_STRIDE (MAX_GROUPS + PARAM_PAD)
+#define BLOCKS_PER_CHUNK 4
+#define MIN_PARALLEL_WORK (1 << 17) /* weights x rows below which one thread is faster */
+
+/* float16 -> float32 (GGUF's scales): F16C where present, else by hand for the normal and
+ * zero values GGUF holds. */
+static inline float half_to_float(uint16_t h) {
+#if defined(__F16C__)
+    return _cvtsh_ss(h);
+#else
+    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F;
+    uint32_t mantissa = h & 0x3FF, bits;
+    if (exponent == 0 && mantissa == 0) bits = sign;
+    else if (exponent == 0) {
+        float value = (float)mantissa / 16777216.0f;
+        return sign ? -value : value;
+    } else bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
+    float result;
+    memcpy(&result, &bits, 4);
+    return result;
+#endif
+}
+
+#if defined(__AVX512F__)
+/* 16 codes: round to nearest even (the default MXCSR mode), then narrow with saturation; the
+ * remainders of the scaled values go to *residual. */
+static inline __m128i round16(__m512 scaled, __m512 *residual) {
+    __m512i rounded = _mm512_cvtps_epi32(scaled);
+    *residual = _mm512_sub_ps(scaled, _mm512_cvtepi32_ps(rounded));
+    return _mm512_cvtsepi32_epi8(rounded);
+}
+#endif
+
+static inline int8_t saturate8(float value) {
+    long rounded = lrintf(value);
+    return (int8_t)(rounded > 127 ? 127 : rounded < -128 ? -128 : rounded);
+}
+
+/* One activation row: its int8 codes, the group scales d and the groups' float sums; with
+ * `residual` (16-bit activations) also the codes of what the first ones leave, times 256, and
+ * d is then the scale of 256 * code + residual code. */
+static void quantize_row(const float *x, int64_t num_groups, int8_t *q, int8_t *residual,
+                         float *d, float *sums) {
+    for (int64_t g = 0; g < num_groups; g++) {
+        const float *values = x + g * GROUP;
+        int8_t *codes = q + g * GROUP;
+#if defined(__AVX512F__)
+        const __m512 a = _mm512_loadu_ps(values), b = _mm512_loadu_ps(values + 16);
+        const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
+        const float sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        const __m512 inverse = _mm512_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m512 rest_a, rest_b, unused;
+        _mm_storeu_si128((__m128i *)codes, round16(_mm512_mul_ps(a, inverse), &rest_a));
+        _mm_storeu_si128((__m128i *)(codes + 16), round16(_mm512_mul_ps(b, inverse), &rest_b));
+        if (residual) {
+            const __m512 times = _mm512_set1_ps(256.0f);
+            _mm_storeu_si128((__m128i *)(residual + g * GROUP),
+                             round16(_mm512_mul_ps(rest_a, times), &unused));
+            _mm_storeu_si128((__m128i *)(residual + g * GROUP + 16),
+                             round16(_mm512_mul_ps(rest_b, times), &unused));
+        }
+#else
+        float amax = 0.0f, sum = 0.0f;
+        for (int k = 0; k < GROUP; k++) {
+            float magnitude = fabsf(values[k]);
+            amax = magnitude > amax ? magnitude : amax;
+            sum += values[k];
+        }
+        const float inverse = amax > 0.0f ? 127.0f / amax : 0.0f;
+        for (int k = 0; k < GROUP; k++) {
+            const float scaled = values[k] * inverse;
+            codes[k] = saturate8(scaled);
+            if (residual)
+                residual[g * GROUP + k] = saturate8((scaled - (float)lrintf(scaled)) * 256.0f);
+        }
+#endif
+        d[g] = residual ? amax / 127.0f / 256.0f : amax / 127.0f;
+        sums[g] = sum;
+    }
+}
+
+typedef struct {
+    const int8_t *q;           /* [m, padded] */
+    const int8_t *residual;    /* [m, padded], or NULL: 8-bit activations */
+    const float *d, *sums;     /* [m, groups], and PARAM_PAD floats after (vector loads) */
+    int64_t m, padded, n;
+    const uint8_t *codes;      /* [n, padded / 2] */
+    const void *scale, *offset; /* [n, groups], float32 or float16 */
+    int is_half;
+    const float *bias;
+    float *y;                  /* [m, n] */
+} gemm_job;
+
+static inline float param(const gemm_job *job, const void *values, int64_t index) {
+    return job->is_half ? half_to_float(((const uint16_t *)values)[index])
+                        : ((const float *)values)[index];
+}
+
+/* The group scales (and offsets) of ROW_BLOCK weight rows in float32, rows past n repeating
+ * the last one. */
+static void block_params(const gemm_job *job, int64_t row, float s[ROW_BLOCK][PARAM_STRIDE],
+                         float o[ROW_BLOCK][PARAM_STRIDE]) {
+    const int64_t num_groups = job->padded / GROUP;
+    for (int r = 0; r < ROW_BLOCK; r++) {
+        const int64_t n = row + r < job->n ? row + r : job->n - 1;
+        for (int64_t g = 0; g < num_groups; g++) {
+            s[r][g] = param(job, job->scale, n * num_groups + g);
+            o[r][g] = job->offset ? param(job, job->offset, n * num_groups + g) : 0.0f;
+        }
+    }
+}
+
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+
+/* One 64-byte half-step: weight codes w[r] (unsigned, two groups: lanes 0-7 and 8-15 of the
+ * int32 sums) against the activation codes at byte `column` of each x row, whose groups start
+ * at `group`. */
+/* 64 codes times 64 activation codes, 4 to an int32 lane; with the residual codes (16-bit
+ * activations) 256 times that plus the residuals' products. */
+static inline __attribute__((always_inline)) __m512i dot64(__m512i w, __m512i xq,
+                                                          const int8_t *rest, int two_pass) {
+    __m512i dot = _mm512_dpbusd_epi32(_mm512_setzero_si512(), w, xq);
+    if (!two_pass) return dot;
+    return _mm512_dpbusd_epi32(_mm512_slli_epi32(dot, 8), w, _mm512_loadu_si512(rest));
+}
+
+static inline __attribute__((always_inline)) void half_step(
+    const gemm_job *job, int64_t x_row, int num_x, int two_pass, const __m512i w[ROW_BLOCK],
+    const __m512 ws[ROW_BLOCK], int64_t column, int64_t group, __m512 acc[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP;
+    const __m512i split = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    for (int i = 0; i < num_x; i++) {
+        const int64_t xi = x_row + i;
+        const __m512i xq = _mm512_loadu_si512(job->q + xi * job->padded + column);
+        const int8_t *rest = two_pass ? job->residual + xi * job->padded + column : 0;
+        /* the two groups' activation scales, each over 8 lanes */
+        const __m512 xd =
+            _mm512_permutexvar_ps(split, _mm512_loadu_ps(job->d + xi * num_groups + group));
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m512 dot = _mm512_cvtepi32_ps(dot64(w[r], xq, rest, two_pass));
+            acc[i][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws[r], xd), acc[i][r]);
+        }
+    }
+}
+
+/* sums[i][r] = the code term of x row i and weight row r. A 64-byte load of codes holds the
+ * low nibbles of groups p and p + 1 and the high nibbles of groups p + h and p + h + 1
+ * (h = groups / 2), each pair of groups adjacent in x's own order; an odd h leaves one
+ * 32-byte step at the end. */
+static inline __attribute__((always_inline)) void micro_kernel(
+    const gemm_job *job, int64_t x_row, int num_x, int two_pass, const uint8_t *rows[ROW_BLOCK],
+    float s[ROW_BLOCK][PARAM_STRIDE], float sums[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP, h = num_groups / 2;
+    const __m512i low_mask = _mm512_set1_epi8(0x0F);
+    const __m512i split = _mm512_set_epi32(1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0);
+    __m512 acc[X_TILE][ROW_BLOCK];
+    for (int i = 0; i < num_x; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm512_setzero_ps();
+    int64_t p = 0;
+    for (; p + 2 <= h; p += 2) {
+        __m512i w[ROW_BLOCK];
+        __m512 ws[ROW_BLOCK];
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            w[r] = _mm512_and_si512(_mm512_loadu_si512(rows[r] + 32 * p), low_mask);
+            ws[r] = _mm512_permutexvar_ps(split, _mm512_loadu_ps(&s[r][p]));
+        }
+        half_step(job, x_row, num_x, two_pass, w, ws, 32 * p, p, acc);
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m512i packed = _mm512_loadu_si512(rows[r] + 32 * p);
+            w[r] = _mm512_and_si512(_mm512_srli_epi16(packed, 4), low_mask);
+            ws[r] = _mm512_permutexvar_ps(split, _mm512_loadu_ps(&s[r][p + h]));
+        }
+        half_step(job, x_row, num_x, two_pass, w, ws, 32 * (p + h), p + h, acc);
+    }
+    if (p < h) { /* the last 32 bytes: group p (low nibbles) and group p + h (high) */
+        const __m256i mask256 = _mm256_set1_epi8(0x0F);
+        __m512i w[ROW_BLOCK];
+        __m512 ws[ROW_BLOCK];
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
+            __m256i low = _mm256_and_si256(packed, mask256);
+            __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), mask256);
+            w[r] = _mm512_inserti64x4(_mm512_castsi256_si512(low), high, 1);
+            ws[r] = _mm512_mask_broadcastss_ps(_mm512_set1_ps(s[r][p]), 0xFF00,
+                                               _mm_set_ss(s[r][p + h]));
+        }
+        for (int i = 0; i < num_x; i++) {
+            const int64_t xi = x_row + i;
+            const int8_t *q = job->q + xi * job->padded;
+            const __m512i xq = _mm512_inserti64x4(
+                _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(q + 32 * p))),
+                _mm256_loadu_si256((const __m256i *)(q + 32 * (p + h))), 1);
+            int8_t rest[64];
+            if (two_pass) {
+                const int8_t *residual = job->residual + xi * job->padded;
+                memcpy(rest, residual + 32 * p, 32);
+                memcpy(rest + 32, residual + 32 * (p + h), 32);
+            }
+            const float *d = job->d + xi * num_groups;
+            const __m512 xd = _mm512_mask_broadcastss_ps(_mm512_set1_ps(d[p]), 0xFF00,
+                                                         _mm_set_ss(d[p + h]));
+            for (int r = 0; r < ROW_BLOCK; r++) {
+                __m512 dot = _mm512_cvtepi32_ps(dot64(w[r], xq, rest, two_pass));
+                acc[i][r] = _mm512_fmadd_ps(dot, _mm512_mul_ps(ws[r], xd), acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < num_x; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) sums[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+#elif defined(__AVX2__)
+
+/* 32 unsigned codes times 32 signed activations, summed in 8 int32 lanes. */
+static inline __m256i dot32(__m256i codes, __m256i activations) {
+#if defined(__AVXVNNI__)
+    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), codes, activations);
+#else
+    /* 15 * 127 * 2 fits in int16: vpmaddubsw cannot saturate here. */
+    __m256i pairs = _mm256_maddubs_epi16(codes, activations);
+    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+#endif
+}
+
+/* dot32 of the codes, or with the residual codes 256 times it plus theirs */
+static inline __m256i dot32_pass(__m256i codes, const int8_t *q, const int8_t *rest,
+                                 int two_pass) {
+    __m256i dot = dot32(codes, _mm256_loadu_si256((const __m256i *)q));
+    if (!two_pass) return dot;
+    return _mm256_add_epi32(_mm256_slli_epi32(dot, 8),
+                            dot32(codes, _mm256_loadu_si256((const __m256i *)rest)));
+}
+
+static inline __attribute__((always_inline)) void micro_kernel(
+    const gemm_job *job, int64_t x_row, int num_x, int two_pass, const uint8_t *rows[ROW_BLOCK],
+    float s[ROW_BLOCK][PARAM_STRIDE], float sums[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
+    const __m256i low_mask = _mm256_set1_epi8(0x0F);
+    __m256 acc[X_TILE][ROW_BLOCK];
+    for (int i = 0; i < num_x; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm256_setzero_ps();
+    for (int64_t p = 0; p < half_groups; p++) {
+        __m256i low[ROW_BLOCK], high[ROW_BLOCK];
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
+            low[r] = _mm256_and_si256(packed, low_mask);
+            high[r] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
+        }
+        for (int i = 0; i < num_x; i++) {
+            const int64_t xi = x_row + i;
+            const int8_t *q = job->q + xi * job->padded;
+            const int8_t *rest = two_pass ? job->residual + xi * job->padded : q;
+            const int64_t at_low = 32 * p, at_high = 32 * (p + half_groups);
+            const float *d = job->d + xi * num_groups;
+            for (int r = 0; r < ROW_BLOCK; r++) {
+                __m256 dot_low = _mm256_cvtepi32_ps(
+                    dot32_pass(low[r], q + at_low, rest + at_low, two_pass));
+                __m256 dot_high = _mm256_cvtepi32_ps(
+                    dot32_pass(high[r], q + at_high, rest + at_high, two_pass));
+                acc[i][r] = _mm256_fmadd_ps(dot_low, _mm256_set1_ps(s[r][p] * d[p]), acc[i][r]);
+                acc[i][r] = _mm256_fmadd_ps(
+                    dot_high, _mm256_set1_ps(s[r][p + half_groups] * d[p + half_groups]),
+                    acc[i][r]);
+            }
+        }
+    }
+    for (int i = 0; i < num_x; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[i][r]),
+                                  _mm256_extractf128_ps(acc[i][r], 1));
+            v = _mm_add_ps(v, _mm_movehl_ps(v, v));
+            v = _mm_add_ss(v, _mm_movehdup_ps(v));
+            sums[i][r] = _mm_cvtss_f32(v);
+        }
+}
+
+#else
+
+static inline void micro_kernel(const gemm_job *job, int64_t x_row, int num_x, int two_pass,
+                                const uint8_t *rows[ROW_BLOCK], float s[ROW_BLOCK][PARAM_STRIDE],
+                                float sums[X_TILE][ROW_BLOCK]) {
+    const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
+    for (int i = 0; i < num_x; i++) {
+        const int64_t xi = x_row + i;
+        const float *d = job->d + xi * num_groups;
+        for (int r = 0; r < ROW_BLOCK; r++) {
+            float total = 0.0f;
+            for (int64_t g = 0; g < num_groups; g++) {
+                const int8_t *q = job->q + xi * job->padded + g * GROUP;
+                const uint8_t *packed = rows[r] + 32 * (g % half_groups);
+                const int shift = g < half_groups ? 0 : 4;
+                int32_t dot = 0;
+                for (int k = 0; k < GROUP; k++) dot += ((packed[k] >> shift) & 0x0F) * q[k];
+                if (two_pass) {
+                    const int8_t *rest = job->residual + xi * job->padded + g * GROUP;
+                    int32_t rest_dot = 0;
+                    for (int k = 0; k < GROUP; k++)
+                        rest_dot += ((packed[k] >> shift) & 0x0F) * rest[k];
+                    dot = dot * 256 + rest_dot;
+                }
+                total += (float)dot * s[r][g] * d[g];
+            }
+            sums[i][r] = total;
+        }
+    }
+}
+
+#endif
+
+static void gemm_chunk(const void *args, int64_t chunk) {
+    const gemm_job *job = args;
+    const int64_t num_groups = job->padded / GROUP, row_bytes = job->padded / 2;
+    float s[ROW_BLOCK][PARAM_STRIDE], o[ROW_BLOCK][PARAM_STRIDE];
+    int64_t first, last;
+    ladle_chunk_blocks(chunk, (job->n + ROW_BLOCK - 1) / ROW_BLOCK, BLOCKS_PER_CHUNK, &first,
+                       &last);
+    for (int64_t block = first; block < last; block++) {
+        const int64_t row = block * ROW_BLOCK;
+        const int rows_here = job->n - row < ROW_BLOCK ? (int)(job->n - row) : ROW_BLOCK;
+        const uint8_t *rows[ROW_BLOCK];
+        for (int r = 0; r < ROW_BLOCK; r++)
+            rows[r] = job->codes + (r < rows_here ? row + r : job->n - 1) * row_bytes;
+        block_params(job, row, s, o);
+        for (int64_t x_row = 0; x_row < job->m; x_row += X_TILE) {
+            const int num_x = job->m - x_row < X_TILE ? (int)(job->m - x_row) : X_TILE;
+            float sums[X_TILE][ROW_BLOCK];
+            /* constant tile heights, so the accumulators stay in registers */
+            switch (num_x + (job->residual ? X_TILE : 0)) {
+            case 1: micro_kernel(job, x_row, 1, 0, rows, s, sums); break;
+            case 2: micro_kernel(job, x_row, 2, 0, rows, s, sums); break;
+            case 3: micro_kernel(job, x_row, 3, 0, rows, s, sums); break;
+            case 4: micro_kernel(job, x_row, 4, 0, rows, s, sums); break;
+            case 5: micro_kernel(job, x_row, 1, 1, rows, s, sums); break;
+            case 6: micro_kernel(job, x_row, 2, 1, rows, s, sums); break;
+            case 7: micro_kernel(job, x_row, 3, 1, rows, s, sums); break;
+            default: micro_kernel(job, x_row, 4, 1, rows, s, sums); break;
+            }
+            for (int i = 0; i < num_x; i++) {
+                const float *x_sums = job->sums + (x_row + i) * num_groups;
+                for (int r = 0; r < rows_here; r++) {
+                    float total = sums[i][r];
+                    if (job->offset) {
+                        float offsets = 0.0f;
+#pragma omp simd reduction(+ : offsets)
+                        for (int64_t g = 0; g < num_groups; g++) offsets += o[r][g] * x_sums[g];
+                        total += offsets;
+                    }
+                    if (job->bias) total += job->bias[row + r];
+                    job->y[(x_row + i) * job->n + row + r] = total;
+                }
+            }
+        }
+    }
+}
+
+typedef struct {
+    const float *x;
+    int64_t padded;
+    int8_t *q, *residual;
+    float *d, *sums;
+} quantize_job;
+
+static void quantize_chunk(const void *args, int64_t row) {
+    const quantize_job *job = args;
+    const int64_t num_groups = job->padded / GROUP;
+    quantize_row(job->x + row * job->padded, num_groups, job->q + row * job->padded,
+                 job->residual ? job->residual + row * job->padded : 0,
+                 job->d + row * num_groups, job->sums + row * num_groups);
+}
+
+/* x: float32 [m, padded] (zero past the real columns); y: float32 [m, n]; activation_bits 8
+ * (one code per activation) or 16 (a code and a residual code: two integer passes). Returns 0,
+ * -1 for arguments outside what this kernel handles (nothing written), -2 when out of memory. */
+int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activation_bits,
+                       const uint8_t *codes, const void *scale, const void *offset,
+                       int64_t scale_is_half, const float *bias, float *y, int64_t n,
+                       int64_t num_threads) {
+    const int64_t num_groups = padded / GROUP;
+    if (m < 1 || n < 1 || padded % (2 * GROUP) || num_groups > MAX_GROUPS) return -1;
+    if (activation_bits != 8 && activation_bits != 16) return -1;
+    const int64_t copies = activation_bits / 8;
+    int8_t *q = aligned_alloc(64, (size_t)((copies * m * padded + 63) / 64 * 64));
+    float *params = calloc((size_t)(2 * m * num_groups + PARAM_PAD), sizeof(float));
+    if (!q || !params) {
+        free(q);
+        free(params);
+        return -2;
+    }
+    const int64_t threads = n * padded * m >= MIN_PARALLEL_WORK ? num_threads : 1;
+    int8_t *residual = copies == 2 ? q + m * padded : 0;
+    quantize_job quantize = {x, padded, q, residual, params, params + m * num_groups};
+    ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
+    gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n, codes,
+                    scale, offset, (int)scale_is_half, bias, y};
+    const int64_t num_blocks = (n + ROW_BLOCK - 1) / ROW_BLOCK;
+    ladle_run_chunks(gemm_chunk, &job, (num_blocks + BLOCKS_PER_CHUNK - 1) / BLOCKS_PER_CHUNK,
+                     threads);
+    free(q);
+    free(params);
+    return 0;
+}

@@ -1,0 +1,138 @@
+"""The 4-bit GEMM on quantized activations (kernels/cpu_native/q4_int8_gemm.c, 8 and 16 bits)
+against its torch reference (the same activation quantization, products in float64), at awkward
+sizes: K not a multiple of 32 (padded to whole groups), N = 1, 7 and many rows shared between
+threads, 1 to 33 activation rows (partial tiles of 4); and its fallback paths (AVX2, plain C)
+built for another -march in a subprocess."""
+
+from __future__ import annotations
+
+import os
+import platform
+import subprocess
+import sys
+import textwrap
+
+import pytest
+import torch
+
+from ladle.kernels.cpu_native.build import MARCH_ENV, native_library
+from ladle.kernels.cpu_native.gemv import (
+    INTEGER_ACTIVATION_MAX_ROWS,
+    q4_int8_activation_matmul,
+    set_activation_bits,
+)
+from ladle.kernels.cpu_native.int8_activation_reference import (
+    q4_int8_activation_reference,
+    quantize_activations_int8,
+)
+from ladle.model.layers.group_quant import (
+    GroupQuantizedRows,
+    group_quantized_matmul,
+    quantize_int4_groups,
+)
+
+pytestmark = pytest.mark.skipif(native_library() is None, reason="no C compiler here")
+
+
+def _weight(num_rows: int, num_columns: int, half: bool, symmetric: bool, seed: int):
+    generator = torch.Generator().manual_seed(seed)
+    weight = quantize_int4_groups(torch.randn(num_rows, num_columns, generator=generator), 32)
+    scale, offset = weight.scale, weight.offset
+    if symmetric:  # Q4_0-like codes without an offset tensor
+        offset = None
+    if half:  # GGUF's float16 scales and offsets
+        scale = scale.half()
+        offset = None if offset is None else offset.half()
+    return GroupQuantizedRows(weight.codes, scale, offset, 32, 4, num_columns)
+
+
+@pytest.mark.parametrize(
+    ("num_x_rows", "num_rows", "num_columns"),
+    [(1, 1, 64), (5, 7, 100), (32, 7, 576), (33, 1, 1000), (1, 1001, 576), (5, 1001, 1536)],
+)
+@pytest.mark.parametrize(("half", "symmetric"), [(True, False), (False, False), (True, True)])
+@pytest.mark.parametrize("bits", [8, 16])
+def test_q4_int8_gemm_matches_reference(num_x_rows, num_rows, num_columns, half, symmetric, bits):
+    weight = _weight(num_rows, num_columns, half, symmetric, seed=num_rows + num_columns)
+    generator = torch.Generator().manual_seed(num_x_rows)
+    x = torch.randn(num_x_rows, num_columns, generator=generator)
+    x[0, :7] *= 30  # an outlier group, as the residual stream has
+    bias = torch.randn(num_rows, generator=generator)
+    output = q4_int8_activation_matmul(x, weight, bias, bits)
+    expected = q4_int8_activation_reference(x, weight, bias, bits)
+    torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-3)
+    # and within the activations' rounding of the float product (an outlier group coarsens it)
+    exact = x.double() @ weight.dequantize().double().T + bias.double()
+    assert (output.double() - exact).norm() <= (0.03 if bits == 8 else 1e-3) * exact.norm()
+
+
+@pytest.mark.parametrize("bits", [8, 16])
+def test_activation_quantization_round_trips(bits):
+    x = torch.randn(3, 64)
+    x[1] = 0  # an all-zero row: scale 0, codes 0
+    codes, scale, sums = quantize_activations_int8(x, bits)
+    restored = codes.double().view(3, 2, 32) * scale[..., None].double()
+    assert (restored.view(3, 64) - x).abs().max() <= scale.max() / 2 + 1e-6
+    assert codes[1].eq(0).all() and scale[1].eq(0).all()
+    torch.testing.assert_close(sums, x.view(3, 2, 32).sum(-1))
+
+
+def test_declines_layouts_it_does_not_take():
+    x = torch.randn(2, 30)
+    assert q4_int8_activation_matmul(x, _weight(4, 30, True, False, 0)) is None  # one group
+    group_128 = quantize_int4_groups(torch.randn(4, 256), 128)
+    assert q4_int8_activation_matmul(torch.randn(1, 256), group_128) is None
+
+
+@pytest.mark.parametrize("bits", [8, 16, 32])
+def test_group_matmul_takes_the_activation_bits_it_is_set_to(bits):
+    weight = _weight(9, 576, True, False, 3)
+    previous = set_activation_bits(bits)
+    try:
+        for num_x_rows in (1, 4, INTEGER_ACTIVATION_MAX_ROWS, INTEGER_ACTIVATION_MAX_ROWS + 1):
+            x = torch.randn(num_x_rows, 576, generator=torch.Generator().manual_seed(num_x_rows))
+            output = group_quantized_matmul(x, weight)
+            # float32 activations (prefill-sized chunks too): the dequantized weight's product
+            if bits == 32 or num_x_rows > INTEGER_ACTIVATION_MAX_ROWS:
+                expected = (x.double() @ weight.dequantize().double().T).float()
+                torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-3)
+            else:
+                expected = q4_int8_activation_reference(x, weight, None, bits)
+                torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-3)
+    finally:
+        set_activation_bits(previous)
+
+
+_FALLBACK_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from ladle.kernels.cpu_native.build import native_library
+    from ladle.kernels.cpu_native.gemv import q4_int8_activation_matmul
+    from ladle.kernels.cpu_native.int8_activation_reference import q4_int8_activation_reference
+    from ladle.model.layers.group_quant import GroupQuantizedRows, quantize_int4_groups
+
+    assert native_library() is not None
+    torch.manual_seed(0)
+    sizes = [(1, 7, 100), (5, 33, 576), (33, 9, 1536)]
+    for (rows, n, k), bits in zip(sizes * 2, [8] * 3 + [16] * 3):
+        w = quantize_int4_groups(torch.randn(n, k), 32)
+        w = GroupQuantizedRows(w.codes, w.scale.half(), w.offset.half(), 32, 4, k)
+        x = torch.randn(rows, k)
+        torch.testing.assert_close(
+            q4_int8_activation_matmul(x, w, None, bits),
+            q4_int8_activation_reference(x, w, None, bits), rtol=1e-4, atol=1e-3,
+        )
+    print("ok")
+    """
+)
+
+
+@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 -march levels")
+@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])  # AVX2, then plain C
+def test_fallback_paths_match_reference(march):
+    environment = {**os.environ, MARCH_ENV: march}
+    result = subprocess.run(
+        [sys.executable, "-c", _FALLBACK_SCRIPT], env=environment, capture_output=True,
+        text=True, timeout=600, check=False,
+    )  # fmt: skip
+    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]
