@@ -14,6 +14,7 @@
  */
 #include <stdint.h>
 
+#include "half_float.h"
 #include "thread_pool.h"
 
 #if defined(__AVX512F__) || defined(__F16C__)
@@ -24,31 +25,14 @@
 #define ROW_BLOCK 4
 #define MIN_PARALLEL_BYTES (1 << 16)
 
-/* Group parameters are float32 or float16 (scale_is_half); F16C converts the latter. */
+/* Group parameters are float32 or float16 (scale_is_half). */
 typedef struct {
     const void *scale, *offset;
     int is_half;
 } group_params;
 
 static inline float param_at(const void *values, int is_half, int64_t index) {
-#if defined(__F16C__)
-    if (is_half) return _cvtsh_ss(((const uint16_t *)values)[index]);
-#else
-    if (is_half) {
-        /* float16 -> float32 by hand (no F16C): normal and zero values, which GGUF holds. */
-        uint16_t h = ((const uint16_t *)values)[index];
-        uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F;
-        uint32_t mantissa = h & 0x3FF, bits;
-        if (exponent == 0 && mantissa == 0) bits = sign;
-        else if (exponent == 0) {
-            float value = (float)mantissa / 16777216.0f;
-            return sign ? -value : value;
-        } else bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-        float result;
-        __builtin_memcpy(&result, &bits, 4);
-        return result;
-    }
-#endif
+    if (is_half) return ladle_half_to_float(((const uint16_t *)values)[index]);
     return ((const float *)values)[index];
 }
 

@@ -30,6 +30,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "half_float.h"
 #include "thread_pool.h"
 
 #if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
@@ -46,24 +47,6 @@
 #define BLOCKS_PER_CHUNK 4
 #define MIN_PARALLEL_WORK (1 << 17) /* weights x rows below which one thread is faster */
 
-/* float16 -> float32 (GGUF's scales): F16C where present, else by hand for the normal and
- * zero values GGUF holds. */
-static inline float half_to_float(uint16_t h) {
-#if defined(__F16C__)
-    return _cvtsh_ss(h);
-#else
-    uint32_t sign = (uint32_t)(h & 0x8000) << 16, exponent = (h >> 10) & 0x1F;
-    uint32_t mantissa = h & 0x3FF, bits;
-    if (exponent == 0 && mantissa == 0) bits = sign;
-    else if (exponent == 0) {
-        float value = (float)mantissa / 16777216.0f;
-        return sign ? -value : value;
-    } else bits = sign | ((exponent + 112) << 23) | (mantissa << 13);
-    float result;
-    memcpy(&result, &bits, 4);
-    return result;
-#endif
-}
 
 #if defined(__AVX512F__)
 /* 16 codes: round to nearest even (the default MXCSR mode), then narrow with saturation; the
@@ -136,7 +119,7 @@ typedef struct {
 } gemm_job;
 
 static inline float param(const gemm_job *job, const void *values, int64_t index) {
-    return job->is_half ? half_to_float(((const uint16_t *)values)[index])
+    return job->is_half ? ladle_half_to_float(((const uint16_t *)values)[index])
                         : ((const float *)values)[index];
 }
 
