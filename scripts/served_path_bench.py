@@ -260,8 +260,6 @@ class StepGaugeSampler(threading.Thread):
         super().__init__(daemon=True)
         self.url = base_url + "/metrics"
         self.samples_ms: list[float] = []
-        # The last values of the engine's graph/eager step counters (ladle:*_steps_total).
-        self.step_counts: dict[str, float] = {}
         self.last_text = ""  # the last scrape, whole (its step-time histogram)
         self.first_text = ""  # the first, before the load: start-up's warm-up steps are in it
         self._done = threading.Event()
@@ -281,9 +279,6 @@ class StepGaugeSampler(threading.Thread):
         self.last_text = text
         self.first_text = self.first_text or text
         for line in text.splitlines():
-            for kind in ("graph", "eager"):
-                if line.startswith(f"ladle:{kind}_steps_total"):
-                    self.step_counts[kind] = float(line.split()[-1])
             if line.startswith("ladle:step_time_seconds"):
                 value = float(line.split()[-1])
                 if value > 0:
@@ -405,8 +400,10 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
     result["tpot_ms_p50"] = _round(_percentile(tpot_ms, 50))
     # The engine's own moving-average step time (`ladle serve`'s /metrics), sampled meanwhile.
     result["engine_step_gauge_ms_p50"] = _round(_percentile(step_gauge.samples_ms, 50))
-    for kind, count in step_gauge.step_counts.items():  # since start-up, warm-up included
-        result[f"engine_{kind}_steps"] = int(count)
+    for line in step_gauge.last_text.splitlines():  # since start-up, warm-up included
+        for kind in ("graph", "eager"):
+            if line.startswith(f"ladle:{kind}_steps_total"):
+                result[f"engine_{kind}_steps"] = int(float(line.split()[-1]))
     # The run's steps (the last scrape less the first, which holds start-up's warm-up steps) by
     # time: where the ITL tail can come from.
     start_counts = _step_histogram(step_gauge.first_text)

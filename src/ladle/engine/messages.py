@@ -70,6 +70,7 @@ class EngineCoreOutput:
 # time is at least its step's time, so the slow steps are where a server's ITL tail comes from.
 STEP_TIME_BOUNDS_S = (0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
 
+
 @dataclass
 class SchedulerStats:
     """A snapshot for metrics and for tests that check the pool drains."""

@@ -129,11 +129,11 @@ class ModelRunner:
             device=self.device,
             initial_slots=config.scheduler.max_num_seqs + 8,
         )
-        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
         # Steps replayed from a CUDA graph and steps run eagerly (/metrics): an eager step of a
         # small model costs the host tens of ms of launches while every stream waits.
         self.num_graph_steps = 0
         self.num_eager_steps = 0
+        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
         self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
         # Penalty requests' token ids on the device, made at the first step that samples.
         self.penalty_history: PenaltyHistory | None = None
