@@ -74,6 +74,9 @@ def main() -> None:
     model_runner.ModelRunner._allocate_kv_caches = timed(
         "KV cache allocation", model_runner.ModelRunner._allocate_kv_caches
     )
+    model_runner.ModelRunner._build_kernel_variants = timed(
+        "Triton builds on a thread pool", model_runner.ModelRunner._build_kernel_variants
+    )
     cuda_graphs.DecodeGraphs.capture = timed("CUDA graph capture", cuda_graphs.DecodeGraphs.capture)
     engine_core.warm_up = timed("warm-up (real steps)", engine_core.warm_up)
 
@@ -114,10 +117,20 @@ def main() -> None:
         print(f"  {phase['phase']:<34} {phase['seconds']:6.1f} s{detail}")
     if totals is not None:
         print(f"  total: {totals.describe()}")
+    graphs = llm.engine.runner.graphs
+    capture_times = graphs.capture_times.describe() if graphs is not None else None
+    if capture_times:
+        print(f"  graph capture: {capture_times}")
     if args.json:
         with open(args.json, "w") as handle:
             json.dump(
-                {"model": args.model, "ready_s": ready, "first_token_s": total, "phases": phases},
+                {
+                    "model": args.model,
+                    "ready_s": ready,
+                    "first_token_s": total,
+                    "phases": phases,
+                    "capture": capture_times,
+                },
                 handle,
                 indent=1,
             )

@@ -131,7 +131,7 @@ def describe_startup(engine: EngineCore, num_warmup_steps: int, warmup_seconds: 
     if graphs is not None:
         parts.append(
             f"{len(graphs.batch_sizes)} decode graphs and {graphs.num_prefill_graphs} prefill "
-            f"graphs captured in {graphs.capture_seconds:.1f} s"
+            f"graphs captured in {graphs.capture_seconds:.1f} s ({graphs.capture_times.describe()})"
         )
     totals = compile_totals()
     if totals is not None:

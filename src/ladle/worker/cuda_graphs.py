@@ -27,6 +27,7 @@ not); on the GPU tests' random models that has not flipped a greedy token.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -34,6 +35,7 @@ from dataclasses import dataclass
 import torch
 
 from ladle.attention.metadata import AttentionMetadata
+from ladle.worker.graph_capture import CaptureTimes, capture_graph
 from ladle.worker.prefill_graphs import PrefillGraphs, request_buckets_for
 
 
@@ -98,6 +100,7 @@ class DecodeGraphs:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.block_size = block_size
         self.device = device
+        self.capture_times = CaptureTimes()
         self.static: _StaticInputs | None = None  # allocated at capture
         self._graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self._outputs: dict[int, torch.Tensor] = {}
@@ -143,18 +146,20 @@ class DecodeGraphs:
         reserved_before = torch.cuda.memory_reserved(self.device)
         pool = torch.cuda.graph_pool_handle()
         self.static = self._allocate_static()
+        times = self.capture_times = CaptureTimes()
         if self.prefill is not None:
-            self.prefill.capture(pool)  # their activations are the largest: first
+            self.prefill.capture(pool, times)  # their activations are the largest: first
         static = self.static
-        for batch_size in reversed(self.batch_sizes):
+        for index, batch_size in enumerate(reversed(self.batch_sizes)):
             metadata = self._metadata(batch_size)
             ids, positions = static.input_ids[:batch_size], static.positions[:batch_size]
-            # One eager run first: Triton compiles its kernel variants outside the capture.
-            self.forward(ids, positions, metadata)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                output = self.forward(ids, positions, metadata)
+            graph, output = capture_graph(
+                functools.partial(self.forward, ids, positions, metadata),
+                pool,
+                self.device,
+                times,
+                run_eagerly_first=index == 0,
+            )
             self._graphs[batch_size] = graph
             self._outputs[batch_size] = output
         torch.cuda.synchronize(self.device)

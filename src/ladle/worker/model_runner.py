@@ -30,6 +30,7 @@ from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.core.request import Request
 from ladle.core.scheduler import SchedulerOutput
 from ladle.engine.messages import TokenLogprobs
+from ladle.kernels.parallel_builds import builds_only
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.sample.logprobs import logprobs_to_messages
@@ -143,6 +144,8 @@ class ModelRunner:
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             kv_calibration.set_fp8_kv_scales(self)
+        if self.device.type == "cuda":
+            self._build_kernel_variants()
         self.memory_budget = size_kv_cache(
             config.cache,
             self.arch,
@@ -187,16 +190,46 @@ class ModelRunner:
         return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
 
     @torch.inference_mode()
-    def _run_probe_step(self, num_tokens: int, num_reqs: int) -> None:
+    def _run_probe_step(self, num_tokens: int, num_reqs: int, forward_only: bool = False) -> None:
         """One step of made-up requests through the real step path (execute), every write going
-        to the null block of a one-block cache: what a real step of that size allocates."""
+        to the null block of a one-block cache: what a real step of that size allocates.
+        forward_only: launch the forward and logits, not the sampler."""
         step, block_ids = build_dummy_step(num_tokens, num_reqs, self.block_size)
         real_caches, self.kv_caches = self.kv_caches, self._allocate_kv_caches(1)
         try:
-            self.execute(step, [(0, ids) for ids in block_ids]).result()
+            updates = [(0, ids) for ids in block_ids]
+            if forward_only:
+                self.launch_forward(step, updates)
+            else:
+                self.execute(step, updates).result()
         finally:
             self.kv_caches = real_caches
             self.release([request.request_id for request in step.scheduled_requests])
+
+    def _build_kernel_variants(self) -> None:
+        """Build the Triton variants of the forward passes that start-up will run (the memory
+        probe's steps, a one-request decode, short prompts) on a thread pool, before any of
+        them runs: one dry pass submits every build, then they build side by side instead of
+        one at a time on first use (kernels/parallel_builds.py). The sampler's few variants
+        still build on first use (its host side reads what its kernels write)."""
+        scheduler_config = self.config.scheduler
+        peak_tokens = min(scheduler_config.max_num_batched_tokens, self.max_model_len)
+        shapes = [(peak_tokens, scheduler_config.max_num_seqs), (1, 1)]
+        shapes += [(2**power + 1, 1) for power in range(8) if 2**power + 1 <= peak_tokens]
+        if self.uses_graphs:
+            batch_size = self._graph_max_batch_size()
+            shapes.append((batch_size, batch_size))
+            bucket = largest_prefill_bucket(
+                self._prefill_graph_max_tokens(), request_buckets_for(batch_size)
+            )
+            if bucket is not None:
+                shapes.append(bucket)
+        with builds_only() as active:
+            if not active:
+                return
+            for num_tokens, num_reqs in shapes:
+                self._run_probe_step(num_tokens, num_reqs, forward_only=True)
+        torch.cuda.synchronize(self.device)
 
     def _run_peak_forward(self) -> None:
         """The worst-case step for memory: a full token budget of prompt tokens, as many rows

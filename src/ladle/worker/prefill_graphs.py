@@ -30,12 +30,14 @@ replay such a step with one launch.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 
 from ladle.attention.metadata import AttentionMetadata
+from ladle.worker.graph_capture import CaptureTimes, capture_graph
 
 PREFILL_TOKEN_BUCKETS = (
     16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1536, 2048, 3072, 4096, 8192
@@ -183,19 +185,20 @@ class PrefillGraphs:
         )
 
     @torch.inference_mode()
-    def capture(self, pool) -> None:
+    def capture(self, pool, times: CaptureTimes) -> None:
         """Capture every bucket, largest first, into pool (shared with the decode graphs)."""
         static = self.static = self._allocate_static()
-        for bucket in sorted(self.buckets, reverse=True):
+        for index, bucket in enumerate(sorted(self.buckets, reverse=True)):
             num_tokens, num_reqs = bucket
             metadata = self._capture_metadata(num_tokens, num_reqs)
             ids, positions = static.input_ids[:num_tokens], static.positions[:num_tokens]
-            # One eager run first: Triton compiles its kernel variants outside the capture.
-            self.forward(ids, positions, metadata)
-            torch.cuda.synchronize(self.device)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, pool=pool):
-                output = self.forward(ids, positions, metadata)
+            graph, output = capture_graph(
+                functools.partial(self.forward, ids, positions, metadata),
+                pool,
+                self.device,
+                times,
+                run_eagerly_first=index == 0,
+            )
             self._graphs[bucket] = graph
             self._outputs[bucket] = output
 
