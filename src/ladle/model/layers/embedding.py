@@ -6,6 +6,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.group_quant import GroupQuantizedRows
 from ladle.model.layers.quantized_linear import (
     hold_quantized_rows,
@@ -64,4 +65,10 @@ class LMHead(VocabEmbedding):
 
 def compute_logits(hidden_states: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
     """[num_tokens, hidden] x [vocab, hidden]^T -> float32 [num_tokens, vocab]."""
+    if hidden_states.shape[0] == 1 and use_fused_kernels(hidden_states):
+        # One sampling row (batch-1 decode): ladle's GEMV, rounded as the matmul's own dtype.
+        from ladle.kernels.gemv import gemv, gemv_applies
+
+        if gemv_applies(hidden_states, weight):
+            return gemv(hidden_states, weight, out_dtype=torch.float32)
     return F.linear(hidden_states, weight).float()

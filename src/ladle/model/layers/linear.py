@@ -13,6 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.group_quant import GroupQuantizedRows
 from ladle.model.layers.quant.base import QuantMethod
 from ladle.model.layers.quantized_linear import hold_quantized_rows, quantized_matmul
@@ -39,6 +40,12 @@ class Linear(nn.Module):
             return self.quant_method.apply(self, x)
         if self.quantization is not None:
             return quantized_matmul(self, x, self.bias)
+        if x.shape[0] == 1 and use_fused_kernels(x):
+            # Batch-1 decode: a weight-read-bound row, faster in ladle's GEMV than in cuBLAS.
+            from ladle.kernels.gemv import gemv, gemv_applies
+
+            if gemv_applies(x, self.weight):
+                return gemv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
 
     def shard_rows(self, shard_id: str | int | None) -> tuple[int, int]:

@@ -1,0 +1,147 @@
+"""One-row matmuls (batch-1 decode) of the 8B shape: cuBLAS against a Triton GEMV, in TB/s.
+
+    python scripts/gemv_bench.py [--json out.json]
+
+Each case runs 24 calls back to back inside one CUDA graph (as a decode graph runs them), each
+on its own weight (a ring larger than the 50 MB L2, so every call reads HBM), random bf16
+values. Reports us per call and the weight bytes read per second, medians of 5 replays, and
+the Triton result's largest error against cuBLAS's.
+"""
+
+from __future__ import annotations
+
+import argparse
+import functools
+import json
+import statistics
+
+import torch
+import triton
+
+from ladle.kernels.gemv import _gemv_kernel
+
+SHAPES = {  # name: (N, K) of the weight, Llama-3.1-8B
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (28672, 4096),
+    "down": (4096, 14336),
+    "lm_head": (128256, 4096),
+}
+
+
+def triton_gemv(x, w, out, block_n, block_k, warps, stages):
+    n, k = w.shape
+    _gemv_kernel[(triton.cdiv(n, block_n),)](
+        x,
+        w,
+        w,
+        out,
+        n,
+        k,
+        HAS_BIAS=False,
+        BLOCK_N=block_n,
+        BLOCK_K=min(block_k, k),
+        num_warps=warps,
+        num_stages=stages,
+    )
+
+
+def time_graph(calls) -> float:
+    """us per call: the calls captured into one graph, replayed 5 times, median."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(5):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(4):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / (4 * len(calls)))
+    return statistics.median(times)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--json", default=None)
+    args = parser.parse_args()
+    torch.manual_seed(0)
+    configs = [
+        (block_n, block_k, warps, stages)
+        for block_n, block_k in ((1, 1024), (1, 2048), (2, 1024), (2, 2048), (4, 1024), (4, 2048))
+        for warps, stages in ((4, 3), (4, 4), (8, 3), (8, 4))
+    ]
+    rows = []
+    for name, (n, k) in SHAPES.items():
+        ring = max(2, -(-120_000_000 // (n * k * 2)))
+        calls_per_graph = 24 if n * k < 100_000_000 else 8
+        weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(ring)]
+        x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
+        outs = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
+        reference = torch.nn.functional.linear(x, weights[0])
+        cublas_us = time_graph(
+            [
+                functools.partial(torch.mm, x, weights[i % ring].t(), out=outs[i % ring])
+                for i in range(calls_per_graph)
+            ]
+        )
+        best = None
+        results = []
+        for config in configs:
+            block_n, block_k, warps, stages = config
+            if block_k > k:
+                continue
+            try:
+                us = time_graph(
+                    [
+                        functools.partial(
+                            triton_gemv, x, weights[i % ring], outs[i % ring], *config
+                        )
+                        for i in range(calls_per_graph)
+                    ]
+                )
+            except Exception as error:  # a config that does not compile or fit
+                results.append(
+                    {"config": [block_n, block_k, warps, stages], "error": str(error)[:80]}
+                )
+                continue
+            triton_gemv(x, weights[0], outs[0], *config)
+            error = (outs[0].float() - reference.float()).abs().max().item()
+            results.append(
+                {"config": [block_n, block_k, warps, stages], "us": round(us, 2), "err": error}
+            )
+            if best is None or us < best[0]:
+                best = (us, [block_n, block_k, warps, stages], error)
+        gb = n * k * 2 / 1e9
+        row = {
+            "shape": name,
+            "N": n,
+            "K": k,
+            "cublas_us": round(cublas_us, 2),
+            "cublas_tb_s": round(gb / cublas_us * 1e6 / 1000, 3),
+            "triton_best_us": round(best[0], 2),
+            "triton_best_tb_s": round(gb / best[0] * 1e6 / 1000, 3),
+            "triton_best_config": best[1],
+            "triton_best_max_err": best[2],
+            "reference_max_abs": reference.abs().max().item(),
+            "all": results,
+        }
+        rows.append(row)
+        print(json.dumps({key: value for key, value in row.items() if key != "all"}), flush=True)
+        del weights, outs
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as handle:
+            json.dump(rows, handle, indent=1)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,100 @@
+"""The one-row matmul of batch-1 decode: y = x W^T (+ b) for a single row x, in Triton.
+
+At batch 1 every projection is a matrix-vector product, bound by reading the weight once. On an
+H100, cuBLAS's kernels for one row read the Llama-3.1-8B projections at 2.1-2.9 TB/s, and two
+of them split K across programs and add a reduce kernel after; this kernel gives each program
+BLOCK_N whole rows (no split, no reduce) and streams them in BLOCK_K-wide tiles: 2.5-3.2 TB/s
+on the same shapes (docs/benchmarks.md, "One-row matmuls"). W3 on the 8B shape, a decode graph
+of ~300 matmul launches a token, is where it pays.
+
+The result is rounded to the weight's dtype (as cuBLAS's bf16 output is) and then stored in the
+output's dtype, so the float32 logits path gives what `linear(...).float()` gives.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+# Two rows per program, 2048-wide K tiles, 8 warps: the best of 24 configurations summed over
+# the 8B's decode step (qkv, o, gate_up, down x 32 layers and the LM head; each shape within
+# 0.2 us of its own best; scripts/gemv_bench.py on an H100).
+BLOCK_N = 2
+MAX_BLOCK_K = 2048
+NUM_WARPS = 8
+NUM_STAGES = 3
+
+
+@triton.jit
+def _gemv_kernel(
+    x_ptr,
+    w_ptr,
+    bias_ptr,
+    out_ptr,
+    N,
+    K,
+    HAS_BIAS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_mask = rows < N
+    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        cols = start + tl.arange(0, BLOCK_K)
+        col_mask = cols < K
+        x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        # Each weight byte is read once: keep it out of the way of what is reused (x, bias).
+        w = tl.load(
+            w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+            mask=row_mask[:, None] & col_mask[None, :],
+            other=0.0,
+            eviction_policy="evict_first",
+        )
+        acc += w.to(tl.float32) * x[None, :]
+    result = tl.sum(acc, axis=1)
+    if HAS_BIAS:
+        result += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
+    rounded = result.to(w_ptr.dtype.element_ty)
+    tl.store(out_ptr + rows, rounded.to(out_ptr.dtype.element_ty), mask=row_mask)
+
+
+def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
+    """One contiguous 16-bit row against a contiguous weight of its dtype, on CUDA."""
+    return (
+        x.is_cuda
+        and x.dim() == 2
+        and x.shape[0] == 1
+        and x.dtype in (torch.bfloat16, torch.float16)
+        and weight.dtype == x.dtype
+        and x.stride(1) == 1
+        and weight.is_contiguous()
+        and weight.shape[1] == x.shape[1]
+    )
+
+
+def gemv(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    bias: torch.Tensor | None = None,
+    out_dtype: torch.dtype | None = None,
+) -> torch.Tensor:
+    """x [1, K] times weight [N, K]^T (+ bias [N]) -> [1, N] in out_dtype (default x's)."""
+    n, k = weight.shape
+    out = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
+    block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
+    _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](
+        x,
+        weight,
+        bias if bias is not None else weight,
+        out,
+        n,
+        k,
+        HAS_BIAS=bias is not None,
+        BLOCK_N=BLOCK_N,
+        BLOCK_K=block_k,
+        num_warps=NUM_WARPS,
+        num_stages=NUM_STAGES,
+    )
+    return out

@@ -1,0 +1,68 @@
+"""ladle's one-row GEMV (kernels/gemv.py) against torch at awkward sizes, and the layers that
+take it at batch 1 (Linear, the logits) against their torch path."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize(
+    "n,k", [(1, 1), (7, 100), (1000, 16), (4097, 1029), (6144, 4096), (4096, 14336 + 3)]
+)
+@pytest.mark.parametrize("with_bias", [False, True])
+def test_gemv_matches_torch(dtype, n, k, with_bias):
+    from ladle.kernels.gemv import gemv, gemv_applies
+
+    generator = torch.Generator(device="cuda").manual_seed(n * 31 + k)
+    x = torch.randn(1, k, device="cuda", dtype=dtype, generator=generator)
+    weight = torch.randn(n, k, device="cuda", dtype=dtype, generator=generator) / k**0.5
+    bias = torch.randn(n, device="cuda", dtype=dtype, generator=generator) if with_bias else None
+    assert gemv_applies(x, weight)
+    reference = x.double() @ weight.double().t()
+    if bias is not None:
+        reference += bias.double()
+    got = gemv(x, weight, bias)
+    assert got.dtype == dtype and got.shape == (1, n)
+    # One rounding to the output dtype on top of a float32 sum.
+    torch.testing.assert_close(got.double(), reference, rtol=1e-2, atol=1e-2)
+    logits = gemv(x, weight, bias, out_dtype=torch.float32)
+    torch.testing.assert_close(logits, got.float(), rtol=0, atol=0)
+
+
+def test_gemv_refuses_what_it_does_not_handle():
+    from ladle.kernels.gemv import gemv_applies
+
+    weight = torch.randn(8, 16, device="cuda", dtype=torch.bfloat16)
+    assert not gemv_applies(torch.randn(2, 16, device="cuda", dtype=torch.bfloat16), weight)
+    assert not gemv_applies(torch.randn(1, 16, device="cuda"), weight)  # float32 row
+    strided = torch.randn(1, 32, device="cuda", dtype=torch.bfloat16)[:, ::2]
+    assert not gemv_applies(strided, weight)
+    assert not gemv_applies(
+        torch.randn(1, 16, device="cuda", dtype=torch.bfloat16), weight.t().contiguous().t()
+    )
+
+
+def test_linear_and_logits_at_batch_one_match_their_torch_path():
+    from ladle.kernels.dispatch import set_fused_kernels
+    from ladle.model.layers.embedding import compute_logits
+    from ladle.model.layers.linear import Linear
+
+    layer = Linear(4096, 1536, bias=True).cuda().to(torch.bfloat16)
+    torch.nn.init.normal_(layer.weight, std=0.02)
+    torch.nn.init.normal_(layer.bias, std=0.02)
+    table = torch.randn(32003, 4096, device="cuda", dtype=torch.bfloat16) * 0.02
+    x = torch.randn(1, 4096, device="cuda", dtype=torch.bfloat16)
+    fused = layer(x), compute_logits(x, table)
+    previous = set_fused_kernels(False)
+    try:
+        plain = layer(x), compute_logits(x, table)
+    finally:
+        set_fused_kernels(previous)
+    assert fused[1].dtype == torch.float32
+    for got, expected in zip(fused, plain):
+        # Both round a float32 sum to bfloat16; the sums' order differs.
+        torch.testing.assert_close(got.float(), expected.float(), rtol=1.6e-2, atol=2e-3)
