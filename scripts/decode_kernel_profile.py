@@ -30,11 +30,17 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=1)
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--top", type=int, default=30)
+    parser.add_argument("--prompt-len", type=int, default=512)
+    parser.add_argument("--quantization", default=None)
+    parser.add_argument("--kv-cache-dtype", default="auto")
     args = parser.parse_args()
-    llm = LLM(args.model, load_format="dummy")
+    options = {"kv_cache_dtype": args.kv_cache_dtype}
+    if args.quantization:
+        options["quantization"] = args.quantization
+    llm = LLM(args.model, load_format="dummy", **options)
     engine = llm.engine
     for index in range(args.batch):
-        prompt = [(index * 7919 + position * 31) % 10000 + 1 for position in range(512)]
+        prompt = [(index * 7919 + position * 31) % 10000 + 1 for position in range(args.prompt_len)]
         engine.add_request(
             EngineCoreRequest(
                 request_id=f"profile-{index}",
@@ -43,7 +49,12 @@ def main() -> None:
                 eos_token_ids=(0,),
             )
         )
-    for _ in range(10):
+    # Every prompt in (chunked prefill), then a few decode steps.
+    while any(r.num_computed_tokens < r.num_prompt_tokens for r in engine.scheduler.running) or len(
+        engine.scheduler.waiting
+    ):
+        engine.step()
+    for _ in range(5):
         engine.step()
     torch.cuda.synchronize()
     with profile(activities=[ProfilerActivity.CUDA]) as prof:
@@ -88,6 +99,8 @@ def main() -> None:
             {
                 "model": args.model,
                 "batch": args.batch,
+                "quantization": args.quantization,
+                "kv_cache_dtype": args.kv_cache_dtype,
                 "steps": steps,
                 "wall_ms_per_step": round(wall * 1000 / steps, 3),
                 "kernel_busy_ms_per_step": round(busy_us / 1000 / steps, 3),

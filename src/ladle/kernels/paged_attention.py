@@ -16,9 +16,10 @@ Finding the request of a tile without a host sync: request i's tiles are numbere
 query_start_loc[i] // BLOCK_M + i. That start is non-decreasing in i and leaves room for
 ceil(query_len / BLOCK_M) tiles, so a grid of num_tokens // BLOCK_M + num_reqs tiles covers every
 request, and a binary search over query_start_loc maps a tile to its request; spare tiles exit.
-A float8 e4m3 cache (KV_FP8) is read as codes converted to the query's dtype: k_scale folds
-into the softmax scale and v_scale multiplies the normalised output, so each tile costs one
-conversion per element and no extra multiply (reference: ladle.attention.kv_quant).
+A float8 e4m3 cache (KV_FP8) is read as codes converted to float16 (the query too), Hopper's
+one-instruction conversion: k_scale folds into the softmax scale and v_scale multiplies the
+normalised output, so each tile costs one conversion per element and no extra multiply
+(reference: ladle.attention.kv_quant).
 
 When every query is one token (decode), tile i is simply request i, and the context can be split
 over num_splits programs (split-KV, merged by a second kernel) so that small batches of long
@@ -98,7 +99,7 @@ def _attend_kv_tiles(
             key = tl.load(key_cache_ptr + kv_pointers, mask=is_in_context[:, None], other=0.0)
         else:
             key = tl.load(key_cache_ptr + kv_pointers)
-        key = key.to(query.dtype)  # float8 codes -> the query's dtype; else a no-op
+        key = key.to(query.dtype)  # float8 codes -> float16 (the query's); else a no-op
         scores = tl.dot(query, tl.trans(key)) * scale_log2
         if MASKED:
             is_visible = (positions[None, :] <= query_position[:, None]) & is_in_context[None, :]
@@ -213,6 +214,11 @@ def _paged_attention_kernel(
     )
     if KV_FP8:
         scale_log2 = scale_log2 * tl.load(k_scale_ptr)
+        # The tiles multiply in float16: e4m3 -> float16 is one exact conversion per pair of
+        # codes on Hopper, where e4m3 -> bfloat16 takes several instructions per code and bound
+        # the kernel (1.3-1.7 TB/s against bf16's 2.0-2.7). The query's bfloat16 values fit
+        # float16 (attention queries are far below its 65504 limit) with more mantissa.
+        query = query.to(tl.float16)
     else:
         query = query.to(key_cache_ptr.dtype.element_ty)
 
