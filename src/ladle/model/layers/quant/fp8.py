@@ -1,6 +1,7 @@
 """FP8 W8A8: float8 e4m3 weights with one scale per output channel, activations quantized per
 token on the fly, the GEMM through torch._scaled_mm with row-wise scales (cuBLASLt's FP8 tensor
-cores on Hopper).
+cores on Hopper), or at small decode batches (up to 16 rows) ladle's Triton kernel (kernels/fp8_matmul.py),
+which reads the weight faster there.
 
     w_scale[n] = max_k |W[n, k]| / 448          W8[n, k] = e4m3(W[n, k] / w_scale[n])
     x_scale[m] = max_k |x[m, k]| / 448          x8[m, k] = e4m3(x[m, k] / x_scale[m])
@@ -87,10 +88,18 @@ def fp8_linear(
     """y = x W^T (+ bias) with W8 given as its [K, N] column-major view and scales [1, N]."""
     x2, leading = flatten_tokens(x)
     x_codes, x_scale = quantize_activation_fp8(x2)
-    # Row-wise scaling is implemented for bfloat16 outputs only.
-    output = torch._scaled_mm(
-        x_codes, weight_t, scale_a=x_scale, scale_b=weight_scale_row, out_dtype=torch.bfloat16
-    )
+    from ladle.kernels.fp8_matmul import decode_tile, fp8_matmul
+
+    tile = decode_tile(x2.shape[0], weight_t.shape[1])
+    if tile is not None:
+        # Decode sizes: ladle's kernel tiles the output finer than cuBLASLt (more SMs reading
+        # the weight); the same codes, scales and bfloat16 result.
+        output = fp8_matmul(x_codes, weight_t.t(), x_scale, weight_scale_row, tile)
+    else:
+        # Row-wise scaling is implemented for bfloat16 outputs only.
+        output = torch._scaled_mm(
+            x_codes, weight_t, scale_a=x_scale, scale_b=weight_scale_row, out_dtype=torch.bfloat16
+        )
     output = add_bias(output.to(x.dtype), bias)
     return output.reshape(*leading, -1)
 

@@ -1,0 +1,123 @@
+"""FP8 W8A8 matmul for small decode batches (up to 16 rows):
+y = (x8 @ W8^T) * x_scale[m] * w_scale[n].
+
+cuBLASLt's row-wise-scaled FP8 kernel (torch._scaled_mm) tiles N by 128 without splitting K,
+so at decode sizes a narrow projection of the 8B shape (qkv 6144, o and down 4096 wide) runs on
+32-48 of the H100's 132 SMs, and its weight, read once per step, streams at 1.8 TB/s over a
+step's projections (docs/benchmarks.md). This kernel tiles N finer (more programs for the same
+weight) and keeps everything else the same: e4m3 codes into the tensor cores, a float32
+accumulator, both scales applied once in the epilogue, a bfloat16 result.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+
+@dataclass(frozen=True)
+class Fp8Tile:
+    block_m: int
+    block_n: int
+    block_k: int
+    num_warps: int = 4
+    num_stages: int = 4
+
+
+# Above this many token rows cuBLASLt's kernel takes the call. The sweep found 64-row tiles
+# faster up to 64 rows too (scripts/fp8_gemm_bench.py), but on Triton 3.6 they gave wrong
+# results for 3 of 8 large shapes in tests/gpu/test_fp8_matmul.py (4096 x 14336 at 17 and 64
+# rows, 28672 x 4096 at 64), while 16-row tiles were right at every size: only those are used.
+MAX_TOKENS = 16
+
+
+def decode_tile(num_tokens: int, num_columns: int) -> Fp8Tile | None:
+    """The tile for a call of num_tokens rows, or None to take torch._scaled_mm. From the sweep
+    of scripts/fp8_gemm_bench.py on an H100 (the 8B's four projections at 1 and 16 rows): 64
+    columns, 256-wide K steps; three stages for the widest layer (gate_up)."""
+    if num_tokens > MAX_TOKENS:
+        return None
+    return Fp8Tile(block_m=16, block_n=64, block_k=256, num_stages=3 if num_columns >= 16384 else 4)
+
+
+@triton.jit(do_not_specialize=["num_tokens"])
+def _fp8_matmul_kernel(
+    x_ptr,
+    w_ptr,
+    x_scale_ptr,
+    w_scale_ptr,
+    out_ptr,
+    num_tokens,
+    N,
+    K,
+    stride_x,
+    stride_out,
+    BLOCK_M: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_m = tl.program_id(1)
+    offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    offs_k = tl.arange(0, BLOCK_K)
+    is_m = offs_m < num_tokens
+    is_n = offs_n < N
+    x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x
+    w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    for start in range(0, K, BLOCK_K):
+        cols = start + offs_k
+        in_k = cols < K
+        x = tl.load(x_rows + cols[None, :], mask=is_m[:, None] & in_k[None, :], other=0.0)
+        w = tl.load(
+            w_rows + cols[None, :],
+            mask=is_n[:, None] & in_k[None, :],
+            other=0.0,
+            eviction_policy="evict_first",  # read once a step
+        )
+        acc = tl.dot(x, tl.trans(w), acc)
+    x_scale = tl.load(x_scale_ptr + offs_m, mask=is_m, other=0.0)
+    w_scale = tl.load(w_scale_ptr + offs_n, mask=is_n, other=0.0)
+    acc = acc * x_scale[:, None] * w_scale[None, :]
+    tl.store(
+        out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :],
+        acc.to(out_ptr.dtype.element_ty),
+        mask=is_m[:, None] & is_n[None, :],
+    )
+
+
+def fp8_matmul(
+    x_codes: torch.Tensor,  # [M, K] float8_e4m3fn
+    weight: torch.Tensor,  # [N, K] float8_e4m3fn, row-major
+    x_scale: torch.Tensor,  # [M] or [M, 1] float32
+    w_scale: torch.Tensor,  # [N] or [1, N] float32
+    tile: Fp8Tile,
+    out_dtype: torch.dtype = torch.bfloat16,
+) -> torch.Tensor:
+    """[M, N] in out_dtype; the scales contiguous, one float32 per row / per column."""
+    num_tokens, k = x_codes.shape
+    n = weight.shape[0]
+    out = torch.empty((num_tokens, n), dtype=out_dtype, device=x_codes.device)
+    grid = (triton.cdiv(n, tile.block_n), triton.cdiv(num_tokens, tile.block_m))
+    _fp8_matmul_kernel[grid](
+        x_codes,
+        weight,
+        x_scale,
+        w_scale,
+        out,
+        num_tokens,
+        n,
+        k,
+        x_codes.stride(0),
+        out.stride(0),
+        BLOCK_M=tile.block_m,
+        BLOCK_N=tile.block_n,
+        BLOCK_K=tile.block_k,
+        num_warps=tile.num_warps,
+        num_stages=tile.num_stages,
+    )
+    return out

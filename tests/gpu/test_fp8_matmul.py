@@ -1,0 +1,46 @@
+"""ladle's decode-size FP8 matmul (kernels/fp8_matmul.py) against float32 torch over the same
+e4m3 codes and scales, at awkward sizes (rows 1..16, columns and K off the tile sizes)."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+
+
+@pytest.mark.parametrize("tokens", [1, 5, 16])
+@pytest.mark.parametrize("n,k", [(48, 272), (1000, 4096), (4096, 14336), (28672, 4096)])
+def test_fp8_matmul_matches_float32_over_the_codes(tokens, n, k):
+    from ladle.kernels.fp8_matmul import decode_tile, fp8_matmul
+
+    generator = torch.Generator(device="cuda").manual_seed(tokens * 7 + n)
+    weight = (torch.randn(n, k, device="cuda", generator=generator) * 64).clamp(-448, 448)
+    codes_w = weight.to(torch.float8_e4m3fn)
+    x = (torch.randn(tokens, k, device="cuda", generator=generator) * 64).clamp(-448, 448)
+    codes_x = x.to(torch.float8_e4m3fn)
+    x_scale = torch.rand(tokens, 1, device="cuda", generator=generator) * 1e-2 + 1e-3
+    w_scale = torch.rand(n, device="cuda", generator=generator) * 1e-3 + 1e-4
+    tile = decode_tile(tokens, n)
+    assert tile is not None
+    got = fp8_matmul(codes_x, codes_w, x_scale, w_scale, tile)
+    expected = (codes_x.float() * x_scale) @ (codes_w.float() * w_scale[:, None]).t()
+    assert got.dtype == torch.bfloat16 and got.shape == (tokens, n)
+    error = (got.float() - expected).norm() / expected.norm()
+    assert error < 1e-2  # the bfloat16 rounding of the result
+    if n % 16 == 0 and k % 16 == 0:
+        cublas = torch._scaled_mm(
+            codes_x,
+            codes_w.t(),
+            scale_a=x_scale,
+            scale_b=w_scale[None, :],
+            out_dtype=torch.bfloat16,
+        )
+        torch.testing.assert_close(got.float(), cublas.float(), rtol=2e-2, atol=1e-2)
+
+
+def test_more_than_16_rows_take_cublas():
+    from ladle.kernels.fp8_matmul import decode_tile
+
+    assert decode_tile(17, 4096) is None
+    assert decode_tile(16, 4096).block_m == 16
