@@ -1,7 +1,8 @@
 """The 4-bit GEMM on quantized activations (kernels/cpu_native/q4_int8_gemm.c, 8 and 16 bits)
 against its torch reference (the same activation quantization, products in float64), at awkward
 sizes: K not a multiple of 32 (padded to whole groups), N = 1, 7 and many rows shared between
-threads, 1 to 33 activation rows (partial tiles of 4); and its fallback paths (AVX2, plain C)
+threads, 1 to 130 activation rows (partial tiles of 4, partial blocks of 16 weight rows in the
+interleaved AVX-512 path); and its fallback paths (AVX2, plain C)
 built for another -march in a subprocess."""
 
 from __future__ import annotations
@@ -18,6 +19,7 @@ import torch
 from ladle.kernels.cpu_native.build import MARCH_ENV, native_library
 from ladle.kernels.cpu_native.gemv import (
     INTEGER_ACTIVATION_MAX_ROWS,
+    integer_activation_max_rows,
     q4_int8_activation_matmul,
     set_activation_bits,
 )
@@ -48,7 +50,12 @@ def _weight(num_rows: int, num_columns: int, half: bool, symmetric: bool, seed: 
 
 @pytest.mark.parametrize(
     ("num_x_rows", "num_rows", "num_columns"),
-    [(1, 1, 64), (5, 7, 100), (32, 7, 576), (33, 1, 1000), (1, 1001, 576), (5, 1001, 1536)],
+    [
+        (1, 1, 64), (5, 7, 100), (32, 7, 576), (33, 1, 1000), (1, 1001, 576), (5, 1001, 1536),
+        # the interleaved path (AVX-512 VNNI builds, 6 rows of x or more): 16 weight rows a
+        # block, the last one partial; many blocks shared between threads; prefill-sized x
+        (6, 17, 576), (16, 37, 1000), (48, 1001, 576), (130, 33, 1536),
+    ],  # fmt: skip
 )
 @pytest.mark.parametrize(("half", "symmetric"), [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("bits", [8, 16])
@@ -92,8 +99,10 @@ def test_group_matmul_takes_the_activation_bits_it_is_set_to(bits):
         for num_x_rows in (1, 4, INTEGER_ACTIVATION_MAX_ROWS, INTEGER_ACTIVATION_MAX_ROWS + 1):
             x = torch.randn(num_x_rows, 576, generator=torch.Generator().manual_seed(num_x_rows))
             output = group_quantized_matmul(x, weight)
-            # float32 activations (prefill-sized chunks too): the dequantized weight's product
-            if bits == 32 or num_x_rows > INTEGER_ACTIVATION_MAX_ROWS:
+            # float32 activations (prefill-sized chunks too where the build limits the integer
+            # path's rows): the dequantized weight's product
+            max_rows = integer_activation_max_rows()
+            if bits == 32 or (max_rows is not None and num_x_rows > max_rows):
                 expected = (x.double() @ weight.dequantize().double().T).float()
                 torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-3)
             else:

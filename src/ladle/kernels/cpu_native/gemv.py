@@ -1,6 +1,7 @@
 """Decode-sized matmuls on quantized CPU weights, through the C kernels: 1 to 4 rows of float32
 activations (int8 rows, group-quantized rows), and 4-bit group-32 rows times activations
-quantized to 8 or 16 bits (any count of rows; group_quant.py uses it up to 48).
+quantized to 8 or 16 bits (any count of rows; group_quant.py uses it up to
+`integer_activation_max_rows()`).
 
 Each function returns None when its kernel does not apply (no library, a shape or dtype it does
 not take, more rows than it takes), and the caller runs its torch path. A float32-activation
@@ -33,7 +34,8 @@ ACTIVATION_BITS_ENV = "LADLE_CPU_ACTIVATION_BITS"
 DEFAULT_ACTIVATION_BITS = 16
 ACTIVATION_BITS = (8, 16, 32)
 # Above this many rows (prefill chunks) MKL on dequantized chunks was faster than the integer
-# path on 2 cores (crossover at 56-64 rows for 16 bits), and its product is exact.
+# path on 2 cores (crossover at 56-64 rows for 16 bits), and its product is exact; a build with
+# the interleaved AVX-512 VNNI path has no such limit (integer_activation_max_rows).
 INTEGER_ACTIVATION_MAX_ROWS = 48
 
 
@@ -59,6 +61,14 @@ def set_activation_bits(bits: int) -> int:
 
 def activation_bits() -> int:
     return _activation_bits
+
+
+def integer_activation_max_rows() -> int | None:
+    """The most rows of x for which the 4-bit layers take the integer kernel (None: any)."""
+    library = native_library()
+    if library is not None and library.ladle_q4_int8_gemm_interleaved():
+        return None
+    return INTEGER_ACTIVATION_MAX_ROWS
 
 
 def _fits(x: torch.Tensor, weight_device: torch.device) -> bool:
