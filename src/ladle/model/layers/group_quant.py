@@ -10,14 +10,14 @@ unpacking writes two contiguous halves. Columns are padded to whole groups; padd
 never read by the matmul.
 
 The matmul, where ladle's C kernels are built: 4-bit codes in groups of 32 (the GGUF 4-bit
-types), any number of rows with AVX-512 VNNI (else up to 48), multiply activations quantized per group of 32 with integer dot
-products (kernels/cpu_native/q4_int8_gemm.c): to 16 bits by default (two int8 passes, the
-float32 product to ~5 digits), or 8 (llama.cpp's Q4 x Q8 numerics) or 32 (float32) with
-LADLE_CPU_ACTIVATION_BITS (kernels/cpu_native/gemv.py); other layouts, up to 4 rows, widen the
-codes to float32 in registers (group_gemv.c). Otherwise one cache-sized chunk of rows at a time
-is converted to float32 for MKL (no full float32 copy exists): measured faster than torch's
-`_weight_int4pack_mm_for_cpu` at batch 32 by ~10x and level with it at batch 1
-(docs/quantization.md).
+types), any number of rows with AVX-512 VNNI (else up to 48), multiply activations quantized
+per group of 32 with integer dot products (kernels/cpu_native/q4_int8_gemm.c): to 16 bits by
+default (two int8 passes, the float32 product to ~5 digits), or 8 (llama.cpp's Q4 x Q8
+numerics) or 32 (float32) with LADLE_CPU_ACTIVATION_BITS (kernels/cpu_native/gemv.py); other
+layouts, up to 4 rows, widen the codes to float32 in registers (group_gemv.c). Otherwise one
+cache-sized chunk of rows at a time is converted to float32 for MKL (no full float32 copy
+exists): measured faster than torch's `_weight_int4pack_mm_for_cpu` at batch 32 by ~10x and
+level with it at batch 1 (docs/quantization.md).
 """
 
 from __future__ import annotations
