@@ -168,6 +168,10 @@ def _declare(library: ctypes.CDLL) -> None:
         pointer, int64, int64, int64, pointer, pointer, pointer, int64, pointer, pointer, int64,
         int64,
     ]  # fmt: skip
+    library.ladle_q8_int8_gemm.restype = ctypes.c_int
+    library.ladle_q8_int8_gemm.argtypes = [
+        pointer, int64, int64, int64, pointer, pointer, int64, pointer, pointer, int64, int64,
+    ]  # fmt: skip
     library.ladle_q4_int8_gemm_interleaved.restype = int64
     library.ladle_q4_int8_gemm_interleaved.argtypes = []
     library.ladle_group_dequantize.restype = ctypes.c_int

@@ -188,6 +188,39 @@ def q4_int8_activation_matmul(
     return output.to(x.dtype)
 
 
+def q8_int8_activation_matmul(
+    x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None, bits: int = 16
+) -> torch.Tensor | None:
+    """x [M, K] @ weight^T (+ bias) for 8-bit codes in groups of 32 without offsets (GGUF Q8_0:
+    the default model's tied LM head) with x quantized per group of 32 to `bits` 8 or 16, as
+    q4_int8_activation_matmul does (q4_int8_gemm.c's interleaved path), in x's dtype; None if
+    the kernel does not apply (no AVX-512 VNNI build, fewer than 6 rows, another layout)."""
+    library = native_library()
+    if library is None or x.dim() != 2 or x.device.type != "cpu" or x.requires_grad:
+        return None
+    if weight.bits != 8 or weight.group_size != 32 or weight.offset is not None:
+        return None
+    if weight.codes.device.type != "cpu" or x.shape[1] != weight.num_columns:
+        return None
+    if not _has_kernel_layout(weight):
+        return None
+    x32 = x.contiguous().float()
+    padded = weight.padded_columns
+    if padded != weight.num_columns:
+        x32 = torch.nn.functional.pad(x32, (0, padded - weight.num_columns))
+    bias32 = _float32_bias(bias)
+    scale = weight.scale
+    output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
+    status = library.ladle_q8_int8_gemm(
+        x32.data_ptr(), x.shape[0], padded, bits, weight.codes.data_ptr(), scale.data_ptr(),
+        int(scale.dtype == torch.float16), _pointer(bias32), output.data_ptr(), weight.num_rows,
+        kernel_threads(),
+    )  # fmt: skip
+    if status != 0:
+        return None
+    return output.to(x.dtype)
+
+
 def group_dequantize_rows(
     weight: GroupQuantizedRows, start: int, count: int
 ) -> torch.Tensor | None:

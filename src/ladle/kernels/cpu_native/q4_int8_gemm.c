@@ -351,6 +351,94 @@ static void interleaved_chunk(const void *args, int64_t chunk) {
     }
 }
 
+/* 8-bit weight codes (GGUF Q8_0: int8, a scale per group of 32, no offset), interleaved as
+ * above: the default model's tied LM head. `vpdpbusd` multiplies unsigned by signed bytes, so
+ * here the activation codes are the unsigned side, shifted by 128 (q8_int8_gemm flips their
+ * sign bits), and 128 times each group's sum of weight codes comes off the integer sum. */
+static void interleave_codes8(const gemm_job *job, int64_t row, __m512i *codes,
+                              __m512i *code_sums) {
+    const int64_t row_bytes = job->padded, num_groups = job->padded / GROUP;
+    int32_t offsets[LANES];
+    for (int l = 0; l < LANES; l++)
+        offsets[l] = (int32_t)(((row + l < job->n ? row + l : job->n - 1) - row) * row_bytes);
+    const __m512i index = _mm512_loadu_si512(offsets), ones = _mm512_set1_epi8(1);
+    const uint8_t *base = job->codes + row * row_bytes;
+    for (int64_t g = 0; g < num_groups; g++) {
+        __m512i sum = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) {
+            codes[g * 8 + j] = _mm512_i32gather_epi32(index, base + 32 * g + 4 * j, 1);
+            sum = _mm512_dpbusd_epi32(sum, ones, codes[g * 8 + j]);
+        }
+        code_sums[g] = sum;
+    }
+}
+
+static inline __attribute__((always_inline)) void interleaved8_tile(
+    const gemm_job *job, int64_t x_row, int num_x, int two_pass, const __m512i *codes,
+    const __m512i *code_sums, const float *scales, __m512 out[X_TILE]) {
+    const int64_t num_groups = job->padded / GROUP;
+    __m512 acc[X_TILE];
+    for (int i = 0; i < num_x; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < num_groups; g++) {
+        const __m512i *w = codes + g * 8;
+        /* (q + 128) w summed is the dot plus 128 sum(w); with the residual pass (r + 128) too,
+         * 256 of the first and one of the second: 257 * 128 sum(w) */
+        const __m512i shift =
+            _mm512_mullo_epi32(code_sums[g], _mm512_set1_epi32(two_pass ? 257 * 128 : 128));
+        const __m512 s = _mm512_loadu_ps(scales + g * LANES);
+        for (int i = 0; i < num_x; i++) {
+            const int64_t xi = x_row + i;
+            const int8_t *q = job->q + xi * job->padded + g * GROUP;
+            __m512i dot = _mm512_setzero_si512(), rest_dot = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, broadcast4(q, 4 * j), w[j]);
+            if (two_pass) {
+                const int8_t *rest = job->residual + xi * job->padded + g * GROUP;
+                for (int j = 0; j < 8; j++)
+                    rest_dot = _mm512_dpbusd_epi32(rest_dot, broadcast4(rest, 4 * j), w[j]);
+                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), rest_dot);
+            }
+            dot = _mm512_sub_epi32(dot, shift);
+            const __m512 xd = _mm512_set1_ps(job->d[xi * num_groups + g]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, xd), acc[i]);
+        }
+    }
+    for (int i = 0; i < num_x; i++) out[i] = acc[i];
+}
+
+static void interleaved8_chunk(const void *args, int64_t chunk) {
+    const gemm_job *job = args;
+    int64_t first, last;
+    ladle_chunk_blocks(chunk, (job->n + LANES - 1) / LANES, 1, &first, &last);
+    __m512i codes[INTERLEAVED_MAX_GROUPS * 8], code_sums[INTERLEAVED_MAX_GROUPS]; /* 72 KiB */
+    float scales[INTERLEAVED_MAX_GROUPS * LANES], unused[INTERLEAVED_MAX_GROUPS * LANES];
+    for (int64_t block = first; block < last; block++) {
+        const int64_t row = block * LANES;
+        const int rows_here = job->n - row < LANES ? (int)(job->n - row) : LANES;
+        const __mmask16 store = (__mmask16)((1u << rows_here) - 1u);
+        const __m512 bias =
+            job->bias ? _mm512_maskz_loadu_ps(store, job->bias + row) : _mm512_setzero_ps();
+        interleave_codes8(job, row, codes, code_sums);
+        interleave_params(job, row, scales, unused);
+        for (int64_t x_row = 0; x_row < job->m; x_row += X_TILE) {
+            const int num_x = job->m - x_row < X_TILE ? (int)(job->m - x_row) : X_TILE;
+            __m512 out[X_TILE];
+            switch (num_x + (job->residual ? X_TILE : 0)) {
+            case 1: interleaved8_tile(job, x_row, 1, 0, codes, code_sums, scales, out); break;
+            case 2: interleaved8_tile(job, x_row, 2, 0, codes, code_sums, scales, out); break;
+            case 3: interleaved8_tile(job, x_row, 3, 0, codes, code_sums, scales, out); break;
+            case 4: interleaved8_tile(job, x_row, 4, 0, codes, code_sums, scales, out); break;
+            case 5: interleaved8_tile(job, x_row, 1, 1, codes, code_sums, scales, out); break;
+            case 6: interleaved8_tile(job, x_row, 2, 1, codes, code_sums, scales, out); break;
+            case 7: interleaved8_tile(job, x_row, 3, 1, codes, code_sums, scales, out); break;
+            default: interleaved8_tile(job, x_row, 4, 1, codes, code_sums, scales, out); break;
+            }
+            for (int i = 0; i < num_x; i++)
+                _mm512_mask_storeu_ps(job->y + (x_row + i) * job->n + row, store,
+                                      _mm512_add_ps(out[i], bias));
+        }
+    }
+}
+
 #elif defined(__AVX2__)
 
 /* 32 unsigned codes times 32 signed activations, summed in 8 int32 lanes. */
@@ -548,6 +636,52 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
     free(q);
     free(params);
     return 0;
+}
+
+/* As ladle_q4_int8_gemm for 8-bit weight codes (int8 [n, padded], a scale per group of 32, no
+ * offset: GGUF Q8_0). Only the interleaved AVX-512 VNNI path exists for them: returns -1 (nothing
+ * written) on other builds and below INTERLEAVED_MIN_ROWS rows, where the caller's float paths
+ * are as fast. */
+int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activation_bits,
+                       const int8_t *codes, const void *scale, int64_t scale_is_half,
+                       const float *bias, float *y, int64_t n, int64_t num_threads) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    const int64_t num_groups = padded / GROUP;
+    if (m < INTERLEAVED_MIN_ROWS || n < 1 || padded % GROUP || num_groups > INTERLEAVED_MAX_GROUPS)
+        return -1;
+    if (activation_bits != 8 && activation_bits != 16) return -1;
+    const int64_t copies = activation_bits / 8;
+    int8_t *q = aligned_alloc(64, (size_t)((copies * m * padded + 63) / 64 * 64));
+    float *params = calloc((size_t)(2 * m * num_groups + PARAM_PAD), sizeof(float));
+    if (!q || !params) {
+        free(q);
+        free(params);
+        return -2;
+    }
+    const int64_t threads = n * padded * m >= MIN_PARALLEL_WORK ? num_threads : 1;
+    int8_t *residual = copies == 2 ? q + m * padded : 0;
+    quantize_job quantize = {x, padded, q, residual, params, params + m * num_groups};
+    ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
+    /* the unsigned side of vpdpbusd: code + 128, i.e. the sign bit flipped */
+    const __m512i sign = _mm512_set1_epi8((char)0x80);
+    for (int64_t at = 0; at < copies * m * padded; at += 64) {
+        __m512i *codes64 = (__m512i *)(q + at);
+        if (at + 64 <= copies * m * padded)
+            *codes64 = _mm512_xor_si512(*codes64, sign);
+        else
+            for (int64_t k = at; k < copies * m * padded; k++) q[k] ^= (int8_t)0x80;
+    }
+    gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n,
+                    (const uint8_t *)codes, scale, 0, (int)scale_is_half, bias, y};
+    ladle_run_chunks(interleaved8_chunk, &job, (n + LANES - 1) / LANES, threads);
+    free(q);
+    free(params);
+    return 0;
+#else
+    (void)x, (void)m, (void)padded, (void)activation_bits, (void)codes, (void)scale;
+    (void)scale_is_half, (void)bias, (void)y, (void)n, (void)num_threads;
+    return -1;
+#endif
 }
 
 /* 1 where this build has the interleaved path (AVX-512 VNNI), which beats MKL on dequantized
