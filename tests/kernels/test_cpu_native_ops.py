@@ -61,6 +61,9 @@ def test_silu_and_mul_matches_torch(shape):
         ([1, 7, 16, 17, 100], 6, 2, 16),
         ([33, 5], 4, 4, 7),
         ([300, 1, 250], 9, 3, 64),
+        # past the kernel's chunk of 128 positions; groups of more than its 8 heads at once
+        ([129, 256, 3], 20, 2, 32),
+        ([40, 2], 9, 1, 64),
     ],
 )
 def test_paged_decode_attention_matches_sdpa(lengths, num_heads, num_kv_heads, head_dim):
