@@ -19,7 +19,7 @@ from ladle.kernels.cpu_native.decode_ops import (
 pytestmark = pytest.mark.skipif(native_library() is None, reason="no C compiler here")
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (1, 576), (7, 30), (2, 3, 64)])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 576), (7, 30), (2, 3, 64), (64, 576)])
 def test_add_rms_norm_matches_formula(shape):
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(*shape, generator=generator) * 30
@@ -43,7 +43,7 @@ def test_ops_decline_other_dtypes_and_layouts():
     assert add_rms_norm(torch.randn(8, 2).T, None, weight, 1e-6) is None  # not contiguous
     assert silu_and_mul(torch.randn(3, 7)) is None  # odd width
     assert silu_and_mul(torch.randn(9, 8)) is None  # past decode-sized: torch's ops
-    assert add_rms_norm(torch.randn(9, 8), None, weight, 1e-6) is None
+    assert add_rms_norm(torch.randn(65, 8), None, weight, 1e-6) is None  # past batch-sized
 
 
 @pytest.mark.parametrize("shape", [(1, 2), (7, 30), (2, 3, 3072)])

@@ -51,11 +51,19 @@ def _weight(num_rows: int, num_columns: int, half: bool, symmetric: bool, seed: 
 @pytest.mark.parametrize(
     ("num_x_rows", "num_rows", "num_columns"),
     [
-        (1, 1, 64), (5, 7, 100), (32, 7, 576), (33, 1, 1000), (1, 1001, 576), (5, 1001, 1536),
+        (1, 1, 64),
+        (5, 7, 100),
+        (32, 7, 576),
+        (33, 1, 1000),
+        (1, 1001, 576),
+        (5, 1001, 1536),
         # the interleaved path (AVX-512 VNNI builds, 6 rows of x or more): 16 weight rows a
         # block, the last one partial; many blocks shared between threads; prefill-sized x
-        (6, 17, 576), (16, 37, 1000), (48, 1001, 576), (130, 33, 1536),
-    ],  # fmt: skip
+        (6, 17, 576),
+        (16, 37, 1000),
+        (48, 1001, 576),
+        (130, 33, 1536),
+    ],
 )
 @pytest.mark.parametrize(("half", "symmetric"), [(True, False), (False, False), (True, True)])
 @pytest.mark.parametrize("bits", [8, 16])
