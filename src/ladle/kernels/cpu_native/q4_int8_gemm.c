@@ -242,24 +242,55 @@ static inline __attribute__((always_inline)) void micro_kernel(
  * 4 broadcast activation codes each then leave a whole group's integer dot product of all 16
  * rows in one vector, and the group's scaling (convert, scale, fused multiply-add) is paid once
  * per group and 16 rows instead of once per 64 products (as micro_kernel above does): at 32 rows
- * of x that is ~2.5x fewer instructions. The interleaving (gathers) is paid once per 16 weight
+ * of x that is ~2.5x fewer instructions. The interleaving (a transpose) is paid once per 16 weight
  * rows and shared by all rows of x, so one row of x keeps micro_kernel. */
 #define LANES 16
 #define INTERLEAVED_MIN_ROWS 6
 #define INTERLEAVED_MAX_GROUPS 128 /* K up to 4096: the block's buffers stay on the stack */
 
-/* codes[p * 8 + j], lane l: bytes 32 p + 4 j .. + 3 of weight row `row` + l (rows past n
- * repeat the last); the low nibbles are 4 codes of group p, the high ones of group p + h. */
-static void interleave_codes(const gemm_job *job, int64_t row, __m512i *codes) {
-    const int64_t row_bytes = job->padded / 2, num_steps = job->padded / 64;
-    int32_t offsets[LANES];
+/* out[j], int32 lane l: bytes at + 4 j .. + 3 of rows[l], for j < 8 and l < 16: a 16 x 8
+ * transpose of 32-bit words in registers (two 8 x 8 ones side by side, rows l and l + 8 in the
+ * two 256-bit halves), ~40 instructions where 8 gathers of 16 words each cost ~3x more. */
+static inline void transpose16x8(const uint8_t *rows[LANES], int64_t at, __m512i out[8]) {
+    __m512i z[8], t[8], u[8];
+    for (int k = 0; k < 8; k++)
+        z[k] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rows[k] + at))),
+            _mm256_loadu_si256((const __m256i *)(rows[k + 8] + at)), 1);
+    for (int k = 0; k < 8; k += 2) { /* per 128-bit lane: words 0, 1 and 2, 3 of rows k, k + 1 */
+        t[k] = _mm512_unpacklo_epi32(z[k], z[k + 1]);
+        t[k + 1] = _mm512_unpackhi_epi32(z[k], z[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) { /* per 128-bit lane: word e of rows k .. k + 3 */
+        u[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);     /* e = 0 */
+        u[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]); /* e = 1 */
+        u[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    /* u[e] (rows 0-3) and u[4 + e] (rows 4-7) hold, by 128-bit lane, word e of rows 0-3 / 4-7,
+     * word 4 + e of the same, word e of rows 8-11 / 12-15, word 4 + e of those */
+    const __m512i low = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+    const __m512i high = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    for (int e = 0; e < 4; e++) {
+        out[e] = _mm512_permutex2var_epi64(u[e], low, u[4 + e]);
+        out[4 + e] = _mm512_permutex2var_epi64(u[e], high, u[4 + e]);
+    }
+}
+
+/* The 16 weight rows from `row` (rows past n repeat the last), `row_bytes` apart. */
+static inline void block_rows(const gemm_job *job, int64_t row, int64_t row_bytes,
+                              const uint8_t *rows[LANES]) {
     for (int l = 0; l < LANES; l++)
-        offsets[l] = (int32_t)(((row + l < job->n ? row + l : job->n - 1) - row) * row_bytes);
-    const __m512i index = _mm512_loadu_si512(offsets);
-    const uint8_t *base = job->codes + row * row_bytes;
-    for (int64_t p = 0; p < num_steps; p++)
-        for (int j = 0; j < 8; j++)
-            codes[p * 8 + j] = _mm512_i32gather_epi32(index, base + 32 * p + 4 * j, 1);
+        rows[l] = job->codes + (row + l < job->n ? row + l : job->n - 1) * row_bytes;
+}
+
+/* codes[p * 8 + j], lane l: bytes 32 p + 4 j .. + 3 of weight row `row` + l; the low nibbles
+ * are 4 codes of group p, the high ones of group p + h. */
+static void interleave_codes(const gemm_job *job, int64_t row, __m512i *codes) {
+    const int64_t num_steps = job->padded / 64;
+    const uint8_t *rows[LANES];
+    block_rows(job, row, job->padded / 2, rows);
+    for (int64_t p = 0; p < num_steps; p++) transpose16x8(rows, 32 * p, codes + p * 8);
 }
 
 /* scales[g * 16 + l] (and offsets) of weight row `row` + l, float32 */
@@ -357,18 +388,14 @@ static void interleaved_chunk(const void *args, int64_t chunk) {
  * sign bits), and 128 times each group's sum of weight codes comes off the integer sum. */
 static void interleave_codes8(const gemm_job *job, int64_t row, __m512i *codes,
                               __m512i *code_sums) {
-    const int64_t row_bytes = job->padded, num_groups = job->padded / GROUP;
-    int32_t offsets[LANES];
-    for (int l = 0; l < LANES; l++)
-        offsets[l] = (int32_t)(((row + l < job->n ? row + l : job->n - 1) - row) * row_bytes);
-    const __m512i index = _mm512_loadu_si512(offsets), ones = _mm512_set1_epi8(1);
-    const uint8_t *base = job->codes + row * row_bytes;
+    const int64_t num_groups = job->padded / GROUP;
+    const __m512i ones = _mm512_set1_epi8(1);
+    const uint8_t *rows[LANES];
+    block_rows(job, row, job->padded, rows);
     for (int64_t g = 0; g < num_groups; g++) {
+        transpose16x8(rows, 32 * g, codes + g * 8);
         __m512i sum = _mm512_setzero_si512();
-        for (int j = 0; j < 8; j++) {
-            codes[g * 8 + j] = _mm512_i32gather_epi32(index, base + 32 * g + 4 * j, 1);
-            sum = _mm512_dpbusd_epi32(sum, ones, codes[g * 8 + j]);
-        }
+        for (int j = 0; j < 8; j++) sum = _mm512_dpbusd_epi32(sum, ones, codes[g * 8 + j]);
         code_sums[g] = sum;
     }
 }
