@@ -57,7 +57,7 @@ def _weight(num_rows: int, num_columns: int, half: bool, symmetric: bool, seed: 
         (33, 1, 1000),
         (1, 1001, 576),
         (5, 1001, 1536),
-        # the interleaved path (AVX-512 VNNI builds, 6 rows of x or more): 16 weight rows a
+        # the interleaved path (AVX-512 VNNI builds, 2 rows of x or more): 16 weight rows a
         # block, the last one partial; many blocks shared between threads; prefill-sized x
         (6, 17, 576),
         (16, 37, 1000),

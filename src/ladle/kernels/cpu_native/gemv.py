@@ -194,7 +194,7 @@ def q8_int8_activation_matmul(
     """x [M, K] @ weight^T (+ bias) for 8-bit codes in groups of 32 without offsets (GGUF Q8_0:
     the default model's tied LM head) with x quantized per group of 32 to `bits` 8 or 16, as
     q4_int8_activation_matmul does (q4_int8_gemm.c's interleaved path), in x's dtype; None if
-    the kernel does not apply (no AVX-512 VNNI build, fewer than 6 rows, another layout)."""
+    the kernel does not apply (no AVX-512 VNNI build, one row, another layout)."""
     library = native_library()
     if library is None or x.dim() != 2 or x.device.type != "cpu" or x.requires_grad:
         return None

@@ -242,10 +242,11 @@ static inline __attribute__((always_inline)) void micro_kernel(
  * 4 broadcast activation codes each then leave a whole group's integer dot product of all 16
  * rows in one vector, and the group's scaling (convert, scale, fused multiply-add) is paid once
  * per group and 16 rows instead of once per 64 products (as micro_kernel above does): at 32 rows
- * of x that is ~2.5x fewer instructions. The interleaving (a transpose) is paid once per 16 weight
- * rows and shared by all rows of x, so one row of x keeps micro_kernel. */
+ * of x that is ~2.5x fewer instructions. The interleaving (a transpose) is paid once per 16
+ * weight rows and shared by all rows of x: level with micro_kernel at one row of x (which keeps
+ * it), faster from two (docs/benchmarks.md, t12c2). */
 #define LANES 16
-#define INTERLEAVED_MIN_ROWS 6
+#define INTERLEAVED_MIN_ROWS 2
 #define INTERLEAVED_MAX_GROUPS 128 /* K up to 4096: the block's buffers stay on the stack */
 
 /* out[j], int32 lane l: bytes at + 4 j .. + 3 of rows[l], for j < 8 and l < 16: a 16 x 8

@@ -18,7 +18,7 @@ layouts, up to 4 rows, widen the codes to float32 in registers (group_gemv.c). O
 cache-sized chunk of rows at a time is converted to float32 for MKL (no full float32 copy
 exists): measured faster than torch's `_weight_int4pack_mm_for_cpu` at batch 32 by ~10x and
 level with it at batch 1 (docs/quantization.md). 8-bit codes in groups of 32 without offsets
-(GGUF Q8_0: the default model's tied LM head), from 6 rows with AVX-512 VNNI, take the same
+(GGUF Q8_0: the default model's tied LM head), from 2 rows with AVX-512 VNNI, take the same
 integer dot products (docs/quantization.md).
 """
 
