@@ -19,6 +19,7 @@
 #include <immintrin.h>
 #endif
 
+#include "fast_exp.h"
 #include "thread_pool.h"
 
 #define MAX_HEAD_DIM 256
@@ -28,30 +29,6 @@
 /* Positions scored before their values are summed: the scores of a chunk sit in L1, and the
  * softmax's running maximum rescales the sums once per chunk instead of once per position. */
 #define CHUNK 128
-
-/* e^x for x <= 0 (a score minus the running maximum), in plain arithmetic the compiler
- * vectorises (a call to expf per score kept the softmax loop scalar: it was ~40% of the
- * kernel's time at batch 32): x = n ln2 + r with |r| <= ln2 / 2 (ln2 in two parts, so r is
- * exact to float32), e^r by its Taylor polynomial to r^7 / 7! (relative error < 2e-8 there,
- * below float32's rounding), times 2^n built in the exponent bits. Below -87 it returns
- * e^-87 (~1.6e-38), which adds nothing next to the maximum's e^0. */
-static inline float exp_nonpositive(float x) {
-    x = x < -87.0f ? -87.0f : x;
-    /* round to nearest: adding 1.5 * 2^23 leaves the integer in the low mantissa bits */
-    const float n = (x * 1.44269504088896341f + 12582912.0f) - 12582912.0f;
-    float r = x - n * 0.693145751953125f;
-    r = r - n * 1.428606765330187045e-06f;
-    float p = 1.0f / 5040.0f;
-    p = p * r + 1.0f / 720.0f;
-    p = p * r + 1.0f / 120.0f;
-    p = p * r + 1.0f / 24.0f;
-    p = p * r + 1.0f / 6.0f;
-    p = p * r + 0.5f;
-    p = p * r + 1.0f;
-    p = p * r + 1.0f;
-    union { int32_t bits; float value; } two_to_n = {((int32_t)n + 127) << 23};
-    return p * two_to_n.value;
-}
 
 /* The two inner loops in AVX-512 registers where head_dim is a multiple of 16 (the compiler's
  * own vectorisation of them kept a lane array in memory and summed it one float at a time);
