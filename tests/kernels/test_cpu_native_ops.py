@@ -19,7 +19,7 @@ from ladle.kernels.cpu_native.decode_ops import (
 pytestmark = pytest.mark.skipif(native_library() is None, reason="no C compiler here")
 
 
-@pytest.mark.parametrize("shape", [(1, 1), (1, 576), (7, 30), (2, 3, 64)])
+@pytest.mark.parametrize("shape", [(1, 1), (1, 576), (7, 30), (2, 3, 64), (64, 576)])
 def test_add_rms_norm_matches_formula(shape):
     generator = torch.Generator().manual_seed(1)
     x = torch.randn(*shape, generator=generator) * 30
@@ -42,13 +42,17 @@ def test_ops_decline_other_dtypes_and_layouts():
     assert add_rms_norm(torch.randn(2, 8).bfloat16(), None, weight, 1e-6) is None
     assert add_rms_norm(torch.randn(8, 2).T, None, weight, 1e-6) is None  # not contiguous
     assert silu_and_mul(torch.randn(3, 7)) is None  # odd width
-    assert silu_and_mul(torch.randn(9, 8)) is None  # past decode-sized: torch's ops
-    assert add_rms_norm(torch.randn(9, 8), None, weight, 1e-6) is None
+    assert silu_and_mul(torch.randn(65, 8)) is None  # past batch-sized: torch's ops
+    assert add_rms_norm(torch.randn(65, 8), None, weight, 1e-6) is None
 
 
-@pytest.mark.parametrize("shape", [(1, 2), (7, 30), (2, 3, 3072)])
+@pytest.mark.parametrize("shape", [(1, 2), (7, 30), (2, 3, 3072), (64, 3072)])
 def test_silu_and_mul_matches_torch(shape):
-    x = torch.randn(*shape) * 4
+    x = torch.randn(*shape, generator=torch.Generator().manual_seed(shape[-1])) * 4
+    # the exponential's ends: large gates of both signs, exact zero, past float32's e^-87
+    x.view(-1, shape[-1])[0, : min(5, shape[-1] // 2)] = torch.tensor([-100.0, 90, 0, -30, 30])[
+        : min(5, shape[-1] // 2)
+    ]
     gate, up = x.chunk(2, dim=-1)
     torch.testing.assert_close(silu_and_mul(x), F.silu(gate) * up)
 
@@ -61,6 +65,9 @@ def test_silu_and_mul_matches_torch(shape):
         ([1, 7, 16, 17, 100], 6, 2, 16),
         ([33, 5], 4, 4, 7),
         ([300, 1, 250], 9, 3, 64),
+        # past the kernel's chunk of 128 positions; groups of more than its 8 heads at once
+        ([129, 256, 3], 20, 2, 32),
+        ([40, 2], 9, 1, 64),
     ],
 )
 def test_paged_decode_attention_matches_sdpa(lengths, num_heads, num_kv_heads, head_dim):

@@ -35,7 +35,7 @@ SOURCES = (
     "thread_pool.c", "int8_gemv.c", "group_gemv.c", "rms_norm.c", "silu_and_mul.c",
     "rotary_cache.c", "decode_attention.c", "q4_int8_gemm.c",
 )  # fmt: skip
-HEADERS = ("half_float.h", "thread_pool.h")
+HEADERS = ("half_float.h", "thread_pool.h", "fast_exp.h")
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 # The target CPU: native by default; tests set another (x86-64-v3: AVX2, x86-64: plain C) to
 # check the kernels' fallback paths against the same references.
@@ -168,6 +168,12 @@ def _declare(library: ctypes.CDLL) -> None:
         pointer, int64, int64, int64, pointer, pointer, pointer, int64, pointer, pointer, int64,
         int64,
     ]  # fmt: skip
+    library.ladle_q8_int8_gemm.restype = ctypes.c_int
+    library.ladle_q8_int8_gemm.argtypes = [
+        pointer, int64, int64, int64, pointer, pointer, int64, pointer, pointer, int64, int64,
+    ]  # fmt: skip
+    library.ladle_q4_int8_gemm_interleaved.restype = int64
+    library.ladle_q4_int8_gemm_interleaved.argtypes = []
     library.ladle_group_dequantize.restype = ctypes.c_int
     library.ladle_group_dequantize.argtypes = [
         pointer, pointer, pointer, int64, int64, int64, int64, int64, int64, pointer, int64,

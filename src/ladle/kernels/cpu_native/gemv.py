@@ -1,6 +1,7 @@
 """Decode-sized matmuls on quantized CPU weights, through the C kernels: 1 to 4 rows of float32
 activations (int8 rows, group-quantized rows), and 4-bit group-32 rows times activations
-quantized to 8 or 16 bits (any count of rows; group_quant.py uses it up to 48).
+quantized to 8 or 16 bits (any count of rows; group_quant.py uses it up to
+`integer_activation_max_rows()`).
 
 Each function returns None when its kernel does not apply (no library, a shape or dtype it does
 not take, more rows than it takes), and the caller runs its torch path. A float32-activation
@@ -33,7 +34,8 @@ ACTIVATION_BITS_ENV = "LADLE_CPU_ACTIVATION_BITS"
 DEFAULT_ACTIVATION_BITS = 16
 ACTIVATION_BITS = (8, 16, 32)
 # Above this many rows (prefill chunks) MKL on dequantized chunks was faster than the integer
-# path on 2 cores (crossover at 56-64 rows for 16 bits), and its product is exact.
+# path on 2 cores (crossover at 56-64 rows for 16 bits), and its product is exact; a build with
+# the interleaved AVX-512 VNNI path has no such limit (integer_activation_max_rows).
 INTEGER_ACTIVATION_MAX_ROWS = 48
 
 
@@ -59,6 +61,14 @@ def set_activation_bits(bits: int) -> int:
 
 def activation_bits() -> int:
     return _activation_bits
+
+
+def integer_activation_max_rows() -> int | None:
+    """The most rows of x for which the 4-bit layers take the integer kernel (None: any)."""
+    library = native_library()
+    if library is not None and library.ladle_q4_int8_gemm_interleaved():
+        return None
+    return INTEGER_ACTIVATION_MAX_ROWS
 
 
 def _fits(x: torch.Tensor, weight_device: torch.device) -> bool:
@@ -172,6 +182,39 @@ def q4_int8_activation_matmul(
         x32.data_ptr(), x.shape[0], padded, bits, weight.codes.data_ptr(), scale.data_ptr(),
         _pointer(offset), int(scale.dtype == torch.float16), _pointer(bias32),
         output.data_ptr(), weight.num_rows, kernel_threads(),
+    )  # fmt: skip
+    if status != 0:
+        return None
+    return output.to(x.dtype)
+
+
+def q8_int8_activation_matmul(
+    x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None, bits: int = 16
+) -> torch.Tensor | None:
+    """x [M, K] @ weight^T (+ bias) for 8-bit codes in groups of 32 without offsets (GGUF Q8_0:
+    the default model's tied LM head) with x quantized per group of 32 to `bits` 8 or 16, as
+    q4_int8_activation_matmul does (q4_int8_gemm.c's interleaved path), in x's dtype; None if
+    the kernel does not apply (no AVX-512 VNNI build, one row, another layout)."""
+    library = native_library()
+    if library is None or x.dim() != 2 or x.device.type != "cpu" or x.requires_grad:
+        return None
+    if weight.bits != 8 or weight.group_size != 32 or weight.offset is not None:
+        return None
+    if weight.codes.device.type != "cpu" or x.shape[1] != weight.num_columns:
+        return None
+    if not _has_kernel_layout(weight):
+        return None
+    x32 = x.contiguous().float()
+    padded = weight.padded_columns
+    if padded != weight.num_columns:
+        x32 = torch.nn.functional.pad(x32, (0, padded - weight.num_columns))
+    bias32 = _float32_bias(bias)
+    scale = weight.scale
+    output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
+    status = library.ladle_q8_int8_gemm(
+        x32.data_ptr(), x.shape[0], padded, bits, weight.codes.data_ptr(), scale.data_ptr(),
+        int(scale.dtype == torch.float16), _pointer(bias32), output.data_ptr(), weight.num_rows,
+        kernel_threads(),
     )  # fmt: skip
     if status != 0:
         return None

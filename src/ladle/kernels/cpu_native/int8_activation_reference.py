@@ -1,6 +1,7 @@
 """The torch reference of q4_int8_gemm.c (activations quantized to 8 or 16 bits times 4-bit
-group-32 weights), which its tests compare against: the same per-group activation quantization,
-then the products in float64, so only the kernel's float32 summation order may differ."""
+or 8-bit group-32 weights), which its tests compare against: the same per-group activation
+quantization, then the products in float64, so only the kernel's float32 summation order may
+differ."""
 
 from __future__ import annotations
 
@@ -41,7 +42,10 @@ def q4_int8_activation_reference(
     padded = weight.padded_columns
     x32 = torch.nn.functional.pad(x.float(), (0, padded - weight.num_columns))
     codes, scale, sums = quantize_activations_int8(x32, bits)
-    weight_codes = torch.cat((weight.codes & 0x0F, weight.codes >> 4), dim=1).double()
+    if weight.bits == 8:  # int8 codes (Q8_0)
+        weight_codes = weight.codes.double()
+    else:
+        weight_codes = torch.cat((weight.codes & 0x0F, weight.codes >> 4), dim=1).double()
     groups = weight.num_groups
     # dots[i, n, g]: the integer dot product of group g
     dots = torch.einsum(

@@ -13,9 +13,10 @@
  * x ~ d (q + r / 256), and the integer sum is 256 sum(code q) + sum(code r) (two passes).
  *
  * Why: a GEMV that widens the codes to float32 spends ~4 vector instructions per 16 weights;
- * here one VNNI `vpdpbusd` multiplies 64 code/activation byte pairs, so batches of rows (up to
- * 48 sequences) cost a fraction of the float arithmetic, and one row still streams each
- * weight's 4 bits once.
+ * here one VNNI `vpdpbusd` multiplies 64 code/activation byte pairs, so batches of rows cost a
+ * fraction of the float arithmetic, and one row still streams each weight's 4 bits once. From
+ * INTERLEAVED_MIN_ROWS rows of x, blocks of 16 weight rows are interleaved first (see
+ * interleave_codes), so a group's scaling is paid once per 16 weight rows.
  *
  * Layout: byte j of a weight row holds column j (low nibble) and column j + padded / 2 (high),
  * so with padded % 64 == 0 the 32 bytes at 32 p hold group p (low nibbles) and group
@@ -236,6 +237,236 @@ static inline __attribute__((always_inline)) void micro_kernel(
         for (int r = 0; r < ROW_BLOCK; r++) sums[i][r] = _mm512_reduce_add_ps(acc[i][r]);
 }
 
+/* The batched path (INTERLEAVED_MIN_ROWS rows of x or more): the codes of 16 weight rows are
+ * interleaved so that int32 lane l of a vector holds 4 codes of row l. Eight `vpdpbusd`s against
+ * 4 broadcast activation codes each then leave a whole group's integer dot product of all 16
+ * rows in one vector, and the group's scaling (convert, scale, fused multiply-add) is paid once
+ * per group and 16 rows instead of once per 64 products (as micro_kernel above does): at 32 rows
+ * of x that is ~2.5x fewer instructions. The interleaving (a transpose) is paid once per 16
+ * weight rows and shared by all rows of x: level with micro_kernel at one row of x (which keeps
+ * it), faster from two (docs/benchmarks.md, t12c2). */
+#define LANES 16
+#define INTERLEAVED_MIN_ROWS 2
+#define INTERLEAVED_MAX_GROUPS 128 /* K up to 4096: the block's buffers stay on the stack */
+
+/* out[j], int32 lane l: bytes at + 4 j .. + 3 of rows[l], for j < 8 and l < 16: a 16 x 8
+ * transpose of 32-bit words in registers (two 8 x 8 ones side by side, rows l and l + 8 in the
+ * two 256-bit halves), ~40 instructions where 8 gathers of 16 words each cost ~3x more. */
+static inline void transpose16x8(const uint8_t *rows[LANES], int64_t at, __m512i out[8]) {
+    __m512i z[8], t[8], u[8];
+    for (int k = 0; k < 8; k++)
+        z[k] = _mm512_inserti64x4(
+            _mm512_castsi256_si512(_mm256_loadu_si256((const __m256i *)(rows[k] + at))),
+            _mm256_loadu_si256((const __m256i *)(rows[k + 8] + at)), 1);
+    for (int k = 0; k < 8; k += 2) { /* per 128-bit lane: words 0, 1 and 2, 3 of rows k, k + 1 */
+        t[k] = _mm512_unpacklo_epi32(z[k], z[k + 1]);
+        t[k + 1] = _mm512_unpackhi_epi32(z[k], z[k + 1]);
+    }
+    for (int k = 0; k < 8; k += 4) { /* per 128-bit lane: word e of rows k .. k + 3 */
+        u[k] = _mm512_unpacklo_epi64(t[k], t[k + 2]);     /* e = 0 */
+        u[k + 1] = _mm512_unpackhi_epi64(t[k], t[k + 2]); /* e = 1 */
+        u[k + 2] = _mm512_unpacklo_epi64(t[k + 1], t[k + 3]);
+        u[k + 3] = _mm512_unpackhi_epi64(t[k + 1], t[k + 3]);
+    }
+    /* u[e] (rows 0-3) and u[4 + e] (rows 4-7) hold, by 128-bit lane, word e of rows 0-3 / 4-7,
+     * word 4 + e of the same, word e of rows 8-11 / 12-15, word 4 + e of those */
+    const __m512i low = _mm512_set_epi64(13, 12, 5, 4, 9, 8, 1, 0);
+    const __m512i high = _mm512_set_epi64(15, 14, 7, 6, 11, 10, 3, 2);
+    for (int e = 0; e < 4; e++) {
+        out[e] = _mm512_permutex2var_epi64(u[e], low, u[4 + e]);
+        out[4 + e] = _mm512_permutex2var_epi64(u[e], high, u[4 + e]);
+    }
+}
+
+/* The 16 weight rows from `row` (rows past n repeat the last), `row_bytes` apart. */
+static inline void block_rows(const gemm_job *job, int64_t row, int64_t row_bytes,
+                              const uint8_t *rows[LANES]) {
+    for (int l = 0; l < LANES; l++)
+        rows[l] = job->codes + (row + l < job->n ? row + l : job->n - 1) * row_bytes;
+}
+
+/* codes[p * 8 + j], lane l: bytes 32 p + 4 j .. + 3 of weight row `row` + l; the low nibbles
+ * are 4 codes of group p, the high ones of group p + h. */
+static void interleave_codes(const gemm_job *job, int64_t row, __m512i *codes) {
+    const int64_t num_steps = job->padded / 64;
+    const uint8_t *rows[LANES];
+    block_rows(job, row, job->padded / 2, rows);
+    for (int64_t p = 0; p < num_steps; p++) transpose16x8(rows, 32 * p, codes + p * 8);
+}
+
+/* scales[g * 16 + l] (and offsets) of weight row `row` + l, float32 */
+static void interleave_params(const gemm_job *job, int64_t row, float *scales, float *offsets) {
+    const int64_t num_groups = job->padded / GROUP;
+    for (int l = 0; l < LANES; l++) {
+        const int64_t n = row + l < job->n ? row + l : job->n - 1;
+        for (int64_t g = 0; g < num_groups; g++) {
+            scales[g * LANES + l] = param(job, job->scale, n * num_groups + g);
+            if (job->offset) offsets[g * LANES + l] = param(job, job->offset, n * num_groups + g);
+        }
+    }
+}
+
+/* The 4-activation-code word at byte `at` of an int8 row, broadcast to every lane. */
+static inline __m512i broadcast4(const int8_t *values, int64_t at) {
+    int32_t word;
+    memcpy(&word, values + at, 4);
+    return _mm512_set1_epi32(word);
+}
+
+/* out[i] lane l = x row x_row + i times weight row `row` + l (offset term included) */
+static inline __attribute__((always_inline)) void interleaved_tile(
+    const gemm_job *job, int64_t x_row, int num_x, int two_pass, const __m512i *codes,
+    const float *scales, const float *offsets, __m512 out[X_TILE]) {
+    const int64_t num_groups = job->padded / GROUP, h = num_groups / 2;
+    const __m512i low_mask = _mm512_set1_epi8(0x0F);
+    __m512 acc[X_TILE];
+    for (int i = 0; i < num_x; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < num_groups; g++) {
+        const int64_t step = g < h ? g : g - h;
+        __m512i w[8];
+        for (int j = 0; j < 8; j++)
+            w[j] = g < h ? _mm512_and_si512(codes[step * 8 + j], low_mask)
+                         : _mm512_and_si512(_mm512_srli_epi16(codes[step * 8 + j], 4), low_mask);
+        const __m512 s = _mm512_loadu_ps(scales + g * LANES);
+        for (int i = 0; i < num_x; i++) {
+            const int64_t xi = x_row + i;
+            const int8_t *q = job->q + xi * job->padded + g * GROUP;
+            __m512i dot = _mm512_setzero_si512(), rest_dot = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, w[j], broadcast4(q, 4 * j));
+            if (two_pass) {
+                const int8_t *rest = job->residual + xi * job->padded + g * GROUP;
+                for (int j = 0; j < 8; j++)
+                    rest_dot = _mm512_dpbusd_epi32(rest_dot, w[j], broadcast4(rest, 4 * j));
+                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), rest_dot);
+            }
+            const __m512 xd = _mm512_set1_ps(job->d[xi * num_groups + g]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, xd), acc[i]);
+            if (job->offset)
+                acc[i] = _mm512_fmadd_ps(_mm512_loadu_ps(offsets + g * LANES),
+                                         _mm512_set1_ps(job->sums[xi * num_groups + g]), acc[i]);
+        }
+    }
+    for (int i = 0; i < num_x; i++) out[i] = acc[i];
+}
+
+static void interleaved_chunk(const void *args, int64_t chunk) {
+    const gemm_job *job = args;
+    int64_t first, last;
+    ladle_chunk_blocks(chunk, (job->n + LANES - 1) / LANES, 1, &first, &last);
+    __m512i codes[INTERLEAVED_MAX_GROUPS / 2 * 8]; /* 32 KiB */
+    float scales[INTERLEAVED_MAX_GROUPS * LANES], offsets[INTERLEAVED_MAX_GROUPS * LANES];
+    for (int64_t block = first; block < last; block++) {
+        const int64_t row = block * LANES;
+        const int rows_here = job->n - row < LANES ? (int)(job->n - row) : LANES;
+        const __mmask16 store = (__mmask16)((1u << rows_here) - 1u);
+        const __m512 bias =
+            job->bias ? _mm512_maskz_loadu_ps(store, job->bias + row) : _mm512_setzero_ps();
+        interleave_codes(job, row, codes);
+        interleave_params(job, row, scales, offsets);
+        for (int64_t x_row = 0; x_row < job->m; x_row += X_TILE) {
+            const int num_x = job->m - x_row < X_TILE ? (int)(job->m - x_row) : X_TILE;
+            __m512 out[X_TILE];
+            switch (num_x + (job->residual ? X_TILE : 0)) {
+            case 1: interleaved_tile(job, x_row, 1, 0, codes, scales, offsets, out); break;
+            case 2: interleaved_tile(job, x_row, 2, 0, codes, scales, offsets, out); break;
+            case 3: interleaved_tile(job, x_row, 3, 0, codes, scales, offsets, out); break;
+            case 4: interleaved_tile(job, x_row, 4, 0, codes, scales, offsets, out); break;
+            case 5: interleaved_tile(job, x_row, 1, 1, codes, scales, offsets, out); break;
+            case 6: interleaved_tile(job, x_row, 2, 1, codes, scales, offsets, out); break;
+            case 7: interleaved_tile(job, x_row, 3, 1, codes, scales, offsets, out); break;
+            default: interleaved_tile(job, x_row, 4, 1, codes, scales, offsets, out); break;
+            }
+            for (int i = 0; i < num_x; i++)
+                _mm512_mask_storeu_ps(job->y + (x_row + i) * job->n + row, store,
+                                      _mm512_add_ps(out[i], bias));
+        }
+    }
+}
+
+/* 8-bit weight codes (GGUF Q8_0: int8, a scale per group of 32, no offset), interleaved as
+ * above: the default model's tied LM head. `vpdpbusd` multiplies unsigned by signed bytes, so
+ * here the activation codes are the unsigned side, shifted by 128 (q8_int8_gemm flips their
+ * sign bits), and 128 times each group's sum of weight codes comes off the integer sum. */
+static void interleave_codes8(const gemm_job *job, int64_t row, __m512i *codes,
+                              __m512i *code_sums) {
+    const int64_t num_groups = job->padded / GROUP;
+    const __m512i ones = _mm512_set1_epi8(1);
+    const uint8_t *rows[LANES];
+    block_rows(job, row, job->padded, rows);
+    for (int64_t g = 0; g < num_groups; g++) {
+        transpose16x8(rows, 32 * g, codes + g * 8);
+        __m512i sum = _mm512_setzero_si512();
+        for (int j = 0; j < 8; j++) sum = _mm512_dpbusd_epi32(sum, ones, codes[g * 8 + j]);
+        code_sums[g] = sum;
+    }
+}
+
+static inline __attribute__((always_inline)) void interleaved8_tile(
+    const gemm_job *job, int64_t x_row, int num_x, int two_pass, const __m512i *codes,
+    const __m512i *code_sums, const float *scales, __m512 out[X_TILE]) {
+    const int64_t num_groups = job->padded / GROUP;
+    __m512 acc[X_TILE];
+    for (int i = 0; i < num_x; i++) acc[i] = _mm512_setzero_ps();
+    for (int64_t g = 0; g < num_groups; g++) {
+        const __m512i *w = codes + g * 8;
+        /* (q + 128) w summed is the dot plus 128 sum(w); with the residual pass (r + 128) too,
+         * 256 of the first and one of the second: 257 * 128 sum(w) */
+        const __m512i shift =
+            _mm512_mullo_epi32(code_sums[g], _mm512_set1_epi32(two_pass ? 257 * 128 : 128));
+        const __m512 s = _mm512_loadu_ps(scales + g * LANES);
+        for (int i = 0; i < num_x; i++) {
+            const int64_t xi = x_row + i;
+            const int8_t *q = job->q + xi * job->padded + g * GROUP;
+            __m512i dot = _mm512_setzero_si512(), rest_dot = _mm512_setzero_si512();
+            for (int j = 0; j < 8; j++) dot = _mm512_dpbusd_epi32(dot, broadcast4(q, 4 * j), w[j]);
+            if (two_pass) {
+                const int8_t *rest = job->residual + xi * job->padded + g * GROUP;
+                for (int j = 0; j < 8; j++)
+                    rest_dot = _mm512_dpbusd_epi32(rest_dot, broadcast4(rest, 4 * j), w[j]);
+                dot = _mm512_add_epi32(_mm512_slli_epi32(dot, 8), rest_dot);
+            }
+            dot = _mm512_sub_epi32(dot, shift);
+            const __m512 xd = _mm512_set1_ps(job->d[xi * num_groups + g]);
+            acc[i] = _mm512_fmadd_ps(_mm512_cvtepi32_ps(dot), _mm512_mul_ps(s, xd), acc[i]);
+        }
+    }
+    for (int i = 0; i < num_x; i++) out[i] = acc[i];
+}
+
+static void interleaved8_chunk(const void *args, int64_t chunk) {
+    const gemm_job *job = args;
+    int64_t first, last;
+    ladle_chunk_blocks(chunk, (job->n + LANES - 1) / LANES, 1, &first, &last);
+    __m512i codes[INTERLEAVED_MAX_GROUPS * 8], code_sums[INTERLEAVED_MAX_GROUPS]; /* 72 KiB */
+    float scales[INTERLEAVED_MAX_GROUPS * LANES], unused[INTERLEAVED_MAX_GROUPS * LANES];
+    for (int64_t block = first; block < last; block++) {
+        const int64_t row = block * LANES;
+        const int rows_here = job->n - row < LANES ? (int)(job->n - row) : LANES;
+        const __mmask16 store = (__mmask16)((1u << rows_here) - 1u);
+        const __m512 bias =
+            job->bias ? _mm512_maskz_loadu_ps(store, job->bias + row) : _mm512_setzero_ps();
+        interleave_codes8(job, row, codes, code_sums);
+        interleave_params(job, row, scales, unused);
+        for (int64_t x_row = 0; x_row < job->m; x_row += X_TILE) {
+            const int num_x = job->m - x_row < X_TILE ? (int)(job->m - x_row) : X_TILE;
+            __m512 out[X_TILE];
+            switch (num_x + (job->residual ? X_TILE : 0)) {
+            case 1: interleaved8_tile(job, x_row, 1, 0, codes, code_sums, scales, out); break;
+            case 2: interleaved8_tile(job, x_row, 2, 0, codes, code_sums, scales, out); break;
+            case 3: interleaved8_tile(job, x_row, 3, 0, codes, code_sums, scales, out); break;
+            case 4: interleaved8_tile(job, x_row, 4, 0, codes, code_sums, scales, out); break;
+            case 5: interleaved8_tile(job, x_row, 1, 1, codes, code_sums, scales, out); break;
+            case 6: interleaved8_tile(job, x_row, 2, 1, codes, code_sums, scales, out); break;
+            case 7: interleaved8_tile(job, x_row, 3, 1, codes, code_sums, scales, out); break;
+            default: interleaved8_tile(job, x_row, 4, 1, codes, code_sums, scales, out); break;
+            }
+            for (int i = 0; i < num_x; i++)
+                _mm512_mask_storeu_ps(job->y + (x_row + i) * job->n + row, store,
+                                      _mm512_add_ps(out[i], bias));
+        }
+    }
+}
+
 #elif defined(__AVX2__)
 
 /* 32 unsigned codes times 32 signed activations, summed in 8 int32 lanes. */
@@ -419,10 +650,75 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
     ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
     gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n, codes,
                     scale, offset, (int)scale_is_half, bias, y};
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    if (m >= INTERLEAVED_MIN_ROWS && num_groups <= INTERLEAVED_MAX_GROUPS) {
+        ladle_run_chunks(interleaved_chunk, &job, (n + LANES - 1) / LANES, threads);
+        free(q);
+        free(params);
+        return 0;
+    }
+#endif
     const int64_t num_blocks = (n + ROW_BLOCK - 1) / ROW_BLOCK;
     ladle_run_chunks(gemm_chunk, &job, (num_blocks + BLOCKS_PER_CHUNK - 1) / BLOCKS_PER_CHUNK,
                      threads);
     free(q);
     free(params);
     return 0;
+}
+
+/* As ladle_q4_int8_gemm for 8-bit weight codes (int8 [n, padded], a scale per group of 32, no
+ * offset: GGUF Q8_0). Only the interleaved AVX-512 VNNI path exists for them: returns -1 (nothing
+ * written) on other builds and below INTERLEAVED_MIN_ROWS rows, where the caller's float paths
+ * are as fast. */
+int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activation_bits,
+                       const int8_t *codes, const void *scale, int64_t scale_is_half,
+                       const float *bias, float *y, int64_t n, int64_t num_threads) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    const int64_t num_groups = padded / GROUP;
+    if (m < INTERLEAVED_MIN_ROWS || n < 1 || padded % GROUP || num_groups > INTERLEAVED_MAX_GROUPS)
+        return -1;
+    if (activation_bits != 8 && activation_bits != 16) return -1;
+    const int64_t copies = activation_bits / 8;
+    int8_t *q = aligned_alloc(64, (size_t)((copies * m * padded + 63) / 64 * 64));
+    float *params = calloc((size_t)(2 * m * num_groups + PARAM_PAD), sizeof(float));
+    if (!q || !params) {
+        free(q);
+        free(params);
+        return -2;
+    }
+    const int64_t threads = n * padded * m >= MIN_PARALLEL_WORK ? num_threads : 1;
+    int8_t *residual = copies == 2 ? q + m * padded : 0;
+    quantize_job quantize = {x, padded, q, residual, params, params + m * num_groups};
+    ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
+    /* the unsigned side of vpdpbusd: code + 128, i.e. the sign bit flipped */
+    const __m512i sign = _mm512_set1_epi8((char)0x80);
+    for (int64_t at = 0; at < copies * m * padded; at += 64) {
+        __m512i *codes64 = (__m512i *)(q + at);
+        if (at + 64 <= copies * m * padded)
+            *codes64 = _mm512_xor_si512(*codes64, sign);
+        else
+            for (int64_t k = at; k < copies * m * padded; k++) q[k] ^= (int8_t)0x80;
+    }
+    gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n,
+                    (const uint8_t *)codes, scale, 0, (int)scale_is_half, bias, y};
+    ladle_run_chunks(interleaved8_chunk, &job, (n + LANES - 1) / LANES, threads);
+    free(q);
+    free(params);
+    return 0;
+#else
+    (void)x, (void)m, (void)padded, (void)activation_bits, (void)codes, (void)scale;
+    (void)scale_is_half, (void)bias, (void)y, (void)n, (void)num_threads;
+    return -1;
+#endif
+}
+
+/* 1 where this build has the interleaved path (AVX-512 VNNI), which beats MKL on dequantized
+ * chunks at every batch measured (up to 512 rows: docs/benchmarks.md), so prefill takes it too;
+ * 0 where only micro_kernel is built (MKL overtakes it between 48 and 64 rows). */
+int64_t ladle_q4_int8_gemm_interleaved(void) {
+#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+    return 1;
+#else
+    return 0;
+#endif
 }

@@ -10,14 +10,16 @@ unpacking writes two contiguous halves. Columns are padded to whole groups; padd
 never read by the matmul.
 
 The matmul, where ladle's C kernels are built: 4-bit codes in groups of 32 (the GGUF 4-bit
-types), up to 48 rows, multiply activations quantized per group of 32 with integer dot
-products (kernels/cpu_native/q4_int8_gemm.c): to 16 bits by default (two int8 passes, the
-float32 product to ~5 digits), or 8 (llama.cpp's Q4 x Q8 numerics) or 32 (float32) with
-LADLE_CPU_ACTIVATION_BITS (kernels/cpu_native/gemv.py); other layouts, up to 4 rows, widen the
-codes to float32 in registers (group_gemv.c). Otherwise one cache-sized chunk of rows at a time
-is converted to float32 for MKL (no full float32 copy exists): measured faster than torch's
-`_weight_int4pack_mm_for_cpu` at batch 32 by ~10x and level with it at batch 1
-(docs/quantization.md).
+types), any number of rows with AVX-512 VNNI (else up to 48), multiply activations quantized
+per group of 32 with integer dot products (kernels/cpu_native/q4_int8_gemm.c): to 16 bits by
+default (two int8 passes, the float32 product to ~5 digits), or 8 (llama.cpp's Q4 x Q8
+numerics) or 32 (float32) with LADLE_CPU_ACTIVATION_BITS (kernels/cpu_native/gemv.py); other
+layouts, up to 4 rows, widen the codes to float32 in registers (group_gemv.c). Otherwise one
+cache-sized chunk of rows at a time is converted to float32 for MKL (no full float32 copy
+exists): measured faster than torch's `_weight_int4pack_mm_for_cpu` at batch 32 by ~10x and
+level with it at batch 1 (docs/quantization.md). 8-bit codes in groups of 32 without offsets
+(GGUF Q8_0: the default model's tied LM head), from 2 rows with AVX-512 VNNI, take the same
+integer dot products (docs/quantization.md).
 """
 
 from __future__ import annotations
@@ -29,11 +31,12 @@ import torch
 import torch.nn.functional as F
 
 from ladle.kernels.cpu_native.gemv import (
-    INTEGER_ACTIVATION_MAX_ROWS,
     activation_bits,
     group_dequantize_rows,
     group_rows_gemv,
+    integer_activation_max_rows,
     q4_int8_activation_matmul,
+    q8_int8_activation_matmul,
 )
 
 # float32 elements of weight converted per chunk: 1 MiB, so the chunk stays in L2 while the
@@ -168,14 +171,17 @@ def _dequantize_rows(weight: GroupQuantizedRows, start: int, count: int) -> torc
 def group_quantized_matmul(
     x: torch.Tensor, weight: GroupQuantizedRows, bias: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """x [..., K] @ weight^T (+ bias). 4-bit groups of 32, up to 48 rows: activations
+    """x [..., K] @ weight^T (+ bias). 4-bit groups of 32 (up to 48 rows without AVX-512
+    VNNI: gemv.integer_activation_max_rows): activations
     quantized to 8 or 16 bits and integer dot products (unless LADLE_CPU_ACTIVATION_BITS=32);
     else up to 4 rows (decode): the C kernel that widens the codes in registers
     (kernels/cpu_native/gemv.py), reading each weight's own bits once; otherwise, or without
     them, one chunk of rows at a time dequantized for MKL."""
     bits = activation_bits()
-    if x.dim() == 2 and bits < 32 and x.shape[0] <= INTEGER_ACTIVATION_MAX_ROWS:
-        output = q4_int8_activation_matmul(x, weight, bias, bits)
+    max_rows = integer_activation_max_rows() if bits < 32 else 0
+    if x.dim() == 2 and bits < 32 and (max_rows is None or x.shape[0] <= max_rows):
+        kernel = q8_int8_activation_matmul if weight.bits == 8 else q4_int8_activation_matmul
+        output = kernel(x, weight, bias, bits)
         if output is not None:
             return output
     output = group_rows_gemv(x, weight, bias)
