@@ -23,6 +23,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Histo
 from prometheus_client.registry import Collector
 
 from ladle.engine.messages import STEP_TIME_BOUNDS_S, SchedulerStats
+from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S
 from ladle.outputs import RequestOutput
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
@@ -110,10 +111,34 @@ class _EngineStatsCollector(Collector):
                 buckets.append((bound, cumulative))
             step_time.add_metric([self.model_name, kind], buckets, seconds)
         yield step_time
+        yield _histogram(
+            "ladle:engine_inter_token_latency_seconds",
+            "Time a running stream waited for each token at the engine: since the engine sent "
+            "its previous token (the engine loop's cycles; 0 for extra tokens of one output). "
+            "The inter-token latency a client would see if the API process added nothing.",
+            labels, values, ENGINE_ITL_BOUNDS_S, stats.engine_itl_counts,
+            stats.engine_itl_seconds,
+        )
         yield counter("ladle:graph_steps", "Engine steps replayed from a CUDA graph.",
                       stats.num_graph_steps)
         yield counter("ladle:eager_steps", "Engine steps whose model ran eagerly (all of them "
                       "on the CPU and under --enforce-eager).", stats.num_eager_steps)
+
+
+def _histogram(
+    name: str, documentation: str, labels: list[str], values: list[str],
+    bounds: tuple[float, ...], counts: tuple[int, ...], total: float,
+) -> HistogramMetricFamily:
+    """A histogram family of one label set from per-bucket counts (the last: above every
+    bound), empty counts meaning no observations yet."""
+    counts = counts or (0,) * (len(bounds) + 1)
+    cumulative, buckets = 0, []
+    for bound, count in zip((*map(str, bounds), "+Inf"), counts):
+        cumulative += count
+        buckets.append((bound, cumulative))
+    family = HistogramMetricFamily(name, documentation, labels=labels)
+    family.add_metric(values, buckets, total)
+    return family
 
 
 class ServerMetrics:

@@ -95,3 +95,7 @@ class SchedulerStats:
     decode_step_seconds: float = 0.0
     num_graph_steps: int = 0  # model runs replayed from a CUDA graph
     num_eager_steps: int = 0  # model runs launched eagerly
+    # The engine-side inter-token gaps (engine/token_gap_meter.py): counts per
+    # ENGINE_ITL_BOUNDS_S bucket and their total seconds, filled in by the engine-core loop.
+    engine_itl_counts: tuple[int, ...] = ()
+    engine_itl_seconds: float = 0.0
