@@ -46,6 +46,9 @@ from pathlib import Path
 import psutil
 
 ENGINE_PID_LINE = re.compile(r"engine core running in process (\d+)")
+GC_PROBE_LINE = re.compile(
+    r"\[gc-probe\] collections per generation (\[.*?\]), seconds (\[.*?\]), longest ([\d.]+) ms"
+)
 
 
 def _free_port() -> int:
@@ -194,7 +197,7 @@ class Server:
 
     def __init__(
         self, kind: str, step_ms: float, tokenizer: str | None, log_path: Path,
-        profile: str | None = None, serve_args: str = "",
+        profile: str | None = None, serve_args: str = "", gc_probe: bool = False,
     ) -> None:
         self.port = _free_port()
         self.log_path = log_path
@@ -211,6 +214,8 @@ class Server:
                 command += ["--paced-tokenizer", tokenizer]
             if profile is not None:
                 command += ["--profile", profile]
+            if gc_probe:
+                command += ["--gc-probe"]
             command += ["--", "qwen3-0.6b", "--load-format", "dummy", "--port", str(self.port)]
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
@@ -425,7 +430,7 @@ def _stop_py_spy(samplers: list[subprocess.Popen]) -> None:
 def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict:
     server = Server(args.server, args.step_ms, args.paced_tokenizer,
                     log_dir / f"server_{args.server}_{concurrency}.log", args.profile_api,
-                    args.serve_args)
+                    args.serve_args, args.gc_probe)
     try:
         server.wait_ready()
         before = server.cpu_seconds()
@@ -512,6 +517,11 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
         result[f"engine_{key}"] = count - start_counts.get(key, 0)
     result["stalls"] = _stalls(ok)
     (log_dir / f"metrics_{concurrency}.txt").write_text(step_gauge.last_text)
+    probe = GC_PROBE_LINE.search(server.log_path.read_text())
+    if probe:
+        result["api_gc_collections"] = json.loads(probe.group(1))
+        result["api_gc_s"] = json.loads(probe.group(2))
+        result["api_gc_longest_ms"] = float(probe.group(3))
     for name, seconds in cpu.items():
         result[f"{name}_cpu_s"] = round(seconds, 2)
         result[f"{name}_cpu_per_wall"] = round(seconds / wall, 2)
@@ -556,6 +566,10 @@ def main() -> None:
         "--py-spy", default=None,
         help="a py-spy executable: sample each server process during the run (collapsed stacks "
         "in the log dir, py_spy_<process>_<concurrency>.txt)",
+    )
+    parser.add_argument(
+        "--gc-probe", action="store_true",
+        help="api server: time the API process's garbage collections (gc_* in the results)",
     )
     parser.add_argument("--base-url", default=None)
     parser.add_argument("--model", default="qwen3-0.6b")
