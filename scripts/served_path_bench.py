@@ -23,6 +23,13 @@ inter-token times against the known step (a p50 far under the step means tokens 
 bunches), and the CPU time per output token of each process (client, API, engine), measured
 from /proc by psutil: CPU time is robust to a loaded machine where wall time is not. A process
 near 1 s of CPU per second of wall time is saturated and bunches what it handles.
+
+Item 6's comparison (a line on stderr per level, and the JSON's client_itl_* / engine_itl_* /
+itl_*_client_over_engine): the client's mean inter-token time per token (first to last token of
+each stream over its tokens after the first, summed over the streams) and its p50 gap, against
+the engine's own figure for the same tokens, `ladle:engine_inter_token_latency_seconds` over the
+run (the last /metrics scrape less the one before the load): each running stream's wait since
+the engine sent its previous token. Equal token counts on both sides confirm the windows match.
 """
 
 from __future__ import annotations
