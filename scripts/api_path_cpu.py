@@ -18,8 +18,29 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import gc
 import json
 import time
+
+
+class GcTime:
+    """Wall time inside the cyclic collector (gc.callbacks), and collections per generation."""
+
+    def __init__(self) -> None:
+        self.seconds = 0.0
+        self.collections = [0, 0, 0]
+        self._started = 0.0
+        gc.callbacks.append(self._callback)
+
+    def _callback(self, phase: str, info: dict) -> None:
+        if phase == "start":
+            self._started = time.perf_counter()
+        else:
+            self.seconds += time.perf_counter() - self._started
+            self.collections[info["generation"]] += 1
+
+    def stop(self) -> None:
+        gc.callbacks.remove(self._callback)
 
 
 async def _lifespan_startup(app) -> asyncio.Task:
@@ -117,6 +138,7 @@ async def run_once(
     freeze_startup_objects()  # as AsyncEngineClient does once the engine is ready
     if profiler is not None:
         profiler.enable()
+    gc_time = GcTime()
     cpu, wall = time.process_time(), time.perf_counter()
     for frame in frames:
         target = chunks[0] + num_streams
@@ -124,6 +146,7 @@ async def run_once(
         while chunks[0] < target:
             await asyncio.sleep(0)
     cpu, wall = time.process_time() - cpu, time.perf_counter() - wall
+    gc_time.stop()
     if profiler is not None:
         profiler.disable()
     for task in [*tasks, lifespan]:
@@ -133,6 +156,8 @@ async def run_once(
     return {
         "cpu_us_per_token": cpu / tokens_out * 1e6,
         "wall_us_per_token": wall / tokens_out * 1e6,
+        "gc_us_per_token": gc_time.seconds / tokens_out * 1e6,
+        "gc_collections": gc_time.collections,
     }
 
 
@@ -159,6 +184,8 @@ def main() -> None:
         "streams": args.streams, "steps": args.steps, "tokenizer": args.tokenizer,
         "cpu_us_per_token_min": round(best["cpu_us_per_token"], 1),
         "cpu_us_per_token_runs": [round(r["cpu_us_per_token"], 1) for r in runs],
+        "gc_us_per_token_runs": [round(r["gc_us_per_token"], 1) for r in runs],
+        "gc_collections_runs": [r["gc_collections"] for r in runs],
     }))
 
 

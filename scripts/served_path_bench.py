@@ -23,6 +23,13 @@ inter-token times against the known step (a p50 far under the step means tokens 
 bunches), and the CPU time per output token of each process (client, API, engine), measured
 from /proc by psutil: CPU time is robust to a loaded machine where wall time is not. A process
 near 1 s of CPU per second of wall time is saturated and bunches what it handles.
+
+Item 6's comparison (a line on stderr per level, and the JSON's client_itl_* / engine_itl_* /
+itl_*_client_over_engine): the client's mean inter-token time per token (first to last token of
+each stream over its tokens after the first, summed over the streams) and its p50 gap, against
+the engine's own figure for the same tokens, `ladle:engine_inter_token_latency_seconds` over the
+run (the last /metrics scrape less the one before the load): each running stream's wait since
+the engine sent its previous token. Equal token counts on both sides confirm the windows match.
 """
 
 from __future__ import annotations
@@ -46,6 +53,9 @@ from pathlib import Path
 import psutil
 
 ENGINE_PID_LINE = re.compile(r"engine core running in process (\d+)")
+GC_PROBE_LINE = re.compile(
+    r"\[gc-probe\] collections per generation (\[.*?\]), seconds (\[.*?\]), longest ([\d.]+) ms"
+)
 
 
 def _free_port() -> int:
@@ -194,7 +204,7 @@ class Server:
 
     def __init__(
         self, kind: str, step_ms: float, tokenizer: str | None, log_path: Path,
-        profile: str | None = None, serve_args: str = "",
+        profile: str | None = None, serve_args: str = "", gc_probe: bool = False,
     ) -> None:
         self.port = _free_port()
         self.log_path = log_path
@@ -211,6 +221,8 @@ class Server:
                 command += ["--paced-tokenizer", tokenizer]
             if profile is not None:
                 command += ["--profile", profile]
+            if gc_probe:
+                command += ["--gc-probe"]
             command += ["--", "qwen3-0.6b", "--load-format", "dummy", "--port", str(self.port)]
         self.log = open(log_path, "w")  # noqa: SIM115 - closed in stop()
         self.process = subprocess.Popen(command, stdout=self.log, stderr=subprocess.STDOUT)
@@ -306,6 +318,57 @@ def _step_histogram(text: str) -> dict[str, int]:
     return counts
 
 
+ENGINE_ITL = "ladle:engine_inter_token_latency_seconds"
+
+
+def _engine_itl(text: str) -> tuple[list[tuple[float, float]], float, float]:
+    """([(upper bound s, cumulative count)...], sum s, count) of the engine-side inter-token
+    histogram in a /metrics text; empty from a server without it."""
+    buckets, total, count = [], 0.0, 0.0
+    for line in text.splitlines():
+        if line.startswith(ENGINE_ITL + "_bucket"):
+            bound = line.split('le="', 1)[1].split('"', 1)[0]
+            buckets.append((float(bound), float(line.split()[-1])))
+        elif line.startswith(ENGINE_ITL + "_sum"):
+            total = float(line.split()[-1])
+        elif line.startswith(ENGINE_ITL + "_count"):
+            count = float(line.split()[-1])
+    return buckets, total, count
+
+
+def _histogram_quantile(buckets: list[tuple[float, float]], q: float) -> float | None:
+    """Prometheus' histogram_quantile: linear within the bucket the rank falls in."""
+    if not buckets or buckets[-1][1] <= 0:
+        return None
+    rank = q * buckets[-1][1]
+    lower_bound, lower_count = 0.0, 0.0
+    for bound, cumulative in buckets:
+        if cumulative >= rank:
+            if bound == float("inf"):
+                return lower_bound
+            share = (rank - lower_count) / (cumulative - lower_count)
+            return lower_bound + (bound - lower_bound) * share
+        lower_bound, lower_count = bound, cumulative
+    return None
+
+
+def engine_itl_over_run(first_text: str, last_text: str) -> dict[str, float | None]:
+    """The engine's token-weighted inter-token time over the run: the histogram of the last
+    scrape less the first (before the load)."""
+    first_buckets, first_sum, first_count = _engine_itl(first_text)
+    buckets, total, count = _engine_itl(last_text)
+    before = dict(first_buckets)
+    run = [(bound, cumulative - before.get(bound, 0.0)) for bound, cumulative in buckets]
+    tokens = count - first_count
+    mean = (total - first_sum) / tokens if tokens > 0 else None
+    p50 = _histogram_quantile(run, 0.5)
+    return {
+        "engine_itl_tokens": int(tokens),
+        "engine_itl_ms_mean": None if mean is None else mean * 1000,
+        "engine_itl_ms_p50": None if p50 is None else p50 * 1000,
+    }
+
+
 def _stalls(records: list[dict], min_gap_s: float = 0.03, window_s: float = 0.005) -> list:
     """Gaps over min_gap_s grouped by when they ended (within window_s of each other): a stall
     that every stream sees at once is the server's (a slow step or a blocked process); gaps
@@ -343,10 +406,38 @@ def _percentile(values: list[float], q: float) -> float | None:
     return ordered[min(len(ordered) - 1, round(q / 100 * (len(ordered) - 1)))]
 
 
+def _start_py_spy(
+    py_spy: str | None, server: Server, log_dir: Path, concurrency: int
+) -> list[subprocess.Popen]:
+    """py-spy sampling each server process (collapsed stacks, without pausing it) for the run."""
+    if py_spy is None:
+        return []
+    samplers = []
+    for name, process in server.processes.items():
+        output = log_dir / f"py_spy_{name}_{concurrency}.txt"
+        samplers.append(subprocess.Popen(
+            [py_spy, "record", "--pid", str(process.pid), "--rate", "200", "--nonblocking",
+             "--format", "raw", "--output", str(output)],
+            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+        ))
+    time.sleep(1.0)  # attached before the load starts
+    return samplers
+
+
+def _stop_py_spy(samplers: list[subprocess.Popen]) -> None:
+    for sampler in samplers:
+        sampler.send_signal(signal.SIGINT)  # py-spy writes its file on SIGINT
+    for sampler in samplers:
+        try:
+            sampler.wait(30)
+        except subprocess.TimeoutExpired:
+            sampler.kill()
+
+
 def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict:
     server = Server(args.server, args.step_ms, args.paced_tokenizer,
                     log_dir / f"server_{args.server}_{concurrency}.log", args.profile_api,
-                    args.serve_args)
+                    args.serve_args, args.gc_probe)
     try:
         server.wait_ready()
         before = server.cpu_seconds()
@@ -354,8 +445,12 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
         command = [sys.executable, __file__, "--role", "client", "--client", args.client,
                    "--base-url", server.base_url, "--concurrency", str(concurrency),
                    "--num-prompts", str(args.num_prompts), "--model", server.model]
-        with StepGaugeSampler(server.base_url) as step_gauge:
-            done = subprocess.run(command, capture_output=True, text=True, check=True)
+        samplers = _start_py_spy(args.py_spy, server, log_dir, concurrency)
+        try:
+            with StepGaugeSampler(server.base_url) as step_gauge:
+                done = subprocess.run(command, capture_output=True, text=True, check=True)
+        finally:
+            _stop_py_spy(samplers)
         after = server.cpu_seconds()
     finally:
         server.stop()
@@ -398,6 +493,24 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
         sum(r["itl"]) * 1000 / (r["output_tokens"] - 1) for r in ok if r["output_tokens"] > 1
     ]
     result["tpot_ms_p50"] = _round(_percentile(tpot_ms, 50))
+    # Item 6's comparison over the same window: every gap a client saw after a first token
+    # against the engine's wait for the same tokens (ladle:engine_inter_token_latency_seconds:
+    # each running stream's time since the engine loop sent its previous token). The means are
+    # per token (total wait / tokens after the first), which a server merging steps into one
+    # chunk does not change; the p50s are of what each side saw (the client's per chunk).
+    client_gap_s = sum(sum(r["itl"]) for r in ok)
+    client_tokens = sum(max(r["output_tokens"] - 1, 0) for r in ok)
+    result["client_itl_tokens"] = client_tokens
+    result["client_itl_ms_mean"] = _round(client_gap_s * 1000 / client_tokens) \
+        if client_tokens else None
+    engine = engine_itl_over_run(step_gauge.first_text, step_gauge.last_text)
+    result.update({key: _round(value) if isinstance(value, float) else value
+                   for key, value in engine.items()})
+    for kind, client_ms in (("mean", result["client_itl_ms_mean"]), ("p50", result["itl_ms_p50"])):
+        engine_ms = engine[f"engine_itl_ms_{kind}"]
+        result[f"itl_{kind}_client_over_engine"] = (
+            round(client_ms / engine_ms, 3) if client_ms and engine_ms else None
+        )
     # The engine's own moving-average step time (`ladle serve`'s /metrics), sampled meanwhile.
     result["engine_step_gauge_ms_p50"] = _round(_percentile(step_gauge.samples_ms, 50))
     for line in step_gauge.last_text.splitlines():  # since start-up, warm-up included
@@ -411,11 +524,28 @@ def run_level(args: argparse.Namespace, concurrency: int, log_dir: Path) -> dict
         result[f"engine_{key}"] = count - start_counts.get(key, 0)
     result["stalls"] = _stalls(ok)
     (log_dir / f"metrics_{concurrency}.txt").write_text(step_gauge.last_text)
+    probe = GC_PROBE_LINE.search(server.log_path.read_text())
+    if probe:
+        result["api_gc_collections"] = json.loads(probe.group(1))
+        result["api_gc_s"] = json.loads(probe.group(2))
+        result["api_gc_longest_ms"] = float(probe.group(3))
     for name, seconds in cpu.items():
         result[f"{name}_cpu_s"] = round(seconds, 2)
         result[f"{name}_cpu_per_wall"] = round(seconds / wall, 2)
         result[f"{name}_us_per_token"] = round(seconds / max(tokens, 1) * 1e6, 1)
     return result
+
+
+def comparison_line(result: dict) -> str:
+    """Item 6 in one line: the client's inter-token times against the engine's."""
+    return (
+        f"{result['server']} x{result['concurrency']}: ITL mean client "
+        f"{result['client_itl_ms_mean']} ms / engine {result['engine_itl_ms_mean']} ms = "
+        f"{result['itl_mean_client_over_engine']}; p50 client {result['itl_ms_p50']} ms / engine "
+        f"{result['engine_itl_ms_p50']} ms = {result['itl_p50_client_over_engine']}; tokens "
+        f"{result['client_itl_tokens']} client, {result['engine_itl_tokens']} engine; "
+        f"{result['tokens_per_chunk']} tokens/chunk, {result['output_tok_per_s']} tok/s"
+    )
 
 
 def _round(value: float | None) -> float | None:
@@ -439,6 +569,15 @@ def main() -> None:
         help="real server: `ladle serve`'s arguments (default: S1's server)",
     )
     parser.add_argument("--profile-api", default=None, help="cProfile the API process (api server)")
+    parser.add_argument(
+        "--py-spy", default=None,
+        help="a py-spy executable: sample each server process during the run (collapsed stacks "
+        "in the log dir, py_spy_<process>_<concurrency>.txt)",
+    )
+    parser.add_argument(
+        "--gc-probe", action="store_true",
+        help="api server: time the API process's garbage collections (gc_* in the results)",
+    )
     parser.add_argument("--base-url", default=None)
     parser.add_argument("--model", default="qwen3-0.6b")
     parser.add_argument("--log-dir", default="/tmp/served_path_bench")
@@ -455,6 +594,7 @@ def main() -> None:
     for concurrency in args.concurrency:
         result = run_level(args, concurrency, log_dir)
         print(json.dumps(result), flush=True)
+        print(comparison_line(result), file=sys.stderr, flush=True)
         if args.json:
             with open(args.json, "a") as handle:
                 handle.write(json.dumps(result) + "\n")

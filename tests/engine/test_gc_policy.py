@@ -28,14 +28,65 @@ def test_freeze_moves_live_objects_out_of_the_collectors_reach():
 def test_full_collections_are_ten_times_rarer_after_start_up():
     """Freezing empties the old generation, so Python's quarter-of-the-old-generation rule no
     longer holds full collections back: the serving process raises their threshold instead."""
-    from ladle.engine.gc_policy import SERVING_FULL_COLLECTION_EVERY
+    from ladle.engine.gc_policy import (
+        SERVING_FULL_COLLECTION_EVERY,
+        SERVING_YOUNG_COLLECTION_AFTER,
+    )
 
     saved = gc.get_threshold()
     try:
         gc.set_threshold(700, 10, 10)
         freeze_startup_objects()
-        assert gc.get_threshold() == (700, 10, SERVING_FULL_COLLECTION_EVERY)
+        assert gc.get_threshold() == (
+            SERVING_YOUNG_COLLECTION_AFTER,
+            10,
+            SERVING_FULL_COLLECTION_EVERY,
+        )
         assert SERVING_FULL_COLLECTION_EVERY == 100
     finally:
+        gc.unfreeze()
+        gc.set_threshold(*saved)
+
+
+def test_a_256_stream_step_frame_runs_no_collection_after_start_up():
+    """Decoding one step's frame for 256 streams and holding it (as the API process does while it
+    handles the step) allocates thousands of tracked objects at once: with Python's default
+    threshold that ran two young collections per frame, each scanning the frame, a tenth of
+    the API process's CPU at 256 streams. After start-up it must run none."""
+    from ladle.engine import wire
+    from ladle.engine.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
+
+    frame = wire.encode_output(
+        wire.EngineStep(
+            outputs=[
+                EngineCoreOutput(f"cmpl-{i:032x}-0", [i], new_logprobs=[TokenLogprobs(i, -1.5, 1)])
+                for i in range(256)
+            ],
+            stats=SchedulerStats(),
+        )
+    )
+    collections: list[int] = []
+
+    def count(phase: str, info: dict) -> None:
+        if phase == "start":
+            collections.append(info["generation"])
+
+    saved = gc.get_threshold()
+    try:
+        gc.set_threshold(700, 10, 10)
+        gc.collect()
+        gc.callbacks.append(count)
+        held = [wire.decode_output(frame) for _ in range(2)]
+        assert len(collections) >= 2  # the default threshold: the cost this policy removes
+        assert len(held[1].outputs) == 256
+        del held
+        freeze_startup_objects()
+        collections.clear()
+        held = [wire.decode_output(frame) for _ in range(2)]
+        assert collections == []
+        assert len(held[1].outputs) == 256
+    finally:
+        if count in gc.callbacks:
+            gc.callbacks.remove(count)
         gc.unfreeze()
         gc.set_threshold(*saved)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from prometheus_client import generate_latest
+
 from ladle.engine.messages import SchedulerStats
 from ladle.metrics import ServerMetrics
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -105,3 +107,46 @@ def test_step_time_histogram_by_kind():
     sums = {name: value for name, value in values.items() if "_sum" in name}
     assert abs(sum(v for n, v in sums.items() if 'kind="decode"' in n) - 0.0079) < 1e-9
     assert abs(sum(v for n, v in sums.items() if 'kind="prefill"' in n) - 0.05) < 1e-9
+
+
+def test_inter_token_histogram_matches_prometheus_clients_own():
+    """vllm:inter_token_latency_seconds is counted without prometheus-client's per-update lock;
+    its buckets, count and sum must be what prometheus-client's Histogram gives the same gaps
+    (values on a bound fall in that bound's bucket)."""
+    from prometheus_client import CollectorRegistry, Histogram
+
+    from ladle.metrics import INTER_TOKEN_BUCKETS
+
+    gaps = [0.0, 0.004, 0.0075, 0.01, 0.0100001, 0.3, 0.3, 79.9, 100.0]
+    metrics = ServerMetrics("m")
+    reference_registry = CollectorRegistry()
+    reference = Histogram("vllm:inter_token_latency_seconds", "x", buckets=INTER_TOKEN_BUCKETS,
+                          registry=reference_registry)
+    previous = 1.0
+    metrics.record_step_output(make_output(1, previous, previous), previous_token_time=None)
+    for gap in gaps:
+        token_time = previous + gap
+        metrics.record_step_output(make_output(1, 1.0, token_time), previous)
+        reference.observe(token_time - previous)  # the gap as the float subtraction gives it
+        previous = token_time
+    for bound in (0.01, 0.025, 0.3):  # exactly on a bound: that bound's bucket
+        metrics.record_step_output(make_output(1, 1.0, bound), previous_token_time=0.0)
+        reference.observe(bound)
+
+    def samples(text: str) -> dict[str, float]:
+        values = {}
+        for line in text.splitlines():
+            if line.startswith("vllm:inter_token_latency_seconds_"):
+                name, _, value = line.rpartition(" ")
+                values[name.replace(',model_name="m"', "").replace('{model_name="m"}', "")] = (
+                    float(value)
+                )
+        return values
+
+    ours = samples(metrics.render().decode())
+    expected = samples(generate_latest(reference_registry).decode())
+    expected.pop("vllm:inter_token_latency_seconds_created", None)
+    assert ours.keys() == expected.keys()
+    for name, value in expected.items():
+        assert abs(ours[name] - value) < 1e-6, name
+    assert parse_metrics(metrics.render().decode())["vllm:generation_tokens_total"] == 13

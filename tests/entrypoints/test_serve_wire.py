@@ -54,3 +54,22 @@ def test_sampling_params_are_validated_on_decoding():
     )
     with pytest.raises(msgspec.ValidationError, match="top_p"):
         wire.decode_input(frame)
+
+
+def test_a_step_frame_is_compact_and_decodes_to_untracked_outputs():
+    """The per-stream objects of a step frame are arrays on the wire (no field names: S1's
+    256-stream frame was 263 bytes an output as maps) and the decoded EngineCoreOutput and
+    TokenLogprobs are not tracked by the garbage collector, which would scan each frame."""
+    import gc
+
+    outputs = [
+        EngineCoreOutput(f"cmpl-{i:032x}-0", [i], new_logprobs=[TokenLogprobs(i, -1.5, 1)])
+        for i in range(256)
+    ]
+    frame = wire.encode_output(wire.EngineStep(outputs=outputs))
+    assert len(frame) < 256 * 80  # request id (~40 bytes), one token, one logprob
+    decoded = wire.decode_output(frame)
+    assert decoded.outputs == outputs
+    first = decoded.outputs[0]
+    assert first.first_token_time is None and first.finish_reason is None
+    assert not gc.is_tracked(first) and not gc.is_tracked(first.new_logprobs[0])

@@ -33,7 +33,13 @@ def main(argv: list[str] | None = None) -> int:
         "default model's",
     )
     parser.add_argument("--profile", default=None, help="cProfile the API process into this file")
+    parser.add_argument(
+        "--gc-probe", action="store_true",
+        help="time the API process's garbage collections; a summary line on stderr at exit",
+    )
     args = parser.parse_args(own)
+    if args.gc_probe:
+        _install_gc_probe()
     os.environ[STEP_MS_ENV] = str(args.step_ms)
     if args.paced_tokenizer is not None:
         os.environ[TOKENIZER_ENV] = args.paced_tokenizer
@@ -50,6 +56,38 @@ def main(argv: list[str] | None = None) -> int:
         return profiler.runcall(ladle_main, ["serve", *serve_args])
     finally:
         profiler.dump_stats(args.profile)
+
+
+def _install_gc_probe() -> None:
+    """Collections per generation and the time spent in them (gc.callbacks), printed at exit."""
+    import atexit
+    import gc
+    import time
+
+    seconds = [0.0, 0.0, 0.0]
+    counts = [0, 0, 0]
+    longest = [0.0]
+    started = [0.0]
+
+    def callback(phase: str, info: dict) -> None:
+        if phase == "start":
+            started[0] = time.perf_counter()
+            return
+        elapsed = time.perf_counter() - started[0]
+        seconds[info["generation"]] += elapsed
+        counts[info["generation"]] += 1
+        longest[0] = max(longest[0], elapsed)
+
+    def report() -> None:
+        rounded = [round(s, 3) for s in seconds]
+        print(
+            f"[gc-probe] collections per generation {counts}, seconds {rounded}, longest "
+            f"{longest[0] * 1000:.1f} ms",
+            file=sys.stderr, flush=True,
+        )
+
+    gc.callbacks.append(callback)
+    atexit.register(report)
 
 
 if __name__ == "__main__":

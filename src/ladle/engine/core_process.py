@@ -24,6 +24,7 @@ import zmq
 
 from ladle.engine import wire
 from ladle.engine.messages import EngineCoreOutput, RequestRejectedError
+from ladle.engine.token_gap_meter import TokenGapMeter
 
 logger = logging.getLogger(__name__)
 
@@ -139,6 +140,7 @@ class EngineCoreLoop:
         self.poller = zmq.Poller()
         self.poller.register(input_socket, zmq.POLLIN)
         self._should_stop = False
+        self.token_gaps = TokenGapMeter()  # what a stream waits between frames: /metrics
 
     def run(self) -> None:
         last_sent = time.monotonic()
@@ -153,9 +155,12 @@ class EngineCoreLoop:
             # Send after every step with outputs and after every input (so stats follow an
             # abort at once); otherwise only a heartbeat now and then.
             if outputs or rejections or num_handled or now - last_sent >= HEARTBEAT_INTERVAL_S:
-                message = wire.EngineStep(
-                    outputs=outputs, rejections=rejections, stats=self.engine.get_stats()
-                )
+                stats = self.engine.get_stats()
+                if outputs:
+                    self.token_gaps.observe(outputs, now)
+                stats.engine_itl_counts = tuple(self.token_gaps.bucket_counts)
+                stats.engine_itl_seconds = self.token_gaps.total_seconds
+                message = wire.EngineStep(outputs=outputs, rejections=rejections, stats=stats)
                 if not _try_send(self.output_socket, message, self.parent_pid):
                     return
                 last_sent = now

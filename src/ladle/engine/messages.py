@@ -1,12 +1,19 @@
 """The messages between the front end (offline LLM or the API process) and the engine core.
 
 Plain dataclasses of plain values, so they cross a process boundary as they are (the server
-encodes them with msgspec) and the engine core never needs the server stack.
+encodes them with msgspec) and the engine core never needs the server stack. The two that the
+engine makes per request and step, EngineCoreOutput and TokenLogprobs, are msgspec Structs
+instead: encoded as arrays (no field names: a 256-stream step's frame 67 -> 18 kB), built and
+decoded in C, and not tracked by the garbage collector (they hold no references back). Measured
+on a 256-output frame: build 249 -> 86 us, encode 143 -> 34 us (engine process), decode 400 ->
+84 us (API process).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
+
+import msgspec
 
 from ladle.sampling_params import SamplingParams
 
@@ -28,8 +35,7 @@ class EngineCoreRequest:
     priority: int = 0
 
 
-@dataclass
-class TokenLogprobs:
+class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
     """Logprobs of one generated token: its own, its rank, and the top candidates.
 
     Logprobs are those of the model's raw distribution (log_softmax of the logits before
@@ -39,12 +45,11 @@ class TokenLogprobs:
     token_id: int
     logprob: float
     rank: int
-    top_token_ids: list[int] = field(default_factory=list)
-    top_logprobs: list[float] = field(default_factory=list)
+    top_token_ids: list[int] = []  # msgspec gives each instance its own empty list
+    top_logprobs: list[float] = []
 
 
-@dataclass
-class EngineCoreOutput:
+class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=False):
     """What one step produced for one request."""
 
     request_id: str
@@ -95,3 +100,7 @@ class SchedulerStats:
     decode_step_seconds: float = 0.0
     num_graph_steps: int = 0  # model runs replayed from a CUDA graph
     num_eager_steps: int = 0  # model runs launched eagerly
+    # The engine-side inter-token gaps (engine/token_gap_meter.py): counts per
+    # ENGINE_ITL_BOUNDS_S bucket and their total seconds, filled in by the engine-core loop.
+    engine_itl_counts: tuple[int, ...] = ()
+    engine_itl_seconds: float = 0.0

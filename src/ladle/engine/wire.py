@@ -2,8 +2,9 @@
 
 Both directions are msgpack through msgspec, decoded against a tagged union of Structs, so a
 malformed frame is a DecodeError and never runs code (pickle would). The payloads reuse the
-engine's own dataclasses (EngineCoreRequest, EngineCoreOutput, SchedulerStats), which msgspec
-encodes field by field; SamplingParams is validated again by its __post_init__ on decoding.
+engine's own types (EngineCoreRequest, SchedulerStats: dataclasses, encoded field by field;
+EngineCoreOutput, TokenLogprobs: Structs encoded as arrays); SamplingParams is validated again
+by its __post_init__ on decoding.
 
 API -> engine:   AddRequests | AbortRequests | Shutdown
 engine -> API:   EngineReady (once) | EngineStep (outputs, rejections, stats) | EngineFailed
