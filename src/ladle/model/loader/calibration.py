@@ -29,6 +29,7 @@ from ladle.model.layers.quant import QuantMethod
 from ladle.model.layers.quant.fp8 import Fp8Method
 from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
 from ladle.model.layers.quant.int4 import Int4Method, pack_int4_rows
+from ladle.model.layers.quant.int4_clip import search_int4_groups
 
 BLOCK_SIZE = 16
 # (weight [N, K], Hessian [K, K]) -> the method's canonical tensors
@@ -56,6 +57,20 @@ def gptq_quantizer(method: QuantMethod, search_clip: bool = False) -> WeightQuan
 
         return quantize_fp8
     raise ValueError(f"GPTQ calibration supports int4 and fp8, not {method.name}")
+
+
+def clip_search_quantizer(method: QuantMethod) -> WeightQuantizer:
+    """Round-to-nearest int4 with each group's range chosen by the activation-weighted clipping
+    search (int4_clip.py), the weights being the Hessian's diagonal: no error compensation, so
+    the pass costs two forward passes of the calibration windows and no column loop."""
+    if not isinstance(method, Int4Method):
+        raise ValueError(f"the clipping search applies to int4, not {method.name}")
+
+    def quantize_int4(weight: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, scale, zero = search_int4_groups(weight, hessian.diagonal(), method.symmetric)
+        return {"weight_packed": pack_int4_rows(codes), "weight_scale": scale, "weight_zero": zero}
+
+    return quantize_int4
 
 
 def _linears(layer: nn.Module) -> dict[str, nn.Module]:
@@ -190,10 +205,13 @@ def calibrate_checkpoint(
     search_clip: bool = False,
     log: Callable[[str], None] | None = None,
     float_layers: Collection[int] = (),
+    algorithm: str = "gptq",
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
-    when there is one) and quantize its projections with GPTQ from `windows`; returns canonical
-    tensors by checkpoint weight name, for write_quantized_checkpoint(calibrated=...)."""
+    when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
+    "gptq", optionally with the clipping search) or with round-to-nearest and the weighted
+    clipping search alone ("rtn", int4 only); returns canonical tensors by checkpoint weight
+    name, for write_quantized_checkpoint(calibrated=...)."""
     from ladle.attention.backend import get_attention_backend
     from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
@@ -202,6 +220,11 @@ def calibrate_checkpoint(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
     model = load_model(config, device, dtype, get_attention_backend(device)).model
-    quantizer = gptq_quantizer(method, search_clip)
+    if algorithm == "gptq":
+        quantizer = gptq_quantizer(method, search_clip)
+    elif algorithm == "rtn":
+        quantizer = clip_search_quantizer(method)
+    else:
+        raise ValueError(f"calibration algorithm {algorithm!r} is not gptq or rtn")
     results = calibrate_linears(model, windows, quantizer, log, float_layers)
     return by_checkpoint_name(model, results)
