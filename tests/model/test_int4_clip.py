@@ -160,3 +160,123 @@ def test_clip_search_refuses_other_methods(tmp_path, capsys):
     assert main(argv) == 2
     assert "--clip-search applies to int4, not fp8" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+
+
+def test_awq_scale_search_picks_the_least_output_error_alpha():
+    """search_input_scales against the errors of every alpha computed plainly: it returns the
+    scales of the argmin, and on inputs with a few large channels that is a real scaling
+    (alpha > 0) with less output error than the clipping search alone (alpha 0)."""
+    from ladle.model.layers.quant.awq import ALPHAS, input_scales, search_input_scales
+
+    generator = torch.Generator().manual_seed(11)
+    num_inputs = 300
+    channel_size = torch.ones(num_inputs)
+    channel_size[torch.randperm(num_inputs, generator=generator)[:6]] = 30.0
+    inputs = torch.randn(400, num_inputs, generator=generator) * channel_size
+    hessian = inputs.t() @ inputs / inputs.shape[0]
+    weight = torch.randn(24, num_inputs, generator=generator)
+
+    def quantize(w, importance):
+        return dequantize_int4_groups(*search_int4_groups(w, importance))
+
+    def output_error(scales):
+        image = quantize(weight * scales, hessian.diagonal() / scales**2) / scales
+        return float(((inputs @ (image - weight).t()) ** 2).sum())
+
+    errors = [output_error(input_scales(hessian, alpha)) for alpha in ALPHAS]
+    best = min(range(len(ALPHAS)), key=errors.__getitem__)
+    chosen = search_input_scales(weight, hessian, quantize)
+    assert torch.equal(chosen, input_scales(hessian, ALPHAS[best]))
+    assert ALPHAS[best] > 0 and errors[best] < 0.9 * errors[0]
+    assert torch.equal(input_scales(hessian, 0.0), torch.ones(num_inputs))
+
+
+def test_awq_folding_leaves_the_float_model_unchanged(tmp_path):
+    """fold_input_scales_ scales weight columns by s and divides the norms / up rows by s:
+    before any rounding the layer's function is the same."""
+    from helpers.tiny_models import paged_logits, save_tiny_model
+
+    from ladle.attention.torch_backend import TorchAttentionBackend
+    from ladle.config import ModelConfig
+    from ladle.model.layers.linear import Linear
+    from ladle.model.layers.quant.gptq import HessianAccumulator
+    from ladle.model.loader import load_model
+    from ladle.model.loader.calibration import fold_input_scales_
+
+    path = save_tiny_model(tmp_path, "qwen2", intermediate_size=200)
+    config = ModelConfig(model=path, dtype="float32")
+    loaded = load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
+    model = loaded.model
+    before = paged_logits(loaded)
+    layer = model.model.layers[0]
+    linears = {n: m for n, m in layer.named_modules() if isinstance(m, Linear)}
+    accumulators = {n: HessianAccumulator(m.input_size) for n, m in linears.items()}
+    hooks = [
+        m.register_forward_pre_hook(lambda _, i, a=accumulators[n]: a.add(i[0]))
+        for n, m in linears.items()
+    ]
+    paged_logits(loaded)
+    for hook in hooks:
+        hook.remove()
+    hessians = {n: a.hessian() for n, a in accumulators.items()}
+    norms = {
+        n: getattr(layer, n).weight.clone() for n in ("input_layernorm", "post_attention_layernorm")
+    }
+    # alpha 0.5 only: the tiny random model's search may keep alpha 0 (no scaling at all).
+    changed = fold_input_scales_(layer, hessians, symmetric=False, alphas=(0.5,))
+    assert set(changed) == {"input_layernorm.weight", "post_attention_layernorm.weight"}
+    assert all(not torch.equal(getattr(layer, n).weight, w) for n, w in norms.items())
+    torch.testing.assert_close(paged_logits(loaded), before, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("fmt,symmetric", [("gptq", False), ("awq", True)])
+def test_awq_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, symmetric):
+    """`ladle quantize --algorithm awq` writes the folded norms and the scaled, quantized
+    projections; the folder loads back to exactly the in-memory pass's logits."""
+    from helpers.tiny_models import paged_logits, save_tiny_model
+
+    from ladle.attention.torch_backend import TorchAttentionBackend
+    from ladle.cli import main
+    from ladle.config import ModelConfig
+    from ladle.engine.tokenizer import load_tokenizer
+    from ladle.model.layers.quant import get_quant_method
+    from ladle.model.layers.quant.base import install_canonical_
+    from ladle.model.loader import load_model
+    from ladle.model.loader.calibration import calibrate_linears, clip_search_quantizer
+    from ladle.model.loader.calibration_text import token_windows
+
+    def load(path: str):
+        config = ModelConfig(model=path, dtype="float32")
+        return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
+
+    float_model = save_tiny_model(tmp_path, "qwen2", intermediate_size=200)
+    text = tmp_path / "calibration.txt"
+    text.write_text(" ".join(f"word{i % 97} and {i % 13} more" for i in range(400)))
+    out = tmp_path / "awq_out"
+    argv = ["quantize", float_model, str(out), "--method", "int4", "--format", fmt]
+    argv += ["--dtype", "float32", "--algorithm", "awq", "--calibration-data", str(text)]
+    argv += ["--calibration-samples", "3", "--calibration-tokens", "40"]
+    assert main(argv + (["--symmetric"] if symmetric else [])) == 0
+
+    windows = token_windows(load_tokenizer(float_model), [text.read_text()], 120, 40)
+    method = get_quant_method("int4", symmetric=symmetric)
+    reference = load(float_model)
+    float_logits = paged_logits(reference)
+    results = calibrate_linears(
+        reference.model,
+        windows,
+        clip_search_quantizer(method),
+        fold_scales=True,
+        symmetric=symmetric,
+    )
+    assert sum(name.endswith("layernorm") for name in results) == 4  # 2 per layer, 2 layers
+    for name, canonical in results.items():
+        if "float" in canonical:
+            continue
+        module = reference.model.get_submodule(name)
+        install_canonical_(module, method, canonical)
+        method.finalize(module)
+    in_memory = paged_logits(reference)
+    assert torch.equal(paged_logits(load(str(out))), in_memory)
+    error = ((in_memory - float_logits).norm() / float_logits.norm()).item()
+    assert 0 < error < 0.5

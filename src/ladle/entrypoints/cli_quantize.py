@@ -41,10 +41,12 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--algorithm",
         default="rtn",
-        choices=["rtn", "gptq"],
+        choices=["rtn", "gptq", "awq"],
         help="rtn: round each weight to nearest (fast, no data); gptq: calibrated rounding that "
         "pushes each column's error onto the next from the layer's input statistics (int4 and "
-        "fp8; needs calibration text, see --calibration-data)",
+        "fp8); awq (int4): activation-aware input scales searched per projection and folded "
+        "into the preceding norm or up projection, then the --clip-search rounding (always on "
+        "with awq). gptq and awq need calibration text, see --calibration-data",
     )
     sub.add_argument(
         "--calibration-data",
@@ -90,15 +92,16 @@ def run_quantize(args: argparse.Namespace) -> int:
     dtype = supported_dtypes()[args.dtype]
     float_layers = _float_layers(args, source)
     calibrated = None
-    if args.algorithm == "gptq" or args.clip_search:
+    if args.algorithm != "rtn" or args.clip_search:
         calibrated = _calibrate(args, source, dtype, float_layers)
     summary = write_quantized_checkpoint(
         source, args.out, args.method, args.format, dtype, args.symmetric, calibrated, float_layers
     )
     how = "round to nearest"
     if calibrated:
-        how = "gptq" if args.algorithm == "gptq" else "round to nearest"
-        how = f"{summary['calibrated']} by {how}{' with the clipping search' * args.clip_search}"
+        how = {"rtn": "round to nearest"}.get(args.algorithm, args.algorithm)
+        clipped = args.clip_search or args.algorithm == "awq"
+        how = f"{summary['calibrated']} by {how}{' with the clipping search' * clipped}"
     kept = f", {len(float_layers)} last layer(s) left in {args.dtype}" if float_layers else ""
     print(
         f"ladle quantize: {summary['quantized']} weights to {args.method} ({how}{kept}) in "
@@ -133,6 +136,8 @@ def _calibrate(args: argparse.Namespace, source, dtype, float_layers: set[int]) 
 
     if args.clip_search and args.method != "int4":
         raise ValueError(f"--clip-search applies to int4, not {args.method}")
+    if args.algorithm == "awq" and args.method != "int4":
+        raise ValueError(f"--algorithm awq applies to int4, not {args.method}")
     if args.method not in ("int4", "fp8"):
         raise ValueError(f"--algorithm gptq applies to int4 and fp8, not {args.method}")
     num_tokens = args.calibration_samples * args.calibration_tokens

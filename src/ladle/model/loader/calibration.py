@@ -26,9 +26,10 @@ from torch import nn
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.quant import QuantMethod
+from ladle.model.layers.quant.awq import ALPHAS, search_input_scales
 from ladle.model.layers.quant.fp8 import Fp8Method
 from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
-from ladle.model.layers.quant.int4 import Int4Method, pack_int4_rows
+from ladle.model.layers.quant.int4 import Int4Method, dequantize_int4_groups, pack_int4_rows
 from ladle.model.layers.quant.int4_clip import search_int4_groups
 
 BLOCK_SIZE = 16
@@ -71,6 +72,49 @@ def clip_search_quantizer(method: QuantMethod) -> WeightQuantizer:
         return {"weight_packed": pack_int4_rows(codes), "weight_scale": scale, "weight_zero": zero}
 
     return quantize_int4
+
+
+def fold_input_scales_(
+    layer: nn.Module,
+    hessians: dict[str, torch.Tensor],
+    symmetric: bool,
+    alphas: tuple[float, ...] = ALPHAS,
+) -> dict[str, torch.Tensor]:
+    """AWQ's input scaling (quant/awq.py) on one decoder layer, folded where it is exact: down
+    (1/s into the up rows of gate_up), then gate_up and qkv (1/s into the RMSNorm before each).
+    o_proj is left alone (its input is the attention output, whose channels are v's only when
+    every query head has its own kv head). The layer's weights and `hessians` are updated in
+    place (H -> H / (s s^T), the statistics of the scaled inputs); returns the changed norm
+    weights by their name in the layer."""
+
+    def quantize(weight: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
+        return dequantize_int4_groups(*search_int4_groups(weight, importance, symmetric))
+
+    down, gate_up = layer.mlp.down_proj, layer.mlp.gate_up_proj
+    folds = [
+        ("mlp.down_proj", down, None),
+        ("mlp.gate_up_proj", gate_up, "post_attention_layernorm"),
+        ("self_attn.qkv_proj", layer.self_attn.qkv_proj, "input_layernorm"),
+    ]
+    changed = {}
+    for name, linear, norm_name in folds:
+        hessian = hessians[name]
+        scales = search_input_scales(linear.weight.data, hessian, quantize, alphas)
+        scales = scales.to(hessian.device)
+        hessians[name] = hessian / scales[:, None] / scales[None, :]
+        linear.weight.data.mul_(scales[None, :].to(linear.weight.dtype))
+        if norm_name is None:  # down: the up projection's rows produce its inputs
+            start, num_rows = gate_up.shard_rows(1)
+            gate_up.weight.data[start : start + num_rows].div_(
+                scales[:, None].to(gate_up.weight.dtype)
+            )
+            if gate_up.bias is not None:
+                gate_up.bias.data[start : start + num_rows].div_(scales.to(gate_up.bias.dtype))
+            continue
+        norm = getattr(layer, norm_name)
+        norm.weight.data.div_(scales.to(norm.weight.dtype))
+        changed[f"{norm_name}.weight"] = norm.weight.data
+    return changed
 
 
 def _linears(layer: nn.Module) -> dict[str, nn.Module]:
@@ -121,11 +165,15 @@ def calibrate_linears(
     quantizer: WeightQuantizer,
     log: Callable[[str], None] | None = None,
     float_layers: Collection[int] = (),
+    fold_scales: bool = False,
+    symmetric: bool = False,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Quantize every decoder Linear of `model` from calibration `windows` (token id lists),
     layer by layer, except in the decoder layers `float_layers`; returns {module name:
     canonical tensors}. The model's Linear weights are
-    left holding the dequantized quantized weights (its float outputs are gone)."""
+    left holding the dequantized quantized weights (its float outputs are gone).
+    `fold_scales`: AWQ's input scaling first (fold_input_scales_, int4 with `symmetric` groups);
+    the norms it changes are returned too, as {norm module name: {"float": weight}}."""
     runner = _LayerRunner(model, windows)
     device = runner.device
     states = [(model.model.embed_tokens(torch.tensor(w, device=device)), None) for w in windows]
@@ -150,12 +198,17 @@ def calibrate_linears(
         finally:
             for hook in hooks:
                 hook.remove()
+        hessians = {name: accumulator.hessian() for name, accumulator in accumulators.items()}
+        if fold_scales:
+            for norm_name, weight in fold_input_scales_(layer, hessians, symmetric).items():
+                module_name = f"model.layers.{index}.{norm_name.removesuffix('.weight')}"
+                results[module_name] = {"float": weight.cpu().clone()}
         for name, module in linears.items():
-            canonical = quantizer(module.weight.data.float(), accumulators[name].hessian())
+            canonical = quantizer(module.weight.data.float(), hessians[name])
             dequantized = _method_of(canonical).dequantize(canonical, module.input_size)
             module.weight.data.copy_(dequantized.to(module.weight.dtype))
             results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
-        del accumulators
+        del accumulators, hessians
         states = runner.run(layer, states)
         if log is not None:
             log(
@@ -174,13 +227,17 @@ def by_checkpoint_name(
 ) -> dict[str, dict[str, torch.Tensor]]:
     """calibrate_linears' results keyed by the checkpoint's weight names: a merged module's rows
     (q/k/v, gate/up) split back into its projections (every canonical tensor has rows on dim 0,
-    and GPTQ treats rows independently, so the split equals quantizing each projection)."""
-    from ladle.model.layers.linear import MergedLinear, QKVLinear
+    and GPTQ treats rows independently, so the split equals quantizing each projection). A
+    norm weight that AWQ's folding changed keeps its name: {"float": weight}."""
+    from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
     from ladle.model.models.llama import to_checkpoint_name
 
     named: dict[str, dict[str, torch.Tensor]] = {}
     for module_name, canonical in results.items():
         module = model.get_submodule(module_name)
+        if not isinstance(module, Linear):
+            named[f"{module_name}.weight"] = canonical
+            continue
         if isinstance(module, QKVLinear):
             shards: list[str | int | None] = ["q", "k", "v"]
         elif isinstance(module, MergedLinear):
@@ -209,9 +266,10 @@ def calibrate_checkpoint(
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
     when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
-    "gptq", optionally with the clipping search) or with round-to-nearest and the weighted
-    clipping search alone ("rtn", int4 only); returns canonical tensors by checkpoint weight
-    name, for write_quantized_checkpoint(calibrated=...)."""
+    "gptq", optionally with the clipping search), with round-to-nearest and the weighted
+    clipping search alone ("rtn", int4 only), or with AWQ's input scaling folded into the norms
+    and up rows before that search ("awq", int4 only); returns canonical tensors by checkpoint
+    weight name, for write_quantized_checkpoint(calibrated=...)."""
     from ladle.attention.backend import get_attention_backend
     from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
@@ -222,9 +280,12 @@ def calibrate_checkpoint(
     model = load_model(config, device, dtype, get_attention_backend(device)).model
     if algorithm == "gptq":
         quantizer = gptq_quantizer(method, search_clip)
-    elif algorithm == "rtn":
+    elif algorithm in ("rtn", "awq"):
         quantizer = clip_search_quantizer(method)
     else:
-        raise ValueError(f"calibration algorithm {algorithm!r} is not gptq or rtn")
-    results = calibrate_linears(model, windows, quantizer, log, float_layers)
+        raise ValueError(f"calibration algorithm {algorithm!r} is not gptq, awq or rtn")
+    symmetric = getattr(method, "symmetric", False)
+    results = calibrate_linears(
+        model, windows, quantizer, log, float_layers, algorithm == "awq", symmetric
+    )
     return by_checkpoint_name(model, results)
