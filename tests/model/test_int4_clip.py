@@ -229,8 +229,10 @@ def test_awq_folding_leaves_the_float_model_unchanged(tmp_path):
     torch.testing.assert_close(paged_logits(loaded), before, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("fmt,symmetric", [("gptq", False), ("awq", True)])
-def test_awq_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, symmetric):
+@pytest.mark.parametrize(
+    "architecture,fmt,symmetric", [("llama", "gptq", False), ("qwen2", "awq", True)]
+)
+def test_awq_checkpoint_loads_to_the_in_memory_logits(tmp_path, architecture, fmt, symmetric):
     """`ladle quantize --algorithm awq` writes the folded norms and the scaled, quantized
     projections; the folder loads back to exactly the in-memory pass's logits."""
     from helpers.tiny_models import paged_logits, save_tiny_model
@@ -249,7 +251,7 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, symmetric):
         config = ModelConfig(model=path, dtype="float32")
         return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
 
-    float_model = save_tiny_model(tmp_path, "qwen2", intermediate_size=200)
+    float_model = save_tiny_model(tmp_path, architecture, intermediate_size=200)
     text = tmp_path / "calibration.txt"
     text.write_text(" ".join(f"word{i % 97} and {i % 13} more" for i in range(400)))
     out = tmp_path / "awq_out"
