@@ -160,6 +160,9 @@ def test_clip_search_refuses_other_methods(tmp_path, capsys):
     assert main(argv) == 2
     assert "--clip-search applies to int4, not fp8" in capsys.readouterr().err
     assert not (tmp_path / "x").exists()
+    argv = ["quantize", float_model, str(tmp_path / "y"), "--method", "int8", "--algorithm", "awq"]
+    assert main(argv) == 2
+    assert "--algorithm awq applies to int4, not int8" in capsys.readouterr().err
 
 
 def test_awq_scale_search_picks_the_least_output_error_alpha():
