@@ -1,10 +1,11 @@
-"""The calibration pass of `ladle quantize --algorithm gptq`: run calibration token windows
-through a loaded float model one decoder layer at a time and quantize each layer's projections
-from the inputs it actually sees (gptq.py).
+"""The calibration pass of `ladle quantize --algorithm gptq|awq` and `--clip-search`: run
+calibration token windows through a loaded float model one decoder layer at a time and quantize
+each layer's projections from the inputs it actually sees (gptq.py, int4_clip.py, awq.py).
 
     inputs of layer 0 = the embedding of every window
     for each layer:
         run the windows through it with its float weights, accumulating x x^T at every Linear
+        awq: search input scales per projection, fold them into the norms and up rows
         quantize each Linear with its Hessian; put the quantized (dequantized) weight in place
         run the windows through it again: the next layer's inputs, quantization error included
 
