@@ -1,6 +1,7 @@
-"""Scale searches for fp8 and int4 weights on the default model, measured by perplexity: what a
-per-channel (fp8) or per-group (int4) scale chosen by least squared error does against the
-engine's rules (fp8: each row's max -> 448; int4: round-to-nearest over the group's range).
+"""Perplexity of the default model with fp8 / int4 weight scales chosen by searches.
+
+What a per-channel (fp8) or per-group (int4) scale chosen by least squared error does against
+the engine's rules (fp8: each row's max -> 448; int4: round-to-nearest over the group's range).
 
     PYTHONPATH=src OMP_NUM_THREADS=1 python -m ladle.bench.quant_search_ablation \\
         --num-tokens 8192 --runs fp8 fp8-mse32 int4 int4-wmse
