@@ -29,7 +29,7 @@ def input_scales(hessian: torch.Tensor, alpha: float) -> torch.Tensor:
     grows nor shrinks overall); inputs never seen (rms 0) get the smallest seen rms."""
     rms = hessian.diagonal().float().clamp(min=0).sqrt()
     seen = rms > 0
-    floor = rms[seen].min() if bool(seen.any()) else torch.tensor(1.0)
+    floor = rms[seen].min() if bool(seen.any()) else rms.new_tensor(1.0)
     scales = torch.where(seen, rms, floor) ** alpha
     return scales / (scales.max() * scales.min()).sqrt()
 
