@@ -285,3 +285,15 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(tmp_path, architecture, fm
     assert torch.equal(paged_logits(load(str(out))), in_memory)
     error = ((in_memory - float_logits).norm() / float_logits.norm()).item()
     assert 0 < error < 0.5
+
+
+def test_awq_scales_of_inputs_never_seen_are_finite():
+    """An input channel calibration never saw (zero Hessian row) gets the smallest seen rms,
+    so its scale is finite and the fold divides by no zero."""
+    from ladle.model.layers.quant.awq import input_scales
+
+    hessian = torch.diag(torch.tensor([4.0, 0.0, 1.0, 9.0]))
+    scales = input_scales(hessian, 1.0)
+    expected = torch.tensor([2.0, 1.0, 1.0, 3.0]) / (3.0**0.5)  # max * min normalised to 1
+    torch.testing.assert_close(scales, expected)
+    assert torch.equal(input_scales(torch.zeros(3, 3), 0.5), torch.ones(3))
