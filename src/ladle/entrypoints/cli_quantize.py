@@ -41,10 +41,12 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--algorithm",
         default="rtn",
-        choices=["rtn", "gptq"],
+        choices=["rtn", "gptq", "awq"],
         help="rtn: round each weight to nearest (fast, no data); gptq: calibrated rounding that "
         "pushes each column's error onto the next from the layer's input statistics (int4 and "
-        "fp8; needs calibration text, see --calibration-data)",
+        "fp8); awq (int4): activation-aware input scales searched per projection and folded "
+        "into the preceding norm or up projection, then the --clip-search rounding (always on "
+        "with awq). gptq and awq need calibration text, see --calibration-data",
     )
     sub.add_argument(
         "--calibration-data",
@@ -58,7 +60,10 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--clip-search",
         action="store_true",
-        help="gptq int4: also search each group's clipping ratio (least weighted squared error)",
+        help="int4: choose each group's clipping range by the least squared error weighted by "
+        "the calibration inputs' second moments (needs calibration text, see "
+        "--calibration-data); with --algorithm rtn alone (two forward passes, no GPTQ) or "
+        "within gptq",
     )
     sub.add_argument(
         "--float-last-layers",
@@ -87,12 +92,16 @@ def run_quantize(args: argparse.Namespace) -> int:
     dtype = supported_dtypes()[args.dtype]
     float_layers = _float_layers(args, source)
     calibrated = None
-    if args.algorithm == "gptq":
+    if args.algorithm != "rtn" or args.clip_search:
         calibrated = _calibrate(args, source, dtype, float_layers)
     summary = write_quantized_checkpoint(
         source, args.out, args.method, args.format, dtype, args.symmetric, calibrated, float_layers
     )
-    how = f"{summary['calibrated']} by gptq" if calibrated else "round to nearest"
+    how = "round to nearest"
+    if calibrated:
+        how = {"rtn": "round to nearest"}.get(args.algorithm, args.algorithm)
+        clipped = args.clip_search or args.algorithm == "awq"
+        how = f"{summary['calibrated']} by {how}{' with the clipping search' * clipped}"
     kept = f", {len(float_layers)} last layer(s) left in {args.dtype}" if float_layers else ""
     print(
         f"ladle quantize: {summary['quantized']} weights to {args.method} ({how}{kept}) in "
@@ -125,6 +134,10 @@ def _calibrate(args: argparse.Namespace, source, dtype, float_layers: set[int]) 
     from ladle.model.loader.calibration import calibrate_checkpoint
     from ladle.model.loader.calibration_text import calibration_texts, token_windows
 
+    if args.clip_search and args.method != "int4":
+        raise ValueError(f"--clip-search applies to int4, not {args.method}")
+    if args.algorithm == "awq" and args.method != "int4":
+        raise ValueError(f"--algorithm awq applies to int4, not {args.method}")
     if args.method not in ("int4", "fp8"):
         raise ValueError(f"--algorithm gptq applies to int4 and fp8, not {args.method}")
     num_tokens = args.calibration_samples * args.calibration_tokens
@@ -151,5 +164,6 @@ def _calibrate(args: argparse.Namespace, source, dtype, float_layers: set[int]) 
         windows,
         args.clip_search,
         float_layers=float_layers,
+        algorithm=args.algorithm,
         log=lambda line: print(f"ladle quantize: {line}", file=sys.stderr, flush=True),
     )

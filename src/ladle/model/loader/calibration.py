@@ -1,10 +1,11 @@
-"""The calibration pass of `ladle quantize --algorithm gptq`: run calibration token windows
-through a loaded float model one decoder layer at a time and quantize each layer's projections
-from the inputs it actually sees (gptq.py).
+"""The calibration pass of `ladle quantize --algorithm gptq|awq` and `--clip-search`: run
+calibration token windows through a loaded float model one decoder layer at a time and quantize
+each layer's projections from the inputs it actually sees (gptq.py, int4_clip.py, awq.py).
 
     inputs of layer 0 = the embedding of every window
     for each layer:
         run the windows through it with its float weights, accumulating x x^T at every Linear
+        awq: search input scales per projection, fold them into the norms and up rows
         quantize each Linear with its Hessian; put the quantized (dequantized) weight in place
         run the windows through it again: the next layer's inputs, quantization error included
 
@@ -26,9 +27,11 @@ from torch import nn
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.quant import QuantMethod
+from ladle.model.layers.quant.awq import ALPHAS, search_input_scales
 from ladle.model.layers.quant.fp8 import Fp8Method
 from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
-from ladle.model.layers.quant.int4 import Int4Method, pack_int4_rows
+from ladle.model.layers.quant.int4 import Int4Method, dequantize_int4_groups, pack_int4_rows
+from ladle.model.layers.quant.int4_clip import search_int4_groups
 
 BLOCK_SIZE = 16
 # (weight [N, K], Hessian [K, K]) -> the method's canonical tensors
@@ -56,6 +59,63 @@ def gptq_quantizer(method: QuantMethod, search_clip: bool = False) -> WeightQuan
 
         return quantize_fp8
     raise ValueError(f"GPTQ calibration supports int4 and fp8, not {method.name}")
+
+
+def clip_search_quantizer(method: QuantMethod) -> WeightQuantizer:
+    """Round-to-nearest int4 with each group's range chosen by the activation-weighted clipping
+    search (int4_clip.py), the weights being the Hessian's diagonal: no error compensation, so
+    the pass costs two forward passes of the calibration windows and no column loop."""
+    if not isinstance(method, Int4Method):
+        raise ValueError(f"the clipping search applies to int4, not {method.name}")
+
+    def quantize_int4(weight: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
+        codes, scale, zero = search_int4_groups(weight, hessian.diagonal(), method.symmetric)
+        return {"weight_packed": pack_int4_rows(codes), "weight_scale": scale, "weight_zero": zero}
+
+    return quantize_int4
+
+
+def fold_input_scales_(
+    layer: nn.Module,
+    hessians: dict[str, torch.Tensor],
+    symmetric: bool,
+    alphas: tuple[float, ...] = ALPHAS,
+) -> dict[str, torch.Tensor]:
+    """AWQ's input scaling (quant/awq.py) on one decoder layer, folded where it is exact: down
+    (1/s into the up rows of gate_up), then gate_up and qkv (1/s into the RMSNorm before each).
+    o_proj is left alone (its input is the attention output, whose channels are v's only when
+    every query head has its own kv head). The layer's weights and `hessians` are updated in
+    place (H -> H / (s s^T), the statistics of the scaled inputs); returns the changed norm
+    weights by their name in the layer."""
+
+    def quantize(weight: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
+        return dequantize_int4_groups(*search_int4_groups(weight, importance, symmetric))
+
+    down, gate_up = layer.mlp.down_proj, layer.mlp.gate_up_proj
+    folds = [
+        ("mlp.down_proj", down, None),
+        ("mlp.gate_up_proj", gate_up, "post_attention_layernorm"),
+        ("self_attn.qkv_proj", layer.self_attn.qkv_proj, "input_layernorm"),
+    ]
+    changed = {}
+    for name, linear, norm_name in folds:
+        hessian = hessians[name]
+        scales = search_input_scales(linear.weight.data, hessian, quantize, alphas)
+        scales = scales.to(hessian.device)
+        hessians[name] = hessian / scales[:, None] / scales[None, :]
+        linear.weight.data.mul_(scales[None, :].to(linear.weight.dtype))
+        if norm_name is None:  # down: the up projection's rows produce its inputs
+            start, num_rows = gate_up.shard_rows(1)
+            gate_up.weight.data[start : start + num_rows].div_(
+                scales[:, None].to(gate_up.weight.dtype)
+            )
+            if gate_up.bias is not None:
+                gate_up.bias.data[start : start + num_rows].div_(scales.to(gate_up.bias.dtype))
+            continue
+        norm = getattr(layer, norm_name)
+        norm.weight.data.div_(scales.to(norm.weight.dtype))
+        changed[f"{norm_name}.weight"] = norm.weight.data
+    return changed
 
 
 def _linears(layer: nn.Module) -> dict[str, nn.Module]:
@@ -106,11 +166,15 @@ def calibrate_linears(
     quantizer: WeightQuantizer,
     log: Callable[[str], None] | None = None,
     float_layers: Collection[int] = (),
+    fold_scales: bool = False,
+    symmetric: bool = False,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Quantize every decoder Linear of `model` from calibration `windows` (token id lists),
     layer by layer, except in the decoder layers `float_layers`; returns {module name:
     canonical tensors}. The model's Linear weights are
-    left holding the dequantized quantized weights (its float outputs are gone)."""
+    left holding the dequantized quantized weights (its float outputs are gone).
+    `fold_scales`: AWQ's input scaling first (fold_input_scales_, int4 with `symmetric` groups);
+    the norms it changes are returned too, as {norm module name: {"float": weight}}."""
     runner = _LayerRunner(model, windows)
     device = runner.device
     states = [(model.model.embed_tokens(torch.tensor(w, device=device)), None) for w in windows]
@@ -135,12 +199,17 @@ def calibrate_linears(
         finally:
             for hook in hooks:
                 hook.remove()
+        hessians = {name: accumulator.hessian() for name, accumulator in accumulators.items()}
+        if fold_scales:
+            for norm_name, weight in fold_input_scales_(layer, hessians, symmetric).items():
+                module_name = f"model.layers.{index}.{norm_name.removesuffix('.weight')}"
+                results[module_name] = {"float": weight.cpu().clone()}
         for name, module in linears.items():
-            canonical = quantizer(module.weight.data.float(), accumulators[name].hessian())
+            canonical = quantizer(module.weight.data.float(), hessians[name])
             dequantized = _method_of(canonical).dequantize(canonical, module.input_size)
             module.weight.data.copy_(dequantized.to(module.weight.dtype))
             results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
-        del accumulators
+        del accumulators, hessians
         states = runner.run(layer, states)
         if log is not None:
             log(
@@ -159,13 +228,17 @@ def by_checkpoint_name(
 ) -> dict[str, dict[str, torch.Tensor]]:
     """calibrate_linears' results keyed by the checkpoint's weight names: a merged module's rows
     (q/k/v, gate/up) split back into its projections (every canonical tensor has rows on dim 0,
-    and GPTQ treats rows independently, so the split equals quantizing each projection)."""
-    from ladle.model.layers.linear import MergedLinear, QKVLinear
+    and GPTQ treats rows independently, so the split equals quantizing each projection). A
+    norm weight that AWQ's folding changed keeps its name: {"float": weight}."""
+    from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
     from ladle.model.models.llama import to_checkpoint_name
 
     named: dict[str, dict[str, torch.Tensor]] = {}
     for module_name, canonical in results.items():
         module = model.get_submodule(module_name)
+        if not isinstance(module, Linear):
+            named[f"{module_name}.weight"] = canonical
+            continue
         if isinstance(module, QKVLinear):
             shards: list[str | int | None] = ["q", "k", "v"]
         elif isinstance(module, MergedLinear):
@@ -190,10 +263,14 @@ def calibrate_checkpoint(
     search_clip: bool = False,
     log: Callable[[str], None] | None = None,
     float_layers: Collection[int] = (),
+    algorithm: str = "gptq",
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
-    when there is one) and quantize its projections with GPTQ from `windows`; returns canonical
-    tensors by checkpoint weight name, for write_quantized_checkpoint(calibrated=...)."""
+    when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
+    "gptq", optionally with the clipping search), with round-to-nearest and the weighted
+    clipping search alone ("rtn", int4 only), or with AWQ's input scaling folded into the norms
+    and up rows before that search ("awq", int4 only); returns canonical tensors by checkpoint
+    weight name, for write_quantized_checkpoint(calibrated=...)."""
     from ladle.attention.backend import get_attention_backend
     from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
@@ -202,6 +279,14 @@ def calibrate_checkpoint(
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
     model = load_model(config, device, dtype, get_attention_backend(device)).model
-    quantizer = gptq_quantizer(method, search_clip)
-    results = calibrate_linears(model, windows, quantizer, log, float_layers)
+    if algorithm == "gptq":
+        quantizer = gptq_quantizer(method, search_clip)
+    elif algorithm in ("rtn", "awq"):
+        quantizer = clip_search_quantizer(method)
+    else:
+        raise ValueError(f"calibration algorithm {algorithm!r} is not gptq, awq or rtn")
+    symmetric = getattr(method, "symmetric", False)
+    results = calibrate_linears(
+        model, windows, quantizer, log, float_layers, algorithm == "awq", symmetric
+    )
     return by_checkpoint_name(model, results)

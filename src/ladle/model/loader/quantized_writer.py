@@ -186,6 +186,8 @@ def write_quantized_checkpoint(
                 add(out_name, value)
             summary["quantized"] += 1
         else:
+            # A norm weight AWQ's folding changed (calibration.py) replaces the file's.
+            tensor = calibrated.pop(name, {}).get("float", tensor)
             add(name, tensor.to(dtype) if tensor.is_floating_point() else tensor)
     flush()
     if calibrated:
