@@ -20,6 +20,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ladle import LLM
+from ladle.bench.gpu_timing import busy_and_gaps
 from ladle.engine.messages import EngineCoreRequest
 from ladle.sampling_params import SamplingParams
 
@@ -71,16 +72,7 @@ def main() -> None:
     by_name: dict[str, list[float]] = collections.defaultdict(list)
     for start, end, name in kernels:
         by_name[name].append(end - start)
-    busy_us, gaps = 0.0, []
-    current_start, current_end = kernels[0][0], kernels[0][1]
-    for start, end, _ in kernels[1:]:
-        if start > current_end:
-            busy_us += current_end - current_start
-            gaps.append(start - current_end)
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    busy_us += current_end - current_start
+    busy_us, gaps = busy_and_gaps((start, end) for start, end, _ in kernels)
     steps = args.steps
     table = sorted(
         (

@@ -13,36 +13,14 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 
 import torch
 
+from ladle.bench.gpu_timing import calls_in_graph_us
 from ladle.kernels.fp8_matmul import Fp8Tile, fp8_matmul
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 TOKENS = (1, 16, 64, 256)
-
-
-def time_graph(calls) -> float:
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(3):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / (3 * len(calls)))
-    return statistics.median(times)
 
 
 def tiles_for(tokens: int) -> list[Fp8Tile]:
@@ -84,24 +62,26 @@ def main() -> None:
             )
             x_scale = torch.rand(tokens, 1, device="cuda") * 1e-2 + 1e-3
             reference = scaled_mm(x_codes, weights[0], x_scale, w_scale[None, :])
-            cublas_us = time_graph(
+            cublas_us = calls_in_graph_us(
                 [
                     functools.partial(
                         scaled_mm, x_codes, weights[i % ring], x_scale, w_scale[None, :]
                     )
                     for i in range(calls)
-                ]
+                ],
+                replays=3,
             )
             best, results = None, []
             for tile in tiles_for(tokens):
                 try:
-                    us = time_graph(
+                    us = calls_in_graph_us(
                         [
                             functools.partial(
                                 fp8_matmul, x_codes, weights[i % ring], x_scale, w_scale, tile
                             )
                             for i in range(calls)
-                        ]
+                        ],
+                        replays=3,
                     )
                     got = fp8_matmul(x_codes, weights[0], x_scale, w_scale, tile)
                     error = (

@@ -13,11 +13,11 @@ from __future__ import annotations
 import argparse
 import functools
 import json
-import statistics
 
 import torch
 import triton
 
+from ladle.bench.gpu_timing import calls_in_graph_us
 from ladle.kernels.gemv import _gemv_kernel
 
 SHAPES = {  # name: (N, K) of the weight, Llama-3.1-8B
@@ -46,29 +46,6 @@ def triton_gemv(x, w, out, block_n, block_k, warps, stages):
     )
 
 
-def time_graph(calls) -> float:
-    """us per call: the calls captured into one graph, replayed 5 times, median."""
-    for call in calls:
-        call()
-    torch.cuda.synchronize()
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        for call in calls:
-            call()
-    graph.replay()
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        for _ in range(4):
-            graph.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) * 1000 / (4 * len(calls)))
-    return statistics.median(times)
-
-
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
@@ -87,7 +64,7 @@ def main() -> None:
         x = torch.randn(1, k, device="cuda", dtype=torch.bfloat16)
         outs = [torch.empty(1, n, device="cuda", dtype=torch.bfloat16) for _ in range(ring)]
         reference = torch.nn.functional.linear(x, weights[0])
-        cublas_us = time_graph(
+        cublas_us = calls_in_graph_us(
             [
                 functools.partial(torch.mm, x, weights[i % ring].t(), out=outs[i % ring])
                 for i in range(calls_per_graph)
@@ -100,7 +77,7 @@ def main() -> None:
             if block_k > k:
                 continue
             try:
-                us = time_graph(
+                us = calls_in_graph_us(
                     [
                         functools.partial(
                             triton_gemv, x, weights[i % ring], outs[i % ring], *config

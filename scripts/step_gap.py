@@ -19,6 +19,7 @@ import torch
 from torch.profiler import ProfilerActivity, profile
 
 from ladle import LLM
+from ladle.bench.gpu_timing import busy_and_gaps
 from ladle.bench.workloads import build_requests, get_workload
 
 
@@ -62,17 +63,7 @@ def main() -> None:
         for event in prof.events()
         if event.device_type == torch.autograd.DeviceType.CUDA
     )
-    busy_us = 0.0
-    gaps = []
-    current_start, current_end = kernels[0]
-    for start, end in kernels[1:]:
-        if start > current_end:
-            busy_us += current_end - current_start
-            gaps.append(start - current_end)
-            current_start, current_end = start, end
-        else:
-            current_end = max(current_end, end)
-    busy_us += current_end - current_start
+    busy_us, gaps = busy_and_gaps(kernels)
     span_us = kernels[-1][1] - kernels[0][0]
     print(
         json.dumps(

@@ -1,0 +1,54 @@
+"""Timing GPU work for the kernel benchmarks and profiles: calls replayed from a CUDA graph, and
+the busy time and gaps of a profiled kernel timeline. Imports torch only (CUDA at call time)."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable, Iterable
+
+import torch
+
+
+def calls_in_graph_us(
+    calls: list[Callable[[], object]], replays: int = 4, samples: int = 5
+) -> float:
+    """Microseconds per call: the calls (each run once eagerly first) captured back to back into
+    one CUDA graph, as a decode graph runs them (no launch gaps); the median over `samples`
+    timings of `replays` replays each."""
+    for call in calls:
+        call()
+    torch.cuda.synchronize()
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        for call in calls:
+            call()
+    graph.replay()
+    torch.cuda.synchronize()
+    times = []
+    for _ in range(samples):
+        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        start.record()
+        for _ in range(replays):
+            graph.replay()
+        end.record()
+        end.synchronize()
+        times.append(start.elapsed_time(end) * 1000 / (replays * len(calls)))
+    return statistics.median(times)
+
+
+def busy_and_gaps(intervals: Iterable[tuple[float, float]]) -> tuple[float, list[float]]:
+    """The union's length of (start, end) kernel intervals (any order, overlaps counted once)
+    and the idle gaps between them, in the intervals' unit."""
+    ordered = sorted(intervals)
+    if not ordered:
+        return 0.0, []
+    busy, gaps = 0.0, []
+    current_start, current_end = ordered[0]
+    for start, end in ordered[1:]:
+        if start > current_end:
+            busy += current_end - current_start
+            gaps.append(start - current_end)
+            current_start, current_end = start, end
+        else:
+            current_end = max(current_end, end)
+    return busy + current_end - current_start, gaps
