@@ -11,14 +11,9 @@
 # $OUT/served_path.jsonl, the server logs and /metrics texts in $OUT/served_path_logs.tgz.
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
-level() {
-  [ "$(left)" -gt 40 ] || { echo "skipped (deadline): $*" | tee -a "$LOG"; return; }
-  timeout $(( $(left) - 5 )) python3 scripts/served_path_bench.py --json "$OUT/served_path.jsonl" \
-    --log-dir /tmp/served_path "$@" 2>&1 | grep -E "^(real|api) x" | tee -a "$LOG"
-}
 for concurrency in 32 128 256 256; do
-  level --server real --client bench --concurrency $concurrency
+  s1_level --server real --client bench --concurrency $concurrency
 done
-level --server api --client bench --concurrency 256 --step-ms 8 --paced-tokenizer none
+s1_level --server api --client bench --concurrency 256 --step-ms 8 --paced-tokenizer none
 tar czf "$OUT/served_path_logs.tgz" -C /tmp served_path 2>/dev/null
 echo "elapsed $((SECONDS - start)) s" | tee -a "$LOG"

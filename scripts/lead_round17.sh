@@ -6,13 +6,8 @@
 #   DEADLINE_S=390 bash scripts/lead_round17.sh   (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
-level() {
-  [ "$(left)" -gt 40 ] || { echo "skipped (deadline): $*" | tee -a "$LOG"; return; }
-  timeout $(( $(left) - 5 )) python3 scripts/served_path_bench.py --json "$OUT/served_path.jsonl" \
-    --log-dir /tmp/served_path "$@" 2>&1 | grep -E "^(real|api) x" | tee -a "$LOG"
-}
 for concurrency in 256 128 32 256; do
-  level --server real --client bench --concurrency $concurrency
+  s1_level --server real --client bench --concurrency $concurrency
 done
 echo "== GPU tests" | tee -a "$LOG"
 step_path_tests 130

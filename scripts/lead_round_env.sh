@@ -31,3 +31,11 @@ s1() {
     --log-dir /tmp/served_path "$@" --server real --client bench 2>&1 \
     | grep -v Warning | tail -1 | tee -a "$LOG"
 }
+
+# One S1 level through a fresh `ladle serve`, its arguments passed to served_path_bench (e.g.
+# --server real --client bench --concurrency 256): prints the client-against-engine ITL line.
+s1_level() {
+  [ "$(left)" -gt 40 ] || { echo "skipped (deadline): $*" | tee -a "$LOG"; return; }
+  timeout $(( $(left) - 5 )) python3 scripts/served_path_bench.py --json "$OUT/served_path.jsonl" \
+    --log-dir /tmp/served_path "$@" 2>&1 | grep -E "^(real|api) x" | tee -a "$LOG"
+}
