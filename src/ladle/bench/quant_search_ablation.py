@@ -34,11 +34,12 @@ from collections.abc import Callable
 
 import torch
 
+from ladle.bench.fp8_ablation import fake_fp8
 from ladle.bench.perplexity import load_for_perplexity, perplexity, window_negative_log_likelihood
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant import LAYER_INDEX
-from ladle.model.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, quantize_fp8_per_row
+from ladle.model.layers.quant.fp8 import FP8_DTYPE, FP8_MAX
 from ladle.model.layers.quant.int4 import dequantize_int4_groups, quantize_int4_groups
 from ladle.model.layers.quant.int4_clip import search_int4_groups
 from ladle.model.loader.calibration_text import (
@@ -151,11 +152,6 @@ RUNS: dict[str, tuple[Run, bool]] = {  # name -> (weight image, calibration need
         True,
     ),
 }
-
-
-def fake_fp8(x: torch.Tensor) -> torch.Tensor:
-    codes, scale = quantize_fp8_per_row(x.reshape(-1, x.shape[-1]))
-    return (codes.float() * scale[:, None]).reshape(x.shape)
 
 
 def main() -> None:
