@@ -99,6 +99,31 @@ def _float32_bias(bias: torch.Tensor | None) -> torch.Tensor | None:
     return None if bias is None else bias.contiguous().float()
 
 
+def _padded_float32(x: torch.Tensor, weight: GroupQuantizedRows) -> torch.Tensor:
+    """x as contiguous float32, zero-padded to the weight's padded columns: the kernels read
+    whole groups, and zeros in the padded columns add nothing."""
+    x32 = x.contiguous().float()
+    if weight.padded_columns != weight.num_columns:
+        x32 = torch.nn.functional.pad(x32, (0, weight.padded_columns - weight.num_columns))
+    return x32
+
+
+def _group32_kernel_applies(x: torch.Tensor, weight: GroupQuantizedRows, bits: int) -> bool:
+    """What q4_int8_gemm.c's entry points need of their operands besides the codes' kind: a
+    CPU matrix x as wide as the weight, and the weight's codes in groups of 32 in the kernels'
+    layout."""
+    return (
+        x.dim() == 2
+        and x.device.type == "cpu"
+        and not x.requires_grad
+        and weight.bits == bits
+        and weight.group_size == 32
+        and weight.codes.device.type == "cpu"
+        and x.shape[1] == weight.num_columns
+        and _has_kernel_layout(weight)
+    )
+
+
 def int8_rows_gemv(
     x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, bias: torch.Tensor | None = None
 ) -> torch.Tensor | None:
@@ -138,10 +163,7 @@ def group_rows_gemv(
     if x.shape[1] != weight.num_columns or not _has_kernel_layout(weight):
         return None
     scale, offset = weight.scale, weight.offset
-    x32 = x.contiguous().float()
-    if padded != weight.num_columns:
-        # The kernel reads whole groups; zeros in the padded columns add nothing.
-        x32 = torch.nn.functional.pad(x32, (0, padded - weight.num_columns))
+    x32 = _padded_float32(x, weight)
     bias32 = _float32_bias(bias)
     output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
     status = library.ladle_group_gemv(
@@ -163,18 +185,10 @@ def q4_int8_activation_matmul(
     products, the offsets applied to x's float group sums), in x's dtype, any M; None if the
     kernel does not apply (no library, other codes, an odd number of groups)."""
     library = native_library()
-    if library is None or x.dim() != 2 or x.device.type != "cpu" or x.requires_grad:
+    if library is None or not _group32_kernel_applies(x, weight, 4) or weight.padded_columns % 64:
         return None
-    if weight.bits != 4 or weight.group_size != 32 or weight.padded_columns % 64:
-        return None
-    if weight.codes.device.type != "cpu" or x.shape[1] != weight.num_columns:
-        return None
-    if not _has_kernel_layout(weight):
-        return None
-    x32 = x.contiguous().float()
+    x32 = _padded_float32(x, weight)
     padded = weight.padded_columns
-    if padded != weight.num_columns:
-        x32 = torch.nn.functional.pad(x32, (0, padded - weight.num_columns))
     bias32 = _float32_bias(bias)
     scale, offset = weight.scale, weight.offset
     output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
@@ -196,18 +210,10 @@ def q8_int8_activation_matmul(
     q4_int8_activation_matmul does (q4_int8_gemm.c's interleaved path), in x's dtype; None if
     the kernel does not apply (no AVX-512 VNNI build, one row, another layout)."""
     library = native_library()
-    if library is None or x.dim() != 2 or x.device.type != "cpu" or x.requires_grad:
+    if library is None or not _group32_kernel_applies(x, weight, 8) or weight.offset is not None:
         return None
-    if weight.bits != 8 or weight.group_size != 32 or weight.offset is not None:
-        return None
-    if weight.codes.device.type != "cpu" or x.shape[1] != weight.num_columns:
-        return None
-    if not _has_kernel_layout(weight):
-        return None
-    x32 = x.contiguous().float()
+    x32 = _padded_float32(x, weight)
     padded = weight.padded_columns
-    if padded != weight.num_columns:
-        x32 = torch.nn.functional.pad(x32, (0, padded - weight.num_columns))
     bias32 = _float32_bias(bias)
     scale = weight.scale
     output = torch.empty(x.shape[0], weight.num_rows, dtype=torch.float32)
