@@ -152,6 +152,19 @@ def test_decode_split_kv(num_splits, heads):
     _check(DECODES, heads=heads, num_splits=num_splits, seed=num_splits or 0)
 
 
+# 70 decodes x 8 kv heads: past FP8_SMALL_TILE_MIN_PROGRAMS (the 32-token one-warp tile) and
+# past two programs per SM (no splits); lengths off every tile and block size.
+MANY_DECODES = [(1, 1 + (n * 97) % 1900) for n in range(70)]
+
+
+@pytest.mark.parametrize("block_size", [8, 16, 128])
+def test_many_decodes_take_the_small_fp8_tile(block_size):
+    from ladle.kernels.paged_attention import FP8_SMALL_TILE_MIN_PROGRAMS
+
+    assert len(MANY_DECODES) * 8 >= FP8_SMALL_TILE_MIN_PROGRAMS
+    _check(MANY_DECODES, heads=(32, 8), block_size=block_size, seed=block_size)
+
+
 @pytest.mark.parametrize("num_tokens", [1, 7, 16, 17, 300])
 @pytest.mark.parametrize("kv_shape", [(8, 128), (2, 64), (1, 16), (5, 64)])
 def test_cache_write_saturates_and_skips_negative_slots(num_tokens, kv_shape):

@@ -1,5 +1,5 @@
 """ladle's decode-size FP8 matmul (kernels/fp8_matmul.py) against float32 torch over the same
-e4m3 codes and scales, at awkward sizes (rows 1..16, columns and K off the tile sizes)."""
+e4m3 codes and scales, at awkward sizes (rows 1..64, columns and K off the tile sizes)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import torch
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
 
-@pytest.mark.parametrize("tokens", [1, 5, 16])
+@pytest.mark.parametrize("tokens", [1, 5, 16, 17, 33, 64])
 @pytest.mark.parametrize("n,k", [(48, 272), (1000, 4096), (4096, 14336), (28672, 4096)])
 def test_fp8_matmul_matches_float32_over_the_codes(tokens, n, k):
     from ladle.kernels.fp8_matmul import decode_tile, fp8_matmul
@@ -26,8 +26,10 @@ def test_fp8_matmul_matches_float32_over_the_codes(tokens, n, k):
     got = fp8_matmul(codes_x, codes_w, x_scale, w_scale, tile)
     expected = (codes_x.float() * x_scale) @ (codes_w.float() * w_scale[:, None]).t()
     assert got.dtype == torch.bfloat16 and got.shape == (tokens, n)
-    error = (got.float() - expected).norm() / expected.norm()
-    assert error < 1e-2  # the bfloat16 rounding of the result
+    error = ((got.float() - expected).norm() / expected.norm()).item()
+    # The bfloat16 rounding of the result is ~1.7e-3 in norm here; the 64-row tiles' reduced-
+    # precision wgmma sums, left unbounded, measured 2.1-3.4e-3 (scripts/fp8_tile_precision_probe.py).
+    assert error < 2e-3
     if n % 16 == 0 and k % 16 == 0:
         cublas = torch._scaled_mm(
             codes_x,
@@ -39,8 +41,12 @@ def test_fp8_matmul_matches_float32_over_the_codes(tokens, n, k):
         torch.testing.assert_close(got.float(), cublas.float(), rtol=2e-2, atol=1e-2)
 
 
-def test_more_than_16_rows_take_cublas():
-    from ladle.kernels.fp8_matmul import decode_tile
+def test_tile_rule_and_more_than_64_rows_take_cublas():
+    from ladle.kernels.fp8_matmul import PRECISE_ACCUMULATION, decode_tile
 
-    assert decode_tile(17, 4096) is None
+    assert decode_tile(65, 4096) is None
     assert decode_tile(16, 4096).block_m == 16
+    assert decode_tile(32, 4096).block_m == 16
+    wide = decode_tile(17, 28672)
+    assert wide.block_m == 64 and wide.max_imprecise_acc == PRECISE_ACCUMULATION
+    assert decode_tile(64, 4096).max_imprecise_acc == PRECISE_ACCUMULATION

@@ -158,3 +158,40 @@ def test_bad_int4_input_is_a_clear_error():
         )
     with pytest.raises(ValueError, match="float16"):
         int4_decode_matmul(x.float(), packed_t, scale_t, zero_t, GROUP)
+
+
+ROW_KERNELS = [(16, 2, 4), (32, 4, 2), (64, 8, 1), (32, 4, 8)]  # (block_n, warps, groups)
+
+
+@pytest.mark.parametrize("block_n,warps,groups", ROW_KERNELS)
+@pytest.mark.parametrize(
+    # N = 1 and 7, K not a multiple of the group or of 8 (200, 100, 1000, 4160 + 5), groups not
+    # a multiple of the kernel's chunk (14336 = 112 groups), a wide N.
+    "outputs,inputs",
+    [(1, 256), (7, 200), (130, 100), (520, 1000), (512, 14336), (4096, 4096), (28672, 512)],
+)
+def test_one_row_kernel_matches_reference(block_n, warps, groups, outputs, inputs):
+    from ladle.kernels.int4_decode import Int4Kernel, int4_decode_matmul
+    from ladle.kernels.int4_matmul import int4_matmul_reference
+
+    kernel = Int4Kernel("row", block_n, warps, groups=groups)
+    packed_t, scale_t, zero_t = quantized(outputs, inputs, seed=outputs + inputs + groups)
+    x = torch.randn(1, inputs, device=CUDA).to(torch.bfloat16)
+    actual = int4_decode_matmul(x, packed_t, scale_t, zero_t, GROUP, kernel)
+    expected = int4_matmul_reference(x, packed_t, scale_t, zero_t, GROUP)
+    assert actual.shape == (1, outputs) and actual.dtype == torch.bfloat16
+    assert_close_to_reference(actual, expected)
+
+
+def test_one_row_kernel_takes_float16_symmetric_weights_and_refuses_two_rows():
+    from ladle.kernels.int4_decode import Int4Kernel, int4_decode_matmul
+    from ladle.kernels.int4_matmul import int4_matmul_reference
+
+    kernel = Int4Kernel("row", 32, 4, groups=4)
+    packed_t, scale_t, zero_t = quantized(1000, 4096 + 72, seed=3, symmetric=True)
+    x = torch.randn(1, 4096 + 72, device=CUDA).to(torch.float16)
+    actual = int4_decode_matmul(x, packed_t, scale_t, zero_t, GROUP, kernel)
+    assert actual.dtype == torch.float16
+    assert_close_to_reference(actual, int4_matmul_reference(x, packed_t, scale_t, zero_t, GROUP))
+    with pytest.raises(ValueError, match="one token row"):
+        int4_decode_matmul(x.repeat(2, 1), packed_t, scale_t, zero_t, GROUP, kernel)

@@ -1,4 +1,4 @@
-"""FP8 W8A8 matmul for small decode batches (up to 16 rows):
+"""FP8 W8A8 matmul for small decode batches (up to 64 rows):
 y = (x8 @ W8^T) * x_scale[m] * w_scale[n].
 
 cuBLASLt's row-wise-scaled FP8 kernel (torch._scaled_mm) tiles N by 128 without splitting K,
@@ -25,22 +25,42 @@ class Fp8Tile:
     block_k: int
     num_warps: int = 4
     num_stages: int = 4
+    # K elements the tensor cores may sum at reduced precision before the float32 accumulator
+    # takes them (tl.dot's max_num_imprecise_acc; None = Triton's default for fp8, which on
+    # Hopper's wgmma, the 64-row tiles, is the whole K).
+    max_imprecise_acc: int | None = None
 
 
-# Above this many token rows cuBLASLt's kernel takes the call. The sweep found 64-row tiles
-# faster up to 64 rows too (scripts/fp8_gemm_bench.py), but on Triton 3.6 they gave wrong
-# results for 3 of 8 large shapes in tests/gpu/test_fp8_matmul.py (4096 x 14336 at 17 and 64
-# rows, 28672 x 4096 at 64), while 16-row tiles were right at every size: only those are used.
-MAX_TOKENS = 16
+# Above this many token rows cuBLASLt's kernel takes the call (scripts/fp8_tile_precision_probe.py
+# on an H100: at 128 rows it is as fast or faster on the 8B's projections).
+MAX_TOKENS = 64
+# 64-row tiles run on Hopper's wgmma, which sums fp8 products at reduced precision over the whole
+# K unless told otherwise: that was the relative error 2.1-3.4e-3 (against 1.7e-3, the bfloat16
+# rounding) that failed tests/gpu/test_fp8_matmul.py on long K. Promoting into the float32
+# accumulator every 128 products brings it back to the rounding (and to cuBLAS's results) for
+# 5-25% of the tile's speed.
+PRECISE_ACCUMULATION = 128
 
 
 def decode_tile(num_tokens: int, num_columns: int) -> Fp8Tile | None:
-    """The tile for a call of num_tokens rows, or None to take torch._scaled_mm. From the sweep
-    of scripts/fp8_gemm_bench.py on an H100 (the 8B's four projections at 1 and 16 rows): 64
-    columns, 256-wide K steps; three stages for the widest layer (gate_up)."""
+    """The tile for a call of num_tokens rows, or None to take torch._scaled_mm. From the
+    sweeps of scripts/fp8_gemm_bench.py and scripts/fp8_tile_precision_probe.py on an H100 (the
+    8B's four projections at 1-128 rows): 64 columns, 256-wide K steps; up to 32 rows 16-row
+    tiles (mma.sync, full precision: a second row of programs rereads the weight from L2),
+    except the widest layers (gate_up), where that reread costs and 64-row tiles win from 17
+    rows on; 64-row tiles up to 64 rows."""
     if num_tokens > MAX_TOKENS:
         return None
-    return Fp8Tile(block_m=16, block_n=64, block_k=256, num_stages=3 if num_columns >= 16384 else 4)
+    wide = num_columns >= 16384
+    if num_tokens <= 16 or (num_tokens <= 32 and not wide):
+        return Fp8Tile(block_m=16, block_n=64, block_k=256, num_stages=3 if wide else 4)
+    return Fp8Tile(
+        block_m=64,
+        block_n=64,
+        block_k=256,
+        num_stages=3 if wide else 4,
+        max_imprecise_acc=PRECISE_ACCUMULATION,
+    )
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -58,6 +78,7 @@ def _fp8_matmul_kernel(
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    MAX_IMPRECISE_ACC: tl.constexpr = None,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -79,7 +100,7 @@ def _fp8_matmul_kernel(
             other=0.0,
             eviction_policy="evict_first",  # read once a step
         )
-        acc = tl.dot(x, tl.trans(w), acc)
+        acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
     x_scale = tl.load(x_scale_ptr + offs_m, mask=is_m, other=0.0)
     w_scale = tl.load(w_scale_ptr + offs_n, mask=is_n, other=0.0)
     acc = acc * x_scale[:, None] * w_scale[None, :]
@@ -117,6 +138,7 @@ def fp8_matmul(
         BLOCK_M=tile.block_m,
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
+        MAX_IMPRECISE_ACC=tile.max_imprecise_acc,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
     )

@@ -288,6 +288,102 @@ def _int4_gemv_kernel(
     )
 
 
+@triton.jit
+def _load_group_chunk(
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    chunk,
+    offs_n,
+    is_n,
+    num_columns,
+    num_inputs,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+):
+    """GROUPS quantization groups from group chunk * GROUPS on: packed words [GROUPS, GROUP / 8,
+    BN], scales and zeros [GROUPS, BN] (zeros past the last group)."""
+    groups = chunk * GROUPS + tl.arange(0, GROUPS)
+    word_rows = groups[:, None] * (GROUP // 8) + tl.arange(0, GROUP // 8)[None, :]
+    in_rows = word_rows * 8 < num_inputs
+    packed = tl.load(
+        packed_ptr + word_rows[:, :, None].to(tl.int64) * num_columns + offs_n[None, None, :],
+        mask=in_rows[:, :, None] & is_n[None, None, :],
+        other=0,
+        eviction_policy="evict_first",  # read once a step
+    )
+    in_groups = (groups[:, None] * GROUP < num_inputs) & is_n[None, :]
+    group_offsets = groups[:, None] * num_columns + offs_n[None, :]
+    scale = tl.load(scale_ptr + group_offsets, mask=in_groups, other=0.0)
+    zero = tl.load(zero_ptr + group_offsets, mask=in_groups, other=0.0)
+    return packed, scale.to(tl.float32), zero.to(tl.float32)
+
+
+@triton.jit
+def _int4_row_kernel(
+    out_ptr,
+    x_ptr,
+    packed_ptr,
+    scale_ptr,
+    zero_ptr,
+    num_columns,
+    num_inputs,
+    num_chunks,
+    GROUP: tl.constexpr,
+    GROUPS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
+    """One token row, BLOCK_N columns over the whole K per program: no split-K, so no partials,
+    tickets or last-arriving reduce (whose serial latency dominated the small projections), and
+    the next chunk of GROUPS groups is loaded before this chunk's arithmetic."""
+    pid_n = tl.program_id(0)
+    offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    is_n = offs_n < num_columns
+    words = tl.arange(0, GROUP // 8)
+    accumulator = tl.zeros((GROUPS, BLOCK_N), dtype=tl.float32)
+    packed, scale, zero = _load_group_chunk(
+        packed_ptr,
+        scale_ptr,
+        zero_ptr,
+        0,
+        offs_n,
+        is_n,
+        num_columns,
+        num_inputs,
+        GROUP,
+        GROUPS,
+    )
+    for chunk in range(0, num_chunks):
+        next_packed, next_scale, next_zero = _load_group_chunk(
+            packed_ptr,
+            scale_ptr,
+            zero_ptr,
+            chunk + 1,
+            offs_n,
+            is_n & (chunk + 1 < num_chunks),
+            num_columns,
+            num_inputs,
+            GROUP,
+            GROUPS,
+        )
+        groups = chunk * GROUPS + tl.arange(0, GROUPS)
+        word_rows = groups[:, None] * (GROUP // 8) + words[None, :]
+        high = packed >> 20  # nibbles 5..7 down to bits 0..11 (the sign bits are masked off)
+        sums = tl.zeros((GROUPS, GROUP // 8, BLOCK_N), dtype=tl.float32)
+        x_sums = tl.zeros((GROUPS, GROUP // 8), dtype=tl.float32)
+        for lane in tl.static_range(8):
+            k = word_rows * 8 + lane
+            x = tl.load(x_ptr + k, mask=k < num_inputs, other=0.0).to(tl.float32)
+            x_sums += x
+            sums += _lane_code(packed, high, lane) * _lane_x(x, lane)[:, :, None]
+        group_sums = tl.sum(sums, axis=1)
+        group_x_sums = tl.sum(x_sums, axis=1)
+        accumulator += scale * (group_sums - zero * group_x_sums[:, None])
+        packed, scale, zero = next_packed, next_scale, next_zero
+    result = tl.sum(accumulator, axis=0)
+    tl.store(out_ptr + offs_n, result.to(out_ptr.dtype.element_ty), mask=is_n)
+
+
 @triton.jit(
     do_not_specialize=["num_tokens", "stride_x", "stride_out", "groups_per_split", "num_splits"]
 )
@@ -370,14 +466,17 @@ class Int4Kernel:
     split-K plan aims for (the number of splits follows from the shape) and, for the GEMV, the
     token rows per program and whether it prefetches the next group."""
 
-    kind: str  # "gemv" or "mma"
+    kind: str  # "gemv", "row" (one token row, whole K per program) or "mma"
     block_n: int
     num_warps: int
-    target_programs: int
+    target_programs: int = 0  # split-K kernels only
     rows: int = 1
     prefetch: bool = False
+    groups: int = 0  # "row": quantization groups per loop trip
 
     def __str__(self) -> str:
+        if self.kind == "row":
+            return f"row/n{self.block_n}/w{self.num_warps}/g{self.groups}"
         extra = (
             f"/r{self.rows}{'/prefetch' if self.prefetch else ''}" if self.kind == "gemv" else ""
         )
@@ -440,6 +539,25 @@ def int4_decode_matmul(
         kernel = DEFAULT_GEMV if num_tokens <= GEMV_MAX_TOKENS else DEFAULT_MMA
     out = torch.empty(num_tokens, num_columns, dtype=x.dtype, device=x.device)
     if num_tokens == 0:
+        return out
+    if kernel.kind == "row":
+        if num_tokens != 1:
+            raise ValueError(f"int4 kernel {kernel} takes one token row, not {num_tokens}")
+        num_groups = scale_t.shape[0]
+        _int4_row_kernel[(triton.cdiv(num_columns, kernel.block_n),)](
+            out,
+            x,
+            packed_t,
+            scale_t,
+            zero_t,
+            num_columns,
+            num_inputs,
+            triton.cdiv(num_groups, kernel.groups),
+            GROUP=group_size,
+            GROUPS=kernel.groups,
+            BLOCK_N=kernel.block_n,
+            num_warps=kernel.num_warps,
+        )
         return out
     block_m = _block_m(num_tokens)
     num_blocks_n = triton.cdiv(num_columns, kernel.block_n)

@@ -363,19 +363,32 @@ def _num_multiprocessors(device_index: int) -> int:
 
 
 def choose_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
-    """Split-KV factor for a decode batch: about eight programs per multiprocessor, at most 16.
+    """Split-KV factor for a decode batch: none once the batch alone gives two programs per
+    multiprocessor, else about eight programs per multiprocessor, at most 16.
 
-    With one program per SM at a time (the default decode tiles use ~128 KB of shared memory),
-    few waves leave the last one part-empty; measured on an H100, 64 x 4096 tokens with 512
-    programs ran at 87% of copy bandwidth against 93-96% for 2048. It depends on the batch shape
-    only (not on context lengths), so a CUDA graph captured for a batch size stays right for any
-    context; short contexts leave splits empty, which costs one tiny merge launch.
+    Measured on an H100 (scripts/fp8_kv_decode_sweep.py --wide, 8B heads): 64 x 1024 and 128 x
+    768 ran 6-28% faster unsplit than with the 2-3 splits that "eight per SM" gave them (the
+    merge launch and the splits' partial writes cost more than the extra programs hide), while 8
+    x 4096 wants all 16 splits. It depends on the batch shape only (not on context lengths), so a
+    CUDA graph captured for a batch size stays right for any context; short contexts leave
+    splits empty, which costs one tiny merge launch.
     """
     if device.type != "cuda":
         return 1
-    target_programs = 8 * _num_multiprocessors(device.index or 0)
+    multiprocessors = _num_multiprocessors(device.index or 0)
     programs = max(1, num_reqs * num_kv_heads)
-    return max(1, min(MAX_SPLITS, triton.cdiv(target_programs, programs)))
+    if programs >= 2 * multiprocessors:
+        return 1
+    return max(1, min(MAX_SPLITS, triton.cdiv(8 * multiprocessors, programs)))
+
+
+# A float8 cache's decode tile, for batches of at least this many (request, kv head) programs:
+# 32-token steps on one warp. Half the bytes of a bfloat16 tile leave the per-step fixed work
+# (block-table gather, softmax, the e4m3 -> float16 conversion) exposed, and one warp per
+# program runs more programs per SM to hide it: 256 x 1024 0.249 -> 0.210 ms, 128 x 768 0.127
+# -> 0.091 ms against 128-token steps on four warps (the bfloat16 cache gains nothing from it).
+# A single sequence keeps the default tile (1 x 768: 0.0129 against 0.0146 ms).
+FP8_SMALL_TILE_MIN_PROGRAMS = 64
 
 
 def paged_attention(
@@ -498,9 +511,13 @@ def _launch(
         block_n = config.block_n or (128 if head_dim <= 128 else 64)
         num_warps = config.num_warps or 4
         num_stages = config.num_stages or 2
-        num_splits = config.num_splits or choose_num_splits(
-            max(num_reqs, launch_num_reqs or 0), num_kv_heads, query.device
-        )
+        # Sized by the graph bucket's request count where given, so that eager and replayed
+        # steps run the same tile and splits (the same summation order).
+        sizing_reqs = max(num_reqs, launch_num_reqs or 0)
+        if kv_scales is not None and sizing_reqs * num_kv_heads >= FP8_SMALL_TILE_MIN_PROGRAMS:
+            block_n = config.block_n or 32
+            num_warps = config.num_warps or 1
+        num_splits = config.num_splits or choose_num_splits(sizing_reqs, num_kv_heads, query.device)
         grid = (num_reqs, num_kv_heads, num_splits)
     else:
         # Rows of a tile are BLOCK_M tokens x the padded group; short queries (speculative
