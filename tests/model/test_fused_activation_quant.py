@@ -125,6 +125,53 @@ def test_linking_follows_each_consumer_and_the_switch(tiny_llama, monkeypatch):
     assert torch.equal(paged_logits(loaded), before)
 
 
+def _handing_over_quantized(forward):
+    """A producer's forward that, when linked, hands its output over quantized (what the CUDA
+    kernels do), here through the torch path so the model's plumbing runs on the CPU."""
+
+    def quantize(output: torch.Tensor) -> QuantizedActivation:
+        return QuantizedActivation(*quantize_activation_fp8(output), output.dtype)
+
+    def wrapped(self, *args):
+        output = forward(self, *args)
+        if self.output_quantization is None:
+            return output
+        if isinstance(output, tuple):
+            handed = (quantize(output[0]), output[1])
+        else:
+            handed = quantize(output)
+        wrapped.num_handed += 1
+        return handed
+
+    wrapped.num_handed = 0
+    return wrapped
+
+
+def test_a_model_whose_producers_hand_over_quantized_activations_gives_the_same_logits(
+    tiny_llama, monkeypatch
+):
+    from helpers.tiny_models import paged_logits
+
+    from ladle.model.layers.activation import SiluAndMul
+    from ladle.model.layers.norm import RMSNorm
+
+    loaded = _load_fp8(tiny_llama)
+    before = paged_logits(loaded)
+    fp8_linears = [m for m in loaded.model.modules() if getattr(m, "quant_method", None)]
+    for linear in fp8_linears:
+        linear.use_scaled_mm = True
+    assert link_quantized_inputs_(loaded.model, enabled=True) == 6
+    for linear in fp8_linears:  # back on the CPU's path, which takes either input
+        linear.use_scaled_mm = False
+    norm_forward = _handing_over_quantized(RMSNorm.forward)
+    activation_forward = _handing_over_quantized(SiluAndMul.forward)
+    monkeypatch.setattr(RMSNorm, "forward", norm_forward)
+    monkeypatch.setattr(SiluAndMul, "forward", activation_forward)
+    after = paged_logits(loaded)
+    assert (norm_forward.num_handed, activation_forward.num_handed) == (4, 2)
+    assert torch.equal(after, before)
+
+
 def test_a_producer_without_the_switch_is_named():
     class Pairs(torch.nn.Module):
         def __init__(self) -> None:

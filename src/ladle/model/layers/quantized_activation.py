@@ -32,3 +32,8 @@ class QuantizedActivation:
             )
         if self.scale.dtype != torch.float32:
             raise ValueError(f"quantized activation scales must be float32, got {self.scale.dtype}")
+
+    @property
+    def shape(self) -> torch.Size:
+        """[M, K], as the unquantized activation's (the layers read num_tokens off it)."""
+        return self.codes.shape
