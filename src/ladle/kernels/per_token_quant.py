@@ -20,6 +20,25 @@ MIN_SCALE = 1e-12
 
 
 @triton.jit
+def quantize_row(x, QMAX: tl.constexpr, IS_INT: tl.constexpr):
+    """(codes as float32, scale) of one float32 row held in registers (padding columns 0).
+
+    Shared by every kernel that quantizes a row (this one, and the RMSNorm and SiLU-and-mul
+    kernels that quantize their output for an fp8 projection), so their codes and scales are
+    the same bits as this kernel's on the same row.
+    """
+    # The scale as torch computes a tensor / scalar (times the float32 reciprocal), and the
+    # codes by an IEEE-rounded division as torch's tensor / tensor (Triton's `/` is approximate):
+    # the codes then equal torch's exactly, where a quotient one ulp off next to a rounding
+    # boundary flips a code by one.
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / QMAX), 1e-12)  # MIN_SCALE
+    scaled = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
+    if IS_INT:
+        scaled = libdevice.rint(scaled)
+    return scaled, scale
+
+
+@triton.jit
 def _per_token_quant_kernel(
     codes_ptr,
     scale_ptr,
@@ -35,15 +54,7 @@ def _per_token_quant_kernel(
     columns = tl.arange(0, BLOCK)
     is_column = columns < num_columns
     x = tl.load(input_ptr + row * stride_input + columns, mask=is_column, other=0.0)
-    x = x.to(tl.float32)
-    # The scale as torch computes a tensor / scalar (times the float32 reciprocal), and the
-    # codes by an IEEE-rounded division as torch's tensor / tensor (Triton's `/` is approximate):
-    # the codes then equal torch's exactly, where a quotient one ulp off next to a rounding
-    # boundary flips a code by one.
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / QMAX), 1e-12)  # MIN_SCALE
-    scaled = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
-    if IS_INT:
-        scaled = libdevice.rint(scaled)
+    scaled, scale = quantize_row(x.to(tl.float32), QMAX, IS_INT)
     tl.store(
         codes_ptr + row * stride_codes + columns,
         scaled.to(codes_ptr.dtype.element_ty),
@@ -52,7 +63,8 @@ def _per_token_quant_kernel(
     tl.store(scale_ptr + row, scale)
 
 
-def _qmax(dtype: torch.dtype) -> float:
+def quant_max(dtype: torch.dtype) -> float:
+    """The largest code of a per-token quantization to `dtype` (ValueError for other dtypes)."""
     if dtype == torch.int8:
         return 127.0
     if dtype == torch.float8_e4m3fn:
@@ -77,7 +89,7 @@ def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
         x.stride(0),
         codes.stride(0),
         num_columns,
-        QMAX=_qmax(dtype),
+        QMAX=quant_max(dtype),
         IS_INT=dtype == torch.int8,
         BLOCK=block,
         num_warps=max(1, min(16, block // 1024)),
@@ -89,7 +101,7 @@ def per_token_quant_reference(
     x: torch.Tensor, dtype: torch.dtype
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The same in float32 torch."""
-    qmax = _qmax(dtype)
+    qmax = quant_max(dtype)
     x = x.float()
     scale = (x.abs().amax(dim=-1, keepdim=True) / qmax).clamp(min=MIN_SCALE)
     scaled = (x / scale).clamp(-qmax, qmax)

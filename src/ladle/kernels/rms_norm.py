@@ -9,6 +9,11 @@ One program per row. Rows are addressed as (token, head) with two strides, so a 
 [num_tokens, num_heads, head_dim] view of the merged qkv output is normalised per head without a
 copy; a plain [num_tokens, hidden] tensor is the case num_heads = 1. The torch reference is
 RMSNorm's own torch path.
+
+rms_norm_quant is the same launch for a norm whose output feeds an fp8 (or int8) projection: the
+normalised row, rounded to the input dtype exactly as rms_norm returns it, is quantized per token
+in registers (per_token_quant.quantize_row) and only its codes and scale are written; the same
+bits as rms_norm then per_token_quant, one launch and one bf16 round trip through memory fewer.
 """
 
 from __future__ import annotations
@@ -17,10 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.per_token_quant import quant_max, quantize_row
+
 
 @triton.jit
 def _rms_norm_kernel(
     output_ptr,
+    scale_ptr,
     input_ptr,
     residual_ptr,
     weight_ptr,
@@ -34,6 +42,9 @@ def _rms_norm_kernel(
     HIDDEN: tl.constexpr,
     BLOCK: tl.constexpr,
     HAS_RESIDUAL: tl.constexpr,
+    QUANTIZE: tl.constexpr,
+    QMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
 ):
     row = tl.program_id(0)
     token = (row // num_heads).to(tl.int64)
@@ -55,12 +66,17 @@ def _rms_norm_kernel(
     variance = tl.sum(x * x, axis=0) / HIDDEN
     normalized = (x * tl.rsqrt(variance + eps)).to(input_dtype).to(tl.float32)
     weight = tl.load(weight_ptr + columns, mask=is_column, other=0.0).to(tl.float32)
-    output_dtype = output_ptr.dtype.element_ty
-    tl.store(
-        output_ptr + token * stride_output_token + head * stride_output_head + columns,
-        (normalized * weight).to(output_dtype),
-        mask=is_column,
-    )
+    output_pointers = output_ptr + token * stride_output_token + head * stride_output_head + columns
+    if QUANTIZE:
+        # The row rms_norm would return (input dtype == weight dtype here), then its codes.
+        output = (normalized * weight).to(input_dtype).to(tl.float32)
+        scaled, scale = quantize_row(output, QMAX, IS_INT)
+        tl.store(output_pointers, scaled.to(output_ptr.dtype.element_ty), mask=is_column)
+        tl.store(scale_ptr + row, scale)
+    else:
+        tl.store(
+            output_pointers, (normalized * weight).to(output_ptr.dtype.element_ty), mask=is_column
+        )
 
 
 def _as_heads(x: torch.Tensor) -> torch.Tensor:
@@ -104,6 +120,7 @@ def rms_norm(
     block = triton.next_power_of_2(hidden)
     _rms_norm_kernel[(num_tokens * num_heads,)](
         output_rows,
+        output_rows,  # no scales
         rows,
         residual_rows,
         weight,
@@ -117,6 +134,71 @@ def rms_norm(
         HIDDEN=hidden,
         BLOCK=block,
         HAS_RESIDUAL=residual is not None,
-        num_warps=min(16, max(1, block // 256)),
+        QUANTIZE=False,
+        QMAX=0.0,
+        IS_INT=False,
+        num_warps=_num_warps(block),
     )
     return output
+
+
+def _num_warps(block: int) -> int:
+    return min(16, max(1, block // 256))
+
+
+def rms_norm_quant(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    eps: float,
+    code_dtype: torch.dtype,
+    residual: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_quant(rms_norm(x, weight, eps, residual), code_dtype) in one launch: (codes
+    [M, K] of code_dtype, float32 scales [M, 1]), bit for bit. x [M, K] with contiguous rows and
+    weight share a dtype; with residual the sum is written back into it as rms_norm does."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"rms_norm_quant needs a row-contiguous [M, K] matrix, got {x.shape}")
+    if weight.dtype != x.dtype or weight.shape != x.shape[1:]:
+        raise ValueError(
+            f"rms_norm_quant needs a weight of shape {tuple(x.shape[1:])} and dtype {x.dtype}, "
+            f"got {tuple(weight.shape)} {weight.dtype}"
+        )
+    qmax = quant_max(code_dtype)
+    num_tokens, hidden = x.shape
+    codes = torch.empty(num_tokens, hidden, dtype=code_dtype, device=x.device)
+    scale = torch.empty(num_tokens, 1, dtype=torch.float32, device=x.device)
+    if num_tokens == 0:
+        return codes, scale
+    if residual is not None:
+        if residual.shape != x.shape or residual.dtype != x.dtype or not residual.is_contiguous():
+            raise ValueError(
+                f"rms_norm_quant's residual must be a contiguous {tuple(x.shape)} {x.dtype} "
+                f"tensor, got {tuple(residual.shape)} {residual.dtype}"
+            )
+        residual_rows, stride_residual = residual, residual.stride(0)
+    else:
+        residual_rows, stride_residual = x, 0  # unused
+    block = triton.next_power_of_2(hidden)
+    _rms_norm_kernel[(num_tokens,)](
+        codes,
+        scale,
+        x,
+        residual_rows,
+        weight,
+        1,
+        x.stride(0),
+        0,
+        codes.stride(0),
+        0,
+        stride_residual,
+        eps,
+        HIDDEN=hidden,
+        BLOCK=block,
+        HAS_RESIDUAL=residual is not None,
+        QUANTIZE=True,
+        QMAX=qmax,
+        IS_INT=code_dtype == torch.int8,
+        # The norm's own warps: the variance then sums in rms_norm's order, the same bits.
+        num_warps=_num_warps(block),
+    )
+    return codes, scale

@@ -8,6 +8,10 @@ from torch import nn
 
 from ladle.kernels.cpu_native.decode_ops import add_rms_norm
 from ladle.kernels.dispatch import use_fused_kernels
+from ladle.model.layers.quantized_activation import QuantizedActivation
+
+# What a norm returns: its output, or that output quantized for an fp8 projection.
+NormOutput = torch.Tensor | QuantizedActivation
 
 
 class RMSNorm(nn.Module):
@@ -19,7 +23,14 @@ class RMSNorm(nn.Module):
     launch does either (kernels/rms_norm.py), on the CPU in float32 one C call
     (kernels/cpu_native/rms_norm.c), and the new residual is the residual tensor passed in,
     updated in place; x may be a strided [tokens, heads, head_dim] view (Qwen3's q/k norm).
+
+    When its output feeds an fp8 projection, `output_quantization` is set at load
+    (quant/input_fusion.py) and the CUDA kernel returns that output quantized per token, a
+    QuantizedActivation, in place of the bf16 tensor.
     """
+
+    # The code dtype the consumer takes its input in, or None (a plain tensor); set at load.
+    output_quantization: torch.dtype | None = None
 
     def __init__(self, hidden_size: int, eps: float = 1e-6) -> None:
         super().__init__()
@@ -41,7 +52,7 @@ class RMSNorm(nn.Module):
 
     def forward(
         self, x: torch.Tensor, residual: torch.Tensor | None = None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> NormOutput | tuple[NormOutput, torch.Tensor]:
         if use_fused_kernels(x):
             return self._forward_fused(x, residual)
         # On the CPU, float32: one C call (kernels/cpu_native), the residual updated in place
@@ -56,10 +67,19 @@ class RMSNorm(nn.Module):
 
     def _forward_fused(
         self, x: torch.Tensor, residual: torch.Tensor | None
-    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+    ) -> NormOutput | tuple[NormOutput, torch.Tensor]:
         # One launch instead of ~9; the new residual is written into the residual tensor itself
         # (the decoder layers hand it on and never read the old value again).
         from ladle.kernels.rms_norm import rms_norm
+
+        if self.output_quantization is not None and self._can_quantize_output(x, residual):
+            from ladle.kernels.rms_norm import rms_norm_quant
+
+            codes, scale = rms_norm_quant(
+                x, self.weight, self.eps, self.output_quantization, residual=residual
+            )
+            quantized = QuantizedActivation(codes, scale, x.dtype)
+            return quantized if residual is None else (quantized, residual)
 
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
@@ -67,6 +87,17 @@ class RMSNorm(nn.Module):
             residual = (x + residual).contiguous()
             return rms_norm(residual, self.weight, self.eps), residual
         return rms_norm(x, self.weight, self.eps, residual=residual), residual
+
+    def _can_quantize_output(self, x: torch.Tensor, residual: torch.Tensor | None) -> bool:
+        """Whether rms_norm_quant takes these operands (else the plain kernel runs and the
+        consumer quantizes): the decoder's [tokens, hidden] rows in the weight's dtype."""
+        rows_fit = x.dim() == 2 and x.stride(1) == 1 and x.dtype == self.weight.dtype
+        return rows_fit and (
+            residual is None
+            or (
+                residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous()
+            )
+        )
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"

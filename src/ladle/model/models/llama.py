@@ -141,6 +141,14 @@ class LlamaDecoderLayer(nn.Module):
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
+    def quantized_input_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
+        """(producer, its only consumer): a producer may quantize for an fp8 consumer."""
+        return [
+            (self.input_layernorm, self.self_attn.qkv_proj),
+            (self.post_attention_layernorm, self.mlp.gate_up_proj),
+            (self.mlp.act_fn, self.mlp.down_proj),
+        ]
+
     def forward(
         self,
         positions: torch.Tensor,

@@ -4,6 +4,9 @@
     prepare_linears_for_checkpoint_(model, method)  empty canonical tensors for a checkpoint
     finalize_linears_(model)                        canonical -> runtime layout, after loading
 
+Both then link the norms and activations that feed fp8 projections to quantize their own output
+(input_fusion.py; LADLE_FUSED_ACTIVATION_QUANT=0 turns that off).
+
 Every Linear of the decoder layers is quantized; the embedding and the LM head stay in the model
 dtype (as vLLM does for these methods): they are a small share of an 8B model's bytes and the
 logits are the most sensitive product. fp8 also keeps the LAST decoder layer's projections in the
@@ -23,6 +26,7 @@ from torch import nn
 
 from ladle.model.layers.quant.base import QuantMethod, canonical_tensors, install_canonical_
 from ladle.model.layers.quant.fp8 import Fp8Method
+from ladle.model.layers.quant.input_fusion import link_quantized_inputs_
 from ladle.model.layers.quant.int4 import Int4Method
 from ladle.model.layers.quant.int8 import Int8Method
 
@@ -40,6 +44,7 @@ __all__ = [
     "in_layers",
     "finalize_linears_",
     "get_quant_method",
+    "link_quantized_inputs_",
     "prepare_linears_for_checkpoint_",
     "quantize_linears_",
 ]
@@ -94,6 +99,7 @@ def quantize_linears_(
         install_canonical_(linear, method, tensors)
         method.finalize(linear)
         names.append(name)
+    link_quantized_inputs_(model)
     if torch.cuda.is_available():
         # The float weights' blocks go back to the driver, so the KV cache can be sized over them.
         torch.cuda.empty_cache()
@@ -117,3 +123,4 @@ def finalize_linears_(model: nn.Module) -> None:
     for _, linear in _linears(model):
         if linear.quant_method is not None:
             linear.quant_method.finalize(linear)
+    link_quantized_inputs_(model)

@@ -45,6 +45,11 @@ class QuantMethod(ABC):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         """x [..., K] -> x W^T (+ bias) [..., N] in x's dtype."""
 
+    def input_quantization(self, layer: nn.Module) -> torch.dtype | None:
+        """The code dtype in which `layer` (finalized) takes its input already quantized per
+        token (a QuantizedActivation, quant/input_fusion.py), or None: plain tensors only."""
+        return None
+
 
 class PerRowScaledMethod(QuantMethod):
     """A method whose checkpoint is one code per weight plus one float32 scale per output row

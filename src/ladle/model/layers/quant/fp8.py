@@ -1,7 +1,7 @@
 """FP8 W8A8: float8 e4m3 weights with one scale per output channel, activations quantized per
 token on the fly, the GEMM through torch._scaled_mm with row-wise scales (cuBLASLt's FP8 tensor
-cores on Hopper), or at decode batches up to 64 rows ladle's Triton kernel (kernels/fp8_matmul.py),
-which reads the weight faster there.
+cores on Hopper), or at decode batches up to 64 rows ladle's Triton kernel
+(kernels/fp8_matmul.py), which reads the weight faster there.
 
     w_scale[n] = max_k |W[n, k]| / 448          W8[n, k] = e4m3(W[n, k] / w_scale[n])
     x_scale[m] = max_k |x[m, k]| / 448          x8[m, k] = e4m3(x[m, k] / x_scale[m])
@@ -9,6 +9,10 @@ which reads the weight faster there.
 
 Where _scaled_mm cannot run (the CPU, a GPU before Ada, sizes not a multiple of 16) the same
 numbers are computed by dequantizing both sides: slower, same quantization error.
+
+The input may also come already quantized (a QuantizedActivation from an RMSNorm or SiLU-and-mul
+kernel that quantized its own output, quant/input_fusion.py): its codes and scales are the ones
+quantize_activation_fp8 would compute from the bf16 tensor, so the result is the same.
 """
 
 from __future__ import annotations
@@ -18,6 +22,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ladle.model.layers.quant.base import PerRowScaledMethod, add_bias, flatten_tokens
+from ladle.model.layers.quantized_activation import QuantizedActivation
 
 FP8_DTYPE = torch.float8_e4m3fn
 FP8_MAX = float(torch.finfo(FP8_DTYPE).max)  # 448
@@ -42,9 +47,20 @@ def fp8_linear_reference(
     """The fp8 matmul's numbers in float32 torch: both sides quantized, then dequantized."""
     x2, leading = flatten_tokens(x)
     x_codes, x_scale = quantize_fp8_per_row(x2)
-    output = (x_codes.float() * x_scale[:, None]) @ (weight.float() * weight_scale[:, None]).t()
-    output = add_bias(output, None if bias is None else bias.float())
+    output = _dequantized_matmul(x_codes, x_scale[:, None], weight, weight_scale, bias)
     return output.to(x.dtype).reshape(*leading, -1)
+
+
+def _dequantized_matmul(
+    x_codes: torch.Tensor,
+    x_scale: torch.Tensor,
+    weight: torch.Tensor,
+    weight_scale: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """(x_codes * x_scale [M, 1]) @ (weight * weight_scale [N])^T (+ bias) in float32."""
+    output = (x_codes.float() * x_scale) @ (weight.float() * weight_scale[:, None]).t()
+    return add_bias(output, None if bias is None else bias.float())
 
 
 _scaled_mm_works: dict[torch.device, bool] = {}
@@ -79,18 +95,32 @@ def quantize_activation_fp8(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
     return codes, scale[:, None]
 
 
+def activation_codes(
+    x: torch.Tensor | QuantizedActivation,
+) -> tuple[torch.Tensor, torch.Tensor, tuple[int, ...], torch.dtype]:
+    """(e4m3 codes [M, K], float32 scales [M, 1], leading shape, output dtype) of an input:
+    quantized here from a tensor [..., K], or handed over already quantized."""
+    if isinstance(x, QuantizedActivation):
+        if x.codes.dtype != FP8_DTYPE:
+            raise ValueError(f"an fp8 projection got {x.codes.dtype} activation codes")
+        return x.codes, x.scale, (x.codes.shape[0],), x.dtype
+    x2, leading = flatten_tokens(x)
+    codes, scale = quantize_activation_fp8(x2)
+    return codes, scale, leading, x.dtype
+
+
 def fp8_linear(
-    x: torch.Tensor,
+    x: torch.Tensor | QuantizedActivation,
     weight_t: torch.Tensor,
     weight_scale_row: torch.Tensor,
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
-    """y = x W^T (+ bias) with W8 given as its [K, N] column-major view and scales [1, N]."""
-    x2, leading = flatten_tokens(x)
-    x_codes, x_scale = quantize_activation_fp8(x2)
+    """y = x W^T (+ bias) with W8 given as its [K, N] column-major view and scales [1, N]; x a
+    tensor [..., K] or an already quantized activation [M, K]."""
+    x_codes, x_scale, leading, dtype = activation_codes(x)
     from ladle.kernels.fp8_matmul import decode_tile, fp8_matmul
 
-    tile = decode_tile(x2.shape[0], weight_t.shape[1])
+    tile = decode_tile(x_codes.shape[0], weight_t.shape[1])
     if tile is not None:
         # Decode sizes: ladle's kernel tiles the output finer than cuBLASLt (more SMs reading
         # the weight); the same codes, scales and bfloat16 result.
@@ -100,7 +130,7 @@ def fp8_linear(
         output = torch._scaled_mm(
             x_codes, weight_t, scale_a=x_scale, scale_b=weight_scale_row, out_dtype=torch.bfloat16
         )
-    output = add_bias(output.to(x.dtype), bias)
+    output = add_bias(output.to(dtype), bias)
     return output.reshape(*leading, -1)
 
 
@@ -116,13 +146,17 @@ class Fp8Method(PerRowScaledMethod):
         rows, cols = weight.shape
         layer.use_scaled_mm = can_use_scaled_mm(weight.device) and rows % 16 == 0 and cols % 16 == 0
 
-    def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+    def input_quantization(self, layer: nn.Module) -> torch.dtype | None:
+        # Only the _scaled_mm / Triton GEMM path takes codes straight from the producer.
+        return FP8_DTYPE if layer.use_scaled_mm else None
+
+    def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:
         if layer.use_scaled_mm:
             return fp8_linear(x, layer.weight.t(), layer.weight_scale[None, :], layer.bias)
-        if x.is_cuda:  # an unaligned size on the GPU: dequantize the weight for this call
-            weight = layer.weight.to(x.dtype) * layer.weight_scale[:, None].to(x.dtype)
-            x2, leading = flatten_tokens(x)
-            codes, scale = quantize_activation_fp8(x2)
-            x_dq = (codes.to(x.dtype) * scale.to(x.dtype)).reshape(*leading, -1)
+        codes, scale, leading, dtype = activation_codes(x)
+        if codes.is_cuda:  # an unaligned size on the GPU: dequantize the weight for this call
+            weight = layer.weight.to(dtype) * layer.weight_scale[:, None].to(dtype)
+            x_dq = (codes.to(dtype) * scale.to(dtype)).reshape(*leading, -1)
             return F.linear(x_dq, weight, layer.bias)
-        return fp8_linear_reference(x, layer.weight, layer.weight_scale, layer.bias)
+        output = _dequantized_matmul(codes, scale, layer.weight, layer.weight_scale, layer.bias)
+        return output.to(dtype).reshape(*leading, -1)
