@@ -11,6 +11,7 @@ accumulator, both scales applied once in the epilogue, a bfloat16 result.
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass
 
 import torch
@@ -34,21 +35,26 @@ class Fp8Tile:
 # Above this many token rows cuBLASLt's kernel takes the call (scripts/fp8_tile_precision_probe.py
 # on an H100: at 128 rows it is as fast or faster on the 8B's projections).
 MAX_TOKENS = 64
-# 64-row tiles run on Hopper's wgmma, which sums fp8 products at reduced precision over the whole
-# K unless told otherwise: that was the relative error 2.1-3.4e-3 (against 1.7e-3, the bfloat16
-# rounding) that failed tests/gpu/test_fp8_matmul.py on long K. Promoting into the float32
-# accumulator every 128 products brings it back to the rounding (and to cuBLAS's results) for
-# 5-25% of the tile's speed.
+# Hopper's fp8 tensor cores sum products at reduced precision unless the kernel promotes them
+# into a float32 accumulator every so often ("fast accumulation"). vLLM's CUTLASS fp8 kernels and
+# cuBLASLt's use_fast_accum run without promotion; ladle does too by default, for the fp8 GEMMs
+# above 16 rows (scripts/fp8_tile_precision_probe.py: relative error against float32 over the
+# same codes 2.1-3.4e-3 instead of 1.7e-3, the bfloat16 rounding, beside the 3.7e-2 of the fp8
+# weights themselves). LADLE_FP8_FAST_ACCUM=0 promotes every PRECISE_ACCUMULATION products
+# (tl.dot's max_num_imprecise_acc) and asks cuBLASLt for its precise kernel.
+FAST_ACCUMULATION = os.environ.get("LADLE_FP8_FAST_ACCUM", "1") != "0"
 PRECISE_ACCUMULATION = 128
 
 
-def decode_tile(num_tokens: int, num_columns: int) -> Fp8Tile | None:
+def decode_tile(
+    num_tokens: int, num_columns: int, fast_accumulation: bool = FAST_ACCUMULATION
+) -> Fp8Tile | None:
     """The tile for a call of num_tokens rows, or None to take torch._scaled_mm. From the
     sweeps of scripts/fp8_gemm_bench.py and scripts/fp8_tile_precision_probe.py on an H100 (the
     8B's four projections at 1-128 rows): 64 columns, 256-wide K steps; up to 32 rows 16-row
-    tiles (mma.sync, full precision: a second row of programs rereads the weight from L2),
-    except the widest layers (gate_up), where that reread costs and 64-row tiles win from 17
-    rows on; 64-row tiles up to 64 rows."""
+    tiles (mma.sync, always full precision: a second row of programs rereads the weight from
+    L2), except the widest layers (gate_up), where that reread costs and 64-row tiles win from 17
+    rows on; 64-row tiles (wgmma) up to 64 rows."""
     if num_tokens > MAX_TOKENS:
         return None
     wide = num_columns >= 16384
@@ -59,7 +65,7 @@ def decode_tile(num_tokens: int, num_columns: int) -> Fp8Tile | None:
         block_n=64,
         block_k=256,
         num_stages=3 if wide else 4,
-        max_imprecise_acc=PRECISE_ACCUMULATION,
+        max_imprecise_acc=None if fast_accumulation else PRECISE_ACCUMULATION,
     )
 
 

@@ -118,7 +118,7 @@ def fp8_linear(
     """y = x W^T (+ bias) with W8 given as its [K, N] column-major view and scales [1, N]; x a
     tensor [..., K] or an already quantized activation [M, K]."""
     x_codes, x_scale, leading, dtype = activation_codes(x)
-    from ladle.kernels.fp8_matmul import decode_tile, fp8_matmul
+    from ladle.kernels.fp8_matmul import FAST_ACCUMULATION, decode_tile, fp8_matmul
 
     tile = decode_tile(x_codes.shape[0], weight_t.shape[1])
     if tile is not None:
@@ -128,7 +128,12 @@ def fp8_linear(
     else:
         # Row-wise scaling is implemented for bfloat16 outputs only.
         output = torch._scaled_mm(
-            x_codes, weight_t, scale_a=x_scale, scale_b=weight_scale_row, out_dtype=torch.bfloat16
+            x_codes,
+            weight_t,
+            scale_a=x_scale,
+            scale_b=weight_scale_row,
+            out_dtype=torch.bfloat16,
+            use_fast_accum=FAST_ACCUMULATION,
         )
     output = add_bias(output.to(dtype), bias)
     return output.reshape(*leading, -1)

@@ -1,0 +1,61 @@
+"""cuBLASLt's row-wise fp8 GEMM (torch._scaled_mm) with and without fast accumulation on the
+8B's projections at 64-512 rows: us per call in a CUDA graph over a weight ring larger than L2,
+and the relative error against float32 over the same codes. One JSON line per case.
+
+    python scripts/fp8_fast_accum_probe.py
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+
+import torch
+
+from ladle.bench.gpu_timing import calls_in_graph_us
+
+SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+
+
+def main() -> None:
+    for name, (n, k) in SHAPES.items():
+        generator = torch.Generator(device="cuda").manual_seed(n + k)
+        ring = max(2, -(-120_000_000 // (n * k)))
+        calls = 24 if n * k < 100_000_000 else 8
+        weights = [
+            (torch.randn(n, k, device="cuda", generator=generator) * 64)
+            .clamp(-448, 448)
+            .to(torch.float8_e4m3fn)
+            for _ in range(ring)
+        ]
+        w_scale = (torch.rand(n, device="cuda", generator=generator) * 1e-3 + 1e-4)[None, :]
+        for tokens in (64, 128, 256, 512):
+            x = (torch.randn(tokens, k, device="cuda", generator=generator) * 64).clamp(-448, 448)
+            x_codes = x.to(torch.float8_e4m3fn)
+            x_scale = torch.rand(tokens, 1, device="cuda", generator=generator) * 1e-2 + 1e-3
+            expected = (x_codes.float() * x_scale) @ (weights[0].float() * w_scale.t()).t()
+            for fast in (False, True):
+
+                def call(weight, fast=fast):
+                    return torch._scaled_mm(
+                        x_codes,
+                        weight.t(),
+                        scale_a=x_scale,
+                        scale_b=w_scale,
+                        out_dtype=torch.bfloat16,
+                        use_fast_accum=fast,
+                    )
+
+                got = call(weights[0]).float()
+                error = ((got - expected).norm() / expected.norm()).item()
+                us = calls_in_graph_us(
+                    [functools.partial(call, weights[i % ring]) for i in range(calls)], replays=3
+                )
+                row = {"shape": name, "tokens": tokens, "fast": fast, "us": round(us, 2)}
+                print(json.dumps({**row, "rel_err": error}), flush=True)
+        del weights
+        torch.cuda.empty_cache()
+
+
+if __name__ == "__main__":
+    main()
