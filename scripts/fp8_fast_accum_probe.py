@@ -36,7 +36,7 @@ def main() -> None:
             expected = (x_codes.float() * x_scale) @ (weights[0].float() * w_scale.t()).t()
             for fast in (False, True):
 
-                def call(weight, fast=fast):
+                def call(weight, fast=fast, x_codes=x_codes, x_scale=x_scale, w_scale=w_scale):
                     return torch._scaled_mm(
                         x_codes,
                         weight.t(),
