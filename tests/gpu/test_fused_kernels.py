@@ -179,6 +179,23 @@ def test_gumbel_draw_ties_and_masked_rows_follow_torch_argmax():
     assert expected[2].item() == 4097
 
 
+@pytest.mark.parametrize("num_reqs,vocab_size", [(1, 128256), (1, 151936), (3, 5000), (64, 32000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_greedy_argmax_is_torch_argmax(num_reqs, vocab_size, dtype):
+    """The split argmax picks torch's token: ties (bfloat16 logits tie often) go to the lowest
+    id, across chunk borders too; a row of -inf gives 0; a winner in the last partial chunk."""
+    from ladle.kernels.gumbel_sample import greedy_argmax
+
+    generator = torch.Generator(device="cuda").manual_seed(vocab_size + num_reqs)
+    logits = torch.randn(num_reqs, vocab_size, device="cuda", generator=generator).to(dtype)
+    logits[0, 100] = logits[0, 9000] = logits[0].max() + 1  # a tie across chunks
+    if num_reqs > 1:
+        logits[1] = float("-inf")
+        logits[2, vocab_size - 1] = 1e4  # the last token wins
+    assert torch.equal(greedy_argmax(logits), logits.argmax(dim=-1))
+    assert greedy_argmax(logits)[0].item() == 100
+
+
 @pytest.mark.parametrize(
     "params",
     [

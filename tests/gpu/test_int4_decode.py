@@ -69,6 +69,8 @@ def test_int4_decode_kernels_match_reference(kernel_index, tokens, outputs, inpu
     kernel = all_kernels()[kernel_index]
     if kernel.kind == "gemv" and tokens > GEMV_MAX_TOKENS:
         pytest.skip("the GEMV serves at most GEMV_MAX_TOKENS rows")
+    if kernel.kind == "row" and tokens > 1:
+        pytest.skip("the one-row kernel serves one row (test_one_row_kernel_*)")
     packed_t, scale_t, zero_t = quantized(outputs, inputs, seed=tokens * outputs + inputs)
     x = torch.randn(tokens, inputs, device=CUDA).to(torch.bfloat16)
     actual = int4_decode_matmul(x, packed_t, scale_t, zero_t, GROUP, kernel)
@@ -85,6 +87,8 @@ def test_int4_decode_kernels_take_float16_and_symmetric_weights(kernel_index):
     packed_t, scale_t, zero_t = quantized(1000, 4096 + 72, seed=3, symmetric=True)
     x = torch.randn(5, 4096 + 72, device=CUDA).to(torch.float16)
     kernel = all_kernels()[kernel_index]
+    if kernel.kind == "row":
+        pytest.skip("the one-row kernel serves one row (test_one_row_kernel_*)")
     actual = int4_decode_matmul(x, packed_t, scale_t, zero_t, GROUP, kernel)
     assert actual.dtype == torch.float16
     expected = int4_matmul_reference(x, packed_t, scale_t, zero_t, GROUP)

@@ -490,6 +490,10 @@ GEMV_KERNELS = (
     Int4Kernel("gemv", 128, 4, 1056),
     Int4Kernel("gemv", 64, 2, 1056, prefetch=True),
     Int4Kernel("gemv", 128, 4, 264, rows=2, prefetch=True),
+    # One row only; the best two of scripts/int4_gemv_sweep.py on the 8B's shapes read from HBM
+    # (gate_up 39.3 -> 35.8 us, qkv 13.1 -> 12.8, o 10.7 -> 10.4 against the split-K GEMV).
+    Int4Kernel("row", 16, 2, groups=4),
+    Int4Kernel("row", 32, 4, groups=8),
 )
 MMA_KERNELS = (Int4Kernel("mma", 128, 8, 264),)
 # Without a plan (a layer finalized off the GPU, direct calls): the defaults per batch size.

@@ -101,8 +101,8 @@ class Sampler(nn.Module):
         Works on logits in place."""
         flags = metadata.flags
         if flags.all_greedy:
-            return logits.argmax(dim=-1)
-        greedy_ids = None if flags.all_random else logits.argmax(dim=-1)
+            return _argmax(logits)
+        greedy_ids = None if flags.all_random else _argmax(logits)
 
         is_greedy = metadata.temperature < GREEDY_TEMPERATURE
         # Greedy rows divide by 1 instead of ~0: their draw is thrown away, but no inf may appear.
@@ -138,3 +138,13 @@ class Sampler(nn.Module):
         if greedy_ids is None:
             return random_ids
         return torch.where(is_greedy, greedy_ids, random_ids)
+
+
+def _argmax(logits: torch.Tensor) -> torch.Tensor:
+    """Greedy token ids [num_reqs]; on CUDA the vocabulary split over programs (a few us where
+    torch's one-block-per-row reduction took ~30 for a single row)."""
+    if use_fused_kernels(logits):
+        from ladle.kernels.gumbel_sample import greedy_argmax
+
+        return greedy_argmax(logits)
+    return logits.argmax(dim=-1)
