@@ -29,12 +29,14 @@ def quantized(outputs: int, inputs: int, seed: int, symmetric: bool = False):
     return packed_t, scale.t().contiguous(), zero.t().to(torch.float16).contiguous()
 
 
-def assert_close_to_reference(actual: torch.Tensor, expected: torch.Tensor) -> None:
+def assert_close_to_reference(
+    actual: torch.Tensor, expected: torch.Tensor, atol: float = 1e-2
+) -> None:
     """The kernels sum in float32 and round once to the activation dtype: every output within one
     rounding step of the exact float32 product (2^-8 relative for bf16, 2^-11 for fp16; twice
     that for the float32 sums' order), and the whole close in norm."""
     step = 2.0**-7 if actual.dtype == torch.bfloat16 else 2.0**-10
-    torch.testing.assert_close(actual.float(), expected, rtol=step, atol=1e-2)
+    torch.testing.assert_close(actual.float(), expected, rtol=step, atol=atol)
     assert relative_error(actual, expected) < 5e-3
 
 
@@ -85,14 +87,18 @@ def test_int4_decode_kernels_take_float16_and_symmetric_weights(kernel_index):
     from ladle.kernels.int4_matmul import int4_matmul_reference
 
     packed_t, scale_t, zero_t = quantized(1000, 4096 + 72, seed=3, symmetric=True)
-    x = torch.randn(5, 4096 + 72, device=CUDA).to(torch.float16)
+    generator = torch.Generator(device=CUDA).manual_seed(kernel_index)
+    x = torch.randn(5, 4096 + 72, device=CUDA, generator=generator).to(torch.float16)
     kernel = all_kernels()[kernel_index]
     if kernel.kind == "row":
         pytest.skip("the one-row kernel serves one row (test_one_row_kernel_*)")
     actual = int4_decode_matmul(x, packed_t, scale_t, zero_t, GROUP, kernel)
     assert actual.dtype == torch.float16
     expected = int4_matmul_reference(x, packed_t, scale_t, zero_t, GROUP)
-    assert_close_to_reference(actual, expected)
+    # float16 codes enter the tensor cores as 1024 + q and the 1024 * sum(x) leaves after the
+    # float32 dot: that cancellation costs ~2^-13 of each group's sum (bfloat16's 128 + q costs
+    # 8x less). An unseeded draw once measured 0.0145 off on a near-zero output.
+    assert_close_to_reference(actual, expected, atol=3e-2 if kernel.kind == "mma" else 1e-2)
 
 
 @pytest.mark.parametrize("kernel_index", [0, 3, -1], ids=["gemv", "gemv-rows2", "mma"])
