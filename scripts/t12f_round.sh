@@ -11,7 +11,7 @@ export DEADLINE_S=${DEADLINE_S:-470}
 source "$(dirname "$0")/lead_round_env.sh"
 
 echo "== GPU tests: fused activation quantization, quant kernels and layers, fp8 GEMM" | tee -a "$LOG"
-timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -n 3 tests/gpu/test_fused_activation_quant.py \
+timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -n 3 tests/gpu/test_fused_activation_quant_gpu.py \
   tests/gpu/test_quant_kernels.py tests/gpu/test_fp8_matmul.py > "$OUT/t12f_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/t12f_tests.log" | tail -12 | tee -a "$LOG"
 
