@@ -1,18 +1,23 @@
 #!/usr/bin/env bash
 # Helper t12f, 2026-11-23 (issue 12, W2 with fp8 weights + fp8 KV): the per-token activation
 # quantization fused into RMSNorm and SiLU-and-mul (quant/input_fusion.py). Its GPU tests beside
-# the fp8 kernel and layer tests; the batch-64 fp8 decode step kernel by kernel with the fusion
-# and without (LADLE_FUSED_ACTIVATION_QUANT=0); W2 (all 256 requests) with fp8 weights + fp8 KV
-# with the fusion, bf16 in the same run, then fp8 without the fusion while time is left.
+# the fp8 kernel and layer tests; the fused kernels against the unfused pairs alone; the batch-64
+# fp8 decode step kernel by kernel with the fusion and without (LADLE_FUSED_ACTIVATION_QUANT=0);
+# W2 (all 256 requests) with fp8 weights + fp8 KV with the fusion, bf16 in the same run, then
+# fp8 without the fusion while time is left.
 #   bash scripts/t12f_round.sh     (from a repo root with .whl/ and .carry/tok; ~8 minutes)
 set -uo pipefail
 export DEADLINE_S=${DEADLINE_S:-470}
 source "$(dirname "$0")/lead_round_env.sh"
 
 echo "== GPU tests: fused activation quantization, quant kernels and layers, fp8 GEMM" | tee -a "$LOG"
-timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -n 3 tests/gpu/test_fused_activation_quant.py \
+timeout 170 python3 -m pytest -q -p no:cacheprovider -rfE -n 3 tests/gpu/test_fused_activation_quant_gpu.py \
   tests/gpu/test_quant_kernels.py tests/gpu/test_fp8_matmul.py > "$OUT/t12f_tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/t12f_tests.log" | tail -12 | tee -a "$LOG"
+
+echo "== kernels alone: producer + per_token_quant vs the fused launch (us per call, graph)" | tee -a "$LOG"
+timeout 60 python3 scripts/fused_quant_bench.py --rows 1 16 64 256 2>"$OUT/fused_quant_bench.err" \
+  | tee "$OUT/fused_quant_bench.jsonl" | tee -a "$LOG"
 
 # The batch-64 fp8 step kernel by kernel: step totals, then the norm / activation / quantization
 # kernels and the five largest.

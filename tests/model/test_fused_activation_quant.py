@@ -2,7 +2,7 @@
 fp8 projection given a QuantizedActivation computes what it computes from the bf16 tensor, the
 load-time linking picks exactly the producers whose consumer takes fp8 input (and none when
 switched off), and a linked producer that cannot fuse (the CPU) still returns its tensor. The
-fused Triton kernels themselves are tested in tests/gpu/test_fused_activation_quant.py."""
+fused Triton kernels themselves are tested in tests/gpu/test_fused_activation_quant_gpu.py."""
 
 from __future__ import annotations
 
