@@ -17,7 +17,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ladle.kernels.per_token_quant import quant_max, quantize_row
+from ladle.kernels.per_token_quant import codes_at_scale, quant_max, scale_of_max
 
 
 @triton.jit
@@ -59,21 +59,37 @@ def _silu_and_mul_quant_kernel(
     IS_INT: tl.constexpr,
     BLOCK: tl.constexpr,
 ):
+    """One row in BLOCK-column chunks, twice: the first pass finds the row's max |output|, the
+    second recomputes each chunk's output (the same instructions, so the same bits) and stores
+    its codes. Holding a 14336-wide row in one program's registers instead took 16 warps and
+    left one program per SM: slower than the unfused pair (18.6 against 14.7 us at 256 rows,
+    scripts/fused_quant_bench.py); chunks on 4 warps let several rows share an SM."""
     row = tl.program_id(0).to(tl.int64)
-    columns = tl.arange(0, BLOCK)
-    is_column = columns < width
     dtype = input_ptr.dtype.element_ty
     row_input = input_ptr + row * stride_input_row
-    gate = tl.load(row_input + columns, mask=is_column, other=0.0).to(tl.float32)
-    up = tl.load(row_input + width + columns, mask=is_column, other=0.0).to(tl.float32)
-    # Padding columns give silu(0) * 0 = 0, which leaves the row's max alone.
-    output = _silu_times_up(gate, up, dtype).to(tl.float32)
-    scaled, scale = quantize_row(output, QMAX, IS_INT)
-    tl.store(
-        codes_ptr + row * stride_codes_row + columns,
-        scaled.to(codes_ptr.dtype.element_ty),
-        mask=is_column,
-    )
+    row_max = tl.zeros([BLOCK], dtype=tl.float32)
+    for start in range(0, width, BLOCK):
+        columns = start + tl.arange(0, BLOCK)
+        is_column = columns < width
+        gate = tl.load(row_input + columns, mask=is_column, other=0.0).to(tl.float32)
+        up = tl.load(row_input + width + columns, mask=is_column, other=0.0).to(tl.float32)
+        # Padding columns give silu(0) * 0 = 0, which leaves the row's max alone.
+        output = _silu_times_up(gate, up, dtype).to(tl.float32)
+        row_max = tl.maximum(row_max, tl.abs(output))
+    # quantize_row's scale (a max is exact in any order), then its codes chunk by chunk.
+    scale = scale_of_max(tl.max(row_max, axis=0), QMAX)
+    for start in range(0, width, BLOCK):
+        columns = start + tl.arange(0, BLOCK)
+        is_column = columns < width
+        gate = tl.load(row_input + columns, mask=is_column, other=0.0).to(tl.float32)
+        up = tl.load(row_input + width + columns, mask=is_column, other=0.0).to(tl.float32)
+        output = _silu_times_up(gate, up, dtype).to(tl.float32)
+        scaled = codes_at_scale(output, scale, QMAX, IS_INT)
+        tl.store(
+            codes_ptr + row * stride_codes_row + columns,
+            scaled.to(codes_ptr.dtype.element_ty),
+            mask=is_column,
+        )
     tl.store(scale_ptr + row, scale)
 
 
@@ -108,8 +124,7 @@ def silu_and_mul_quant(
     scale = torch.empty(num_rows, 1, dtype=torch.float32, device=x.device)
     if num_rows == 0 or width == 0:
         return codes, scale
-    # The whole row in one program (its max is the scale): up to 16 warps, as per_token_quant.
-    block = triton.next_power_of_2(width)
+    block = min(2048, triton.next_power_of_2(width))
     _silu_and_mul_quant_kernel[(num_rows,)](
         codes,
         scale,
@@ -120,6 +135,6 @@ def silu_and_mul_quant(
         QMAX=qmax,
         IS_INT=code_dtype == torch.int8,
         BLOCK=block,
-        num_warps=max(1, min(16, block // 1024)),
+        num_warps=4,
     )
     return codes, scale
