@@ -31,23 +31,11 @@ def quantize_row(x, QMAX: tl.constexpr, IS_INT: tl.constexpr):
     # codes by an IEEE-rounded division as torch's tensor / tensor (Triton's `/` is approximate):
     # the codes then equal torch's exactly, where a quotient one ulp off next to a rounding
     # boundary flips a code by one.
-    scale = scale_of_max(tl.max(tl.abs(x), axis=0), QMAX)
-    return codes_at_scale(x, scale, QMAX, IS_INT), scale
-
-
-@triton.jit
-def scale_of_max(max_abs, QMAX: tl.constexpr):
-    """A row's scale from its max |x| (quantize_row's rule; also for rows seen in chunks)."""
-    return tl.maximum(max_abs * (1.0 / QMAX), 1e-12)  # MIN_SCALE
-
-
-@triton.jit
-def codes_at_scale(x, scale, QMAX: tl.constexpr, IS_INT: tl.constexpr):
-    """quantize_row's codes (as float32) of float32 values x at a row's scale."""
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / QMAX), 1e-12)  # MIN_SCALE
     scaled = tl.clamp(tl.math.div_rn(x, scale), -QMAX, QMAX)
     if IS_INT:
         scaled = libdevice.rint(scaled)
-    return scaled
+    return scaled, scale
 
 
 @triton.jit
