@@ -1,9 +1,10 @@
 """RMSNorm quantizing its output per token in the same launch (kernels/rms_norm.py
 rms_norm_quant) against the pair it replaces (the bf16 kernel, then kernels/per_token_quant.py):
-codes and scales bit for bit, the residual stream unchanged, at awkward sizes (rows 1, 7, 64, 300; widths 576, 1000, 4096,
-14336). Then an fp8 model: its logits with the fusion linked at load (quant/input_fusion.py)
-equal those with it switched off (LADLE_FUSED_ACTIVATION_QUANT=0 or enabled=False), eagerly and
-under CUDA graphs. tests/model/test_fused_activation_quant.py covers the CPU side."""
+codes and scales bit for bit, the residual stream unchanged, at awkward sizes (rows 1, 7, 64,
+300; widths 576, 1000, 4096, 14336). Then an fp8 model: its logits with the fusion linked at
+load (quant/input_fusion.py) equal those with it switched off (LADLE_FUSED_ACTIVATION_QUANT=0
+or enabled=False), eagerly and under CUDA graphs. tests/model/test_fused_activation_quant.py
+covers the CPU side."""
 
 from __future__ import annotations
 
