@@ -1,5 +1,5 @@
 # Lead round 24 (issue 12, GPU): the fused-quantization tests with the SiLU fusion removed, W2 on
-# all 256 requests twice in each mode, interleaved (fp8 + fp8 KV, bf16), and int4 W3-8b.
+# all 256 requests three times in each mode, interleaved (fp8 + fp8 KV, bf16), and int4 W3-8b.
 #   DEADLINE_S=570 bash scripts/lead_round24.sh     (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
@@ -21,6 +21,7 @@ w2 bf16_a
 w2 fp8_b --quantization fp8 --kv-cache-dtype fp8
 w2 bf16_b
 w2 fp8_c --quantization fp8 --kv-cache-dtype fp8
+w2 bf16_c
 [ "$(left)" -gt 70 ] && { echo "== W3-8b int4 ($(left) s left)" | tee -a "$LOG"; timeout $(( $(left) - 5 )) python3 -m ladle \
   bench latency --workload W3-8b --runs 3 --no-busy --no-progress --quantization int4 \
   --json "$OUT/w3_int4.json" 2>&1 | grep -E "ITL|start" | tee -a "$LOG"; }
