@@ -1,13 +1,12 @@
 # Lead round 21 (issue 12, GPU): fast against precise fp8 accumulation (cuBLASLt and the 64-row
-# tiles), the fp8, int4 and sampler kernel tests, W2 fp8 + fp8 KV with fast accumulation (the default) and
+# tiles), the fp8 tests both ways, W2 fp8 + fp8 KV with fast accumulation (the default) and
 # precise, bf16 between them; int4 W3-8b.
 #   DEADLINE_S=570 bash scripts/lead_round21.sh     (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
 echo "== fp8 tests" | tee -a "$LOG"
-timeout 150 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 tests/gpu/test_fp8_matmul.py \
-  tests/gpu/test_quant_kernels.py tests/gpu/test_fused_activation_quant.py tests/gpu/test_int4_decode.py \
-  tests/gpu/test_fused_kernels.py > "$OUT/tests.log" 2>&1
+timeout 120 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 tests/gpu/test_fp8_matmul.py \
+  tests/gpu/test_quant_kernels.py tests/gpu/test_fused_activation_quant.py > "$OUT/tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -12 | tee -a "$LOG"
 echo "== fast accum probe ($(left) s left)" | tee -a "$LOG"
 timeout 90 python3 scripts/fp8_fast_accum_probe.py > "$OUT/fast_accum.jsonl" 2> "$OUT/fast_accum.err"

@@ -56,14 +56,10 @@ def test_sampling_params_follow_every_row(name):
 
 # (request model, field in the request, row it follows)
 API_FIELDS = [
-    (CompletionRequest, "top_k", "top_k"),
-    (CompletionRequest, "seed", "seed"),
-    (CompletionRequest, "priority", "priority"),
-    (CompletionRequest, "max_tokens", "max_tokens"),
-    (CompletionRequest, "logprobs", "logprobs"),
-    (CompletionRequest, "n", "n"),
-    (CompletionRequest, "temperature", "temperature"),
-    (CompletionRequest, "top_p", "top_p"),
+    (CompletionRequest, "top_k", "top_k"), (CompletionRequest, "seed", "seed"),
+    (CompletionRequest, "priority", "priority"), (CompletionRequest, "max_tokens", "max_tokens"),
+    (CompletionRequest, "logprobs", "logprobs"), (CompletionRequest, "n", "n"),
+    (CompletionRequest, "temperature", "temperature"), (CompletionRequest, "top_p", "top_p"),
     (CompletionRequest, "best_of", "best_of"),
     (ChatCompletionRequest, "max_completion_tokens", "max_tokens"),
     (ChatCompletionRequest, "top_logprobs", "logprobs"),
@@ -73,18 +69,14 @@ API_FIELDS = [
 
 
 def request_body(model, field: str, value) -> bytes:
-    base = (
-        {"prompt": "hi"}
-        if model is CompletionRequest
-        else {"messages": [{"role": "user", "content": "hi"}]}
-    )
+    base = {"prompt": "hi"} if model is CompletionRequest else {
+        "messages": [{"role": "user", "content": "hi"}]}
     text = json.dumps({**base, field: value})  # json writes NaN / Infinity as JS literals
     return text.encode()
 
 
-@pytest.mark.parametrize(
-    ("model", "field", "row"), API_FIELDS, ids=[f"{m.__name__}.{f}" for m, f, _ in API_FIELDS]
-)
+@pytest.mark.parametrize(("model", "field", "row"), API_FIELDS,
+                         ids=[f"{m.__name__}.{f}" for m, f, _ in API_FIELDS])
 def test_request_models_follow_every_row(model, field, row):
     allowed, refused = edges(LIMITS[row])
     for value in allowed:

@@ -206,11 +206,9 @@ class CacheConfig:
     )
     kv_cache_dtype: str = field(
         default="auto",
-        metadata={
-            "help": "KV cache storage: auto (the model's dtype) or fp8 / fp8_e4m3 (float8 "
-            "e4m3 with per-layer k/v scales from the checkpoint or a start-up "
-            "calibration: about twice the tokens of bf16)"
-        },
+        metadata={"help": "KV cache storage: auto (the model's dtype) or fp8 / fp8_e4m3 (float8 "
+                  "e4m3 with per-layer k/v scales from the checkpoint or a start-up "
+                  "calibration: about twice the tokens of bf16)"},
     )
 
     def __post_init__(self) -> None:
@@ -247,18 +245,14 @@ class SchedulerConfig:
     )
     itl_slo_ms: float | None = field(
         default=None,
-        metadata={
-            "help": "inter-token latency SLO in ms (or a duration such as 50ms): steps "
-            "beside running decodes take only the prompt tokens that keep the measured "
-            "step time within it (decode-first)"
-        },
+        metadata={"help": "inter-token latency SLO in ms (or a duration such as 50ms): steps "
+                  "beside running decodes take only the prompt tokens that keep the measured "
+                  "step time within it (decode-first)"},
     )
     async_scheduling: bool | None = field(
         default=None,
-        metadata={
-            "help": "overlapped scheduling: build and launch each step while the device "
-            "runs the one before (default: on for CUDA, off on the CPU)"
-        },
+        metadata={"help": "overlapped scheduling: build and launch each step while the device "
+                  "runs the one before (default: on for CUDA, off on the CPU)"},
     )
 
     def __post_init__(self) -> None:

@@ -30,74 +30,12 @@ from ladle.outputs import RequestOutput
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 
 # vLLM's buckets, so histograms from the two engines can be compared bucket by bucket.
-TTFT_BUCKETS = (
-    0.001,
-    0.005,
-    0.01,
-    0.02,
-    0.04,
-    0.06,
-    0.08,
-    0.1,
-    0.25,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-    160.0,
-    640.0,
-    2560.0,
-)
-INTER_TOKEN_BUCKETS = (
-    0.01,
-    0.025,
-    0.05,
-    0.075,
-    0.1,
-    0.15,
-    0.2,
-    0.3,
-    0.4,
-    0.5,
-    0.75,
-    1.0,
-    2.5,
-    5.0,
-    7.5,
-    10.0,
-    20.0,
-    40.0,
-    80.0,
-)
-REQUEST_LATENCY_BUCKETS = (
-    0.3,
-    0.5,
-    0.8,
-    1.0,
-    1.5,
-    2.0,
-    2.5,
-    5.0,
-    10.0,
-    15.0,
-    20.0,
-    30.0,
-    40.0,
-    50.0,
-    60.0,
-    120.0,
-    240.0,
-    480.0,
-    960.0,
-    1920.0,
-    7680.0,
-)
+TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5,
+                5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
+                       5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
+                           50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
 
 class _EngineStatsCollector(Collector):
@@ -123,74 +61,40 @@ class _EngineStatsCollector(Collector):
             family.add_metric(values, value)
             return family
 
-        yield gauge(
-            "vllm:num_requests_running", "Sequences in the running batch.", stats.num_running_reqs
-        )
-        yield gauge(
-            "vllm:num_requests_waiting",
-            "Sequences waiting to be scheduled.",
-            stats.num_waiting_reqs,
-        )
-        yield gauge(
-            "vllm:kv_cache_usage_perc",
-            "Fraction of KV cache blocks in use (0 to 1).",
-            stats.kv_cache_usage,
-        )
-        yield counter(
-            "vllm:prefix_cache_queries",
-            "Prompt tokens looked up in the prefix cache.",
-            stats.prefix_cache_queries,
-        )
-        yield counter(
-            "vllm:prefix_cache_hits",
-            "Prompt tokens found in the prefix cache.",
-            stats.prefix_cache_hits,
-        )
-        yield counter(
-            "vllm:num_preemptions", "Preemptions (by recompute) since start.", stats.num_preemptions
-        )
+        yield gauge("vllm:num_requests_running", "Sequences in the running batch.",
+                    stats.num_running_reqs)
+        yield gauge("vllm:num_requests_waiting", "Sequences waiting to be scheduled.",
+                    stats.num_waiting_reqs)
+        yield gauge("vllm:kv_cache_usage_perc", "Fraction of KV cache blocks in use (0 to 1).",
+                    stats.kv_cache_usage)
+        yield counter("vllm:prefix_cache_queries", "Prompt tokens looked up in the prefix cache.",
+                      stats.prefix_cache_queries)
+        yield counter("vllm:prefix_cache_hits", "Prompt tokens found in the prefix cache.",
+                      stats.prefix_cache_hits)
+        yield counter("vllm:num_preemptions", "Preemptions (by recompute) since start.",
+                      stats.num_preemptions)
         hit_rate = (
             stats.prefix_cache_hits / stats.prefix_cache_queries
-            if stats.prefix_cache_queries
-            else 0.0
+            if stats.prefix_cache_queries else 0.0
         )
-        yield gauge(
-            "ladle:prefix_cache_hit_rate",
-            "Prefix-cache hits / queries (tokens) since start.",
-            hit_rate,
-        )
-        yield gauge(
-            "ladle:kv_cache_free_blocks",
-            "KV cache blocks free (cached ones included).",
-            stats.num_free_blocks,
-        )
-        yield gauge(
-            "ladle:kv_cache_total_blocks", "KV cache blocks in the pool.", stats.num_total_blocks
-        )
-        yield gauge(
-            "ladle:engine_alive",
-            "1 while the engine-core process is alive.",
-            1.0 if self.engine_alive else 0.0,
-        )
-        yield gauge(
-            "ladle:prefill_tokens_per_second",
-            "Measured prompt tokens per second of the steps that computed some (moving "
-            "average; what the TTFT-SLO admission predicts with).",
-            stats.prefill_tokens_per_s,
-        )
-        yield gauge(
-            "ladle:step_time_seconds",
-            "Moving average of the engine step time.",
-            stats.mean_step_time_s,
-        )
-        yield counter(
-            "ladle:prefill_tokens",
-            "Prompt tokens computed (recomputes included).",
-            stats.num_prefill_tokens,
-        )
-        yield counter(
-            "ladle:decode_tokens", "Tokens computed by decode steps.", stats.num_decode_tokens
-        )
+        yield gauge("ladle:prefix_cache_hit_rate",
+                    "Prefix-cache hits / queries (tokens) since start.", hit_rate)
+        yield gauge("ladle:kv_cache_free_blocks", "KV cache blocks free (cached ones included).",
+                    stats.num_free_blocks)
+        yield gauge("ladle:kv_cache_total_blocks", "KV cache blocks in the pool.",
+                    stats.num_total_blocks)
+        yield gauge("ladle:engine_alive", "1 while the engine-core process is alive.",
+                    1.0 if self.engine_alive else 0.0)
+        yield gauge("ladle:prefill_tokens_per_second",
+                    "Measured prompt tokens per second of the steps that computed some (moving "
+                    "average; what the TTFT-SLO admission predicts with).",
+                    stats.prefill_tokens_per_s)
+        yield gauge("ladle:step_time_seconds", "Moving average of the engine step time.",
+                    stats.mean_step_time_s)
+        yield counter("ladle:prefill_tokens", "Prompt tokens computed (recomputes included).",
+                      stats.num_prefill_tokens)
+        yield counter("ladle:decode_tokens", "Tokens computed by decode steps.",
+                      stats.num_decode_tokens)
         step_time = HistogramMetricFamily(
             "ladle:step_duration_seconds",
             "Engine step wall time, steps with prompt tokens (kind=prefill, mixed steps "
@@ -213,31 +117,18 @@ class _EngineStatsCollector(Collector):
             "Time a running stream waited for each token at the engine: since the engine sent "
             "its previous token (the engine loop's cycles; 0 for extra tokens of one output). "
             "The inter-token latency a client would see if the API process added nothing.",
-            labels,
-            values,
-            ENGINE_ITL_BOUNDS_S,
-            stats.engine_itl_counts,
+            labels, values, ENGINE_ITL_BOUNDS_S, stats.engine_itl_counts,
             stats.engine_itl_seconds,
         )
-        yield counter(
-            "ladle:graph_steps", "Engine steps replayed from a CUDA graph.", stats.num_graph_steps
-        )
-        yield counter(
-            "ladle:eager_steps",
-            "Engine steps whose model ran eagerly (all of them "
-            "on the CPU and under --enforce-eager).",
-            stats.num_eager_steps,
-        )
+        yield counter("ladle:graph_steps", "Engine steps replayed from a CUDA graph.",
+                      stats.num_graph_steps)
+        yield counter("ladle:eager_steps", "Engine steps whose model ran eagerly (all of them "
+                      "on the CPU and under --enforce-eager).", stats.num_eager_steps)
 
 
 def _histogram(
-    name: str,
-    documentation: str,
-    labels: list[str],
-    values: list[str],
-    bounds: tuple[float, ...],
-    counts: tuple[int, ...],
-    total: float,
+    name: str, documentation: str, labels: list[str], values: list[str],
+    bounds: tuple[float, ...], counts: tuple[int, ...], total: float,
 ) -> HistogramMetricFamily:
     """A histogram family of one label set from per-bucket counts (the last: above every
     bound), empty counts meaning no observations yet."""
@@ -264,18 +155,13 @@ class _StreamTokenCollector(Collector):
         self.itl_seconds = 0.0
 
     def collect(self) -> Iterator:
-        tokens = CounterMetricFamily(
-            "vllm:generation_tokens", "Tokens generated.", labels=["model_name"]
-        )
+        tokens = CounterMetricFamily("vllm:generation_tokens", "Tokens generated.",
+                                     labels=["model_name"])
         tokens.add_metric([self.model_name], self.num_generation_tokens)
         yield tokens
         yield _histogram(
-            "vllm:inter_token_latency_seconds",
-            "Time between consecutive tokens of a sequence.",
-            ["model_name"],
-            [self.model_name],
-            INTER_TOKEN_BUCKETS,
-            tuple(self.itl_counts),
+            "vllm:inter_token_latency_seconds", "Time between consecutive tokens of a sequence.",
+            ["model_name"], [self.model_name], INTER_TOKEN_BUCKETS, tuple(self.itl_counts),
             self.itl_seconds,
         )
 
@@ -290,58 +176,39 @@ class ServerMetrics:
         labels = ["model_name"]
         self._model_name = model_name
         self.prompt_tokens = Counter(
-            "vllm:prompt_tokens",
-            "Prompt tokens of accepted sequences.",
-            labels,
+            "vllm:prompt_tokens", "Prompt tokens of accepted sequences.", labels,
             registry=self.registry,
         ).labels(model_name)
         self._stream_tokens = _StreamTokenCollector(model_name)
         self.registry.register(self._stream_tokens)
         self._request_success = Counter(
-            "vllm:request_success",
-            "Finished requests by finish reason.",
-            ["model_name", "finished_reason"],
-            registry=self.registry,
+            "vllm:request_success", "Finished requests by finish reason.",
+            ["model_name", "finished_reason"], registry=self.registry,
         )
         self.time_to_first_token = Histogram(
-            "vllm:time_to_first_token_seconds",
-            "Arrival to first token.",
-            labels,
-            buckets=TTFT_BUCKETS,
-            registry=self.registry,
+            "vllm:time_to_first_token_seconds", "Arrival to first token.", labels,
+            buckets=TTFT_BUCKETS, registry=self.registry,
         ).labels(model_name)
         self.e2e_request_latency = Histogram(
-            "vllm:e2e_request_latency_seconds",
-            "Arrival to last token.",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=self.registry,
+            "vllm:e2e_request_latency_seconds", "Arrival to last token.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
         ).labels(model_name)
         self.request_queue_time = Histogram(
-            "vllm:request_queue_time_seconds",
-            "Arrival to first scheduled.",
-            labels,
-            buckets=REQUEST_LATENCY_BUCKETS,
-            registry=self.registry,
+            "vllm:request_queue_time_seconds", "Arrival to first scheduled.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
         ).labels(model_name)
         self._rejected = Counter(
-            "ladle:requests_rejected",
-            "Requests refused before reaching the engine, by reason "
+            "ladle:requests_rejected", "Requests refused before reaching the engine, by reason "
             "(queue_full, too_long, bad_request, unauthorized, too_large).",
-            ["model_name", "reason"],
-            registry=self.registry,
+            ["model_name", "reason"], registry=self.registry,
         )
         self._aborted = Counter(
-            "ladle:requests_aborted",
-            "Requests aborted in the engine (client gone, shutdown).",
-            labels,
-            registry=self.registry,
+            "ladle:requests_aborted", "Requests aborted in the engine (client gone, shutdown).",
+            labels, registry=self.registry,
         ).labels(model_name)
         self.engine_restarts = Counter(
-            "ladle:engine_restarts",
-            "Engine-core processes started again after one died.",
-            labels,
-            registry=self.registry,
+            "ladle:engine_restarts", "Engine-core processes started again after one died.",
+            labels, registry=self.registry,
         ).labels(model_name)
 
     # ----- reporting -------------------------------------------------------------------------

@@ -72,10 +72,8 @@ def validate_sampling_extras(params: Any) -> None:
 def _validate_bad_words(params: Any) -> None:
     words = params.bad_words
     if words is not None:
-        if (
-            isinstance(words, str)
-            or not isinstance(words, (list, tuple))
-            or not all(isinstance(word, str) and word.strip() for word in words)
+        if isinstance(words, str) or not isinstance(words, (list, tuple)) or not all(
+            isinstance(word, str) and word.strip() for word in words
         ):
             raise ValueError("bad_words must be a list of non-empty strings")
         params.bad_words = list(words)

@@ -99,7 +99,8 @@ def check_top_k(top_k: int, vocab_size: int) -> None:
     """The rule that needs the model: top_k at most the vocabulary size (or -1)."""
     if top_k > vocab_size:
         raise ValueError(
-            f"top_k must be -1 (disabled) or at most the vocabulary size {vocab_size}, got {top_k}"
+            f"top_k must be -1 (disabled) or at most the vocabulary size {vocab_size}, "
+            f"got {top_k}"
         )
 
 
@@ -117,8 +118,7 @@ def api_field(name: str) -> Any:
     def validate(value: Any) -> Any:
         if not limit.accepts(value):
             raise PydanticCustomError(
-                "out_of_range",
-                "{rule}, got {value}",
+                "out_of_range", "{rule}, got {value}",
                 {"rule": limit.describe(), "value": _shorten(value)},
             )
         return value

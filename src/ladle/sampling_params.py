@@ -22,18 +22,8 @@ MAX_STOP_CHARACTERS = 65536
 MAX_N = LIMITS["n"].high
 # The fields whose ranges LIMITS states (stop_token_ids, element-wise, is checked apart).
 NUMERIC_FIELDS = (
-    "n",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "repetition_penalty",
-    "seed",
-    "max_tokens",
-    "min_tokens",
-    "logprobs",
+    "n", "temperature", "top_p", "top_k", "min_p", "presence_penalty", "frequency_penalty",
+    "repetition_penalty", "seed", "max_tokens", "min_tokens", "logprobs",
 )
 OPTIONAL_FIELDS = frozenset({"seed", "max_tokens", "logprobs"})  # None: not given
 

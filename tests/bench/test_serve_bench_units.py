@@ -265,14 +265,11 @@ def _send_one(reads: list[tuple[float, bytes]], monkeypatch) -> RequestRecord:
 
 def test_a_token_holding_a_unicode_line_separator_does_not_cut_a_chunk(monkeypatch):
     """Regression: httpx's aiter_lines split on U+2028 / U+0085 inside a JSON string."""
-    body = (
-        _sse(
-            {"choices": [{"index": 0, "text": "a\u2028b"}]},
-            {"choices": [{"index": 0, "text": "c\u0085d\r"}]},
-            {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
-        ).replace(b"\n\n", b"\r\n\r\n")
-        + b"data: [DONE]\n\n"
-    )
+    body = _sse(
+        {"choices": [{"index": 0, "text": "a\u2028b"}]},
+        {"choices": [{"index": 0, "text": "c\u0085d\r"}]},
+        {"choices": [], "usage": {"prompt_tokens": 3, "completion_tokens": 2}},
+    ).replace(b"\n\n", b"\r\n\r\n") + b"data: [DONE]\n\n"
     record = _send_one([(0.0, body)], monkeypatch)
     assert record.error is None and record.success
     assert (record.output_tokens, len(record.itl), record.prompt_tokens) == (2, 1, 3)

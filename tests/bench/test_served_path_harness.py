@@ -38,8 +38,7 @@ def test_paced_engine_gives_every_running_request_one_token_a_step():
     assert engine.abort_requests(["c", "gone"])[0].finish_reason == "abort"
     second, third = engine.step(), engine.step()
     assert [(o.request_id, o.finish_reason) for o in second + third] == [
-        ("a", None),
-        ("a", "length"),
+        ("a", None), ("a", "length")
     ]
     assert second[0].first_token_time is None
     assert not engine.has_unfinished_requests() and engine.step() == []
@@ -59,30 +58,18 @@ def test_stub_server_streams_max_tokens_chunks_that_the_bench_client_counts():
         try:
             async with aiohttp.ClientSession() as session:
                 requests = [BenchRequest("w", 3, n, prompt=[1, 2, 3]) for n in (1, 5, 9)]
-                return await asyncio.gather(
-                    *(
-                        send_request(
-                            session,
-                            f"http://127.0.0.1:{port}",
-                            request,
-                            RequestRecord(i, "w", 0.0),
-                            "stub",
-                            0.0,
-                            {},
-                            0.0,
-                        )
-                        for i, request in enumerate(requests)
-                    )
-                )
+                return await asyncio.gather(*(
+                    send_request(session, f"http://127.0.0.1:{port}", request,
+                                 RequestRecord(i, "w", 0.0), "stub", 0.0, {}, 0.0)
+                    for i, request in enumerate(requests)
+                ))
         finally:
             server.cancel()
 
     records = asyncio.run(run())
     assert [r.error for r in records] == [None] * 3
     assert [(r.output_tokens, r.num_chunks, len(r.itl)) for r in records] == [
-        (1, 1, 0),
-        (5, 5, 4),
-        (9, 9, 8),
+        (1, 1, 0), (5, 5, 4), (9, 9, 8)
     ]
 
 
@@ -105,16 +92,8 @@ def test_a_stalled_stream_ends_its_record_with_a_timeout_not_the_run():
         port = server.sockets[0].getsockname()[1]
         async with server, open_stream_session(SimpleNamespace(request_timeout=0.3)) as session:
             request = BenchRequest("w", 3, 4, prompt=[1, 2, 3])
-            return await send_request(
-                session,
-                f"http://127.0.0.1:{port}",
-                request,
-                RequestRecord(0, "w", 0.0),
-                "stub",
-                0.0,
-                {},
-                0.0,
-            )
+            return await send_request(session, f"http://127.0.0.1:{port}", request,
+                                      RequestRecord(0, "w", 0.0), "stub", 0.0, {}, 0.0)
 
     record = asyncio.run(run())
     assert record.num_chunks == 1 and record.ttft is not None

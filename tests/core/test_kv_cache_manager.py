@@ -55,7 +55,7 @@ def test_decode_allocates_only_at_block_boundaries():
     for token in range(5):
         before = manager.get_block_ids("a")
         assert decode_step(manager, request, 1000 + token)
-        allocated.append(manager.get_block_ids("a")[len(before) :])
+        allocated.append(manager.get_block_ids("a")[len(before):])
     # Tokens 7 and 8 fill block 2; token 9 opens block 3; 10 and 11 fill it.
     assert allocated == [[], [], [3], [], []]
     assert request.num_computed_tokens == 11

@@ -121,7 +121,9 @@ def test_hit_granularity_and_last_token_recomputed():
 def test_same_block_after_a_different_prefix_does_not_hit():
     manager = KVCacheManager(num_blocks=20, block_size=BLOCK_SIZE)
     schedule_prefill(manager, make_request("a", [0, 1, 2, 3, 4, 5, 6, 7, 8]))
-    blocks, num_tokens = manager.get_computed_blocks(make_request("b", [9, 9, 9, 9, 4, 5, 6, 7, 8]))
+    blocks, num_tokens = manager.get_computed_blocks(
+        make_request("b", [9, 9, 9, 9, 4, 5, 6, 7, 8])
+    )
     assert (blocks, num_tokens) == ([], 0)
 
 

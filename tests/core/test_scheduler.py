@@ -27,13 +27,8 @@ def make_scheduler(
 
 
 def make_request(
-    request_id: str,
-    num_prompt_tokens: int,
-    max_tokens: int = 8,
-    priority: int = 0,
-    arrival: float = 0.0,
-    first_token: int = 1,
-    **params,
+    request_id: str, num_prompt_tokens: int, max_tokens: int = 8, priority: int = 0,
+    arrival: float = 0.0, first_token: int = 1, **params,
 ) -> Request:
     return Request(
         request_id=request_id,
@@ -48,9 +43,8 @@ def make_request(
 def run_step(scheduler: Scheduler, token_id: int = 7):
     """One step: schedule, then feed back the same token for every request that samples."""
     output = scheduler.schedule()
-    granted = {
-        r.request_id: output.num_scheduled_tokens[r.request_id] for r in output.scheduled_requests
-    }
+    granted = {r.request_id: output.num_scheduled_tokens[r.request_id]
+               for r in output.scheduled_requests}
     sampled = [token_id] * len(output.scheduled_requests)
     results = scheduler.update_from_output(output, sampled)
     return output, granted, results
@@ -160,9 +154,8 @@ def test_abort_frees_blocks_wherever_the_request_is():
     scheduler.add_request(make_request("waiting", 8, first_token=30))
     run_step(scheduler)
     assert scheduler.requests["waiting"].status == RequestStatus.WAITING
-    finished = scheduler.finish_requests(
-        ["running", "waiting", "unknown"], RequestStatus.FINISHED_ABORTED
-    )
+    finished = scheduler.finish_requests(["running", "waiting", "unknown"],
+                                         RequestStatus.FINISHED_ABORTED)
     assert {r.request_id for r in finished} == {"running", "waiting"}
     assert not scheduler.has_unfinished_requests()
     stats = scheduler.get_stats()

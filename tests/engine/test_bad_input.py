@@ -92,16 +92,12 @@ def test_unknown_engine_option(tiny_model_path):
 
 def test_prompt_over_the_budget_without_chunked_prefill(tiny_model_path):
     llm = LLM(
-        tiny_model_path("llama"),
-        num_kv_blocks=64,
-        max_num_batched_tokens=8,
+        tiny_model_path("llama"), num_kv_blocks=64, max_num_batched_tokens=8,
         enable_chunked_prefill=False,
     )
     outputs = llm.generate(
-        [list(range(3, 23)), [5, 6, 7]],
-        SamplingParams(max_tokens=3, ignore_eos=True),
-        use_tqdm=False,
-        raise_on_error=False,
+        [list(range(3, 23)), [5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True),
+        use_tqdm=False, raise_on_error=False,
     )
     assert "chunked prefill is off" in outputs[0].error
     assert len(outputs[1].outputs[0].token_ids) == 3

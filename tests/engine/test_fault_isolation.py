@@ -66,8 +66,7 @@ def test_a_failure_mid_generation_keeps_the_tokens_of_the_others(llm, monkeypatc
     """The poisoned request breaks only once it has generated 2 tokens (a decode step)."""
     clean = llm.generate(PROMPTS, PARAMS, use_tqdm=False)
     _, faulty = break_steps_with(
-        llm,
-        lambda requests: any(
+        llm, lambda requests: any(
             r.prompt_token_ids[0] == POISON and r.num_output_tokens >= 2 for r in requests
         ),
     )

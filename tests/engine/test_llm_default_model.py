@@ -32,8 +32,7 @@ def test_chat_answers_paris_and_stops_at_end_of_turn(default_llm):
 def test_generate_text_prompt_streams_consistent_text(default_llm):
     tokenizer = default_llm.tokenizer
     outputs = default_llm.generate(
-        ["The capital of France is"],
-        SamplingParams(temperature=0.0, max_tokens=16),
+        ["The capital of France is"], SamplingParams(temperature=0.0, max_tokens=16),
         use_tqdm=False,
     )
     completion = outputs[0].outputs[0]

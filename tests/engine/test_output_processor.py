@@ -100,17 +100,11 @@ def test_a_streamed_request_keeps_only_each_steps_logprobs():
     processor.add_request("whole", None, [1, 2], params, 0.0)
     for step, token in enumerate((5, 6, 7)):
         finished = "length" if step == 2 else None
-        outputs, _ = processor.process_outputs(
-            [
-                EngineCoreOutput(
-                    request_id=request_id,
-                    new_token_ids=[token],
-                    new_logprobs=[TokenLogprobs(token, -0.5, 1)],
-                    finish_reason=finished,
-                )
-                for request_id in ("streamed", "whole")
-            ]
-        )
+        outputs, _ = processor.process_outputs([
+            EngineCoreOutput(request_id=request_id, new_token_ids=[token],
+                             new_logprobs=[TokenLogprobs(token, -0.5, 1)], finish_reason=finished)
+            for request_id in ("streamed", "whole")
+        ])
         by_id = {output.request_id: output.outputs[0] for output in outputs}
         for completion in by_id.values():
             assert [entry.token_id for entry in completion.logprobs_delta] == [token]

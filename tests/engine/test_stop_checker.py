@@ -32,7 +32,7 @@ def stream_through(checker: StopChecker, deltas: list[str]) -> StreamOutcome:
         max_hold_back = max(checker.max_stop_length - 1, 0)
         assert result.matched or len(text) - result.safe_length <= max_hold_back
         previous_safe_length = result.safe_length
-        emitted.append(text[num_streamed : result.safe_length])
+        emitted.append(text[num_streamed:result.safe_length])
         num_streamed = result.safe_length
         if result.matched:
             assert result.truncated_text == text[: result.safe_length]

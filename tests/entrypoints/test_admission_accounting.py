@@ -34,9 +34,7 @@ async def every_path(model_path: str) -> None:
     admission = AdmissionController(max_queued_requests=4, max_queued_tokens=1000)
     client = AsyncEngineClient(
         {"model": model_path, "cpu_kv_cache_gib": 0.05, "block_size": 16},
-        ServerMetrics("tiny"),
-        admission,
-        restart_policy=RestartPolicy(enabled=False),
+        ServerMetrics("tiny"), admission, restart_policy=RestartPolicy(enabled=False),
     )
     await client.start()
     try:
@@ -61,13 +59,11 @@ async def every_path(model_path: str) -> None:
         # priority 2**64 took before validation, and it kept its slot forever.
         for _ in range(5):
             with pytest.raises(OverflowError):
-                client.add_request(
-                    "unsendable", None, PROMPT, SamplingParams(max_tokens=2), priority=2**64
-                )
+                client.add_request("unsendable", None, PROMPT, SamplingParams(max_tokens=2),
+                                   priority=2**64)
         assert_nothing_queued(client)
-        outputs = await drain(
-            client.add_request("after", None, PROMPT, SamplingParams(max_tokens=2))
-        )
+        outputs = await drain(client.add_request("after", None, PROMPT,
+                                                 SamplingParams(max_tokens=2)))
         assert outputs[-1].finished
 
         # Aborted after its first output, and abandoned before any (client disconnects).
@@ -79,7 +75,8 @@ async def every_path(model_path: str) -> None:
         assert_nothing_queued(client)
 
         # Engine death while requests are queued and running.
-        streams = [client.add_request(f"doomed-{i}", None, PROMPT, long_params) for i in range(3)]
+        streams = [client.add_request(f"doomed-{i}", None, PROMPT, long_params)
+                   for i in range(3)]
         await streams[0].__anext__()
         os.kill(client.engine_pid, signal.SIGKILL)
         for stream in streams:

@@ -34,37 +34,24 @@ CASES = [
     ("malformed json", CHAT_PATH, b'{"model": "tiny", "messages": [', 400, None),
     ("not an object", CHAT_PATH, b"[1, 2, 3]", 400, None),
     ("empty body", CHAT_PATH, b"", 400, None),
-    (
-        "non-utf8 bytes",
-        CHAT_PATH,
-        b'{"messages": [{"role": "user", "content": "\xff\xfe\xfa"}]}',
-        400,
-        None,
-    ),
+    ("non-utf8 bytes", CHAT_PATH, b'{"messages": [{"role": "user", "content": "\xff\xfe\xfa"}]}',
+     400, None),
     ("raw binary", COMPLETIONS_PATH, bytes(range(256)) * 4, 400, None),
     ("max_tokens wrong type", CHAT_PATH, chat(max_tokens="ten"), 400, "max_tokens"),
     ("messages wrong type", CHAT_PATH, chat(messages="hello"), 400, "messages"),
-    ("temperature wrong type", COMPLETIONS_PATH, completion(temperature="hot"), 400, "temperature"),
+    ("temperature wrong type", COMPLETIONS_PATH, completion(temperature="hot"), 400,
+     "temperature"),
     ("stream wrong type", CHAT_PATH, chat(stream="yes"), 400, "stream"),
     ("missing messages", CHAT_PATH, without("messages"), 400, "messages"),
-    (
-        "missing prompt",
-        COMPLETIONS_PATH,
-        json.dumps({"model": SERVED_NAME}).encode(),
-        400,
-        "prompt",
-    ),
+    ("missing prompt", COMPLETIONS_PATH, json.dumps({"model": SERVED_NAME}).encode(), 400,
+     "prompt"),
     ("negative max_tokens", CHAT_PATH, chat(max_tokens=-5), 400, "max_tokens"),
     ("zero max_tokens", COMPLETIONS_PATH, completion(max_tokens=0), 400, "max_tokens"),
     ("huge max_tokens", CHAT_PATH, chat(max_tokens=10**9), 400, "max_tokens"),
-    ("astronomic max_tokens", COMPLETIONS_PATH, completion(max_tokens=10**30), 400, "max_tokens"),
-    (
-        "huge max_completion_tokens",
-        CHAT_PATH,
-        chat(max_completion_tokens=10**6),
-        400,
-        "max_completion_tokens",
-    ),
+    ("astronomic max_tokens", COMPLETIONS_PATH, completion(max_tokens=10**30), 400,
+     "max_tokens"),
+    ("huge max_completion_tokens", CHAT_PATH, chat(max_completion_tokens=10**6), 400,
+     "max_completion_tokens"),
     ("temperature -1", CHAT_PATH, chat(temperature=-1), 400, "temperature"),
     ("top_p 2", CHAT_PATH, chat(top_p=2), 400, "top_p"),
     ("n 0", CHAT_PATH, chat(n=0), 400, "n"),
@@ -75,20 +62,11 @@ CASES = [
     ("seed too big", CHAT_PATH, chat(seed=2**80), 400, "seed"),
     ("unknown model", CHAT_PATH, chat(model="gpt-9"), 404, "model"),
     ("empty messages", CHAT_PATH, chat(messages=[]), 400, "messages"),
-    (
-        "invalid role",
-        CHAT_PATH,
-        chat(messages=[{"role": "wizard", "content": "hi"}]),
-        400,
-        "messages.0.role",
-    ),
-    (
-        "image content",
-        CHAT_PATH,
-        chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]),
-        400,
-        None,
-    ),
+    ("invalid role", CHAT_PATH, chat(messages=[{"role": "wizard", "content": "hi"}]), 400,
+     "messages.0.role"),
+    ("image content", CHAT_PATH,
+     chat(messages=[{"role": "user", "content": [{"type": "image_url", "image_url": {}}]}]), 400,
+     None),
     ("10k stop strings", CHAT_PATH, chat(stop=[f"s{i}" for i in range(10_000)]), 400, "stop"),
     ("70k-character stop string", CHAT_PATH, chat(stop=["a" * 70_000]), 400, "stop"),
     ("empty prompt", COMPLETIONS_PATH, completion(prompt=""), 400, "prompt"),
@@ -98,20 +76,10 @@ CASES = [
     ("prompt too long", COMPLETIONS_PATH, completion(prompt="hello " * 2000), 400, "prompt"),
     ("logit_bias out of range", CHAT_PATH, chat(logit_bias={"5": 1000}), 400, "logit_bias"),
     ("logit_bias not a token", CHAT_PATH, chat(logit_bias={"x": 1}), 400, "logit_bias"),
-    (
-        "tool without a name",
-        CHAT_PATH,
-        chat(tools=[{"type": "function", "function": {}}]),
-        400,
-        "tools.0.function.name",
-    ),
-    (
-        "reserved template kwarg",
-        CHAT_PATH,
-        chat(chat_template_kwargs={"tokenize": True}),
-        400,
-        "chat_template_kwargs",
-    ),
+    ("tool without a name", CHAT_PATH, chat(tools=[{"type": "function", "function": {}}]), 400,
+     "tools.0.function.name"),
+    ("reserved template kwarg", CHAT_PATH, chat(chat_template_kwargs={"tokenize": True}), 400,
+     "chat_template_kwargs"),
     # Issue 7: each of these once reached the engine (int32 packing, int64 IPC) and killed it or
     # answered 500.
     ("top_k beyond int32", COMPLETIONS_PATH, completion(top_k=2**31), 400, "top_k"),
@@ -119,29 +87,18 @@ CASES = [
     ("top_k beyond the vocabulary", COMPLETIONS_PATH, completion(top_k=10**6), 400, None),
     ("priority beyond int64", COMPLETIONS_PATH, completion(priority=2**64), 400, "priority"),
     ("seed beyond int64", COMPLETIONS_PATH, completion(seed=2**63), 400, "seed"),
-    (
-        "stop token id beyond int64",
-        CHAT_PATH,
-        chat(stop_token_ids=[2**64]),
-        400,
-        "stop_token_ids.0",
-    ),
+    ("stop token id beyond int64", CHAT_PATH, chat(stop_token_ids=[2**64]), 400,
+     "stop_token_ids.0"),
     ("min_tokens beyond int32", CHAT_PATH, chat(min_tokens=2**31), 400, "min_tokens"),
-    (
-        "10 MB body",
-        CHAT_PATH,
-        chat(messages=[{"role": "user", "content": "x" * 10_000_000}]),
-        413,
-        None,
-    ),
+    ("10 MB body", CHAT_PATH, chat(messages=[{"role": "user", "content": "x" * 10_000_000}]), 413,
+     None),
 ]
 
 
 @pytest.fixture(scope="module")
 def client(tiny_server):
-    with httpx.Client(
-        base_url=tiny_server.base_url, headers=tiny_server.headers(), timeout=60
-    ) as client:
+    with httpx.Client(base_url=tiny_server.base_url, headers=tiny_server.headers(),
+                      timeout=60) as client:
         yield client
 
 
@@ -162,9 +119,8 @@ def assert_still_serving(client: httpx.Client) -> None:
     assert response.json()["choices"][0]["finish_reason"] in ("length", "stop")
 
 
-@pytest.mark.parametrize(
-    ("name", "path", "body", "status", "param"), CASES, ids=[case[0] for case in CASES]
-)
+@pytest.mark.parametrize(("name", "path", "body", "status", "param"), CASES,
+                         ids=[case[0] for case in CASES])
 def test_bad_input_is_4xx(client, name, path, body, status, param):
     response = client.post(path, content=body, headers={"Content-Type": "application/json"})
     assert_openai_error(response, status, param)

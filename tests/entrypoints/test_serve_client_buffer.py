@@ -13,17 +13,12 @@ from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 
 def step_output(text: str, token_id: int, finished: bool = False) -> RequestOutput:
     completions = [
-        CompletionOutput(
-            index=i,
-            text_delta=f"{text}{i}",
-            token_ids_delta=[token_id + i],
-            finish_reason="length" if finished else None,
-        )
+        CompletionOutput(index=i, text_delta=f"{text}{i}", token_ids_delta=[token_id + i],
+                         finish_reason="length" if finished else None)
         for i in range(2)
     ]
-    return RequestOutput(
-        "r", None, [1], completions, finished=finished, metrics=RequestMetrics(arrival_time=0.0)
-    )
+    return RequestOutput("r", None, [1], completions, finished=finished,
+                         metrics=RequestMetrics(arrival_time=0.0))
 
 
 def test_pending_outputs_merge_in_order():

@@ -15,9 +15,8 @@ def test_serve_default_model_answers_chat():
     server = ServerProcess(["--max-num-seqs", "8"]).start(timeout_s=900)
     try:
         assert "memory budget" in server.log()
-        client = openai.OpenAI(
-            base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
-        )
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                               max_retries=0, timeout=120)
         [model] = client.models.list().data
         assert model.id == "SmolLM2-135M-Instruct"
         response = client.chat.completions.create(

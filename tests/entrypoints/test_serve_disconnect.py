@@ -16,11 +16,8 @@ NUM_DROPPED_STREAMS = 4
 
 
 def chat_body(**fields) -> dict:
-    return {
-        "model": SERVED_NAME,
-        "messages": [{"role": "user", "content": "Tell me a story"}],
-        **fields,
-    }
+    return {"model": SERVED_NAME, "messages": [{"role": "user", "content": "Tell me a story"}],
+            **fields}
 
 
 async def drop_stream_after(base_url: str, headers: dict, num_chunks: int) -> None:

@@ -34,9 +34,8 @@ LONG = {"max_tokens": 8000, "ignore_eos": True}
 def long_model_path(tmp_path_factory) -> str:
     from tests.helpers.tiny_models import save_tiny_model
 
-    return save_tiny_model(
-        tmp_path_factory.mktemp("long"), "llama", max_position_embeddings=MAX_MODEL_LEN
-    )
+    return save_tiny_model(tmp_path_factory.mktemp("long"), "llama",
+                           max_position_embeddings=MAX_MODEL_LEN)
 
 
 def start_server(model_path: str, *extra: str) -> ServerProcess:
@@ -55,16 +54,14 @@ def exited_cleanly(server: ServerProcess) -> bool:
 def test_engine_death_fails_in_flight_requests_and_health(long_model_path):
     server = start_server(long_model_path)
     try:
-        client = openai.OpenAI(
-            base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=30
-        )
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                               max_retries=0, timeout=30)
         in_flight_status: list[int] = []
 
         async def non_streaming() -> None:
             async with httpx.AsyncClient(base_url=server.base_url, timeout=30) as http:
-                response = await http.post(
-                    "/v1/completions", json={"model": SERVED_NAME, "prompt": "hello", **LONG}
-                )
+                response = await http.post("/v1/completions", json={
+                    "model": SERVED_NAME, "prompt": "hello", **LONG})
                 in_flight_status.append(response.status_code)
                 assert response.json()["error"]["code"] == "engine_dead"
 
@@ -72,9 +69,7 @@ def test_engine_death_fails_in_flight_requests_and_health(long_model_path):
         pending = loop.create_task(non_streaming())
         loop.run_until_complete(asyncio.sleep(0.3))
         stream = client.chat.completions.create(
-            model=SERVED_NAME,
-            messages=[{"role": "user", "content": "hi"}],
-            stream=True,
+            model=SERVED_NAME, messages=[{"role": "user", "content": "hi"}], stream=True,
             extra_body=LONG,
         )
         chunks = iter(stream)
@@ -158,15 +153,12 @@ def test_api_death_stops_the_engine(tiny_model_path):
 def test_sigterm_drains_then_exits_within_the_bound(long_model_path):
     server = start_server(long_model_path, "--shutdown-timeout", "3")
     engine_pid = server.engine_pid
-    client = openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=60
-    )
-    short = client.completions.create(
-        model=SERVED_NAME, prompt="hi", max_tokens=30, stream=True, extra_body={"ignore_eos": True}
-    )
-    endless = client.completions.create(
-        model=SERVED_NAME, prompt="hi", stream=True, extra_body=LONG
-    )
+    client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
+                           timeout=60)
+    short = client.completions.create(model=SERVED_NAME, prompt="hi", max_tokens=30,
+                                      stream=True, extra_body={"ignore_eos": True})
+    endless = client.completions.create(model=SERVED_NAME, prompt="hi", stream=True,
+                                        extra_body=LONG)
     short_chunks, endless_chunks = iter(short), iter(endless)
     next(short_chunks)
     next(endless_chunks)
@@ -191,10 +183,7 @@ def test_sigterm_drains_then_exits_within_the_bound(long_model_path):
 def test_a_model_that_cannot_load_is_one_clear_error(tmp_path):
     result = subprocess.run(
         [sys.executable, "-m", "ladle.cli", "serve", str(tmp_path / "missing"), "--port", "0"],
-        check=False,
-        capture_output=True,
-        text=True,
-        timeout=120,
+        check=False, capture_output=True, text=True, timeout=120,
     )
     assert result.returncode == 1
     assert "does not exist" in result.stderr

@@ -19,31 +19,9 @@ NUM_REQUESTS = 500
 NUM_CLIENTS = 64
 NUM_DISTINCT = 40
 WORDS = [
-    "the",
-    "quick",
-    "brown",
-    "fox",
-    "jumps",
-    "over",
-    "a",
-    "lazy",
-    "dog",
-    "while",
-    "engine",
-    "serves",
-    "many",
-    "people",
-    "at",
-    "once",
-    "one",
-    "token",
-    "time",
-    "paged",
-    "cache",
-    "blocks",
-    "return",
-    "to",
-    "pool",
+    "the", "quick", "brown", "fox", "jumps", "over", "a", "lazy", "dog", "while", "engine",
+    "serves", "many", "people", "at", "once", "one", "token", "time", "paged", "cache", "blocks",
+    "return", "to", "pool",
 ]
 
 
@@ -72,9 +50,8 @@ def offline_texts(llm, workload) -> list[str]:
 
 
 async def run_load(base_url: str, workload) -> list[tuple[int, str, str | None]]:
-    client = openai.AsyncOpenAI(
-        base_url=f"{base_url}/v1", api_key=API_KEY, max_retries=0, timeout=300
-    )
+    client = openai.AsyncOpenAI(base_url=f"{base_url}/v1", api_key=API_KEY, max_retries=0,
+                                timeout=300)
     rng = random.Random(1)
     jobs: asyncio.Queue = asyncio.Queue()
     for _ in range(NUM_REQUESTS):
@@ -85,18 +62,12 @@ async def run_load(base_url: str, workload) -> list[tuple[int, str, str | None]]
         kind, text, max_tokens = workload[index]
         if kind == "chat":
             stream = await client.chat.completions.create(
-                model=SERVED_NAME,
-                messages=[{"role": "user", "content": text}],
-                max_tokens=max_tokens,
-                temperature=0,
-                stream=True,
+                model=SERVED_NAME, messages=[{"role": "user", "content": text}],
+                max_tokens=max_tokens, temperature=0, stream=True,
             )
         else:
             stream = await client.completions.create(
-                model=SERVED_NAME,
-                prompt=text,
-                max_tokens=max_tokens,
-                temperature=0,
+                model=SERVED_NAME, prompt=text, max_tokens=max_tokens, temperature=0,
                 stream=True,
             )
         pieces, finish_reason = [], None
@@ -134,7 +105,6 @@ def test_load_500_requests_64_clients(tiny_server, offline_llm):
         NUM_REQUESTS
     )
     assert after["vllm:prefix_cache_hits_total"] > 0  # the same prompts came back many times
-    assert (
-        after["vllm:time_to_first_token_seconds_count"]
-        > before["vllm:time_to_first_token_seconds_count"]
-    )
+    assert after["vllm:time_to_first_token_seconds_count"] > before[
+        "vllm:time_to_first_token_seconds_count"
+    ]

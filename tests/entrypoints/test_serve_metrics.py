@@ -10,53 +10,30 @@ from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tests.entrypoints.server_process import parse_metrics
 
 VLLM_NAMES = [
-    "vllm:num_requests_running",
-    "vllm:num_requests_waiting",
-    "vllm:kv_cache_usage_perc",
-    "vllm:prefix_cache_queries_total",
-    "vllm:prefix_cache_hits_total",
-    "vllm:num_preemptions_total",
-    "vllm:prompt_tokens_total",
-    "vllm:generation_tokens_total",
-    "vllm:time_to_first_token_seconds_count",
-    "vllm:inter_token_latency_seconds_count",
+    "vllm:num_requests_running", "vllm:num_requests_waiting", "vllm:kv_cache_usage_perc",
+    "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total",
+    "vllm:num_preemptions_total", "vllm:prompt_tokens_total", "vllm:generation_tokens_total",
+    "vllm:time_to_first_token_seconds_count", "vllm:inter_token_latency_seconds_count",
     "vllm:e2e_request_latency_seconds_count",
 ]
 
 
-def make_output(
-    num_new: int, first_token_time: float, last_token_time: float, finished: bool = False
-) -> RequestOutput:
-    completion = CompletionOutput(
-        index=0,
-        token_ids=[1] * num_new,
-        token_ids_delta=[1] * num_new,
-        finish_reason="length" if finished else None,
-    )
-    metrics = RequestMetrics(
-        arrival_time=0.0,
-        first_scheduled_time=0.1,
-        first_token_time=first_token_time,
-        last_token_time=last_token_time,
-        finished_time=last_token_time if finished else None,
-    )
+def make_output(num_new: int, first_token_time: float, last_token_time: float,
+                finished: bool = False) -> RequestOutput:
+    completion = CompletionOutput(index=0, token_ids=[1] * num_new, token_ids_delta=[1] * num_new,
+                                  finish_reason="length" if finished else None)
+    metrics = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.1,
+                             first_token_time=first_token_time, last_token_time=last_token_time,
+                             finished_time=last_token_time if finished else None)
     return RequestOutput("r", None, [1, 2], [completion], finished=finished, metrics=metrics)
 
 
 def test_names_and_values():
     metrics = ServerMetrics("tiny")
-    metrics.record_engine_stats(
-        SchedulerStats(
-            num_running_reqs=2,
-            num_waiting_reqs=5,
-            kv_cache_usage=0.5,
-            prefix_cache_queries=100,
-            prefix_cache_hits=25,
-            num_preemptions=3,
-            num_free_blocks=7,
-            num_total_blocks=10,
-        )
-    )
+    metrics.record_engine_stats(SchedulerStats(
+        num_running_reqs=2, num_waiting_reqs=5, kv_cache_usage=0.5, prefix_cache_queries=100,
+        prefix_cache_hits=25, num_preemptions=3, num_free_blocks=7, num_total_blocks=10,
+    ))
     metrics.record_accepted(num_prompt_tokens=10, num_sequences=2)
     metrics.record_step_output(make_output(1, 0.5, 0.5), previous_token_time=None)
     metrics.record_step_output(make_output(1, 0.5, 0.7), previous_token_time=0.5)
@@ -103,28 +80,23 @@ def test_step_time_histogram_by_kind():
     meter.record(num_prefill=900, num_decode=128, seconds=0.05)  # mixed: kind=prefill
     meter.record(num_prefill=0, num_decode=0, seconds=0.5)  # nothing computed: not counted
     metrics = ServerMetrics("tiny")
-    metrics.record_engine_stats(
-        SchedulerStats(
-            prefill_step_counts=tuple(meter.prefill_step_counts),
-            decode_step_counts=tuple(meter.decode_step_counts),
-            prefill_step_seconds=meter.prefill_step_seconds,
-            decode_step_seconds=meter.decode_step_seconds,
-        )
-    )
+    metrics.record_engine_stats(SchedulerStats(
+        prefill_step_counts=tuple(meter.prefill_step_counts),
+        decode_step_counts=tuple(meter.decode_step_counts),
+        prefill_step_seconds=meter.prefill_step_seconds,
+        decode_step_seconds=meter.decode_step_seconds,
+    ))
     text = metrics.render().decode()
     values = {
         line.rpartition(" ")[0]: float(line.rpartition(" ")[2])
-        for line in text.splitlines()
-        if line.startswith("ladle:step_duration_seconds")
+        for line in text.splitlines() if line.startswith("ladle:step_duration_seconds")
     }
 
     def bucket(kind, le):
         return next(
-            value
-            for name, value in values.items()
+            value for name, value in values.items()
             if name.startswith("ladle:step_duration_seconds_bucket")
-            and f'kind="{kind}"' in name
-            and f'le="{le}"' in name
+            and f'kind="{kind}"' in name and f'le="{le}"' in name
         )
 
     assert bucket("decode", "0.0025") == 0
@@ -148,12 +120,8 @@ def test_inter_token_histogram_matches_prometheus_clients_own():
     gaps = [0.0, 0.004, 0.0075, 0.01, 0.0100001, 0.3, 0.3, 79.9, 100.0]
     metrics = ServerMetrics("m")
     reference_registry = CollectorRegistry()
-    reference = Histogram(
-        "vllm:inter_token_latency_seconds",
-        "x",
-        buckets=INTER_TOKEN_BUCKETS,
-        registry=reference_registry,
-    )
+    reference = Histogram("vllm:inter_token_latency_seconds", "x", buckets=INTER_TOKEN_BUCKETS,
+                          registry=reference_registry)
     previous = 1.0
     metrics.record_step_output(make_output(1, previous, previous), previous_token_time=None)
     for gap in gaps:
@@ -170,8 +138,8 @@ def test_inter_token_histogram_matches_prometheus_clients_own():
         for line in text.splitlines():
             if line.startswith("vllm:inter_token_latency_seconds_"):
                 name, _, value = line.rpartition(" ")
-                values[name.replace(',model_name="m"', "").replace('{model_name="m"}', "")] = float(
-                    value
+                values[name.replace(',model_name="m"', "").replace('{model_name="m"}', "")] = (
+                    float(value)
                 )
         return values
 

@@ -10,12 +10,8 @@ import pytest
 from ladle import SamplingParams
 from tests.entrypoints.conftest import API_KEY, SERVED_NAME
 
-PROMPTS = [
-    "Hello, world!",
-    "The quick brown fox",
-    "Once upon a time there was",
-    "What is the capital of France? Paris is",
-]
+PROMPTS = ["Hello, world!", "The quick brown fox", "Once upon a time there was",
+           "What is the capital of France? Paris is"]
 CONVERSATIONS = [
     [{"role": "user", "content": "What is two plus two?"}],
     [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hello"}],
@@ -61,11 +57,7 @@ def test_completions_match_offline(openai_client, offline_llm):
             response.usage.prompt_tokens + response.usage.completion_tokens
         )
         stream = openai_client.completions.create(
-            model=SERVED_NAME,
-            prompt=prompt,
-            max_tokens=MAX_TOKENS,
-            temperature=0,
-            stream=True,
+            model=SERVED_NAME, prompt=prompt, max_tokens=MAX_TOKENS, temperature=0, stream=True,
             stream_options={"include_usage": True},
         )
         text, finish_reason, usage = stream_text(stream)
@@ -84,12 +76,8 @@ def test_chat_matches_offline(openai_client, offline_llm):
         assert response.choices[0].message.content == offline.outputs[0].text
         assert response.usage.prompt_tokens == len(offline.prompt_token_ids)
         stream = openai_client.chat.completions.create(
-            model=SERVED_NAME,
-            messages=messages,
-            max_completion_tokens=MAX_TOKENS,
-            temperature=0,
-            stream=True,
-            stream_options={"include_usage": True},
+            model=SERVED_NAME, messages=messages, max_completion_tokens=MAX_TOKENS,
+            temperature=0, stream=True, stream_options={"include_usage": True},
         )
         text, finish_reason, usage = stream_text(stream)
         assert text == offline.outputs[0].text
@@ -106,11 +94,8 @@ def test_batched_and_token_id_prompts(openai_client, offline_llm):
     texts = [c.text for c in response.choices]
     assert texts == [expected[0].outputs[0].text] * 2 + [expected[1].outputs[0].text] * 2
     by_ids = openai_client.completions.create(
-        model=SERVED_NAME,
-        prompt=expected[0].prompt_token_ids,
-        max_tokens=MAX_TOKENS,
-        temperature=0,
-        echo=True,
+        model=SERVED_NAME, prompt=expected[0].prompt_token_ids, max_tokens=MAX_TOKENS,
+        temperature=0, echo=True,
     )
     assert by_ids.choices[0].text == PROMPTS[0] + expected[0].outputs[0].text
 
@@ -118,12 +103,8 @@ def test_batched_and_token_id_prompts(openai_client, offline_llm):
 def test_n_and_seed(openai_client):
     def sample(seed: int | None, n: int = 2):
         return openai_client.chat.completions.create(
-            model=SERVED_NAME,
-            messages=CONVERSATIONS[0],
-            max_tokens=MAX_TOKENS,
-            temperature=1.0,
-            n=n,
-            seed=seed,
+            model=SERVED_NAME, messages=CONVERSATIONS[0], max_tokens=MAX_TOKENS,
+            temperature=1.0, n=n, seed=seed,
         )
 
     first, again, other = sample(1234), sample(1234), sample(999)
@@ -134,13 +115,8 @@ def test_n_and_seed(openai_client):
     assert first.choices[0].message.content != first.choices[1].message.content
     assert 2 <= first.usage.completion_tokens <= 2 * MAX_TOKENS
     streamed = openai_client.chat.completions.create(
-        model=SERVED_NAME,
-        messages=CONVERSATIONS[0],
-        max_tokens=MAX_TOKENS,
-        temperature=1.0,
-        n=2,
-        seed=1234,
-        stream=True,
+        model=SERVED_NAME, messages=CONVERSATIONS[0], max_tokens=MAX_TOKENS, temperature=1.0,
+        n=2, seed=1234, stream=True,
     )
     texts = ["", ""]
     for chunk in streamed:
@@ -150,22 +126,14 @@ def test_n_and_seed(openai_client):
 
 
 def test_stop_strings(openai_client):
-    base = (
-        openai_client.completions.create(
-            model=SERVED_NAME, prompt=PROMPTS[2], max_tokens=16, temperature=0
-        )
-        .choices[0]
-        .text
-    )
-    stop = next(base[i : i + 2] for i in range(3, len(base) - 2) if base[i : i + 2].strip())
+    base = openai_client.completions.create(
+        model=SERVED_NAME, prompt=PROMPTS[2], max_tokens=16, temperature=0
+    ).choices[0].text
+    stop = next(base[i:i + 2] for i in range(3, len(base) - 2) if base[i:i + 2].strip())
     expected = base[: base.index(stop)]
     for stream in (False, True):
         response = openai_client.completions.create(
-            model=SERVED_NAME,
-            prompt=PROMPTS[2],
-            max_tokens=16,
-            temperature=0,
-            stop=[stop, "zzz"],
+            model=SERVED_NAME, prompt=PROMPTS[2], max_tokens=16, temperature=0, stop=[stop, "zzz"],
             stream=stream,
         )
         if stream:
@@ -178,11 +146,7 @@ def test_stop_strings(openai_client):
 
 def test_logprobs(openai_client):
     response = openai_client.completions.create(
-        model=SERVED_NAME,
-        prompt=PROMPTS[0],
-        max_tokens=6,
-        temperature=0,
-        logprobs=3,
+        model=SERVED_NAME, prompt=PROMPTS[0], max_tokens=6, temperature=0, logprobs=3,
         extra_body={"ignore_eos": True},
     )
     logprobs = response.choices[0].logprobs
@@ -190,13 +154,8 @@ def test_logprobs(openai_client):
     assert all(len(top) <= 3 for top in logprobs.top_logprobs)
     assert logprobs.text_offset[0] == 0
     chat = openai_client.chat.completions.create(
-        model=SERVED_NAME,
-        messages=CONVERSATIONS[0],
-        max_tokens=6,
-        temperature=0,
-        logprobs=True,
-        top_logprobs=2,
-        extra_body={"ignore_eos": True},
+        model=SERVED_NAME, messages=CONVERSATIONS[0], max_tokens=6, temperature=0,
+        logprobs=True, top_logprobs=2, extra_body={"ignore_eos": True},
     )
     content = chat.choices[0].logprobs.content
     assert len(content) == 6
@@ -206,21 +165,16 @@ def test_logprobs(openai_client):
         # Greedy picks the most likely token.
         assert entry.top_logprobs[0].logprob == pytest.approx(entry.logprob, abs=1e-5)
     # The bytes of all tokens are the reply's UTF-8, even where a token splits a character.
-    assert (
-        bytes(b for entry in content for b in entry.bytes).decode("utf-8", errors="replace")
-        == chat.choices[0].message.content
-    )
+    assert bytes(b for entry in content for b in entry.bytes).decode(
+        "utf-8", errors="replace"
+    ) == chat.choices[0].message.content
 
 
 def test_api_key(tiny_server):
     url = f"{tiny_server.base_url}/v1/chat/completions"
     body = {"model": SERVED_NAME, "messages": CONVERSATIONS[0], "max_tokens": 2}
-    for headers in (
-        {},
-        {"Authorization": "Bearer wrong"},
-        {"Authorization": API_KEY},
-        {"Authorization": f"Basic {API_KEY}"},
-    ):
+    for headers in ({}, {"Authorization": "Bearer wrong"}, {"Authorization": API_KEY},
+                    {"Authorization": f"Basic {API_KEY}"}):
         response = httpx.post(url, json=body, headers=headers)
         assert response.status_code == 401
         assert response.json()["error"]["code"] == "invalid_api_key"
@@ -231,6 +185,5 @@ def test_api_key(tiny_server):
     assert httpx.get(f"{tiny_server.base_url}/health").status_code == 200
     assert httpx.get(f"{tiny_server.base_url}/metrics").status_code == 200
     with pytest.raises(openai.AuthenticationError):
-        openai.OpenAI(
-            base_url=f"{tiny_server.base_url}/v1", api_key="nope", max_retries=0
-        ).models.list()
+        openai.OpenAI(base_url=f"{tiny_server.base_url}/v1", api_key="nope",
+                      max_retries=0).models.list()

@@ -24,19 +24,10 @@ MAX_TOKENS = 16
 
 @pytest.fixture(scope="module")
 def small_server(tiny_model_path):
-    server = ServerProcess(
-        [
-            tiny_model_path("llama"),
-            "--served-model-name",
-            SERVED_NAME,
-            "--max-num-seqs",
-            "2",
-            "--max-queued-requests",
-            str(MAX_QUEUED),
-            "--cpu-kv-cache-gib",
-            "0.05",
-        ]
-    )
+    server = ServerProcess([
+        tiny_model_path("llama"), "--served-model-name", SERVED_NAME, "--max-num-seqs", "2",
+        "--max-queued-requests", str(MAX_QUEUED), "--cpu-kv-cache-gib", "0.05",
+    ])
     server.start()
     yield server
     server.stop()
@@ -47,15 +38,12 @@ def body(**fields) -> dict:
 
 
 async def flood(base_url: str) -> list[httpx.Response]:
-    async with httpx.AsyncClient(
-        base_url=base_url, timeout=120, limits=httpx.Limits(max_connections=NUM_FLOOD)
-    ) as client:
-        return await asyncio.gather(
-            *(
-                client.post("/v1/completions", json=body(max_tokens=MAX_TOKENS, ignore_eos=True))
-                for _ in range(NUM_FLOOD)
-            )
-        )
+    async with httpx.AsyncClient(base_url=base_url, timeout=120,
+                                 limits=httpx.Limits(max_connections=NUM_FLOOD)) as client:
+        return await asyncio.gather(*(
+            client.post("/v1/completions", json=body(max_tokens=MAX_TOKENS, ignore_eos=True))
+            for _ in range(NUM_FLOOD)
+        ))
 
 
 @pytest.mark.slow  # its own small server, ~25 s
@@ -76,10 +64,8 @@ def test_flood_gets_429_and_accepted_requests_complete(small_server):
     assert wait_until(lambda: engine_is_idle(small_server), timeout_s=5)
     assert read_metrics(small_server)["ladle:requests_rejected_total"] >= len(refused)
     # Once the flood has drained, requests are accepted again.
-    assert (
-        httpx.post(f"{small_server.base_url}/v1/completions", json=body(max_tokens=2)).status_code
-        == 200
-    )
+    assert httpx.post(f"{small_server.base_url}/v1/completions",
+                      json=body(max_tokens=2)).status_code == 200
 
 
 async def leave_while_queued(base_url: str, stream: bool) -> dict[str, float]:
@@ -102,9 +88,8 @@ async def leave_while_queued(base_url: str, stream: bool) -> dict[str, float]:
         async def queued_request() -> None:
             async with httpx.AsyncClient(base_url=base_url, timeout=120) as own_client:
                 if stream:
-                    async with own_client.stream(
-                        "POST", "/v1/completions", json=body(max_tokens=8, stream=True)
-                    ) as r:
+                    async with own_client.stream("POST", "/v1/completions",
+                                                 json=body(max_tokens=8, stream=True)) as r:
                         async for _ in r.aiter_bytes():
                             pass
                 else:
@@ -154,19 +139,15 @@ def test_failed_requests_do_not_leak_queue_slots(small_server):
 def test_a_request_that_can_never_fit_the_queue_is_400(small_server):
     """Issue 7: 3 prompts x n=2 against max_queued_requests=4 was told to retry (429) on an
     idle server; it never fits, so it is a 400 naming the limit."""
-    response = httpx.post(
-        f"{small_server.base_url}/v1/completions",
-        json=body(prompt=["a", "b", "c"], n=2, max_tokens=2),
-    )
+    response = httpx.post(f"{small_server.base_url}/v1/completions",
+                          json=body(prompt=["a", "b", "c"], n=2, max_tokens=2))
     assert response.status_code == 400, response.text
     assert "max_queued_requests=4" in response.json()["error"]["message"]
     # Exactly the bound fits (and is admitted whole, not prompt by prompt). A client refused by
     # an earlier test may still hold its place for a moment: retry as the server says.
     for _ in range(10):
-        response = httpx.post(
-            f"{small_server.base_url}/v1/completions",
-            json=body(prompt=["a", "b"], n=2, max_tokens=2),
-        )
+        response = httpx.post(f"{small_server.base_url}/v1/completions",
+                              json=body(prompt=["a", "b"], n=2, max_tokens=2))
         if response.status_code != 429:
             break
         time.sleep(float(response.headers["Retry-After"]))

@@ -69,34 +69,17 @@ def test_accepts_every_prompt_shape_and_ignores_unknown_fields():
         assert request.prompt == prompt
     chat = parse_request(
         ChatCompletionRequest,
-        json.dumps(
-            {
-                "messages": [
-                    {
-                        "role": "user",
-                        "content": [{"type": "text", "text": "a"}, {"type": "text", "text": "b"}],
-                    }
-                ]
-            }
-        ).encode(),
+        json.dumps({"messages": [{"role": "user", "content": [{"type": "text", "text": "a"},
+                                                              {"type": "text", "text": "b"}]}]})
+        .encode(),
     )
     assert chat.messages[0].text() == "ab"
 
 
 @pytest.mark.parametrize(
     ("field", "value"),
-    [
-        ("temperature", -1),
-        ("top_p", 2),
-        ("top_p", 0),
-        ("n", 0),
-        ("n", 10_000),
-        ("top_k", -5),
-        ("min_p", 1.5),
-        ("presence_penalty", 3),
-        ("repetition_penalty", 0),
-        ("min_tokens", -1),
-    ],
+    [("temperature", -1), ("top_p", 2), ("top_p", 0), ("n", 0), ("n", 10_000), ("top_k", -5),
+     ("min_p", 1.5), ("presence_penalty", 3), ("repetition_penalty", 0), ("min_tokens", -1)],
 )
 def test_out_of_range_sampling_values_are_400_naming_the_field(field, value):
     # Ranges are checked while parsing (from the table SamplingParams follows too).
@@ -145,9 +128,7 @@ def test_max_tokens_rules_name_the_limit():
 
 def test_stream_delta_sends_only_what_changed():
     chunk = ChatCompletionChunk(
-        id="x",
-        created=0,
-        model="m",
+        id="x", created=0, model="m",
         choices=[ChatStreamChoice(index=0, delta=ChatDelta(content="hi"))],
     )
     choice = json.loads(chunk.model_dump_json())["choices"][0]

@@ -26,10 +26,8 @@ THINKING_TEMPLATE = CHATML_TEMPLATE.replace(
 )
 SCHEMA = {
     "type": "object",
-    "properties": {
-        "ok": {"type": "boolean"},
-        "n": {"type": "integer", "minimum": 0, "maximum": 99},
-    },
+    "properties": {"ok": {"type": "boolean"}, "n": {"type": "integer", "minimum": 0,
+                                                     "maximum": 99}},
     "required": ["ok", "n"],
     "additionalProperties": False,
 }
@@ -47,21 +45,16 @@ def client(tmp_path_factory):
     tokenizer.save_pretrained(path)
     server = ServerProcess([path, "--served-model-name", "tiny"]).start()
     try:
-        yield openai.OpenAI(
-            base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0, timeout=120
-        )
+        yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
+                            timeout=120)
     finally:
         server.stop()
 
 
 def _chat(client, **kwargs):
     return client.chat.completions.create(
-        model="tiny",
-        messages=MESSAGES,
-        temperature=0,
-        max_tokens=24,
-        response_format=RESPONSE_FORMAT,
-        **kwargs,
+        model="tiny", messages=MESSAGES, temperature=0, max_tokens=24,
+        response_format=RESPONSE_FORMAT, **kwargs,
     )
 
 

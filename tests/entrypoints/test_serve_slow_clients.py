@@ -23,22 +23,14 @@ MAX_CONNECTIONS = 8
 def server(tmp_path_factory):
     from tests.helpers.tiny_models import save_tiny_model
 
-    model = save_tiny_model(tmp_path_factory.mktemp("slow"), "llama", max_position_embeddings=4096)
-    server = ServerProcess(
-        [
-            model,
-            "--served-model-name",
-            SERVED_NAME,
-            "--cpu-kv-cache-gib",
-            "0.1",
-            "--request-timeout",
-            str(REQUEST_TIMEOUT_S),
-            "--keep-alive-timeout",
-            str(KEEP_ALIVE_TIMEOUT_S),
-            "--max-connections",
-            str(MAX_CONNECTIONS),
-        ]
-    )
+    model = save_tiny_model(tmp_path_factory.mktemp("slow"), "llama",
+                            max_position_embeddings=4096)
+    server = ServerProcess([
+        model, "--served-model-name", SERVED_NAME, "--cpu-kv-cache-gib", "0.1",
+        "--request-timeout", str(REQUEST_TIMEOUT_S),
+        "--keep-alive-timeout", str(KEEP_ALIVE_TIMEOUT_S),
+        "--max-connections", str(MAX_CONNECTIONS),
+    ])
     server.start()
     yield server
     server.stop()
@@ -76,7 +68,7 @@ def test_trickled_headers_are_cut_off_at_the_deadline(server):
         sent = 0
         try:
             while sent < len(request) and time.monotonic() - started < 10:
-                sock.send(request[sent : sent + 1])  # one byte every 0.2 s: never finishes
+                sock.send(request[sent:sent + 1])  # one byte every 0.2 s: never finishes
                 sent += 1
                 time.sleep(0.2)
         except OSError:
@@ -87,10 +79,8 @@ def test_trickled_headers_are_cut_off_at_the_deadline(server):
 
 
 def test_a_body_that_never_completes_gets_408(server):
-    head = (
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: 1000\r\n\r\n"
-    )
+    head = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+            b"content-length: 1000\r\n\r\n")
     with connect(server) as sock:
         sock.sendall(head + b'{"prompt": "hi",')
         received, waited = read_until_closed(sock, 10)
@@ -100,10 +90,8 @@ def test_a_body_that_never_completes_gets_408(server):
 
 def test_idle_keep_alive_connections_close(server):
     body = json.dumps({"model": SERVED_NAME, "prompt": "hi", "max_tokens": 2}).encode()
-    request = (
-        b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
-        b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body
-    )
+    request = (b"POST /v1/completions HTTP/1.1\r\nhost: x\r\ncontent-type: application/json\r\n"
+               b"content-length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
     with connect(server) as sock:
         sock.sendall(request)
         received, waited = read_until_closed(sock, 10)
@@ -126,20 +114,13 @@ def test_connections_beyond_the_cap_get_503(server):
 def test_a_long_streaming_response_is_not_cut(server):
     """A stream that generates for longer than every timeout above keeps streaming past them
     (the client leaves once it has seen that)."""
-    body = {
-        "model": SERVED_NAME,
-        "prompt": "hi",
-        "max_tokens": 4000,
-        "ignore_eos": True,
-        "stream": True,
-        "temperature": 0,
-    }
+    body = {"model": SERVED_NAME, "prompt": "hi", "max_tokens": 4000, "ignore_eos": True,
+            "stream": True, "temperature": 0}
     watch_until_s = REQUEST_TIMEOUT_S + KEEP_ALIVE_TIMEOUT_S + 0.5
     started = time.monotonic()
     last_chunk_at = 0.0
-    with httpx.stream(
-        "POST", f"{server.base_url}/v1/completions", json=body, timeout=60
-    ) as response:
+    with httpx.stream("POST", f"{server.base_url}/v1/completions", json=body,
+                      timeout=60) as response:
         assert response.status_code == 200
         for line in response.iter_lines():
             if line.startswith("data: {"):

@@ -25,10 +25,8 @@ WEATHER = {
         "description": "Get the current weather in a city",
         "parameters": {
             "type": "object",
-            "properties": {
-                "city": {"type": "string", "maxLength": 20},
-                "unit": {"enum": ["celsius", "fahrenheit"]},
-            },
+            "properties": {"city": {"type": "string", "maxLength": 20},
+                           "unit": {"enum": ["celsius", "fahrenheit"]}},
             "required": ["city", "unit"],
             "additionalProperties": False,
         },
@@ -41,10 +39,8 @@ ADD = {
         "description": "Add two integers",
         "parameters": {
             "type": "object",
-            "properties": {
-                "a": {"type": "integer", "minimum": -1000, "maximum": 1000},
-                "b": {"type": "integer", "minimum": -1000, "maximum": 1000},
-            },
+            "properties": {"a": {"type": "integer", "minimum": -1000, "maximum": 1000},
+                           "b": {"type": "integer", "minimum": -1000, "maximum": 1000}},
             "required": ["a", "b"],
             "additionalProperties": False,
         },
@@ -80,10 +76,8 @@ def test_twenty_json_schemas_validate(client):
         response = _chat(
             client,
             messages=[{"role": "user", "content": f"Give me {description} as JSON."}],
-            response_format={
-                "type": "json_schema",
-                "json_schema": {"name": "answer", "schema": schema, "strict": True},
-            },
+            response_format={"type": "json_schema",
+                             "json_schema": {"name": "answer", "schema": schema, "strict": True}},
             max_tokens=96,
         )
         return response.choices[0]
@@ -98,30 +92,17 @@ def test_twenty_json_schemas_validate(client):
 def test_json_object_on_completions_and_regex_choice_extras(client):
     def completion(extra, prompt, max_tokens=48):
         return client.completions.create(
-            model=MODEL,
-            prompt=prompt,
-            temperature=0,
-            max_tokens=max_tokens,
-            n=2,
-            seed=3,
+            model=MODEL, prompt=prompt, temperature=0, max_tokens=max_tokens, n=2, seed=3,
             extra_body=extra,
         )
 
     with ThreadPoolExecutor(4) as pool:
-        regex = pool.submit(
-            completion,
-            {"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2,4}"}, "temperature": 1.0},
-            "A code:",
-        )
-        choice = pool.submit(
-            completion,
-            {"structured_outputs": {"choice": ["Paris", "London"]}},
-            "The capital of France is",
-        )
+        regex = pool.submit(completion, {"structured_outputs": {"regex": "[0-9]{3}-[a-z]{2,4}"},
+                                         "temperature": 1.0}, "A code:")
+        choice = pool.submit(completion, {"structured_outputs": {"choice": ["Paris", "London"]}},
+                             "The capital of France is")
         chat_choice = pool.submit(
-            _chat,
-            client,
-            messages=[{"role": "user", "content": "Capital of Italy?"}],
+            _chat, client, messages=[{"role": "user", "content": "Capital of Italy?"}],
             extra_body={"structured_outputs": {"choice": ["Rome", "Milan", "Turin"]}},
         )
         grammar = pool.submit(
@@ -139,11 +120,8 @@ def test_json_object_on_completions_and_regex_choice_extras(client):
 
 def test_json_object_response_format(client):
     response = client.completions.create(
-        model=MODEL,
-        prompt='{"name": "Ada", "age": 36} is an example. Another one:',
-        temperature=0,
-        max_tokens=48,
-        extra_body={"response_format": {"type": "json_object"}},
+        model=MODEL, prompt='{"name": "Ada", "age": 36} is an example. Another one:',
+        temperature=0, max_tokens=48, extra_body={"response_format": {"type": "json_object"}},
     )
     choice = response.choices[0]
     if choice.finish_reason == "stop":
@@ -162,22 +140,12 @@ def _check_calls(tool_calls, names):
 
 def test_required_and_named_tool_calls_validate(client):
     with ThreadPoolExecutor(2) as pool:
-        required = pool.submit(
-            _chat,
-            client,
-            messages=WEATHER_QUESTION,
-            tools=TOOLS,
-            tool_choice="required",
-            parallel_tool_calls=False,
-        )
-        named = pool.submit(
-            _chat,
-            client,
-            messages=WEATHER_QUESTION,
-            tools=TOOLS,
-            tool_choice={"type": "function", "function": {"name": "add"}},
-        )
-    for response, names in ((required.result(), {"get_weather", "add"}), (named.result(), {"add"})):
+        required = pool.submit(_chat, client, messages=WEATHER_QUESTION, tools=TOOLS,
+                               tool_choice="required", parallel_tool_calls=False)
+        named = pool.submit(_chat, client, messages=WEATHER_QUESTION, tools=TOOLS,
+                            tool_choice={"type": "function", "function": {"name": "add"}})
+    for response, names in ((required.result(), {"get_weather", "add"}),
+                            (named.result(), {"add"})):
         choice = response.choices[0]
         assert choice.finish_reason == "tool_calls"
         assert choice.message.content is None
@@ -206,13 +174,8 @@ def _reassemble(stream):
     ["required", {"type": "function", "function": {"name": "get_weather"}}, "auto"],
 )
 def test_streaming_tool_calls_reassemble_to_non_streaming(client, tool_choice):
-    kwargs = dict(
-        messages=WEATHER_QUESTION,
-        tools=TOOLS,
-        tool_choice=tool_choice,
-        parallel_tool_calls=False,
-        max_tokens=40,
-    )
+    kwargs = dict(messages=WEATHER_QUESTION, tools=TOOLS, tool_choice=tool_choice,
+                  parallel_tool_calls=False, max_tokens=40)
     whole = _chat(client, **kwargs).choices[0]
     content, calls, finish = _reassemble(_chat(client, stream=True, **kwargs))
     assert finish == whole.finish_reason
@@ -227,14 +190,11 @@ def test_streaming_tool_calls_reassemble_to_non_streaming(client, tool_choice):
 def test_auto_gives_a_parsed_call_or_plain_text(client):
     questions = ["What is 12 plus 30?", "Use get_weather for Rome in fahrenheit."]
     with ThreadPoolExecutor(len(questions)) as pool:
-        responses = list(
-            pool.map(
-                lambda q: _chat(
-                    client, messages=[{"role": "user", "content": q}], tools=TOOLS, max_tokens=40
-                ),
-                questions,
-            )
-        )
+        responses = list(pool.map(
+            lambda q: _chat(client, messages=[{"role": "user", "content": q}], tools=TOOLS,
+                            max_tokens=40),
+            questions,
+        ))
     for response in responses:
         message = response.choices[0].message
         if message.tool_calls:
@@ -248,20 +208,10 @@ def test_auto_gives_a_parsed_call_or_plain_text(client):
 
 def test_tool_history_goes_through_the_template(client):
     messages = WEATHER_QUESTION + [
-        {
-            "role": "assistant",
-            "content": None,
-            "tool_calls": [
-                {
-                    "id": "call_1",
-                    "type": "function",
-                    "function": {
-                        "name": "get_weather",
-                        "arguments": '{"city": "Paris", "unit": "celsius"}',
-                    },
-                }
-            ],
-        },
+        {"role": "assistant", "content": None, "tool_calls": [{
+            "id": "call_1", "type": "function",
+            "function": {"name": "get_weather",
+                         "arguments": '{"city": "Paris", "unit": "celsius"}'}}]},
         {"role": "tool", "tool_call_id": "call_1", "content": "21 degrees, sunny"},
     ]
     response = _chat(client, messages=messages, tools=TOOLS, tool_choice="none", max_tokens=24)
@@ -272,57 +222,29 @@ def test_tool_history_goes_through_the_template(client):
 @pytest.mark.parametrize(
     ("body", "words"),
     [
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "objekt"}},
-                }
-            },
-            "objekt",
-        ),
-        (
-            {
-                "response_format": {
-                    "type": "json_schema",
-                    "json_schema": {"name": "x", "schema": {"type": "array", "uniqueItems": True}},
-                }
-            },
-            "uniqueItems",
-        ),
+        ({"response_format": {"type": "json_schema",
+                              "json_schema": {"name": "x", "schema": {"type": "objekt"}}}},
+         "objekt"),
+        ({"response_format": {"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "array", "uniqueItems": True}}}}, "uniqueItems"),
         ({"response_format": {"type": "json_schema", "json_schema": {"name": "x"}}}, "schema"),
         ({"structured_outputs": {"regex": "a(b"}}, "regex"),
         ({"structured_outputs": {"grammar": "root ::= undefined_rule"}}, "grammar"),
         ({"structured_outputs": {"regex": "a", "choice": ["a"]}}, "exactly one"),
         ({"structured_outputs": {"jsonn": {}}}, "jsonn"),
         ({"tools": [{"type": "function", "function": {"description": "no name"}}]}, "name"),
-        (
-            {"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
-            "nope",
-        ),
-        (
-            {
-                "tools": [
-                    {
-                        "type": "function",
-                        "function": {
-                            "name": "f",
-                            "parameters": {"type": "object", "properties": {"a": {"type": "int"}}},
-                        },
-                    }
-                ],
-                "tool_choice": "required",
-            },
-            "int",
-        ),
+        ({"tools": TOOLS, "tool_choice": {"type": "function", "function": {"name": "nope"}}},
+         "nope"),
+        ({"tools": [{"type": "function", "function": {
+            "name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "int"}}}}}],
+          "tool_choice": "required"}, "int"),
         ({"tool_choice": "required"}, "tools"),
     ],
 )
 def test_bad_structured_input_is_a_400_naming_the_problem(client, body, words):
     with pytest.raises(openai.BadRequestError) as raised:
-        client.chat.completions.create(
-            model=MODEL, messages=WEATHER_QUESTION, max_tokens=4, extra_body=body
-        )
+        client.chat.completions.create(model=MODEL, messages=WEATHER_QUESTION, max_tokens=4,
+                                       extra_body=body)
     assert words in str(raised.value)
     # and the server keeps serving
     assert _chat(client, messages=WEATHER_QUESTION, max_tokens=2).choices[0].message.content
@@ -357,9 +279,8 @@ def test_agent_framework_runs_a_two_tool_loop(server):
         tools=[get_weather, add],
         model=model,
         # The first turn must call a tool; the SDK then resets tool_choice so the model answers.
-        model_settings=agents.ModelSettings(
-            tool_choice="required", temperature=0, max_tokens=48, parallel_tool_calls=False
-        ),
+        model_settings=agents.ModelSettings(tool_choice="required", temperature=0,
+                                            max_tokens=48, parallel_tool_calls=False),
     )
     result = agents.Runner.run_sync(agent, "What is the weather in Paris?", max_turns=4)
     assert calls, "the agent never called a tool"
@@ -373,23 +294,9 @@ def test_bench_serve_tool_calling_workload_against_ladle(server, tmp_path):
     """`ladle bench serve`'s tool-calling class is served, not skipped, and completes (one
     request, kept short for CI: seed 1 draws tool_choice="required", so the grammar runs)."""
     command = [
-        sys.executable,
-        "-m",
-        "ladle.cli",
-        "bench",
-        "serve",
-        "--base-url",
-        server.base_url,
-        "--workload",
-        "tool-calling",
-        "--num-prompts",
-        "1",
-        "--seed",
-        "1",
-        "--output-dir",
-        str(tmp_path),
-        "--no-plots",
-        "--disable-tqdm",
+        sys.executable, "-m", "ladle.cli", "bench", "serve", "--base-url", server.base_url,
+        "--workload", "tool-calling", "--num-prompts", "1",
+        "--seed", "1", "--output-dir", str(tmp_path), "--no-plots", "--disable-tqdm",
     ]
     finished = subprocess.run(command, capture_output=True, text=True, timeout=400)
     assert finished.returncode == 0, finished.stderr

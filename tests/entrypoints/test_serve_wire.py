@@ -49,12 +49,8 @@ def test_garbage_and_wrong_tags_fail_to_decode():
 
 def test_sampling_params_are_validated_on_decoding():
     frame = msgspec.msgpack.encode(
-        {
-            "type": "add",
-            "requests": [
-                {"request_id": "a", "prompt_token_ids": [1], "sampling_params": {"top_p": 2.0}}
-            ],
-        }
+        {"type": "add", "requests": [{"request_id": "a", "prompt_token_ids": [1],
+                                      "sampling_params": {"top_p": 2.0}}]}
     )
     with pytest.raises(msgspec.ValidationError, match="top_p"):
         wire.decode_input(frame)

@@ -34,19 +34,12 @@ from ladle.entrypoints.openai.streaming import sse_event
 
 # Texts a tokenizer can produce that JSON must escape or keep: quotes, backslashes, control
 # characters, the Unicode line separators, U+FFFD of an unfinished character, non-ASCII.
-TEXTS = [
-    "",
-    " word",
-    'q"uote\\back/slash',
-    "tab\tnl\ncr\r\b\f",
-    "\x00\x01\x1f\x7f",
-    "\u2028\u0085\ufffd",
-    "émoji 🦊 中文",
-]
+TEXTS = ["", " word", 'q"uote\\back/slash', "tab\tnl\ncr\r\b\f", "\x00\x01\x1f\x7f",
+         "\u2028\u0085\ufffd", "émoji 🦊 中文"]
 LOGPROBS = [
     None,
     {"text_offset": [0], "token_logprobs": [-1.25], "tokens": [" a"], "top_logprobs": [None]},
-    {  # -inf and nan are not JSON: both encoders write null
+    {   # -inf and nan are not JSON: both encoders write null
         "text_offset": [3, 5, 6],
         "token_logprobs": [float("-inf"), -0.0, -2.3e-05],
         "tokens": ["\u2028", '"', "é"],
@@ -87,9 +80,7 @@ def test_several_choices_and_the_usage_only_chunk():
     encoder = ChunkEncoder("cmpl-x", "text_completion", 1, "m")
     choices = [completion_choice(i, f"t{i}", None, None, None) for i in range(3)]
     reference = CompletionChunk(
-        id="cmpl-x",
-        created=1,
-        model="m",
+        id="cmpl-x", created=1, model="m",
         choices=[CompletionChoice(index=i, text=f"t{i}") for i in range(3)],
     )
     assert encoder.event(choices) == sse_event(reference.model_dump_json()).encode()
@@ -114,43 +105,27 @@ def test_logprobs_fields_are_the_models_fields():
 
 def test_chat_chunks_are_the_pydantic_models_bytes():
     encoder = ChunkEncoder("chatcmpl-1", "chat.completion.chunk", 1_700_000_000, "m")
-    logprobs = ChatChoiceLogprobs(
-        content=[
-            ChatTokenLogprob(
-                token="é",
-                logprob=-2.3e-05,
-                bytes=[195, 169],
-                top_logprobs=[ChatTopLogprob(token="a", logprob=float("-inf"), bytes=[97])],
-            )
-        ]
-    )
+    logprobs = ChatChoiceLogprobs(content=[ChatTokenLogprob(
+        token="é", logprob=-2.3e-05, bytes=[195, 169],
+        top_logprobs=[ChatTopLogprob(token="a", logprob=float("-inf"), bytes=[97])],
+    )])
     for text, (finish_reason, stop_reason), usage in itertools.product(TEXTS, ENDINGS, USAGES):
         plain = chat_choice(2, {"content": text}, finish_reason, stop_reason)
         model = ChatStreamChoice(
-            index=2,
-            delta=ChatDelta(content=text),
-            finish_reason=finish_reason,
+            index=2, delta=ChatDelta(content=text), finish_reason=finish_reason,
             stop_reason=stop_reason,
         )
         opening = chat_choice(0, {"role": "assistant", "content": text})
         opening_model = ChatStreamChoice(index=0, delta=ChatDelta(role="assistant", content=text))
         # Choices that stay pydantic models: logprobs, a reasoning or tool-call delta.
         rare = ChatStreamChoice(
-            index=1,
-            delta=ChatDelta(reasoning_content=text),
-            logprobs=logprobs,
+            index=1, delta=ChatDelta(reasoning_content=text), logprobs=logprobs,
             finish_reason=finish_reason,
         )
-        for ours, models in [
-            ([plain], [model]),
-            ([opening], [opening_model]),
-            ([plain, rare], [model, rare]),
-        ]:
+        for ours, models in [([plain], [model]), ([opening], [opening_model]),
+                             ([plain, rare], [model, rare])]:
             reference = ChatCompletionChunk(
-                id="chatcmpl-1",
-                created=1_700_000_000,
-                model="m",
-                choices=models,
+                id="chatcmpl-1", created=1_700_000_000, model="m", choices=models,
                 usage=UsageInfo(**usage) if usage else None,
             )
             assert encoder.event(ours, usage) == sse_event(reference.model_dump_json()).encode()
@@ -158,17 +133,10 @@ def test_chat_chunks_are_the_pydantic_models_bytes():
 
 def test_huge_floats_differ_in_spelling_only():
     encoder = ChunkEncoder("cmpl-x", "text_completion", 1, "m")
-    logprobs = {
-        "text_offset": [0],
-        "token_logprobs": [-1e20],
-        "tokens": ["a"],
-        "top_logprobs": [None],
-    }
+    logprobs = {"text_offset": [0], "token_logprobs": [-1e20], "tokens": ["a"],
+                "top_logprobs": [None]}
     ours = encoder.event([completion_choice(0, "a", logprobs, None, None)])
-    reference = CompletionChunk(
-        id="cmpl-x",
-        created=1,
-        model="m",
-        choices=[CompletionChoice(index=0, text="a", logprobs=CompletionLogprobs(**logprobs))],
-    ).model_dump_json()
+    reference = CompletionChunk(id="cmpl-x", created=1, model="m", choices=[
+        CompletionChoice(index=0, text="a", logprobs=CompletionLogprobs(**logprobs))
+    ]).model_dump_json()
     assert json.loads(ours.removeprefix(b"data: ")) == json.loads(reference)

@@ -24,44 +24,20 @@ NAMES = {"get_weather", "add"}
 @pytest.mark.parametrize(
     ("parser", "text", "content", "calls"),
     [
-        (
-            HermesToolParser(),
-            'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>',
-            "Sure.",
-            [("add", {"a": 1, "b": 2})],
-        ),
-        (
-            HermesToolParser(),
-            '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n'
-            '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>',
-            None,
-            [("add", {"a": 1}), ("get_weather", {"city": "Rome"})],
-        ),
-        (
-            Llama3JsonToolParser(),
-            '{"name": "add", "parameters": {"a": 3, "b": 4}}',
-            None,
-            [("add", {"a": 3, "b": 4})],
-        ),
-        (
-            Llama3JsonToolParser(),
-            '<|python_tag|>{"name": "add", "parameters": {"a": 1}}; '
-            '{"name": "get_weather", "parameters": {"city": "Oslo"}}',
-            None,
-            [("add", {"a": 1}), ("get_weather", {"city": "Oslo"})],
-        ),
-        (
-            MistralToolParser(),
-            '[TOOL_CALLS][{"name": "add", "arguments": {"a": 5}}]',
-            None,
-            [("add", {"a": 5})],
-        ),
-        (
-            MistralToolParser(),
-            '[TOOL_CALLS]get_weather[ARGS]{"city": "Lima"}',
-            None,
-            [("get_weather", {"city": "Lima"})],
-        ),
+        (HermesToolParser(), 'Sure.\n<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}'
+         "\n</tool_call>", "Sure.", [("add", {"a": 1, "b": 2})]),
+        (HermesToolParser(), '<tool_call>{"name": "add", "arguments": {"a": 1}}</tool_call>\n'
+         '<tool_call>{"name": "get_weather", "arguments": {"city": "Rome"}}</tool_call>', None,
+         [("add", {"a": 1}), ("get_weather", {"city": "Rome"})]),
+        (Llama3JsonToolParser(), '{"name": "add", "parameters": {"a": 3, "b": 4}}', None,
+         [("add", {"a": 3, "b": 4})]),
+        (Llama3JsonToolParser(), '<|python_tag|>{"name": "add", "parameters": {"a": 1}}; '
+         '{"name": "get_weather", "parameters": {"city": "Oslo"}}', None,
+         [("add", {"a": 1}), ("get_weather", {"city": "Oslo"})]),
+        (MistralToolParser(), '[TOOL_CALLS][{"name": "add", "arguments": {"a": 5}}]', None,
+         [("add", {"a": 5})]),
+        (MistralToolParser(), '[TOOL_CALLS]get_weather[ARGS]{"city": "Lima"}', None,
+         [("get_weather", {"city": "Lima"})]),
     ],
 )
 def test_parsers_extract_calls(parser, text, content, calls):
@@ -147,9 +123,8 @@ def _stream_all(shaper: ReplyShaper, text: str, step: int):
     ],
 )
 def test_streamed_reply_reassembles_to_the_whole_reply(text, step):
-    shaper = ReplyShaper(
-        ToolPlan(mode="auto", parser=HermesToolParser(), tool_names=NAMES), ThinkReasoningParser()
-    )
+    shaper = ReplyShaper(ToolPlan(mode="auto", parser=HermesToolParser(), tool_names=NAMES),
+                         ThinkReasoningParser())
     message, finish = shaper.whole(text, "stop")
     reasoning, content, calls, stream = _stream_all(shaper, text, step)
     assert reasoning == message.reasoning_content

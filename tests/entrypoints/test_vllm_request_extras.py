@@ -130,7 +130,9 @@ def test_offline_bad_words_never_generated(llm) -> None:
     plain = llm.generate(LONG_PROMPT, greedy, use_tqdm=False)[0].outputs[0]
     banned_text = llm.get_tokenizer().decode(plain.token_ids[:1])
     assert banned_text.strip(), "the first token must have visible text to ban"
-    params = SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, bad_words=[banned_text])
+    params = SamplingParams(
+        temperature=0, max_tokens=12, ignore_eos=True, bad_words=[banned_text]
+    )
     output = llm.generate(LONG_PROMPT, params, use_tqdm=False)[0].outputs[0]
     sequences = bad_words_token_ids([banned_text], llm.tokenizer)
     assert output.token_ids[0] != plain.token_ids[0]
@@ -143,15 +145,12 @@ def test_offline_bad_words_never_generated(llm) -> None:
 def test_offline_cache_salt_keeps_prefix_cache_apart(llm) -> None:
     params = SamplingParams(temperature=0, max_tokens=1)
     prompt = LONG_PROMPT + " once more"
-    first = llm.generate(
-        prompt, SamplingParams(**{**params.__dict__, "cache_salt": "alice"}), use_tqdm=False
-    )[0]
-    again = llm.generate(
-        prompt, SamplingParams(**{**params.__dict__, "cache_salt": "alice"}), use_tqdm=False
-    )[0]
-    other = llm.generate(
-        prompt, SamplingParams(**{**params.__dict__, "cache_salt": "bob"}), use_tqdm=False
-    )[0]
+    first = llm.generate(prompt, SamplingParams(**{**params.__dict__, "cache_salt": "alice"}),
+                         use_tqdm=False)[0]
+    again = llm.generate(prompt, SamplingParams(**{**params.__dict__, "cache_salt": "alice"}),
+                         use_tqdm=False)[0]
+    other = llm.generate(prompt, SamplingParams(**{**params.__dict__, "cache_salt": "bob"}),
+                         use_tqdm=False)[0]
     assert first.num_cached_tokens == 0
     assert again.num_cached_tokens >= 16  # whole blocks of the same salt hit
     assert other.num_cached_tokens == 0  # another salt never does
@@ -192,19 +191,8 @@ def bos_model(tiny_model_path, tmp_path_factory) -> str:
 @pytest.fixture(scope="module")
 def server(bos_model):
     server = ServerProcess(
-        [
-            bos_model,
-            "--served-model-name",
-            SERVED,
-            *TINY_ENGINE_ARGS,
-            "--chat-template",
-            TEMPLATE,
-            "--max-logprobs",
-            "5",
-            "--disable-log-stats",
-            "--stats-interval",
-            "0.2",
-        ],
+        [bos_model, "--served-model-name", SERVED, *TINY_ENGINE_ARGS, "--chat-template",
+         TEMPLATE, "--max-logprobs", "5", "--disable-log-stats", "--stats-interval", "0.2"],
         api_key=API_KEY,
     )
     server.start()
@@ -259,17 +247,11 @@ def test_server_add_special_tokens(client, reference_tokenizer) -> None:
 def test_server_truncate_prompt_tokens(client) -> None:
     body = post(client, "/v1/completions", prompt=LONG_PROMPT, truncate_prompt_tokens=7)
     assert body["usage"]["prompt_tokens"] == 7
-    chat = post(
-        client,
-        "/v1/chat/completions",
-        truncate_prompt_tokens=5,
-        messages=[{"role": "user", "content": LONG_PROMPT}],
-    )
+    chat = post(client, "/v1/chat/completions", truncate_prompt_tokens=5,
+                messages=[{"role": "user", "content": LONG_PROMPT}])
     assert chat["usage"]["prompt_tokens"] == 5
-    response = client.post(
-        "/v1/completions",
-        content=json.dumps({"model": SERVED, "prompt": "hi", "truncate_prompt_tokens": 0}),
-    )
+    response = client.post("/v1/completions", content=json.dumps(
+        {"model": SERVED, "prompt": "hi", "truncate_prompt_tokens": 0}))
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "truncate_prompt_tokens"
 
@@ -288,63 +270,31 @@ def test_server_continue_final_message_and_echo(client, reference_tokenizer) -> 
         {"role": "user", "content": "tell me a story"},
         {"role": "assistant", "content": "the quick brown"},
     ]
-    continued = post(
-        client,
-        "/v1/chat/completions",
-        messages=messages,
-        temperature=0,
-        add_generation_prompt=False,
-        continue_final_message=True,
-        echo=True,
-    )
+    continued = post(client, "/v1/chat/completions", messages=messages, temperature=0,
+                     add_generation_prompt=False, continue_final_message=True, echo=True)
     assert continued["usage"]["prompt_tokens"] == chat_prompt_tokens(
         reference_tokenizer, messages, add_generation_prompt=False, continue_final_message=True
     )
-    closed = post(
-        client,
-        "/v1/chat/completions",
-        messages=messages,
-        temperature=0,
-        add_generation_prompt=False,
-    )
+    closed = post(client, "/v1/chat/completions", messages=messages, temperature=0,
+                  add_generation_prompt=False)
     assert closed["usage"]["prompt_tokens"] > continued["usage"]["prompt_tokens"]
     content = continued["choices"][0]["message"]["content"]
-    plain = post(
-        client,
-        "/v1/chat/completions",
-        messages=messages,
-        temperature=0,
-        add_generation_prompt=False,
-        continue_final_message=True,
-    )
+    plain = post(client, "/v1/chat/completions", messages=messages, temperature=0,
+                 add_generation_prompt=False, continue_final_message=True)
     assert content == "the quick brown" + plain["choices"][0]["message"]["content"]
     # streamed: the echo comes first
-    with client.stream(
-        "POST",
-        "/v1/chat/completions",
-        content=json.dumps(
-            {
-                "model": SERVED,
-                "messages": messages,
-                "max_tokens": 3,
-                "stream": True,
-                "echo": True,
-                "temperature": 0,
-                "add_generation_prompt": False,
-                "continue_final_message": True,
-            }
-        ),
-    ) as response:
+    with client.stream("POST", "/v1/chat/completions", content=json.dumps({
+        "model": SERVED, "messages": messages, "max_tokens": 3, "stream": True, "echo": True,
+        "temperature": 0, "add_generation_prompt": False, "continue_final_message": True,
+    })) as response:
         text = "".join(
             choice["delta"].get("content", "")
             for chunk in _sse_chunks(response)
             for choice in chunk["choices"]
         )
     assert text == content
-    response = client.post(
-        "/v1/chat/completions",
-        content=json.dumps({"model": SERVED, "messages": messages, "continue_final_message": True}),
-    )
+    response = client.post("/v1/chat/completions", content=json.dumps(
+        {"model": SERVED, "messages": messages, "continue_final_message": True}))
     assert response.status_code == 400
     assert response.json()["error"]["param"] == "continue_final_message"
 
@@ -352,21 +302,15 @@ def test_server_continue_final_message_and_echo(client, reference_tokenizer) -> 
 def _sse_chunks(response):
     for line in response.iter_lines():
         if line.startswith("data: ") and line != "data: [DONE]":
-            yield json.loads(line[len("data: ") :])
+            yield json.loads(line[len("data: "):])
 
 
 @pytest.mark.parametrize("path", ["/v1/completions", "/v1/chat/completions"])
 def test_server_continuous_usage_stats(client, path) -> None:
-    body = {
-        "model": SERVED,
-        "max_tokens": 5,
-        "stream": True,
-        "ignore_eos": True,
-        "stream_options": {"include_usage": True, "continuous_usage_stats": True},
-    }
-    body.update(
-        {"messages": [{"role": "user", "content": "hi"}]} if "chat" in path else {"prompt": "hi"}
-    )
+    body = {"model": SERVED, "max_tokens": 5, "stream": True, "ignore_eos": True,
+            "stream_options": {"include_usage": True, "continuous_usage_stats": True}}
+    body.update({"messages": [{"role": "user", "content": "hi"}]} if "chat" in path
+                else {"prompt": "hi"})
     with client.stream("POST", path, content=json.dumps(body)) as response:
         chunks = list(_sse_chunks(response))
     usages = [chunk["usage"] for chunk in chunks]
@@ -377,13 +321,8 @@ def test_server_continuous_usage_stats(client, path) -> None:
 
 
 def test_server_bad_words(client) -> None:
-    base = {
-        "prompt": LONG_PROMPT,
-        "temperature": 0,
-        "max_tokens": 6,
-        "ignore_eos": True,
-        "logprobs": 1,
-    }
+    base = {"prompt": LONG_PROMPT, "temperature": 0, "max_tokens": 6, "ignore_eos": True,
+            "logprobs": 1}
     plain = post(client, "/v1/completions", **base)["choices"][0]
     first = plain["logprobs"]["tokens"][0]
     assert first.strip()
@@ -397,9 +336,8 @@ def test_server_cache_salt(client, server) -> None:
 
     def hits_after(salt: str) -> float:
         before = read_metrics(server)["vllm:prefix_cache_hits_total"]
-        post(
-            client, "/v1/completions", prompt=LONG_PROMPT + " salted", max_tokens=1, cache_salt=salt
-        )
+        post(client, "/v1/completions", prompt=LONG_PROMPT + " salted", max_tokens=1,
+             cache_salt=salt)
         time.sleep(0.5)  # the engine's stats reach the API with its next output
         return read_metrics(server)["vllm:prefix_cache_hits_total"] - before
 
@@ -410,10 +348,8 @@ def test_server_cache_salt(client, server) -> None:
 
 def test_server_max_logprobs_and_disabled_stats_log(client, server) -> None:
     post(client, "/v1/completions", prompt="hi", logprobs=5)
-    response = client.post(
-        "/v1/completions",
-        content=json.dumps({"model": SERVED, "prompt": "hi", "max_tokens": 2, "logprobs": 6}),
-    )
+    response = client.post("/v1/completions", content=json.dumps(
+        {"model": SERVED, "prompt": "hi", "max_tokens": 2, "logprobs": 6}))
     assert response.status_code == 400
     assert "max-logprobs" in response.text
     time.sleep(0.5)  # several --stats-interval periods after requests ran
@@ -425,22 +361,11 @@ def test_server_max_logprobs_and_disabled_stats_log(client, server) -> None:
 COMPLETION_BASE = {"prompt": LONG_PROMPT, "max_tokens": 6, "temperature": 0, "ignore_eos": True}
 CHAT_BASE = {
     "messages": [{"role": "user", "content": "hello there"}],
-    "max_tokens": 6,
-    "temperature": 0,
-    "ignore_eos": True,
+    "max_tokens": 6, "temperature": 0, "ignore_eos": True,
 }
 RANDOM = {"temperature": 1.0, "seed": 0}
-TOOL = {
-    "type": "function",
-    "function": {
-        "name": "get_weather",
-        "parameters": {
-            "type": "object",
-            "properties": {"city": {"type": "string"}},
-            "required": ["city"],
-        },
-    },
-}
+TOOL = {"type": "function", "function": {"name": "get_weather", "parameters": {
+    "type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}
 CONVERSATION = [
     {"role": "user", "content": "tell me a story"},
     {"role": "assistant", "content": "the quick brown"},
@@ -476,9 +401,7 @@ HONOURED_ROWS = {
     "skip_special_tokens": ("completions", {"logit_bias": "EOS+100"}, False),
     "stop": ("completions", {"allowed_token_ids": [7, 9]}, "TEXT_OF_7"),
     "include_stop_str_in_output": (
-        "completions",
-        {"allowed_token_ids": [7, 9], "stop": "TEXT_OF_7"},
-        True,
+        "completions", {"allowed_token_ids": [7, 9], "stop": "TEXT_OF_7"}, True
     ),
     "bad_words": ("completions", {"allowed_token_ids": [7, 9]}, ["TEXT_OF_7"]),
     "response_format": ("completions", {}, {"type": "json_object"}),
@@ -493,9 +416,7 @@ HONOURED_ROWS = {
     "add_generation_prompt": ("chat", {}, False),
     "chat_template_kwargs": ("chat", {}, {"greeting": "good morning"}),
     "continue_final_message": (
-        "chat",
-        {"messages": CONVERSATION, "add_generation_prompt": False},
-        True,
+        "chat", {"messages": CONVERSATION, "add_generation_prompt": False}, True
     ),
     "chat.echo": ("chat", {"messages": CONVERSATION}, True),
     "chat.add_special_tokens": ("chat", {}, True),
@@ -537,7 +458,7 @@ def _observe(client, path: str, body: dict) -> tuple[int, object]:
         chunks = [
             {key: value for key, value in chunk.items() if key not in ("id", "created")}
             for chunk in (
-                json.loads(line[len("data: ") :])
+                json.loads(line[len("data: "):])
                 for line in response.text.splitlines()
                 if line.startswith("data: ") and line != "data: [DONE]"
             )
@@ -584,30 +505,22 @@ def test_server_prompt_logprobs_match_offline(client, server, bos_model) -> None
     body = post(client, "/v1/completions", prompt=LONG_PROMPT, max_tokens=1, prompt_logprobs=2)
     served = body["choices"][0]["prompt_logprobs"]
     llm = LLM(bos_model, **TINY_ENGINE_OPTIONS)
-    offline = llm.generate(
-        LONG_PROMPT, SamplingParams(max_tokens=1, prompt_logprobs=2), use_tqdm=False
-    )[0]
+    offline = llm.generate(LONG_PROMPT, SamplingParams(max_tokens=1, prompt_logprobs=2),
+                           use_tqdm=False)[0]
     assert served[0] is None and len(served) == len(offline.prompt_logprobs)
     for served_entry, offline_entry in zip(served[1:], offline.prompt_logprobs[1:]):
         assert {int(k): v["rank"] for k, v in served_entry.items()} == {
             k: v.rank for k, v in offline_entry.items()
         }
         for token_id, logprob in offline_entry.items():
-            assert served_entry[str(token_id)]["logprob"] == pytest.approx(
-                logprob.logprob, abs=1e-4
-            )
-    chat = post(
-        client,
-        "/v1/chat/completions",
-        messages=[{"role": "user", "content": "hi"}],
-        prompt_logprobs=0,
-    )
+            assert served_entry[str(token_id)]["logprob"] == pytest.approx(logprob.logprob,
+                                                                           abs=1e-4)
+    chat = post(client, "/v1/chat/completions", messages=[{"role": "user", "content": "hi"}],
+                prompt_logprobs=0)
     assert len(chat["prompt_logprobs"]) == chat["usage"]["prompt_tokens"]
     for bad in ({"stream": True}, {"prompt_logprobs": 6}):
-        response = client.post(
-            "/v1/completions",
-            content=json.dumps({"model": SERVED, "prompt": "hi", "prompt_logprobs": 1, **bad}),
-        )
+        response = client.post("/v1/completions", content=json.dumps(
+            {"model": SERVED, "prompt": "hi", "prompt_logprobs": 1, **bad}))
         assert response.status_code == 400, response.text
         assert "prompt_logprobs" in response.text
 
@@ -617,30 +530,16 @@ def test_server_echo_with_logprobs_gives_the_prompt_tokens_too(client, stream) -
     prompt = "the quick brown fox"
     reference = post(client, "/v1/completions", prompt=prompt, max_tokens=1, prompt_logprobs=1)
     prompt_entries = reference["choices"][0]["prompt_logprobs"]
-    body = {
-        "model": SERVED,
-        "prompt": prompt,
-        "max_tokens": 3,
-        "temperature": 0,
-        "ignore_eos": True,
-        "echo": True,
-        "logprobs": 1,
-        "stream": stream,
-    }
+    body = {"model": SERVED, "prompt": prompt, "max_tokens": 3, "temperature": 0,
+            "ignore_eos": True, "echo": True, "logprobs": 1, "stream": stream}
     response = client.post("/v1/completions", content=json.dumps(body))
     assert response.status_code == 200, response.text
     if stream:
-        chunks = [
-            json.loads(line[6:])
-            for line in response.text.splitlines()
-            if line.startswith("data: ") and line != "data: [DONE]"
-        ]
+        chunks = [json.loads(line[6:]) for line in response.text.splitlines()
+                  if line.startswith("data: ") and line != "data: [DONE]"]
         text = "".join(c["choices"][0]["text"] for c in chunks if c["choices"])
-        parts = [
-            c["choices"][0]["logprobs"]
-            for c in chunks
-            if c["choices"] and c["choices"][0]["logprobs"]
-        ]
+        parts = [c["choices"][0]["logprobs"] for c in chunks if c["choices"]
+                 and c["choices"][0]["logprobs"]]
         logprobs = {key: sum((part[key] for part in parts), []) for key in parts[0]}
     else:
         choice = response.json()["choices"][0]

@@ -43,16 +43,12 @@ def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None
         )
         assert completion.usage.completion_tokens == 3
         chat = client.chat.completions.create(
-            model=REPO_ID,
-            messages=[{"role": "user", "content": "hello world"}],
-            max_tokens=2,
+            model=REPO_ID, messages=[{"role": "user", "content": "hello world"}], max_tokens=2,
             extra_body={"add_generation_prompt": False},
         )
         # rendered by the --chat-template file, so as long as that text sent as a prompt
         rendered = client.completions.create(
-            model=REPO_ID,
-            prompt="[user] hello world\n",
-            max_tokens=1,
+            model=REPO_ID, prompt="[user] hello world\n", max_tokens=1,
             extra_body={"add_special_tokens": False},
         )
         assert chat.usage.prompt_tokens == rendered.usage.prompt_tokens

@@ -19,9 +19,8 @@ def test_triton_kernel_matches_torch(vocab_size, dtype):
     generator = torch.Generator().manual_seed(vocab_size)
     logits = torch.randn(64, vocab_size, generator=generator).to(dtype)
     rows = torch.randperm(64, generator=generator)[:16].to(torch.int32)
-    bitmask = torch.randint(
-        -(2**31), 2**31 - 1, (16, bitmask_width(vocab_size)), generator=generator, dtype=torch.int64
-    ).to(torch.int32)
+    bitmask = torch.randint(-(2**31), 2**31 - 1, (16, bitmask_width(vocab_size)),
+                            generator=generator, dtype=torch.int64).to(torch.int32)
     expected = logits.clone()
     _apply_token_bitmask_torch(expected, bitmask, rows)
     on_device = logits.cuda()
@@ -35,9 +34,8 @@ def test_packed_strided_views_on_cuda():
     vocab_size, width = 1000, bitmask_width(1000)
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(8, vocab_size, generator=generator)
-    masks = torch.randint(
-        -(2**31), 2**31 - 1, (3, width), generator=generator, dtype=torch.int64
-    ).to(torch.int32)
+    masks = torch.randint(-(2**31), 2**31 - 1, (3, width), generator=generator,
+                          dtype=torch.int64).to(torch.int32)
     rows = torch.tensor([7, 0, 4], dtype=torch.int32)
     expected = logits.clone()
     _apply_token_bitmask_torch(expected, masks, rows)

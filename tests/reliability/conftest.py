@@ -11,14 +11,8 @@ from tests.entrypoints.server_process import ServerProcess
 MAX_NUM_SEQS = 48
 # Room for every load test's clients to queue: load tests expect no 429, overload tests do.
 MAX_QUEUED_REQUESTS = 48
-SERVER_ARGS = [
-    "--max-num-seqs",
-    str(MAX_NUM_SEQS),
-    "--max-queued-requests",
-    str(MAX_QUEUED_REQUESTS),
-    "--cpu-kv-cache-gib",
-    "0.25",
-]
+SERVER_ARGS = ["--max-num-seqs", str(MAX_NUM_SEQS), "--max-queued-requests",
+               str(MAX_QUEUED_REQUESTS), "--cpu-kv-cache-gib", "0.25"]
 
 
 def start_default_server(*extra: str) -> ServerProcess:

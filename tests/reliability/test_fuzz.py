@@ -62,16 +62,12 @@ def from_json_schema(schema: dict, root: dict) -> st.SearchStrategy:
     if kind == "null":
         return st.none()
     if kind == "array":
-        items = (
-            from_json_schema(schema.get("items", {}), root)
-            if schema.get("items")
-            else (JSON_SCALARS)
-        )
+        items = from_json_schema(schema.get("items", {}), root) if schema.get("items") else (
+            JSON_SCALARS)
         return st.lists(items, min_size=schema.get("minItems", 0), max_size=4)
     if kind == "object" and "properties" in schema:
-        properties = {
-            name: from_json_schema(sub, root) for name, sub in schema["properties"].items()
-        }
+        properties = {name: from_json_schema(sub, root)
+                      for name, sub in schema["properties"].items()}
         required = set(schema.get("required", ()))
         return st.fixed_dictionaries(
             {name: value for name, value in properties.items() if name in required},
@@ -84,13 +80,12 @@ def from_json_schema(schema: dict, root: dict) -> st.SearchStrategy:
 
 def bodies(model) -> st.SearchStrategy[bytes]:
     schema = model.model_json_schema()
-    valid_shape = from_json_schema(schema, schema).map(cheap).map(lambda b: json.dumps(b).encode())
+    valid_shape = (from_json_schema(schema, schema).map(cheap)
+                   .map(lambda b: json.dumps(b).encode()))
     any_json = st.recursive(
         st.none() | st.booleans() | st.integers() | st.floats() | st.text(max_size=20),
-        lambda children: (
-            st.lists(children, max_size=4)
-            | st.dictionaries(st.sampled_from([*schema["properties"], "x"]), children, max_size=6)
-        ),
+        lambda children: st.lists(children, max_size=4)
+        | st.dictionaries(st.sampled_from([*schema["properties"], "x"]), children, max_size=6),
         max_leaves=20,
     ).map(lambda b: json.dumps(cheap(b)).encode())
     return st.one_of(valid_shape, valid_shape, any_json, st.binary(max_size=200))
@@ -101,16 +96,12 @@ def fuzz_route(server, path: str) -> None:
     refusals: dict[str, int] = {}  # the distinct error messages, for a failure's report
     with httpx.Client(base_url=server.base_url, timeout=120) as http:
 
-        @settings(
-            max_examples=EXAMPLES_PER_ROUTE,
-            deadline=None,
-            derandomize=True,
-            database=None,
-            suppress_health_check=list(HealthCheck),
-        )
+        @settings(max_examples=EXAMPLES_PER_ROUTE, deadline=None, derandomize=True,
+                  database=None, suppress_health_check=list(HealthCheck))
         @given(body=bodies(ROUTES[path]))
         def check(body: bytes) -> None:
-            response = http.post(path, content=body, headers={"Content-Type": "application/json"})
+            response = http.post(path, content=body,
+                                 headers={"Content-Type": "application/json"})
             statuses[response.status_code] = statuses.get(response.status_code, 0) + 1
             assert response.status_code < 500, (body, response.text)
             if response.status_code >= 400:
@@ -122,8 +113,7 @@ def fuzz_route(server, path: str) -> None:
     print(f"\n{path}: {statuses}")
     # Both kinds were reached (on failure: the most frequent refusals, to say why).
     assert statuses.get(200, 0) > 0 and statuses.get(400, 0) > 0, (
-        statuses,
-        sorted(refusals.items(), key=lambda item: -item[1])[:6],
+        statuses, sorted(refusals.items(), key=lambda item: -item[1])[:6]
     )
 
 

@@ -18,9 +18,8 @@ def test_load_300_mixed_requests_at_48_concurrent(default_server):
     started = time.monotonic()
     # A generous client timeout: on a busy 2-core machine the last of 300 requests queues for
     # minutes; what counts is that none is lost or fails.
-    outcomes = asyncio.run(
-        run_clients(default_server.base_url, num_requests=300, num_clients=48, timeout_s=900)
-    )
+    outcomes = asyncio.run(run_clients(default_server.base_url, num_requests=300,
+                                       num_clients=48, timeout_s=900))
     elapsed = time.monotonic() - started
     print(f"\n300 requests, 48 clients: {elapsed:.1f}s")
     assert len(outcomes) == 300  # none lost
@@ -32,17 +31,12 @@ def test_load_300_mixed_requests_at_48_concurrent(default_server):
 
 async def abandon_streams(base_url: str, num_streams: int) -> None:
     rng = random.Random(3)
-    async with httpx.AsyncClient(
-        base_url=base_url, timeout=60, limits=httpx.Limits(max_connections=num_streams)
-    ) as http:
+    async with httpx.AsyncClient(base_url=base_url, timeout=60,
+                                 limits=httpx.Limits(max_connections=num_streams)) as http:
 
         async def abandon(index: int) -> None:
-            body = {
-                "prompt": f"story number {index}",
-                "max_tokens": 400,
-                "ignore_eos": True,
-                "stream": True,
-            }
+            body = {"prompt": f"story number {index}", "max_tokens": 400, "ignore_eos": True,
+                    "stream": True}
             chunks_wanted = rng.randint(1, 3)
             async with http.stream("POST", "/v1/completions", json=body) as response:
                 assert response.status_code == 200
@@ -60,8 +54,8 @@ def test_abandoned_streams_are_aborted_promptly(default_server):
     aborted_before = read_metrics(default_server).get("ladle:requests_aborted_total", 0)
     asyncio.run(abandon_streams(default_server.base_url, 40))
     left = time.monotonic()
-    assert wait_until(lambda: engine_is_idle(default_server), timeout_s=2), read_metrics(
-        default_server
+    assert wait_until(lambda: engine_is_idle(default_server), timeout_s=2), (
+        read_metrics(default_server)
     )
     print(f"\nengine idle {time.monotonic() - left:.2f}s after the last client left")
     aborted = read_metrics(default_server)["ladle:requests_aborted_total"] - aborted_before
@@ -73,9 +67,8 @@ async def burst_with_retries(base_url: str, num_clients: int) -> tuple[list, lis
     rng = random.Random(5)
     requests = [make_request(rng, max_tokens=4) for _ in range(num_clients)]
     statuses_seen: list[int] = []
-    async with httpx.AsyncClient(
-        base_url=base_url, timeout=120, limits=httpx.Limits(max_connections=num_clients)
-    ) as http:
+    async with httpx.AsyncClient(base_url=base_url, timeout=120,
+                                 limits=httpx.Limits(max_connections=num_clients)) as http:
 
         async def client(path: str, body: dict):
             for _ in range(60):
@@ -96,7 +89,6 @@ def test_overload_gets_429_and_retrying_clients_all_get_served(default_server):
     assert 429 in statuses, "the burst never exceeded the queue bound"
     assert not [s for s in statuses if s >= 500 or s == 0]
     assert all(o.status == 200 and o.finish_reason in ("stop", "length") for o in outcomes), [
-        o for o in outcomes if o.status != 200
-    ][:3]
+        o for o in outcomes if o.status != 200][:3]
     print(f"\n{num_clients} clients, {statuses.count(429)} refusals before all were served")
     assert wait_until(lambda: engine_is_idle(default_server), timeout_s=5)

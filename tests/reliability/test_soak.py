@@ -30,17 +30,14 @@ def test_soak_rss_and_latency_stay_flat(default_server):
         started = time.monotonic()
         latencies = []
         while time.monotonic() - started < window_s:
-            outcomes = asyncio.run(
-                run_clients(default_server.base_url, num_requests=16, num_clients=8, seed=index)
-            )
+            outcomes = asyncio.run(run_clients(default_server.base_url, num_requests=16,
+                                               num_clients=8, seed=index))
             assert all(o.status == 200 and o.error is None for o in outcomes), outcomes[:2]
             latencies += [o.latency_s for o in outcomes]
         rss = {name: rss_bytes(pid) for name, pid in pids.items()}
         windows.append((percentile(latencies, 0.99), rss, len(latencies)))
-        print(
-            f"\nwindow {index}: {len(latencies)} requests, p99 {windows[-1][0]:.2f}s, "
-            f"rss api {rss['api'] / 2**20:.0f} MiB engine {rss['engine'] / 2**20:.0f} MiB"
-        )
+        print(f"\nwindow {index}: {len(latencies)} requests, p99 {windows[-1][0]:.2f}s, "
+              f"rss api {rss['api'] / 2**20:.0f} MiB engine {rss['engine'] / 2**20:.0f} MiB")
     first, last = windows[0], windows[-1]
     for name in pids:
         assert last[1][name] - first[1][name] < MAX_RSS_GROWTH_BYTES, (name, windows)

@@ -11,26 +11,8 @@ from dataclasses import dataclass
 
 import httpx
 
-WORDS = [
-    "the",
-    "river",
-    "engine",
-    "token",
-    "paged",
-    "cache",
-    "quiet",
-    "morning",
-    "serves",
-    "many",
-    "people",
-    "at",
-    "once",
-    "light",
-    "blue",
-    "stone",
-    "bridge",
-    "over",
-]
+WORDS = ["the", "river", "engine", "token", "paged", "cache", "quiet", "morning", "serves",
+         "many", "people", "at", "once", "light", "blue", "stone", "bridge", "over"]
 
 
 @dataclass
@@ -46,11 +28,8 @@ def make_request(rng: random.Random, max_tokens: int = 4) -> tuple[str, dict]:
     """(path, body) of one request of the mix: short prompts and outputs, so hundreds of
     requests fit a CI budget on two CPU cores; what is tested is that none is lost."""
     text = " ".join(rng.choice(WORDS) for _ in range(rng.choice([1, 3, 8])))
-    body = {
-        "max_tokens": rng.randint(1, max_tokens),
-        "temperature": rng.choice([0, 0.7]),
-        "stream": rng.random() < 0.5,
-    }
+    body = {"max_tokens": rng.randint(1, max_tokens), "temperature": rng.choice([0, 0.7]),
+            "stream": rng.random() < 0.5}
     if rng.random() < 0.5:
         return "/v1/chat/completions", {**body, "messages": [{"role": "user", "content": text}]}
     return "/v1/completions", {**body, "prompt": text}
@@ -65,23 +44,14 @@ async def send(http: httpx.AsyncClient, path: str, body: dict) -> Outcome:
             response = await http.post(path, json=body)
             if response.status_code == 200:
                 finish_reason = response.json()["choices"][0]["finish_reason"]
-            return Outcome(
-                response.status_code,
-                finish_reason,
-                time.monotonic() - started,
-                None if response.status_code == 200 else response.text,
-                response.headers.get("Retry-After"),
-            )
+            return Outcome(response.status_code, finish_reason, time.monotonic() - started,
+                           None if response.status_code == 200 else response.text,
+                           response.headers.get("Retry-After"))
         async with http.stream("POST", path, json=body) as response:
             if response.status_code != 200:
                 text = (await response.aread()).decode(errors="replace")
-                return Outcome(
-                    response.status_code,
-                    None,
-                    time.monotonic() - started,
-                    text,
-                    response.headers.get("Retry-After"),
-                )
+                return Outcome(response.status_code, None, time.monotonic() - started, text,
+                               response.headers.get("Retry-After"))
             error = None
             async for line in response.aiter_lines():
                 if not line.startswith("data: {"):
@@ -97,13 +67,8 @@ async def send(http: httpx.AsyncClient, path: str, body: dict) -> Outcome:
 
 
 async def run_clients(
-    base_url: str,
-    num_requests: int,
-    num_clients: int,
-    seed: int = 0,
-    max_tokens: int = 4,
-    timeout_s: float = 120.0,
-    outcomes: list[Outcome] | None = None,
+    base_url: str, num_requests: int, num_clients: int, seed: int = 0, max_tokens: int = 4,
+    timeout_s: float = 120.0, outcomes: list[Outcome] | None = None,
 ) -> list[Outcome]:
     """num_requests requests of the mix from num_clients concurrent clients. outcomes: a list to
     append to as requests end (for a watcher in another thread); returned."""

@@ -96,14 +96,10 @@ CASES = {
     "temperature_0.7": (dict(temperature=0.7), dict(), [dict(temperature=1.0)]),
     "temperature_1.6": (dict(temperature=1.6), dict(), [dict(temperature=1.0)]),
     "top_k_4": (
-        dict(top_k=4),
-        dict(),
-        [dict(top_k=4, top_k_off_by=1), dict(top_k=4, top_k_off_by=-1)],
+        dict(top_k=4), dict(), [dict(top_k=4, top_k_off_by=1), dict(top_k=4, top_k_off_by=-1)]
     ),
     "top_p_0.8": (
-        dict(top_p=0.8),
-        dict(),
-        [dict(top_p=0.8, top_p_off_by=1), dict(top_p=0.8, top_p_off_by=-1)],
+        dict(top_p=0.8), dict(), [dict(top_p=0.8, top_p_off_by=1), dict(top_p=0.8, top_p_off_by=-1)]
     ),
     "min_p_0.12": (dict(min_p=0.12), dict(), [dict(min_p=0.09), dict(min_p=0.15)]),
     "temperature_top_p": (
@@ -114,11 +110,9 @@ CASES = {
     "everything": (
         dict(temperature=1.3, min_p=0.06, top_k=7, top_p=0.9),
         dict(),
-        [
-            dict(temperature=1.0, min_p=0.06, top_k=7, top_p=0.9),
-            dict(temperature=1.3, min_p=0.06, top_k=7, top_p=0.9, top_k_off_by=-1),
-            dict(temperature=1.3, min_p=0.06, top_k=7, top_p=0.9, top_p_off_by=-1),
-        ],
+        [dict(temperature=1.0, min_p=0.06, top_k=7, top_p=0.9),
+         dict(temperature=1.3, min_p=0.06, top_k=7, top_p=0.9, top_k_off_by=-1),
+         dict(temperature=1.3, min_p=0.06, top_k=7, top_p=0.9, top_p_off_by=-1)],
     ),
     "min_p_then_top_p": (
         dict(temperature=1.3, min_p=0.2, top_p=0.95),
@@ -126,9 +120,7 @@ CASES = {
         [dict(temperature=1.3, min_p=0.1, top_p=0.95), dict(temperature=1.3, top_p=0.95)],
     ),
     "steps_not_seeds": (
-        dict(temperature=0.9, top_k=6),
-        dict(vary="step"),
-        [dict(temperature=1.0, top_k=6)],
+        dict(temperature=0.9, top_k=6), dict(vary="step"), [dict(temperature=1.0, top_k=6)]
     ),
 }
 

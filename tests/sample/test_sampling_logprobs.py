@@ -21,13 +21,8 @@ def test_logprobs_and_ranks_match_log_softmax_of_raw_logits() -> None:
         SamplingParams(temperature=1.0, min_tokens=3),
     ]
     metadata = build_sampling_metadata(
-        params,
-        list(range(6)),
-        [1] * 6,
-        vocab_size=VOCAB,
-        prompt_token_ids=[[1, 2]] * 6,
-        output_token_ids=[[3]] * 6,
-        eos_token_ids=[[0]] * 6,
+        params, list(range(6)), [1] * 6, vocab_size=VOCAB,
+        prompt_token_ids=[[1, 2]] * 6, output_token_ids=[[3]] * 6, eos_token_ids=[[0]] * 6,
     )
     output = Sampler()(logits, metadata)
     assert output.logprobs is not None and output.logprob_token_ids is not None
@@ -56,9 +51,8 @@ def test_no_logprobs_requested_computes_none() -> None:
 
 def test_ties_share_the_best_rank() -> None:
     logits = torch.tensor([[1.0, 3.0, 3.0, 0.0]])
-    metadata = build_sampling_metadata(
-        [SamplingParams(temperature=0.0, logprobs=1)], [0], [0], vocab_size=4
-    )
+    metadata = build_sampling_metadata([SamplingParams(temperature=0.0, logprobs=1)], [0], [0],
+                                       vocab_size=4)
     output = Sampler()(logits, metadata)
     assert output.sampled_ranks.tolist() == [1]
 
@@ -67,14 +61,12 @@ def test_messages_trim_to_each_requests_own_k() -> None:
     output = SamplerOutput(
         sampled_token_ids=torch.tensor([4, 7, 2]),
         logprob_token_ids=torch.tensor([[4, 1, 4, 5], [7, 7, 3, 0], [2, 9, 8, 2]]),
-        logprobs=torch.tensor(
-            [[-1.5, -0.5, -1.5, -2.0], [-0.1, -0.1, -3.0, -4.0], [-2.5, -0.2, -1.0, -2.5]]
-        ),
+        logprobs=torch.tensor([[-1.5, -0.5, -1.5, -2.0], [-0.1, -0.1, -3.0, -4.0],
+                               [-2.5, -0.2, -1.0, -2.5]]),
         sampled_ranks=torch.tensor([2, 1, 3]),
     )
     messages = logprobs_to_messages(output, [3, None, 0])
     assert messages[1] is None
-    assert messages[0] == TokenLogprobs(
-        token_id=4, logprob=-1.5, rank=2, top_token_ids=[1, 4, 5], top_logprobs=[-0.5, -1.5, -2.0]
-    )
+    assert messages[0] == TokenLogprobs(token_id=4, logprob=-1.5, rank=2, top_token_ids=[1, 4, 5],
+                                        top_logprobs=[-0.5, -1.5, -2.0])
     assert messages[2] == TokenLogprobs(token_id=2, logprob=-2.5, rank=3)

@@ -18,14 +18,8 @@ from ladle.sampling_params import SamplingParams
 def test_rows_are_4_byte_host_tensors_with_mapped_values() -> None:
     params = [
         SamplingParams(temperature=0.0, top_k=-1, repetition_penalty=1.2),
-        SamplingParams(
-            temperature=0.7,
-            top_k=40,
-            top_p=0.9,
-            min_p=0.05,
-            presence_penalty=0.5,
-            frequency_penalty=-0.5,
-        ),
+        SamplingParams(temperature=0.7, top_k=40, top_p=0.9, min_p=0.05,
+                       presence_penalty=0.5, frequency_penalty=-0.5),
     ]
     rows = build_sampling_rows(params, [2**40 + 5, -1], [0, 12])
     assert list(rows) == list(ROW_DTYPES)
@@ -60,23 +54,14 @@ def test_flags() -> None:
     plain = SamplingParams()
     flags = SamplingFlags.from_params([greedy, plain])
     # Truncation on greedy rows changes nothing, so it sets no flag.
-    assert flags == SamplingFlags(
-        all_greedy=False,
-        all_random=False,
-        no_top_k=True,
-        no_top_p=True,
-        no_min_p=True,
-        no_penalties=True,
-        max_num_logprobs=None,
-    )
-    flags = SamplingFlags.from_params(
-        [greedy, SamplingParams(temperature=0.0, logprobs=3, presence_penalty=0.1)]
-    )
+    assert flags == SamplingFlags(all_greedy=False, all_random=False, no_top_k=True, no_top_p=True,
+                                  no_min_p=True, no_penalties=True, max_num_logprobs=None)
+    flags = SamplingFlags.from_params([greedy, SamplingParams(temperature=0.0, logprobs=3,
+                                                              presence_penalty=0.1)])
     assert flags.all_greedy and not flags.all_random and not flags.no_penalties
     assert flags.max_num_logprobs == 3
-    flags = SamplingFlags.from_params(
-        [SamplingParams(top_k=3, logprobs=0), SamplingParams(top_p=0.5, min_p=0.1, logprobs=2)]
-    )
+    flags = SamplingFlags.from_params([SamplingParams(top_k=3, logprobs=0),
+                                       SamplingParams(top_p=0.5, min_p=0.1, logprobs=2)])
     assert flags.all_random and not flags.all_greedy
     assert not flags.no_top_k and not flags.no_top_p and not flags.no_min_p
     assert flags.max_num_logprobs == 2
@@ -90,9 +75,8 @@ def test_penalties_need_token_ids() -> None:
     with pytest.raises(ValueError, match="penalties need"):
         SamplingMetadata.from_rows(rows, SamplingFlags.from_params(params))
     with pytest.raises(ValueError, match="missing"):
-        SamplingMetadata.from_rows(
-            {"temperature": rows["temperature"]}, SamplingFlags.from_params(params)
-        )
+        SamplingMetadata.from_rows({"temperature": rows["temperature"]},
+                                   SamplingFlags.from_params(params))
 
 
 def test_padding() -> None:
@@ -105,14 +89,8 @@ def test_padding() -> None:
 
 
 def test_token_ids_are_only_built_when_needed() -> None:
-    metadata = build_sampling_metadata(
-        [SamplingParams()],
-        [0],
-        [0],
-        vocab_size=8,
-        prompt_token_ids=[[1]],
-        output_token_ids=[[2]],
-        eos_token_ids=[[3]],
-    )
+    metadata = build_sampling_metadata([SamplingParams()], [0], [0], vocab_size=8,
+                                       prompt_token_ids=[[1]], output_token_ids=[[2]],
+                                       eos_token_ids=[[3]])
     assert metadata.prompt_token_ids is None and metadata.output_token_ids is None
     assert metadata.banned_token_ids is None

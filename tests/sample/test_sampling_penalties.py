@@ -9,14 +9,8 @@ from ladle.sampling_params import SamplingParams
 VOCAB = 10
 
 
-def reference_penalties(
-    logits: list[float],
-    prompt: list[int],
-    output: list[int],
-    presence: float,
-    frequency: float,
-    repetition: float,
-) -> list[float]:
+def reference_penalties(logits: list[float], prompt: list[int], output: list[int],
+                        presence: float, frequency: float, repetition: float) -> list[float]:
     """vLLM / OpenAI semantics, one token at a time."""
     result = []
     for token, logit in enumerate(logits):
@@ -43,30 +37,19 @@ CASES = [
 def test_penalties_match_reference() -> None:
     generator = torch.Generator().manual_seed(0)
     logits = torch.randn(len(CASES), VOCAB, generator=generator) * 2
-    params = [
-        SamplingParams(presence_penalty=c[2], frequency_penalty=c[3], repetition_penalty=c[4])
-        for c in CASES
-    ]
+    params = [SamplingParams(presence_penalty=c[2], frequency_penalty=c[3], repetition_penalty=c[4])
+              for c in CASES]
     metadata = build_sampling_metadata(
-        params,
-        [0] * len(CASES),
-        [len(c[1]) for c in CASES],
-        vocab_size=VOCAB,
-        prompt_token_ids=[c[0] for c in CASES],
-        output_token_ids=[c[1] for c in CASES],
+        params, [0] * len(CASES), [len(c[1]) for c in CASES], vocab_size=VOCAB,
+        prompt_token_ids=[c[0] for c in CASES], output_token_ids=[c[1] for c in CASES],
     )
     penalised = apply_penalties_(
-        logits.clone(),
-        metadata.prompt_token_ids,
-        metadata.output_token_ids,
-        metadata.presence_penalty,
-        metadata.frequency_penalty,
-        metadata.repetition_penalty,
+        logits.clone(), metadata.prompt_token_ids, metadata.output_token_ids,
+        metadata.presence_penalty, metadata.frequency_penalty, metadata.repetition_penalty,
     )
     for row, (prompt, output, presence, frequency, repetition) in enumerate(CASES):
-        expected = reference_penalties(
-            logits[row].tolist(), prompt, output, presence, frequency, repetition
-        )
+        expected = reference_penalties(logits[row].tolist(), prompt, output,
+                                       presence, frequency, repetition)
         torch.testing.assert_close(penalised[row], torch.tensor(expected), rtol=1e-6, atol=1e-6)
 
 
@@ -75,12 +58,8 @@ def test_neutral_penalty_rows_are_bit_identical() -> None:
     prompt = torch.tensor([[1, 2, VOCAB], [3, VOCAB, VOCAB]])
     output = torch.tensor([[4, 4], [5, VOCAB]])
     penalised = apply_penalties_(
-        logits.clone(),
-        prompt,
-        output,
-        torch.tensor([0.0, 1.0]),
-        torch.tensor([0.0, 0.0]),
-        torch.tensor([1.0, 1.0]),
+        logits.clone(), prompt, output,
+        torch.tensor([0.0, 1.0]), torch.tensor([0.0, 0.0]), torch.tensor([1.0, 1.0]),
     )
     assert torch.equal(penalised[0], logits[0])
 
@@ -95,9 +74,8 @@ def test_greedy_follows_penalised_logits() -> None:
     # Token 3 leads, but it was already generated: the repetition penalty hands the win to 4.
     logits = torch.tensor([[0.0, 0.0, 0.0, 2.0, 1.5, 0, 0, 0, 0, 0]])
     params = [SamplingParams(temperature=0.0, repetition_penalty=2.0)]
-    metadata = build_sampling_metadata(
-        params, [0], [1], vocab_size=VOCAB, prompt_token_ids=[[0]], output_token_ids=[[3]]
-    )
+    metadata = build_sampling_metadata(params, [0], [1], vocab_size=VOCAB,
+                                       prompt_token_ids=[[0]], output_token_ids=[[3]])
     assert Sampler()(logits, metadata).sampled_token_ids.tolist() == [4]
 
 
@@ -117,9 +95,8 @@ def test_min_tokens_bans_eos_and_stop_ids_until_reached() -> None:
     banned = build_banned_token_ids(params, num_output_tokens, eos, VOCAB)
     assert banned is not None
     assert banned.tolist() == [[8, 9], [VOCAB, VOCAB], [VOCAB, VOCAB], [8, 9]]
-    metadata = build_sampling_metadata(
-        params, [0] * 4, num_output_tokens, vocab_size=VOCAB, eos_token_ids=eos
-    )
+    metadata = build_sampling_metadata(params, [0] * 4, num_output_tokens, vocab_size=VOCAB,
+                                       eos_token_ids=eos)
     sampled = Sampler()(logits, metadata).sampled_token_ids.tolist()
     assert sampled[0] == 1  # both stops banned
     assert sampled[1] == 9  # min_tokens reached

@@ -18,7 +18,7 @@ from ladle.structured.manager import GrammarBitmask
 
 def _random_bitmask(num_rows: int, vocab_size: int, generator: torch.Generator) -> torch.Tensor:
     bits = torch.rand(num_rows, bitmask_width(vocab_size) * 32, generator=generator) < 0.3
-    weights = 1 << torch.arange(32, dtype=torch.int64)
+    weights = (1 << torch.arange(32, dtype=torch.int64))
     words = (bits.view(num_rows, -1, 32).long() * weights).sum(-1)
     return (words - (words >= 2**31).long() * 2**32).to(torch.int32)  # as signed int32
 
@@ -59,9 +59,8 @@ def test_packed_views_as_the_manager_builds_them():
 
 def test_a_too_narrow_bitmask_is_an_error():
     with pytest.raises(ValueError, match="too few"):
-        apply_token_bitmask(
-            torch.zeros(1, 65), torch.zeros(1, 2, dtype=torch.int32), torch.tensor([0])
-        )
+        apply_token_bitmask(torch.zeros(1, 65), torch.zeros(1, 2, dtype=torch.int32),
+                            torch.tensor([0]))
 
 
 def test_sampler_masks_choices_but_reports_the_models_logprobs():
@@ -89,7 +88,6 @@ def test_sampler_masks_choices_but_reports_the_models_logprobs():
     assert constrained.sampled_token_ids[2] == plain.sampled_token_ids[2]
     # Logprobs come from the raw distribution, for the constrained row too.
     raw = torch.log_softmax(logits, dim=-1)
-    torch.testing.assert_close(
-        constrained.logprobs[:, 0], raw[torch.arange(3), constrained.sampled_token_ids]
-    )
+    torch.testing.assert_close(constrained.logprobs[:, 0], raw[torch.arange(3),
+                                                               constrained.sampled_token_ids])
     torch.testing.assert_close(constrained.logprob_token_ids[:, 1:], plain.logprob_token_ids[:, 1:])

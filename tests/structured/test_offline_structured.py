@@ -19,25 +19,12 @@ def llm():
 def test_regex_choice_and_grammar_offline(llm):
     prompts = ["A product code:", "The capital of France is", "Two plus two:"]
     params = [
-        SamplingParams(
-            temperature=1.0,
-            seed=7,
-            n=3,
-            max_tokens=16,
-            structured_outputs={"regex": "[A-Z]{2}-[0-9]{3}"},
-        ),
-        SamplingParams(
-            temperature=0,
-            max_tokens=8,
-            logprobs=1,
-            structured_outputs=StructuredOutputsParams(choice=["Paris", "Rome"]),
-        ),
-        SamplingParams(
-            temperature=0,
-            max_tokens=16,
-            stop=["."],
-            structured_outputs={"grammar": 'root ::= "It is " [0-9] "."'},
-        ),
+        SamplingParams(temperature=1.0, seed=7, n=3, max_tokens=16,
+                       structured_outputs={"regex": "[A-Z]{2}-[0-9]{3}"}),
+        SamplingParams(temperature=0, max_tokens=8, logprobs=1,
+                       structured_outputs=StructuredOutputsParams(choice=["Paris", "Rome"])),
+        SamplingParams(temperature=0, max_tokens=16, stop=["."],
+                       structured_outputs={"grammar": 'root ::= "It is " [0-9] "."'}),
     ]
     regex, choice, grammar = llm.generate(prompts, params)
     assert len(regex.outputs) == 3

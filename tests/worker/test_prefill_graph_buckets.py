@@ -214,13 +214,8 @@ def test_padding_tokens_are_shared_out_evenly_with_the_remainder_first():
     from ladle.worker.prefill_graphs import PrefillGraphs
 
     graphs = PrefillGraphs(
-        forward=None,
-        max_blocks_per_seq=8,
-        block_size=16,
-        device=torch.device("cpu"),
-        max_num_tokens=64,
-        token_buckets=(16, 32, 64),
-        request_buckets=(2, 4, 8),
+        forward=None, max_blocks_per_seq=8, block_size=16, device=torch.device("cpu"),
+        max_num_tokens=64, token_buckets=(16, 32, 64), request_buckets=(2, 4, 8),
     )
     graphs.static = graphs._allocate_static()
     bucket = (32, 8)
@@ -229,15 +224,10 @@ def test_padding_tokens_are_shared_out_evenly_with_the_remainder_first():
     starts = [0, 4, 8, 12, 16, 19]  # five prompts, 19 tokens
     seq_lens = [4, 4, 4, 4, 3]
     metadata = AttentionMetadata(
-        slot_mapping=torch.arange(19),
-        query_start_loc=torch.tensor(starts, dtype=torch.int32),
+        slot_mapping=torch.arange(19), query_start_loc=torch.tensor(starts, dtype=torch.int32),
         seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
-        block_tables=torch.ones(5, 1, dtype=torch.int32),
-        max_query_len=4,
-        max_seq_len=4,
-        block_size=16,
-        query_start_loc_host=starts,
-        seq_lens_host=seq_lens,
+        block_tables=torch.ones(5, 1, dtype=torch.int32), max_query_len=4, max_seq_len=4,
+        block_size=16, query_start_loc_host=starts, seq_lens_host=seq_lens,
     )
     graphs.run(bucket, torch.arange(19), torch.arange(19), metadata)
     assert graphs.static.query_start_loc.tolist() == [0, 4, 8, 12, 16, 19, 24, 28, 32]

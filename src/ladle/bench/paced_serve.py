@@ -21,9 +21,8 @@ from ladle.bench.paced_engine import STEP_MS_ENV, TOKENIZER_ENV, paced_engine_co
 
 def main(argv: list[str] | None = None) -> int:
     argv = sys.argv[1:] if argv is None else list(argv)
-    own, serve_args = (
-        (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv else (argv, [])
-    )
+    own, serve_args = (argv[: argv.index("--")], argv[argv.index("--") + 1 :]) if "--" in argv \
+        else (argv, [])
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--step-ms", type=float, default=7.0)
     parser.add_argument(
@@ -35,8 +34,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--profile", default=None, help="cProfile the API process into this file")
     parser.add_argument(
-        "--gc-probe",
-        action="store_true",
+        "--gc-probe", action="store_true",
         help="time the API process's garbage collections; a summary line on stderr at exit",
     )
     args = parser.parse_args(own)
@@ -85,8 +83,7 @@ def _install_gc_probe() -> None:
         print(
             f"[gc-probe] collections per generation {counts}, seconds {rounded}, longest "
             f"{longest[0] * 1000:.1f} ms",
-            file=sys.stderr,
-            flush=True,
+            file=sys.stderr, flush=True,
         )
 
     gc.callbacks.append(callback)

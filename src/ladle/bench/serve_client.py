@@ -111,11 +111,7 @@ async def send_request(
                 if _chunk_has_content(chunk, request.is_chat):
                     events.add(arrived)
     except (
-        aiohttp.ClientError,
-        TimeoutError,
-        json.JSONDecodeError,
-        UnicodeDecodeError,
-        OSError,
+        aiohttp.ClientError, TimeoutError, json.JSONDecodeError, UnicodeDecodeError, OSError
     ) as error:
         record.error = f"{type(error).__name__}: {error}"
     record.e2e = time.perf_counter() - sent

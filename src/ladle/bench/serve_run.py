@@ -179,13 +179,7 @@ async def run_point(
         records.append(record)
         async with limit:
             await send_request(
-                streams,
-                plan.base_url,
-                request,
-                record,
-                model,
-                plan.temperature,
-                plan.headers,
+                streams, plan.base_url, request, record, model, plan.temperature, plan.headers,
                 started,
             )
         if progress is not None:
@@ -239,7 +233,9 @@ def open_stream_session(plan: BenchPlan) -> aiohttp.ClientSession:
     """The session every timed request streams through (serve_client.py says why aiohttp)."""
     # request_timeout bounds each wait (to connect, between reads), as httpx's timeout did, not
     # the whole stream: a long generation that keeps streaming is not cut off.
-    timeout = aiohttp.ClientTimeout(total=None, sock_connect=30.0, sock_read=plan.request_timeout)
+    timeout = aiohttp.ClientTimeout(
+        total=None, sock_connect=30.0, sock_read=plan.request_timeout
+    )
     return aiohttp.ClientSession(
         connector=aiohttp.TCPConnector(limit=0),  # --max-concurrency is the only bound
         timeout=timeout,

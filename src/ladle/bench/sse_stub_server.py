@@ -39,23 +39,16 @@ STREAM_HEAD = (
 
 def _json_response(status: str, body: dict) -> bytes:
     data = json.dumps(body).encode()
-    return b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s" % (
-        status.encode(),
-        len(data),
-        data,
+    return (
+        b"HTTP/1.1 %s\r\ncontent-type: application/json\r\ncontent-length: %d\r\n\r\n%s"
+        % (status.encode(), len(data), data)
     )
 
 
 def _closing_chunks(num_tokens: int) -> bytes:
     usage = {"prompt_tokens": 1, "completion_tokens": num_tokens, "total_tokens": num_tokens + 1}
-    final = {
-        "id": "cmpl-0",
-        "object": "text_completion",
-        "created": 1700000000,
-        "model": MODEL,
-        "choices": [],
-        "usage": usage,
-    }
+    final = {"id": "cmpl-0", "object": "text_completion", "created": 1700000000, "model": MODEL,
+             "choices": [], "usage": usage}
     return (
         _http_chunk(b"data: " + json.dumps(final).encode() + b"\n\n")
         + _http_chunk(b"data: [DONE]\n\n")
@@ -162,9 +155,8 @@ def main() -> None:
     parser.add_argument("--port", type=int, default=8124)
     parser.add_argument("--step-ms", type=float, default=7.0)
     args = parser.parse_args()
-    print(
-        f"[stub] SSE on http://{args.host}:{args.port}, a token every {args.step_ms} ms", flush=True
-    )
+    print(f"[stub] SSE on http://{args.host}:{args.port}, a token every {args.step_ms} ms",
+          flush=True)
     start = time.perf_counter()
     try:
         try:

@@ -157,20 +157,15 @@ class AdmissionController:
             self._reservations[place].expires_at = now + retry_after + RESERVATION_GRACE_SECONDS
         elif key is not None and len(self._reservations) < MAX_RESERVATIONS:
             self._reservations.append(
-                _Reservation(
-                    key, num_sequences, num_tokens, now + retry_after + RESERVATION_GRACE_SECONDS
-                )
+                _Reservation(key, num_sequences, num_tokens,
+                             now + retry_after + RESERVATION_GRACE_SECONDS)
             )
         if excess_sequences > 0:
-            what = (
-                f"{self.num_queued_requests} sequences waiting, max_queued_requests="
-                f"{self.max_queued_requests}"
-            )
+            what = (f"{self.num_queued_requests} sequences waiting, max_queued_requests="
+                    f"{self.max_queued_requests}")
         else:
-            what = (
-                f"{self.num_queued_tokens} prompt tokens waiting, max_queued_tokens="
-                f"{self.max_queued_tokens}"
-            )
+            what = (f"{self.num_queued_tokens} prompt tokens waiting, max_queued_tokens="
+                    f"{self.max_queued_tokens}")
         owed = f", {len(ahead)} refused earlier go first" if ahead else ""
         raise QueueFullError(
             f"the server's queue is full ({what}{owed}); retry after {retry_after}s",

@@ -72,15 +72,12 @@ def execute_isolating_faults(
         logger.error("ending request %s: %s", request_id, message)
         failed_outputs.append(
             EngineCoreOutput(
-                request_id=request_id,
-                new_token_ids=[],
-                finish_reason="error",
+                request_id=request_id, new_token_ids=[], finish_reason="error",
                 error=f"the engine failed on this request and ended it: {message}",
             )
         )
     keep = [
-        index
-        for index, request in enumerate(scheduler_output.scheduled_requests)
+        index for index, request in enumerate(scheduler_output.scheduled_requests)
         if request.request_id not in culprits
     ]
     scheduler_output.scheduled_requests[:] = [

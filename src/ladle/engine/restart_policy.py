@@ -49,8 +49,5 @@ class RestartBudget:
         self._restart_times.append(self._clock())
 
     def describe(self) -> str:
-        return (
-            f"{self.policy.max_restarts} restarts within {self.policy.window_s:.0f}s"
-            if self.policy.enabled
-            else "restarts are off"
-        )
+        return (f"{self.policy.max_restarts} restarts within {self.policy.window_s:.0f}s"
+                if self.policy.enabled else "restarts are off")

@@ -21,10 +21,8 @@ def slow_step_threshold_s() -> float | None:
     try:
         threshold_ms = float(value) if value else 0.0
     except ValueError:
-        print(
-            f"[ladle] LADLE_SLOW_STEP_MS={value!r} is not a number: slow steps not logged",
-            file=sys.stderr,
-        )
+        print(f"[ladle] LADLE_SLOW_STEP_MS={value!r} is not a number: slow steps not logged",
+              file=sys.stderr)
         return None
     return threshold_ms / 1000 if threshold_ms > 0 else None
 
@@ -36,7 +34,9 @@ def log_slow_step(
     step: SchedulerOutput,
     previous: SchedulerOutput | None,
 ) -> None:
-    before = f"; the step before: {_shape(previous)}" if previous is not None else ""
+    before = (
+        f"; the step before: {_shape(previous)}" if previous is not None else ""
+    )
     print(
         f"[ladle] slow step {seconds * 1000:.1f} ms (launch {launch_seconds * 1000:.1f} ms, "
         f"{'graph' if graphed else 'eager'}): {_shape(step)}{before}",

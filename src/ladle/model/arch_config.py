@@ -51,10 +51,8 @@ class ModelArchConfig:
                 f"unsupported architecture {architecture!r}; ladle runs "
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
-        if (
-            config.get("sliding_window")
-            and config.get("use_sliding_window", True)
-            and (architecture == "MistralForCausalLM")
+        if config.get("sliding_window") and config.get("use_sliding_window", True) and (
+            architecture == "MistralForCausalLM"
         ):
             raise UnsupportedModelError("Mistral with sliding-window attention is not supported")
         if config.get("use_sliding_window") and config.get("sliding_window"):

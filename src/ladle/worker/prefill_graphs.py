@@ -40,22 +40,7 @@ from ladle.attention.metadata import AttentionMetadata
 from ladle.worker.graph_capture import CaptureTimes, capture_graph
 
 PREFILL_TOKEN_BUCKETS = (
-    16,
-    32,
-    64,
-    128,
-    256,
-    384,
-    512,
-    640,
-    768,
-    896,
-    1024,
-    1536,
-    2048,
-    3072,
-    4096,
-    8192,
+    16, 32, 64, 128, 256, 384, 512, 640, 768, 896, 1024, 1536, 2048, 3072, 4096, 8192
 )
 PREFILL_REQUEST_BUCKETS = (2, 4, 8)
 

@@ -26,16 +26,10 @@ MAX_HEAD_BYTES = 64 * 1024
 
 
 def _timeout_response(timeout_s: float) -> bytes:
-    body = json.dumps(
-        {
-            "error": {
-                "message": f"the request did not arrive within {timeout_s:g}s (headers and body)",
-                "type": "invalid_request_error",
-                "param": None,
-                "code": "request_timeout",
-            }
-        }
-    ).encode()
+    body = json.dumps({"error": {
+        "message": f"the request did not arrive within {timeout_s:g}s (headers and body)",
+        "type": "invalid_request_error", "param": None, "code": "request_timeout",
+    }}).encode()
     head = (
         "HTTP/1.1 408 Request Timeout\r\ncontent-type: application/json\r\n"
         f"content-length: {len(body)}\r\nconnection: close\r\n\r\n"

@@ -90,11 +90,8 @@ def build_app(
                     client, settings.served_model_name, settings.allow_unknown_fields
                 ),
                 chat=OpenAIServingChat(
-                    client,
-                    settings.served_model_name,
-                    settings.allow_unknown_fields,
-                    settings.tool_call_parser,
-                    settings.reasoning_parser,
+                    client, settings.served_model_name, settings.allow_unknown_fields,
+                    settings.tool_call_parser, settings.reasoning_parser,
                 ),
             )
         )
@@ -103,14 +100,8 @@ def build_app(
         finally:
             await client.shutdown()
 
-    app = FastAPI(
-        title="ladle",
-        version=ladle.__version__,
-        lifespan=lifespan,
-        docs_url=None,
-        redoc_url=None,
-        openapi_url=None,
-    )
+    app = FastAPI(title="ladle", version=ladle.__version__, lifespan=lifespan,
+                  docs_url=None, redoc_url=None, openapi_url=None)
     _add_error_handlers(app, client, on_refusal)
     if settings.log_requests:
         app.add_middleware(RequestLogMiddleware)
@@ -225,9 +216,5 @@ def _add_error_handlers(
 
 
 _REJECTION_REASONS = {
-    400: "bad_request",
-    401: "unauthorized",
-    404: "not_found",
-    413: "too_large",
-    429: "queue_full",
+    400: "bad_request", 401: "unauthorized", 404: "not_found", 413: "too_large", 429: "queue_full"
 }

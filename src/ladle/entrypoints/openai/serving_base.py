@@ -105,26 +105,15 @@ class OpenAIServing:
         )
 
     def add_request(
-        self,
-        prefix: str,
-        prompt: str | None,
-        prompt_token_ids: list[int],
-        params: SamplingParams,
-        priority: int,
-        admission_checked: bool = False,
-        stream: bool = False,
+        self, prefix: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
+        priority: int, admission_checked: bool = False, stream: bool = False,
     ) -> RequestStream:
         """admission_checked: admit_batch() already admitted the batch this request is part of
         (so a batch is admitted whole or not at all). stream: the response streams deltas."""
         try:
             request_stream = self.client.add_request(
-                self.client.new_request_id(prefix),
-                prompt,
-                prompt_token_ids,
-                params,
-                priority,
-                admission_checked=admission_checked,
-                stream=stream,
+                self.client.new_request_id(prefix), prompt, prompt_token_ids, params, priority,
+                admission_checked=admission_checked, stream=stream,
             )
         except QueueFullError as error:
             raise self.queue_full(error) from error
@@ -143,7 +132,9 @@ class OpenAIServing:
         if isinstance(error, RequestRejectedError):
             return BadRequestError(str(error))
         if isinstance(error, EngineDeadError):
-            return InternalServerError(f"the request failed: {error}", code="engine_dead")
+            return InternalServerError(
+                f"the request failed: {error}", code="engine_dead"
+            )
         return InternalServerError(f"the request failed: {type(error).__name__}: {error}")
 
     @staticmethod

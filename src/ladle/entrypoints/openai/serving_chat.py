@@ -51,19 +51,8 @@ from ladle.sampling_params import MAX_LOGPROBS
 
 # Template keywords a request may not override: they are the template call's own arguments.
 RESERVED_TEMPLATE_KWARGS = frozenset(
-    {
-        "messages",
-        "conversation",
-        "tokenize",
-        "add_generation_prompt",
-        "return_dict",
-        "return_tensors",
-        "padding",
-        "truncation",
-        "max_length",
-        "tokenizer_kwargs",
-        "chat_template",
-    }
+    {"messages", "conversation", "tokenize", "add_generation_prompt", "return_dict",
+     "return_tensors", "padding", "truncation", "max_length", "tokenizer_kwargs", "chat_template"}
 )
 
 
@@ -93,8 +82,7 @@ class OpenAIServingChat(OpenAIServing):
         if plan.is_forced and structured is not None:
             raise BadRequestError(
                 "tool_choice required or a named function cannot be combined with "
-                "response_format or structured_outputs",
-                param="tool_choice",
+                "response_format or structured_outputs", param="tool_choice",
             )
         structured = plan.structured_outputs or structured
         prompt_text, prompt_token_ids = self._render(request, plan)
@@ -105,10 +93,8 @@ class OpenAIServingChat(OpenAIServing):
         starts_in_reasoning = reasoning is not None and reasoning.starts_in_reasoning(prompt_text)
         # Reasoning comes first, unconstrained; the grammar starts after </think>, unless the
         # template already closed the block (thinking switched off).
-        if (
-            structured is not None
-            and reasoning is not None
-            and (starts_in_reasoning or prompt_text.rfind(reasoning.end_tag) < 0)
+        if structured is not None and reasoning is not None and (
+            starts_in_reasoning or prompt_text.rfind(reasoning.end_tag) < 0
         ):
             structured.reasoning_end_token_ids = self.client.tokenizer.encode(
                 reasoning.end_tag, add_special_tokens=False
@@ -119,29 +105,18 @@ class OpenAIServingChat(OpenAIServing):
             "max_completion_tokens" if request.max_completion_tokens is not None else "max_tokens"
         )
         max_tokens = resolve_max_tokens(
-            request.max_completion_tokens
-            if request.max_completion_tokens is not None
+            request.max_completion_tokens if request.max_completion_tokens is not None
             else request.max_tokens,
-            len(prompt_token_ids),
-            info.max_model_len,
-            "messages",
+            len(prompt_token_ids), info.max_model_len, "messages",
             max_tokens_param,
         )
         num_top = request.top_logprobs or 0
         params = build_sampling_params(
-            request,
-            max_tokens,
-            num_top if request.logprobs else None,
-            structured,
-            defaults=self.client.sampling_defaults,
-            vocab_size=info.vocab_size,
+            request, max_tokens, num_top if request.logprobs else None, structured,
+            defaults=self.client.sampling_defaults, vocab_size=info.vocab_size,
         )
         stream = self.add_request(
-            "chatcmpl",
-            None,
-            prompt_token_ids,
-            params,
-            request.priority,
+            "chatcmpl", None, prompt_token_ids, params, request.priority,
             stream=bool(request.stream),
         )
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
@@ -152,7 +127,9 @@ class OpenAIServingChat(OpenAIServing):
             )
         output = await self.collect(raw_request, self._collect(stream), stream.close)
         return JSONResponse(
-            self._response(request, response_id, output, len(prompt_token_ids), shaper).model_dump()
+            self._response(
+                request, response_id, output, len(prompt_token_ids), shaper
+            ).model_dump()
         )
 
     # ----- request -----------------------------------------------------------------------------
@@ -171,10 +148,8 @@ class OpenAIServingChat(OpenAIServing):
         """The prompt's text and token ids."""
         tokenizer = self.client.tokenizer
         if tokenizer is None:
-            raise BadRequestError(
-                "this model has no tokenizer, so no chat template; use "
-                "/v1/completions with token ids"
-            )
+            raise BadRequestError("this model has no tokenizer, so no chat template; use "
+                                  "/v1/completions with token ids")
         template_kwargs = dict(request.chat_template_kwargs or {})
         reserved = RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs)
         if reserved:
@@ -239,19 +214,16 @@ class OpenAIServingChat(OpenAIServing):
                 message, finish_reason = shaper.whole(completion.text, finish_reason)
             if echo:
                 message.content = echo + (message.content or "")
-            choices.append(
-                ChatCompletionChoice(
-                    index=completion.index,
-                    message=message,
-                    logprobs=(
-                        chat_logprobs(completion.logprobs or [], self.token_texts, num_top)
-                        if request.logprobs
-                        else None
-                    ),
-                    finish_reason=finish_reason,
-                    stop_reason=completion.stop_reason,
-                )
-            )
+            choices.append(ChatCompletionChoice(
+                index=completion.index,
+                message=message,
+                logprobs=(
+                    chat_logprobs(completion.logprobs or [], self.token_texts, num_top)
+                    if request.logprobs else None
+                ),
+                finish_reason=finish_reason,
+                stop_reason=completion.stop_reason,
+            ))
         return ChatCompletionResponse(
             id=response_id,
             model=self.served_model_name,
@@ -274,7 +246,9 @@ class OpenAIServingChat(OpenAIServing):
         continuous_usage = wants_continuous_usage(request.stream_options)
         num_completion_tokens = 0
 
-        chunks = ChunkEncoder(response_id, "chat.completion.chunk", created, self.served_model_name)
+        chunks = ChunkEncoder(
+            response_id, "chat.completion.chunk", created, self.served_model_name
+        )
 
         def chunk(choices: list[dict | ChatStreamChoice]) -> bytes:
             usage = None

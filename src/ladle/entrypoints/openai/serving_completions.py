@@ -59,20 +59,15 @@ class OpenAIServingCompletion(OpenAIServing):
             request, self._tokenize(request.prompt, request.add_special_tokens)
         )
         params_list = [self._params(request, token_ids) for _, token_ids in prompts]
-        self.admit_batch(len(prompts) * request.n, sum(len(ids) for _, ids in prompts) * request.n)
+        self.admit_batch(
+            len(prompts) * request.n, sum(len(ids) for _, ids in prompts) * request.n
+        )
         streams: list[RequestStream] = []
         try:
             for (text, token_ids), params in zip(prompts, params_list, strict=True):
                 streams.append(
-                    self.add_request(
-                        "cmpl",
-                        text,
-                        token_ids,
-                        params,
-                        request.priority,
-                        admission_checked=True,
-                        stream=bool(request.stream),
-                    )
+                    self.add_request("cmpl", text, token_ids, params, request.priority,
+                                     admission_checked=True, stream=bool(request.stream))
                 )
         except BaseException:
             for stream in streams:
@@ -200,9 +195,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 if request.logprobs is not None:
                     echoed = self._echo_logprobs(request, output) if request.echo else None
                     logprobs = completion_logprobs(
-                        completion.logprobs or [],
-                        self.token_texts,
-                        num_top,
+                        completion.logprobs or [], self.token_texts, num_top,
                         _end_offset(echoed),
                     )
                     if echoed is not None:
@@ -264,9 +257,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs = None
                     if request.logprobs is not None and completion.logprobs_delta:
                         logprobs = completion_logprobs_fields(
-                            completion.logprobs_delta,
-                            self.token_texts,
-                            num_top,
+                            completion.logprobs_delta, self.token_texts, num_top,
                             text_offsets[index],
                         )
                     if echoed is not None:
