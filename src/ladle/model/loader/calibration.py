@@ -38,12 +38,17 @@ BLOCK_SIZE = 16
 WeightQuantizer = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 
 
-def gptq_quantizer(method: QuantMethod, search_clip: bool = False) -> WeightQuantizer:
-    """The calibrated quantizer of `method` (int4 or fp8), writing its canonical tensors."""
+def gptq_quantizer(
+    method: QuantMethod, clip: str | None = None, act_order: bool = False
+) -> WeightQuantizer:
+    """The calibrated quantizer of `method` (int4 or fp8), writing its canonical tensors; int4
+    groups' ranges by `clip` (gptq.CLIP_MODES), columns in act-order with static groups."""
     if isinstance(method, Int4Method):
 
         def quantize_int4(weight: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
-            codes, scale, zero = gptq_int4(weight, hessian, method.symmetric, search_clip)
+            codes, scale, zero = gptq_int4(
+                weight, hessian, method.symmetric, clip, act_order=act_order
+            )
             return {
                 "weight_packed": pack_int4_rows(codes),
                 "weight_scale": scale,
@@ -280,7 +285,7 @@ def calibrate_checkpoint(
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
     model = load_model(config, device, dtype, get_attention_backend(device)).model
     if algorithm == "gptq":
-        quantizer = gptq_quantizer(method, search_clip)
+        quantizer = gptq_quantizer(method, "shrink" if search_clip else None)
     elif algorithm in ("rtn", "awq"):
         quantizer = clip_search_quantizer(method)
     else:
