@@ -41,12 +41,14 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--algorithm",
         default="rtn",
-        choices=["rtn", "gptq", "awq"],
+        choices=["rtn", "gptq", "awq", "awq-gptq"],
         help="rtn: round each weight to nearest (fast, no data); gptq: calibrated rounding that "
         "pushes each column's error onto the next from the layer's input statistics (int4 and "
         "fp8); awq (int4): activation-aware input scales searched per projection and folded "
         "into the preceding norm or up projection, then the --clip-search rounding (always on "
-        "with awq). gptq and awq need calibration text, see --calibration-data",
+        "with awq); awq-gptq (int4, the best measured): awq's scales, then gptq with the "
+        "--clip-search ranges chosen per group inside it. All but rtn need calibration text, "
+        "see --calibration-data",
     )
     sub.add_argument(
         "--calibration-data",
@@ -64,6 +66,13 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
         "the calibration inputs' second moments (needs calibration text, see "
         "--calibration-data); with --algorithm rtn alone (two forward passes, no GPTQ) or "
         "within gptq",
+    )
+    sub.add_argument(
+        "--act-order",
+        action="store_true",
+        help="gptq / awq-gptq, int4: quantize columns by decreasing input second moment, each "
+        "group's scale and zero fixed first in the stored order (static groups: the folder's "
+        "layout and g_idx are unchanged, desc_act stays false)",
     )
     sub.add_argument(
         "--float-last-layers",
@@ -92,7 +101,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     dtype = supported_dtypes()[args.dtype]
     float_layers = _float_layers(args, source)
     calibrated = None
-    if args.algorithm != "rtn" or args.clip_search:
+    if args.algorithm != "rtn" or args.clip_search or args.act_order:
         calibrated = _calibrate(args, source, dtype, float_layers)
     summary = write_quantized_checkpoint(
         source, args.out, args.method, args.format, dtype, args.symmetric, calibrated, float_layers
@@ -100,7 +109,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     how = "round to nearest"
     if calibrated:
         how = {"rtn": "round to nearest"}.get(args.algorithm, args.algorithm)
-        clipped = args.clip_search or args.algorithm == "awq"
+        clipped = args.clip_search or args.algorithm in ("awq", "awq-gptq")
         how = f"{summary['calibrated']} by {how}{' with the clipping search' * clipped}"
     kept = f", {len(float_layers)} last layer(s) left in {args.dtype}" if float_layers else ""
     print(
@@ -136,8 +145,10 @@ def _calibrate(args: argparse.Namespace, source, dtype, float_layers: set[int]) 
 
     if args.clip_search and args.method != "int4":
         raise ValueError(f"--clip-search applies to int4, not {args.method}")
-    if args.algorithm == "awq" and args.method != "int4":
-        raise ValueError(f"--algorithm awq applies to int4, not {args.method}")
+    if args.algorithm in ("awq", "awq-gptq") and args.method != "int4":
+        raise ValueError(f"--algorithm {args.algorithm} applies to int4, not {args.method}")
+    if args.act_order and (args.algorithm not in ("gptq", "awq-gptq") or args.method != "int4"):
+        raise ValueError("--act-order applies to int4 with --algorithm gptq or awq-gptq")
     if args.method not in ("int4", "fp8"):
         raise ValueError(f"--algorithm gptq applies to int4 and fp8, not {args.method}")
     num_tokens = args.calibration_samples * args.calibration_tokens
@@ -165,5 +176,6 @@ def _calibrate(args: argparse.Namespace, source, dtype, float_layers: set[int]) 
         args.clip_search,
         float_layers=float_layers,
         algorithm=args.algorithm,
+        act_order=args.act_order,
         log=lambda line: print(f"ladle quantize: {line}", file=sys.stderr, flush=True),
     )

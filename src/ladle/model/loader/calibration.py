@@ -1,4 +1,4 @@
-"""The calibration pass of `ladle quantize --algorithm gptq|awq` and `--clip-search`: run
+"""The calibration pass of `ladle quantize --algorithm gptq|awq|awq-gptq` and `--clip-search`: run
 calibration token windows through a loaded float model one decoder layer at a time and quantize
 each layer's projections from the inputs it actually sees (gptq.py, int4_clip.py, awq.py).
 
@@ -269,29 +269,35 @@ def calibrate_checkpoint(
     log: Callable[[str], None] | None = None,
     float_layers: Collection[int] = (),
     algorithm: str = "gptq",
+    act_order: bool = False,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
     when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
-    "gptq", optionally with the clipping search), with round-to-nearest and the weighted
-    clipping search alone ("rtn", int4 only), or with AWQ's input scaling folded into the norms
-    and up rows before that search ("awq", int4 only); returns canonical tensors by checkpoint
-    weight name, for write_quantized_checkpoint(calibrated=...)."""
+    "gptq", optionally with the clipping search and in act-order with static groups), with
+    round-to-nearest and the weighted clipping search alone ("rtn", int4 only), with AWQ's
+    input scaling folded into the norms and up rows before that search ("awq", int4 only), or
+    with AWQ's scaling and then GPTQ with the weighted clipping search inside ("awq-gptq", int4
+    only); returns canonical tensors by checkpoint weight name, for
+    write_quantized_checkpoint(calibrated=...)."""
     from ladle.attention.backend import get_attention_backend
     from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
 
+    if act_order and algorithm not in ("gptq", "awq-gptq"):
+        raise ValueError(f"act-order is a GPTQ option; algorithm {algorithm!r} has no column order")
+    if algorithm == "gptq":
+        quantizer = gptq_quantizer(method, "shrink" if search_clip else None, act_order)
+    elif algorithm == "awq-gptq":
+        quantizer = gptq_quantizer(method, "weighted", act_order)
+    elif algorithm in ("rtn", "awq"):
+        quantizer = clip_search_quantizer(method)
+    else:
+        raise ValueError(f"calibration algorithm {algorithm!r} is not gptq, awq, awq-gptq or rtn")
     dtype_name = next(name for name, value in supported_dtypes().items() if value == dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
     model = load_model(config, device, dtype, get_attention_backend(device)).model
-    if algorithm == "gptq":
-        quantizer = gptq_quantizer(method, "shrink" if search_clip else None)
-    elif algorithm in ("rtn", "awq"):
-        quantizer = clip_search_quantizer(method)
-    else:
-        raise ValueError(f"calibration algorithm {algorithm!r} is not gptq, awq or rtn")
     symmetric = getattr(method, "symmetric", False)
-    results = calibrate_linears(
-        model, windows, quantizer, log, float_layers, algorithm == "awq", symmetric
-    )
+    fold = algorithm in ("awq", "awq-gptq")
+    results = calibrate_linears(model, windows, quantizer, log, float_layers, fold, symmetric)
     return by_checkpoint_name(model, results)
