@@ -6,7 +6,7 @@ modules to keep float can be made without looking at the evaluation.
         --method int4-awq --num-tokens 4096
 
 The whole model is quantized once (int4-awq: the calibration pass of `ladle quantize --algorithm
-awq`; fp8: fp8.py's per-row weights and per-token activations, the last layer float as
+awq` or `awq-gptq`; fp8: fp8.py's per-row weights and per-token activations, the last layer float as
 `--quantization fp8`), then each decoder layer (and each kind of projection across all layers)
 is put back to float alone, and the perplexity on calibration windows that calibration did not
 read is printed with what keeping it float gains. Under AWQ "float" means the folded float
@@ -27,7 +27,11 @@ from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant import LAYER_INDEX
 from ladle.model.layers.quant.fp8 import quantize_fp8_per_row
 from ladle.model.layers.quant.int4 import Int4Method
-from ladle.model.loader.calibration import calibrate_linears, clip_search_quantizer
+from ladle.model.loader.calibration import (
+    calibrate_linears,
+    clip_search_quantizer,
+    gptq_quantizer,
+)
 from ladle.model.loader.calibration_text import calibration_texts, token_windows
 
 PROJECTIONS = ("qkv_proj", "o_proj", "gate_up_proj", "down_proj")
@@ -72,10 +76,13 @@ def build_images(model, method: str, calibration: list[list[int]]) -> QuantizedI
             if int(LAYER_INDEX.search(name)[1]) != last
         }
         return QuantizedImages(linears, floats, images, True)
-    # int4-awq: the folded float weight is what each quantizer call receives, layer by layer
-    # in calibrate_linears' order (the model's Linear order).
+    # int4-awq(-gptq): the folded float weight is what each quantizer call receives, layer by
+    # layer in calibrate_linears' order (the model's Linear order).
     received: list[torch.Tensor] = []
-    quantizer = clip_search_quantizer(Int4Method())
+    if method == "int4-awq":
+        quantizer = clip_search_quantizer(Int4Method())
+    else:
+        quantizer = gptq_quantizer(Int4Method(), "weighted")
 
     def recording(weight: torch.Tensor, hessian: torch.Tensor):
         received.append(weight.clone())
@@ -89,7 +96,9 @@ def build_images(model, method: str, calibration: list[list[int]]) -> QuantizedI
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--method", choices=["int4-awq", "fp8"], default="int4-awq")
+    parser.add_argument(
+        "--method", choices=["int4-awq", "int4-awq-gptq", "fp8"], default="int4-awq-gptq"
+    )
     parser.add_argument(
         "--num-tokens", type=int, default=4096, help="calibration-text tokens scored"
     )
