@@ -6,7 +6,7 @@ gets the least-squares weight for the QUANTIZED inputs,
 
     W' = W E[x Q(x)^T] (E[Q(x) Q(x)^T] + damping)^-1      (argmin E |x W^T - Q(x) W'^T|^2)
 
-then W' is rounded to e4m3 by the engine's rule (row max -> 448; `lsq`) or by GPTQ with
+W' is then rounded to e4m3 by the engine's rule (row max -> 448; `lsq`) or by GPTQ with
 H = E[Q(x) Q(x)^T] (`lsq-gptq`), so the stored format is the plain hf-fp8 one. Statistics come
 from the float model on calibration text (calibration_text.py), the last decoder layer stays
 float, and the perplexity bench's windows are scored with the engine's per-token activation
@@ -33,7 +33,9 @@ from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant import LAYER_INDEX
 from ladle.model.layers.quant.gptq import gptq_fp8
 
-DAMPING = 0.01
+# Relative to each input's second moment; must stay below e4m3's relative rounding power
+# (~3e-5 for per-token scales here), else the damping, not the rounding, sets W'.
+DAMPING = 1e-6
 
 
 class CrossMoments:
@@ -54,9 +56,11 @@ class CrossMoments:
 
 
 def least_squares_weight(weight, quantized_moment, cross_moment) -> torch.Tensor:
-    """W E[x Q(x)^T] (E[Q(x) Q(x)^T] + damping * mean diag)^-1, in float64."""
+    """W E[x Q(x)^T] (E[Q(x) Q(x)^T] + damping * diag)^-1, in float64. The damping is relative
+    to each input's own second moment, so that an outlier channel (this model has inputs 30x
+    the others) does not swamp the small ones, as a multiple of the mean diagonal would."""
     hessian = quantized_moment.double()
-    hessian = hessian + DAMPING * hessian.diagonal().mean() * torch.eye(hessian.shape[0])
+    hessian = hessian + torch.diag(DAMPING * hessian.diagonal().clamp(min=1e-12))
     solved = torch.linalg.solve(hessian, (weight.double() @ cross_moment.double()).t()).t()
     return solved.float()
 
