@@ -98,3 +98,16 @@ def test_awq_gptq_with_float_projections_loads_to_the_in_memory_logits(tmp_path,
         install_canonical_(module, method, canonical)
         method.finalize(module)
     assert torch.equal(paged_logits(load(str(out))), paged_logits(reference))
+
+
+def test_cli_names_a_partial_merged_module(tmp_path, capsys):
+    from helpers.tiny_models import save_tiny_model
+
+    from ladle.cli import main
+
+    float_model = save_tiny_model(tmp_path, "llama")
+    out = tmp_path / "out"
+    argv = ["quantize", float_model, str(out), "--method", "int4", "--float-projections", "q_proj"]
+    assert main(argv) == 2
+    assert "q_proj/k_proj/v_proj are one module in ladle" in capsys.readouterr().err
+    assert not out.exists()
