@@ -7,11 +7,15 @@ than with round-to-nearest (which only minimises each weight's own error).
     U = upper Cholesky factor of (H + damping * mean(diag H) * I)^-1
     for each column k:  q_k = round(w_k);  e = (w_k - q_k) / U[k, k];  w_j -= e U[k, j]  (j > k)
 
-Columns go in their natural order (no act-order: ladle's loader needs g_idx = k // 128), in
-blocks of the int4 group size so that each group's scale and zero are fixed from its weights as
-they stand when the group is reached (after the earlier groups' errors were pushed onto them), by
-the same rule as round-to-nearest (int4.py), and the result loads as any int4 checkpoint.
-The same loop with fixed per-row scales rounds fp8 e4m3 weights (gptq_fp8).
+By default columns go in their natural order, in blocks of the int4 group size so that each
+group's scale and zero are fixed from its weights as they stand when the group is reached (after
+the earlier groups' errors were pushed onto them), by round-to-nearest's rule (int4.py) or the
+weighted clipping search (int4_clip.py, clip "weighted"), and the result loads as any int4
+checkpoint. Act-order (columns by decreasing Hessian diagonal) uses static groups: every group's
+parameters fixed before the loop, so column k still belongs to group k // 128 (ladle's loader
+and kernels need g_idx = k // 128). On the default model act-order measured no gain (+12.28%
+against +12.12% on 8k tokens, docs/benchmarks.md, t12q3). The same loop with fixed per-row
+scales rounds fp8 e4m3 weights (gptq_fp8).
 """
 
 from __future__ import annotations
