@@ -48,7 +48,7 @@ def test_gptq_int4_output_error_is_below_round_to_nearest(num_rows, num_inputs, 
         assert torch.all(zero == 8)
     gptq = dequantize_int4_groups(codes, scale, zero)
     assert _output_error(inputs, weight, gptq) < 0.9 * _output_error(inputs, weight, rtn)
-    clipped = dequantize_int4_groups(*gptq_int4(weight, hessian, symmetric, search_clip=True))
+    clipped = dequantize_int4_groups(*gptq_int4(weight, hessian, symmetric, clip="shrink"))
     assert _output_error(inputs, weight, clipped) < _output_error(inputs, weight, rtn)
 
 
@@ -167,3 +167,101 @@ def test_calibrated_weights_the_checkpoint_lacks_are_an_error(tmp_path):
             "fp8",
             calibrated={"model.layers.9.mlp.down_proj.weight": tensors},
         )
+
+
+def _textbook_gptq(weight, hessian, grid, order=None, damping=0.01):
+    """GPTQ as the paper's first listing: one column at a time, its error pushed at once onto
+    EVERY later column (no blocks), in float64. The reference for the lazy-block loop."""
+    from ladle.model.layers.quant.gptq import inverse_hessian_factor
+
+    work = weight.double().clone()
+    hessian = hessian.double().clone()
+    order = torch.arange(weight.shape[1]) if order is None else order
+    work, hessian = work[:, order], hessian[order][:, order]
+    upper = inverse_hessian_factor(hessian.float(), damping).double()
+    rounded = torch.empty_like(work)
+    for position in range(work.shape[1]):
+        if position % 128 == 0:
+            grid.begin_block(position, work[:, position : position + 128].float(), None)
+        column = work[:, position]
+        value = grid.round(int(order[position]), column.float()).double()
+        rounded[:, position] = value
+        error = (column - value) / upper[position, position]
+        work[:, position + 1 :] -= error[:, None] * upper[position, position + 1 :][None, :]
+    result = torch.empty_like(rounded)
+    result[:, order] = rounded
+    return result
+
+
+@pytest.mark.parametrize("num_rows,num_inputs", [(7, 300), (16, 384), (1, 130)])
+@pytest.mark.parametrize("act_order", [False, True])
+def test_lazy_block_loop_equals_the_textbook_column_loop(num_rows, num_inputs, act_order):
+    """The blocked loop (updates inside a block per column, one matmul for the columns after
+    it) rounds every weight to the same code as the column-at-a-time loop, in natural order
+    and in act-order with static groups."""
+    from ladle.model.layers.quant.gptq import (
+        Int4Grid,
+        StaticInt4Grid,
+        compensate_rounding,
+    )
+
+    _, hessian = _calibration(num_inputs, num_rows + 11)
+    weight = torch.randn(num_rows, num_inputs, generator=torch.Generator().manual_seed(9))
+    importance = hessian.diagonal()
+    order = torch.argsort(importance, descending=True) if act_order else None
+
+    def grid():
+        if act_order:
+            return StaticInt4Grid(weight, importance, False, None)
+        return Int4Grid(weight, False, None)
+
+    fast_grid, slow_grid = grid(), grid()
+    fast = compensate_rounding(weight, hessian, fast_grid, order=order)
+    slow = _textbook_gptq(weight, hessian, slow_grid, order)
+    assert torch.equal(fast_grid.codes, slow_grid.codes)
+    assert torch.equal(fast_grid.scale, slow_grid.scale)
+    torch.testing.assert_close(fast, slow.float(), rtol=0, atol=1e-6)
+    assert order is None or not torch.equal(order, torch.arange(num_inputs))  # really permuted
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_act_order_with_static_groups_keeps_the_layout_and_beats_nearest_rounding(symmetric):
+    """Static groups: every group's scale and zero are those of round-to-nearest on the
+    uncompensated weight (clip None) whatever the visiting order, so codes stay in the
+    g_idx = k // 128 layout; the compensated result beats round-to-nearest on inputs whose
+    scales differ per channel (where act-order matters)."""
+    generator = torch.Generator().manual_seed(12)
+    num_inputs = 300
+    inputs, _ = _calibration(num_inputs, 4)
+    inputs = (
+        inputs * torch.logspace(-1, 1, num_inputs)[torch.randperm(num_inputs, generator=generator)]
+    )
+    accumulator = HessianAccumulator(num_inputs)
+    accumulator.add(inputs)
+    weight = torch.randn(16, num_inputs, generator=generator)
+    rtn_codes, rtn_scale, rtn_zero = quantize_int4_groups(weight, symmetric=symmetric)
+    codes, scale, zero = gptq_int4(weight, accumulator.hessian(), symmetric, act_order=True)
+    assert torch.equal(scale, rtn_scale) and torch.equal(zero, rtn_zero)
+    assert not torch.equal(codes, rtn_codes)
+    act = dequantize_int4_groups(codes, scale, zero)
+    rtn = dequantize_int4_groups(rtn_codes, rtn_scale, rtn_zero)
+    assert _output_error(inputs, weight, act) < 0.9 * _output_error(inputs, weight, rtn)
+
+
+@pytest.mark.parametrize("act_order", [False, True])
+def test_weighted_clip_inside_gptq_beats_nearest_rounding(act_order):
+    """GPTQ with each group's range from the weighted clipping search (int4_clip.py) has a
+    lower output error than round-to-nearest on correlated inputs."""
+    inputs, hessian = _calibration(384, 5)
+    weight = torch.randn(16, 384, generator=torch.Generator().manual_seed(13))
+    weight[:, ::17] *= 6  # outliers: clipping them is what the search weighs
+    rtn = dequantize_int4_groups(*quantize_int4_groups(weight))
+    clipped = dequantize_int4_groups(
+        *gptq_int4(weight, hessian, clip="weighted", act_order=act_order)
+    )
+    assert _output_error(inputs, weight, clipped) < 0.9 * _output_error(inputs, weight, rtn)
+
+
+def test_unknown_clip_mode_is_named():
+    with pytest.raises(ValueError, match="clip mode 'mse'"):
+        gptq_int4(torch.randn(4, 128), torch.eye(128), clip="mse")

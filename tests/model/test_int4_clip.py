@@ -167,6 +167,12 @@ def test_clip_search_refuses_other_methods(tmp_path, capsys):
     argv = ["quantize", float_model, str(tmp_path / "y"), "--method", "int8", "--algorithm", "awq"]
     assert main(argv) == 2
     assert "--algorithm awq applies to int4, not int8" in capsys.readouterr().err
+    argv = ["quantize", float_model, str(tmp_path / "z"), "--method", "int4", "--act-order"]
+    assert main(argv) == 2  # round to nearest has no column order
+    assert (
+        "--act-order applies to int4 with --algorithm gptq or awq-gptq" in capsys.readouterr().err
+    )
+    assert not (tmp_path / "z").exists()
 
 
 def test_awq_scale_search_picks_the_least_output_error_alpha():
@@ -237,11 +243,20 @@ def test_awq_folding_leaves_the_float_model_unchanged(tmp_path):
 
 
 @pytest.mark.parametrize(
-    "architecture,fmt,symmetric", [("llama", "gptq", False), ("qwen2", "awq", True)]
+    "architecture,fmt,symmetric,algorithm,act_order",
+    [
+        ("llama", "gptq", False, "awq", False),
+        ("qwen2", "awq", True, "awq", False),
+        ("llama", "gptq", False, "awq-gptq", True),
+        ("qwen2", "awq", True, "awq-gptq", False),
+    ],
 )
-def test_awq_checkpoint_loads_to_the_in_memory_logits(tmp_path, architecture, fmt, symmetric):
-    """`ladle quantize --algorithm awq` writes the folded norms and the scaled, quantized
-    projections; the folder loads back to exactly the in-memory pass's logits."""
+def test_awq_checkpoint_loads_to_the_in_memory_logits(
+    tmp_path, architecture, fmt, symmetric, algorithm, act_order
+):
+    """`ladle quantize --algorithm awq|awq-gptq [--act-order]` writes the folded norms and the
+    scaled, quantized projections; the folder loads back to exactly the in-memory pass's
+    logits (act-order's static groups keep the stored layout, g_idx = k // 128)."""
     from helpers.tiny_models import paged_logits, save_tiny_model
 
     from ladle.attention.torch_backend import TorchAttentionBackend
@@ -251,7 +266,11 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(tmp_path, architecture, fm
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.layers.quant.base import install_canonical_
     from ladle.model.loader import load_model
-    from ladle.model.loader.calibration import calibrate_linears, clip_search_quantizer
+    from ladle.model.loader.calibration import (
+        calibrate_linears,
+        clip_search_quantizer,
+        gptq_quantizer,
+    )
     from ladle.model.loader.calibration_text import token_windows
 
     def load(path: str):
@@ -263,18 +282,23 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(tmp_path, architecture, fm
     text.write_text(" ".join(f"word{i % 97} and {i % 13} more" for i in range(400)))
     out = tmp_path / "awq_out"
     argv = ["quantize", float_model, str(out), "--method", "int4", "--format", fmt]
-    argv += ["--dtype", "float32", "--algorithm", "awq", "--calibration-data", str(text)]
+    argv += ["--dtype", "float32", "--algorithm", algorithm, "--calibration-data", str(text)]
     argv += ["--calibration-samples", "3", "--calibration-tokens", "40"]
-    assert main(argv + (["--symmetric"] if symmetric else [])) == 0
+    argv += ["--symmetric"] if symmetric else []
+    assert main(argv + (["--act-order"] if act_order else [])) == 0
 
     windows = token_windows(load_tokenizer(float_model), [text.read_text()], 120, 40)
     method = get_quant_method("int4", symmetric=symmetric)
     reference = load(float_model)
     float_logits = paged_logits(reference)
+    if algorithm == "awq":
+        quantizer = clip_search_quantizer(method)
+    else:
+        quantizer = gptq_quantizer(method, "weighted", act_order)
     results = calibrate_linears(
         reference.model,
         windows,
-        clip_search_quantizer(method),
+        quantizer,
         fold_scales=True,
         symmetric=symmetric,
     )

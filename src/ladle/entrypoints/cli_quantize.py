@@ -41,12 +41,14 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--algorithm",
         default="rtn",
-        choices=["rtn", "gptq", "awq"],
+        choices=["rtn", "gptq", "awq", "awq-gptq"],
         help="rtn: round each weight to nearest (fast, no data); gptq: calibrated rounding that "
         "pushes each column's error onto the next from the layer's input statistics (int4 and "
         "fp8); awq (int4): activation-aware input scales searched per projection and folded "
         "into the preceding norm or up projection, then the --clip-search rounding (always on "
-        "with awq). gptq and awq need calibration text, see --calibration-data",
+        "with awq); awq-gptq (int4, the best measured): awq's scales, then gptq with the "
+        "--clip-search ranges chosen per group inside it. All but rtn need calibration text, "
+        "see --calibration-data",
     )
     sub.add_argument(
         "--calibration-data",
@@ -66,12 +68,27 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
         "within gptq",
     )
     sub.add_argument(
+        "--act-order",
+        action="store_true",
+        help="gptq / awq-gptq, int4: quantize columns by decreasing input second moment, each "
+        "group's scale and zero fixed first in the stored order (static groups: the folder's "
+        "layout and g_idx are unchanged, desc_act stays false)",
+    )
+    sub.add_argument(
         "--float-last-layers",
         type=int,
         default=None,
         help="leave the projections of this many last decoder layers unquantized, listed in "
         "modules_to_not_convert (default: 1 for fp8, whose last layer costs the default model "
         "+1.0%% perplexity alone; 0 for int8 and int4)",
+    )
+    sub.add_argument(
+        "--float-projections",
+        default="",
+        help="comma list of projections left unquantized in every decoder layer, listed in "
+        "modules_to_not_convert (e.g. q_proj,k_proj,v_proj: on the default model they make "
+        "most of int4's perplexity gap, see docs/quantization.md); q/k/v and gate/up go "
+        "together",
     )
     sub.add_argument("--revision", default=None, help="Hub revision of MODEL")
     sub.set_defaults(handler=run_quantize)
@@ -80,6 +97,7 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_quantize(args: argparse.Namespace) -> int:
     from pathlib import Path
 
+    from ladle.model.layers.quant.float_projections import parse_float_projections
     from ladle.model.loader.hub import looks_like_hub_id, resolve_hub_model
     from ladle.model.loader.quantized_writer import write_quantized_checkpoint
 
@@ -91,16 +109,25 @@ def run_quantize(args: argparse.Namespace) -> int:
     start = time.perf_counter()
     dtype = supported_dtypes()[args.dtype]
     float_layers = _float_layers(args, source)
+    float_projections = parse_float_projections(args.float_projections)
     calibrated = None
-    if args.algorithm != "rtn" or args.clip_search:
-        calibrated = _calibrate(args, source, dtype, float_layers)
+    if args.algorithm != "rtn" or args.clip_search or args.act_order:
+        calibrated = _calibrate(args, source, dtype, float_layers, float_projections)
     summary = write_quantized_checkpoint(
-        source, args.out, args.method, args.format, dtype, args.symmetric, calibrated, float_layers
+        source,
+        args.out,
+        args.method,
+        args.format,
+        dtype,
+        args.symmetric,
+        calibrated,
+        float_layers,
+        float_projections,
     )
     how = "round to nearest"
     if calibrated:
         how = {"rtn": "round to nearest"}.get(args.algorithm, args.algorithm)
-        clipped = args.clip_search or args.algorithm == "awq"
+        clipped = args.clip_search or args.algorithm in ("awq", "awq-gptq")
         how = f"{summary['calibrated']} by {how}{' with the clipping search' * clipped}"
     kept = f", {len(float_layers)} last layer(s) left in {args.dtype}" if float_layers else ""
     print(
@@ -125,7 +152,9 @@ def _float_layers(args: argparse.Namespace, source) -> set[int]:
     return set(range(max(num_layers - args.float_last_layers, 0), num_layers))
 
 
-def _calibrate(args: argparse.Namespace, source, dtype, float_layers: set[int]) -> dict:
+def _calibrate(
+    args: argparse.Namespace, source, dtype, float_layers: set[int], float_projections
+) -> dict:
     """GPTQ's calibration pass over the model (model/loader/calibration.py)."""
     from pathlib import Path
 
@@ -136,8 +165,10 @@ def _calibrate(args: argparse.Namespace, source, dtype, float_layers: set[int]) 
 
     if args.clip_search and args.method != "int4":
         raise ValueError(f"--clip-search applies to int4, not {args.method}")
-    if args.algorithm == "awq" and args.method != "int4":
-        raise ValueError(f"--algorithm awq applies to int4, not {args.method}")
+    if args.algorithm in ("awq", "awq-gptq") and args.method != "int4":
+        raise ValueError(f"--algorithm {args.algorithm} applies to int4, not {args.method}")
+    if args.act_order and (args.algorithm not in ("gptq", "awq-gptq") or args.method != "int4"):
+        raise ValueError("--act-order applies to int4 with --algorithm gptq or awq-gptq")
     if args.method not in ("int4", "fp8"):
         raise ValueError(f"--algorithm gptq applies to int4 and fp8, not {args.method}")
     num_tokens = args.calibration_samples * args.calibration_tokens
@@ -165,5 +196,7 @@ def _calibrate(args: argparse.Namespace, source, dtype, float_layers: set[int]) 
         args.clip_search,
         float_layers=float_layers,
         algorithm=args.algorithm,
+        act_order=args.act_order,
+        float_projections=float_projections,
         log=lambda line: print(f"ladle quantize: {line}", file=sys.stderr, flush=True),
     )

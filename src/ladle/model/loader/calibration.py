@@ -1,4 +1,4 @@
-"""The calibration pass of `ladle quantize --algorithm gptq|awq` and `--clip-search`: run
+"""The calibration pass of `ladle quantize --algorithm gptq|awq|awq-gptq` and `--clip-search`: run
 calibration token windows through a loaded float model one decoder layer at a time and quantize
 each layer's projections from the inputs it actually sees (gptq.py, int4_clip.py, awq.py).
 
@@ -28,6 +28,7 @@ from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.quant import QuantMethod
 from ladle.model.layers.quant.awq import ALPHAS, search_input_scales
+from ladle.model.layers.quant.float_projections import float_ladle_modules
 from ladle.model.layers.quant.fp8 import Fp8Method
 from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
 from ladle.model.layers.quant.int4 import Int4Method, dequantize_int4_groups, pack_int4_rows
@@ -38,12 +39,17 @@ BLOCK_SIZE = 16
 WeightQuantizer = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 
 
-def gptq_quantizer(method: QuantMethod, search_clip: bool = False) -> WeightQuantizer:
-    """The calibrated quantizer of `method` (int4 or fp8), writing its canonical tensors."""
+def gptq_quantizer(
+    method: QuantMethod, clip: str | None = None, act_order: bool = False
+) -> WeightQuantizer:
+    """The calibrated quantizer of `method` (int4 or fp8), writing its canonical tensors; int4
+    groups' ranges by `clip` (gptq.CLIP_MODES), columns in act-order with static groups."""
     if isinstance(method, Int4Method):
 
         def quantize_int4(weight: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
-            codes, scale, zero = gptq_int4(weight, hessian, method.symmetric, search_clip)
+            codes, scale, zero = gptq_int4(
+                weight, hessian, method.symmetric, clip, act_order=act_order
+            )
             return {
                 "weight_packed": pack_int4_rows(codes),
                 "weight_scale": scale,
@@ -80,13 +86,16 @@ def fold_input_scales_(
     hessians: dict[str, torch.Tensor],
     symmetric: bool,
     alphas: tuple[float, ...] = ALPHAS,
+    float_modules: Collection[str] = (),
 ) -> dict[str, torch.Tensor]:
     """AWQ's input scaling (quant/awq.py) on one decoder layer, folded where it is exact: down
     (1/s into the up rows of gate_up), then gate_up and qkv (1/s into the RMSNorm before each).
     o_proj is left alone (its input is the attention output, whose channels are v's only when
     every query head has its own kv head). The layer's weights and `hessians` are updated in
     place (H -> H / (s s^T), the statistics of the scaled inputs); returns the changed norm
-    weights by their name in the layer."""
+    weights by their name in the layer. A fold that would change a module of `float_modules`
+    (kept float, written from the source's weights) is skipped: down's scales change the up
+    rows of gate_up."""
 
     def quantize(weight: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
         return dequantize_int4_groups(*search_int4_groups(weight, importance, symmetric))
@@ -98,7 +107,12 @@ def fold_input_scales_(
         ("self_attn.qkv_proj", layer.self_attn.qkv_proj, "input_layernorm"),
     ]
     changed = {}
+    untouchable = set(float_modules)
+    if "mlp.gate_up_proj" in untouchable:
+        untouchable.add("mlp.down_proj")
     for name, linear, norm_name in folds:
+        if name in untouchable:
+            continue
         hessian = hessians[name]
         scales = search_input_scales(linear.weight.data, hessian, quantize, alphas)
         scales = scales.to(hessian.device)
@@ -168,13 +182,16 @@ def calibrate_linears(
     float_layers: Collection[int] = (),
     fold_scales: bool = False,
     symmetric: bool = False,
+    float_modules: Collection[str] = (),
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Quantize every decoder Linear of `model` from calibration `windows` (token id lists),
     layer by layer, except in the decoder layers `float_layers`; returns {module name:
     canonical tensors}. The model's Linear weights are
     left holding the dequantized quantized weights (its float outputs are gone).
     `fold_scales`: AWQ's input scaling first (fold_input_scales_, int4 with `symmetric` groups);
-    the norms it changes are returned too, as {norm module name: {"float": weight}}."""
+    the norms it changes are returned too, as {norm module name: {"float": weight}}.
+    `float_modules`: ladle module names within a layer ("self_attn.qkv_proj") left float in
+    every layer (float_projections.py)."""
     runner = _LayerRunner(model, windows)
     device = runner.device
     states = [(model.model.embed_tokens(torch.tensor(w, device=device)), None) for w in windows]
@@ -201,10 +218,13 @@ def calibrate_linears(
                 hook.remove()
         hessians = {name: accumulator.hessian() for name, accumulator in accumulators.items()}
         if fold_scales:
-            for norm_name, weight in fold_input_scales_(layer, hessians, symmetric).items():
+            folded = fold_input_scales_(layer, hessians, symmetric, float_modules=float_modules)
+            for norm_name, weight in folded.items():
                 module_name = f"model.layers.{index}.{norm_name.removesuffix('.weight')}"
                 results[module_name] = {"float": weight.cpu().clone()}
         for name, module in linears.items():
+            if name in float_modules:
+                continue
             canonical = quantizer(module.weight.data.float(), hessians[name])
             dequantized = _method_of(canonical).dequantize(canonical, module.input_size)
             module.weight.data.copy_(dequantized.to(module.weight.dtype))
@@ -264,29 +284,39 @@ def calibrate_checkpoint(
     log: Callable[[str], None] | None = None,
     float_layers: Collection[int] = (),
     algorithm: str = "gptq",
+    act_order: bool = False,
+    float_projections: Collection[str] = (),
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
     when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
-    "gptq", optionally with the clipping search), with round-to-nearest and the weighted
-    clipping search alone ("rtn", int4 only), or with AWQ's input scaling folded into the norms
-    and up rows before that search ("awq", int4 only); returns canonical tensors by checkpoint
-    weight name, for write_quantized_checkpoint(calibrated=...)."""
+    "gptq", optionally with the clipping search and in act-order with static groups), with
+    round-to-nearest and the weighted clipping search alone ("rtn", int4 only), with AWQ's
+    input scaling folded into the norms and up rows before that search ("awq", int4 only), or
+    with AWQ's scaling and then GPTQ with the weighted clipping search inside ("awq-gptq", int4
+    only), leaving `float_projections` (checkpoint names: q_proj, ...) float; returns
+    canonical tensors by checkpoint weight name, for write_quantized_checkpoint(calibrated=...)."""
     from ladle.attention.backend import get_attention_backend
     from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
 
+    if act_order and algorithm not in ("gptq", "awq-gptq"):
+        raise ValueError(f"act-order is a GPTQ option; algorithm {algorithm!r} has no column order")
+    if algorithm == "gptq":
+        quantizer = gptq_quantizer(method, "shrink" if search_clip else None, act_order)
+    elif algorithm == "awq-gptq":
+        quantizer = gptq_quantizer(method, "weighted", act_order)
+    elif algorithm in ("rtn", "awq"):
+        quantizer = clip_search_quantizer(method)
+    else:
+        raise ValueError(f"calibration algorithm {algorithm!r} is not gptq, awq, awq-gptq or rtn")
     dtype_name = next(name for name, value in supported_dtypes().items() if value == dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
     model = load_model(config, device, dtype, get_attention_backend(device)).model
-    if algorithm == "gptq":
-        quantizer = gptq_quantizer(method, search_clip)
-    elif algorithm in ("rtn", "awq"):
-        quantizer = clip_search_quantizer(method)
-    else:
-        raise ValueError(f"calibration algorithm {algorithm!r} is not gptq, awq or rtn")
     symmetric = getattr(method, "symmetric", False)
+    fold = algorithm in ("awq", "awq-gptq")
+    float_modules = float_ladle_modules(float_projections)
     results = calibrate_linears(
-        model, windows, quantizer, log, float_layers, algorithm == "awq", symmetric
+        model, windows, quantizer, log, float_layers, fold, symmetric, float_modules
     )
     return by_checkpoint_name(model, results)

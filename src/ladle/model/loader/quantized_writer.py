@@ -19,6 +19,7 @@ import torch
 from safetensors.torch import save_file
 
 from ladle.model.layers.quant import default_float_layers, get_quant_method, in_layers
+from ladle.model.layers.quant.float_projections import is_float_projection
 from ladle.model.layers.quant.int4 import GROUP_SIZE, unpack_int4_rows
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.gguf import iter_gguf_weights
@@ -118,13 +119,16 @@ def write_quantized_checkpoint(
     symmetric: bool = False,
     calibrated: dict[str, dict[str, torch.Tensor]] | None = None,
     float_layers: Collection[int] | None = None,
+    float_projections: Collection[str] = (),
 ) -> dict:
     """Quantize the float checkpoint in `source_dir` (a Hugging Face folder, or a GGUF file
     whose tensors are dequantized) into `out_dir`; returns a summary (quantized tensor count,
     bytes before and after). `calibrated`: canonical tensors already quantized by the
     calibration pass (calibration.py), by checkpoint weight name; other projection weights are
     rounded to nearest here. `float_layers`: decoder layers whose projections are written in
-    `dtype` unquantized (default: the method's, quant/__init__.py's KEEP_LAST_LAYERS)."""
+    `dtype` unquantized (default: the method's, quant/__init__.py's KEEP_LAST_LAYERS);
+    `float_projections`: projections (q_proj, ...) written unquantized in every layer. Both
+    are listed in quantization_config.modules_to_not_convert."""
     fmt = check_method_format(method, fmt)
     source_dir, out_dir = Path(source_dir), Path(out_dir)
     if out_dir.resolve() == source_dir.resolve():
@@ -172,7 +176,8 @@ def write_quantized_checkpoint(
     for name, tensor in weights:
         summary["bytes_in"] += tensor.numel() * tensor.element_size()
         is_projection = LINEAR_WEIGHT.search(name) and tensor.dim() == 2
-        if is_projection and tensor.is_floating_point() and in_layers(name, float_layers):
+        keep_float = in_layers(name, float_layers) or is_float_projection(name, float_projections)
+        if is_projection and tensor.is_floating_point() and keep_float:
             float_modules.append(name.removesuffix(".weight"))
             add(name, tensor.to(dtype))
         elif is_projection and tensor.is_floating_point():

@@ -7,11 +7,15 @@ than with round-to-nearest (which only minimises each weight's own error).
     U = upper Cholesky factor of (H + damping * mean(diag H) * I)^-1
     for each column k:  q_k = round(w_k);  e = (w_k - q_k) / U[k, k];  w_j -= e U[k, j]  (j > k)
 
-Columns go in their natural order (no act-order: ladle's loader needs g_idx = k // 128), in
-blocks of the int4 group size so that each group's scale and zero are fixed from its weights as
-they stand when the group is reached (after the earlier groups' errors were pushed onto them), by
-the same rule as round-to-nearest (int4.py), and the result loads as any int4 checkpoint.
-The same loop with fixed per-row scales rounds fp8 e4m3 weights (gptq_fp8).
+By default columns go in their natural order, in blocks of the int4 group size so that each
+group's scale and zero are fixed from its weights as they stand when the group is reached (after
+the earlier groups' errors were pushed onto them), by round-to-nearest's rule (int4.py) or the
+weighted clipping search (int4_clip.py, clip "weighted"), and the result loads as any int4
+checkpoint. Act-order (columns by decreasing Hessian diagonal) uses static groups: every group's
+parameters fixed before the loop, so column k still belongs to group k // 128 (ladle's loader
+and kernels need g_idx = k // 128). On the default model act-order measured no gain (+12.28%
+against +12.12% on 8k tokens, docs/benchmarks.md, t12q3). The same loop with fixed per-row
+scales rounds fp8 e4m3 weights (gptq_fp8).
 """
 
 from __future__ import annotations
@@ -19,9 +23,11 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 
 import torch
+import torch.nn.functional as F
 
 from ladle.model.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, quantize_fp8_per_row
 from ladle.model.layers.quant.int4 import GROUP_SIZE, int4_codes, int4_group_params, num_groups
+from ladle.model.layers.quant.int4_clip import search_int4_groups
 
 DEFAULT_DAMPING = 0.01
 # Clipping ratios tried per group by the optional search: the group's range shrunk by each, the
@@ -81,18 +87,33 @@ def compensate_rounding(
     grid: ColumnGrid,
     block_size: int = GROUP_SIZE,
     damping: float = DEFAULT_DAMPING,
+    order: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """Round weight [N, K] column by column onto `grid`, each error pushed onto later columns;
     returns the rounded weight (float32). Inputs never seen in calibration (zero rows and
-    columns of the Hessian) are rounded plainly."""
+    columns of the Hessian) are rounded plainly.
+
+    Lazy blocks: inside a block of `block_size` columns the error goes only to the block's own
+    later columns (a [N, width] update per column); the columns after the block get the whole
+    block's errors in one matmul when it ends. The result equals pushing every column's error
+    onto all later columns at once (the textbook loop), in a fraction of the memory traffic.
+
+    `order` (a permutation of 0..K-1): the columns are visited in that order (act-order:
+    the largest Hessian diagonal first, so the inputs that matter most are rounded while the
+    most columns are left to absorb their error); `grid.round` still gets each column's own
+    index, so a grid with static groups keeps the stored layout."""
     work = weight.float().clone()
     hessian = hessian.float().clone()
     dead = hessian.diagonal() == 0
     hessian[dead, dead] = 1.0
+    if order is not None:
+        work = work[:, order]
+        hessian = hessian[order][:, order]
     upper = inverse_hessian_factor(hessian, damping)
     importance = hessian.diagonal()
     num_inputs = work.shape[1]
     rounded = torch.empty_like(work)
+    column_index = order.tolist() if order is not None else list(range(num_inputs))
     for start in range(0, num_inputs, block_size):
         end = min(start + block_size, num_inputs)
         block = work[:, start:end]  # a view: updates land in `work`
@@ -101,24 +122,72 @@ def compensate_rounding(
         block_upper = upper[start:end, start:end]
         for offset in range(end - start):
             column = block[:, offset]
-            value = grid.round(start + offset, column)
+            value = grid.round(column_index[start + offset], column)
             rounded[:, start + offset] = value
             error = (column - value) / block_upper[offset, offset]
             block[:, offset + 1 :].sub_(error[:, None] * block_upper[offset, offset + 1 :][None, :])
             errors[:, offset] = error
         work[:, end:].sub_(errors @ upper[start:end, end:])
+    if order is not None:
+        unpermuted = torch.empty_like(rounded)
+        unpermuted[:, order] = rounded
+        return unpermuted
     return rounded
 
 
-class Int4Grid(ColumnGrid):
-    """int4 groups of GROUP_SIZE inputs: scale and zero per (row, group) by int4.py's rule,
-    optionally with the group's range clipped to the ratio of CLIP_RATIOS that has the least
-    importance-weighted squared error."""
+# How a group's range is chosen inside GPTQ: None, round-to-nearest's full range; "shrink", the
+# range shrunk symmetrically by CLIP_RATIOS; "weighted", int4_clip.py's 2-D search (each end
+# shrunk separately) weighted by the Hessian's diagonal.
+CLIP_MODES = (None, "shrink", "weighted")
 
-    def __init__(self, weight: torch.Tensor, symmetric: bool, search_clip: bool) -> None:
+
+def _shrink_search(
+    block: torch.Tensor, importance: torch.Tensor, symmetric: bool
+) -> tuple[torch.Tensor, torch.Tensor]:
+    best_scale, best_zero = int4_group_params(block[:, None, :], symmetric)
+    best_error = None
+    for ratio in CLIP_RATIOS:
+        scale, zero = int4_group_params(block[:, None, :] * ratio, symmetric)
+        values = (int4_codes(block, scale, zero) - zero) * scale
+        error = ((values - block) ** 2 * importance).sum(dim=1, keepdim=True)
+        if best_error is None:
+            best_error = error
+            continue
+        better = error < best_error
+        best_scale = torch.where(better, scale, best_scale)
+        best_zero = torch.where(better, zero, best_zero)
+        best_error = torch.where(better, error, best_error)
+    return best_scale[:, 0], best_zero[:, 0]
+
+
+def int4_params(
+    weight: torch.Tensor, importance: torch.Tensor, symmetric: bool, clip: str | None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(scale, zero) float32 [N, G] of weight [N, K] by the rule `clip` names (CLIP_MODES)."""
+    if clip not in CLIP_MODES:
+        raise ValueError(f"int4 clip mode {clip!r} is not one of {CLIP_MODES}")
+    if clip == "weighted":
+        _, scale, zero = search_int4_groups(weight, importance, symmetric)
+        return scale.float(), zero.float()
+    if clip == "shrink":
+        if weight.shape[1] > GROUP_SIZE:
+            raise ValueError("the shrink search runs one group at a time")
+        scale, zero = _shrink_search(weight, importance, symmetric)
+        return scale[:, None], zero[:, None]
+    groups = num_groups(weight.shape[1])
+    padded = F.pad(weight, (0, groups * GROUP_SIZE - weight.shape[1]))
+    return int4_group_params(padded.view(weight.shape[0], groups, GROUP_SIZE), symmetric)
+
+
+class Int4Grid(ColumnGrid):
+    """int4 groups of GROUP_SIZE inputs, visited in their natural order: each group's scale and
+    zero fixed when the group is reached, from its weights as they stand then (after the
+    earlier groups' errors were pushed onto them), by the rule `clip` names."""
+
+    def __init__(self, weight: torch.Tensor, symmetric: bool, clip: str | None) -> None:
         rows, cols = weight.shape
         self.symmetric = symmetric
-        self.search_clip = search_clip
+        self.clip = clip
         device = weight.device
         self.codes = torch.empty(rows, cols, dtype=torch.uint8, device=device)
         self.scale = torch.empty(rows, num_groups(cols), device=device)
@@ -126,21 +195,8 @@ class Int4Grid(ColumnGrid):
 
     def begin_block(self, start: int, block: torch.Tensor, importance: torch.Tensor) -> None:
         group = start // GROUP_SIZE
-        best_scale, best_zero = int4_group_params(block[:, None, :], self.symmetric)
-        if self.search_clip:
-            best_error = None
-            for ratio in CLIP_RATIOS:
-                scale, zero = int4_group_params(block[:, None, :] * ratio, self.symmetric)
-                values = (int4_codes(block, scale, zero) - zero) * scale
-                error = ((values - block) ** 2 * importance).sum(dim=1, keepdim=True)
-                if best_error is None:
-                    best_error = error
-                    continue
-                better = error < best_error
-                best_scale = torch.where(better, scale, best_scale)
-                best_zero = torch.where(better, zero, best_zero)
-                best_error = torch.where(better, error, best_error)
-        self.scale[:, group], self.zero[:, group] = best_scale[:, 0], best_zero[:, 0]
+        scale, zero = int4_params(block, importance, self.symmetric, self.clip)
+        self.scale[:, group], self.zero[:, group] = scale[:, 0], zero[:, 0]
 
     def round(self, index: int, column: torch.Tensor) -> torch.Tensor:
         group = index // GROUP_SIZE
@@ -150,17 +206,55 @@ class Int4Grid(ColumnGrid):
         return (codes - zero) * scale
 
 
+class StaticInt4Grid(Int4Grid):
+    """Every group's scale and zero fixed BEFORE the loop, from the uncompensated weight (vLLM's
+    and AutoGPTQ's "static groups"): columns may then be visited in any order (act-order) and
+    column k still belongs to group k // GROUP_SIZE, so the stored layout (g_idx = k // 128)
+    and the kernels do not change."""
+
+    def __init__(
+        self,
+        weight: torch.Tensor,
+        importance: torch.Tensor,
+        symmetric: bool,
+        clip: str | None,
+    ) -> None:
+        super().__init__(weight, symmetric, clip)
+        if clip == "shrink":
+            for start in range(0, weight.shape[1], GROUP_SIZE):
+                block = weight[:, start : start + GROUP_SIZE].float()
+                scale, zero = int4_params(
+                    block, importance[start : start + GROUP_SIZE], symmetric, clip
+                )
+                self.scale[:, start // GROUP_SIZE] = scale[:, 0]
+                self.zero[:, start // GROUP_SIZE] = zero[:, 0]
+        else:
+            self.scale, self.zero = int4_params(weight.float(), importance, symmetric, clip)
+
+    def begin_block(self, start: int, block: torch.Tensor, importance: torch.Tensor) -> None:
+        return None
+
+
 def gptq_int4(
     weight: torch.Tensor,
     hessian: torch.Tensor,
     symmetric: bool = False,
-    search_clip: bool = False,
+    clip: str | None = None,
     damping: float = DEFAULT_DAMPING,
+    act_order: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(codes uint8 [N, K], float16 scale [N, G], uint8 zero [N, G]) of weight [N, K], in the
-    layout of int4.quantize_int4_groups (group 128, a partial last group its own)."""
-    grid = Int4Grid(weight, symmetric, search_clip)
-    compensate_rounding(weight, hessian, grid, GROUP_SIZE, damping)
+    layout of int4.quantize_int4_groups (group 128, a partial last group its own). `clip`: how
+    each group's range is chosen (CLIP_MODES); `act_order`: columns by decreasing Hessian
+    diagonal, with static groups."""
+    weight = weight.float()
+    if act_order:
+        importance = hessian.diagonal().float()
+        grid: Int4Grid = StaticInt4Grid(weight, importance, symmetric, clip)
+        order = torch.argsort(importance, descending=True, stable=True)
+    else:
+        grid, order = Int4Grid(weight, symmetric, clip), None
+    compensate_rounding(weight, hessian, grid, GROUP_SIZE, damping, order)
     return grid.codes, grid.scale.half(), grid.zero.to(torch.uint8)
 
 
