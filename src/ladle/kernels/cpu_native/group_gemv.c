@@ -38,46 +38,13 @@ static inline float param_at(const void *values, int is_half, int64_t index) {
 
 #if defined(__AVX512F__) && defined(__AVX512BW__)
 
-/* Group parameters held per row block: up to this many groups a row (K = 8192 in groups of 32)
- * are converted to float32 once per block, 8 at a time; wider rows convert one per use. */
-#define MAX_BLOCK_GROUPS 256
-
-/* values[start .. start + count) in float32, the same values as param_at. Why: one scalar
- * float16 conversion per 16 weights was about a third of the one-row loop's instructions (the
- * default model's Q8_0 LM head at batch 1). */
-static void params_to_float(const void *values, int is_half, int64_t start, int64_t count,
-                            float *out) {
-    int64_t g = 0;
-#if defined(__F16C__)
-    if (is_half)
-        for (; g + 8 <= count; g += 8)
-            _mm256_storeu_ps(out + g, _mm256_cvtph_ps(_mm_loadu_si128(
-                                          (const __m128i *)((const uint16_t *)values + start + g))));
-#endif
-    for (; g < count; g++) out[g] = param_at(values, is_half, start + g);
-}
-
-/* One row's group parameters: the block's float32 copy, or (wide rows) the stored ones. */
-typedef struct {
-    const float *scale, *offset; /* float32 [groups], or NULL: read params at `first` */
-    group_params params;
-    int64_t first;
-} row_params;
-
-static inline float row_scale(const row_params *p, int64_t g) {
-    return p->scale ? p->scale[g] : param_at(p->params.scale, p->params.is_half, p->first + g);
-}
-
-static inline float row_offset(const row_params *p, int64_t g) {
-    return p->offset ? p->offset[g] : param_at(p->params.offset, p->params.is_half, p->first + g);
-}
-
-/* The 16 weights of columns [column, column + 16) of one row in group g, dequantized. */
-static inline __m512 dequantize16(__m128i codes8, const row_params *p, int64_t g) {
+/* The 16 weights of columns [column, column + 16) of one row, dequantized. */
+static inline __m512 dequantize16(__m128i codes8, group_params params, int64_t group_index) {
     __m512 values = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(codes8));
-    __m512 scale_v = _mm512_set1_ps(row_scale(p, g));
-    if (!p->params.offset) return _mm512_mul_ps(values, scale_v);
-    return _mm512_fmadd_ps(values, scale_v, _mm512_set1_ps(row_offset(p, g)));
+    __m512 scale_v = _mm512_set1_ps(param_at(params.scale, params.is_half, group_index));
+    if (!params.offset) return _mm512_mul_ps(values, scale_v);
+    __m512 offset_v = _mm512_set1_ps(param_at(params.offset, params.is_half, group_index));
+    return _mm512_fmadd_ps(values, scale_v, offset_v);
 }
 
 static inline __attribute__((always_inline)) void row_block(
@@ -86,19 +53,6 @@ static inline __attribute__((always_inline)) void row_block(
     int num_rows_here, float sums[MAX_X_ROWS][ROW_BLOCK]) {
     const int64_t num_groups = padded / group;
     const int64_t row_bytes = padded * bits / 8;
-    float scales[ROW_BLOCK][MAX_BLOCK_GROUPS], offsets[ROW_BLOCK][MAX_BLOCK_GROUPS];
-    row_params p[ROW_BLOCK];
-    for (int r = 0; r < num_rows_here; r++) {
-        const int64_t first = (row + r) * num_groups;
-        p[r] = (row_params){0, 0, params, first};
-        if (num_groups > MAX_BLOCK_GROUPS) continue;
-        params_to_float(params.scale, params.is_half, first, num_groups, scales[r]);
-        p[r].scale = scales[r];
-        if (params.offset) {
-            params_to_float(params.offset, params.is_half, first, num_groups, offsets[r]);
-            p[r].offset = offsets[r];
-        }
-    }
     __m512 acc[MAX_X_ROWS][ROW_BLOCK];
     for (int i = 0; i < num_x_rows; i++)
         for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm512_setzero_ps();
@@ -116,8 +70,8 @@ static inline __attribute__((always_inline)) void row_block(
                 __m128i packed = _mm_loadu_si128((const __m128i *)(codes + n * row_bytes + j));
                 __m128i low = _mm_and_si128(packed, low_mask);
                 __m128i high = _mm_and_si128(_mm_srli_epi16(packed, 4), low_mask);
-                __m512 w_low = dequantize16(low, &p[r], j / group);
-                __m512 w_high = dequantize16(high, &p[r], (half + j) / group);
+                __m512 w_low = dequantize16(low, params, n * num_groups + j / group);
+                __m512 w_high = dequantize16(high, params, n * num_groups + (half + j) / group);
                 for (int i = 0; i < num_x_rows; i++) {
                     acc[i][r] = _mm512_fmadd_ps(x_low[i], w_low, acc[i][r]);
                     acc[i][r] = _mm512_fmadd_ps(x_high[i], w_high, acc[i][r]);
@@ -131,7 +85,7 @@ static inline __attribute__((always_inline)) void row_block(
             for (int r = 0; r < num_rows_here; r++) {
                 const int64_t n = row + r;
                 __m128i codes8 = _mm_loadu_si128((const __m128i *)(codes + n * row_bytes + j));
-                __m512 w = dequantize16(codes8, &p[r], j / group);
+                __m512 w = dequantize16(codes8, params, n * num_groups + j / group);
                 for (int i = 0; i < num_x_rows; i++) acc[i][r] = _mm512_fmadd_ps(xv[i], w, acc[i][r]);
             }
         }
