@@ -54,6 +54,7 @@ def install_timers() -> None:
         matmul_key, quantized_linear.group_quantized_matmul
     )
     llama.rotate_and_cache = timed("rotary + cache write", llama.rotate_and_cache)
+    llama.cpu_decode_stack = timed("decoder stack (one C call)", llama.cpu_decode_stack)
     Attention.attend_cached = timed("attention", Attention.attend_cached)
     RMSNorm.forward = timed("norms", RMSNorm.forward)
     SiluAndMul.forward = timed("SiLU and mul", SiluAndMul.forward)

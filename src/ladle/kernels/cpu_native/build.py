@@ -33,9 +33,9 @@ from pathlib import Path
 DISABLE_ENV = "LADLE_CPU_KERNELS"
 SOURCES = (
     "thread_pool.c", "int8_gemv.c", "group_gemv.c", "rms_norm.c", "silu_and_mul.c",
-    "rotary_cache.c", "decode_attention.c", "q4_int8_gemm.c",
+    "rotary_cache.c", "decode_attention.c", "q4_int8_gemm.c", "decode_stack.c",
 )  # fmt: skip
-HEADERS = ("half_float.h", "thread_pool.h", "fast_exp.h")
+HEADERS = ("half_float.h", "thread_pool.h", "fast_exp.h", "decode_kernels.h")
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 # The target CPU: native by default; tests set another (x86-64-v3: AVX2, x86-64: plain C) to
 # check the kernels' fallback paths against the same references.
@@ -193,4 +193,11 @@ def _declare(library: ctypes.CDLL) -> None:
     library.ladle_decode_attention.argtypes = [
         pointer, pointer, pointer, pointer, pointer, int64, int64, int64, int64, int64,
         ctypes.c_double, pointer, int64,
+    ]  # fmt: skip
+    library.ladle_decode_stack_layer_fields.restype = int64
+    library.ladle_decode_stack_layer_fields.argtypes = []
+    library.ladle_decode_stack.restype = ctypes.c_int
+    library.ladle_decode_stack.argtypes = [
+        pointer, pointer, ctypes.c_double, ctypes.c_double, pointer, pointer, pointer, pointer,
+        pointer, pointer, pointer, pointer, int64,
     ]  # fmt: skip

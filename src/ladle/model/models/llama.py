@@ -26,6 +26,7 @@ from ladle.model.layers.norm import RMSNorm
 from ladle.model.layers.rotary import RotaryEmbedding, rotate_with_tables
 from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.loader.errors import ModelLoadError
+from ladle.model.models.llama_decode_stack import cpu_decode_stack
 
 # Checkpoint name fragment -> (our merged parameter's fragment, shard of it).
 _MERGED_WEIGHTS = (
@@ -203,6 +204,10 @@ class LlamaModel(nn.Module):
         rotary_tables = None
         if not use_fused_kernels(hidden_states):
             rotary_tables = self.rotary_emb.step_tables(positions)
+            # A CPU decode step of 4-bit GGUF weights: every layer in one C call, same result.
+            stacked = cpu_decode_stack(self, hidden_states, rotary_tables, kv_caches, attn_metadata)
+            if stacked is not None:
+                return stacked
         for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
             hidden_states, residual = layer(
                 positions, hidden_states, residual, kv_cache, attn_metadata, rotary_tables
