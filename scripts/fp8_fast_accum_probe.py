@@ -11,28 +11,18 @@ import functools
 import json
 
 import torch
+from fp8_tile_precision_probe import SHAPES, fp8_operands  # this folder, on sys.path
 
 from ladle.bench.gpu_timing import calls_in_graph_us
-
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
 def main() -> None:
     for name, (n, k) in SHAPES.items():
         generator = torch.Generator(device="cuda").manual_seed(n + k)
-        ring = max(2, -(-120_000_000 // (n * k)))
-        calls = 24 if n * k < 100_000_000 else 8
-        weights = [
-            (torch.randn(n, k, device="cuda", generator=generator) * 64)
-            .clamp(-448, 448)
-            .to(torch.float8_e4m3fn)
-            for _ in range(ring)
-        ]
-        w_scale = (torch.rand(n, device="cuda", generator=generator) * 1e-3 + 1e-4)[None, :]
+        weights, w_scale, calls, activations = fp8_operands(n, k, generator)
+        ring, w_scale = len(weights), w_scale[None, :]
         for tokens in (64, 128, 256, 512):
-            x = (torch.randn(tokens, k, device="cuda", generator=generator) * 64).clamp(-448, 448)
-            x_codes = x.to(torch.float8_e4m3fn)
-            x_scale = torch.rand(tokens, 1, device="cuda", generator=generator) * 1e-2 + 1e-3
+            x_codes, x_scale = activations(tokens)
             expected = (x_codes.float() * x_scale) @ (weights[0].float() * w_scale.t()).t()
             for fast in (False, True):
 

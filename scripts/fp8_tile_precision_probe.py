@@ -23,22 +23,33 @@ from ladle.kernels.fp8_matmul import Fp8Tile, fp8_matmul
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 
 
+def fp8_operands(n: int, k: int, generator: torch.Generator):
+    """(a ring of random e4m3 [n, k] weights larger than L2, their float32 scales [n], calls per
+    graph, a maker of (codes, float32 scales [rows, 1]) for `rows` activation rows)."""
+    ring = max(2, -(-120_000_000 // (n * k)))
+    weights = [
+        (torch.randn(n, k, device="cuda", generator=generator) * 64)
+        .clamp(-448, 448)
+        .to(torch.float8_e4m3fn)
+        for _ in range(ring)
+    ]
+    w_scale = torch.rand(n, device="cuda", generator=generator) * 1e-3 + 1e-4
+
+    def activations(rows: int) -> tuple[torch.Tensor, torch.Tensor]:
+        x = (torch.randn(rows, k, device="cuda", generator=generator) * 64).clamp(-448, 448)
+        x_scale = torch.rand(rows, 1, device="cuda", generator=generator) * 1e-2 + 1e-3
+        return x.to(torch.float8_e4m3fn), x_scale
+
+    return weights, w_scale, 24 if n * k < 100_000_000 else 8, activations
+
+
 def main() -> None:
     for name, (n, k) in SHAPES.items():
         generator = torch.Generator(device="cuda").manual_seed(n + k)
-        ring = max(2, -(-120_000_000 // (n * k)))
-        calls = 24 if n * k < 100_000_000 else 8
-        weights = [
-            (torch.randn(n, k, device="cuda", generator=generator) * 64)
-            .clamp(-448, 448)
-            .to(torch.float8_e4m3fn)
-            for _ in range(ring)
-        ]
-        w_scale = torch.rand(n, device="cuda", generator=generator) * 1e-3 + 1e-4
+        weights, w_scale, calls, activations = fp8_operands(n, k, generator)
+        ring = len(weights)
         for tokens in (17, 32, 64, 128):
-            x = (torch.randn(tokens, k, device="cuda", generator=generator) * 64).clamp(-448, 448)
-            x_codes = x.to(torch.float8_e4m3fn)
-            x_scale = torch.rand(tokens, 1, device="cuda", generator=generator) * 1e-2 + 1e-3
+            x_codes, x_scale = activations(tokens)
             expected = (x_codes.float() * x_scale) @ (weights[0].float() * w_scale[:, None]).t()
             cublas = torch._scaled_mm(
                 x_codes,

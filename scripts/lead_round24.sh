@@ -8,20 +8,12 @@ timeout 100 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 \
   tests/gpu/test_fused_activation_quant_gpu.py tests/gpu/test_fused_kernels.py tests/gpu/test_quant_kernels.py > "$OUT/tests.log" 2>&1
 grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/tests.log" | tail -12 | tee -a "$LOG"
 timeout 60 python3 scripts/fused_quant_bench.py > "$OUT/fused_quant.txt" 2>&1; cat "$OUT/fused_quant.txt" | tee -a "$LOG"
-w2() {  # $1 name, rest: options
-  [ "$(left)" -gt 60 ] || { echo "skipped W2 $1" | tee -a "$LOG"; return; }
-  local name=$1; shift
-  echo "== W2 all 256, $name ($(left) s left)" | tee -a "$LOG"
-  timeout $(( $(left) - 5 < 110 ? $(left) - 5 : 110 )) python3 -m ladle bench throughput \
-    --workload W2 --runs 1 --no-busy --no-progress "$@" --json "$OUT/w2_$name.json" 2>&1 \
-    | grep -E "tok/s \(|ITL" | tee -a "$LOG"
-}
-w2 fp8_a --quantization fp8 --kv-cache-dtype fp8
-w2 bf16_a
-w2 fp8_b --quantization fp8 --kv-cache-dtype fp8
-w2 bf16_b
-w2 fp8_c --quantization fp8 --kv-cache-dtype fp8
-w2 bf16_c
+w2_run fp8_a --quantization fp8 --kv-cache-dtype fp8
+w2_run bf16_a
+w2_run fp8_b --quantization fp8 --kv-cache-dtype fp8
+w2_run bf16_b
+w2_run fp8_c --quantization fp8 --kv-cache-dtype fp8
+w2_run bf16_c
 [ "$(left)" -gt 70 ] && { echo "== W3-8b int4 ($(left) s left)" | tee -a "$LOG"; timeout $(( $(left) - 5 )) python3 -m ladle \
   bench latency --workload W3-8b --runs 3 --no-busy --no-progress --quantization int4 \
   --json "$OUT/w3_int4.json" 2>&1 | grep -E "ITL|start" | tee -a "$LOG"; }

@@ -39,3 +39,14 @@ s1_level() {
   timeout $(( $(left) - 5 )) python3 scripts/served_path_bench.py --json "$OUT/served_path.jsonl" \
     --log-dir /tmp/served_path "$@" 2>&1 | grep -E "^(real|api) x" | tee -a "$LOG"
 }
+
+# One W2 run (all 256 requests, one repeat), skipped near the deadline; $1 names the JSON
+# ($OUT/w2_NAME.json), the rest go to `ladle bench throughput`. Its tok/s and ITL to the log.
+w2_run() {
+  [ "$(left)" -gt 60 ] || { echo "skipped W2 $1" | tee -a "$LOG"; return; }
+  local name=$1; shift
+  echo "== W2 all 256, $name ($(left) s left)" | tee -a "$LOG"
+  timeout $(( $(left) - 5 < 110 ? $(left) - 5 : 110 )) python3 -m ladle bench throughput \
+    --workload W2 --runs 1 --no-busy --no-progress "$@" --json "$OUT/w2_$name.json" 2>&1 \
+    | grep -E "tok/s \(|ITL" | tee -a "$LOG"
+}

@@ -129,16 +129,11 @@ def test_layers_hand_over_the_quantized_output_once_linked(num_rows):
 
 @pytest.fixture(scope="module")
 def tiny_fp8_model(tmp_path_factory) -> str:
-    from helpers.tiny_models import save_tiny_model
+    from helpers.tiny_models import save_gemm_aligned_tiny_model
 
-    # Sizes that are multiples of 16 (the fp8 GEMM's), three layers (the last stays bf16).
-    return save_tiny_model(
-        tmp_path_factory.mktemp("fused_quant_gpu"),
-        "qwen2",
-        hidden_size=256,
-        intermediate_size=512,
-        head_dim=64,
-        num_hidden_layers=3,
+    # Three layers: the last stays bf16 (KEEP_LAST_LAYERS).
+    return save_gemm_aligned_tiny_model(
+        tmp_path_factory.mktemp("fused_quant_gpu"), num_hidden_layers=3
     )
 
 

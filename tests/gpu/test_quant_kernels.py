@@ -86,15 +86,9 @@ def test_quantized_layer_on_cuda_matches_its_reference(method, tokens, outputs, 
 
 @pytest.fixture(scope="module")
 def tiny_qwen(tmp_path_factory) -> str:
-    from helpers.tiny_models import save_tiny_model
+    from helpers.tiny_models import save_gemm_aligned_tiny_model
 
-    return save_tiny_model(
-        tmp_path_factory.mktemp("quant_gpu"),
-        "qwen2",
-        hidden_size=256,
-        intermediate_size=512,
-        head_dim=64,
-    )
+    return save_gemm_aligned_tiny_model(tmp_path_factory.mktemp("quant_gpu"))
 
 
 @torch.no_grad()

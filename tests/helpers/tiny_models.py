@@ -259,3 +259,28 @@ def paged_logits(loaded) -> torch.Tensor:
     input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts)
     caches = make_kv_caches(arch.num_hidden_layers, 16, 4, arch.num_key_value_heads, arch.head_dim)
     return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
+
+
+def load_float32_on_cpu(path: str | Path):
+    """A model folder loaded as the engine would on the CPU in float32 (the torch attention
+    backend): the quantize-and-load-back tests' reference and reload."""
+    from ladle.attention.torch_backend import TorchAttentionBackend
+    from ladle.config import ModelConfig
+    from ladle.model.loader import load_model
+
+    config = ModelConfig(model=str(path), dtype="float32")
+    return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
+
+
+def write_calibration_text(folder: Path) -> Path:
+    """A small, fixed calibration text file for `ladle quantize --calibration-data`."""
+    text = folder / "calibration.txt"
+    text.write_text(" ".join(f"word{i % 97} and {i % 13} more" for i in range(400)))
+    return text
+
+
+def save_gemm_aligned_tiny_model(folder: Path, **config_overrides) -> str:
+    """A tiny qwen2 whose projection sizes are multiples of 16 (what the fp8 and int8 GEMMs on
+    the GPU take without falling back)."""
+    sizes = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}
+    return save_tiny_model(folder, "qwen2", **{**sizes, **config_overrides})

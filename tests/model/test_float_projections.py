@@ -42,26 +42,24 @@ def test_awq_gptq_with_float_projections_loads_to_the_in_memory_logits(tmp_path,
     """The kept projections are the source's float weights, listed in modules_to_not_convert;
     AWQ folds nothing into them (a folded norm or up row would change what they compute), and
     the folder loads back to exactly the in-memory pass's logits."""
-    from helpers.tiny_models import paged_logits, save_tiny_model
+    from helpers.tiny_models import (
+        load_float32_on_cpu,
+        paged_logits,
+        save_tiny_model,
+        write_calibration_text,
+    )
     from safetensors.torch import load_file
 
-    from ladle.attention.torch_backend import TorchAttentionBackend
     from ladle.cli import main
-    from ladle.config import ModelConfig
     from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.layers.quant.base import install_canonical_
-    from ladle.model.loader import load_model
     from ladle.model.loader.calibration import calibrate_linears, gptq_quantizer
     from ladle.model.loader.calibration_text import token_windows
 
-    def load(path: str):
-        config = ModelConfig(model=path, dtype="float32")
-        return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
-
+    load = load_float32_on_cpu
     float_model = save_tiny_model(tmp_path, "llama", intermediate_size=200)
-    text = tmp_path / "calibration.txt"
-    text.write_text(" ".join(f"word{i % 97} and {i % 13} more" for i in range(400)))
+    text = write_calibration_text(tmp_path)
     out = tmp_path / "out"
     argv = ["quantize", float_model, str(out), "--method", "int4", "--dtype", "float32"]
     argv += ["--algorithm", "awq-gptq", "--calibration-data", str(text)]

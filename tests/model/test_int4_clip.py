@@ -106,25 +106,23 @@ def test_clip_search_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, sym
     """`ladle quantize --method int4 --clip-search` (no GPTQ) writes a folder that loads back
     to exactly the logits of the same calibration pass applied in memory, and closer to the
     float model than round-to-nearest."""
-    from helpers.tiny_models import paged_logits, save_tiny_model
+    from helpers.tiny_models import (
+        load_float32_on_cpu,
+        paged_logits,
+        save_tiny_model,
+        write_calibration_text,
+    )
 
-    from ladle.attention.torch_backend import TorchAttentionBackend
     from ladle.cli import main
-    from ladle.config import ModelConfig
     from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method, quantize_linears_
     from ladle.model.layers.quant.base import install_canonical_
-    from ladle.model.loader import load_model
     from ladle.model.loader.calibration import calibrate_linears, clip_search_quantizer
     from ladle.model.loader.calibration_text import token_windows
 
-    def load(path: str):
-        config = ModelConfig(model=path, dtype="float32")
-        return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
-
+    load = load_float32_on_cpu
     float_model = save_tiny_model(tmp_path, "qwen2", intermediate_size=200)
-    text = tmp_path / "calibration.txt"
-    text.write_text(" ".join(f"word{i % 97} and {i % 13} more" for i in range(400)))
+    text = write_calibration_text(tmp_path)
     out = tmp_path / "clipped"
     argv = ["quantize", float_model, str(out), "--method", "int4", "--format", fmt]
     argv += ["--dtype", "float32", "--clip-search", "--calibration-data", str(text)]
@@ -257,15 +255,17 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(
     """`ladle quantize --algorithm awq|awq-gptq [--act-order]` writes the folded norms and the
     scaled, quantized projections; the folder loads back to exactly the in-memory pass's
     logits (act-order's static groups keep the stored layout, g_idx = k // 128)."""
-    from helpers.tiny_models import paged_logits, save_tiny_model
+    from helpers.tiny_models import (
+        load_float32_on_cpu,
+        paged_logits,
+        save_tiny_model,
+        write_calibration_text,
+    )
 
-    from ladle.attention.torch_backend import TorchAttentionBackend
     from ladle.cli import main
-    from ladle.config import ModelConfig
     from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.layers.quant.base import install_canonical_
-    from ladle.model.loader import load_model
     from ladle.model.loader.calibration import (
         calibrate_linears,
         clip_search_quantizer,
@@ -273,13 +273,9 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(
     )
     from ladle.model.loader.calibration_text import token_windows
 
-    def load(path: str):
-        config = ModelConfig(model=path, dtype="float32")
-        return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
-
+    load = load_float32_on_cpu
     float_model = save_tiny_model(tmp_path, architecture, intermediate_size=200)
-    text = tmp_path / "calibration.txt"
-    text.write_text(" ".join(f"word{i % 97} and {i % 13} more" for i in range(400)))
+    text = write_calibration_text(tmp_path)
     out = tmp_path / "awq_out"
     argv = ["quantize", float_model, str(out), "--method", "int4", "--format", fmt]
     argv += ["--dtype", "float32", "--algorithm", algorithm, "--calibration-data", str(text)]
