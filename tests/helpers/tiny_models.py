@@ -284,3 +284,17 @@ def save_gemm_aligned_tiny_model(folder: Path, **config_overrides) -> str:
     the GPU take without falling back)."""
     sizes = {"hidden_size": 256, "intermediate_size": 512, "head_dim": 64}
     return save_tiny_model(folder, "qwen2", **{**sizes, **config_overrides})
+
+
+def install_calibrated_(model: torch.nn.Module, method, results: dict) -> None:
+    """A calibration pass's results (calibrate_linears) installed and finalized in `model`, as
+    loading the written checkpoint does; entries holding only folded float tensors (AWQ's
+    norms, already changed in place by the pass) are skipped."""
+    from ladle.model.layers.quant.base import install_canonical_
+
+    for name, canonical in results.items():
+        if "float" in canonical:
+            continue
+        module = model.get_submodule(name)
+        install_canonical_(module, method, canonical)
+        method.finalize(module)

@@ -43,6 +43,7 @@ def test_awq_gptq_with_float_projections_loads_to_the_in_memory_logits(tmp_path,
     AWQ folds nothing into them (a folded norm or up row would change what they compute), and
     the folder loads back to exactly the in-memory pass's logits."""
     from helpers.tiny_models import (
+        install_calibrated_,
         load_float32_on_cpu,
         paged_logits,
         save_tiny_model,
@@ -53,7 +54,6 @@ def test_awq_gptq_with_float_projections_loads_to_the_in_memory_logits(tmp_path,
     from ladle.cli import main
     from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method
-    from ladle.model.layers.quant.base import install_canonical_
     from ladle.model.loader.calibration import calibrate_linears, gptq_quantizer
     from ladle.model.loader.calibration_text import token_windows
 
@@ -89,12 +89,7 @@ def test_awq_gptq_with_float_projections_loads_to_the_in_memory_logits(tmp_path,
         float_modules=float_modules,
     )
     assert not any(name.endswith(tuple(float_modules)) for name in results)
-    for name, canonical in results.items():
-        if "float" in canonical:
-            continue
-        module = reference.model.get_submodule(name)
-        install_canonical_(module, method, canonical)
-        method.finalize(module)
+    install_calibrated_(reference.model, method, results)
     assert torch.equal(paged_logits(load(str(out))), paged_logits(reference))
 
 

@@ -104,12 +104,11 @@ def test_calibrated_checkpoint_loads_to_the_in_memory_calibrated_logits(
 ):
     """The calibration pass quantizes layer by layer; the folder it writes loads back (through
     the format's reader) to exactly the logits of the same pass applied in memory."""
-    from helpers.tiny_models import paged_logits, save_tiny_model
+    from helpers.tiny_models import install_calibrated_, paged_logits, save_tiny_model
 
     from ladle.attention.torch_backend import TorchAttentionBackend
     from ladle.config import ModelConfig
     from ladle.model.layers.quant import default_float_layers, get_quant_method
-    from ladle.model.layers.quant.base import install_canonical_
     from ladle.model.loader import load_model
     from ladle.model.loader.calibration import (
         calibrate_checkpoint,
@@ -142,10 +141,7 @@ def test_calibrated_checkpoint_loads_to_the_in_memory_calibrated_logits(
     results = calibrate_linears(
         reference.model, windows, gptq_quantizer(method), float_layers=float_layers
     )
-    for name, canonical in results.items():
-        module = reference.model.get_submodule(name)
-        install_canonical_(module, method, canonical)
-        method.finalize(module)
+    install_calibrated_(reference.model, method, results)
     in_memory = paged_logits(reference)
     assert torch.equal(paged_logits(load(str(out))), in_memory)
     error = ((in_memory - float_logits).norm() / float_logits.norm()).item()

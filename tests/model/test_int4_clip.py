@@ -107,6 +107,7 @@ def test_clip_search_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, sym
     to exactly the logits of the same calibration pass applied in memory, and closer to the
     float model than round-to-nearest."""
     from helpers.tiny_models import (
+        install_calibrated_,
         load_float32_on_cpu,
         paged_logits,
         save_tiny_model,
@@ -116,7 +117,6 @@ def test_clip_search_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, sym
     from ladle.cli import main
     from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method, quantize_linears_
-    from ladle.model.layers.quant.base import install_canonical_
     from ladle.model.loader.calibration import calibrate_linears, clip_search_quantizer
     from ladle.model.loader.calibration_text import token_windows
 
@@ -134,10 +134,7 @@ def test_clip_search_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, sym
     reference = load(float_model)
     float_logits = paged_logits(reference)
     results = calibrate_linears(reference.model, windows, clip_search_quantizer(method))
-    for name, canonical in results.items():
-        module = reference.model.get_submodule(name)
-        install_canonical_(module, method, canonical)
-        method.finalize(module)
+    install_calibrated_(reference.model, method, results)
     in_memory = paged_logits(reference)
     assert torch.equal(paged_logits(load(str(out))), in_memory)
 
@@ -256,6 +253,7 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(
     scaled, quantized projections; the folder loads back to exactly the in-memory pass's
     logits (act-order's static groups keep the stored layout, g_idx = k // 128)."""
     from helpers.tiny_models import (
+        install_calibrated_,
         load_float32_on_cpu,
         paged_logits,
         save_tiny_model,
@@ -265,7 +263,6 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(
     from ladle.cli import main
     from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method
-    from ladle.model.layers.quant.base import install_canonical_
     from ladle.model.loader.calibration import (
         calibrate_linears,
         clip_search_quantizer,
@@ -299,12 +296,7 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(
         symmetric=symmetric,
     )
     assert sum(name.endswith("layernorm") for name in results) == 4  # 2 per layer, 2 layers
-    for name, canonical in results.items():
-        if "float" in canonical:
-            continue
-        module = reference.model.get_submodule(name)
-        install_canonical_(module, method, canonical)
-        method.finalize(module)
+    install_calibrated_(reference.model, method, results)
     in_memory = paged_logits(reference)
     assert torch.equal(paged_logits(load(str(out))), in_memory)
     error = ((in_memory - float_logits).norm() / float_logits.norm()).item()
