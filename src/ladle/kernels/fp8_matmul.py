@@ -38,10 +38,12 @@ MAX_TOKENS = 64
 # Hopper's fp8 tensor cores sum products at reduced precision unless the kernel promotes them
 # into a float32 accumulator every so often ("fast accumulation"). vLLM's CUTLASS fp8 kernels and
 # cuBLASLt's use_fast_accum run without promotion; ladle does too by default, for the fp8 GEMMs
-# above 16 rows (scripts/fp8_tile_precision_probe.py: relative error against float32 over the
-# same codes 2.1-3.4e-3 instead of 1.7e-3, the bfloat16 rounding, beside the 3.7e-2 of the fp8
-# weights themselves). LADLE_FP8_FAST_ACCUM=0 promotes every PRECISE_ACCUMULATION products
-# (tl.dot's max_num_imprecise_acc) and asks cuBLASLt for its precise kernel.
+# on wgmma or cuBLASLt: the 64-row tiles and above 64 rows (the 16-row tiles use mma.sync,
+# which sums at full precision). scripts/fp8_tile_precision_probe.py: relative error against
+# float32 over the same codes 2.1-3.4e-3 instead of 1.7e-3 (the bfloat16 rounding), beside the
+# 3.7e-2 of the fp8 weights themselves. LADLE_FP8_FAST_ACCUM=0 promotes every
+# PRECISE_ACCUMULATION products (tl.dot's max_num_imprecise_acc) and asks cuBLASLt for its
+# precise kernel.
 FAST_ACCUMULATION = os.environ.get("LADLE_FP8_FAST_ACCUM", "1") != "0"
 PRECISE_ACCUMULATION = 128
 

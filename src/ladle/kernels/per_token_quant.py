@@ -23,9 +23,9 @@ MIN_SCALE = 1e-12
 def quantize_row(x, QMAX: tl.constexpr, IS_INT: tl.constexpr):
     """(codes as float32, scale) of one float32 row held in registers (padding columns 0).
 
-    Shared by every kernel that quantizes a row (this one, and the RMSNorm and SiLU-and-mul
-    kernels that quantize their output for an fp8 projection), so their codes and scales are
-    the same bits as this kernel's on the same row.
+    Shared by every kernel that quantizes a row (this one, and the RMSNorm kernel that
+    quantizes its output for an fp8 projection), so their codes and scales are the same bits as
+    this kernel's on the same row.
     """
     # The scale as torch computes a tensor / scalar (times the float32 reciprocal), and the
     # codes by an IEEE-rounded division as torch's tensor / tensor (Triton's `/` is approximate):

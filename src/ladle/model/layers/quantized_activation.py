@@ -1,5 +1,5 @@
 """An activation already quantized per token, handed from the layer that produced it (an
-RMSNorm, a SiLU-and-mul) to the quantized projection that consumes it.
+RMSNorm) to the quantized projection that consumes it.
 
 An fp8 projection quantizes its input per token before the GEMM (one launch, a bf16 round trip
 through memory). When the producer is a fused Triton kernel it can quantize its own output in

@@ -10,8 +10,8 @@ cores on Hopper), or at decode batches up to 64 rows ladle's Triton kernel
 Where _scaled_mm cannot run (the CPU, a GPU before Ada, sizes not a multiple of 16) the same
 numbers are computed by dequantizing both sides: slower, same quantization error.
 
-The input may also come already quantized (a QuantizedActivation from an RMSNorm or SiLU-and-mul
-kernel that quantized its own output, quant/input_fusion.py): its codes and scales are the ones
+The input may also come already quantized (a QuantizedActivation from an RMSNorm kernel that
+quantized its own output, quant/input_fusion.py): its codes and scales are the ones
 quantize_activation_fp8 would compute from the bf16 tensor, so the result is the same.
 """
 

@@ -2,18 +2,19 @@
 
 An fp8 projection quantizes its bf16 input per token before its GEMM: one more launch and one
 more bf16 round trip through memory per projection (124 launches, 0.39 ms of a 7.71 ms batch-64
-decode step of the 8B shape). Where the input comes from a fused Triton kernel whose output goes
-to that one projection only, the kernel quantizes the row in registers instead and returns a
-QuantizedActivation (the same codes and scales, bit for bit).
+decode step of the 8B shape, before). Where the input comes from a fused Triton kernel whose
+output goes to that one projection only, the kernel quantizes the row in registers instead and
+returns a QuantizedActivation (the same codes and scales, bit for bit).
 
 A model names such (producer, consumer) pairs through a method `quantized_input_pairs()` on any
-of its modules (the Llama decoder layer: input norm -> qkv, post-attention norm -> gate_up,
-SiLU-and-mul -> down). Once the projections are quantized and finalized (at load), each
-producer's `output_quantization` is set to the code dtype its consumer takes
-(QuantMethod.input_quantization: e4m3 for an fp8 projection on the _scaled_mm / Triton GEMM), or
-None. It is an attribute fixed at load, so a decode step under CUDA graphs does the same work on
-capture and replay; a producer that cannot fuse a call (the CPU, LADLE_FUSED_KERNELS=0, an
-unusual shape) returns its plain tensor, which every consumer still takes.
+of its modules (the Llama decoder layer: input norm -> qkv, post-attention norm -> gate_up; not
+SiLU-and-mul -> down, whose fused kernel measured slower than the pair). Once the projections
+are quantized and finalized (at load), each producer's `output_quantization` is set to the code
+dtype its consumer takes (QuantMethod.input_quantization: e4m3 for an fp8 projection on the
+_scaled_mm / Triton GEMM), or None. It is an attribute fixed at load, so a decode step under
+CUDA graphs does the same work on capture and replay; a producer that cannot fuse a call (the
+CPU, LADLE_FUSED_KERNELS=0, an unusual shape) returns its plain tensor, which every consumer
+still takes.
 
 LADLE_FUSED_ACTIVATION_QUANT=0 in the environment at load (or enabled=False) leaves every
 producer unlinked: each projection quantizes its own input as before (the benchmarks'
