@@ -9,6 +9,7 @@ kernels switched off (ladle.kernels.dispatch.set_fused_kernels).
 from __future__ import annotations
 
 import contextlib
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -122,6 +123,76 @@ def test_rotary_in_place_matches_torch(num_tokens, num_heads, num_kv_heads, head
     assert torch.equal(qkv[:, (num_heads + num_kv_heads) * head_dim :], value_before)
 
 
+@pytest.mark.parametrize("num_tokens", [1, 7, 300])
+@pytest.mark.parametrize(
+    "num_heads,num_kv_heads,head_dim", [(32, 8, 128), (14, 2, 64), (12, 3, 96)]
+)
+@pytest.mark.parametrize("cache_dtype", [torch.bfloat16, torch.float8_e4m3fn])
+def test_rotary_with_cache_write_equals_rotary_then_reshape_and_cache(
+    num_tokens, num_heads, num_kv_heads, head_dim, cache_dtype
+):
+    """The rotary launch that also writes the cache (what the model runs on CUDA) leaves the
+    same query, key and cache bytes as the rotary launch followed by reshape_and_cache (bf16 and
+    float8 caches, strided qkv views, padding slots < 0 that write nothing)."""
+    from ladle.kernels.reshape_and_cache import reshape_and_cache
+    from ladle.model.layers.attention import Attention
+    from ladle.model.layers.rotary import RotaryEmbedding
+
+    dtype = torch.bfloat16
+    generator = torch.Generator(device="cuda").manual_seed(num_tokens * 7 + head_dim)
+    with torch.device("cuda"):
+        rotary = RotaryEmbedding(head_dim, 8192, 5e5).to(dtype)
+    positions = torch.randint(0, 8192, (num_tokens,), generator=generator, device="cuda")
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = torch.randn(num_tokens, q_size + 2 * kv_size, generator=generator, device="cuda")
+    qkv = (qkv * 4).to(dtype)
+    block_size, num_blocks = 16, 64
+    slots = torch.randperm(num_blocks * block_size, generator=generator, device="cuda")
+    slots = slots[:num_tokens].clone()
+    slots[::5] = -1  # padding rows of a CUDA graph bucket
+    cache = torch.randn(
+        2, num_blocks, block_size, num_kv_heads, head_dim, generator=generator, device="cuda"
+    ).to(cache_dtype)
+    kv_scales = None
+    if cache_dtype == torch.float8_e4m3fn:
+        kv_scales = (
+            torch.tensor([0.02], device="cuda"),
+            torch.tensor([0.015], device="cuda"),  # some values saturate at 448
+        )
+
+    def split(tensor):
+        query = tensor[:, :q_size].view(num_tokens, num_heads, head_dim)
+        key = tensor[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
+        value = tensor[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)
+        return query, key, value
+
+    with fused(True):
+        expected_qkv, expected_cache = qkv.clone(), cache.clone()
+        query, key, value = split(expected_qkv)
+        rotary(positions, query, key)
+        k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
+        reshape_and_cache(key, value, expected_cache, slots, k_scale, v_scale)
+
+        actual_qkv, actual_cache = qkv.clone(), cache.clone()
+        query, key, value = split(actual_qkv)
+        attention = Attention(num_heads, num_kv_heads, head_dim, head_dim**-0.5, backend=None)
+        attention = attention.cuda()
+        if kv_scales is not None:
+            attention.k_scale, attention.v_scale = kv_scales
+        metadata = SimpleNamespace(slot_mapping=slots)  # all that the cache write reads
+        assert attention.rotate_and_cache_(
+            rotary, positions, query, key, value, actual_cache, metadata
+        )
+
+    assert torch.equal(actual_qkv, expected_qkv)  # query and key rotated in place alike
+    assert torch.equal(actual_cache.view(torch.uint8), expected_cache.view(torch.uint8))
+    untouched = torch.ones(num_blocks * block_size, dtype=torch.bool, device="cuda")
+    untouched[slots[slots >= 0]] = False
+    flat_cache = actual_cache.view(torch.uint8).view(2, num_blocks * block_size, -1)
+    original = cache.view(torch.uint8).view(2, num_blocks * block_size, -1)
+    assert torch.equal(flat_cache[:, untouched], original[:, untouched])
+
+
 @pytest.mark.parametrize("num_rows", ROWS)
 @pytest.mark.parametrize("width", [1, 7, 1024, 1025, 4864])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -211,8 +282,10 @@ def test_greedy_argmax_is_torch_argmax(num_reqs, vocab_size, dtype):
     ids=lambda params: ",".join(f"{k}={v}" for k, v in params.items()),
 )
 @pytest.mark.parametrize("num_reqs", [1, 7, 65])
-def test_sampler_tokens_identical_with_fused_kernels(params, num_reqs):
-    """Seeded and greedy rows give the same tokens with the fused kernels on and off."""
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16])
+def test_sampler_tokens_identical_with_fused_kernels(params, num_reqs, logits_dtype):
+    """Seeded and greedy rows give the same tokens with the fused kernels on and off, also from
+    the model's bf16 logits, which the fused draw reads without a float32 copy."""
     from ladle import SamplingParams
     from ladle.sample.metadata import build_sampling_metadata
     from ladle.sample.sampler import Sampler
@@ -220,7 +293,7 @@ def test_sampler_tokens_identical_with_fused_kernels(params, num_reqs):
     vocab_size = 32000
     generator = torch.Generator(device="cuda").manual_seed(num_reqs)
     logits = (torch.randn(num_reqs, vocab_size, generator=generator, device="cuda") * 3).bfloat16()
-    logits = logits.float()  # bf16-valued logits tie often, as a real lm_head's do
+    logits = logits.to(logits_dtype)  # bf16-valued logits tie often, as a real lm_head's do
     sampling = [
         SamplingParams(**(params if row % 3 else {"temperature": 0.0}), seed=row)
         for row in range(num_reqs)

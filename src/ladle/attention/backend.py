@@ -29,6 +29,7 @@ class AttentionBackend(Protocol):
         metadata: AttentionMetadata,
         scale: float,
         kv_scales: KVScales | None = None,
+        cache_written: bool = False,  # the keys and values are in kv_cache already: only attend
     ) -> torch.Tensor:  # [num_tokens, num_heads, head_dim]
         ...
 

@@ -24,8 +24,10 @@ class TorchAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
         kv_scales: KVScales | None = None,
+        cache_written: bool = False,
     ) -> torch.Tensor:
-        write_kv_cache(key, value, kv_cache, metadata.slot_mapping, kv_scales)
+        if not cache_written:
+            write_kv_cache(key, value, kv_cache, metadata.slot_mapping, kv_scales)
         return self.attend(query, kv_cache, metadata, scale, kv_scales)
 
     @staticmethod

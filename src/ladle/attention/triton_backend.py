@@ -50,9 +50,11 @@ class TritonAttentionBackend:
         metadata: AttentionMetadata,
         scale: float,
         kv_scales: KVScales | None = None,
+        cache_written: bool = False,
     ) -> torch.Tensor:
         k_scale, v_scale = kv_scales if kv_scales is not None else (None, None)
-        reshape_and_cache(key, value, kv_cache, metadata.slot_mapping, k_scale, v_scale)
+        if not cache_written:
+            reshape_and_cache(key, value, kv_cache, metadata.slot_mapping, k_scale, v_scale)
         leading = self._leading_decodes(metadata)
         span = (
             fresh_prompt_span(metadata, leading)

@@ -13,6 +13,16 @@ import triton
 import triton.language as tl
 
 
+@triton.jit
+def cache_codes(x, scale_ptr, cache_dtype: tl.constexpr, QUANTIZE: tl.constexpr):
+    """x as the cache stores it: into a float8 cache divided by the layer's scale and saturated
+    to e4m3's range (shared with the rotary kernel's cache write, kernels/rotary.py)."""
+    if QUANTIZE:
+        # IEEE division, as the torch reference divides: the codes then match it exactly.
+        x = tl.clamp(tl.math.div_rn(x.to(tl.float32), tl.load(scale_ptr)), -448.0, 448.0)
+    return x.to(cache_dtype)
+
+
 # slot_mapping is a view into the step's inputs (and stands in for the scales of a cache that is
 # not float8): its alignment varies from step to step.
 @triton.jit(do_not_specialize_on_alignment=["slot_mapping_ptr", "k_scale_ptr", "v_scale_ptr"])
@@ -48,18 +58,12 @@ def _reshape_and_cache_kernel(
     value = tl.load(
         value_ptr + token_row * stride_value_token + head * stride_value_head + dim, mask=is_valid
     )
-    if QUANTIZE:
-        # IEEE division, as the torch reference divides: the codes then match it exactly.
-        key = tl.math.div_rn(key.to(tl.float32), tl.load(k_scale_ptr))
-        value = tl.math.div_rn(value.to(tl.float32), tl.load(v_scale_ptr))
-        key = tl.clamp(key, -448.0, 448.0)
-        value = tl.clamp(value, -448.0, 448.0)
     # The cache is contiguous, so a slot (block_id * block_size + offset) is a flat token row.
     cache_offsets = slot * (NUM_KV_HEADS * HEAD_DIM) + elements
-    tl.store(key_cache_ptr + cache_offsets, key.to(key_cache_ptr.dtype.element_ty), mask=is_valid)
-    tl.store(
-        value_cache_ptr + cache_offsets, value.to(value_cache_ptr.dtype.element_ty), mask=is_valid
-    )
+    key = cache_codes(key, k_scale_ptr, key_cache_ptr.dtype.element_ty, QUANTIZE)
+    value = cache_codes(value, v_scale_ptr, value_cache_ptr.dtype.element_ty, QUANTIZE)
+    tl.store(key_cache_ptr + cache_offsets, key, mask=is_valid)
+    tl.store(value_cache_ptr + cache_offsets, value, mask=is_valid)
 
 
 def reshape_and_cache(

@@ -6,9 +6,10 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ladle.attention.backend import AttentionBackend
+from ladle.attention.backend import AttentionBackend, KVScales
 from ladle.attention.kv_quant import is_fp8_kv_cache
 from ladle.attention.metadata import AttentionMetadata
+from ladle.model.layers.rotary import RotaryEmbedding
 
 
 class Attention(nn.Module):
@@ -55,16 +56,45 @@ class Attention(nn.Module):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim] or flat
         kv_cache: torch.Tensor,  # [2, num_blocks, block_size, num_kv_heads, head_dim]
         metadata: AttentionMetadata,
+        cache_written: bool = False,
     ) -> torch.Tensor:  # [num_tokens, num_heads * head_dim]
+        """cache_written: the step's keys and values are already in kv_cache
+        (`rotate_and_cache_`), so the backend only attends."""
         num_tokens = query.shape[0]
         value = value.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if is_fp8_kv_cache(kv_cache):
-            output = self.backend.forward(
-                query, key, value, kv_cache, metadata, self.scale, (self.k_scale, self.v_scale)
-            )
-        else:
-            output = self.backend.forward(query, key, value, kv_cache, metadata, self.scale)
+        output = self.backend.forward(
+            query,
+            key,
+            value,
+            kv_cache,
+            metadata,
+            self.scale,
+            self._kv_scales(kv_cache),
+            cache_written=cache_written,
+        )
         return output.reshape(num_tokens, self.num_heads * self.head_dim)
+
+    def rotate_and_cache_(
+        self,
+        rotary: RotaryEmbedding,
+        positions: torch.Tensor,
+        query: torch.Tensor,  # [num_tokens, num_heads, head_dim]
+        key: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim]
+        value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim] or flat
+        kv_cache: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> bool:
+        """Rotate query and key in place and write this step's keys and values into kv_cache in
+        one launch where the rotary's fused kernel applies (CUDA); False, with nothing done,
+        elsewhere. Called before forward(..., cache_written=True), so hooks on forward still
+        see the rotated keys (worker/kv_calibration.py reads them)."""
+        value = value.view(query.shape[0], self.num_kv_heads, self.head_dim)
+        return rotary.rotate_and_cache_(
+            positions, query, key, value, kv_cache, metadata.slot_mapping, self._kv_scales(kv_cache)
+        )
+
+    def _kv_scales(self, kv_cache: torch.Tensor) -> KVScales | None:
+        return (self.k_scale, self.v_scale) if is_fp8_kv_cache(kv_cache) else None
 
     def can_attend_cached(self, kv_cache: torch.Tensor) -> bool:
         """Whether `attend_cached` may be called: a backend that attends over the cache alone

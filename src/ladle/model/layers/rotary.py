@@ -93,6 +93,33 @@ class RotaryEmbedding(nn.Module):
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
+    def rotate_and_cache_(
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        value: torch.Tensor,
+        kv_cache: torch.Tensor,
+        slot_mapping: torch.Tensor,
+        kv_scales: tuple[torch.Tensor, torch.Tensor] | None,
+    ) -> bool:
+        """On CUDA, rotate query and key in place and write the step's keys and values into the
+        paged cache in the same launch (kernels/rotary.py); returns False, having done nothing,
+        where that kernel does not apply (the caller then rotates and the backend writes)."""
+        if not (
+            use_fused_kernels(query)
+            and self._may_fuse(query, key)
+            and value.stride(-1) == 1
+            and kv_cache.is_contiguous()
+        ):
+            return False
+        from ladle.kernels.rotary import rotary_embedding_
+
+        rotary_embedding_(
+            positions, query, key, self.cos_sin_cache, value, kv_cache, slot_mapping, kv_scales
+        )
+        return True
+
     def step_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, signed sin), each [num_tokens, 1, head_dim], for `rotate_with_tables`: built
         once per step and shared by every layer (the positions are the same in all of them).

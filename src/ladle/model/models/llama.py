@@ -111,8 +111,14 @@ class LlamaAttention(nn.Module):
             # Qwen3 normalises each head before rotary.
             query = self.q_norm(query)
             key = self.k_norm(key)
-        query, key = self._rotary[0](positions, query, key)
-        output = self.attn(query, key, value, kv_cache, attn_metadata)
+        rotary = self._rotary[0]
+        # On CUDA one launch rotates and writes the cache; elsewhere the backend writes it.
+        cache_written = self.attn.rotate_and_cache_(
+            rotary, positions, query, key, value, kv_cache, attn_metadata
+        )
+        if not cache_written:
+            query, key = rotary(positions, query, key)
+        output = self.attn(query, key, value, kv_cache, attn_metadata, cache_written)
         return self.o_proj(output)
 
 
