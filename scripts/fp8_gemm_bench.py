@@ -1,7 +1,11 @@
 """FP8 W8A8 projections of the 8B shape at decode sizes: torch._scaled_mm (cuBLASLt, row-wise
 scales) against ladle's Triton kernel (kernels/fp8_matmul.py) over a sweep of tiles.
 
-    python scripts/fp8_gemm_bench.py [--json out.json]
+    python scripts/fp8_gemm_bench.py [--json out.json] [--tokens 128 256] [--shapes o down]
+        [--wide-tiles]
+
+--wide-tiles: above 64 rows, the set of 64- and 128-row tiles of the session-8 sweep (fast
+accumulation, as both kernels run by default) instead of the original grid.
 
 Each case: 8-24 calls back to back in one CUDA graph, each on its own weight (a ring larger
 than L2), random codes; us per call (median of 5 replays) and the fp8 weight's TB/s; the
@@ -17,10 +21,23 @@ import json
 import torch
 
 from ladle.bench.gpu_timing import calls_in_graph_us
-from ladle.kernels.fp8_matmul import Fp8Tile, fp8_matmul
+from ladle.kernels.fp8_matmul import FAST_ACCUMULATION, Fp8Tile, fp8_matmul
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 TOKENS = (1, 16, 64, 256)
+
+
+# Above 64 rows: 64- and 128-row tiles (wgmma), 4 or 8 warps (session 8's sweep).
+WIDE_TILES = [
+    Fp8Tile(64, 64, 256, num_warps=4, num_stages=4),
+    Fp8Tile(64, 64, 128, num_warps=4, num_stages=4),
+    Fp8Tile(64, 128, 128, num_warps=4, num_stages=4),
+    Fp8Tile(64, 128, 256, num_warps=4, num_stages=3),
+    Fp8Tile(64, 128, 128, num_warps=8, num_stages=4),
+    Fp8Tile(128, 64, 128, num_warps=8, num_stages=4),
+    Fp8Tile(128, 128, 128, num_warps=8, num_stages=3),
+    Fp8Tile(128, 128, 128, num_warps=8, num_stages=4),
+]
 
 
 def tiles_for(tokens: int) -> list[Fp8Tile]:
@@ -36,17 +53,26 @@ def tiles_for(tokens: int) -> list[Fp8Tile]:
 
 def scaled_mm(x_codes, weight, x_scale, w_scale_row):
     return torch._scaled_mm(
-        x_codes, weight.t(), scale_a=x_scale, scale_b=w_scale_row, out_dtype=torch.bfloat16
+        x_codes,
+        weight.t(),
+        scale_a=x_scale,
+        scale_b=w_scale_row,
+        out_dtype=torch.bfloat16,
+        use_fast_accum=FAST_ACCUMULATION,
     )
 
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
+    parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
+    parser.add_argument("--shapes", nargs="+", default=list(SHAPES), choices=list(SHAPES))
+    parser.add_argument("--wide-tiles", action="store_true")
     args = parser.parse_args()
     torch.manual_seed(0)
     rows = []
-    for name, (n, k) in SHAPES.items():
+    for name in args.shapes:
+        n, k = SHAPES[name]
         ring = max(2, -(-120_000_000 // (n * k)))
         calls = 24 if n * k < 100_000_000 else 8
         weights = [
@@ -54,7 +80,7 @@ def main() -> None:
             for _ in range(ring)
         ]
         w_scale = torch.rand(n, device="cuda") * 1e-3 + 1e-4
-        for tokens in TOKENS:
+        for tokens in args.tokens:
             x_codes = (
                 (torch.randn(tokens, k, device="cuda") * 100)
                 .clamp(-448, 448)
@@ -72,7 +98,8 @@ def main() -> None:
                 replays=3,
             )
             best, results = None, []
-            for tile in tiles_for(tokens):
+            tiles = WIDE_TILES if args.wide_tiles and tokens > 64 else tiles_for(tokens)
+            for tile in tiles:
                 try:
                     us = calls_in_graph_us(
                         [
