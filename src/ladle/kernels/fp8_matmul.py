@@ -1,4 +1,4 @@
-"""FP8 W8A8 matmul for small decode batches (up to 64 rows):
+"""FP8 W8A8 matmul for decode batches (up to 64 rows, 128 for narrow projections):
 y = (x8 @ W8^T) * x_scale[m] * w_scale[n].
 
 cuBLASLt's row-wise-scaled FP8 kernel (torch._scaled_mm) tiles N by 128 without splitting K,
@@ -32,9 +32,13 @@ class Fp8Tile:
     max_imprecise_acc: int | None = None
 
 
-# Above this many token rows cuBLASLt's kernel takes the call (scripts/fp8_tile_precision_probe.py
-# on an H100: at 128 rows it is as fast or faster on the 8B's projections).
-MAX_TOKENS = 64
+# Above this many token rows cuBLASLt's kernel takes every call (scripts/fp8_gemm_bench.py on an
+# H100, fast accumulation in both: at 256 rows it is as fast or faster on the 8B's projections).
+MAX_TOKENS = 128
+# From 65 to MAX_TOKENS rows only projections this narrow take the Triton tiles: at 128 rows
+# cuBLASLt runs o and down (4096 columns) on 32 CTAs, 13.3 and 36.5 us against the 64-row tiles'
+# 9.7 and 29.8, while qkv (6144) is a tie (14.6 against 14.8) and gate_up (28672) fills the GPU.
+NARROW_COLUMNS = 4096
 # Hopper's fp8 tensor cores sum products at reduced precision unless the kernel promotes them
 # into a float32 accumulator every so often ("fast accumulation"). vLLM's CUTLASS fp8 kernels and
 # cuBLASLt's use_fast_accum run without promotion; ladle does too by default, for the fp8 GEMMs
@@ -56,8 +60,9 @@ def decode_tile(
     8B's four projections at 1-128 rows): 64 columns, 256-wide K steps; up to 32 rows 16-row
     tiles (mma.sync, always full precision: a second row of programs rereads the weight from
     L2), except the widest layers (gate_up), where that reread costs and 64-row tiles win from 17
-    rows on; 64-row tiles (wgmma) up to 64 rows."""
-    if num_tokens > MAX_TOKENS:
+    rows on; 64-row tiles (wgmma) up to 64 rows, and up to MAX_TOKENS rows for the narrow
+    projections (NARROW_COLUMNS)."""
+    if num_tokens > MAX_TOKENS or (num_tokens > 64 and num_columns > NARROW_COLUMNS):
         return None
     wide = num_columns >= 16384
     if num_tokens <= 16 or (num_tokens <= 32 and not wide):
