@@ -106,8 +106,9 @@ def test_split_k_is_deterministic_and_replays_in_a_cuda_graph(kernel_index):
     """The last-arriving split reduces in split order and resets its counter: repeated calls are
     bitwise equal, and graph replays with new inputs stay right (a counter left non-zero would
     make the next launch reduce too early or never)."""
-    from ladle.kernels.int4_decode import _counter_buffer, int4_decode_matmul
+    from ladle.kernels.int4_decode import int4_decode_matmul
     from ladle.kernels.int4_matmul import int4_matmul_reference
+    from ladle.kernels.split_counters import counter_buffer
 
     kernel = all_kernels()[kernel_index]
     packed_t, scale_t, zero_t = quantized(4096, 14336, seed=7)
@@ -116,7 +117,7 @@ def test_split_k_is_deterministic_and_replays_in_a_cuda_graph(kernel_index):
     first = int4_decode_matmul(x, *args)
     for _ in range(3):
         assert torch.equal(int4_decode_matmul(x, *args), first)
-    assert int(_counter_buffer(x.device).abs().sum()) == 0
+    assert int(counter_buffer(x.device).abs().sum()) == 0
     static_x = x.clone()
     stream = torch.cuda.Stream()
     stream.wait_stream(torch.cuda.current_stream())
@@ -131,7 +132,7 @@ def test_split_k_is_deterministic_and_replays_in_a_cuda_graph(kernel_index):
         graph.replay()
         expected = int4_matmul_reference(static_x, packed_t, scale_t, zero_t, GROUP)
         assert relative_error(static_out, expected) < 5e-3, seed
-    assert int(_counter_buffer(x.device).abs().sum()) == 0
+    assert int(counter_buffer(x.device).abs().sum()) == 0
 
 
 def test_plan_picks_a_correct_kernel_per_bucket_and_the_layer_follows_it():

@@ -24,9 +24,8 @@ int4_decode_matmul, which one with which tile is an Int4Kernel):
 Split-K without a second launch: each split writes its float32 partial tile, then takes a ticket
 from a per-tile counter; the split that arrives last sums the partials in split order (so the
 result does not depend on arrival order), writes the output in the activation dtype and resets
-the counter to zero for the next launch. The counters live in one zeroed buffer per device and
-are only correct when launches on it are serialized, which holds for ladle's single compute
-stream (and under CUDA graphs, which replay on one stream).
+the counter to zero for the next launch (kernels/split_counters.py: one buffer per device, only
+correct while launches on it are serialized, as on ladle's single compute stream).
 """
 
 from __future__ import annotations
@@ -37,18 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-# Room for the per-tile counters of the widest layer at the largest kernel batch (70B gate_up at
-# 64 columns per tile and 64 token rows needs 57k); a launch that would need more runs unsplit.
-COUNTER_CAPACITY = 1 << 18
-_counters: dict[torch.device, torch.Tensor] = {}
-
-
-def _counter_buffer(device: torch.device) -> torch.Tensor:
-    buffer = _counters.get(device)
-    if buffer is None:
-        buffer = torch.zeros(COUNTER_CAPACITY, dtype=torch.int32, device=device)
-        _counters[device] = buffer
-    return buffer
+from ladle.kernels.split_counters import COUNTER_CAPACITY, counter_buffer
 
 
 @triton.jit
@@ -570,7 +558,7 @@ def int4_decode_matmul(
     num_splits = max(1, min(num_groups, kernel.target_programs // (num_blocks_n * rows)))
     groups_per_split = triton.cdiv(num_groups, num_splits)
     num_splits = triton.cdiv(num_groups, groups_per_split)
-    counters = _counter_buffer(x.device)
+    counters = counter_buffer(x.device)
     if rows * num_blocks_n > COUNTER_CAPACITY:
         num_splits, groups_per_split = 1, num_groups
     # Unsplit launches never touch the partials; one float32 element keeps the signature (and
