@@ -206,3 +206,60 @@ def test_one_row_kernel_takes_float16_symmetric_weights_and_refuses_two_rows():
     assert_close_to_reference(actual, int4_matmul_reference(x, packed_t, scale_t, zero_t, GROUP))
     with pytest.raises(ValueError, match="one token row"):
         int4_decode_matmul(x.repeat(2, 1), packed_t, scale_t, zero_t, GROUP, kernel)
+
+
+@pytest.mark.parametrize("kernel_index", range(len(KERNEL_IDS)), ids=KERNEL_IDS)
+def test_gemv_reads_what_the_norm_before_it_wrote(kernel_index):
+    """Launched with programmatic dependent launch (kernels/pdl.py), the GEMV starts while the
+    RMSNorm that writes its input is still running and waits before reading it: fresh inputs
+    each replay of a graph of norm -> GEMV -> norm -> GEMV must give the reference every time
+    (a read before the wait would see the previous replay's activations)."""
+    from ladle.kernels.dispatch import set_fused_kernels
+    from ladle.kernels.int4_decode import int4_decode_matmul
+    from ladle.kernels.int4_matmul import int4_matmul_reference
+    from ladle.kernels.pdl import pdl_enabled
+    from ladle.kernels.rms_norm import rms_norm
+    from ladle.model.layers.norm import RMSNorm
+
+    kernel = all_kernels()[kernel_index]
+    if kernel.kind == "mma":
+        pytest.skip("the mma kernel serves prefill batches and is launched without PDL")
+    if not pdl_enabled(CUDA):
+        pytest.skip("PDL is off (LADLE_PDL=0 or a GPU before Hopper)")
+    hidden = 4096
+    first = quantized(hidden, hidden, seed=11)
+    second = quantized(14336, hidden, seed=12)
+    norm_weight = torch.rand(hidden, device=CUDA).to(torch.bfloat16) + 0.5
+    rows = 1 if kernel.kind == "row" else 2
+    static_x = torch.randn(rows, hidden, device=CUDA).to(torch.bfloat16)
+
+    def step():
+        hidden_1 = int4_decode_matmul(rms_norm(static_x, norm_weight, 1e-5), *first, GROUP, kernel)
+        return int4_decode_matmul(rms_norm(hidden_1, norm_weight, 1e-5), *second, GROUP, kernel)
+
+    norm = RMSNorm(hidden, 1e-5).to(CUDA, torch.bfloat16)
+    norm.weight.data.copy_(norm_weight)
+
+    def reference():  # the torch norm, the dequantized weights
+        previous = set_fused_kernels(False)
+        try:
+            hidden_1 = int4_matmul_reference(norm(static_x), *first, GROUP).to(torch.bfloat16)
+            return int4_matmul_reference(norm(hidden_1), *second, GROUP)
+        finally:
+            set_fused_kernels(previous)
+
+    for _ in range(3):  # eagerly, back to back
+        static_x.copy_(torch.randn(rows, hidden, device=CUDA).to(torch.bfloat16))
+        assert relative_error(step(), reference()) < 2e-2
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for _ in range(5):
+        static_x.copy_(torch.randn(rows, hidden, device=CUDA).to(torch.bfloat16))
+        graph.replay()
+        assert relative_error(static_out, reference()) < 2e-2

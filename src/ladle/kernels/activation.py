@@ -12,6 +12,8 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ladle.kernels.pdl import allow_next_kernel, pdl_enabled
+
 
 @triton.jit
 def _silu_and_mul_kernel(
@@ -21,7 +23,9 @@ def _silu_and_mul_kernel(
     stride_input_row,
     stride_output_row,
     BLOCK: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
+    allow_next_kernel(LAUNCH_DEPENDENTS)  # the down projection may load weights (pdl.py)
     row = tl.program_id(0).to(tl.int64)
     columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     is_column = columns < width
@@ -44,6 +48,13 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
     block = min(1024, max(64, triton.next_power_of_2(width)))
     grid = (rows.shape[0], triton.cdiv(width, block))
     _silu_and_mul_kernel[grid](
-        output_rows, rows, width, rows.stride(0), output_rows.stride(0), BLOCK=block, num_warps=4
+        output_rows,
+        rows,
+        width,
+        rows.stride(0),
+        output_rows.stride(0),
+        BLOCK=block,
+        LAUNCH_DEPENDENTS=pdl_enabled(x.device),
+        num_warps=4,
     )
     return output

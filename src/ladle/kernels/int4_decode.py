@@ -36,6 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.pdl import pdl_enabled, wait_for_previous_kernel
 from ladle.kernels.split_counters import COUNTER_CAPACITY, counter_buffer
 
 
@@ -168,10 +169,12 @@ def _int4_gemv_kernel(
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """ROWS (1 or 2) token rows per program: each weight is read and turned into a float once
     and multiplied into every row. With PREFETCH the next group's words, scales and zeros are
-    loaded before this group's arithmetic, so two groups' reads are in flight per warp."""
+    loaded before this group's arithmetic, so two groups' reads are in flight per warp (and
+    under PDL the first group's before waiting for the kernel that writes x: kernels/pdl.py)."""
     pid_n = tl.program_id(0)
     pid_split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -198,6 +201,7 @@ def _int4_gemv_kernel(
             num_inputs,
             GROUP,
         )
+    wait_for_previous_kernel(USE_PDL)
     for step in range(0, groups_per_split):
         group = first_group + step
         if PREFETCH:
@@ -320,10 +324,12 @@ def _int4_row_kernel(
     GROUP: tl.constexpr,
     GROUPS: tl.constexpr,
     BLOCK_N: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     """One token row, BLOCK_N columns over the whole K per program: no split-K, so no partials,
     tickets or last-arriving reduce (whose serial latency dominated the small projections), and
-    the next chunk of GROUPS groups is loaded before this chunk's arithmetic."""
+    the next chunk of GROUPS groups is loaded before this chunk's arithmetic (the first one, under
+    PDL, before waiting for the kernel that writes x: kernels/pdl.py)."""
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     is_n = offs_n < num_columns
@@ -341,6 +347,7 @@ def _int4_row_kernel(
         GROUP,
         GROUPS,
     )
+    wait_for_previous_kernel(USE_PDL)
     for chunk in range(0, num_chunks):
         next_packed, next_scale, next_zero = _load_group_chunk(
             packed_ptr,
@@ -532,6 +539,7 @@ def int4_decode_matmul(
     out = torch.empty(num_tokens, num_columns, dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
+    pdl = pdl_enabled(x.device)  # the GEMVs only: they read weights no kernel writes
     if kernel.kind == "row":
         if num_tokens != 1:
             raise ValueError(f"int4 kernel {kernel} takes one token row, not {num_tokens}")
@@ -548,7 +556,9 @@ def int4_decode_matmul(
             GROUP=group_size,
             GROUPS=kernel.groups,
             BLOCK_N=kernel.block_n,
+            USE_PDL=pdl,
             num_warps=kernel.num_warps,
+            launch_pdl=pdl,
         )
         return out
     block_m = _block_m(num_tokens)
@@ -589,7 +599,9 @@ def int4_decode_matmul(
             BLOCK_N=kernel.block_n,
             ROWS=kernel.rows,
             PREFETCH=kernel.prefetch,
+            USE_PDL=pdl,
             num_warps=kernel.num_warps,
+            launch_pdl=pdl,
         )
     else:
         bf16 = x.dtype == torch.bfloat16

@@ -39,6 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.pdl import allow_next_kernel, pdl_enabled
 from ladle.kernels.split_counters import counter_buffer
 
 LOG2_E = 1.4426950408889634
@@ -179,7 +180,9 @@ def _paged_attention_kernel(
     TILES_ARE_REQUESTS: tl.constexpr,
     IS_SPLIT: tl.constexpr,
     KV_FP8: tl.constexpr = False,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
+    allow_next_kernel(LAUNCH_DEPENDENTS)  # the o projection may load weights (kernels/pdl.py)
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -615,6 +618,7 @@ def _launch(
         TILES_ARE_REQUESTS=is_decode,
         IS_SPLIT=num_splits > 1,
         KV_FP8=kv_scales is not None,
+        LAUNCH_DEPENDENTS=is_decode and pdl_enabled(query.device),
         num_warps=num_warps,
         num_stages=num_stages,
     )

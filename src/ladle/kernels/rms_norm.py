@@ -22,6 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.pdl import allow_next_kernel, pdl_enabled
 from ladle.kernels.per_token_quant import quant_max, quantize_row
 
 
@@ -45,7 +46,9 @@ def _rms_norm_kernel(
     QUANTIZE: tl.constexpr,
     QMAX: tl.constexpr,
     IS_INT: tl.constexpr,
+    LAUNCH_DEPENDENTS: tl.constexpr = False,
 ):
+    allow_next_kernel(LAUNCH_DEPENDENTS)  # the projection after it may load weights (pdl.py)
     row = tl.program_id(0)
     token = (row // num_heads).to(tl.int64)
     head = row % num_heads
@@ -137,6 +140,7 @@ def rms_norm(
         QUANTIZE=False,
         QMAX=0.0,
         IS_INT=False,
+        LAUNCH_DEPENDENTS=pdl_enabled(x.device),
         num_warps=_num_warps(block),
     )
     return output
@@ -199,6 +203,7 @@ def rms_norm_quant(
         QMAX=qmax,
         IS_INT=code_dtype == torch.int8,
         # The norm's own warps: the variance then sums in rms_norm's order, the same bits.
+        LAUNCH_DEPENDENTS=pdl_enabled(x.device),
         num_warps=_num_warps(block),
     )
     return codes, scale
