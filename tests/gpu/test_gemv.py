@@ -66,3 +66,46 @@ def test_linear_and_logits_at_batch_one_match_their_torch_path():
     for got, expected in zip(fused, plain):
         # Both round a float32 sum to bfloat16; the sums' order differs.
         torch.testing.assert_close(got.float(), expected.float(), rtol=1.6e-2, atol=2e-3)
+
+
+def test_gemv_reads_what_the_norm_before_it_wrote():
+    """Launched with programmatic dependent launch (kernels/pdl.py), the GEMV loads its first
+    weight tile while the RMSNorm that writes its input runs, and waits before reading x: fresh
+    inputs each replay of a graph of norm -> GEMV -> norm -> GEMV give torch's result every time
+    (a read before the wait would see the previous replay's activations)."""
+    from ladle.kernels.gemv import gemv
+    from ladle.kernels.pdl import pdl_enabled
+    from ladle.kernels.rms_norm import rms_norm
+
+    if not pdl_enabled(torch.device("cuda")):
+        pytest.skip("PDL is off (LADLE_PDL=0 or a GPU before Hopper)")
+    hidden = 4096
+    weights = [
+        torch.randn(n, hidden, device="cuda").to(torch.bfloat16) / hidden**0.5
+        for n in (hidden, 14336)
+    ]
+    norm_weight = torch.rand(hidden, device="cuda").to(torch.bfloat16) + 0.5
+    static_x = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+
+    def step():
+        hidden_1 = gemv(rms_norm(static_x, norm_weight, 1e-5), weights[0])
+        return gemv(rms_norm(hidden_1, norm_weight, 1e-5), weights[1])
+
+    def reference():
+        hidden_1 = rms_norm(static_x, norm_weight, 1e-5) @ weights[0].t()
+        return rms_norm(hidden_1, norm_weight, 1e-5).float() @ weights[1].float().t()
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for _ in range(5):
+        static_x.copy_(torch.randn(1, hidden, device="cuda").to(torch.bfloat16))
+        graph.replay()
+        expected = reference()
+        error = ((static_out.float() - expected).norm() / expected.norm()).item()
+        assert error < 2e-2

@@ -17,6 +17,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+
 # Two rows per program, 2048-wide K tiles, 8 warps: the best of 24 configurations summed over
 # the 8B's decode step (qkv, o, gate_up, down x 32 layers and the LM head; each shape within
 # 0.2 us of its own best; scripts/gemv_bench.py on an H100).
@@ -24,6 +26,17 @@ BLOCK_N = 2
 MAX_BLOCK_K = 2048
 NUM_WARPS = 8
 NUM_STAGES = 3
+
+
+@triton.jit
+def _load_weight_tile(w_ptr, rows, row_mask, cols, col_mask, K):
+    # Each weight byte is read once: keep it out of the way of what is reused (x, bias).
+    return tl.load(
+        w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
+        mask=row_mask[:, None] & col_mask[None, :],
+        other=0.0,
+        eviction_policy="evict_first",
+    )
 
 
 @triton.jit
@@ -37,21 +50,23 @@ def _gemv_kernel(
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    # The first weight tile is loaded before waiting for the kernel that writes x (under PDL,
+    # kernels/pdl.py: it may still be running), the rest in the loop.
+    cols = tl.arange(0, BLOCK_K)
+    col_mask = cols < K
+    w = _load_weight_tile(w_ptr, rows, row_mask, cols, col_mask, K)
+    wait_for_previous_kernel(USE_PDL)
+    x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+    acc = w.to(tl.float32) * x[None, :]
+    for start in range(BLOCK_K, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_mask = cols < K
         x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-        # Each weight byte is read once: keep it out of the way of what is reused (x, bias).
-        w = tl.load(
-            w_ptr + rows[:, None].to(tl.int64) * K + cols[None, :],
-            mask=row_mask[:, None] & col_mask[None, :],
-            other=0.0,
-            eviction_policy="evict_first",
-        )
+        w = _load_weight_tile(w_ptr, rows, row_mask, cols, col_mask, K)
         acc += w.to(tl.float32) * x[None, :]
     result = tl.sum(acc, axis=1)
     if HAS_BIAS:
@@ -84,6 +99,7 @@ def gemv(
     n, k = weight.shape
     out = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
     block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
+    pdl = pdl_enabled(x.device)
     _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](
         x,
         weight,
@@ -94,7 +110,9 @@ def gemv(
         HAS_BIAS=bias is not None,
         BLOCK_N=BLOCK_N,
         BLOCK_K=block_k,
+        USE_PDL=pdl,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
+        launch_pdl=pdl,
     )
     return out
