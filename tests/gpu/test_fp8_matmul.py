@@ -58,3 +58,41 @@ def test_tile_rule_and_more_rows_take_cublas():
     assert wide.block_m == 64 and wide.max_imprecise_acc == PRECISE_ACCUMULATION
     assert decode_tile(64, 4096, fast_accumulation=False).max_imprecise_acc == 128
     assert decode_tile(64, 4096, fast_accumulation=True).max_imprecise_acc is None
+
+
+@pytest.mark.parametrize("tokens", [1, 64, 128])
+def test_matmul_reads_what_the_quantization_before_it_wrote(tokens):
+    """Launched with programmatic dependent launch (kernels/pdl.py), the GEMM loads its first
+    weight tile while per_token_quant writes its input codes, and waits before reading them:
+    fresh inputs each replay of a graph of quantize -> GEMM give the float32 result every time."""
+    from ladle.kernels.fp8_matmul import decode_tile, fp8_matmul
+    from ladle.kernels.pdl import pdl_enabled
+    from ladle.kernels.per_token_quant import per_token_quant
+
+    if not pdl_enabled(torch.device("cuda")):
+        pytest.skip("PDL is off (LADLE_PDL=0 or a GPU before Hopper)")
+    n, k = 4096, 14336
+    codes_w = (torch.randn(n, k, device="cuda") * 64).clamp(-448, 448).to(torch.float8_e4m3fn)
+    w_scale = torch.rand(n, device="cuda") * 1e-3 + 1e-4
+    tile = decode_tile(tokens, n)
+    static_x = torch.randn(tokens, k, device="cuda").to(torch.bfloat16)
+
+    def step():
+        codes_x, x_scale = per_token_quant(static_x, torch.float8_e4m3fn)
+        return fp8_matmul(codes_x, codes_w, x_scale, w_scale, tile)
+
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static_out = step()
+    for _ in range(5):
+        static_x.copy_(torch.randn(tokens, k, device="cuda").to(torch.bfloat16))
+        graph.replay()
+        codes_x, x_scale = per_token_quant(static_x, torch.float8_e4m3fn)
+        expected = (codes_x.float() * x_scale) @ (codes_w.float() * w_scale[:, None]).t()
+        error = ((static_out.float() - expected).norm() / expected.norm()).item()
+        assert error < 5e-3

@@ -18,6 +18,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+
 
 @dataclass(frozen=True)
 class Fp8Tile:
@@ -76,6 +78,16 @@ def decode_tile(
     )
 
 
+@triton.jit
+def _load_weight_tile(w_rows, cols, is_n, in_k):
+    return tl.load(
+        w_rows + cols[None, :],
+        mask=is_n[:, None] & in_k[None, :],
+        other=0.0,
+        eviction_policy="evict_first",  # read once a step
+    )
+
+
 @triton.jit(do_not_specialize=["num_tokens"])
 def _fp8_matmul_kernel(
     x_ptr,
@@ -92,6 +104,7 @@ def _fp8_matmul_kernel(
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
     MAX_IMPRECISE_ACC: tl.constexpr = None,
+    USE_PDL: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
@@ -103,16 +116,18 @@ def _fp8_matmul_kernel(
     x_rows = x_ptr + offs_m[:, None].to(tl.int64) * stride_x
     w_rows = w_ptr + offs_n[:, None].to(tl.int64) * K
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    for start in range(0, K, BLOCK_K):
+    # The first weight tile before waiting for the kernel that writes x (under PDL it may still
+    # be running: kernels/pdl.py), the rest in the loop.
+    in_k = offs_k < K
+    w = _load_weight_tile(w_rows, offs_k, is_n, in_k)
+    wait_for_previous_kernel(USE_PDL)
+    x = tl.load(x_rows + offs_k[None, :], mask=is_m[:, None] & in_k[None, :], other=0.0)
+    acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
+    for start in range(BLOCK_K, K, BLOCK_K):
         cols = start + offs_k
         in_k = cols < K
         x = tl.load(x_rows + cols[None, :], mask=is_m[:, None] & in_k[None, :], other=0.0)
-        w = tl.load(
-            w_rows + cols[None, :],
-            mask=is_n[:, None] & in_k[None, :],
-            other=0.0,
-            eviction_policy="evict_first",  # read once a step
-        )
+        w = _load_weight_tile(w_rows, cols, is_n, in_k)
         acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
     x_scale = tl.load(x_scale_ptr + offs_m, mask=is_m, other=0.0)
     w_scale = tl.load(w_scale_ptr + offs_n, mask=is_n, other=0.0)
@@ -137,6 +152,7 @@ def fp8_matmul(
     n = weight.shape[0]
     out = torch.empty((num_tokens, n), dtype=out_dtype, device=x_codes.device)
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(num_tokens, tile.block_m))
+    pdl = pdl_enabled(x_codes.device)
     _fp8_matmul_kernel[grid](
         x_codes,
         weight,
@@ -152,7 +168,9 @@ def fp8_matmul(
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
         MAX_IMPRECISE_ACC=tile.max_imprecise_acc,
+        USE_PDL=pdl,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
+        launch_pdl=pdl,
     )
     return out
