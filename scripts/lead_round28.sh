@@ -4,6 +4,11 @@
 #   DEADLINE_S=575 bash scripts/lead_round28.sh     (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
+echo "== gate: attention, int4, fp8, GEMV kernel tests" | tee -a "$LOG"
+timeout 120 python3 -m pytest -q -p no:cacheprovider -x -n 4 tests/gpu/test_triton_attention.py \
+  tests/gpu/test_int4_decode.py tests/gpu/test_fp8_matmul.py tests/gpu/test_gemv.py > "$OUT/gate.log" 2>&1
+tail -3 "$OUT/gate.log" | tee -a "$LOG"
+grep -q " passed" "$OUT/gate.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/gate.log" || exit 1
 echo "== all GPU tests" | tee -a "$LOG"
 timeout 250 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 --dist loadfile tests/gpu --deselect \
   tests/gpu/test_fp8_kv_cache.py::test_fp8_budget_sizes_blocks_at_half_the_bf16_bytes > "$OUT/gpu_tests.log" 2>&1

@@ -181,6 +181,7 @@ def _paged_attention_kernel(
     IS_SPLIT: tl.constexpr,
     KV_FP8: tl.constexpr = False,
     LAUNCH_DEPENDENTS: tl.constexpr = False,
+    SPLITS_PADDED: tl.constexpr = 1,
     SPLIT_CHUNK: tl.constexpr = 1,
 ):
     allow_next_kernel(LAUNCH_DEPENDENTS)  # the o projection may load weights (kernels/pdl.py)
@@ -329,7 +330,7 @@ def _paged_attention_kernel(
                 GROUP,
                 GROUP_PADDED,
                 HEAD_DIM,
-                MAX_SPLITS,
+                SPLITS_PADDED,
                 SPLIT_CHUNK,
             )
             tl.atomic_xchg(counter, 0)
@@ -355,7 +356,7 @@ def _merge_splits(
     GROUP: tl.constexpr,
     GROUP_PADDED: tl.constexpr,
     HEAD_DIM: tl.constexpr,
-    MAX_SPLITS: tl.constexpr,
+    SPLITS_PADDED: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
 ):
     """Write the decode token's output for the GROUP query heads of kv_head: each split's
@@ -366,7 +367,7 @@ def _merge_splits(
     is_head = heads_in_group < GROUP
     head = kv_head * GROUP + heads_in_group
     first_rows = (request.to(tl.int64) * num_heads + head) * num_splits  # [GROUP_PADDED]
-    splits = tl.arange(0, MAX_SPLITS)
+    splits = tl.arange(0, SPLITS_PADDED)
     lse = tl.load(
         split_lse_ptr + first_rows[:, None] + splits[None, :],
         mask=is_head[:, None] & (splits[None, :] < num_splits),
@@ -640,6 +641,7 @@ def _launch(
         IS_SPLIT=num_splits > 1,
         KV_FP8=kv_scales is not None,
         LAUNCH_DEPENDENTS=is_decode and pdl_enabled(query.device),
+        SPLITS_PADDED=MAX_SPLITS,
         # Splits merged per load: a [group, chunk, head_dim] float32 tile of at most 8192.
         SPLIT_CHUNK=max(1, min(MAX_SPLITS, 8192 // (group_padded * head_dim))),
         num_warps=num_warps,
