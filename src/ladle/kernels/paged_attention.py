@@ -383,11 +383,11 @@ def _merge_splits(
     for first_split in range(0, num_splits, SPLIT_CHUNK):
         rows = first_rows[:, None] + (first_split + chunk)[None, :]  # [GROUP_PADDED, CHUNK]
         is_split = is_head[:, None] & ((first_split + chunk)[None, :] < num_splits)
-        lse = tl.load(
+        chunk_lse = tl.load(
             split_lse_ptr + rows, mask=is_split, other=float("-inf"), cache_modifier=".cg"
         )
-        has_keys = lse > float("-inf")
-        weight = tl.where(has_keys, tl.exp2(lse - max_lse[:, None]), 0.0)
+        has_keys = chunk_lse > float("-inf")
+        weight = tl.where(has_keys, tl.exp2(chunk_lse - max_lse[:, None]), 0.0)
         # Masked by the split count only, not by the lse: then every load of the merge can be
         # in flight at once (an empty split's partial is 0, and its weight 0).
         partial = tl.load(
