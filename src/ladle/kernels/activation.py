@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ladle.kernels.pdl import allow_next_kernel, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
 
 
 @triton.jit
@@ -23,9 +23,9 @@ def _silu_and_mul_kernel(
     stride_input_row,
     stride_output_row,
     BLOCK: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
-    allow_next_kernel(LAUNCH_DEPENDENTS)  # the down projection may load weights (pdl.py)
+    enter_dependent_launch(USE_PDL)  # kernels/pdl.py
     row = tl.program_id(0).to(tl.int64)
     columns = tl.program_id(1) * BLOCK + tl.arange(0, BLOCK)
     is_column = columns < width
@@ -54,7 +54,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         rows.stride(0),
         output_rows.stride(0),
         BLOCK=block,
-        LAUNCH_DEPENDENTS=pdl_enabled(x.device),
+        USE_PDL=pdl_enabled(x.device),
         num_warps=4,
+        launch_pdl=pdl_enabled(x.device),
     )
     return output

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from ladle.kernels.pdl import allow_next_kernel, pdl_enabled, wait_for_previous_kernel
 
 
 @dataclass(frozen=True)
@@ -106,6 +106,7 @@ def _fp8_matmul_kernel(
     MAX_IMPRECISE_ACC: tl.constexpr = None,
     USE_PDL: tl.constexpr = False,
 ):
+    allow_next_kernel(USE_PDL)  # kernels/pdl.py
     pid_n = tl.program_id(0)
     pid_m = tl.program_id(1)
     offs_m = pid_m * BLOCK_M + tl.arange(0, BLOCK_M)

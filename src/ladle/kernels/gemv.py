@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from ladle.kernels.pdl import allow_next_kernel, pdl_enabled, wait_for_previous_kernel
 
 # Two rows per program, 2048-wide K tiles, 8 warps: the best of 24 configurations summed over
 # the 8B's decode step (qkv, o, gate_up, down x 32 layers and the LM head; each shape within
@@ -52,6 +52,7 @@ def _gemv_kernel(
     BLOCK_K: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
+    allow_next_kernel(USE_PDL)  # kernels/pdl.py
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
     # The first weight tile is loaded before waiting for the kernel that writes x (under PDL,

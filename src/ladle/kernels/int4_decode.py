@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import pdl_enabled, wait_for_previous_kernel
+from ladle.kernels.pdl import allow_next_kernel, pdl_enabled, wait_for_previous_kernel
 from ladle.kernels.split_counters import COUNTER_CAPACITY, counter_buffer
 
 
@@ -175,6 +175,7 @@ def _int4_gemv_kernel(
     and multiplied into every row. With PREFETCH the next group's words, scales and zeros are
     loaded before this group's arithmetic, so two groups' reads are in flight per warp (and
     under PDL the first group's before waiting for the kernel that writes x: kernels/pdl.py)."""
+    allow_next_kernel(USE_PDL)
     pid_n = tl.program_id(0)
     pid_split = tl.program_id(1)
     pid_m = tl.program_id(2)
@@ -330,6 +331,7 @@ def _int4_row_kernel(
     tickets or last-arriving reduce (whose serial latency dominated the small projections), and
     the next chunk of GROUPS groups is loaded before this chunk's arithmetic (the first one, under
     PDL, before waiting for the kernel that writes x: kernels/pdl.py)."""
+    allow_next_kernel(USE_PDL)
     pid_n = tl.program_id(0)
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
     is_n = offs_n < num_columns

@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import allow_next_kernel, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
 from ladle.kernels.split_counters import counter_buffer
 
 LOG2_E = 1.4426950408889634
@@ -180,11 +180,11 @@ def _paged_attention_kernel(
     TILES_ARE_REQUESTS: tl.constexpr,
     IS_SPLIT: tl.constexpr,
     KV_FP8: tl.constexpr = False,
-    LAUNCH_DEPENDENTS: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
     SPLITS_PADDED: tl.constexpr = 1,
     SPLIT_CHUNK: tl.constexpr = 1,
 ):
-    allow_next_kernel(LAUNCH_DEPENDENTS)  # the o projection may load weights (kernels/pdl.py)
+    enter_dependent_launch(USE_PDL)  # kernels/pdl.py
     tile = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -604,6 +604,7 @@ def _launch(
     else:
         split_output = split_lse = output  # unused
     counters = counter_buffer(query.device) if num_splits > 1 else seq_lens  # seq_lens: unused
+    use_pdl = is_decode and pdl_enabled(query.device)  # the decode step's chain (kernels/pdl.py)
 
     _paged_attention_kernel[grid](
         output,
@@ -640,10 +641,11 @@ def _launch(
         TILES_ARE_REQUESTS=is_decode,
         IS_SPLIT=num_splits > 1,
         KV_FP8=kv_scales is not None,
-        LAUNCH_DEPENDENTS=is_decode and pdl_enabled(query.device),
+        USE_PDL=use_pdl,
         SPLITS_PADDED=MAX_SPLITS,
         # Splits merged per load: a [group, chunk, head_dim] float32 tile of at most 8192.
         SPLIT_CHUNK=max(1, min(MAX_SPLITS, 8192 // (group_padded * head_dim))),
         num_warps=num_warps,
         num_stages=num_stages,
+        launch_pdl=use_pdl,
     )

@@ -1,18 +1,20 @@
-"""Programmatic dependent launch (Hopper and later): a decode GEMV starts reading its weights
-while the small kernel before it is still running.
+"""Programmatic dependent launch (Hopper and later): each kernel of a decode step is resident
+and waiting when the one before it finishes, and a GEMV reads its first weights meanwhile.
 
-A batch-1 decode step of the 8B shape is ~340 launches; each weight-streaming GEMV used to start
-only when the norm, SiLU or attention launch before it had finished, then wait a full memory
-latency for its first weights. With PDL the kernel before it signals early
-(`allow_next_kernel`: griddepcontrol.launch_dependents, right at its start), the GEMV's programs
-become resident on the SMs it leaves free, load their first weight tiles (which no kernel writes)
-and only then wait (`wait_for_previous_kernel`: griddepcontrol.wait) for the previous kernel to
-finish and its writes to be visible, before they read the activations or write anything.
+A batch-1 decode step of the 8B shape is ~300 launches of a few microseconds each, so the launch
+latency between them and each GEMV's first trip to memory are a large part of the step. Every
+Triton kernel of the decode path is launched with PDL and, at its start, signals that the next
+one may launch (`allow_next_kernel`: griddepcontrol.launch_dependents): the next kernel's programs
+then become resident on the SMs this one leaves free. They wait (`wait_for_previous_kernel`:
+griddepcontrol.wait) for this kernel to finish and its writes to be visible before they read its
+output or write anything; a GEMV first loads its first weight tiles, which no kernel writes.
 
 Safe by construction: every program of a launched-with-PDL kernel waits before its first read of
-another kernel's output and before its first write (so it completes only after the kernel before
-it, which keeps stream order transitive for whatever follows), and the signal is a no-op when the
-next launch is an ordinary one. CUDA graphs keep the edges (stream capture turns them into
+another kernel's output, its first write and any early exit (so it completes only after the
+kernel before it, which keeps stream order transitive for whatever follows), and the signal is a
+no-op when the next launch is an ordinary one (torch's kernels, cuBLAS). A next kernel can only
+launch once every program of this one has started, so it never takes an SM that this one's own
+programs need. CUDA graphs keep the edges (stream capture turns them into
 programmatic dependencies). LADLE_PDL=0 in the environment turns it off.
 """
 
@@ -54,3 +56,11 @@ def allow_next_kernel(ENABLED: tl.constexpr):
     """Let a next kernel launched with PDL start its programs now (they wait before reading)."""
     if ENABLED:
         gdc_launch_dependents()
+
+
+@triton.jit
+def enter_dependent_launch(ENABLED: tl.constexpr):
+    """The start of a kernel in the PDL chain that reads its inputs at once: let the next kernel
+    launch, then wait for the previous one."""
+    allow_next_kernel(ENABLED)
+    wait_for_previous_kernel(ENABLED)

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ladle.kernels.pdl import allow_next_kernel, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
 
 MIN_SCALE = 1e-12
 
@@ -51,9 +51,9 @@ def _per_token_quant_kernel(
     QMAX: tl.constexpr,
     IS_INT: tl.constexpr,
     BLOCK: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
-    allow_next_kernel(LAUNCH_DEPENDENTS)  # the GEMM after it may load weights (kernels/pdl.py)
+    enter_dependent_launch(USE_PDL)  # kernels/pdl.py
     row = tl.program_id(0).to(tl.int64)
     columns = tl.arange(0, BLOCK)
     is_column = columns < num_columns
@@ -96,8 +96,9 @@ def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
         QMAX=quant_max(dtype),
         IS_INT=dtype == torch.int8,
         BLOCK=block,
-        LAUNCH_DEPENDENTS=pdl_enabled(x.device),
+        USE_PDL=pdl_enabled(x.device),
         num_warps=max(1, min(16, block // 1024)),
+        launch_pdl=pdl_enabled(x.device),
     )
     return codes, scale
 

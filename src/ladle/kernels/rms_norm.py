@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import allow_next_kernel, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
 from ladle.kernels.per_token_quant import quant_max, quantize_row
 
 
@@ -46,9 +46,9 @@ def _rms_norm_kernel(
     QUANTIZE: tl.constexpr,
     QMAX: tl.constexpr,
     IS_INT: tl.constexpr,
-    LAUNCH_DEPENDENTS: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
-    allow_next_kernel(LAUNCH_DEPENDENTS)  # the projection after it may load weights (pdl.py)
+    enter_dependent_launch(USE_PDL)  # kernels/pdl.py
     row = tl.program_id(0)
     token = (row // num_heads).to(tl.int64)
     head = row % num_heads
@@ -140,8 +140,9 @@ def rms_norm(
         QUANTIZE=False,
         QMAX=0.0,
         IS_INT=False,
-        LAUNCH_DEPENDENTS=pdl_enabled(x.device),
+        USE_PDL=pdl_enabled(x.device),
         num_warps=_num_warps(block),
+        launch_pdl=pdl_enabled(x.device),
     )
     return output
 
@@ -203,7 +204,8 @@ def rms_norm_quant(
         QMAX=qmax,
         IS_INT=code_dtype == torch.int8,
         # The norm's own warps: the variance then sums in rms_norm's order, the same bits.
-        LAUNCH_DEPENDENTS=pdl_enabled(x.device),
+        USE_PDL=pdl_enabled(x.device),
         num_warps=_num_warps(block),
+        launch_pdl=pdl_enabled(x.device),
     )
     return codes, scale

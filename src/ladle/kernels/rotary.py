@@ -18,6 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
 from ladle.kernels.reshape_and_cache import cache_codes
 
 
@@ -114,7 +115,9 @@ def _rotary_kernel(
     KEY_HEADS_PADDED: tl.constexpr,
     WRITE_CACHE: tl.constexpr = False,
     QUANTIZE: tl.constexpr = False,
+    USE_PDL: tl.constexpr = False,
 ):
+    enter_dependent_launch(USE_PDL)  # kernels/pdl.py
     token = tl.program_id(0).to(tl.int64)
     position = tl.load(positions_ptr + token).to(tl.int64)
     dims = tl.arange(0, HALF_PADDED)
@@ -243,7 +246,9 @@ def rotary_embedding_(
         KEY_HEADS_PADDED=triton.next_power_of_2(num_key_heads),
         WRITE_CACHE=write_cache,
         QUANTIZE=quantize,
+        USE_PDL=pdl_enabled(query.device),
         num_warps=4,
+        launch_pdl=pdl_enabled(query.device),
         # No mul+add contraction into FMAs: float32 results then round as the eager ops do.
         enable_fp_fusion=False,
     )
