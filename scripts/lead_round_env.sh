@@ -47,6 +47,6 @@ w2_run() {
   local name=$1; shift
   echo "== W2 all 256, $name ($(left) s left)" | tee -a "$LOG"
   timeout $(( $(left) - 5 < 110 ? $(left) - 5 : 110 )) python3 -m ladle bench throughput \
-    --workload W2 --runs 1 --no-busy --no-progress "$@" --json "$OUT/w2_$name.json" 2>&1 \
+    --workload W2 --runs 1 --no-busy --no-progress "$@" --json "${W2_JSON_DIR:-$OUT}/w2_$name.json" 2>&1 \
     | grep -E "tok/s \(|ITL" | tee -a "$LOG"
 }
