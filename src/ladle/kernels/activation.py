@@ -54,8 +54,8 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         rows.stride(0),
         output_rows.stride(0),
         BLOCK=block,
-        USE_PDL=pdl_enabled(x.device),
+        USE_PDL=pdl_enabled(x.device, rows.shape[0]),
         num_warps=4,
-        launch_pdl=pdl_enabled(x.device),
+        launch_pdl=pdl_enabled(x.device, rows.shape[0]),
     )
     return output

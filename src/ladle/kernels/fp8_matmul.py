@@ -153,7 +153,7 @@ def fp8_matmul(
     n = weight.shape[0]
     out = torch.empty((num_tokens, n), dtype=out_dtype, device=x_codes.device)
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(num_tokens, tile.block_m))
-    pdl = pdl_enabled(x_codes.device)
+    pdl = pdl_enabled(x_codes.device, num_tokens)
     _fp8_matmul_kernel[grid](
         x_codes,
         weight,

@@ -541,7 +541,7 @@ def int4_decode_matmul(
     out = torch.empty(num_tokens, num_columns, dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
-    pdl = pdl_enabled(x.device)  # the GEMVs only: they read weights no kernel writes
+    pdl = pdl_enabled(x.device, num_tokens)  # the GEMVs only (the mma kernel goes without)
     if kernel.kind == "row":
         if num_tokens != 1:
             raise ValueError(f"int4 kernel {kernel} takes one token row, not {num_tokens}")

@@ -604,7 +604,7 @@ def _launch(
     else:
         split_output = split_lse = output  # unused
     counters = counter_buffer(query.device) if num_splits > 1 else seq_lens  # seq_lens: unused
-    use_pdl = is_decode and pdl_enabled(query.device)  # the decode step's chain (kernels/pdl.py)
+    use_pdl = is_decode and pdl_enabled(query.device, num_reqs)  # the decode chain (pdl.py)
 
     _paged_attention_kernel[grid](
         output,

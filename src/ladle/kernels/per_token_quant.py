@@ -96,9 +96,9 @@ def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
         QMAX=quant_max(dtype),
         IS_INT=dtype == torch.int8,
         BLOCK=block,
-        USE_PDL=pdl_enabled(x.device),
+        USE_PDL=pdl_enabled(x.device, num_rows),
         num_warps=max(1, min(16, block // 1024)),
-        launch_pdl=pdl_enabled(x.device),
+        launch_pdl=pdl_enabled(x.device, num_rows),
     )
     return codes, scale
 
