@@ -65,6 +65,8 @@ def test_matmul_reads_what_the_quantization_before_it_wrote(tokens):
     """Launched with programmatic dependent launch (kernels/pdl.py), the GEMM loads its first
     weight tile while per_token_quant writes its input codes, and waits before reading them:
     fresh inputs each replay of a graph of quantize -> GEMM give the float32 result every time."""
+    from helpers.cuda_graphs import capture
+
     from ladle.kernels.fp8_matmul import decode_tile, fp8_matmul
     from ladle.kernels.pdl import pdl_enabled
     from ladle.kernels.per_token_quant import per_token_quant
@@ -81,14 +83,7 @@ def test_matmul_reads_what_the_quantization_before_it_wrote(tokens):
         codes_x, x_scale = per_token_quant(static_x, torch.float8_e4m3fn)
         return fp8_matmul(codes_x, codes_w, x_scale, w_scale, tile)
 
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        step()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        static_out = step()
+    graph, static_out = capture(step)
     for _ in range(5):
         static_x.copy_(torch.randn(tokens, k, device="cuda").to(torch.bfloat16))
         graph.replay()
