@@ -4,10 +4,7 @@
 #   DEADLINE_S=570 bash scripts/lead_round26.sh     (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
-echo "== all GPU tests" | tee -a "$LOG"
-timeout 250 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 --dist loadfile tests/gpu --deselect \
-  tests/gpu/test_fp8_kv_cache.py::test_fp8_budget_sizes_blocks_at_half_the_bf16_bytes > "$OUT/gpu_tests.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15 | tee -a "$LOG"
+all_gpu_tests
 echo "== profile int4 batch 1 ($(left) s left)" | tee -a "$LOG"
 timeout 60 python3 scripts/decode_kernel_profile.py --steps 10 --top 25 --quantization int4 \
   > "$OUT/prof_int4_1.json" 2> "$OUT/prof_int4_1.err"; tail -c 300 "$OUT/prof_int4_1.err" >> "$LOG"

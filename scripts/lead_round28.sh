@@ -4,22 +4,9 @@
 #   DEADLINE_S=575 bash scripts/lead_round28.sh     (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
-echo "== gate: attention, int4, fp8, GEMV kernel tests" | tee -a "$LOG"
-timeout 120 python3 -m pytest -q -p no:cacheprovider -x -n 4 tests/gpu/test_triton_attention.py \
-  tests/gpu/test_int4_decode.py tests/gpu/test_fp8_matmul.py tests/gpu/test_gemv.py > "$OUT/gate.log" 2>&1
-tail -3 "$OUT/gate.log" | tee -a "$LOG"
-grep -q " passed" "$OUT/gate.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/gate.log" || exit 1
-echo "== all GPU tests" | tee -a "$LOG"
-timeout 250 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 --dist loadfile tests/gpu --deselect \
-  tests/gpu/test_fp8_kv_cache.py::test_fp8_budget_sizes_blocks_at_half_the_bf16_bytes > "$OUT/gpu_tests.log" 2>&1
-grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15 | tee -a "$LOG"
-latency() {  # $1 name, $2 workload, rest: args
-  local name=$1 workload=$2; shift 2
-  [ "$(left)" -gt 60 ] || { echo "skipped $name" | tee -a "$LOG"; return; }
-  echo "== $name ($(left) s left)" | tee -a "$LOG"
-  timeout 70 python3 -m ladle bench latency --workload "$workload" --runs 3 --no-busy --no-progress \
-    "$@" --json "/tmp/$name.json" 2>&1 | grep -E "ITL" | tee -a "$LOG"
-}
+gpu_gate tests/gpu/test_triton_attention.py tests/gpu/test_int4_decode.py \
+  tests/gpu/test_fp8_matmul.py tests/gpu/test_gemv.py
+all_gpu_tests
 latency w3_8b_int4_pdl W3-8b --quantization int4
 LADLE_PDL=0 latency w3_8b_int4_nopdl W3-8b --quantization int4
 latency w3_bf16_pdl W3

@@ -50,3 +50,32 @@ w2_run() {
     --workload W2 --runs 1 --no-busy --no-progress "$@" --json "${W2_JSON_DIR:-$OUT}/w2_$name.json" 2>&1 \
     | grep -E "tok/s \(|ITL" | tee -a "$LOG"
 }
+
+# A gate on the kernel test files given: four workers, stop at the first failure, and end the
+# round (exit 1) unless every test passed.
+gpu_gate() {
+  echo "== gate: $*" | tee -a "$LOG"
+  timeout 120 python3 -m pytest -q -p no:cacheprovider -x -n 4 "$@" > "$OUT/gate.log" 2>&1
+  tail -3 "$OUT/gate.log" | tee -a "$LOG"
+  grep -q " passed" "$OUT/gate.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/gate.log" || exit 1
+}
+
+# Every GPU test file, four workers (the fp8 budget test deselected: it sizes from memory other
+# workers hold); the summary to the round log.
+all_gpu_tests() {
+  echo "== all GPU tests" | tee -a "$LOG"
+  timeout "${1:-250}" python3 -m pytest -q -p no:cacheprovider -rfE -n 4 --dist loadfile tests/gpu \
+    --deselect tests/gpu/test_fp8_kv_cache.py::test_fp8_budget_sizes_blocks_at_half_the_bf16_bytes \
+    > "$OUT/gpu_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/gpu_tests.log" | tail -15 | tee -a "$LOG"
+}
+
+# One `ladle bench latency` of three runs, skipped near the deadline: $1 names it, $2 is the
+# workload, the rest go to the bench. Its ITL line to the log.
+latency() {
+  local name=$1 workload=$2; shift 2
+  [ "$(left)" -gt 60 ] || { echo "skipped $name" | tee -a "$LOG"; return; }
+  echo "== $name ($(left) s left)" | tee -a "$LOG"
+  timeout 70 python3 -m ladle bench latency --workload "$workload" --runs 3 --no-busy --no-progress \
+    "$@" --json "/tmp/$name.json" 2>&1 | grep -E "ITL" | tee -a "$LOG"
+}
