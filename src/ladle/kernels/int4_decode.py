@@ -471,6 +471,10 @@ class Int4Kernel:
     prefetch: bool = False
     groups: int = 0  # "row": quantization groups per loop trip
 
+    def suits(self, num_tokens: int) -> bool:
+        """Whether this kernel can take a call of num_tokens rows ("row" takes exactly one)."""
+        return num_tokens == 1 if self.kind == "row" else self.rows <= num_tokens
+
     def __str__(self) -> str:
         if self.kind == "row":
             return f"row/n{self.block_n}/w{self.num_warps}/g{self.groups}"

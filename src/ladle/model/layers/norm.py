@@ -83,7 +83,7 @@ class RMSNorm(nn.Module):
 
         if residual is None:
             return rms_norm(x, self.weight, self.eps)
-        if not residual.is_contiguous() or residual.shape != x.shape or residual.dtype != x.dtype:
+        if not _residual_fits(x, residual):
             residual = (x + residual).contiguous()
             return rms_norm(residual, self.weight, self.eps), residual
         return rms_norm(x, self.weight, self.eps, residual=residual), residual
@@ -92,12 +92,12 @@ class RMSNorm(nn.Module):
         """Whether rms_norm_quant takes these operands (else the plain kernel runs and the
         consumer quantizes): the decoder's [tokens, hidden] rows in the weight's dtype."""
         rows_fit = x.dim() == 2 and x.stride(1) == 1 and x.dtype == self.weight.dtype
-        return rows_fit and (
-            residual is None
-            or (
-                residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous()
-            )
-        )
+        return rows_fit and (residual is None or _residual_fits(x, residual))
 
     def extra_repr(self) -> str:
         return f"{self.hidden_size}, eps={self.eps}"
+
+
+def _residual_fits(x: torch.Tensor, residual: torch.Tensor) -> bool:
+    """Whether the fused kernels can add into and write back this residual tensor in place."""
+    return residual.shape == x.shape and residual.dtype == x.dtype and residual.is_contiguous()

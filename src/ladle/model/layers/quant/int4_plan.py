@@ -70,11 +70,7 @@ def time_in_graph_us(fn, calls: int = CALLS_PER_GRAPH, replays: int = REPLAYS) -
 def candidates(num_tokens: int) -> list[Int4Kernel | None]:
     listed: list[Int4Kernel | None] = list(MMA_KERNELS)
     if num_tokens <= GEMV_MAX_TOKENS:
-        gemv = [
-            kernel
-            for kernel in GEMV_KERNELS
-            if kernel.rows <= num_tokens and (kernel.kind != "row" or num_tokens == 1)
-        ]
+        gemv = [kernel for kernel in GEMV_KERNELS if kernel.suits(num_tokens)]
         listed = gemv + listed
     if num_tokens >= 8:
         listed.append(None)
