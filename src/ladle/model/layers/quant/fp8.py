@@ -1,7 +1,7 @@
 """FP8 W8A8: float8 e4m3 weights with one scale per output channel, activations quantized per
 token on the fly, the GEMM through torch._scaled_mm with row-wise scales (cuBLASLt's FP8 tensor
-cores on Hopper), or at decode batches up to 64 rows ladle's Triton kernel
-(kernels/fp8_matmul.py), which reads the weight faster there.
+cores on Hopper), or at decode batches up to 64 rows (128 for projections up to 4096 columns)
+ladle's Triton kernel (kernels/fp8_matmul.py), which reads the weight faster there.
 
     w_scale[n] = max_k |W[n, k]| / 448          W8[n, k] = e4m3(W[n, k] / w_scale[n])
     x_scale[m] = max_k |x[m, k]| / 448          x8[m, k] = e4m3(x[m, k] / x_scale[m])
