@@ -65,8 +65,7 @@ def test_matmul_reads_what_the_quantization_before_it_wrote(tokens):
     """Launched with programmatic dependent launch (kernels/pdl.py), the GEMM loads its first
     weight tile while per_token_quant writes its input codes, and waits before reading them:
     fresh inputs each replay of a graph of quantize -> GEMM give the float32 result every time."""
-    from helpers.cuda_graphs import capture
-
+    from ladle.bench.gpu_timing import capture_graph
     from ladle.kernels.fp8_matmul import decode_tile, fp8_matmul
     from ladle.kernels.pdl import pdl_enabled
     from ladle.kernels.per_token_quant import per_token_quant
@@ -83,7 +82,7 @@ def test_matmul_reads_what_the_quantization_before_it_wrote(tokens):
         codes_x, x_scale = per_token_quant(static_x, torch.float8_e4m3fn)
         return fp8_matmul(codes_x, codes_w, x_scale, w_scale, tile)
 
-    graph, static_out = capture(step)
+    graph, static_out = capture_graph(step)
     for _ in range(5):
         static_x.copy_(torch.randn(tokens, k, device="cuda").to(torch.bfloat16))
         graph.replay()

@@ -73,8 +73,7 @@ def test_gemv_reads_what_the_norm_before_it_wrote():
     weight tile while the RMSNorm that writes its input runs, and waits before reading x: fresh
     inputs each replay of a graph of norm -> GEMV -> norm -> GEMV give torch's result every time
     (a read before the wait would see the previous replay's activations)."""
-    from helpers.cuda_graphs import capture
-
+    from ladle.bench.gpu_timing import capture_graph
     from ladle.kernels.gemv import gemv
     from ladle.kernels.pdl import pdl_enabled
     from ladle.kernels.rms_norm import rms_norm
@@ -97,7 +96,7 @@ def test_gemv_reads_what_the_norm_before_it_wrote():
         hidden_1 = rms_norm(static_x, norm_weight, 1e-5) @ weights[0].t()
         return rms_norm(hidden_1, norm_weight, 1e-5).float() @ weights[1].float().t()
 
-    graph, static_out = capture(step)
+    graph, static_out = capture_graph(step)
     for _ in range(5):
         static_x.copy_(torch.randn(1, hidden, device="cuda").to(torch.bfloat16))
         graph.replay()

@@ -214,8 +214,7 @@ def test_gemv_reads_what_the_norm_before_it_wrote(kernel_index):
     RMSNorm that writes its input is still running and waits before reading it: fresh inputs
     each replay of a graph of norm -> GEMV -> norm -> GEMV must give the reference every time
     (a read before the wait would see the previous replay's activations)."""
-    from helpers.cuda_graphs import capture
-
+    from ladle.bench.gpu_timing import capture_graph
     from ladle.kernels.dispatch import set_fused_kernels
     from ladle.kernels.int4_decode import int4_decode_matmul
     from ladle.kernels.int4_matmul import int4_matmul_reference
@@ -253,7 +252,7 @@ def test_gemv_reads_what_the_norm_before_it_wrote(kernel_index):
     for _ in range(3):  # eagerly, back to back
         static_x.copy_(torch.randn(rows, hidden, device=CUDA).to(torch.bfloat16))
         assert relative_error(step(), reference()) < 2e-2
-    graph, static_out = capture(step)
+    graph, static_out = capture_graph(step)
     for _ in range(5):
         static_x.copy_(torch.randn(rows, hidden, device=CUDA).to(torch.bfloat16))
         graph.replay()

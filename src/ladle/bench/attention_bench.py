@@ -21,6 +21,7 @@ import torch.nn.functional as F
 import triton
 from triton.testing import do_bench
 
+from ladle.bench.gpu_timing import capture_graph
 from ladle.kernels.paged_attention import LaunchConfig, paged_attention
 
 
@@ -73,14 +74,7 @@ def contiguous_kv(kv_cache, block_tables, shape: Shape):
 def time_in_graph(fn, warmup_ms: int = 25, repeat_ms: int = 200) -> float:
     """Median milliseconds of one replay of a CUDA graph holding fn (no launch gaps)."""
     fn()
-    stream = torch.cuda.Stream()
-    stream.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(stream):
-        fn()
-    torch.cuda.current_stream().wait_stream(stream)
-    graph = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(graph):
-        fn()
+    graph, _ = capture_graph(fn)
     return do_bench(graph.replay, warmup=warmup_ms, rep=repeat_ms, return_mode="median")
 
 

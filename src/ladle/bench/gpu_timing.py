@@ -9,6 +9,20 @@ from collections.abc import Callable, Iterable
 import torch
 
 
+def capture_graph(step: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
+    """(a CUDA graph of step, the output that each replay rewrites): step is run once on a side
+    stream first, so that lazy allocations and kernel builds happen outside the capture."""
+    stream = torch.cuda.Stream()
+    stream.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(stream):
+        step()
+    torch.cuda.current_stream().wait_stream(stream)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        output = step()
+    return graph, output
+
+
 def calls_in_graph_us(
     calls: list[Callable[[], object]], replays: int = 4, samples: int = 5
 ) -> float:
