@@ -34,7 +34,8 @@ _enabled = os.environ.get(PDL_ENV, "1") != "0"
 
 @functools.cache
 def _has_pdl(device_index: int) -> bool:
-    return torch.cuda.get_device_capability(device_index)[0] >= 9
+    # NVIDIA from Hopper (sm_90) on; ROCm reports its own capability numbers and has no PDL.
+    return torch.version.hip is None and torch.cuda.get_device_capability(device_index)[0] >= 9
 
 
 # Launches of more rows than this go without: their kernels run long enough that a launch's
