@@ -451,7 +451,12 @@ class AsyncEngineClient:
         )
         try:
             core_requests = self.output_processor.add_request(
-                request_id, prompt, prompt_token_ids, params, time.monotonic(), priority,
+                request_id,
+                prompt,
+                prompt_token_ids,
+                params,
+                time.monotonic(),
+                priority,
                 deltas_only=stream,
             )
             buffer = _OutputBuffer()
@@ -476,7 +481,10 @@ class AsyncEngineClient:
         child_ids = self.output_processor.abort_request(request_id)
         self._forget(request_id)
         if child_ids and self.dead_reason is None:
-            self._send(wire.AbortRequests(child_ids))
+            try:
+                self._send(wire.AbortRequests(child_ids))
+            except EngineDeadError:
+                return  # a dead engine runs nothing that needs aborting
             self.metrics.record_aborted()
 
     def _forget(self, request_id: str) -> None:
@@ -486,9 +494,17 @@ class AsyncEngineClient:
             self._parent_of.pop(child_id, None)
 
     def _send(self, message: wire.EngineInput) -> None:
-        # The socket's queue is unbounded, so this never blocks; a dead peer is noticed by the
-        # process sentinel, not here.
-        self._input_socket.send(wire.encode_input(message), zmq.NOBLOCK)
+        """Queue message for the engine; EngineDeadError (and the client marked dead) when no
+        engine is on the other end of the socket any more."""
+        # The socket's queue is unbounded, so this never blocks while the engine is connected.
+        # A PUSH socket with no peer refuses at once (EAGAIN): the engine died and its process
+        # sentinel has not fired yet. That was a 500 "Again" to the user, and behind Ray Serve
+        # the ingress relayed it instead of sending the request to another replica.
+        try:
+            self._input_socket.send(wire.encode_input(message), zmq.NOBLOCK)
+        except zmq.Again:
+            self._mark_dead("the engine process stopped taking requests")
+            raise EngineDeadError(self.dead_reason) from None
 
     @property
     def num_open_requests(self) -> int:
