@@ -451,12 +451,7 @@ class AsyncEngineClient:
         )
         try:
             core_requests = self.output_processor.add_request(
-                request_id,
-                prompt,
-                prompt_token_ids,
-                params,
-                time.monotonic(),
-                priority,
+                request_id, prompt, prompt_token_ids, params, time.monotonic(), priority,
                 deltas_only=stream,
             )
             buffer = _OutputBuffer()
