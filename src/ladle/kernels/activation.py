@@ -12,7 +12,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
 
 
 @triton.jit
@@ -54,8 +54,7 @@ def silu_and_mul(x: torch.Tensor) -> torch.Tensor:
         rows.stride(0),
         output_rows.stride(0),
         BLOCK=block,
-        USE_PDL=pdl_enabled(x.device, rows.shape[0]),
         num_warps=4,
-        launch_pdl=pdl_enabled(x.device, rows.shape[0]),
+        **pdl_launch(x.device, rows.shape[0]),
     )
     return output

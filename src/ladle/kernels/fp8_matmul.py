@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import allow_next_kernel, pdl_enabled, wait_for_previous_kernel
+from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,6 @@ def fp8_matmul(
     n = weight.shape[0]
     out = torch.empty((num_tokens, n), dtype=out_dtype, device=x_codes.device)
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(num_tokens, tile.block_m))
-    pdl = pdl_enabled(x_codes.device, num_tokens)
     _fp8_matmul_kernel[grid](
         x_codes,
         weight,
@@ -169,9 +168,8 @@ def fp8_matmul(
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
         MAX_IMPRECISE_ACC=tile.max_imprecise_acc,
-        USE_PDL=pdl,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,
-        launch_pdl=pdl,
+        **pdl_launch(x_codes.device, num_tokens),
     )
     return out

@@ -17,7 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import allow_next_kernel, pdl_enabled, wait_for_previous_kernel
+from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
 
 # Two rows per program, 2048-wide K tiles, 8 warps: the best of 24 configurations summed over
 # the 8B's decode step (qkv, o, gate_up, down x 32 layers and the LM head; each shape within
@@ -100,7 +100,6 @@ def gemv(
     n, k = weight.shape
     out = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
     block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
-    pdl = pdl_enabled(x.device)
     _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](
         x,
         weight,
@@ -111,9 +110,8 @@ def gemv(
         HAS_BIAS=bias is not None,
         BLOCK_N=BLOCK_N,
         BLOCK_K=block_k,
-        USE_PDL=pdl,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
-        launch_pdl=pdl,
+        **pdl_launch(x.device),
     )
     return out

@@ -36,7 +36,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import allow_next_kernel, pdl_enabled, wait_for_previous_kernel
+from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
 from ladle.kernels.split_counters import COUNTER_CAPACITY, counter_buffer
 
 
@@ -545,7 +545,7 @@ def int4_decode_matmul(
     out = torch.empty(num_tokens, num_columns, dtype=x.dtype, device=x.device)
     if num_tokens == 0:
         return out
-    pdl = pdl_enabled(x.device, num_tokens)  # the GEMVs only (the mma kernel goes without)
+    pdl = pdl_launch(x.device, num_tokens)  # the GEMVs only (the mma kernel goes without)
     if kernel.kind == "row":
         if num_tokens != 1:
             raise ValueError(f"int4 kernel {kernel} takes one token row, not {num_tokens}")
@@ -562,9 +562,8 @@ def int4_decode_matmul(
             GROUP=group_size,
             GROUPS=kernel.groups,
             BLOCK_N=kernel.block_n,
-            USE_PDL=pdl,
             num_warps=kernel.num_warps,
-            launch_pdl=pdl,
+            **pdl,
         )
         return out
     block_m = _block_m(num_tokens)
@@ -605,9 +604,8 @@ def int4_decode_matmul(
             BLOCK_N=kernel.block_n,
             ROWS=kernel.rows,
             PREFETCH=kernel.prefetch,
-            USE_PDL=pdl,
             num_warps=kernel.num_warps,
-            launch_pdl=pdl,
+            **pdl,
         )
     else:
         bf16 = x.dtype == torch.bfloat16

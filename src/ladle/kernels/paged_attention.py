@@ -39,7 +39,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
 from ladle.kernels.split_counters import counter_buffer
 
 LOG2_E = 1.4426950408889634
@@ -604,7 +604,6 @@ def _launch(
     else:
         split_output = split_lse = output  # unused
     counters = counter_buffer(query.device) if num_splits > 1 else seq_lens  # seq_lens: unused
-    use_pdl = is_decode and pdl_enabled(query.device, num_reqs)  # the decode chain (pdl.py)
 
     _paged_attention_kernel[grid](
         output,
@@ -641,11 +640,10 @@ def _launch(
         TILES_ARE_REQUESTS=is_decode,
         IS_SPLIT=num_splits > 1,
         KV_FP8=kv_scales is not None,
-        USE_PDL=use_pdl,
         SPLITS_PADDED=MAX_SPLITS,
         # Splits merged per load: a [group, chunk, head_dim] float32 tile of at most 8192.
         SPLIT_CHUNK=max(1, min(MAX_SPLITS, 8192 // (group_padded * head_dim))),
         num_warps=num_warps,
         num_stages=num_stages,
-        launch_pdl=use_pdl,
+        **pdl_launch(query.device, num_reqs, eligible=is_decode),  # the decode chain
     )

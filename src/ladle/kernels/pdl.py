@@ -51,6 +51,14 @@ def pdl_enabled(device: torch.device, num_rows: int = 1) -> bool:
     return _has_pdl(device.index if device.index is not None else torch.cuda.current_device())
 
 
+def pdl_launch(device: torch.device, num_rows: int = 1, eligible: bool = True) -> dict[str, bool]:
+    """A launch's PDL options, to pass as **kwargs: the kernel's USE_PDL constexpr and Triton's
+    launch_pdl attribute, always equal (a kernel launched with PDL that does not wait, or one
+    that waits without it, is what this module's safety rests on never happening)."""
+    enabled = eligible and pdl_enabled(device, num_rows)
+    return {"USE_PDL": enabled, "launch_pdl": enabled}
+
+
 @triton.jit
 def wait_for_previous_kernel(ENABLED: tl.constexpr):
     """Block until the previous kernel in the stream has finished and its writes are visible."""

@@ -16,7 +16,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
-from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
 
 MIN_SCALE = 1e-12
 
@@ -96,9 +96,8 @@ def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
         QMAX=quant_max(dtype),
         IS_INT=dtype == torch.int8,
         BLOCK=block,
-        USE_PDL=pdl_enabled(x.device, num_rows),
         num_warps=max(1, min(16, block // 1024)),
-        launch_pdl=pdl_enabled(x.device, num_rows),
+        **pdl_launch(x.device, num_rows),
     )
     return codes, scale
 

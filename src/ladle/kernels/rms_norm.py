@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
 from ladle.kernels.per_token_quant import quant_max, quantize_row
 
 
@@ -140,9 +140,8 @@ def rms_norm(
         QUANTIZE=False,
         QMAX=0.0,
         IS_INT=False,
-        USE_PDL=pdl_enabled(x.device, num_tokens),
         num_warps=_num_warps(block),
-        launch_pdl=pdl_enabled(x.device, num_tokens),
+        **pdl_launch(x.device, num_tokens),
     )
     return output
 
@@ -204,8 +203,7 @@ def rms_norm_quant(
         QMAX=qmax,
         IS_INT=code_dtype == torch.int8,
         # The norm's own warps: the variance then sums in rms_norm's order, the same bits.
-        USE_PDL=pdl_enabled(x.device, num_tokens),
         num_warps=_num_warps(block),
-        launch_pdl=pdl_enabled(x.device, num_tokens),
+        **pdl_launch(x.device, num_tokens),
     )
     return codes, scale

@@ -18,7 +18,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.pdl import enter_dependent_launch, pdl_enabled
+from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
 from ladle.kernels.reshape_and_cache import cache_codes
 
 
@@ -246,9 +246,8 @@ def rotary_embedding_(
         KEY_HEADS_PADDED=triton.next_power_of_2(num_key_heads),
         WRITE_CACHE=write_cache,
         QUANTIZE=quantize,
-        USE_PDL=pdl_enabled(query.device, num_tokens),
         num_warps=4,
-        launch_pdl=pdl_enabled(query.device, num_tokens),
+        **pdl_launch(query.device, num_tokens),
         # No mul+add contraction into FMAs: float32 results then round as the eager ops do.
         enable_fp_fusion=False,
     )
