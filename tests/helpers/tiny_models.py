@@ -279,6 +279,25 @@ def write_calibration_text(folder: Path) -> Path:
     return text
 
 
+def quantize_calibrated(tmp_path: Path, architecture: str, out_name: str, *options: str):
+    """A tiny model (intermediate size 200) quantized to int4 by `ladle quantize OPTIONS` in
+    float32 on the calibration text (3 windows of 40 tokens). Returns (the float model's folder,
+    the output folder, the same calibration windows for the in-memory pass to compare with)."""
+    from ladle.cli import main
+    from ladle.engine.tokenizer import load_tokenizer
+    from ladle.model.loader.calibration_text import token_windows
+
+    float_model = save_tiny_model(tmp_path, architecture, intermediate_size=200)
+    text = write_calibration_text(tmp_path)
+    out = tmp_path / out_name
+    argv = ["quantize", float_model, str(out), "--method", "int4", "--dtype", "float32"]
+    argv += ["--calibration-data", str(text), "--calibration-samples", "3"]
+    argv += ["--calibration-tokens", "40", *options]
+    assert main(argv) == 0
+    windows = token_windows(load_tokenizer(float_model), [text.read_text()], 120, 40)
+    return float_model, out, windows
+
+
 def save_gemm_aligned_tiny_model(folder: Path, **config_overrides) -> str:
     """A tiny qwen2 whose projection sizes are multiples of 16 (what the fp8 and int8 GEMMs on
     the GPU take without falling back)."""

@@ -46,25 +46,16 @@ def test_awq_gptq_with_float_projections_loads_to_the_in_memory_logits(tmp_path,
         install_calibrated_,
         load_float32_on_cpu,
         paged_logits,
-        save_tiny_model,
-        write_calibration_text,
+        quantize_calibrated,
     )
     from safetensors.torch import load_file
 
-    from ladle.cli import main
-    from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.loader.calibration import calibrate_linears, gptq_quantizer
-    from ladle.model.loader.calibration_text import token_windows
 
     load = load_float32_on_cpu
-    float_model = save_tiny_model(tmp_path, "llama", intermediate_size=200)
-    text = write_calibration_text(tmp_path)
-    out = tmp_path / "out"
-    argv = ["quantize", float_model, str(out), "--method", "int4", "--dtype", "float32"]
-    argv += ["--algorithm", "awq-gptq", "--calibration-data", str(text)]
-    argv += ["--calibration-samples", "3", "--calibration-tokens", "40"]
-    assert main(argv + ["--float-projections", projections]) == 0
+    options = ["--algorithm", "awq-gptq", "--float-projections", projections]
+    float_model, out, windows = quantize_calibrated(tmp_path, "llama", "out", *options)
 
     kept = projections.split(",")
     config = json.loads((out / "config.json").read_text())["quantization_config"]
@@ -77,7 +68,6 @@ def test_awq_gptq_with_float_projections_loads_to_the_in_memory_logits(tmp_path,
         assert torch.equal(written[f"{module}.weight"], source[f"{module}.weight"])
         assert f"{module}.qweight" not in written
 
-    windows = token_windows(load_tokenizer(float_model), [text.read_text()], 120, 40)
     method = get_quant_method("int4")
     reference = load(float_model)
     float_modules = float_ladle_modules(kept)

@@ -110,26 +110,15 @@ def test_clip_search_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, sym
         install_calibrated_,
         load_float32_on_cpu,
         paged_logits,
-        save_tiny_model,
-        write_calibration_text,
+        quantize_calibrated,
     )
 
-    from ladle.cli import main
-    from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method, quantize_linears_
     from ladle.model.loader.calibration import calibrate_linears, clip_search_quantizer
-    from ladle.model.loader.calibration_text import token_windows
 
     load = load_float32_on_cpu
-    float_model = save_tiny_model(tmp_path, "qwen2", intermediate_size=200)
-    text = write_calibration_text(tmp_path)
-    out = tmp_path / "clipped"
-    argv = ["quantize", float_model, str(out), "--method", "int4", "--format", fmt]
-    argv += ["--dtype", "float32", "--clip-search", "--calibration-data", str(text)]
-    argv += ["--calibration-samples", "3", "--calibration-tokens", "40"]
-    assert main(argv + (["--symmetric"] if symmetric else [])) == 0
-
-    windows = token_windows(load_tokenizer(float_model), [text.read_text()], 120, 40)
+    options = ["--format", fmt, "--clip-search"] + (["--symmetric"] if symmetric else [])
+    float_model, out, windows = quantize_calibrated(tmp_path, "qwen2", "clipped", *options)
     method = get_quant_method("int4", symmetric=symmetric)
     reference = load(float_model)
     float_logits = paged_logits(reference)
@@ -256,31 +245,20 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(
         install_calibrated_,
         load_float32_on_cpu,
         paged_logits,
-        save_tiny_model,
-        write_calibration_text,
+        quantize_calibrated,
     )
 
-    from ladle.cli import main
-    from ladle.engine.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.loader.calibration import (
         calibrate_linears,
         clip_search_quantizer,
         gptq_quantizer,
     )
-    from ladle.model.loader.calibration_text import token_windows
 
     load = load_float32_on_cpu
-    float_model = save_tiny_model(tmp_path, architecture, intermediate_size=200)
-    text = write_calibration_text(tmp_path)
-    out = tmp_path / "awq_out"
-    argv = ["quantize", float_model, str(out), "--method", "int4", "--format", fmt]
-    argv += ["--dtype", "float32", "--algorithm", algorithm, "--calibration-data", str(text)]
-    argv += ["--calibration-samples", "3", "--calibration-tokens", "40"]
-    argv += ["--symmetric"] if symmetric else []
-    assert main(argv + (["--act-order"] if act_order else [])) == 0
-
-    windows = token_windows(load_tokenizer(float_model), [text.read_text()], 120, 40)
+    options = ["--format", fmt, "--algorithm", algorithm]
+    options += (["--symmetric"] if symmetric else []) + (["--act-order"] if act_order else [])
+    float_model, out, windows = quantize_calibrated(tmp_path, architecture, "awq_out", *options)
     method = get_quant_method("int4", symmetric=symmetric)
     reference = load(float_model)
     float_logits = paged_logits(reference)
