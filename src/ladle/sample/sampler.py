@@ -58,7 +58,7 @@ class Sampler(nn.Module):
         )
         # The fused kernels read any float dtype and work in float32 (widening is exact), so 16-bit
         # logits that are only read need no float32 copy of the whole [num_reqs, vocab] (0.1 ms
-        # at 256 rows of a 128k vocabulary on an H100; the runner still passes float32 logits).
+        # at 256 rows of a 128k vocabulary on an H100).
         if may_modify or flags.max_num_logprobs is not None or not fused:
             logits = logits.to(torch.float32)
         raw_logprobs = None

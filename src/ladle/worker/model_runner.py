@@ -367,7 +367,8 @@ class ModelRunner:
             if len(sampling_positions) < hidden.shape[0]:
                 hidden = hidden[inputs.logits_indices]
             # else every row samples its one token: the rows are hidden's own, in order.
-            logits = self.model.compute_logits(hidden)
+            # In the model's dtype: the sampler widens to float32 only where it must.
+            logits = self.model.compute_logits(hidden, float32=False)
             flags = SamplingFlags.from_params([r.sampling_params for r in sampling_requests])
             if not flags.no_penalties:
                 # Rows taken now, while every request of the step is live (see ForwardStep).

@@ -250,12 +250,13 @@ class LlamaForCausalLM(nn.Module):
         step's keys and values are written into it at attn_metadata.slot_mapping."""
         return self.model(input_ids, positions, kv_caches, attn_metadata)
 
-    def compute_logits(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        """[n, hidden_size] -> float32 logits [n, vocab_size]. Callers pass only the rows they
+    def compute_logits(self, hidden_states: torch.Tensor, float32: bool = True) -> torch.Tensor:
+        """[n, hidden_size] -> logits [n, vocab_size], float32 unless float32=False (then in the
+        model's dtype: the runner's sampler widens what it must). Callers pass only the rows they
         sample from (usually each request's last token), which keeps this matmul small."""
         if self.lm_head is None:
-            return self.model.embed_tokens.logits(hidden_states)
-        return self.lm_head(hidden_states)
+            return self.model.embed_tokens.logits(hidden_states, float32)
+        return self.lm_head(hidden_states, float32)
 
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
