@@ -33,7 +33,11 @@ def _reciprocal_quant_kernel(codes_ptr, scale_ptr, input_ptr, num_columns, BLOCK
     scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / 448.0), 1e-12)
     inverse = tl.math.div_rn(1.0, scale)
     scaled = tl.clamp(x * inverse, -448.0, 448.0)
-    tl.store(codes_ptr + row * num_columns + columns, scaled.to(codes_ptr.dtype.element_ty), mask=is_column)
+    tl.store(
+        codes_ptr + row * num_columns + columns,
+        scaled.to(codes_ptr.dtype.element_ty),
+        mask=is_column,
+    )
     tl.store(scale_ptr + row, scale)
 
 
@@ -50,7 +54,9 @@ def _fused_silu_quant_kernel(codes_ptr, scale_ptr, input_ptr, width, BLOCK: tl.c
     scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / 448.0), 1e-12)
     inverse = tl.math.div_rn(1.0, scale)
     scaled = tl.clamp(x * inverse, -448.0, 448.0)
-    tl.store(codes_ptr + row * width + columns, scaled.to(codes_ptr.dtype.element_ty), mask=is_column)
+    tl.store(
+        codes_ptr + row * width + columns, scaled.to(codes_ptr.dtype.element_ty), mask=is_column
+    )
     tl.store(scale_ptr + row, scale)
 
 
@@ -89,8 +95,19 @@ def main() -> None:
             for name, fn in cases.items():
                 calls = [functools.partial(fn, inputs[i % ring]) for i in range(24)]
                 us = calls_in_graph_us(calls)
-                print(json.dumps({"kind": "quant", "rows": rows, "width": width, "case": name,
-                                  "us": us, "codes_changed": changed}), flush=True)
+                print(
+                    json.dumps(
+                        {
+                            "kind": "quant",
+                            "rows": rows,
+                            "width": width,
+                            "case": name,
+                            "us": us,
+                            "codes_changed": changed,
+                        }
+                    ),
+                    flush=True,
+                )
         width = 14336
         ring = max(4, 64_000_000 // (rows * width * 4))
         inputs = [torch.randn(rows, 2 * width, device="cuda").bfloat16() for _ in range(ring)]
@@ -104,8 +121,10 @@ def main() -> None:
         for name, fn in cases.items():
             calls = [functools.partial(fn, inputs[i % ring]) for i in range(24)]
             us = calls_in_graph_us(calls)
-            print(json.dumps({"kind": "silu", "rows": rows, "width": width, "case": name, "us": us}),
-                  flush=True)
+            print(
+                json.dumps({"kind": "silu", "rows": rows, "width": width, "case": name, "us": us}),
+                flush=True,
+            )
 
 
 if __name__ == "__main__":
