@@ -1,8 +1,6 @@
 """Decode attention over a bf16 vs a float8 paged cache on the 8B shape (32 heads, 8 kv heads,
 head_dim 128): milliseconds per call in a CUDA graph and the effective bandwidth over the cache
-bytes, for a few launch configs of the fp8 path (t12k's round; prints one JSON line per case).
---prefetch: W2's shapes, each cache's default against the next tile loaded before this tile's
-arithmetic (LaunchConfig.prefetch) over tiles, warps and stages."""
+bytes, for a few launch configs of the fp8 path (t12k's round; prints one JSON line per case)."""
 
 from __future__ import annotations
 
@@ -32,8 +30,7 @@ def main() -> None:
     import sys
 
     wide = "--wide" in sys.argv
-    prefetch = "--prefetch" in sys.argv
-    shapes = WIDE_SHAPES if wide or prefetch else tuple((r, s, 32) for r, s in SHAPES_8B)
+    shapes = WIDE_SHAPES if wide else tuple((r, s, 32) for r, s in SHAPES_8B)
     for num_reqs, seq_len, num_heads in shapes:
         shape = Shape("decode", num_reqs, 1, seq_len, num_heads=num_heads, num_kv_heads=8)
         query, kv_cache, block_tables, query_start_loc, seq_lens = build(shape)
@@ -44,20 +41,7 @@ def main() -> None:
             ("bf16", kv_cache, None, LaunchConfig()),
             ("fp8", fp8_cache, scales, LaunchConfig()),
         ]
-        if prefetch:  # the prefetching tile loop against each cache's default
-            for label, cache, kv_scales in (("bf16", kv_cache, None), ("fp8", fp8_cache, scales)):
-                for block_n in (16, 32, 64) if label == "fp8" else (32, 64, 128):
-                    for num_warps in (1, 2, 4):
-                        for num_stages in (1, 2):
-                            config = LaunchConfig(
-                                block_n=block_n,
-                                num_warps=num_warps,
-                                num_stages=num_stages,
-                                prefetch=True,
-                            )
-                            name = f"{label} prefetch n{block_n} w{num_warps} s{num_stages}"
-                            cases.append((name, cache, kv_scales, config))
-        elif wide:  # tiles, warps, stages and split factors, both caches
+        if wide:  # tiles, warps, stages and split factors, both caches
             default_splits = choose_num_splits(num_reqs, 8, query.device)
             splits_options = sorted(
                 {default_splits, max(1, default_splits // 2), max(1, default_splits // 4)}

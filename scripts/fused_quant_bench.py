@@ -3,11 +3,11 @@
     python scripts/fused_quant_bench.py [--rows 1 16 64 256]
 
 For the 8B's shapes, microseconds per call, replayed from a CUDA graph (ladle.bench.gpu_timing),
-of the residual-add RMSNorm over 4096 columns (the decoder's two norms) followed by
-per_token_quant (two launches) against the fused launch (rms_norm_quant). Random bf16 inputs, a
-ring of 8 input buffers per call list so consecutive calls do not reread one buffer. One JSON
-line per rows, and the saving per 8B decode step (31 fp8 layers x 2 norms). (A fused
-SiLU-and-mul quantization was measured slower than its pair and removed: docs/benchmarks.md.)
+of each producer followed by per_token_quant (today's pair, two launches) against the fused
+launch (rms_norm_quant / silu_and_mul_quant): the residual-add RMSNorm over 4096 columns (the
+decoder's two norms) and SiLU-and-mul over 2 x 14336 (before down). Random bf16 inputs, a ring
+of 8 input buffers per call list so consecutive calls do not reread one buffer. One JSON line
+per (kernel, rows), and the saving per 8B decode step (31 fp8 layers x 2 norms + 1 SiLU).
 """
 
 from __future__ import annotations
@@ -43,13 +43,30 @@ def _norm_calls(rows: int, fused: bool) -> list:
     ]
 
 
+def _silu_calls(rows: int, fused: bool) -> list:
+    from ladle.kernels.activation import silu_and_mul, silu_and_mul_quant
+    from ladle.kernels.per_token_quant import per_token_quant
+
+    e4m3 = torch.float8_e4m3fn
+    inputs = [
+        (torch.randn(rows, 2 * INTERMEDIATE, device="cuda") * 2).to(torch.bfloat16)
+        for _ in range(RING)
+    ]
+    if fused:
+        return [lambda x=x: silu_and_mul_quant(x, e4m3) for x in inputs]
+    return [lambda x=x: per_token_quant(silu_and_mul(x), e4m3) for x in inputs]
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--rows", type=int, nargs="+", default=[1, 16, 64, 256])
     args = parser.parse_args()
     for rows in args.rows:
         step_us = {}
-        for kernel, make_calls, per_layer in (("rms_norm+residual", _norm_calls, 2),):
+        for kernel, make_calls, per_layer in (
+            ("rms_norm+residual", _norm_calls, 2),
+            ("silu_and_mul", _silu_calls, 1),
+        ):
             pair = calls_in_graph_us(make_calls(rows, fused=False))
             fused = calls_in_graph_us(make_calls(rows, fused=True))
             step_us[kernel] = (pair - fused) * per_layer * FP8_LAYERS

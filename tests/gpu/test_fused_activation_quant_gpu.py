@@ -1,10 +1,10 @@
-"""RMSNorm quantizing its output per token in the same launch (kernels/rms_norm.py
-rms_norm_quant) against the pair it replaces (the bf16 kernel, then kernels/per_token_quant.py):
-codes and scales bit for bit, the residual stream unchanged, at awkward sizes (rows 1, 7, 64,
-300; widths 576, 1000, 4096, 14336). Then an fp8 model: its logits with the fusion linked at
-load (quant/input_fusion.py) equal those with it switched off (LADLE_FUSED_ACTIVATION_QUANT=0
-or enabled=False), eagerly and under CUDA graphs. tests/model/test_fused_activation_quant.py
-covers the CPU side."""
+"""RMSNorm and SiLU-and-mul quantizing their output per token in the same launch
+(kernels/rms_norm.py rms_norm_quant, kernels/activation.py silu_and_mul_quant) against the pair
+they replace (the bf16 kernel, then kernels/per_token_quant.py): codes and scales bit for bit,
+the residual stream unchanged, at awkward sizes (rows 1, 7, 64, 300; widths 576, 1000, 4096,
+14336). Then an fp8 model: its logits with the fusion linked at load (quant/input_fusion.py)
+equal those with it switched off (LADLE_FUSED_ACTIVATION_QUANT=0 or enabled=False), eagerly and
+under CUDA graphs. tests/model/test_fused_activation_quant.py covers the CPU side."""
 
 from __future__ import annotations
 
@@ -65,7 +65,24 @@ def test_rms_norm_quant_is_rms_norm_then_per_token_quant(
     assert torch.isfinite(codes.float()).all() and torch.isfinite(scale).all()
 
 
+@pytest.mark.parametrize("code_dtype", CODE_DTYPES)
+@pytest.mark.parametrize("width", WIDTHS)
+@pytest.mark.parametrize("num_rows", ROWS)
+def test_silu_and_mul_quant_is_silu_and_mul_then_per_token_quant(num_rows, width, code_dtype):
+    from ladle.kernels.activation import silu_and_mul, silu_and_mul_quant
+    from ladle.kernels.per_token_quant import per_token_quant
+
+    x = _rows(num_rows, 2 * width, num_rows * 17 + width)
+    if num_rows > 1:
+        x[1] = 0
+    expected_codes, expected_scale = per_token_quant(silu_and_mul(x), code_dtype)
+    codes, scale = silu_and_mul_quant(x, code_dtype)
+    assert_same_bits(codes, expected_codes)
+    assert_same_bits(scale, expected_scale)
+
+
 def test_strided_rows_and_empty_batches():
+    from ladle.kernels.activation import silu_and_mul, silu_and_mul_quant
     from ladle.kernels.per_token_quant import per_token_quant
     from ladle.kernels.rms_norm import rms_norm, rms_norm_quant
 
@@ -76,11 +93,19 @@ def test_strided_rows_and_empty_batches():
     expected_codes, expected_scale = per_token_quant(rms_norm(x, weight, 1e-6), codes.dtype)
     assert_same_bits(codes, expected_codes)
     assert_same_bits(scale, expected_scale)
+    gate_up = wide[:, :1100]
+    codes, scale = silu_and_mul_quant(gate_up, torch.float8_e4m3fn)
+    expected_codes, expected_scale = per_token_quant(silu_and_mul(gate_up), codes.dtype)
+    assert_same_bits(codes, expected_codes)
+    assert_same_bits(scale, expected_scale)
     empty_codes, empty_scale = rms_norm_quant(x[:0], weight, 1e-6, torch.float8_e4m3fn)
     assert empty_codes.shape == (0, 1000) and empty_scale.shape == (0, 1)
+    empty_codes, empty_scale = silu_and_mul_quant(gate_up[:0], torch.float8_e4m3fn)
+    assert empty_codes.shape == (0, 550) and empty_scale.shape == (0, 1)
 
 
 def test_bad_operands_are_named():
+    from ladle.kernels.activation import silu_and_mul_quant
     from ladle.kernels.rms_norm import rms_norm_quant
 
     x = _rows(4, 64, 0)
@@ -94,11 +119,15 @@ def test_bad_operands_are_named():
         rms_norm_quant(x, weight, 1e-6, e4m3, residual=x[:2].clone())
     with pytest.raises(ValueError, match="float16"):
         rms_norm_quant(x, weight, 1e-6, torch.float16)
+    with pytest.raises(ValueError, match=r"\[M, 2 \* d\]"):
+        silu_and_mul_quant(x[:, :63], e4m3)
 
 
-@pytest.mark.parametrize("num_rows", [1, 7, 300])
+@pytest.mark.parametrize("num_rows", [1, 7, 64, 300])
 def test_layers_hand_over_the_quantized_output_once_linked(num_rows):
+    from ladle.kernels.activation import FUSED_QUANT_MIN_ROWS
     from ladle.kernels.per_token_quant import per_token_quant
+    from ladle.model.layers.activation import SiluAndMul
     from ladle.model.layers.norm import RMSNorm
     from ladle.model.layers.quantized_activation import QuantizedActivation
 
@@ -111,11 +140,21 @@ def test_layers_hand_over_the_quantized_output_once_linked(num_rows):
     expected_residual = residual.clone()
     expected_plain = norm(x)
     expected_output, _ = norm(x, expected_residual)
+    activation = SiluAndMul()
+    gate_up = _rows(num_rows, 2 * 14336, 7)
+    expected_activation = activation(gate_up)
 
-    norm.output_quantization = e4m3
+    norm.output_quantization = activation.output_quantization = e4m3
     plain = norm(x)
     output, new_residual = norm(x, residual)
-    for handed, expected in ((plain, expected_plain), (output, expected_output)):
+    activated = activation(gate_up)
+    handed_over = [(plain, expected_plain), (output, expected_output)]
+    if num_rows >= FUSED_QUANT_MIN_ROWS:
+        handed_over.append((activated, expected_activation))
+    else:  # below its row count SiLU-and-mul hands over the plain product: the pair runs
+        assert not isinstance(activated, QuantizedActivation)
+        assert_same_bits(activated, expected_activation)
+    for handed, expected in handed_over:
         assert isinstance(handed, QuantizedActivation) and handed.dtype == torch.bfloat16
         assert handed.shape == expected.shape
         expected_codes, expected_scale = per_token_quant(expected, e4m3)
@@ -187,8 +226,8 @@ def test_fp8_model_logits_are_the_same_with_and_without_the_fusion(tiny_fp8_mode
 
     monkeypatch.delenv(FUSED_ACTIVATION_QUANT_ENV, raising=False)
     loaded = _load(tiny_fp8_model, quantization="fp8")
-    # Layers 0 and 1 (their two norms); layer 2 and Qwen's q/k norms stay plain.
-    assert _producer_dtypes(loaded.model).count(torch.float8_e4m3fn) == 4
+    # Layers 0 and 1 (their norms and activation); layer 2 and Qwen's q/k norms stay plain.
+    assert _producer_dtypes(loaded.model).count(torch.float8_e4m3fn) == 6
     fused = _prefill_and_decode_logits(loaded)
     assert link_quantized_inputs_(loaded.model, enabled=False) == 0
     unfused = _prefill_and_decode_logits(loaded)

@@ -81,7 +81,7 @@ def _load_fp8(path: str):
     return loaded
 
 
-PRODUCERS = ("input_layernorm", "post_attention_layernorm")
+PRODUCERS = ("input_layernorm", "post_attention_layernorm", "mlp.act_fn")
 
 
 def _producers(model) -> dict[str, torch.dtype | None]:
@@ -106,20 +106,20 @@ def test_linking_follows_each_consumer_and_the_switch(tiny_llama, monkeypatch):
     for linear in fp8_linears:
         linear.use_scaled_mm = True
     monkeypatch.delenv(FUSED_ACTIVATION_QUANT_ENV, raising=False)
-    assert link_quantized_inputs_(model) == 4
+    assert link_quantized_inputs_(model) == 6
     expected = {f"{i}.{n}": FP8_DTYPE if i < 2 else None for i in range(3) for n in PRODUCERS}
     assert _producers(model) == expected
     # One consumer on the dequantizing path (an unaligned size): its producer stays plain.
-    model.model.layers[0].mlp.gate_up_proj.use_scaled_mm = False
-    assert link_quantized_inputs_(model) == 3
-    assert model.model.layers[0].post_attention_layernorm.output_quantization is None
+    model.model.layers[0].mlp.down_proj.use_scaled_mm = False
+    assert link_quantized_inputs_(model) == 5
+    assert model.model.layers[0].mlp.act_fn.output_quantization is None
     assert link_quantized_inputs_(model, enabled=False) == 0
     assert set(_producers(model).values()) == {None}
     monkeypatch.setenv(FUSED_ACTIVATION_QUANT_ENV, "0")
     assert link_quantized_inputs_(model) == 0
     # Linked producers on the CPU cannot fuse: they hand over plain tensors, same logits.
     monkeypatch.setenv(FUSED_ACTIVATION_QUANT_ENV, "1")
-    assert link_quantized_inputs_(model) == 3
+    assert link_quantized_inputs_(model) == 5
     for linear in fp8_linears:
         linear.use_scaled_mm = False
     assert torch.equal(paged_logits(loaded), before)
@@ -152,6 +152,7 @@ def test_a_model_whose_producers_hand_over_quantized_activations_gives_the_same_
 ):
     from helpers.tiny_models import paged_logits
 
+    from ladle.model.layers.activation import SiluAndMul
     from ladle.model.layers.norm import RMSNorm
 
     loaded = _load_fp8(tiny_llama)
@@ -159,13 +160,15 @@ def test_a_model_whose_producers_hand_over_quantized_activations_gives_the_same_
     fp8_linears = [m for m in loaded.model.modules() if getattr(m, "quant_method", None)]
     for linear in fp8_linears:
         linear.use_scaled_mm = True
-    assert link_quantized_inputs_(loaded.model, enabled=True) == 4
+    assert link_quantized_inputs_(loaded.model, enabled=True) == 6
     for linear in fp8_linears:  # back on the CPU's path, which takes either input
         linear.use_scaled_mm = False
     norm_forward = _handing_over_quantized(RMSNorm.forward)
+    activation_forward = _handing_over_quantized(SiluAndMul.forward)
     monkeypatch.setattr(RMSNorm, "forward", norm_forward)
+    monkeypatch.setattr(SiluAndMul, "forward", activation_forward)
     after = paged_logits(loaded)
-    assert norm_forward.num_handed == 4
+    assert (norm_forward.num_handed, activation_forward.num_handed) == (4, 2)
     assert torch.equal(after, before)
 
 

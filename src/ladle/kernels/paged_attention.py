@@ -132,94 +132,6 @@ def _attend_kv_tiles(
     return row_max, row_sum, accumulator
 
 
-@triton.jit
-def _load_kv_tile(
-    key_cache_ptr,
-    value_cache_ptr,
-    block_table_ptr,
-    kv_tile,
-    kv_tile_end,
-    stride_cache_block,
-    stride_cache_token,
-    BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """Keys and values [BLOCK_N, HEAD_DIM] of a wholly visible context tile, or zeros (and no
-    memory traffic) from kv_tile_end on."""
-    positions = kv_tile * BLOCK_N + tl.arange(0, BLOCK_N)
-    is_loaded = positions < kv_tile_end * BLOCK_N
-    block_ids = tl.load(block_table_ptr + positions // BLOCK_SIZE, mask=is_loaded, other=0)
-    kv_offsets = (
-        block_ids.to(tl.int64) * stride_cache_block + (positions % BLOCK_SIZE) * stride_cache_token
-    )
-    kv_pointers = kv_offsets[:, None] + tl.arange(0, HEAD_DIM)[None, :]
-    key = tl.load(key_cache_ptr + kv_pointers, mask=is_loaded[:, None], other=0.0)
-    value = tl.load(value_cache_ptr + kv_pointers, mask=is_loaded[:, None], other=0.0)
-    return key, value
-
-
-@triton.jit
-def _attend_kv_tiles_prefetched(
-    row_max,
-    row_sum,
-    accumulator,
-    query,
-    key_cache_ptr,
-    value_cache_ptr,
-    block_table_ptr,
-    kv_tile_begin,
-    kv_tile_end,
-    scale_log2,
-    stride_cache_block,
-    stride_cache_token,
-    BLOCK_N: tl.constexpr,
-    HEAD_DIM: tl.constexpr,
-    BLOCK_SIZE: tl.constexpr,
-):
-    """_attend_kv_tiles over wholly visible tiles, with the next tile's keys and values loaded
-    into registers before this tile's arithmetic: each program keeps a tile's loads in flight
-    while it computes, where the loop above waits on every tile's block-table gather and then
-    its keys (a chain of two memory round trips per tile)."""
-    key, value = _load_kv_tile(
-        key_cache_ptr,
-        value_cache_ptr,
-        block_table_ptr,
-        kv_tile_begin,
-        kv_tile_end,
-        stride_cache_block,
-        stride_cache_token,
-        BLOCK_N,
-        HEAD_DIM,
-        BLOCK_SIZE,
-    )
-    for kv_tile in range(kv_tile_begin, kv_tile_end):
-        next_key, next_value = _load_kv_tile(
-            key_cache_ptr,
-            value_cache_ptr,
-            block_table_ptr,
-            kv_tile + 1,
-            kv_tile_end,
-            stride_cache_block,
-            stride_cache_token,
-            BLOCK_N,
-            HEAD_DIM,
-            BLOCK_SIZE,
-        )
-        scores = tl.dot(query, tl.trans(key.to(query.dtype))) * scale_log2
-        new_max = tl.maximum(row_max, tl.max(scores, axis=1))
-        correction = tl.exp2(row_max - new_max)
-        probabilities = tl.exp2(scores - new_max[:, None])
-        row_sum = row_sum * correction + tl.sum(probabilities, axis=1)
-        accumulator = accumulator * correction[:, None] + tl.dot(
-            probabilities.to(query.dtype), value.to(query.dtype)
-        )
-        row_max = new_max
-        key = next_key
-        value = next_value
-    return row_max, row_sum, accumulator
-
-
 @triton.jit(
     # Per-step values: specialising on them (== 1, divisible by 16, 16-byte aligned slices of
     # the step's metadata) would compile new variants while serving (kernels/compile_log.py).
@@ -271,7 +183,6 @@ def _paged_attention_kernel(
     USE_PDL: tl.constexpr = False,
     SPLITS_PADDED: tl.constexpr = 1,
     SPLIT_CHUNK: tl.constexpr = 1,
-    PREFETCH: tl.constexpr = False,
 ):
     enter_dependent_launch(USE_PDL)  # kernels/pdl.py
     tile = tl.program_id(0)
@@ -346,45 +257,26 @@ def _paged_attention_kernel(
     block_table = block_tables_ptr + request.to(tl.int64) * stride_block_tables
     key_cache_ptr += kv_head * stride_cache_head
     value_cache_ptr += kv_head * stride_cache_head
-    if PREFETCH:
-        row_max, row_sum, accumulator = _attend_kv_tiles_prefetched(
-            row_max,
-            row_sum,
-            accumulator,
-            query,
-            key_cache_ptr,
-            value_cache_ptr,
-            block_table,
-            kv_tile_begin,
-            tl.minimum(kv_tile_end, num_unmasked_tiles),
-            scale_log2,
-            stride_cache_block,
-            stride_cache_token,
-            BLOCK_N,
-            HEAD_DIM,
-            BLOCK_SIZE,
-        )
-    else:
-        row_max, row_sum, accumulator = _attend_kv_tiles(
-            row_max,
-            row_sum,
-            accumulator,
-            query,
-            query_position,
-            key_cache_ptr,
-            value_cache_ptr,
-            block_table,
-            kv_tile_begin,
-            tl.minimum(kv_tile_end, num_unmasked_tiles),
-            context_end,
-            scale_log2,
-            stride_cache_block,
-            stride_cache_token,
-            BLOCK_N,
-            HEAD_DIM,
-            BLOCK_SIZE,
-            False,
-        )
+    row_max, row_sum, accumulator = _attend_kv_tiles(
+        row_max,
+        row_sum,
+        accumulator,
+        query,
+        query_position,
+        key_cache_ptr,
+        value_cache_ptr,
+        block_table,
+        kv_tile_begin,
+        tl.minimum(kv_tile_end, num_unmasked_tiles),
+        context_end,
+        scale_log2,
+        stride_cache_block,
+        stride_cache_token,
+        BLOCK_N,
+        HEAD_DIM,
+        BLOCK_SIZE,
+        False,
+    )
     row_max, row_sum, accumulator = _attend_kv_tiles(
         row_max,
         row_sum,
@@ -523,7 +415,6 @@ class LaunchConfig:
     num_warps: int | None = None
     num_stages: int | None = None
     num_splits: int | None = None  # decode only: programs sharing one request's context
-    prefetch: bool | None = None  # decode only: load the next context tile before this one's math
 
 
 @functools.cache
@@ -752,7 +643,6 @@ def _launch(
         SPLITS_PADDED=MAX_SPLITS,
         # Splits merged per load: a [group, chunk, head_dim] float32 tile of at most 8192.
         SPLIT_CHUNK=max(1, min(MAX_SPLITS, 8192 // (group_padded * head_dim))),
-        PREFETCH=is_decode and bool(config.prefetch),
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(query.device, num_reqs, eligible=is_decode),  # the decode chain

@@ -149,13 +149,12 @@ class LlamaDecoderLayer(nn.Module):
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def quantized_input_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
-        """(producer, its only consumer): a producer may quantize for an fp8 consumer. Not
-        SiLU-and-mul -> down: its row max needs the whole 14336-wide row in one program, and
-        that fused kernel measured slower than SiLU-and-mul then per_token_quant at every batch
-        (8.8 vs 6.1 us at 1 row, 18.6 vs 14.7 at 256; docs/benchmarks.md)."""
+        """(producer, its only consumer): a producer may quantize for an fp8 consumer (SiLU-and-mul
+        does from 64 rows, kernels/activation.py)."""
         return [
             (self.input_layernorm, self.self_attn.qkv_proj),
             (self.post_attention_layernorm, self.mlp.gate_up_proj),
+            (self.mlp.act_fn, self.mlp.down_proj),
         ]
 
     def forward(

@@ -4,14 +4,14 @@ cores on Hopper), or at decode batches up to 64 rows (128 for projections up to 
 ladle's Triton kernel (kernels/fp8_matmul.py), which reads the weight faster there.
 
     w_scale[n] = max_k |W[n, k]| / 448          W8[n, k] = e4m3(W[n, k] / w_scale[n])
-    x_scale[m] = max_k |x[m, k]| / 448          x8[m, k] = e4m3(x[m, k] / x_scale[m])
+    x_scale[m] = max_k |x[m, k]| / 448          x8[m, k] = e4m3(x[m, k] * (1 / x_scale[m]))
     y[m, n]    = (x8 @ W8^T)[m, n] * x_scale[m] * w_scale[n]
 
 Where _scaled_mm cannot run (the CPU, a GPU before Ada, sizes not a multiple of 16) the same
 numbers are computed by dequantizing both sides: slower, same quantization error.
 
-The input may also come already quantized (a QuantizedActivation from an RMSNorm kernel that
-quantized its own output, quant/input_fusion.py): its codes and scales are the ones
+The input may also come already quantized (a QuantizedActivation from an RMSNorm or SiLU-and-mul
+kernel that quantized its own output, quant/input_fusion.py): its codes and scales are the ones
 quantize_activation_fp8 would compute from the bf16 tensor, so the result is the same.
 """
 
@@ -41,13 +41,24 @@ def quantize_fp8_per_row(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return codes, scale
 
 
+def quantize_fp8_per_token(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Per-token e4m3 codes [M, K] and float32 scales [M, 1] of an activation [M, K], by
+    per_token_quant's rule (kernels/per_token_quant.py): quantize_fp8_per_row's scale, the codes
+    as x times the scale's reciprocal (one IEEE division a row, on the GPU too). The weights keep
+    quantize_fp8_per_row's division: checkpoints written before stay bit-identical."""
+    x2 = x2.float()
+    scale = (x2.abs().amax(dim=-1, keepdim=True) * (1.0 / FP8_MAX)).clamp(min=MIN_SCALE)
+    codes = (x2 * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
+    return codes, scale
+
+
 def fp8_linear_reference(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """The fp8 matmul's numbers in float32 torch: both sides quantized, then dequantized."""
     x2, leading = flatten_tokens(x)
-    x_codes, x_scale = quantize_fp8_per_row(x2)
-    output = _dequantized_matmul(x_codes, x_scale[:, None], weight, weight_scale, bias)
+    x_codes, x_scale = quantize_fp8_per_token(x2)
+    output = _dequantized_matmul(x_codes, x_scale, weight, weight_scale, bias)
     return output.to(x.dtype).reshape(*leading, -1)
 
 
@@ -91,8 +102,7 @@ def quantize_activation_fp8(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
         from ladle.kernels.per_token_quant import per_token_quant
 
         return per_token_quant(x2, FP8_DTYPE)
-    codes, scale = quantize_fp8_per_row(x2)
-    return codes, scale[:, None]
+    return quantize_fp8_per_token(x2)
 
 
 def activation_codes(
