@@ -6,8 +6,8 @@ Grid: (rows, column blocks), so wide MLPs fill the GPU at batch 1 too.
 
 silu_and_mul_quant is the same product for an output that feeds an fp8 (or int8) projection (the
 down projection) at batches of 64 rows and more: one program per row holds the whole row in
-registers, quantizes it per token there (per_token_quant.quantize_row) and writes only its codes
-and scale, the same bits as silu_and_mul then per_token_quant in one launch instead of two. On an
+registers, quantizes it per token there (per_token_quant.store_quantized_row) and writes only
+its codes and scale, the same bits as silu_and_mul then per_token_quant in one launch. On an
 H100 at the 8B's 14336 columns (scripts/act_quant_probe.py): 64 rows 8.7 -> 5.8 us, 256 rows
 14.4 -> 10.3 us, on 32 warps. Fewer rows leave most SMs idle (one row per program) and keep the
 pair; so did the first fused version of this (4 or 16 warps, and an IEEE division per element
@@ -22,7 +22,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
-from ladle.kernels.per_token_quant import quant_max, quantize_row
+from ladle.kernels.per_token_quant import quant_max, store_quantized_row
 
 # silu_and_mul_quant's domain: at least this many rows (below, the pair is faster), rows that fit
 # one program's registers.
@@ -82,13 +82,14 @@ def _silu_and_mul_quant_kernel(
     up = tl.load(row_input + width + columns, mask=is_column, other=0.0).to(tl.float32)
     # Padding columns give silu(0) * 0 = 0, which leaves the row's max alone.
     output = _silu_times_up(gate, up, input_ptr.dtype.element_ty).to(tl.float32)
-    scaled, scale = quantize_row(output, QMAX, IS_INT)
-    tl.store(
+    store_quantized_row(
         codes_ptr + row * stride_codes_row + columns,
-        scaled.to(codes_ptr.dtype.element_ty),
-        mask=is_column,
+        scale_ptr + row,
+        output,
+        is_column,
+        QMAX,
+        IS_INT,
     )
-    tl.store(scale_ptr + row, scale)
 
 
 def silu_and_mul(x: torch.Tensor) -> torch.Tensor:

@@ -44,6 +44,17 @@ def quantize_row(x, QMAX: tl.constexpr, IS_INT: tl.constexpr):
 
 
 @triton.jit
+def store_quantized_row(
+    codes_pointers, scale_pointer, x, is_column, QMAX: tl.constexpr, IS_INT: tl.constexpr
+):
+    """quantize_row of a float32 row x, its codes stored at codes_pointers (where is_column) and
+    its scale at scale_pointer: the tail of every kernel that quantizes a row it holds."""
+    scaled, scale = quantize_row(x, QMAX, IS_INT)
+    tl.store(codes_pointers, scaled.to(codes_pointers.dtype.element_ty), mask=is_column)
+    tl.store(scale_pointer, scale)
+
+
+@triton.jit
 def _per_token_quant_kernel(
     codes_ptr,
     scale_ptr,
@@ -61,13 +72,14 @@ def _per_token_quant_kernel(
     columns = tl.arange(0, BLOCK)
     is_column = columns < num_columns
     x = tl.load(input_ptr + row * stride_input + columns, mask=is_column, other=0.0)
-    scaled, scale = quantize_row(x.to(tl.float32), QMAX, IS_INT)
-    tl.store(
+    store_quantized_row(
         codes_ptr + row * stride_codes + columns,
-        scaled.to(codes_ptr.dtype.element_ty),
-        mask=is_column,
+        scale_ptr + row,
+        x.to(tl.float32),
+        is_column,
+        QMAX,
+        IS_INT,
     )
-    tl.store(scale_ptr + row, scale)
 
 
 def quant_max(dtype: torch.dtype) -> float:

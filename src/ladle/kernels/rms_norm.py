@@ -12,8 +12,9 @@ RMSNorm's own torch path.
 
 rms_norm_quant is the same launch for a norm whose output feeds an fp8 (or int8) projection: the
 normalised row, rounded to the input dtype exactly as rms_norm returns it, is quantized per token
-in registers (per_token_quant.quantize_row) and only its codes and scale are written; the same
-bits as rms_norm then per_token_quant, one launch and one bf16 round trip through memory fewer.
+in registers (per_token_quant.store_quantized_row) and only its codes and scale are written; the
+same bits as rms_norm then per_token_quant, one launch and one bf16 round trip through memory
+fewer.
 """
 
 from __future__ import annotations
@@ -23,7 +24,7 @@ import triton
 import triton.language as tl
 
 from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
-from ladle.kernels.per_token_quant import quant_max, quantize_row
+from ladle.kernels.per_token_quant import quant_max, store_quantized_row
 
 
 @triton.jit
@@ -73,9 +74,7 @@ def _rms_norm_kernel(
     if QUANTIZE:
         # The row rms_norm would return (input dtype == weight dtype here), then its codes.
         output = (normalized * weight).to(input_dtype).to(tl.float32)
-        scaled, scale = quantize_row(output, QMAX, IS_INT)
-        tl.store(output_pointers, scaled.to(output_ptr.dtype.element_ty), mask=is_column)
-        tl.store(scale_ptr + row, scale)
+        store_quantized_row(output_pointers, scale_ptr + row, output, is_column, QMAX, IS_INT)
     else:
         tl.store(
             output_pointers, (normalized * weight).to(output_ptr.dtype.element_ty), mask=is_column
