@@ -48,6 +48,9 @@ WARMUP_PARAMS = (
         seed=4,
     ),
     SamplingParams(temperature=0.7, max_tokens=3, min_tokens=2, ignore_eos=False, seed=3),
+    # Temperature alone: the only rows whose draw reads the LM head's 16-bit logits as they are
+    # (every feature above makes the sampler widen them to float32 first).
+    SamplingParams(temperature=0.7, max_tokens=3, ignore_eos=True, seed=5),
 )
 
 
