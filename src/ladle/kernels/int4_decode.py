@@ -37,7 +37,12 @@ import triton
 import triton.language as tl
 
 from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
-from ladle.kernels.split_counters import COUNTER_CAPACITY, counter_buffer
+from ladle.kernels.split_counters import (
+    COUNTER_CAPACITY,
+    arrives_last,
+    counter_buffer,
+    reset_counter,
+)
 
 
 @triton.jit
@@ -64,10 +69,7 @@ def _finish_tile(
         tile_offsets = offs_m[:, None].to(tl.int64) * num_columns + offs_n[None, :]
         split_stride = num_tokens.to(tl.int64) * num_columns
         tl.store(partial_ptr + pid_split * split_stride + tile_offsets, accumulator, mask=mask)
-        # Every thread's partial is written before the ticket is taken (release at GPU scope).
-        tl.debug_barrier()
-        ticket = tl.atomic_add(counter_ptr + tile_id, 1, sem="acq_rel")
-        if ticket == num_splits - 1:
+        if arrives_last(counter_ptr + tile_id, num_splits):
             total = tl.zeros(accumulator.shape, dtype=tl.float32)
             for split in range(0, num_splits):
                 total += tl.load(
@@ -77,7 +79,7 @@ def _finish_tile(
                     cache_modifier=".cg",  # from L2: another SM wrote it
                 )
             tl.store(out_ptr + out_offsets, total.to(out_ptr.dtype.element_ty), mask=mask)
-            tl.atomic_xchg(counter_ptr + tile_id, 0)
+            reset_counter(counter_ptr + tile_id)
 
 
 @triton.jit

@@ -40,7 +40,7 @@ import triton
 import triton.language as tl
 
 from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
-from ladle.kernels.split_counters import counter_buffer
+from ladle.kernels.split_counters import arrives_last, counter_buffer, reset_counter
 
 LOG2_E = 1.4426950408889634
 # The split-KV factor is a runtime value up to this, so the many factors that batch sizes pick
@@ -302,7 +302,6 @@ def _paged_attention_kernel(
     accumulator = accumulator / safe_sum[:, None]
     if KV_FP8:
         accumulator = accumulator * tl.load(v_scale_ptr)
-    output_offsets = query_rows * stride_output_token + head * stride_output_head
     if IS_SPLIT:
         # Always written, also by an empty split (sum 0 -> lse -inf), so the merge reads no garbage.
         lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
@@ -313,10 +312,8 @@ def _paged_attention_kernel(
             accumulator,
             mask=is_row_valid[:, None],
         )
-        # Every thread's partial is written before the ticket is taken (release at GPU scope).
-        tl.debug_barrier()
         counter = counter_ptr + request * tl.num_programs(1) + kv_head
-        if tl.atomic_add(counter, 1, sem="acq_rel") == num_splits - 1:
+        if arrives_last(counter, num_splits):
             _merge_splits(
                 output_ptr,
                 split_output_ptr,
@@ -333,8 +330,9 @@ def _paged_attention_kernel(
                 SPLITS_PADDED,
                 SPLIT_CHUNK,
             )
-            tl.atomic_xchg(counter, 0)
+            reset_counter(counter)
     else:
+        output_offsets = query_rows * stride_output_token + head * stride_output_head
         tl.store(
             output_ptr + output_offsets[:, None] + dims[None, :],
             accumulator.to(output_ptr.dtype.element_ty),
