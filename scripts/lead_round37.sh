@@ -1,6 +1,6 @@
 # Lead round 37 (session 9, the closing call): a gate on the kernels whose split-K / split-KV
-# ticket moved into split_counters.arrives_last (int4 decode, attention, fp8 KV), then three W2 fp8+fp8 KV / bf16 pairs interleaved and W3 (0.6B) twice at the
-# final code.
+# ticket moved into split_counters.arrives_last (int4 decode, attention, fp8 KV), then three W2
+# fp8+fp8 KV / bf16 pairs interleaved and W3 (0.6B) twice at the final code.
 #   DEADLINE_S=585 bash scripts/lead_round37.sh     (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
