@@ -4,7 +4,7 @@
 #   DEADLINE_S=585 bash scripts/lead_round37.sh     (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
-gpu_gate tests/gpu/test_int4_decode.py tests/gpu/test_triton_attention.py \
+GATE_TIMEOUT_S=200 gpu_gate tests/gpu/test_int4_decode.py tests/gpu/test_triton_attention.py \
   tests/gpu/test_fp8_kv_cache.py
 W2_JSON_DIR=/tmp
 for run in a b c; do

@@ -51,11 +51,13 @@ w2_run() {
     | grep -E "tok/s \(|ITL" | tee -a "$LOG"
 }
 
-# A gate on the kernel test files given: four workers, stop at the first failure, and end the
+# A gate on the kernel test files given (GATE_TIMEOUT_S, default 120 s): four workers, stop at
+# the first failure, and end the
 # round (exit 1) unless every test passed.
 gpu_gate() {
   echo "== gate: $*" | tee -a "$LOG"
-  timeout 120 python3 -m pytest -q -p no:cacheprovider -x -n 4 "$@" > "$OUT/gate.log" 2>&1
+  timeout "${GATE_TIMEOUT_S:-120}" python3 -m pytest -q -p no:cacheprovider -x -n 4 "$@" \
+    > "$OUT/gate.log" 2>&1
   tail -3 "$OUT/gate.log" | tee -a "$LOG"
   grep -q " passed" "$OUT/gate.log" && ! grep -qE "[0-9]+ (failed|error)" "$OUT/gate.log" || exit 1
 }
