@@ -52,8 +52,7 @@ w2_run() {
 }
 
 # A gate on the kernel test files given (GATE_TIMEOUT_S, default 120 s): four workers, stop at
-# the first failure, and end the
-# round (exit 1) unless every test passed.
+# the first failure, and end the round (exit 1) unless every test passed.
 gpu_gate() {
   echo "== gate: $*" | tee -a "$LOG"
   timeout "${GATE_TIMEOUT_S:-120}" python3 -m pytest -q -p no:cacheprovider -x -n 4 "$@" \
