@@ -1,8 +1,9 @@
-"""Is per_token_quant (and the SiLU-and-mul before down) bound by its arithmetic? At the 8B's decode
-shapes: ladle's per_token_quant (IEEE division per element) against a variant that multiplies by
-the row's reciprocal, ladle's silu_and_mul + per_token_quant against one fused launch per row
-(reciprocal), us per call from a CUDA graph with inputs from a ring larger than L2. Also checks
-how many codes the reciprocal changes. Prints one JSON line per case.
+"""Is per-token quantization (and the SiLU-and-mul before down) bound by its arithmetic? At the 8B's
+decode shapes: each element divided by the row's scale (IEEE, ladle's rule before session 9)
+against ladle's per_token_quant (times the row's reciprocal) and a warp sweep of it; ladle's
+silu_and_mul + per_token_quant against its one-launch silu_and_mul_quant. us per call from a CUDA
+graph, inputs from a ring larger than L2; also the share of codes the two rules disagree on.
+Prints one JSON line per case.
 
     python scripts/act_quant_probe.py
 """
@@ -15,116 +16,83 @@ import json
 import torch
 import triton
 import triton.language as tl
-from triton.language.extra import libdevice
 
-from ladle.bench.gpu_timing import calls_in_graph_us
-from ladle.kernels.activation import silu_and_mul
-from ladle.kernels.per_token_quant import per_token_quant
+from ladle.bench.gpu_timing import calls_in_graph_us, input_ring
+from ladle.kernels.activation import silu_and_mul, silu_and_mul_quant
+from ladle.kernels.per_token_quant import _per_token_quant_kernel, per_token_quant, quant_max
 
-QMAX = 448.0
+E4M3 = torch.float8_e4m3fn
 
 
 @triton.jit
-def _reciprocal_quant_kernel(codes_ptr, scale_ptr, input_ptr, num_columns, BLOCK: tl.constexpr):
+def _division_quant_kernel(codes_ptr, scale_ptr, input_ptr, num_columns, BLOCK: tl.constexpr):
     row = tl.program_id(0).to(tl.int64)
     columns = tl.arange(0, BLOCK)
     is_column = columns < num_columns
     x = tl.load(input_ptr + row * num_columns + columns, mask=is_column, other=0.0).to(tl.float32)
     scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / 448.0), 1e-12)
-    inverse = tl.math.div_rn(1.0, scale)
-    scaled = tl.clamp(x * inverse, -448.0, 448.0)
-    tl.store(
-        codes_ptr + row * num_columns + columns,
-        scaled.to(codes_ptr.dtype.element_ty),
-        mask=is_column,
-    )
+    scaled = tl.clamp(tl.math.div_rn(x, scale), -448.0, 448.0)
+    codes = scaled.to(codes_ptr.dtype.element_ty)
+    tl.store(codes_ptr + row * num_columns + columns, codes, mask=is_column)
     tl.store(scale_ptr + row, scale)
 
 
-@triton.jit
-def _fused_silu_quant_kernel(codes_ptr, scale_ptr, input_ptr, width, BLOCK: tl.constexpr):
-    row = tl.program_id(0).to(tl.int64)
-    columns = tl.arange(0, BLOCK)
-    is_column = columns < width
-    row_input = input_ptr + row * 2 * width
-    gate = tl.load(row_input + columns, mask=is_column, other=0.0).to(tl.float32)
-    up = tl.load(row_input + width + columns, mask=is_column, other=0.0).to(tl.float32)
-    silu = tl.math.div_rn(gate, 1.0 + libdevice.exp(-gate)).to(tl.bfloat16).to(tl.float32)
-    x = (silu * up).to(tl.bfloat16).to(tl.float32)
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / 448.0), 1e-12)
-    inverse = tl.math.div_rn(1.0, scale)
-    scaled = tl.clamp(x * inverse, -448.0, 448.0)
-    tl.store(
-        codes_ptr + row * width + columns, scaled.to(codes_ptr.dtype.element_ty), mask=is_column
+def division_quant(x, codes, scale):
+    block = triton.next_power_of_2(x.shape[1])
+    _division_quant_kernel[(x.shape[0],)](
+        codes, scale, x, x.shape[1], BLOCK=block, num_warps=max(1, min(16, block // 256))
     )
-    tl.store(scale_ptr + row, scale)
 
 
 def reciprocal_quant(x, codes, scale, num_warps):
-    _reciprocal_quant_kernel[(x.shape[0],)](
-        codes, scale, x, x.shape[1], BLOCK=triton.next_power_of_2(x.shape[1]), num_warps=num_warps
+    """ladle's kernel at a given warp count."""
+    _per_token_quant_kernel[(x.shape[0],)](
+        codes,
+        scale,
+        x,
+        x.stride(0),
+        codes.stride(0),
+        x.shape[1],
+        QMAX=quant_max(E4M3),
+        IS_INT=False,
+        BLOCK=triton.next_power_of_2(x.shape[1]),
+        num_warps=num_warps,
     )
 
 
-def fused_silu_quant(x, codes, scale, num_warps):
-    width = x.shape[1] // 2
-    _fused_silu_quant_kernel[(x.shape[0],)](
-        codes, scale, x, width, BLOCK=triton.next_power_of_2(width), num_warps=num_warps
-    )
-
-
-def pair(x):
-    per_token_quant(silu_and_mul(x), torch.float8_e4m3fn)
+def time_cases(cases: dict, inputs: list[torch.Tensor], **fields) -> None:
+    """One JSON line per case: us per call over 24 calls on the ring's inputs in turn."""
+    for name, fn in cases.items():
+        calls = [functools.partial(fn, inputs[i % len(inputs)]) for i in range(24)]
+        record = {**fields, "case": name, "us": calls_in_graph_us(calls)}
+        print(json.dumps(record), flush=True)
 
 
 def main() -> None:
     for rows in (64, 128, 256):
         for width in (4096, 14336):
-            ring = max(4, 64_000_000 // (rows * width * 2))
-            inputs = [torch.randn(rows, width, device="cuda").bfloat16() for _ in range(ring)]
-            codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device="cuda")
+            inputs = input_ring(rows, width)
+            codes = torch.empty(rows, width, dtype=E4M3, device="cuda")
             scale = torch.empty(rows, 1, device="cuda")
-            exact, _ = per_token_quant(inputs[0], torch.float8_e4m3fn)
-            reciprocal_quant(inputs[0], codes, scale, 16)
-            changed = (exact.view(torch.uint8) != codes.view(torch.uint8)).float().mean().item()
-            cases = {"div_rn (ladle)": lambda x: per_token_quant(x, torch.float8_e4m3fn)}
+            division_quant(inputs[0], codes, scale)
+            ladle_codes, _ = per_token_quant(inputs[0], E4M3)
+            disagree = (ladle_codes.view(torch.uint8) != codes.view(torch.uint8)).float().mean()
+            cases = {
+                "division": functools.partial(division_quant, codes=codes, scale=scale),
+                "reciprocal (ladle)": lambda x: per_token_quant(x, E4M3),
+            }
             for warps in (8, 16, 32):
                 cases[f"reciprocal w{warps}"] = functools.partial(
                     reciprocal_quant, codes=codes, scale=scale, num_warps=warps
                 )
-            for name, fn in cases.items():
-                calls = [functools.partial(fn, inputs[i % ring]) for i in range(24)]
-                us = calls_in_graph_us(calls)
-                print(
-                    json.dumps(
-                        {
-                            "kind": "quant",
-                            "rows": rows,
-                            "width": width,
-                            "case": name,
-                            "us": us,
-                            "codes_changed": changed,
-                        }
-                    ),
-                    flush=True,
-                )
-        width = 14336
-        ring = max(4, 64_000_000 // (rows * width * 4))
-        inputs = [torch.randn(rows, 2 * width, device="cuda").bfloat16() for _ in range(ring)]
-        codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device="cuda")
-        scale = torch.empty(rows, 1, device="cuda")
-        cases = {"silu_and_mul alone": silu_and_mul, "silu_and_mul + per_token_quant": pair}
-        for warps in (16, 32):
-            cases[f"fused reciprocal w{warps}"] = functools.partial(
-                fused_silu_quant, codes=codes, scale=scale, num_warps=warps
-            )
-        for name, fn in cases.items():
-            calls = [functools.partial(fn, inputs[i % ring]) for i in range(24)]
-            us = calls_in_graph_us(calls)
-            print(
-                json.dumps({"kind": "silu", "rows": rows, "width": width, "case": name, "us": us}),
-                flush=True,
-            )
+            fields = {"kind": "quant", "rows": rows, "width": width}
+            time_cases(cases, inputs, **fields, codes_disagree=disagree.item())
+        cases = {
+            "silu_and_mul alone": silu_and_mul,
+            "silu_and_mul + per_token_quant": lambda x: per_token_quant(silu_and_mul(x), E4M3),
+            "silu_and_mul_quant (ladle)": lambda x: silu_and_mul_quant(x, E4M3),
+        }
+        time_cases(cases, input_ring(rows, 2 * 14336), kind="silu", rows=rows, width=14336)
 
 
 if __name__ == "__main__":

@@ -13,7 +13,7 @@ import json
 import torch
 import triton
 
-from ladle.bench.gpu_timing import calls_in_graph_us
+from ladle.bench.gpu_timing import calls_in_graph_us, input_ring
 from ladle.kernels.per_token_quant import _per_token_quant_kernel, quant_max
 
 
@@ -36,13 +36,12 @@ def launch(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, num_warps:
 def main() -> None:
     for rows in (64, 128, 256):
         for width in (4096, 14336):
-            ring = max(4, 64_000_000 // (rows * width * 2))
-            inputs = [torch.randn(rows, width, device="cuda").bfloat16() for _ in range(ring)]
+            inputs = input_ring(rows, width)
             codes = torch.empty(rows, width, dtype=torch.float8_e4m3fn, device="cuda")
             scale = torch.empty(rows, 1, device="cuda")
             for num_warps in (2, 4, 8, 16, 32):
                 calls = [
-                    functools.partial(launch, inputs[i % ring], codes, scale, num_warps)
+                    functools.partial(launch, inputs[i % len(inputs)], codes, scale, num_warps)
                     for i in range(24)
                 ]
                 us = calls_in_graph_us(calls)

@@ -9,6 +9,14 @@ from collections.abc import Callable, Iterable
 import torch
 
 
+def input_ring(rows: int, columns: int, total_bytes: int = 64_000_000) -> list[torch.Tensor]:
+    """Random bf16 [rows, columns] CUDA inputs, at least four and together larger than L2, for
+    calls that each take the next one: every call then reads fresh memory, as each layer of a
+    decode step does."""
+    count = max(4, total_bytes // (rows * columns * 2))
+    return [torch.randn(rows, columns, device="cuda").bfloat16() for _ in range(count)]
+
+
 def capture_graph(step: Callable[[], object]) -> tuple[torch.cuda.CUDAGraph, object]:
     """(a CUDA graph of step, the output that each replay rewrites): step is run once on a side
     stream first, so that lazy allocations and kernel builds happen outside the capture."""
