@@ -1,8 +1,9 @@
 """Is per-token quantization (and the SiLU-and-mul before down) bound by its arithmetic? At the 8B's
 decode shapes: each element divided by the row's scale (IEEE, ladle's rule before session 9)
-against ladle's per_token_quant (times the row's reciprocal) and a warp sweep of it; ladle's
-silu_and_mul + per_token_quant against its one-launch silu_and_mul_quant. us per call from a CUDA
-graph, inputs from a ring larger than L2; also the share of codes the two rules disagree on.
+against ladle's per_token_quant (times the row's reciprocal; its warps: per_token_quant_warps.py),
+and ladle's silu_and_mul + per_token_quant against its one-launch silu_and_mul_quant. us per call
+from a CUDA graph, inputs from a ring larger than L2; also the share of codes the rules disagree
+on.
 Prints one JSON line per case.
 
     python scripts/act_quant_probe.py
@@ -19,7 +20,7 @@ import triton.language as tl
 
 from ladle.bench.gpu_timing import calls_in_graph_us, input_ring
 from ladle.kernels.activation import silu_and_mul, silu_and_mul_quant
-from ladle.kernels.per_token_quant import _per_token_quant_kernel, per_token_quant, quant_max
+from ladle.kernels.per_token_quant import per_token_quant
 
 E4M3 = torch.float8_e4m3fn
 
@@ -44,22 +45,6 @@ def division_quant(x, codes, scale):
     )
 
 
-def reciprocal_quant(x, codes, scale, num_warps):
-    """ladle's kernel at a given warp count."""
-    _per_token_quant_kernel[(x.shape[0],)](
-        codes,
-        scale,
-        x,
-        x.stride(0),
-        codes.stride(0),
-        x.shape[1],
-        QMAX=quant_max(E4M3),
-        IS_INT=False,
-        BLOCK=triton.next_power_of_2(x.shape[1]),
-        num_warps=num_warps,
-    )
-
-
 def time_cases(cases: dict, inputs: list[torch.Tensor], **fields) -> None:
     """One JSON line per case: us per call over 24 calls on the ring's inputs in turn."""
     for name, fn in cases.items():
@@ -81,10 +66,6 @@ def main() -> None:
                 "division": functools.partial(division_quant, codes=codes, scale=scale),
                 "reciprocal (ladle)": lambda x: per_token_quant(x, E4M3),
             }
-            for warps in (8, 16, 32):
-                cases[f"reciprocal w{warps}"] = functools.partial(
-                    reciprocal_quant, codes=codes, scale=scale, num_warps=warps
-                )
             fields = {"kind": "quant", "rows": rows, "width": width}
             time_cases(cases, inputs, **fields, codes_disagree=disagree.item())
         cases = {
