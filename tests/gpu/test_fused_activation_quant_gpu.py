@@ -191,17 +191,8 @@ def _prefill_and_decode_logits(loaded) -> list[torch.Tensor]:
     (ladle's Triton fp8 GEMM)."""
     from helpers.tiny_models import PagedBatch, make_kv_caches
 
-    arch = loaded.arch_config
     batch = PagedBatch(3, 16, 32)
-    caches = make_kv_caches(
-        arch.num_hidden_layers,
-        32,
-        16,
-        arch.num_key_value_heads,
-        arch.head_dim,
-        dtype=torch.bfloat16,
-        device=CUDA,
-    )
+    caches = make_kv_caches(loaded.arch_config, 32, 16, dtype=torch.bfloat16, device=CUDA)
     logits = []
     for chunks in ([list(range(4, 40)), list(range(50, 57)), [9]], [[41], [58], [10]]):
         input_ids, positions, metadata = batch.step(chunks, device=CUDA)

@@ -121,16 +121,7 @@ def test_model_logits_bf16_relative_error(setup):
     runner = llm.engine.runner
     batch = PagedBatch(num_seqs=len(prompts), block_size=16, num_blocks=64)
     input_ids, positions, metadata = batch.step(prompts, device="cuda")
-    arch = runner.arch
-    caches = make_kv_caches(
-        arch.num_hidden_layers,
-        64,
-        16,
-        arch.num_key_value_heads,
-        arch.head_dim,
-        torch.bfloat16,
-        "cuda",
-    )
+    caches = make_kv_caches(runner.arch, 64, 16, torch.bfloat16, "cuda")
     last_rows = torch.tensor(metadata.query_start_loc_host[1:], device="cuda") - 1
     with torch.no_grad():
         hidden = runner.model(input_ids, positions, caches, metadata)

@@ -238,26 +238,24 @@ class PagedBatch:
 
 
 def make_kv_caches(
-    num_layers: int,
+    arch,
     num_blocks: int,
     block_size: int,
-    num_kv_heads: int,
-    head_dim: int,
     dtype: torch.dtype = torch.float32,
     device: torch.device | str = "cpu",
 ) -> list[torch.Tensor]:
-    """One zeroed [2, num_blocks, block_size, num_kv_heads, head_dim] cache per layer."""
-    shape = (2, num_blocks, block_size, num_kv_heads, head_dim)
-    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(num_layers)]
+    """One zeroed [2, num_blocks, block_size, num_kv_heads, head_dim] cache per layer of a
+    model's architecture config (a loaded model's arch_config, a runner's arch)."""
+    shape = (2, num_blocks, block_size, arch.num_key_value_heads, arch.head_dim)
+    return [torch.zeros(shape, dtype=dtype, device=device) for _ in range(arch.num_hidden_layers)]
 
 
 @torch.no_grad()
 def paged_logits(loaded) -> torch.Tensor:
     """A loaded model's logits for two fixed prompts in one paged step (every position)."""
-    arch = loaded.arch_config
     prompts = [list(range(4, 9)), list(range(20, 31))]
     input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts)
-    caches = make_kv_caches(arch.num_hidden_layers, 16, 4, arch.num_key_value_heads, arch.head_dim)
+    caches = make_kv_caches(loaded.arch_config, 16, 4)
     return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
 
 

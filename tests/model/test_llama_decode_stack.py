@@ -106,9 +106,8 @@ def run_steps(loaded, sequences: list[list[int]], num_steps: int, enabled: bool)
     (greedy); returns each decode step's input ids and logits, and the final caches."""
     from helpers.tiny_models import PagedBatch, make_kv_caches
 
-    arch = loaded.arch_config
     batch = PagedBatch(len(sequences), block_size=4, num_blocks=64, seed=3)
-    caches = make_kv_caches(arch.num_hidden_layers, 64, 4, arch.num_key_value_heads, arch.head_dim)
+    caches = make_kv_caches(loaded.arch_config, 64, 4)
     model = loaded.model
     previous = llama_decode_stack.set_decode_stack(enabled)
     try:

@@ -39,13 +39,10 @@ def _state(loaded: LoadedModel) -> dict[str, torch.Tensor]:
 
 @torch.no_grad()
 def _forward(loaded: LoadedModel, lengths=(3, 6)) -> torch.Tensor:
-    arch = loaded.arch_config
     dtype = next(loaded.model.parameters()).dtype
     prompts = [list(range(4, 4 + n)) for n in lengths]
     input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts)
-    caches = make_kv_caches(
-        arch.num_hidden_layers, 16, 4, arch.num_key_value_heads, arch.head_dim, dtype=dtype
-    )
+    caches = make_kv_caches(loaded.arch_config, 16, 4, dtype=dtype)
     return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
 
 

@@ -32,15 +32,7 @@ def _load_ladle(path: str, dtype: torch.dtype = torch.float32):
 
 
 def _caches(loaded, dtype: torch.dtype = torch.float32) -> list[torch.Tensor]:
-    arch = loaded.arch_config
-    return make_kv_caches(
-        arch.num_hidden_layers,
-        NUM_BLOCKS,
-        BLOCK_SIZE,
-        arch.num_key_value_heads,
-        arch.head_dim,
-        dtype=dtype,
-    )
+    return make_kv_caches(loaded.arch_config, NUM_BLOCKS, BLOCK_SIZE, dtype=dtype)
 
 
 @torch.no_grad()
