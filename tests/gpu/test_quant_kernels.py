@@ -21,7 +21,8 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
 @pytest.mark.parametrize("dtype", [torch.float8_e4m3fn, torch.int8])
 @pytest.mark.parametrize("rows,cols", [(1, 7), (7, 200), (33, 4096), (5, 14336)])
 def test_per_token_quant_matches_reference(dtype, rows, cols):
-    from ladle.kernels.per_token_quant import per_token_quant, per_token_quant_reference
+    from ladle.kernels.per_token_quant import per_token_quant
+    from ladle.kernels.per_token_rule import per_token_quant_reference
 
     x = (torch.randn(rows, cols, device=CUDA) * 3).to(torch.bfloat16)
     x[0, :] = 0  # an all-zero token must not give NaN
@@ -95,18 +96,9 @@ def tiny_qwen(tmp_path_factory) -> str:
 def _logits(loaded) -> torch.Tensor:
     from helpers.tiny_models import PagedBatch, make_kv_caches
 
-    arch = loaded.arch_config
     prompts = [list(range(4, 40)), list(range(50, 57)), [9]]
     input_ids, positions, metadata = PagedBatch(len(prompts), 16, 32).step(prompts, device=CUDA)
-    caches = make_kv_caches(
-        arch.num_hidden_layers,
-        32,
-        16,
-        arch.num_key_value_heads,
-        arch.head_dim,
-        dtype=torch.bfloat16,
-        device=CUDA,
-    )
+    caches = make_kv_caches(loaded.arch_config, 32, 16, dtype=torch.bfloat16, device=CUDA)
     return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
 
 

@@ -6,8 +6,8 @@ quantizes a few rows.
     scale[m] = max(max_k |x[m, k]|, tiny) / QMAX          (448 for e4m3, 127 for int8)
     codes[m, k] = cast(clamp(x[m, k] * (1 / scale[m])))    (int8: round half to even first)
 
-One program per row, the row held in registers (hidden sizes up to 32k). The torch reference is
-per_token_quant_reference.
+One program per row, the row held in registers (hidden sizes up to 32k). The torch reference
+(and the rule's constants) is kernels/per_token_rule.py.
 """
 
 from __future__ import annotations
@@ -18,8 +18,7 @@ import triton.language as tl
 from triton.language.extra import libdevice
 
 from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
-
-MIN_SCALE = 1e-12
+from ladle.kernels.per_token_rule import quant_max
 
 
 @triton.jit
@@ -36,7 +35,7 @@ def quantize_row(x, QMAX: tl.constexpr, IS_INT: tl.constexpr):
     # a product one ulp off next to a rounding boundary would flip a code by one. An IEEE
     # division per element instead bound the kernel at wide rows: 8.5 -> 5.2 us at 256 x 14336
     # on an H100 (scripts/act_quant_probe.py).
-    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / QMAX), 1e-12)  # MIN_SCALE
+    scale = tl.maximum(tl.max(tl.abs(x), axis=0) * (1.0 / QMAX), 1e-12)  # per_token_rule.MIN_SCALE
     scaled = tl.clamp(x * tl.math.div_rn(1.0, scale), -QMAX, QMAX)
     if IS_INT:
         scaled = libdevice.rint(scaled)
@@ -82,15 +81,6 @@ def _per_token_quant_kernel(
     )
 
 
-def quant_max(dtype: torch.dtype) -> float:
-    """The largest code of a per-token quantization to `dtype` (ValueError for other dtypes)."""
-    if dtype == torch.int8:
-        return 127.0
-    if dtype == torch.float8_e4m3fn:
-        return float(torch.finfo(dtype).max)
-    raise ValueError(f"per-token quantization to {dtype} is not supported; use int8 or e4m3")
-
-
 def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """x [M, K] (CUDA, row-contiguous) -> (codes [M, K] of dtype, float32 scales [M, 1])."""
     if x.dim() != 2 or x.stride(1) != 1:
@@ -117,18 +107,3 @@ def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
         **pdl_launch(x.device, num_rows),
     )
     return codes, scale
-
-
-def per_token_quant_reference(
-    x: torch.Tensor, dtype: torch.dtype
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The same in float32 torch."""
-    qmax = quant_max(dtype)
-    x = x.float()
-    # Times the reciprocal, as the kernel (and CUDA's division by a scalar): the CPU's true
-    # division could differ by an ulp.
-    scale = (x.abs().amax(dim=-1, keepdim=True) * (1.0 / qmax)).clamp(min=MIN_SCALE)
-    scaled = (x * (1.0 / scale)).clamp(-qmax, qmax)
-    if dtype == torch.int8:
-        scaled = torch.round(scaled)
-    return scaled.to(dtype), scale

@@ -41,23 +41,12 @@ def quantize_fp8_per_row(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return codes, scale
 
 
-def quantize_fp8_per_token(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-    """Per-token e4m3 codes [M, K] and float32 scales [M, 1] of an activation [M, K], by
-    per_token_quant's rule (kernels/per_token_quant.py): quantize_fp8_per_row's scale, the codes
-    as x times the scale's reciprocal (one IEEE division a row, on the GPU too). The weights keep
-    quantize_fp8_per_row's division: checkpoints written before stay bit-identical."""
-    x2 = x2.float()
-    scale = (x2.abs().amax(dim=-1, keepdim=True) * (1.0 / FP8_MAX)).clamp(min=MIN_SCALE)
-    codes = (x2 * (1.0 / scale)).clamp(-FP8_MAX, FP8_MAX).to(FP8_DTYPE)
-    return codes, scale
-
-
 def fp8_linear_reference(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
     """The fp8 matmul's numbers in float32 torch: both sides quantized, then dequantized."""
     x2, leading = flatten_tokens(x)
-    x_codes, x_scale = quantize_fp8_per_token(x2)
+    x_codes, x_scale = _activation_codes_in_torch(x2)
     output = _dequantized_matmul(x_codes, x_scale, weight, weight_scale, bias)
     return output.to(x.dtype).reshape(*leading, -1)
 
@@ -102,7 +91,16 @@ def quantize_activation_fp8(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tenso
         from ladle.kernels.per_token_quant import per_token_quant
 
         return per_token_quant(x2, FP8_DTYPE)
-    return quantize_fp8_per_token(x2)
+    return _activation_codes_in_torch(x2)
+
+
+def _activation_codes_in_torch(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """per_token_quant's codes and scales by its torch rule, the same bits (imported here: the
+    rule is torch only, and ladle.kernels stays off the CPU's import path until an fp8 layer
+    runs there)."""
+    from ladle.kernels.per_token_rule import per_token_quant_reference
+
+    return per_token_quant_reference(x2, FP8_DTYPE)
 
 
 def activation_codes(

@@ -1,0 +1,37 @@
+"""Per-token activation quantization in plain torch: the rule kernels/per_token_quant.py computes
+in one launch, and what the CPU's fp8 activations use (model/layers/quant/fp8.py), so the two
+give the same codes. Torch only: it imports where Triton does not exist.
+
+    scale[m] = max(max_k |x[m, k]|, tiny) * (1 / QMAX)    (448 for e4m3, 127 for int8)
+    codes[m, k] = cast(clamp(x[m, k] * (1 / scale[m])))   (int8: round half to even first)
+"""
+
+from __future__ import annotations
+
+import torch
+
+MIN_SCALE = 1e-12
+
+
+def quant_max(dtype: torch.dtype) -> float:
+    """The largest code of a per-token quantization to `dtype` (ValueError for other dtypes)."""
+    if dtype == torch.int8:
+        return 127.0
+    if dtype == torch.float8_e4m3fn:
+        return float(torch.finfo(dtype).max)
+    raise ValueError(f"per-token quantization to {dtype} is not supported; use int8 or e4m3")
+
+
+def per_token_quant_reference(
+    x: torch.Tensor, dtype: torch.dtype
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] -> (codes [M, K] of dtype, float32 scales [M, 1]), computed in float32."""
+    qmax = quant_max(dtype)
+    x = x.float()
+    # Times the reciprocal, as the kernel (and CUDA's division by a scalar): the CPU's true
+    # division could differ by an ulp.
+    scale = (x.abs().amax(dim=-1, keepdim=True) * (1.0 / qmax)).clamp(min=MIN_SCALE)
+    scaled = (x * (1.0 / scale)).clamp(-qmax, qmax)
+    if dtype == torch.int8:
+        scaled = torch.round(scaled)
+    return scaled.to(dtype), scale
