@@ -22,12 +22,15 @@ from ladle.kernels.per_token_rule import quant_max
 
 
 @triton.jit
-def quantize_row(x, QMAX: tl.constexpr, IS_INT: tl.constexpr):
-    """(codes as float32, scale) of one float32 row held in registers (padding columns 0).
+def store_quantized_row(
+    codes_pointers, scale_pointer, x, is_column, QMAX: tl.constexpr, IS_INT: tl.constexpr
+):
+    """Quantize one float32 row x held in registers (padding columns 0): its codes stored at
+    codes_pointers (where is_column), its scale at scale_pointer.
 
-    Shared by every kernel that quantizes a row (this one, and the RMSNorm kernel that
-    quantizes its output for an fp8 projection), so their codes and scales are the same bits as
-    this kernel's on the same row.
+    Every kernel that quantizes a row it holds ends with this (this module's, RMSNorm's and
+    SiLU-and-mul's for an fp8 projection), so their codes and scales are the same bits on the
+    same row.
     """
     # The scale as torch computes a tensor / scalar (times the float32 reciprocal), and the
     # codes as x times the row's IEEE-rounded reciprocal (one division a row, where Triton's `/`
@@ -39,16 +42,6 @@ def quantize_row(x, QMAX: tl.constexpr, IS_INT: tl.constexpr):
     scaled = tl.clamp(x * tl.math.div_rn(1.0, scale), -QMAX, QMAX)
     if IS_INT:
         scaled = libdevice.rint(scaled)
-    return scaled, scale
-
-
-@triton.jit
-def store_quantized_row(
-    codes_pointers, scale_pointer, x, is_column, QMAX: tl.constexpr, IS_INT: tl.constexpr
-):
-    """quantize_row of a float32 row x, its codes stored at codes_pointers (where is_column) and
-    its scale at scale_pointer: the tail of every kernel that quantizes a row it holds."""
-    scaled, scale = quantize_row(x, QMAX, IS_INT)
     tl.store(codes_pointers, scaled.to(codes_pointers.dtype.element_ty), mask=is_column)
     tl.store(scale_pointer, scale)
 
