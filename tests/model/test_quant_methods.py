@@ -143,6 +143,44 @@ def test_quantized_linear_layer_runs_each_method_on_the_cpu(method):
     assert ((layer(x) - exact).norm() / exact.norm()) < limit
 
 
+@pytest.mark.parametrize("method", ["fp8", "int8", "int4"])
+@pytest.mark.parametrize("num_tokens", [1, 3, 9])
+@pytest.mark.parametrize("output_size,input_size", [(1, 7), (7, 200), (33, 256), (16, 129)])
+def test_cpu_runtime_layout_gives_the_reference_numbers(
+    method, num_tokens, output_size, input_size
+):
+    """A quantized Linear finalized on the CPU (in memory or loaded from a checkpoint) runs on a
+    CPU layout, never dequantizing its whole weight per call: int4 as group_quant rows (C GEMV up
+    to 4 rows, chunked MKL above), int8 on torch._int_mm, fp8 on a float32 copy made once. Each
+    gives its method's reference numbers: int8 and fp8 bit for bit, int4 up to summation order."""
+    from ladle.model.layers.group_quant import GroupQuantizedRows
+    from ladle.model.layers.linear import Linear
+
+    generator = torch.Generator().manual_seed(output_size * 1000 + input_size)
+    layer = Linear(input_size, output_size, bias=True)
+    layer.weight.data = torch.randn(output_size, input_size, generator=generator)
+    layer.bias.data = torch.randn(output_size, generator=generator)
+    tensors = get_quant_method(method).quantize(layer.weight.data)
+    quantize_linears_(torch.nn.Sequential(layer), method, float_layers=())
+    x = torch.randn(num_tokens, input_size, generator=generator) * 3
+    if method == "int4":
+        assert isinstance(layer.quantized_weight, GroupQuantizedRows)
+        assert not hasattr(layer, "weight_packed")  # no second copy of the codes
+        codes = unpack_int4_rows(tensors["weight_packed"], input_size)
+        dequantized = dequantize_int4_groups(codes, tensors["weight_scale"], tensors["weight_zero"])
+        torch.testing.assert_close(layer.quantized_weight.dequantize(), dequantized, rtol=0, atol=0)
+        expected = x @ dequantized.t() + layer.bias
+        torch.testing.assert_close(layer(x), expected, rtol=1e-5, atol=1e-5)
+    elif method == "int8":
+        assert layer.int_mm_on_cpu
+        expected = int8_linear_reference(x, tensors["weight"], tensors["weight_scale"], layer.bias)
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
+    else:
+        assert layer.weight is None and layer.weight_dequantized.dtype == torch.float32
+        expected = fp8_linear_reference(x, tensors["weight"], tensors["weight_scale"], layer.bias)
+        torch.testing.assert_close(layer(x), expected, rtol=0, atol=0)
+
+
 def test_unknown_method_is_named():
     with pytest.raises(ValueError, match="'int3'"):
         get_quant_method("int3")

@@ -152,6 +152,23 @@ def quantize_int4_groups(weight: torch.Tensor, group_size: int = 128) -> GroupQu
     return GroupQuantizedRows(packed, scale, low, group_size, 4, num_columns)
 
 
+def group_rows_from_zero_points(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, group_size: int
+) -> GroupQuantizedRows:
+    """The layout above for int4 codes with integer zero points (GPTQ/AWQ, `--quantization
+    int4`'s canonical tensors): codes uint8 0..15 [N, K], scale and zero [N, G], standing for
+    (code - zero) * scale. The offset -zero * scale is kept in float32, where it and code * scale
+    are exact (an 11-bit scale times 4-bit integers), so code * scale + offset is the same
+    float32 weight as (code - zero) * scale."""
+    num_rows, num_columns = codes.shape
+    num_groups = scale.shape[1]
+    # Padded columns hold code 0; the kernels never read them (their inputs are zero-padded).
+    padded = F.pad(codes, (0, num_groups * group_size - num_columns))
+    scale32 = scale.float().contiguous()
+    offset = (-zero.float() * scale32).contiguous()
+    return GroupQuantizedRows(pack_int4(padded), scale32, offset, group_size, 4, num_columns)
+
+
 def _dequantize_rows(weight: GroupQuantizedRows, start: int, count: int) -> torch.Tensor:
     """float32 [count, padded_columns] of rows start..start+count (one C pass where it applies,
     kernels/cpu_native/gemv.py; the torch code below is its reference)."""

@@ -172,6 +172,13 @@ def _load_unquantized(
     prepare_linears_for_checkpoint_(model, checkpoint_quant.quant_method(), float_modules)
     _load_weights(model, convert_quantized_weights(weights, checkpoint_quant), str(model_dir))
     finalize_linears_(model)
+    if checkpoint_quant.method == "fp8" and device.type != "cuda":
+        print(
+            "[ladle] fp8 checkpoint on the CPU: its e4m3 weights are dequantized to float32 at "
+            "load (the CPU has no fp8 matmul); activations are still quantized per token as on "
+            "the GPU",
+            flush=True,
+        )
     return LoadedModel(model, arch_config, str(model_dir), "safetensors", checkpoint_quant.method)
 
 

@@ -8,7 +8,8 @@ ladle's Triton kernel (kernels/fp8_matmul.py), which reads the weight faster the
     y[m, n]    = (x8 @ W8^T)[m, n] * x_scale[m] * w_scale[n]
 
 Where _scaled_mm cannot run (the CPU, a GPU before Ada, sizes not a multiple of 16) the same
-numbers are computed by dequantizing both sides: slower, same quantization error.
+numbers are computed by dequantizing both sides: slower, same quantization error. On the CPU
+the weight is dequantized to float32 once at load (4 bytes a weight; the load says so).
 
 The input may also come already quantized (a QuantizedActivation from an RMSNorm or SiLU-and-mul
 kernel that quantized its own output, quant/input_fusion.py): its codes and scales are the ones
@@ -59,7 +60,18 @@ def _dequantized_matmul(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """(x_codes * x_scale [M, 1]) @ (weight * weight_scale [N])^T (+ bias) in float32."""
-    output = (x_codes.float() * x_scale) @ (weight.float() * weight_scale[:, None]).t()
+    dequantized = weight.float() * weight_scale[:, None]
+    return _dequantized_activation_matmul(x_codes, x_scale, dequantized, bias)
+
+
+def _dequantized_activation_matmul(
+    x_codes: torch.Tensor,
+    x_scale: torch.Tensor,
+    dequantized_weight: torch.Tensor,
+    bias: torch.Tensor | None,
+) -> torch.Tensor:
+    """(x_codes * x_scale [M, 1]) @ dequantized_weight^T (+ bias) in float32."""
+    output = (x_codes.float() * x_scale) @ dequantized_weight.t()
     return add_bias(output, None if bias is None else bias.float())
 
 
@@ -158,6 +170,14 @@ class Fp8Method(PerRowScaledMethod):
         weight = layer.weight.data
         rows, cols = weight.shape
         layer.use_scaled_mm = can_use_scaled_mm(weight.device) and rows % 16 == 0 and cols % 16 == 0
+        if not weight.is_cuda:
+            # The CPU has no fp8 matmul (torch._scaled_mm there is a reference loop, 2 ms for
+            # a 1536 x 576 weight at batch 1): the weight is dequantized to float32 once, the
+            # very values the per-call dequantization computed, and the codes freed.
+            dequantized = weight.float() * layer.weight_scale.data[:, None]
+            del layer.weight, layer.weight_scale
+            layer.weight = None
+            layer.register_buffer("weight_dequantized", dequantized)
 
     def input_quantization(self, layer: nn.Module) -> torch.dtype | None:
         # Only the _scaled_mm / Triton GEMM path takes codes straight from the producer.
@@ -171,5 +191,5 @@ class Fp8Method(PerRowScaledMethod):
             weight = layer.weight.to(dtype) * layer.weight_scale[:, None].to(dtype)
             x_dq = (codes.to(dtype) * scale.to(dtype)).reshape(*leading, -1)
             return F.linear(x_dq, weight, layer.bias)
-        output = _dequantized_matmul(codes, scale, layer.weight, layer.weight_scale, layer.bias)
+        output = _dequantized_activation_matmul(codes, scale, layer.weight_dequantized, layer.bias)
         return output.to(dtype).reshape(*leading, -1)

@@ -17,8 +17,10 @@ coalesced row of words per 8 inputs), read by the kernels of kernels/int4_decode
 tensor-core-free GEMV and a tl.dot kernel, both with split-K reduced inside the launch, for
 decode-sized batches; prefill-sized batches dequantize the weight once (kernels/int4_matmul.py)
 and run cuBLAS. Which one runs at which batch size is measured per weight shape at load
-(int4_plan.py). GPTQ and AWQ checkpoints reach the same canonical tensors, so they get the same
-runtime layout and kernels.
+(int4_plan.py). On the CPU the same weights become group_quant.py's rows, which ladle's C
+kernels multiply without a float32 copy of the weight (dequantizing the whole weight every call
+made a loaded int4 folder decode ~25x slower than `--quantization int4`). GPTQ and AWQ
+checkpoints reach the same canonical tensors, so they get the same runtime layouts and kernels.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.model.layers.group_quant import group_quantized_matmul, group_rows_from_zero_points
 from ladle.model.layers.quant.base import QuantMethod, TensorSpec, add_bias, flatten_tokens
 
 GROUP_SIZE = 128
@@ -133,27 +136,28 @@ class Int4Method(QuantMethod):
         return dequantize_int4_groups(codes, tensors["weight_scale"], tensors["weight_zero"])
 
     def finalize(self, layer: nn.Module) -> None:
-        """Transpose to the kernel's layout ([K/8, N] words, [G, N] scales and zeros) and drop
-        the canonical copies."""
+        """Build the runtime layout and drop the canonical copies: on the GPU the kernels' ([K/8,
+        N] words, [G, N] scales and zeros); on the CPU the group-quantized rows its C kernels
+        read (`quantized_weight`, group_quant.py), the same float32 weights."""
         packed = layer.weight_packed.data
+        layer.int4_plan = None
+        if not packed.is_cuda:
+            codes = unpack_int4_rows(packed, layer.input_size)
+            layer.quantized_weight = group_rows_from_zero_points(
+                codes, layer.weight_scale.data, layer.weight_zero.data, GROUP_SIZE
+            )
+            del layer.weight_packed, layer.weight_scale, layer.weight_zero
+            return
         layer.register_buffer("packed_t", packed.t().contiguous())
         layer.register_buffer("scale_t", layer.weight_scale.data.t().contiguous())
         layer.register_buffer("zero_t", layer.weight_zero.data.t().to(torch.float16).contiguous())
         del layer.weight_packed, layer.weight_scale, layer.weight_zero
-        layer.int4_plan = None
-        if layer.packed_t.is_cuda:
-            from ladle.model.layers.quant.int4_plan import plan_for
+        from ladle.model.layers.quant.int4_plan import plan_for
 
-            dtype = layer.bias.dtype if layer.bias is not None else torch.bfloat16
-            layer.int4_plan = plan_for(
-                layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE, layer.input_size, dtype
-            )
-
-    def dequantize_runtime(self, layer: nn.Module, dtype: torch.dtype) -> torch.Tensor:
-        """The layer's weight as a dense [N, K] matrix in `dtype` (runtime layout)."""
-        codes = unpack_int4_rows(layer.packed_t.t(), layer.input_size)
-        weight = dequantize_int4_groups(codes, layer.scale_t.t(), layer.zero_t.t())
-        return weight.to(dtype)
+        dtype = layer.bias.dtype if layer.bias is not None else torch.bfloat16
+        layer.int4_plan = plan_for(
+            layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE, layer.input_size, dtype
+        )
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x2, leading = flatten_tokens(x)
@@ -185,5 +189,5 @@ class Int4Method(QuantMethod):
                 )
                 output = add_bias(x2 @ weight_t, layer.bias)
         else:
-            output = F.linear(x2, self.dequantize_runtime(layer, x.dtype), layer.bias)
+            output = group_quantized_matmul(x2, layer.quantized_weight, layer.bias)
         return output.reshape(*leading, -1)
