@@ -115,7 +115,15 @@ def _load(path: str, **options):
     # The tiny random model amplifies every perturbation (weights of std 0.1; H200 2026-11-23:
     # int4 0.47): these bounds catch a broken layout, the equality is the real check.
     "method,fmt,limit",
-    [("fp8", "hf-fp8", 0.3), ("int8", "ladle", 0.15), ("int4", "gptq", 0.8), ("int4", "awq", 0.8)],
+    [
+        ("fp8", "hf-fp8", 0.3),
+        ("int8", "ladle", 0.15),
+        ("int4", "gptq", 0.8),
+        ("int4", "awq", 0.8),
+        ("fp8", "compressed-tensors", 0.3),
+        ("int8", "compressed-tensors", 0.15),
+        ("int4", "compressed-tensors", 0.8),
+    ],
 )
 def test_quantized_checkpoint_on_cuda_gives_in_memory_logits(
     tiny_qwen, tmp_path, method, fmt, limit

@@ -1,4 +1,4 @@
-"""`ladle quantize MODEL OUT --method fp8|int8|int4 [--format hf-fp8|gptq|awq|ladle]`: write a
+"""`ladle quantize MODEL OUT --method fp8|int8|int4 [--format FORMAT]`: write a
 quantized Hugging Face folder that `ladle serve OUT` (and `LLM(OUT)`) loads with the method the
 folder's quantization_config names. The work is in model/loader/quantized_writer.py."""
 
@@ -9,6 +9,7 @@ import sys
 import time
 
 from ladle.config import SUPPORTED_DTYPE_NAMES, supported_dtypes
+from ladle.model.loader.quantized_formats import FORMATS
 
 
 def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -25,8 +26,10 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--format",
         default=None,
-        choices=["hf-fp8", "gptq", "awq", "ladle"],
-        help="tensor layout (default: hf-fp8 for fp8, gptq for int4, ladle for int8)",
+        choices=list(FORMATS),
+        help="tensor layout (default: hf-fp8 for fp8, gptq for int4, ladle for int8); "
+        "compressed-tensors (llm-compressor's, any method) is the one vLLM and transformers "
+        "(with the compressed-tensors package) read for all three",
     )
     sub.add_argument(
         "--dtype",

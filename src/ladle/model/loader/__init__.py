@@ -42,6 +42,7 @@ from ladle.model.loader.progress import with_progress
 from ladle.model.loader.quantized_formats import (
     convert_quantized_weights,
     read_checkpoint_quantization,
+    with_matched_float_modules,
 )
 from ladle.model.loader.safetensors import (
     check_safetensors_files,
@@ -49,6 +50,7 @@ from ladle.model.loader.safetensors import (
     find_safetensors_files,
     iter_safetensors_weights,
     read_hf_config,
+    safetensors_tensor_names,
 )
 
 __all__ = ["LoadedModel", "ModelLoadError", "build_model", "load_model"]
@@ -168,6 +170,9 @@ def _load_unquantized(
         _load_weights(model, weights, str(model_dir))
         return LoadedModel(model, arch_config, str(model_dir), "safetensors")
     _check_checkpoint_method(model_config, checkpoint_quant.method, str(model_dir))
+    checkpoint_quant = with_matched_float_modules(checkpoint_quant, safetensors_tensor_names(files))
+    if checkpoint_quant.note:
+        print(f"[ladle] {model_dir}: {checkpoint_quant.note}", flush=True)
     float_modules = _float_module_names(model, checkpoint_quant.float_modules, str(model_dir))
     prepare_linears_for_checkpoint_(model, checkpoint_quant.quant_method(), float_modules)
     _load_weights(model, convert_quantized_weights(weights, checkpoint_quant), str(model_dir))

@@ -27,11 +27,20 @@ import torch
 from ladle.model.layers.quant import QuantMethod, get_quant_method
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.quant.int4 import GROUP_SIZE, num_groups
+from ladle.model.loader import compressed_tensors as ct
+from ladle.model.loader.checkpoint_tensors import (
+    check_g_idx,
+    expect_shape,
+    fp8_canonical,
+    pack_rows,
+    unpack_rows,
+)
 from ladle.model.loader.errors import ModelLoadError
 
-FORMATS = ("hf-fp8", "gptq", "awq", "ladle")
+FORMATS = ("hf-fp8", "gptq", "awq", "ladle", ct.FORMAT)
 DEFAULT_FORMAT = {"fp8": "hf-fp8", "int8": "ladle", "int4": "gptq"}
-FORMAT_METHOD = {"hf-fp8": "fp8", "gptq": "int4", "awq": "int4"}
+# The method each format holds (compressed-tensors holds any of the three).
+FORMAT_METHOD = {"hf-fp8": "fp8", "gptq": "int4", "awq": "int4", "ladle": "int8"}
 # A decoder layer's projection weight: the tensors the GPU methods quantize.
 LINEAR_WEIGHT = re.compile(r"\.layers\.\d+\..*_proj\.weight$")
 LINEAR_PREFIX = re.compile(r"\.layers\.\d+\..*_proj$")
@@ -47,8 +56,12 @@ class CheckpointQuantization:
     method: str
     format: str
     symmetric: bool = False
-    # Checkpoint modules left in float (modules_to_not_convert, vLLM fp8's ignored_layers).
+    # Checkpoint modules left in float (modules_to_not_convert, vLLM fp8's ignored_layers,
+    # compressed-tensors' ignore), and ignore's 're:' patterns not yet matched to module names.
     float_modules: tuple[str, ...] = ()
+    float_module_patterns: tuple[str, ...] = ()
+    # What ladle runs differently from the checkpoint's own scheme, said at load.
+    note: str | None = None
 
     def quant_method(self) -> QuantMethod:
         return get_quant_method(self.method, symmetric=self.symmetric)
@@ -62,6 +75,10 @@ def read_checkpoint_quantization(config: dict, where: str) -> CheckpointQuantiza
     if not isinstance(qc, dict):
         raise ModelLoadError(f"{where!r}: quantization_config is not a JSON object")
     kind = qc.get("quant_method")
+    if kind == ct.QUANT_METHOD:
+        method, symmetric, note = ct.read_scheme(qc, where)
+        names, patterns = ct.split_ignore(qc, where)
+        return CheckpointQuantization(method, ct.FORMAT, symmetric, names, patterns, note)
     float_modules = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
     if not isinstance(float_modules, list | tuple) or not all(
         isinstance(name, str) for name in float_modules
@@ -106,61 +123,26 @@ def _read_method(qc: dict, kind, where: str) -> CheckpointQuantization:
         return CheckpointQuantization("int8", "ladle")
     raise ModelLoadError(
         f"{where!r}: quant_method {kind!r} is not supported; ladle loads fp8, gptq, awq "
-        "(4-bit, group 128) and its own int8 checkpoints"
+        "(4-bit, group 128), compressed-tensors (fp8, int8, int4 group 128) and its own int8 "
+        "checkpoints"
     )
 
 
+def with_matched_float_modules(
+    fmt: CheckpointQuantization, tensor_names: list[str]
+) -> CheckpointQuantization:
+    """`fmt` with its ignore patterns matched against the checkpoint's projection modules (the
+    prefixes of its projection tensors), so the float ones are known before the weights
+    stream in."""
+    if not fmt.float_module_patterns:
+        return fmt
+    modules = {name.rpartition(".")[0] for name in tensor_names}
+    projections = {module for module in modules if LINEAR_PREFIX.search(module)}
+    matched = ct.matching_modules(fmt.float_module_patterns, projections)
+    return replace(fmt, float_modules=fmt.float_modules + matched, float_module_patterns=())
+
+
 # ----------------------------------------------------------------------------- reading
-
-
-def _pack_rows(codes: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
-    """uint8 [R, C] codes -> int32 [R, ceil(C/8)]: nibble i of a word holds column order[i]."""
-    rows, cols = codes.shape
-    words = -(-cols // 8)
-    padded = torch.nn.functional.pad(codes.to(torch.int64), (0, words * 8 - cols))
-    padded = padded.view(rows, words, 8)[:, :, list(order)]
-    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
-    packed = (padded << shifts).sum(dim=-1)
-    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
-
-
-def _unpack_rows(
-    packed: torch.Tensor, num_columns: int, order: tuple[int, ...] = tuple(range(8))
-) -> torch.Tensor:
-    """The inverse of _pack_rows: int32 [R, W] -> uint8 [R, num_columns]."""
-    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
-    nibbles = (packed[..., None] >> shifts) & 0xF  # [R, W, 8], nibble i
-    columns = torch.empty_like(nibbles)
-    columns[:, :, list(order)] = nibbles
-    return columns.reshape(packed.shape[0], -1)[:, :num_columns].to(torch.uint8)
-
-
-def _expect_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], why: str) -> None:
-    if tuple(tensor.shape) != shape:
-        raise ModelLoadError(
-            f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {shape} ({why})"
-        )
-
-
-def _fp8_canonical(prefix: str, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    weight = parts["weight"]
-    rows, cols = weight.shape
-    if "weight_scale_inv" in parts:  # 128x128 blocks: dequantize, then one scale per row
-        scale = parts["weight_scale_inv"].float()
-        block_rows, block_cols = -(-rows // scale.shape[0]), -(-cols // scale.shape[-1])
-        full = scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_cols, 1)
-        return get_quant_method("fp8").quantize(weight.float() * full[:, :cols])
-    scale = parts["weight_scale"].float()
-    if scale.numel() == 1:
-        scale = scale.reshape(1).expand(rows).contiguous()
-    elif tuple(scale.shape) in ((rows,), (rows, 1)):
-        scale = scale.reshape(rows)
-    else:
-        raise ModelLoadError(
-            f"tensor {prefix + 'weight_scale'!r} has shape {tuple(scale.shape)}; expected "
-            f"({rows},), ({rows}, 1) or one value for weight {tuple(weight.shape)}"
-        )
-    return {"weight": weight.to(FP8_DTYPE), "weight_scale": scale}
 
 
 def _int4_canonical(
@@ -171,15 +153,15 @@ def _int4_canonical(
     if fmt.format == "gptq":
         num_words = qweight.shape[0]
         num_inputs = num_words * 8
-        _expect_shape(prefix + "qweight", qweight, (num_words, num_outputs), "[K/8, N]")
+        expect_shape(prefix + "qweight", qweight, (num_words, num_outputs), "[K/8, N]")
         packed = qweight.t().contiguous()
-        zeros = _unpack_rows(parts["qzeros"], num_outputs).int() + 1  # GPTQ v1 stores zero - 1
+        zeros = unpack_rows(parts["qzeros"], num_outputs).int() + 1  # GPTQ v1 stores zero - 1
         zero_order = tuple(range(8))
     else:
         num_inputs = qweight.shape[0]
-        _expect_shape(prefix + "qweight", qweight, (num_inputs, -(-num_outputs // 8)), "[K, N/8]")
-        codes = _unpack_rows(qweight, num_outputs, AWQ_ORDER)  # [K, N]
-        packed = _pack_rows(codes.t())
+        expect_shape(prefix + "qweight", qweight, (num_inputs, -(-num_outputs // 8)), "[K, N/8]")
+        codes = unpack_rows(qweight, num_outputs, AWQ_ORDER)  # [K, N]
+        packed = pack_rows(codes.t())
         zeros = None
         zero_order = AWQ_ORDER
     expected_groups = num_groups(num_inputs)
@@ -189,13 +171,13 @@ def _int4_canonical(
             f"size {num_inputs / max(groups, 1):g}, expected {GROUP_SIZE} "
             f"({expected_groups} groups)"
         )
-    _expect_shape(prefix + "qzeros", parts["qzeros"], (groups, -(-num_outputs // 8)), "[G, N/8]")
+    expect_shape(prefix + "qzeros", parts["qzeros"], (groups, -(-num_outputs // 8)), "[G, N/8]")
     if zeros is None:
-        zeros = _unpack_rows(parts["qzeros"], num_outputs, zero_order).int()
+        zeros = unpack_rows(parts["qzeros"], num_outputs, zero_order).int()
     if zeros.max() > 15 or zeros.min() < 0:
         raise ModelLoadError(f"tensor {prefix + 'qzeros'!r} holds a zero outside 0..15")
     if "g_idx" in parts:
-        _check_g_idx(prefix + "g_idx", parts["g_idx"])
+        check_g_idx(prefix + "g_idx", parts["g_idx"])
     return {
         "weight_packed": packed,
         "weight_scale": scales.t().to(torch.float16).contiguous(),
@@ -209,6 +191,8 @@ def _required_parts(fmt: CheckpointQuantization) -> tuple[tuple[str, ...], tuple
         return ("weight",), ("weight_scale", "weight_scale_inv", "input_scale")
     if fmt.format == "ladle":
         return ("weight", "weight_scale"), ()
+    if fmt.format == ct.FORMAT:
+        return ct.required_parts(fmt.method, fmt.symmetric)
     return ("qweight", "qzeros", "scales"), ("g_idx",)
 
 
@@ -237,12 +221,16 @@ def convert_quantized_weights(
             for part_name, value in method.quantize(tensor).items():
                 yield f"{prefix}.{part_name}", value
             continue
-        if not is_part or not LINEAR_PREFIX.search(prefix):
+        if not LINEAR_PREFIX.search(prefix):
+            _check_float(name, tensor, is_part)
+            yield name, tensor
+            continue
+        if not is_part:
             yield name, tensor
             continue
         if prefix in emitted:  # an optional part stored after the others (another shard)
             if part == "g_idx":
-                _check_g_idx(name, tensor)
+                check_g_idx(name, tensor)
             continue
         parts = pending.setdefault(prefix, {})
         parts[part] = tensor
@@ -255,6 +243,17 @@ def convert_quantized_weights(
         raise ModelLoadError(f"{fmt.format} checkpoint is missing tensor(s) {', '.join(missing)}")
 
 
+def _check_float(name: str, tensor: torch.Tensor, is_part: bool) -> None:
+    """ModelLoadError for a quantized tensor outside the decoder's projections (a quantized LM
+    head or embedding), which ladle keeps in float and would otherwise cast silently."""
+    is_code = tensor.dtype in (torch.int8, torch.int32, FP8_DTYPE) and name.endswith("weight")
+    if is_code or (is_part and not name.endswith(".weight")):
+        raise ModelLoadError(
+            f"tensor {name!r} is quantized ({tensor.dtype}), but ladle quantizes only the decoder "
+            "layers' projections and keeps this module in float"
+        )
+
+
 def _is_complete(
     parts: dict[str, torch.Tensor], required: tuple[str, ...], fmt: CheckpointQuantization
 ) -> bool:
@@ -262,22 +261,19 @@ def _is_complete(
     return has_scale and all(key in parts for key in required)
 
 
-def _check_g_idx(name: str, g_idx: torch.Tensor) -> None:
-    if not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // GROUP_SIZE):
-        raise ModelLoadError(f"tensor {name!r} reorders groups (act-order); ladle needs k // 128")
-
-
 def _emit(
     prefix: str, parts: dict[str, torch.Tensor], fmt: CheckpointQuantization
 ) -> Iterator[tuple[str, torch.Tensor]]:
     prefix_dot = prefix + "."
     if fmt.format == "hf-fp8":
-        canonical = _fp8_canonical(prefix_dot, parts)
+        canonical = fp8_canonical(prefix_dot, parts)
+    elif fmt.format == ct.FORMAT:
+        canonical = ct.canonical(prefix_dot, parts, fmt.method, fmt.symmetric)
     elif fmt.format == "ladle":
         weight, scale = parts["weight"], parts["weight_scale"]
         if weight.dtype != torch.int8:
             raise ModelLoadError(f"tensor {prefix_dot + 'weight'!r} is {weight.dtype}, not int8")
-        _expect_shape(prefix_dot + "weight_scale", scale, (weight.shape[0], 1), "[N, 1]")
+        expect_shape(prefix_dot + "weight_scale", scale, (weight.shape[0], 1), "[N, 1]")
         canonical = {"weight": weight, "weight_scale": scale.float().reshape(-1)}
     else:
         canonical = _int4_canonical(prefix_dot, parts, fmt)

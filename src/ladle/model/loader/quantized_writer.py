@@ -21,6 +21,8 @@ from safetensors.torch import save_file
 from ladle.model.layers.quant import default_float_layers, get_quant_method, in_layers
 from ladle.model.layers.quant.float_projections import is_float_projection
 from ladle.model.layers.quant.int4 import GROUP_SIZE, unpack_int4_rows
+from ladle.model.loader import compressed_tensors as ct
+from ladle.model.loader.checkpoint_tensors import pack_rows
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.gguf import iter_gguf_weights
 from ladle.model.loader.gguf_source import gguf_hf_config, is_gguf_file, save_gguf_tokenizer
@@ -31,7 +33,6 @@ from ladle.model.loader.quantized_formats import (
     FORMATS,
     LINEAR_WEIGHT,
     SHARD_BYTES,
-    _pack_rows,
 )
 from ladle.model.loader.safetensors import (
     INDEX_FILE,
@@ -47,6 +48,8 @@ def quantization_config(
     """The config.json `quantization_config` a format's readers expect; float_modules (left
     unquantized) as modules_to_not_convert (transformers' and AWQ's key) and, for fp8, also as
     ignored_layers (vLLM's)."""
+    if fmt == ct.FORMAT:
+        return ct.write_config(method, symmetric, list(float_modules or []))
     config = _method_config(method, fmt, symmetric)
     if float_modules:
         config["modules_to_not_convert"] = list(float_modules)
@@ -83,15 +86,23 @@ def check_method_format(method: str, fmt: str | None) -> str:
     fmt = fmt or DEFAULT_FORMAT.get(method)
     if fmt not in FORMATS:
         raise ValueError(f"format {fmt!r} is not one of {', '.join(FORMATS)}")
-    wanted = FORMAT_METHOD.get(fmt, "int8")
+    wanted = FORMAT_METHOD.get(fmt, method)
     if wanted != method:
         raise ValueError(f"format {fmt!r} holds {wanted} weights, not {method}")
     return fmt
 
 
 def _format_tensors(
-    prefix: str, canonical: dict[str, torch.Tensor], fmt: str, num_inputs: int
+    prefix: str,
+    canonical: dict[str, torch.Tensor],
+    fmt: str,
+    num_inputs: int,
+    method: str,
+    symmetric: bool,
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    if fmt == ct.FORMAT:
+        yield from ct.write_tensors(prefix, canonical, method, num_inputs, symmetric)
+        return
     if fmt in ("hf-fp8", "ladle"):
         yield prefix + "weight", canonical["weight"]
         yield prefix + "weight_scale", canonical["weight_scale"][:, None].contiguous()
@@ -100,13 +111,13 @@ def _format_tensors(
     zeros = canonical["weight_zero"].t().contiguous()  # [G, N]
     if fmt == "gptq":
         yield prefix + "qweight", canonical["weight_packed"].t().contiguous()
-        yield prefix + "qzeros", _pack_rows(zeros - 1)  # GPTQ v1 stores zero - 1
+        yield prefix + "qzeros", pack_rows(zeros - 1)  # GPTQ v1 stores zero - 1
         yield prefix + "scales", scales
         yield prefix + "g_idx", (torch.arange(num_inputs) // GROUP_SIZE).to(torch.int32)
         return
     codes = unpack_int4_rows(canonical["weight_packed"], num_inputs)  # [N, K]
-    yield prefix + "qweight", _pack_rows(codes.t().contiguous(), AWQ_ORDER)
-    yield prefix + "qzeros", _pack_rows(zeros, AWQ_ORDER)
+    yield prefix + "qweight", pack_rows(codes.t().contiguous(), AWQ_ORDER)
+    yield prefix + "qzeros", pack_rows(zeros, AWQ_ORDER)
     yield prefix + "scales", scales
 
 
@@ -187,7 +198,9 @@ def write_quantized_checkpoint(
             else:
                 summary["calibrated"] += 1
             prefix = name[: -len("weight")]
-            for out_name, value in _format_tensors(prefix, canonical, fmt, tensor.shape[1]):
+            for out_name, value in _format_tensors(
+                prefix, canonical, fmt, tensor.shape[1], method, symmetric
+            ):
                 add(out_name, value)
             summary["quantized"] += 1
         else:

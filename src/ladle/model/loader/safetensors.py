@@ -70,13 +70,18 @@ def check_safetensors_files(files: list[Path]) -> None:
             ) from error
 
 
-def count_safetensors_weights(files: list[Path]) -> int:
-    """How many tensors iter_safetensors_weights yields (reads only the headers)."""
-    total = 0
+def safetensors_tensor_names(files: list[Path]) -> list[str]:
+    """Every tensor's name, in the order iter_safetensors_weights yields them (headers only)."""
+    names: list[str] = []
     for file in files:
         with safe_open(file, framework="pt", device="cpu") as reader:
-            total += len(reader.keys())
-    return total
+            names += reader.keys()
+    return names
+
+
+def count_safetensors_weights(files: list[Path]) -> int:
+    """How many tensors iter_safetensors_weights yields (reads only the headers)."""
+    return len(safetensors_tensor_names(files))
 
 
 def iter_safetensors_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:

@@ -1,0 +1,71 @@
+"""Tensor conversions the quantized checkpoint formats share (quantized_formats.py,
+compressed_tensors.py, quantized_writer.py): 4-bit codes packed eight to an int32 word, fp8
+weights with any of the scale layouts in use, and the checks that name a bad tensor."""
+
+from __future__ import annotations
+
+import torch
+
+from ladle.model.layers.quant import get_quant_method
+from ladle.model.layers.quant.fp8 import FP8_DTYPE
+from ladle.model.layers.quant.int4 import GROUP_SIZE
+from ladle.model.loader.errors import ModelLoadError
+
+
+def pack_rows(codes: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
+    """uint8 [R, C] codes -> int32 [R, ceil(C/8)]: nibble i of a word holds column order[i]."""
+    rows, cols = codes.shape
+    words = -(-cols // 8)
+    padded = torch.nn.functional.pad(codes.to(torch.int64), (0, words * 8 - cols))
+    padded = padded.view(rows, words, 8)[:, :, list(order)]
+    shifts = torch.arange(0, 32, 4, dtype=torch.int64)
+    packed = (padded << shifts).sum(dim=-1)
+    return torch.where(packed >= 2**31, packed - 2**32, packed).to(torch.int32)
+
+
+def unpack_rows(
+    packed: torch.Tensor, num_columns: int, order: tuple[int, ...] = tuple(range(8))
+) -> torch.Tensor:
+    """The inverse of pack_rows: int32 [R, W] -> uint8 [R, num_columns]."""
+    shifts = torch.arange(0, 32, 4, dtype=torch.int32)
+    nibbles = (packed[..., None] >> shifts) & 0xF  # [R, W, 8], nibble i
+    columns = torch.empty_like(nibbles)
+    columns[:, :, list(order)] = nibbles
+    return columns.reshape(packed.shape[0], -1)[:, :num_columns].to(torch.uint8)
+
+
+def expect_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], why: str) -> None:
+    """ModelLoadError naming the tensor when its shape is not `shape`."""
+    if tuple(tensor.shape) != shape:
+        raise ModelLoadError(
+            f"tensor {name!r} has shape {tuple(tensor.shape)}; expected {shape} ({why})"
+        )
+
+
+def fp8_canonical(prefix: str, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """ladle's fp8 tensors (e4m3 weight, float32 scale [N]) of a checkpoint's e4m3 `weight` with
+    per-channel, per-tensor (expanded exactly) or block scales (`weight_scale_inv`)."""
+    weight = parts["weight"]
+    rows, cols = weight.shape
+    if "weight_scale_inv" in parts:  # 128x128 blocks: dequantize, then one scale per row
+        scale = parts["weight_scale_inv"].float()
+        block_rows, block_cols = -(-rows // scale.shape[0]), -(-cols // scale.shape[-1])
+        full = scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_cols, 1)
+        return get_quant_method("fp8").quantize(weight.float() * full[:, :cols])
+    scale = parts["weight_scale"].float()
+    if scale.numel() == 1:
+        scale = scale.reshape(1).expand(rows).contiguous()
+    elif tuple(scale.shape) in ((rows,), (rows, 1)):
+        scale = scale.reshape(rows)
+    else:
+        raise ModelLoadError(
+            f"tensor {prefix + 'weight_scale'!r} has shape {tuple(scale.shape)}; expected "
+            f"({rows},), ({rows}, 1) or one value for weight {tuple(weight.shape)}"
+        )
+    return {"weight": weight.to(FP8_DTYPE), "weight_scale": scale}
+
+
+def check_g_idx(name: str, g_idx: torch.Tensor) -> None:
+    """ModelLoadError unless input k belongs to group k // 128 (no act-order reordering)."""
+    if not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // GROUP_SIZE):
+        raise ModelLoadError(f"tensor {name!r} reorders groups (act-order); ladle needs k // 128")
