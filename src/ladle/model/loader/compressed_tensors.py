@@ -177,7 +177,8 @@ def canonical(
         raise ModelLoadError(f"tensor {prefix + 'weight_zero_point'!r} is not zero (asymmetric)")
     rows = weight.shape[0]
     if method == "fp8":
-        is_block = scale.dim() == 2 and scale.shape[1] > 1
+        # Blocks are [ceil(N/b), ceil(K/b)]: never (N, 1) for b > 1.
+        is_block = scale.dim() == 2 and tuple(scale.shape) != (rows, 1)
         return fp8_canonical(prefix, {"weight": weight, _fp8_scale_name(is_block): scale})
     if scale.numel() == 1:
         scale = scale.reshape(1).expand(rows)
