@@ -46,6 +46,9 @@ def _is_torch_dtype(value: object) -> bool:
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
 QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4", "gguf")
+# The tensor layouts `ladle quantize --format` writes (model/loader/quantized_formats.py); named
+# here, torch-free, because the CLI's parser is built in the API process.
+CHECKPOINT_FORMATS = ("hf-fp8", "gptq", "awq", "ladle", "compressed-tensors")
 # "auto": the model's dtype. fp8 and fp8_e4m3 are one format (vLLM's spellings).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
 

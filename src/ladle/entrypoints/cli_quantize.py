@@ -8,8 +8,7 @@ import argparse
 import sys
 import time
 
-from ladle.config import SUPPORTED_DTYPE_NAMES, supported_dtypes
-from ladle.model.loader.quantized_formats import FORMATS
+from ladle.config import CHECKPOINT_FORMATS, SUPPORTED_DTYPE_NAMES, supported_dtypes
 
 
 def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -26,7 +25,7 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--format",
         default=None,
-        choices=list(FORMATS),
+        choices=list(CHECKPOINT_FORMATS),
         help="tensor layout (default: hf-fp8 for fp8, gptq for int4, ladle for int8); "
         "compressed-tensors (llm-compressor's, any method) is the one vLLM and transformers "
         "(with the compressed-tensors package) read for all three",

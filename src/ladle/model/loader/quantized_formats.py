@@ -24,6 +24,7 @@ from dataclasses import dataclass, replace
 
 import torch
 
+from ladle.config import CHECKPOINT_FORMATS
 from ladle.model.layers.quant import QuantMethod, get_quant_method
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.quant.int4 import GROUP_SIZE, num_groups
@@ -37,7 +38,7 @@ from ladle.model.loader.checkpoint_tensors import (
 )
 from ladle.model.loader.errors import ModelLoadError
 
-FORMATS = ("hf-fp8", "gptq", "awq", "ladle", ct.FORMAT)
+FORMATS = CHECKPOINT_FORMATS
 DEFAULT_FORMAT = {"fp8": "hf-fp8", "int8": "ladle", "int4": "gptq"}
 # The method each format holds (compressed-tensors holds any of the three).
 FORMAT_METHOD = {"hf-fp8": "fp8", "gptq": "int4", "awq": "int4", "ladle": "int8"}
