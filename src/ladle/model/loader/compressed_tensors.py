@@ -264,6 +264,28 @@ def write_config(method: str, symmetric: bool, float_modules: list[str]) -> dict
     }
 
 
+def check_writable(method: str, config: dict) -> None:
+    """ValueError when the model's projections cannot be written as compressed-tensors `method`:
+    int4 needs every projection's inputs a multiple of the group (hidden size, intermediate
+    size, attention heads x head dim), which config.json gives before any tensor is read."""
+    if method != "int4":
+        return
+    hidden = config.get("hidden_size")
+    head_dim = config.get("head_dim") or (hidden // config.get("num_attention_heads", 1))
+    inputs = {
+        "hidden_size": hidden,
+        "intermediate_size": config.get("intermediate_size"),
+        "num_attention_heads x head_dim": config.get("num_attention_heads", 0) * head_dim,
+    }
+    for name, size in inputs.items():
+        if isinstance(size, int) and size % GROUP_SIZE:
+            raise ValueError(
+                f"{name} {size} is not a multiple of {GROUP_SIZE}: compressed-tensors int4 "
+                f"needs whole groups of {GROUP_SIZE} inputs in every projection (use --format "
+                "gptq or awq)"
+            )
+
+
 def _args(
     bits: int,
     kind: str,

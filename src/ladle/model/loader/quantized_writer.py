@@ -154,6 +154,8 @@ def write_quantized_checkpoint(
     if float_layers is None:
         float_layers = default_float_layers(method, config.get("num_hidden_layers"))
     float_modules: list[str] = []
+    if fmt == ct.FORMAT:
+        ct.check_writable(method, config)  # before the folder exists
     out_dir.mkdir(parents=True, exist_ok=True)
     shard: dict[str, torch.Tensor] = {}
     shard_bytes = 0
