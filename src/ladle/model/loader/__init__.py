@@ -46,7 +46,6 @@ from ladle.model.loader.quantized_formats import (
 )
 from ladle.model.loader.safetensors import (
     check_safetensors_files,
-    count_safetensors_weights,
     find_safetensors_files,
     iter_safetensors_weights,
     read_hf_config,
@@ -163,14 +162,15 @@ def _load_unquantized(
     check_safetensors_files(files)
     checkpoint_quant = read_checkpoint_quantization(config, str(model_dir))
     model = build_model(arch_config, device, dtype, attention_backend)
+    tensor_names = safetensors_tensor_names(files)
     weights = with_progress(
-        iter_safetensors_weights(files), count_safetensors_weights(files), "Loading safetensors"
+        iter_safetensors_weights(files), len(tensor_names), "Loading safetensors"
     )
     if checkpoint_quant is None:
         _load_weights(model, weights, str(model_dir))
         return LoadedModel(model, arch_config, str(model_dir), "safetensors")
     _check_checkpoint_method(model_config, checkpoint_quant.method, str(model_dir))
-    checkpoint_quant = with_matched_float_modules(checkpoint_quant, safetensors_tensor_names(files))
+    checkpoint_quant = with_matched_float_modules(checkpoint_quant, tensor_names)
     if checkpoint_quant.note:
         print(f"[ladle] {model_dir}: {checkpoint_quant.note}", flush=True)
     float_modules = _float_module_names(model, checkpoint_quant.float_modules, str(model_dir))

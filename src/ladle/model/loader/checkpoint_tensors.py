@@ -52,17 +52,25 @@ def fp8_canonical(prefix: str, parts: dict[str, torch.Tensor]) -> dict[str, torc
         block_rows, block_cols = -(-rows // scale.shape[0]), -(-cols // scale.shape[-1])
         full = scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_cols, 1)
         return get_quant_method("fp8").quantize(weight.float() * full[:, :cols])
-    scale = parts["weight_scale"].float()
-    if scale.numel() == 1:
-        scale = scale.reshape(1).expand(rows).contiguous()
-    elif tuple(scale.shape) in ((rows,), (rows, 1)):
-        scale = scale.reshape(rows)
-    else:
-        raise ModelLoadError(
-            f"tensor {prefix + 'weight_scale'!r} has shape {tuple(scale.shape)}; expected "
-            f"({rows},), ({rows}, 1) or one value for weight {tuple(weight.shape)}"
-        )
+    scale = per_row_scale(prefix + "weight_scale", parts["weight_scale"], weight.shape)
     return {"weight": weight.to(FP8_DTYPE), "weight_scale": scale}
+
+
+def per_row_scale(
+    name: str, scale: torch.Tensor, weight_shape: tuple[int, ...] | torch.Size
+) -> torch.Tensor:
+    """A per-channel ([N] or [N, 1]) or per-tensor ([] or [1], expanded exactly) scale of a
+    weight [N, K] as ladle's float32 [N]; ModelLoadError naming the tensor otherwise."""
+    rows = weight_shape[0]
+    scale = scale.float()
+    if scale.numel() == 1:
+        return scale.reshape(1).expand(rows).contiguous()
+    if tuple(scale.shape) in ((rows,), (rows, 1)):
+        return scale.reshape(rows).contiguous()
+    raise ModelLoadError(
+        f"tensor {name!r} has shape {tuple(scale.shape)}; expected ({rows},), ({rows}, 1) or one "
+        f"value for weight {tuple(weight_shape)}"
+    )
 
 
 def check_g_idx(name: str, g_idx: torch.Tensor) -> None:

@@ -37,6 +37,7 @@ from ladle.model.loader.checkpoint_tensors import (
     check_g_idx,
     fp8_canonical,
     pack_rows,
+    per_row_scale,
     unpack_rows,
 )
 from ladle.model.loader.errors import ModelLoadError
@@ -175,24 +176,16 @@ def canonical(
     zero = parts.get("weight_zero_point")
     if zero is not None and bool(zero.ne(0).any()):
         raise ModelLoadError(f"tensor {prefix + 'weight_zero_point'!r} is not zero (asymmetric)")
-    rows = weight.shape[0]
     if method == "fp8":
-        # Blocks are [ceil(N/b), ceil(K/b)]: never (N, 1) for b > 1.
-        is_block = scale.dim() == 2 and tuple(scale.shape) != (rows, 1)
-        return fp8_canonical(prefix, {"weight": weight, _fp8_scale_name(is_block): scale})
-    if scale.numel() == 1:
-        scale = scale.reshape(1).expand(rows)
-    elif tuple(scale.shape) not in ((rows,), (rows, 1)):
-        raise ModelLoadError(
-            f"tensor {prefix + 'weight_scale'!r} has shape {tuple(scale.shape)}; expected "
-            f"({rows}, 1) or one value"
-        )
-    return {"weight": weight, "weight_scale": scale.float().reshape(rows).contiguous()}
-
-
-def _fp8_scale_name(is_block: bool) -> str:
-    # quantized_formats' fp8 reader takes blocks under DeepSeek's name.
-    return "weight_scale_inv" if is_block else "weight_scale"
+        # Blocks are [ceil(N/b), ceil(K/b)]: never (N, 1) for b > 1. fp8_canonical takes them
+        # under DeepSeek's name.
+        is_block = scale.dim() == 2 and tuple(scale.shape) != (weight.shape[0], 1)
+        scale_name = "weight_scale_inv" if is_block else "weight_scale"
+        return fp8_canonical(prefix, {"weight": weight, scale_name: scale})
+    return {
+        "weight": weight,
+        "weight_scale": per_row_scale(prefix + "weight_scale", scale, weight.shape),
+    }
 
 
 def _int4_canonical(

@@ -79,11 +79,6 @@ def safetensors_tensor_names(files: list[Path]) -> list[str]:
     return names
 
 
-def count_safetensors_weights(files: list[Path]) -> int:
-    """How many tensors iter_safetensors_weights yields (reads only the headers)."""
-    return len(safetensors_tensor_names(files))
-
-
 def iter_safetensors_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
     """Yield (checkpoint name, CPU tensor) for every tensor of every file, one at a time."""
     for file in files:

@@ -144,6 +144,6 @@ class Int8Method(PerRowScaledMethod):
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         if layer.use_int_mm:
             return int8_linear(x, layer.weight_t, layer.weight_scale[None, :], layer.bias)
-        if layer.int_mm_on_cpu and not x.is_cuda:
+        if layer.int_mm_on_cpu:
             return int8_linear_cpu(x, layer.weight, layer.weight_scale, layer.bias)
         return int8_linear_reference(x, layer.weight, layer.weight_scale, layer.bias)
