@@ -21,7 +21,7 @@ from safetensors.torch import load_file, save_file
 from ladle.attention.torch_backend import TorchAttentionBackend
 from ladle.config import ModelConfig
 from ladle.model.layers.quant import get_quant_method, quantize_linears_
-from ladle.model.layers.quant.fp8 import quantize_fp8_per_row
+from ladle.model.layers.quant.fp8_block import Fp8BlockMethod
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.quantized_formats import LINEAR_WEIGHT
@@ -185,20 +185,25 @@ def test_library_written_folder_loads_to_the_library_weights(float_model, tmp_pa
     assert len(linears) == 4 * 2  # qkv, o, gate_up, down in each of two layers
     for module_name, module in linears:
         expected = _merged_reference(module_name, decompressed)
-        if name == "fp8-block":  # blocks are re-quantized per channel: not exact, by design
-            codes, scale = quantize_fp8_per_row(expected)
-            expected = codes.float() * scale[:, None]
+        # fp8 blocks too: kept as blocks (quant/fp8_block.py), not re-quantized per channel.
         assert torch.equal(_ladle_weight(module), expected), module_name
     logits = paged_logits(loaded)
     assert torch.isfinite(logits).all()
 
 
-@pytest.mark.parametrize("method,symmetric", [("fp8", False), ("int8", False), ("int4", False),
-                                              ("int4", True)])  # fmt: skip
-def test_written_folder_is_what_the_library_reads(float_model, tmp_path, method, symmetric):
+@pytest.mark.parametrize("method,symmetric,block", [("fp8", False, None), ("fp8", False, 64),
+                                                    ("int8", False, None), ("int4", False, None),
+                                                    ("int4", True, None)])  # fmt: skip
+def test_written_folder_is_what_the_library_reads(float_model, tmp_path, method, symmetric, block):
     out = tmp_path / "out"
     write_quantized_checkpoint(
-        float_model, out, method, "compressed-tensors", torch.float32, symmetric
+        float_model,
+        out,
+        method,
+        "compressed-tensors",
+        torch.float32,
+        symmetric,
+        weight_block_size=block,
     )
     config = json.loads((out / "config.json").read_text())["quantization_config"]
     parsed = QuantizationConfig.model_validate(config)
@@ -207,8 +212,12 @@ def test_written_folder_is_what_the_library_reads(float_model, tmp_path, method,
     tensors = load_file(str(out / "model.safetensors"))
     loaded = _load(str(out))
     reference = _load(float_model)
-    quantize_linears_(reference.model, get_quant_method(method, symmetric=symmetric))
+    in_memory = Fp8BlockMethod(block, block) if block else get_quant_method(method, symmetric)
+    quantize_linears_(reference.model, in_memory)
     assert torch.equal(paged_logits(loaded), paged_logits(reference))
+    if block:
+        assert scheme.weights.strategy == "block" and scheme.weights.block_structure == [64, 64]
+        assert scheme.input_activations.group_size == 64
     checked = 0
     for module_name, module in loaded.model.named_modules():
         if getattr(module, "quant_method", None) is None:

@@ -92,6 +92,16 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
         "most of int4's perplexity gap, see docs/quantization.md); q/k/v and gate/up go "
         "together",
     )
+    sub.add_argument(
+        "--weight-block-size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="fp8: one scale per block of B x B weights (32, 64, 128 or 256; DeepSeek's and "
+        "Qwen3-FP8's 128) instead of one per output channel, activations quantized per group of "
+        "B inputs; the hf-fp8 folder is then one transformers loads too (it needs every "
+        "projection's sizes a multiple of B). Round to nearest only",
+    )
     sub.add_argument("--revision", default=None, help="Hub revision of MODEL")
     sub.set_defaults(handler=run_quantize)
 
@@ -113,6 +123,8 @@ def run_quantize(args: argparse.Namespace) -> int:
     float_layers = _float_layers(args, source)
     float_projections = parse_float_projections(args.float_projections)
     calibrated = None
+    if args.weight_block_size is not None:
+        _check_weight_block_size(args)
     if args.algorithm != "rtn" or args.clip_search or args.act_order:
         calibrated = _calibrate(args, source, dtype, float_layers, float_projections)
     summary = write_quantized_checkpoint(
@@ -125,6 +137,7 @@ def run_quantize(args: argparse.Namespace) -> int:
         calibrated,
         float_layers,
         float_projections,
+        args.weight_block_size,
     )
     how = "round to nearest"
     if calibrated:
@@ -138,7 +151,27 @@ def run_quantize(args: argparse.Namespace) -> int:
         f"{summary['bytes_out'] / 2**20:.1f} MiB in {args.out}",
         file=sys.stderr,
     )
+    if args.method == "fp8" and args.weight_block_size is None and args.format in (None, "hf-fp8"):
+        print(
+            "ladle quantize: per-channel hf-fp8 loads in ladle; transformers reads quant_method "
+            "fp8 only with block scales (--weight-block-size 128), and transformers and vLLM "
+            "both read --format compressed-tensors",
+            file=sys.stderr,
+        )
     return 0
+
+
+def _check_weight_block_size(args: argparse.Namespace) -> None:
+    """ValueError for --weight-block-size outside fp8 round to nearest, or a bad size."""
+    from ladle.model.layers.quant.fp8_block import check_block_size
+
+    if args.method != "fp8" or args.format not in (None, "hf-fp8", "compressed-tensors"):
+        raise ValueError(
+            "--weight-block-size applies to --method fp8 in the hf-fp8 or compressed-tensors format"
+        )
+    if args.algorithm != "rtn":
+        raise ValueError("--weight-block-size is written by round to nearest (--algorithm rtn)")
+    check_block_size(args.weight_block_size, args.weight_block_size)
 
 
 def _float_layers(args: argparse.Namespace, source) -> set[int]:

@@ -7,6 +7,13 @@ so at decode sizes a narrow projection of the 8B shape (qkv 6144, o and down 409
 step's projections (docs/benchmarks.md). This kernel tiles N finer (more programs for the same
 weight) and keeps everything else the same: e4m3 codes into the tensor cores, a float32
 accumulator, both scales applied once in the epilogue, a bfloat16 result.
+
+Block-scaled checkpoints (DeepSeek's and Qwen3-FP8's 128x128 weight blocks, activations per
+token and group of 128 inputs) take the same kernel with `grouped` scales: one K step is one
+group, and each step's product is scaled by that group's two scales before it joins the sum:
+    y = sum_g (x8[:, g] @ W8[:, g]^T) * x_scale[m, g] * w_scale[n, g]
+grouped_tile() picks its tiles at any row count and block width (cuBLASLt's block-scaled
+kernel needs K a multiple of 128, which the default model's 576 is not).
 """
 
 from __future__ import annotations
@@ -78,6 +85,21 @@ def decode_tile(
     )
 
 
+def grouped_tile(num_tokens: int, num_columns: int, group_size: int) -> Fp8Tile:
+    """The grouped kernel's tile for a call of num_tokens rows with scales per group_size
+    inputs (a power of two, 32 to 256): decode_tile's shapes with K steps of one group, and wider
+    tiles for prefill-sized calls."""
+    if num_tokens <= 16 or (num_tokens <= 32 and num_columns < 16384):
+        return Fp8Tile(block_m=16, block_n=64, block_k=group_size)
+    if num_tokens <= 64:
+        return Fp8Tile(block_m=64, block_n=64, block_k=group_size)
+    if num_tokens <= 256:
+        return Fp8Tile(block_m=64, block_n=128, block_k=group_size, num_stages=3)
+    # 128 x 256 x 3 stages of two fp8 operands would fill 192 KiB of shared memory.
+    stages = 2 if group_size > 128 else 3
+    return Fp8Tile(block_m=128, block_n=128, block_k=group_size, num_warps=8, num_stages=stages)
+
+
 @triton.jit
 def _load_weight_tile(w_rows, cols, is_n, in_k):
     return tl.load(
@@ -86,6 +108,32 @@ def _load_weight_tile(w_rows, cols, is_n, in_k):
         other=0.0,
         eviction_policy="evict_first",  # read once a step
     )
+
+
+@triton.jit
+def _add_product(
+    acc,
+    x,
+    w,
+    x_scale_ptr,
+    w_scale_ptr,
+    offs_m,
+    offs_n,
+    is_m,
+    is_n,
+    group,
+    num_groups,
+    GROUPED: tl.constexpr,
+    MAX_IMPRECISE_ACC: tl.constexpr,
+):
+    """acc + x @ w^T; with GROUPED scales (one K step = one group of columns) the step's product
+    is scaled by its group's activation and weight scales before it joins the sum."""
+    if GROUPED:
+        x_scale = tl.load(x_scale_ptr + offs_m * num_groups + group, mask=is_m, other=0.0)
+        w_scale = tl.load(w_scale_ptr + offs_n * num_groups + group, mask=is_n, other=0.0)
+        product = tl.dot(x, tl.trans(w), max_num_imprecise_acc=MAX_IMPRECISE_ACC)
+        return acc + product * x_scale[:, None] * w_scale[None, :]
+    return tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
 
 
 @triton.jit(do_not_specialize=["num_tokens"])
@@ -100,9 +148,11 @@ def _fp8_matmul_kernel(
     K,
     stride_x,
     stride_out,
+    num_groups,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    GROUPED: tl.constexpr = False,
     MAX_IMPRECISE_ACC: tl.constexpr = None,
     USE_PDL: tl.constexpr = False,
 ):
@@ -123,16 +173,23 @@ def _fp8_matmul_kernel(
     w = _load_weight_tile(w_rows, offs_k, is_n, in_k)
     wait_for_previous_kernel(USE_PDL)
     x = tl.load(x_rows + offs_k[None, :], mask=is_m[:, None] & in_k[None, :], other=0.0)
-    acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
+    acc = _add_product(
+        acc, x, w, x_scale_ptr, w_scale_ptr, offs_m, offs_n, is_m, is_n, 0, num_groups,
+        GROUPED, MAX_IMPRECISE_ACC,
+    )  # fmt: skip
     for start in range(BLOCK_K, K, BLOCK_K):
         cols = start + offs_k
         in_k = cols < K
         x = tl.load(x_rows + cols[None, :], mask=is_m[:, None] & in_k[None, :], other=0.0)
         w = _load_weight_tile(w_rows, cols, is_n, in_k)
-        acc = tl.dot(x, tl.trans(w), acc, max_num_imprecise_acc=MAX_IMPRECISE_ACC)
-    x_scale = tl.load(x_scale_ptr + offs_m, mask=is_m, other=0.0)
-    w_scale = tl.load(w_scale_ptr + offs_n, mask=is_n, other=0.0)
-    acc = acc * x_scale[:, None] * w_scale[None, :]
+        acc = _add_product(
+            acc, x, w, x_scale_ptr, w_scale_ptr, offs_m, offs_n, is_m, is_n, start // BLOCK_K,
+            num_groups, GROUPED, MAX_IMPRECISE_ACC,
+        )  # fmt: skip
+    if not GROUPED:
+        x_scale = tl.load(x_scale_ptr + offs_m, mask=is_m, other=0.0)
+        w_scale = tl.load(w_scale_ptr + offs_n, mask=is_n, other=0.0)
+        acc = acc * x_scale[:, None] * w_scale[None, :]
     tl.store(
         out_ptr + offs_m[:, None].to(tl.int64) * stride_out + offs_n[None, :],
         acc.to(out_ptr.dtype.element_ty),
@@ -143,14 +200,24 @@ def _fp8_matmul_kernel(
 def fp8_matmul(
     x_codes: torch.Tensor,  # [M, K] float8_e4m3fn
     weight: torch.Tensor,  # [N, K] float8_e4m3fn, row-major
-    x_scale: torch.Tensor,  # [M] or [M, 1] float32
-    w_scale: torch.Tensor,  # [N] or [1, N] float32
+    x_scale: torch.Tensor,  # [M] or [M, 1] float32; grouped: [M, G]
+    w_scale: torch.Tensor,  # [N] or [1, N] float32; grouped: [N, G]
     tile: Fp8Tile,
     out_dtype: torch.dtype = torch.bfloat16,
+    grouped: bool = False,
 ) -> torch.Tensor:
-    """[M, N] in out_dtype; the scales contiguous, one float32 per row / per column."""
+    """[M, N] in out_dtype; the scales contiguous, one float32 per row / per column, or
+    `grouped`: one per row and group of tile.block_k inputs, [M, G] and [N, G] with
+    G = ceil(K / block_k)."""
     num_tokens, k = x_codes.shape
     n = weight.shape[0]
+    num_groups = triton.cdiv(k, tile.block_k) if grouped else 1
+    expected = ((num_tokens, num_groups), (n, num_groups))
+    if grouped and (tuple(x_scale.shape), tuple(w_scale.shape)) != expected:
+        raise ValueError(
+            f"group scales {tuple(x_scale.shape)} x {tuple(w_scale.shape)} do not fit K={k} in "
+            f"groups of {tile.block_k}"
+        )
     out = torch.empty((num_tokens, n), dtype=out_dtype, device=x_codes.device)
     grid = (triton.cdiv(n, tile.block_n), triton.cdiv(num_tokens, tile.block_m))
     _fp8_matmul_kernel[grid](
@@ -164,9 +231,11 @@ def fp8_matmul(
         k,
         x_codes.stride(0),
         out.stride(0),
+        num_groups,
         BLOCK_M=tile.block_m,
         BLOCK_N=tile.block_n,
         BLOCK_K=tile.block_k,
+        GROUPED=grouped,
         MAX_IMPRECISE_ACC=tile.max_imprecise_acc,
         num_warps=tile.num_warps,
         num_stages=tile.num_stages,

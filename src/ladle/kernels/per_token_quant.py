@@ -6,8 +6,10 @@ quantizes a few rows.
     scale[m] = max(max_k |x[m, k]|, tiny) / QMAX          (448 for e4m3, 127 for int8)
     codes[m, k] = cast(clamp(x[m, k] * (1 / scale[m])))    (int8: round half to even first)
 
-One program per row, the row held in registers (hidden sizes up to 32k). The torch reference
-(and the rule's constants) is kernels/per_token_rule.py.
+One program per row, the row held in registers (hidden sizes up to 32k). per_group_quant
+applies the same rule to each group of 128 columns of a row on its own (the activations of
+block-scaled fp8 checkpoints), one program per row and group. The torch reference (and the
+rule's constants) is kernels/per_token_rule.py.
 """
 
 from __future__ import annotations
@@ -97,6 +99,69 @@ def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, 
         # 16 warps from 4096 columns: at the 8B's o input (4096) 3.75 -> 3.24 us at 256 rows and
         # 2.69 -> 2.17 at 64 against 4 warps (scripts/per_token_quant_warps.py on an H100).
         num_warps=max(1, min(16, block // 256)),
+        **pdl_launch(x.device, num_rows),
+    )
+    return codes, scale
+
+
+@triton.jit
+def _per_group_quant_kernel(
+    codes_ptr,
+    scale_ptr,
+    input_ptr,
+    stride_input,
+    stride_codes,
+    num_columns,
+    num_groups,
+    QMAX: tl.constexpr,
+    IS_INT: tl.constexpr,
+    GROUP: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
+):
+    enter_dependent_launch(USE_PDL)  # kernels/pdl.py
+    row = tl.program_id(0).to(tl.int64)
+    group = tl.program_id(1)
+    columns = group * GROUP + tl.arange(0, GROUP)
+    is_column = columns < num_columns
+    x = tl.load(input_ptr + row * stride_input + columns, mask=is_column, other=0.0)
+    store_quantized_row(
+        codes_ptr + row * stride_codes + columns,
+        scale_ptr + row * num_groups + group,
+        x.to(tl.float32),
+        is_column,
+        QMAX,
+        IS_INT,
+    )
+
+
+def per_group_quant(
+    x: torch.Tensor, dtype: torch.dtype, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (CUDA, row-contiguous) -> (codes [M, K] of dtype, float32 scales
+    [M, ceil(K / group_size)]): each group of columns of a row quantized on its own by the
+    per-token rule (per_token_rule.per_group_quant_reference), one program per row and group."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"per_group_quant needs a row-contiguous [M, K] matrix, got {x.shape}")
+    if group_size & (group_size - 1):
+        raise ValueError(f"per_group_quant needs a power-of-two group size, got {group_size}")
+    num_rows, num_columns = x.shape
+    num_groups = triton.cdiv(num_columns, group_size)
+    codes = torch.empty(num_rows, num_columns, dtype=dtype, device=x.device)
+    scale = torch.empty(num_rows, num_groups, dtype=torch.float32, device=x.device)
+    if num_rows == 0:
+        return codes, scale
+    _per_group_quant_kernel[(num_rows, num_groups)](
+        codes,
+        scale,
+        x,
+        x.stride(0),
+        codes.stride(0),
+        num_columns,
+        num_groups,
+        QMAX=quant_max(dtype),
+        IS_INT=dtype == torch.int8,
+        GROUP=group_size,
+        num_warps=1 if group_size <= 128 else 4,
         **pdl_launch(x.device, num_rows),
     )
     return codes, scale

@@ -180,7 +180,7 @@ def _load_unquantized(
     if checkpoint_quant.method == "fp8" and device.type != "cuda":
         print(
             "[ladle] fp8 checkpoint on the CPU: its e4m3 weights are dequantized to float32 at "
-            "load (the CPU has no fp8 matmul); activations are still quantized per token as on "
+            "load (the CPU has no fp8 matmul); activations are still quantized on the fly as on "
             "the GPU",
             flush=True,
         )

@@ -8,6 +8,7 @@ import torch
 
 from ladle.model.layers.quant import get_quant_method
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
+from ladle.model.layers.quant.fp8_block import group_scales_from_blocks
 from ladle.model.layers.quant.int4 import GROUP_SIZE
 from ladle.model.loader.errors import ModelLoadError
 
@@ -42,18 +43,34 @@ def expect_shape(name: str, tensor: torch.Tensor, shape: tuple[int, ...], why: s
         )
 
 
-def fp8_canonical(prefix: str, parts: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """ladle's fp8 tensors (e4m3 weight, float32 scale [N]) of a checkpoint's e4m3 `weight` with
-    per-channel, per-tensor (expanded exactly) or block scales (`weight_scale_inv`)."""
+def fp8_canonical(
+    prefix: str, parts: dict[str, torch.Tensor], block_size: tuple[int, int] | None = None
+) -> dict[str, torch.Tensor]:
+    """ladle's fp8 tensors of a checkpoint's e4m3 `weight`: with `block_size` (the config's
+    weight blocks) its block scales (`weight_scale_inv`, or compressed-tensors' `weight_scale`)
+    kept exactly as quant/fp8_block.py's per-row, per-group scales; else per-channel or
+    per-tensor scales (expanded exactly), or block scales a config did not announce, which are
+    dequantized and re-quantized per channel (not exact)."""
     weight = parts["weight"]
     rows, cols = weight.shape
-    if "weight_scale_inv" in parts:  # 128x128 blocks: dequantize, then one scale per row
+    if weight.dtype != FP8_DTYPE:
+        raise ModelLoadError(
+            f"tensor {prefix + 'weight'!r} is {weight.dtype}; an fp8 checkpoint stores {FP8_DTYPE}"
+        )
+    if block_size is not None:
+        name = "weight_scale_inv" if "weight_scale_inv" in parts else "weight_scale"
+        block_rows, block_cols = block_size
+        expected = (-(-rows // block_rows), -(-cols // block_cols))
+        expect_shape(prefix + name, parts[name], expected, f"{block_rows}x{block_cols} blocks")
+        scale = group_scales_from_blocks(parts[name], rows, block_rows)
+        return {"weight": weight, "weight_scale": scale}
+    if "weight_scale_inv" in parts:  # blocks without weight_block_size: one scale per row
         scale = parts["weight_scale_inv"].float()
         block_rows, block_cols = -(-rows // scale.shape[0]), -(-cols // scale.shape[-1])
         full = scale.repeat_interleave(block_rows, 0)[:rows].repeat_interleave(block_cols, 1)
         return get_quant_method("fp8").quantize(weight.float() * full[:, :cols])
     scale = per_row_scale(prefix + "weight_scale", parts["weight_scale"], weight.shape)
-    return {"weight": weight.to(FP8_DTYPE), "weight_scale": scale}
+    return {"weight": weight, "weight_scale": scale}
 
 
 def per_row_scale(

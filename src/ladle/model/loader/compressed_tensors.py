@@ -4,8 +4,8 @@ W8A8 and W4A16 checkpoints on the Hugging Face Hub that vLLM serves. This module
 gives `ladle quantize --format compressed-tensors` the config and tensors to write.
 
 Schemes ladle runs (one scheme for every Linear: `targets: ["Linear"]`):
-  fp8   weights float, 8 bits, symmetric, strategy channel or tensor (or blocks, re-quantized
-        per channel: not exact); formats float-quantized / naive-quantized
+  fp8   weights float, 8 bits, symmetric, strategy channel, tensor or block (kept exactly and
+        run block-scaled, quant/fp8_block.py); formats float-quantized / naive-quantized
   int8  weights int, 8 bits, symmetric, strategy channel or tensor; int-quantized / naive
   int4  weights int, 4 bits, strategy group, group size 128, symmetric or not; pack-quantized
 ladle quantizes fp8 and int8 activations per token on the fly whatever the checkpoint says of
@@ -107,28 +107,48 @@ def read_scheme(qc: dict, where: str) -> tuple[str, bool, str | None]:
     fmt = first.get("format") or qc.get("format")
     if fmt not in READ_FORMATS[method]:
         raise bad("format", fmt, f"{method} as {' or '.join(READ_FORMATS[method])}")
-    return method, symmetric, _activation_note(method, activations)
+    block = weights.get("block_structure") if strategy == "block" else None
+    block_columns = block[-1] if isinstance(block, list) and block else None
+    return method, symmetric, _activation_note(method, activations, block_columns)
+
+
+def block_structure(qc: dict, where: str) -> list | None:
+    """The fp8 weight block [rows, inputs] of a scheme with the `block` strategy, else None
+    (read_scheme has checked the rest of the scheme)."""
+    weights = next(iter(qc["config_groups"].values()))["weights"]
+    if str(weights.get("strategy") or "").lower() != "block":
+        return None
+    if weights.get("block_structure") is None:
+        raise ModelLoadError(f"{where!r}: compressed-tensors block strategy has no block_structure")
+    return weights["block_structure"]
 
 
 def _without_targets(scheme) -> dict:
     return {k: v for k, v in scheme.items() if k != "targets"} if isinstance(scheme, dict) else {}
 
 
-def _activation_note(method: str, activations) -> str | None:
-    """What ladle does differently from the checkpoint's activation scheme, if anything."""
+def _activation_note(method: str, activations, block_columns: int | None) -> str | None:
+    """What ladle does differently from the checkpoint's activation scheme, if anything: it
+    quantizes activations on the fly per token, or with block weights per token and group of
+    the block's width."""
     if method == "int4":
         return None
+    blocks = block_columns is not None
+    ladle_runs = f"per token and group of {block_columns} inputs" if blocks else "per token"
     if isinstance(activations, dict):
         dynamic = activations.get("dynamic") in (True, "true", "True")
         strategy = str(activations.get("strategy") or "tensor").lower()
-        if dynamic and strategy == "token":
+        group_size = activations.get("group_size")
+        if dynamic and (strategy == "token" if not blocks else group_size == block_columns):
             return None
         described = f"{'dynamic' if dynamic else 'static'} per-{strategy}"
+        if strategy == "group":
+            described += f" ({group_size})"
     else:
         described = "none (weight-only)"
     return (
         f"the checkpoint's {method} activation quantization is {described}; ladle quantizes "
-        "activations per token on the fly"
+        f"activations {ladle_runs} on the fly"
     )
 
 
@@ -160,7 +180,11 @@ def required_parts(method: str, symmetric: bool) -> tuple[tuple[str, ...], tuple
 
 
 def canonical(
-    prefix: str, parts: dict[str, torch.Tensor], method: str, symmetric: bool
+    prefix: str,
+    parts: dict[str, torch.Tensor],
+    method: str,
+    symmetric: bool,
+    block_size: tuple[int, int] | None = None,
 ) -> dict[str, torch.Tensor]:
     """ladle's canonical tensors of one projection's compressed-tensors parts (prefix ends
     with '.')."""
@@ -177,11 +201,7 @@ def canonical(
     if zero is not None and bool(zero.ne(0).any()):
         raise ModelLoadError(f"tensor {prefix + 'weight_zero_point'!r} is not zero (asymmetric)")
     if method == "fp8":
-        # Blocks are [ceil(N/b), ceil(K/b)]: never (N, 1) for b > 1. fp8_canonical takes them
-        # under DeepSeek's name.
-        is_block = scale.dim() == 2 and tuple(scale.shape) != (weight.shape[0], 1)
-        scale_name = "weight_scale_inv" if is_block else "weight_scale"
-        return fp8_canonical(prefix, {"weight": weight, scale_name: scale})
+        return fp8_canonical(prefix, {"weight": weight, "weight_scale": scale}, block_size)
     return {
         "weight": weight,
         "weight_scale": per_row_scale(prefix + "weight_scale", scale, weight.shape),
@@ -228,14 +248,22 @@ def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype: torc
 # ----------------------------------------------------------------------------- writing
 
 
-def write_config(method: str, symmetric: bool, float_modules: list[str]) -> dict:
+def write_config(
+    method: str, symmetric: bool, float_modules: list[str], weight_block_size: int | None = None
+) -> dict:
     """The quantization_config of a folder `ladle quantize --format compressed-tensors` writes:
     dynamic per-token activations for fp8 and int8, per-channel weights; int4 weight-only in
-    groups of 128. The LM head and `float_modules` are in `ignore`."""
+    groups of 128; fp8 with `weight_block_size` square weight blocks and dynamic activations per
+    group of the block's width (llm-compressor's FP8_BLOCK). The LM head and `float_modules` are in
+    `ignore`."""
     fmt = WRITE_FORMAT[method]
     if method == "int4":
         weights = _args(4, "int", symmetric, "group", group_size=GROUP_SIZE)
         activations = None
+    elif weight_block_size is not None:
+        weights = _args(8, "float", True, "block")
+        weights["block_structure"] = [weight_block_size, weight_block_size]
+        activations = _args(8, "float", True, "group", group_size=weight_block_size, dynamic=True)
     else:
         kind = "float" if method == "fp8" else "int"
         weights = _args(8, kind, True, "channel")

@@ -3,9 +3,12 @@ to ladle's canonical layout as they stream in, and write them (`ladle quantize`)
 
 Formats (all group size 128 for int4; every tensor named after its checkpoint projection):
   hf-fp8  quant_method "fp8", activation_scheme "dynamic": `weight` float8_e4m3fn [N, K] and
-          `weight_scale` float32. ladle writes one scale per output channel, [N, 1]; it reads
-          per-channel ([N] or [N, 1]) and per-tensor ([] or [1], expanded exactly), and
-          DeepSeek-style 128x128 blocks (`weight_scale_inv`, re-quantized per channel: not exact).
+          `weight_scale` float32. ladle writes one scale per output channel, [N, 1], or with
+          `weight_block_size: [b, b]` (`ladle quantize --weight-block-size b`, what
+          transformers reads) one per block, `weight_scale_inv` [ceil(N/b), ceil(K/b)]. It
+          reads per-channel ([N] or [N, 1]), per-tensor ([] or [1], expanded exactly), and
+          blocks of any rows x a multiple of 128 inputs as named by weight_block_size (DeepSeek's
+          and Qwen3-FP8's), kept exactly and run block-scaled (quant/fp8_block.py).
   gptq    quant_method "gptq", bits 4: `qweight` int32 [K/8, N] (8 inputs per word, low nibble
           first), `qzeros` int32 [G, N/8] (8 outputs per word, storing zero - 1 as GPTQ v1 does),
           `scales` float16 [G, N], `g_idx` int32 [K] (must be k // 128: desc_act is refused).
@@ -27,6 +30,7 @@ import torch
 from ladle.config import CHECKPOINT_FORMATS
 from ladle.model.layers.quant import QuantMethod, get_quant_method
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
+from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, check_block_size
 from ladle.model.layers.quant.int4 import GROUP_SIZE, num_groups
 from ladle.model.loader import compressed_tensors as ct
 from ladle.model.loader.checkpoint_tensors import (
@@ -63,8 +67,12 @@ class CheckpointQuantization:
     float_module_patterns: tuple[str, ...] = ()
     # What ladle runs differently from the checkpoint's own scheme, said at load.
     note: str | None = None
+    # fp8 weight blocks (rows, inputs) when the checkpoint's scales are per block.
+    block_size: tuple[int, int] | None = None
 
     def quant_method(self) -> QuantMethod:
+        if self.block_size is not None:
+            return Fp8BlockMethod(*self.block_size)
         return get_quant_method(self.method, symmetric=self.symmetric)
 
 
@@ -79,7 +87,10 @@ def read_checkpoint_quantization(config: dict, where: str) -> CheckpointQuantiza
     if kind == ct.QUANT_METHOD:
         method, symmetric, note = ct.read_scheme(qc, where)
         names, patterns = ct.split_ignore(qc, where)
-        return CheckpointQuantization(method, ct.FORMAT, symmetric, names, patterns, note)
+        block_size = _checked_block_size(ct.block_structure(qc, where), where, "block_structure")
+        return CheckpointQuantization(
+            method, ct.FORMAT, symmetric, names, patterns, note, block_size
+        )
     float_modules = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
     if not isinstance(float_modules, list | tuple) or not all(
         isinstance(name, str) for name in float_modules
@@ -100,7 +111,8 @@ def _read_method(qc: dict, kind, where: str) -> CheckpointQuantization:
     if kind == "fp8":
         if qc.get("activation_scheme", "dynamic") != "dynamic":
             raise bad("activation_scheme", "'dynamic'")
-        return CheckpointQuantization("fp8", "hf-fp8")
+        block_size = _checked_block_size(qc.get("weight_block_size"), where, "weight_block_size")
+        return CheckpointQuantization("fp8", "hf-fp8", block_size=block_size)
     if kind in ("gptq", "awq"):
         if qc.get("bits", qc.get("w_bit")) != 4:
             raise bad("bits", "4")
@@ -127,6 +139,26 @@ def _read_method(qc: dict, kind, where: str) -> CheckpointQuantization:
         "(4-bit, group 128), compressed-tensors (fp8, int8, int4 group 128) and its own int8 "
         "checkpoints"
     )
+
+
+def _checked_block_size(value, where: str, field: str) -> tuple[int, int] | None:
+    """A config's fp8 weight block [rows, inputs] (None: per-channel or per-tensor scales);
+    ModelLoadError naming the field when ladle cannot run it."""
+    if value is None:
+        return None
+    if not (
+        isinstance(value, list | tuple)
+        and len(value) == 2
+        and all(isinstance(size, int) and not isinstance(size, bool) for size in value)
+    ):
+        raise ModelLoadError(
+            f"{where!r}: quantization_config {field}={value!r} is not [rows, inputs]"
+        )
+    try:
+        check_block_size(*value)
+    except ValueError as error:
+        raise ModelLoadError(f"{where!r}: quantization_config {field}={value!r}: {error}") from None
+    return (value[0], value[1])
 
 
 def with_matched_float_modules(
@@ -239,7 +271,8 @@ def convert_quantized_weights(
             emitted.add(prefix)
             yield from _emit(prefix, pending.pop(prefix), fmt)
     for prefix, parts in pending.items():
-        names = list(required) + (["weight_scale"] if fmt.format == "hf-fp8" else [])
+        scale_name = "weight_scale_inv" if fmt.block_size else "weight_scale"
+        names = list(required) + ([scale_name] if fmt.format == "hf-fp8" else [])
         missing = [f"{prefix}.{key}" for key in names if key not in parts]
         raise ModelLoadError(f"{fmt.format} checkpoint is missing tensor(s) {', '.join(missing)}")
 
@@ -267,9 +300,9 @@ def _emit(
 ) -> Iterator[tuple[str, torch.Tensor]]:
     prefix_dot = prefix + "."
     if fmt.format == "hf-fp8":
-        canonical = fp8_canonical(prefix_dot, parts)
+        canonical = fp8_canonical(prefix_dot, parts, fmt.block_size)
     elif fmt.format == ct.FORMAT:
-        canonical = ct.canonical(prefix_dot, parts, fmt.method, fmt.symmetric)
+        canonical = ct.canonical(prefix_dot, parts, fmt.method, fmt.symmetric, fmt.block_size)
     elif fmt.format == "ladle":
         weight, scale = parts["weight"], parts["weight_scale"]
         if weight.dtype != torch.int8:

@@ -20,6 +20,7 @@ from safetensors.torch import save_file
 
 from ladle.model.layers.quant import default_float_layers, get_quant_method, in_layers
 from ladle.model.layers.quant.float_projections import is_float_projection
+from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, blocks_from_group_scales
 from ladle.model.layers.quant.int4 import GROUP_SIZE, unpack_int4_rows
 from ladle.model.loader import compressed_tensors as ct
 from ladle.model.loader.checkpoint_tensors import pack_rows
@@ -43,14 +44,20 @@ from ladle.model.loader.safetensors import (
 
 
 def quantization_config(
-    method: str, fmt: str, symmetric: bool, float_modules: list[str] | None = None
+    method: str,
+    fmt: str,
+    symmetric: bool,
+    float_modules: list[str] | None = None,
+    weight_block_size: int | None = None,
 ) -> dict:
     """The config.json `quantization_config` a format's readers expect; float_modules (left
     unquantized) as modules_to_not_convert (transformers' and AWQ's key) and, for fp8, also as
-    ignored_layers (vLLM's)."""
+    ignored_layers (vLLM's); fp8 `weight_block_size`: square blocks of scales."""
     if fmt == ct.FORMAT:
-        return ct.write_config(method, symmetric, list(float_modules or []))
+        return ct.write_config(method, symmetric, list(float_modules or []), weight_block_size)
     config = _method_config(method, fmt, symmetric)
+    if weight_block_size is not None:
+        config["weight_block_size"] = [weight_block_size, weight_block_size]
     if float_modules:
         config["modules_to_not_convert"] = list(float_modules)
         if fmt == "hf-fp8":
@@ -99,7 +106,14 @@ def _format_tensors(
     num_inputs: int,
     method: str,
     symmetric: bool,
+    weight_block_size: int | None = None,
 ) -> Iterator[tuple[str, torch.Tensor]]:
+    if weight_block_size is not None:  # fp8 blocks: the scales of each block, once
+        block_scale = blocks_from_group_scales(canonical["weight_scale"], weight_block_size)
+        scale_name = "weight_scale" if fmt == ct.FORMAT else "weight_scale_inv"
+        yield prefix + "weight", canonical["weight"]
+        yield prefix + scale_name, block_scale
+        return
     if fmt == ct.FORMAT:
         yield from ct.write_tensors(prefix, canonical, method, num_inputs, symmetric)
         return
@@ -131,6 +145,7 @@ def write_quantized_checkpoint(
     calibrated: dict[str, dict[str, torch.Tensor]] | None = None,
     float_layers: Collection[int] | None = None,
     float_projections: Collection[str] = (),
+    weight_block_size: int | None = None,
 ) -> dict:
     """Quantize the float checkpoint in `source_dir` (a Hugging Face folder, or a GGUF file
     whose tensors are dequantized) into `out_dir`; returns a summary (quantized tensor count,
@@ -139,7 +154,10 @@ def write_quantized_checkpoint(
     rounded to nearest here. `float_layers`: decoder layers whose projections are written in
     `dtype` unquantized (default: the method's, quant/__init__.py's KEEP_LAST_LAYERS);
     `float_projections`: projections (q_proj, ...) written unquantized in every layer. Both
-    are listed in quantization_config.modules_to_not_convert."""
+    are listed in quantization_config.modules_to_not_convert. `weight_block_size` (fp8): one
+    scale per square block of that many rows and inputs (32 to 256, a power of two; 128 is
+    DeepSeek's and Qwen3-FP8's), the layout transformers reads as quant_method fp8, instead of
+    one per output channel."""
     fmt = check_method_format(method, fmt)
     source_dir, out_dir = Path(source_dir), Path(out_dir)
     if out_dir.resolve() == source_dir.resolve():
@@ -151,6 +169,15 @@ def write_quantized_checkpoint(
     if symmetric and method != "int4":
         raise ValueError("--symmetric applies to int4 only (fp8 and int8 are always symmetric)")
     quant_method = get_quant_method(method, symmetric=symmetric)
+    if weight_block_size is not None:
+        if method != "fp8" or fmt not in ("hf-fp8", ct.FORMAT):
+            raise ValueError(
+                "--weight-block-size applies to fp8 in the hf-fp8 or compressed-tensors format"
+            )
+        if calibrated:
+            raise ValueError("--weight-block-size is written by round to nearest (--algorithm rtn)")
+        quant_method = Fp8BlockMethod(weight_block_size, weight_block_size)
+        _check_whole_blocks(config, weight_block_size)
     if float_layers is None:
         float_layers = default_float_layers(method, config.get("num_hidden_layers"))
     float_modules: list[str] = []
@@ -201,7 +228,7 @@ def write_quantized_checkpoint(
                 summary["calibrated"] += 1
             prefix = name[: -len("weight")]
             for out_name, value in _format_tensors(
-                prefix, canonical, fmt, tensor.shape[1], method, symmetric
+                prefix, canonical, fmt, tensor.shape[1], method, symmetric, weight_block_size
             ):
                 add(out_name, value)
             summary["quantized"] += 1
@@ -213,13 +240,36 @@ def write_quantized_checkpoint(
     if calibrated:
         raise ValueError(f"calibrated weights not in the checkpoint: {sorted(calibrated)[:4]}")
     _rename_single_shard(out_dir, shard_names, weight_map)
-    config["quantization_config"] = quantization_config(method, fmt, symmetric, float_modules)
+    config["quantization_config"] = quantization_config(
+        method, fmt, symmetric, float_modules, weight_block_size
+    )
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if from_gguf:
         save_gguf_tokenizer(source_dir, out_dir)
     else:
         _copy_side_files(source_dir, out_dir)
     return summary
+
+
+def _check_whole_blocks(config: dict, block: int) -> None:
+    """ValueError (before the folder exists) when a projection's rows or inputs are not whole
+    blocks: transformers and vLLM read block-scaled fp8 only then (ladle reads partial ones)."""
+    head_dim = config.get("head_dim") or (
+        config.get("hidden_size", 0) // max(config.get("num_attention_heads", 1), 1)
+    )
+    sizes = {
+        "hidden_size": config.get("hidden_size"),
+        "intermediate_size": config.get("intermediate_size"),
+        "num_attention_heads x head_dim": config.get("num_attention_heads", 0) * head_dim,
+        "num_key_value_heads x head_dim": config.get("num_key_value_heads", 0) * head_dim,
+    }
+    for name, size in sizes.items():
+        if isinstance(size, int) and size % block:
+            raise ValueError(
+                f"{name} {size} is not a multiple of --weight-block-size {block}: transformers "
+                "and vLLM read fp8 blocks only when every projection is whole blocks (try a "
+                "smaller block)"
+            )
 
 
 def _rename_single_shard(out_dir: Path, shard_names: list, weight_map: dict[str, str]) -> None:
