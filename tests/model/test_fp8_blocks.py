@@ -292,3 +292,26 @@ def test_block_scale_of_the_wrong_shape_names_the_tensor(odd_model, tmp_path):
     _edit_config(tmp_path / "fp8", weight_block_size=[64, 64])
     with pytest.raises(ModelLoadError, match=r"weight_scale_inv' has shape .*64x64 blocks"):
         _load(tmp_path / "fp8")
+
+
+def test_cublas_takes_only_whole_128_blocks():
+    """cuBLASLt's recipe holds one scale per 128 x 128 block: canonical scales that are not
+    (another block size, or a merged q/k/v whose first part ends mid-block) stay on ladle's
+    grouped kernel rather than be rounded to blocks."""
+    from ladle.model.layers.quant.fp8_block import cublas_weight_scales
+
+    weight = torch.randn(256, 640) * 0.05
+    scale = Fp8BlockMethod(128, 128).quantize(weight)["weight_scale"]
+    blocks = cublas_weight_scales(scale, 128, 128)
+    # [K/128 = 5 padded to 8, N/128 = 2], column-major, each block's own scale.
+    assert blocks.shape == (8, 2) and blocks.stride() == (1, 8)
+    assert torch.equal(blocks[:5, 1], scale[128, :5]) and bool((blocks[5:] == 0).all())
+    assert (
+        cublas_weight_scales(Fp8BlockMethod(64, 64).quantize(weight)["weight_scale"], 64, 64)
+        is None
+    )
+    # q of 192 rows and k of 64, quantized apart (as a checkpoint stores them), then merged:
+    # rows 128-191 and 192-255 have different scales inside one 128-row block.
+    parts = [Fp8BlockMethod(128, 128).quantize(torch.randn(rows, 640))["weight_scale"]
+             for rows in (192, 64)]  # fmt: skip
+    assert cublas_weight_scales(torch.cat(parts), 128, 128) is None

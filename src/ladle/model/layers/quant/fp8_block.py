@@ -12,10 +12,12 @@ every weight to e4m3 a second time.
 
     y[m, n] = sum_g (x8[m, g] . W8[n, g]) * x_scale[m, g] * w_scale[n, g]
 
-The GPU runs kernels/fp8_matmul.py's grouped tiles (Ada or newer; older GPUs dequantize per
-call). The CPU has no fp8 matmul: the weight is dequantized to float32 once at load, and the
-activations are quantized by the same rule (kernels/per_token_rule.py), so it computes the GPU's
-numbers.
+On the GPU, 128x128 blocks whose projections are whole blocks run through cuBLASLt's
+block-scaled GEMM (torch._scaled_mm, Hopper with CUDA 12.9+), except the widest projections at
+decode sizes; the rest, and other block sizes, through kernels/fp8_matmul.py's grouped tiles
+(Ada or newer; older GPUs dequantize per call). The CPU has no fp8 matmul: the weight is
+dequantized to float32 once at load, and the activations are quantized by the same rule
+(kernels/per_token_rule.py), so it computes the GPU's numbers.
 """
 
 from __future__ import annotations
@@ -88,6 +90,72 @@ def _fp8_kernels_run_on(device: torch.device) -> bool:
     return device.type == "cuda" and torch.cuda.get_device_capability(device) >= (8, 9)
 
 
+# cuBLASLt's block-scaled GEMM (torch._scaled_mm with 1x128 activation groups and 128x128
+# weight blocks; CUDA 12.9+ on Hopper) against ladle's grouped Triton tiles, per projection of
+# the 8B shape on an H100 (scripts/fp8_block_probe.py, fp8_block_bench.py; docs/benchmarks.md):
+# cuBLASLt wins from 32 rows on everywhere (4096 rows: qkv 248 us against 683, level with
+# per-channel fp8's 165-250) and at every row count on the deep down projection (K 14336: 39
+# against 92 us at one row); the Triton tiles win the wide gate_up (28672 columns) up to 16
+# rows (48 against 62 us at one row) and tie the rest there. Its other recipe, per-row 1x128
+# weight groups, is refused ("Invalid scaling configuration") by torch 2.11.
+CUBLAS_BLOCK = 128
+TRITON_MAX_ROWS_WIDE = 16
+WIDE_COLUMNS = 16384
+_block_scaled_mm_works: dict[torch.device, bool] = {}
+
+
+def can_use_block_scaled_mm(device: torch.device) -> bool:
+    """Whether torch._scaled_mm takes 1x128 x 128x128 block scales here: probed once per device,
+    outside any graph capture (finalize runs at load)."""
+    if device.type != "cuda":
+        return False
+    if device not in _block_scaled_mm_works:
+        try:
+            codes = torch.ones(4, CUBLAS_BLOCK, device=device).to(FP8_DTYPE)
+            scale_a = torch.ones(1, 4, device=device).t()  # [4, 1], column-major
+            scale_b = torch.ones(1, 4, device=device).t()  # [K/128 padded to 4, N/128]
+            out = torch._scaled_mm(
+                codes, codes.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
+            )
+            _block_scaled_mm_works[device] = bool((out == CUBLAS_BLOCK).all().item())
+        except (RuntimeError, TypeError, ValueError):
+            _block_scaled_mm_works[device] = False
+    return _block_scaled_mm_works[device]
+
+
+def cublas_weight_scales(scale: torch.Tensor, block_rows: int, block_columns: int):
+    """The weight scales as cuBLASLt's 128x128 recipe takes them ([K/128 padded to 4, N/128],
+    column-major), or None when the canonical scales are not whole 128x128 blocks (other block
+    sizes, sizes off 128, or a merged q/k/v whose parts end mid-block)."""
+    num_rows, num_groups = scale.shape
+    if (block_rows, block_columns) != (CUBLAS_BLOCK, CUBLAS_BLOCK) or num_rows % CUBLAS_BLOCK:
+        return None
+    blocks = blocks_from_group_scales(scale, CUBLAS_BLOCK)
+    if not torch.equal(group_scales_from_blocks(blocks, num_rows, CUBLAS_BLOCK), scale):
+        return None
+    return F.pad(blocks, (0, -num_groups % 4)).t()
+
+
+def block_scaled_mm(x2: torch.Tensor, weight: torch.Tensor, weight_scale_b: torch.Tensor):
+    """x2 [M, K] bf16 -> [M, N] bf16 through cuBLASLt's block-scaled GEMM: activations quantized
+    per token and group of 128 (rows padded to a multiple of 4, as cuBLASLt needs)."""
+    from ladle.kernels.per_token_quant import per_group_quant
+
+    num_rows = x2.shape[0]
+    padding = -num_rows % 4
+    if padding:
+        x2 = F.pad(x2, (0, 0, 0, padding))
+    codes, scale = per_group_quant(x2, FP8_DTYPE, CUBLAS_BLOCK)
+    output = torch._scaled_mm(
+        codes,
+        weight.t(),
+        scale_a=scale.t().contiguous().t(),
+        scale_b=weight_scale_b,
+        out_dtype=torch.bfloat16,
+    )
+    return output[:num_rows] if padding else output
+
+
 class Fp8BlockMethod(QuantMethod):
     """fp8 weights with block scales; `block_rows` x `block_columns` is the block quantize()
     makes (a checkpoint's own blocks arrive already expanded to the canonical layout)."""
@@ -119,6 +187,12 @@ class Fp8BlockMethod(QuantMethod):
     def finalize(self, layer: nn.Module) -> None:
         weight = layer.weight.data
         layer.use_fp8_kernel = _fp8_kernels_run_on(weight.device)
+        layer.cublas_weight_scale = None
+        if layer.use_fp8_kernel and weight.shape[1] % CUBLAS_BLOCK == 0:
+            if can_use_block_scaled_mm(weight.device):
+                layer.cublas_weight_scale = cublas_weight_scales(
+                    layer.weight_scale.data, self.block_rows, self.block_columns
+                )
         if not weight.is_cuda:
             # No fp8 matmul on the CPU: dequantized once here, as Fp8Method does.
             canonical = {"weight": weight, "weight_scale": layer.weight_scale.data}
@@ -129,6 +203,11 @@ class Fp8BlockMethod(QuantMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x2, leading = flatten_tokens(x)
+        num_rows, num_columns = x2.shape[0], layer.output_size
+        wide_decode = num_rows <= TRITON_MAX_ROWS_WIDE and num_columns >= WIDE_COLUMNS
+        if layer.cublas_weight_scale is not None and not wide_decode:
+            output = block_scaled_mm(x2, layer.weight, layer.cublas_weight_scale).to(x.dtype)
+            return add_bias(output, layer.bias).reshape(*leading, -1)
         if layer.use_fp8_kernel:
             from ladle.kernels.fp8_matmul import fp8_matmul, grouped_tile
             from ladle.kernels.per_token_quant import per_group_quant

@@ -1,0 +1,15 @@
+# Lead round 44 (session 11): block fp8 with cuBLASLt's block-scaled GEMM where the blocks are
+# 128x128. Every GPU test (the new fp8 block tests among them), the per-layer bench again
+# (scripts/fp8_block_bench.py: whole layer calls, as the model runs them), and one W2 pair,
+# bf16 then fp8 + fp8 KV, against session 10's figures.
+#   DEADLINE_S=580 bash scripts/lead_round44.sh     (carry .whl and .carry/tok)
+set -uo pipefail
+source "$(dirname "$0")/lead_round_env.sh"
+all_gpu_tests 230
+echo "== fp8 block bench ($(left) s left)" | tee -a "$LOG"
+timeout 120 python3 scripts/fp8_block_bench.py --json "$OUT/fp8_block.json" \
+  2>&1 | tee "$OUT/fp8_block.log" | tail -40 >> "$LOG"
+W2_JSON_DIR=$OUT
+w2_run bf16
+w2_run fp8 --quantization fp8 --kv-cache-dtype fp8
+echo "elapsed $((SECONDS - start)) s" | tee -a "$LOG"
