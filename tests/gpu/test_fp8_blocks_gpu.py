@@ -97,6 +97,17 @@ def test_block_layer_on_cuda_computes_the_cpu_numbers(tokens, outputs, inputs):
     assert ((on_gpu - on_cpu).norm() / on_cpu.norm()).item() < 5e-3
 
 
+def test_hopper_with_cuda_12_9_takes_cublas_block_scaling():
+    """The probe is right where cuBLASLt has the recipe (Hopper, CUDA 12.9+): a probe that
+    failed there would send every block layer to the slower Triton tiles, silently."""
+    from ladle.model.layers.quant.fp8_block import can_use_block_scaled_mm
+
+    cuda = tuple(int(part) for part in (torch.version.cuda or "0.0").split(".")[:2])
+    if torch.cuda.get_device_capability() != (9, 0) or cuda < (12, 9):
+        pytest.skip("cuBLASLt's block-scaled fp8 GEMM needs Hopper and CUDA 12.9+")
+    assert can_use_block_scaled_mm(CUDA)
+
+
 @pytest.fixture(scope="module")
 def block_folder(tmp_path_factory) -> str:
     """A ladle-written 128 x 128 block fp8 folder of a tiny model whose projections are whole

@@ -111,11 +111,13 @@ def can_use_block_scaled_mm(device: torch.device) -> bool:
         return False
     if device not in _block_scaled_mm_works:
         try:
-            codes = torch.ones(4, CUBLAS_BLOCK, device=device).to(FP8_DTYPE)
+            # One 128x128 weight block and 4 rows (cuBLASLt's smallest; it also refuses N < 128).
+            x = torch.ones(4, CUBLAS_BLOCK, device=device).to(FP8_DTYPE)
+            weight = torch.ones(CUBLAS_BLOCK, CUBLAS_BLOCK, device=device).to(FP8_DTYPE)
             scale_a = torch.ones(1, 4, device=device).t()  # [4, 1], column-major
             scale_b = torch.ones(1, 4, device=device).t()  # [K/128 padded to 4, N/128]
             out = torch._scaled_mm(
-                codes, codes.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
+                x, weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
             )
             _block_scaled_mm_works[device] = bool((out == CUBLAS_BLOCK).all().item())
         except (RuntimeError, TypeError, ValueError):
