@@ -99,6 +99,9 @@ def _fp8_kernels_run_on(device: torch.device) -> bool:
 # rows (48 against 62 us at one row) and tie the rest there. Its other recipe, per-row 1x128
 # weight groups, is refused ("Invalid scaling configuration") by torch 2.11.
 CUBLAS_BLOCK = 128
+# torch tells the scaling recipe from the scales' shapes: with one group of inputs the
+# activation scales [M, 1] are row-wise ones, and the call is refused.
+MIN_CUBLAS_INPUTS = 2 * CUBLAS_BLOCK
 TRITON_MAX_ROWS_WIDE = 16
 WIDE_COLUMNS = 16384
 _block_scaled_mm_works: dict[torch.device, bool] = {}
@@ -111,15 +114,17 @@ def can_use_block_scaled_mm(device: torch.device) -> bool:
         return False
     if device not in _block_scaled_mm_works:
         try:
-            # One 128x128 weight block and 4 rows (cuBLASLt's smallest; it also refuses N < 128).
-            x = torch.ones(4, CUBLAS_BLOCK, device=device).to(FP8_DTYPE)
-            weight = torch.ones(CUBLAS_BLOCK, CUBLAS_BLOCK, device=device).to(FP8_DTYPE)
-            scale_a = torch.ones(1, 4, device=device).t()  # [4, 1], column-major
+            # Two 128x128 weight blocks and 4 rows: cuBLASLt refuses N < 128, and with one group
+            # the activation scales [M, 1] read as row-wise scaling (see MIN_CUBLAS_INPUTS).
+            inputs = MIN_CUBLAS_INPUTS
+            x = torch.ones(4, inputs, device=device).to(FP8_DTYPE)
+            weight = torch.ones(CUBLAS_BLOCK, inputs, device=device).to(FP8_DTYPE)
+            scale_a = torch.ones(2, 4, device=device).t()  # [4, 2], column-major
             scale_b = torch.ones(1, 4, device=device).t()  # [K/128 padded to 4, N/128]
             out = torch._scaled_mm(
                 x, weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
             )
-            _block_scaled_mm_works[device] = bool((out == CUBLAS_BLOCK).all().item())
+            _block_scaled_mm_works[device] = bool((out == inputs).all().item())
         except (RuntimeError, TypeError, ValueError):
             _block_scaled_mm_works[device] = False
     return _block_scaled_mm_works[device]
@@ -190,7 +195,12 @@ class Fp8BlockMethod(QuantMethod):
         weight = layer.weight.data
         layer.use_fp8_kernel = _fp8_kernels_run_on(weight.device)
         layer.cublas_weight_scale = None
-        if layer.use_fp8_kernel and weight.shape[1] % CUBLAS_BLOCK == 0:
+        num_inputs = weight.shape[1]
+        if (
+            layer.use_fp8_kernel
+            and num_inputs % CUBLAS_BLOCK == 0
+            and num_inputs >= MIN_CUBLAS_INPUTS
+        ):
             if can_use_block_scaled_mm(weight.device):
                 layer.cublas_weight_scale = cublas_weight_scales(
                     layer.weight_scale.data, self.block_rows, self.block_columns
