@@ -7,8 +7,9 @@ activation and 128x128 weight scales, CUDA 12.9+ on Hopper) where this torch has
 
 Each case times whole layer calls (activation quantization included) back to back in one CUDA
 graph, each call on its own weight (a ring larger than L2): us per call, median of 5 replays.
-The cuBLASLt column times the same per-group quantization plus _scaled_mm, after checking its
-result against ladle's (largest relative difference printed).
+fp8_block is the layer as it runs (its own choice of GEMM); block_cublas and block_triton
+force cuBLASLt's block-scaled GEMM (quant/fp8_block.block_scaled_mm) or the grouped Triton
+tiles, so the choice can be checked against both.
 """
 
 from __future__ import annotations
@@ -20,11 +21,12 @@ import torch
 import torch.nn.functional as F
 
 from ladle.bench.gpu_timing import calls_in_graph_us
+from ladle.kernels.fp8_matmul import fp8_matmul, grouped_tile
 from ladle.kernels.per_token_quant import per_group_quant
 from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant.base import install_canonical_
 from ladle.model.layers.quant.fp8 import Fp8Method
-from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, blocks_from_group_scales
+from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, block_scaled_mm
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 TOKENS = (1, 16, 64, 128, 256, 1024, 4096)
@@ -46,32 +48,20 @@ def _layers(method, n: int, k: int, count: int) -> list:
     return layers
 
 
-def _cublas_block_call(layer: Linear, x: torch.Tensor):
-    """A _scaled_mm call with cuBLASLt's 1x128 x 128x128 block scaling, or None where this torch
-    or GPU has none. Scale layouts as torch's test_scaled_mm_block_wise_numerics passes them:
-    the activations' [M, K/128] column-major, the weight's [N/128, K/128] blocks transposed."""
-    weight_blocks = blocks_from_group_scales(layer.weight_scale, 128)  # [N/128, K/128]
-    groups = weight_blocks.shape[1]
-    padded_groups = -(-groups // 4) * 4
-    scale_b = F.pad(weight_blocks, (0, padded_groups - groups)).t()  # [L4, N/128], stride [1, L4]
+def _forced_calls(layer: Linear, x: torch.Tensor) -> dict:
+    """The block layer's two GEMMs forced, whichever the layer would pick: cuBLASLt's
+    block-scaled one (where the layer has its scales) and the grouped Triton tiles."""
+    calls = {}
+    if layer.cublas_weight_scale is not None:
+        calls["cublas"] = lambda: block_scaled_mm(x, layer.weight, layer.cublas_weight_scale)
 
-    def call():
+    def triton_call():
         codes, scale = per_group_quant(x, torch.float8_e4m3fn, 128)
-        return torch._scaled_mm(
-            codes,
-            layer.weight.t(),
-            scale_a=scale.t().contiguous().t(),
-            scale_b=scale_b,
-            out_dtype=torch.bfloat16,
-        )
+        tile = grouped_tile(x.shape[0], layer.output_size, 128)
+        return fp8_matmul(codes, layer.weight, scale, layer.weight_scale, tile, grouped=True)
 
-    try:
-        got = call().float()
-    except (RuntimeError, ValueError) as error:
-        return None, str(error).splitlines()[0][:120]
-    expected = layer(x).float()
-    difference = ((got - expected).norm() / expected.norm()).item()
-    return call, difference
+    calls["triton"] = triton_call
+    return calls
 
 
 def main() -> None:
@@ -98,17 +88,10 @@ def main() -> None:
                 else:
                     calls = [lambda layer=layer, x=x: layer(x) for layer in ring]
                 row[name + "_us"] = round(calls_in_graph_us(calls), 2)
-            cublas_calls, note = [], None
-            for layer in layers["fp8_block"]:
-                call, note = _cublas_block_call(layer, x)
-                if call is None:
-                    break
-                cublas_calls.append(call)
-            if len(cublas_calls) == len(layers["fp8_block"]):
-                row["cublas_block_us"] = round(calls_in_graph_us(cublas_calls), 2)
-                row["cublas_block_rel_diff"] = round(note, 5)
-            else:
-                row["cublas_block_error"] = note
+            forced = [_forced_calls(layer, x) for layer in layers["fp8_block"]]
+            for kernel in forced[0]:
+                calls = [per_layer[kernel] for per_layer in forced]
+                row[f"block_{kernel}_us"] = round(calls_in_graph_us(calls), 2)
             print(json.dumps(row), flush=True)
             results.append(row)
         del layers

@@ -117,13 +117,11 @@ def can_use_block_scaled_mm(device: torch.device) -> bool:
             # Two 128x128 weight blocks and 4 rows: cuBLASLt refuses N < 128, and with one group
             # the activation scales [M, 1] read as row-wise scaling (see MIN_CUBLAS_INPUTS).
             inputs = MIN_CUBLAS_INPUTS
-            x = torch.ones(4, inputs, device=device).to(FP8_DTYPE)
-            weight = torch.ones(CUBLAS_BLOCK, inputs, device=device).to(FP8_DTYPE)
-            scale_a = torch.ones(2, 4, device=device).t()  # [4, 2], column-major
-            scale_b = torch.ones(1, 4, device=device).t()  # [K/128 padded to 4, N/128]
-            out = torch._scaled_mm(
-                x, weight.t(), scale_a=scale_a, scale_b=scale_b, out_dtype=torch.bfloat16
-            )
+            weight = torch.ones(CUBLAS_BLOCK, inputs, device=device)
+            codes, scale = quantize_fp8_blocks(weight, CUBLAS_BLOCK, CUBLAS_BLOCK)
+            scale_b = cublas_weight_scales(scale, CUBLAS_BLOCK, CUBLAS_BLOCK)
+            x = torch.ones(4, inputs, device=device, dtype=torch.bfloat16)
+            out = block_scaled_mm(x, codes, scale_b)
             _block_scaled_mm_works[device] = bool((out == inputs).all().item())
         except (RuntimeError, TypeError, ValueError):
             _block_scaled_mm_works[device] = False
@@ -131,16 +129,17 @@ def can_use_block_scaled_mm(device: torch.device) -> bool:
 
 
 def cublas_weight_scales(scale: torch.Tensor, block_rows: int, block_columns: int):
-    """The weight scales as cuBLASLt's 128x128 recipe takes them ([K/128 padded to 4, N/128],
-    column-major), or None when the canonical scales are not whole 128x128 blocks (other block
-    sizes, sizes off 128, or a merged q/k/v whose parts end mid-block)."""
+    """The weight scales as cuBLASLt's 128x128 recipe takes them ([K/128, N/128], column-major
+    with 16-byte aligned columns), or None when the canonical scales are not whole 128x128
+    blocks (other block sizes, sizes off 128, or a merged q/k/v whose parts end mid-block)."""
     num_rows, num_groups = scale.shape
     if (block_rows, block_columns) != (CUBLAS_BLOCK, CUBLAS_BLOCK) or num_rows % CUBLAS_BLOCK:
         return None
     blocks = blocks_from_group_scales(scale, CUBLAS_BLOCK)
     if not torch.equal(group_scales_from_blocks(blocks, num_rows, CUBLAS_BLOCK), scale):
         return None
-    return F.pad(blocks, (0, -num_groups % 4)).t()
+    # [K/128, N/128] seen column-major, each column's stride padded to 4 floats (16 bytes).
+    return F.pad(blocks, (0, -num_groups % 4))[:, :num_groups].t()
 
 
 def block_scaled_mm(x2: torch.Tensor, weight: torch.Tensor, weight_scale_b: torch.Tensor):
