@@ -300,18 +300,21 @@ def test_cublas_takes_only_whole_128_blocks():
     grouped kernel rather than be rounded to blocks."""
     from ladle.model.layers.quant.fp8_block import cublas_weight_scales
 
-    weight = torch.randn(256, 640) * 0.05
+    weight = torch.randn(256, 1024) * 0.05
     scale = Fp8BlockMethod(128, 128).quantize(weight)["weight_scale"]
     blocks = cublas_weight_scales(scale, 128, 128)
-    # [K/128 = 5, N/128 = 2], column-major with columns 8 floats apart (16-byte aligned).
-    assert blocks.shape == (5, 2) and blocks.stride() == (1, 8)
-    assert torch.equal(blocks[:, 1], scale[128, :5]) and torch.equal(blocks[:, 0], scale[0, :5])
+    # [K/128 = 8, N/128 = 2], column-major, each block's own scale.
+    assert blocks.shape == (8, 2) and blocks.stride() == (1, 8)
+    assert torch.equal(blocks[:, 1], scale[128]) and torch.equal(blocks[:, 0], scale[0])
     assert (
         cublas_weight_scales(Fp8BlockMethod(64, 64).quantize(weight)["weight_scale"], 64, 64)
         is None
     )
+    # K/128 not a multiple of 4: torch 2.11 takes no such weight scales.
+    odd = Fp8BlockMethod(128, 128).quantize(torch.randn(256, 640))["weight_scale"]
+    assert cublas_weight_scales(odd, 128, 128) is None
     # q of 192 rows and k of 64, quantized apart (as a checkpoint stores them), then merged:
     # rows 128-191 and 192-255 have different scales inside one 128-row block.
-    parts = [Fp8BlockMethod(128, 128).quantize(torch.randn(rows, 640))["weight_scale"]
+    parts = [Fp8BlockMethod(128, 128).quantize(torch.randn(rows, 1024))["weight_scale"]
              for rows in (192, 64)]  # fmt: skip
     assert cublas_weight_scales(torch.cat(parts), 128, 128) is None

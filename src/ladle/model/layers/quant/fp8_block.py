@@ -12,12 +12,12 @@ every weight to e4m3 a second time.
 
     y[m, n] = sum_g (x8[m, g] . W8[n, g]) * x_scale[m, g] * w_scale[n, g]
 
-On the GPU, 128x128 blocks whose projections are whole blocks run through cuBLASLt's
-block-scaled GEMM (torch._scaled_mm, Hopper with CUDA 12.9+), except the widest projections at
-decode sizes; the rest, and other block sizes, through kernels/fp8_matmul.py's grouped tiles
-(Ada or newer; older GPUs dequantize per call). The CPU has no fp8 matmul: the weight is
-dequantized to float32 once at load, and the activations are quantized by the same rule
-(kernels/per_token_rule.py), so it computes the GPU's numbers.
+On the GPU, 128x128 blocks whose projections are whole blocks (inputs a multiple of 512) run
+through cuBLASLt's block-scaled GEMM (torch._scaled_mm, Hopper with CUDA 12.9+), except
+projections of fewer than 8192 inputs at decode sizes; those, and other block sizes, run through
+kernels/fp8_matmul.py's grouped tiles (Ada or newer; older GPUs dequantize per call). The CPU
+has no fp8 matmul: the weight is dequantized to float32 once at load, and the activations are
+quantized by the same rule (kernels/per_token_rule.py), so it computes the GPU's numbers.
 """
 
 from __future__ import annotations
@@ -92,18 +92,16 @@ def _fp8_kernels_run_on(device: torch.device) -> bool:
 
 # cuBLASLt's block-scaled GEMM (torch._scaled_mm with 1x128 activation groups and 128x128
 # weight blocks; CUDA 12.9+ on Hopper) against ladle's grouped Triton tiles, per projection of
-# the 8B shape on an H100 (scripts/fp8_block_probe.py, fp8_block_bench.py; docs/benchmarks.md):
-# cuBLASLt wins from 32 rows on everywhere (4096 rows: qkv 248 us against 683, level with
-# per-channel fp8's 165-250) and at every row count on the deep down projection (K 14336: 39
-# against 92 us at one row); the Triton tiles win the wide gate_up (28672 columns) up to 16
-# rows (48 against 62 us at one row) and tie the rest there. Its other recipe, per-row 1x128
-# weight groups, is refused ("Invalid scaling configuration") by torch 2.11.
+# the 8B shape on an H100 (scripts/fp8_block_bench.py, round 46; docs/benchmarks.md): from 64
+# rows on cuBLASLt wins everywhere (4096 rows: qkv 248 us against 676, level with bf16's 260);
+# up to 16 rows the Triton tiles win the projections of 4096 inputs (qkv 16.4 against 19.0 us,
+# gate_up 49 against 53 at one row) and lose the deep one (down, 14336 inputs: 88 against 36).
+# torch 2.11 takes the weight scales only as [K/128, N/128] with 16-byte aligned columns, so
+# K/128 must be a multiple of 4 (K % 512 == 0); its per-row 1x128 weight recipe is refused.
 CUBLAS_BLOCK = 128
-# torch tells the scaling recipe from the scales' shapes: with one group of inputs the
-# activation scales [M, 1] are row-wise ones, and the call is refused.
-MIN_CUBLAS_INPUTS = 2 * CUBLAS_BLOCK
-TRITON_MAX_ROWS_WIDE = 16
-WIDE_COLUMNS = 16384
+CUBLAS_INPUT_MULTIPLE = 4 * CUBLAS_BLOCK
+TRITON_MAX_ROWS = 16
+DEEP_INPUTS = 8192
 _block_scaled_mm_works: dict[torch.device, bool] = {}
 
 
@@ -114,9 +112,8 @@ def can_use_block_scaled_mm(device: torch.device) -> bool:
         return False
     if device not in _block_scaled_mm_works:
         try:
-            # Two 128x128 weight blocks and 4 rows: cuBLASLt refuses N < 128, and with one group
-            # the activation scales [M, 1] read as row-wise scaling (see MIN_CUBLAS_INPUTS).
-            inputs = MIN_CUBLAS_INPUTS
+            # One row of 128x128 weight blocks (cuBLASLt refuses N < 128) and 4 rows.
+            inputs = CUBLAS_INPUT_MULTIPLE
             weight = torch.ones(CUBLAS_BLOCK, inputs, device=device)
             codes, scale = quantize_fp8_blocks(weight, CUBLAS_BLOCK, CUBLAS_BLOCK)
             scale_b = cublas_weight_scales(scale, CUBLAS_BLOCK, CUBLAS_BLOCK)
@@ -129,17 +126,18 @@ def can_use_block_scaled_mm(device: torch.device) -> bool:
 
 
 def cublas_weight_scales(scale: torch.Tensor, block_rows: int, block_columns: int):
-    """The weight scales as cuBLASLt's 128x128 recipe takes them ([K/128, N/128], column-major
-    with 16-byte aligned columns), or None when the canonical scales are not whole 128x128
-    blocks (other block sizes, sizes off 128, or a merged q/k/v whose parts end mid-block)."""
+    """The weight scales as cuBLASLt's 128x128 recipe takes them ([K/128, N/128], column-major),
+    or None when it cannot: canonical scales that are not whole 128x128 blocks (other block
+    sizes, sizes off 128, a merged q/k/v whose parts end mid-block) or K not a multiple of 512."""
     num_rows, num_groups = scale.shape
     if (block_rows, block_columns) != (CUBLAS_BLOCK, CUBLAS_BLOCK) or num_rows % CUBLAS_BLOCK:
+        return None
+    if num_groups % (CUBLAS_INPUT_MULTIPLE // CUBLAS_BLOCK):
         return None
     blocks = blocks_from_group_scales(scale, CUBLAS_BLOCK)
     if not torch.equal(group_scales_from_blocks(blocks, num_rows, CUBLAS_BLOCK), scale):
         return None
-    # [K/128, N/128] seen column-major, each column's stride padded to 4 floats (16 bytes).
-    return F.pad(blocks, (0, -num_groups % 4))[:, :num_groups].t()
+    return blocks.t()  # [K/128, N/128], column-major
 
 
 def block_scaled_mm(x2: torch.Tensor, weight: torch.Tensor, weight_scale_b: torch.Tensor):
@@ -194,16 +192,10 @@ class Fp8BlockMethod(QuantMethod):
         weight = layer.weight.data
         layer.use_fp8_kernel = _fp8_kernels_run_on(weight.device)
         layer.cublas_weight_scale = None
-        num_inputs = weight.shape[1]
-        if (
-            layer.use_fp8_kernel
-            and num_inputs % CUBLAS_BLOCK == 0
-            and num_inputs >= MIN_CUBLAS_INPUTS
-        ):
-            if can_use_block_scaled_mm(weight.device):
-                layer.cublas_weight_scale = cublas_weight_scales(
-                    layer.weight_scale.data, self.block_rows, self.block_columns
-                )
+        if layer.use_fp8_kernel and can_use_block_scaled_mm(weight.device):
+            layer.cublas_weight_scale = cublas_weight_scales(
+                layer.weight_scale.data, self.block_rows, self.block_columns
+            )
         if not weight.is_cuda:
             # No fp8 matmul on the CPU: dequantized once here, as Fp8Method does.
             canonical = {"weight": weight, "weight_scale": layer.weight_scale.data}
@@ -214,9 +206,8 @@ class Fp8BlockMethod(QuantMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x2, leading = flatten_tokens(x)
-        num_rows, num_columns = x2.shape[0], layer.output_size
-        wide_decode = num_rows <= TRITON_MAX_ROWS_WIDE and num_columns >= WIDE_COLUMNS
-        if layer.cublas_weight_scale is not None and not wide_decode:
+        decode_tiles_win = x2.shape[0] <= TRITON_MAX_ROWS and x2.shape[1] < DEEP_INPUTS
+        if layer.cublas_weight_scale is not None and not decode_tiles_win:
             output = block_scaled_mm(x2, layer.weight, layer.cublas_weight_scale).to(x.dtype)
             return add_bias(output, layer.bias).reshape(*leading, -1)
         if layer.use_fp8_kernel:
