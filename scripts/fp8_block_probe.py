@@ -13,31 +13,18 @@ import argparse
 import json
 
 import torch
-import torch.nn.functional as F
 
 from ladle.bench.gpu_timing import calls_in_graph_us
 from ladle.kernels.fp8_matmul import Fp8Tile, fp8_matmul
 from ladle.kernels.per_token_quant import per_group_quant
-from ladle.model.layers.quant.fp8_block import quantize_fp8_blocks
+from ladle.model.layers.quant.fp8_block import (
+    block_scaled_mm,
+    cublas_weight_scales,
+    quantize_fp8_blocks,
+)
 
 SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
 RING_BYTES = 160 << 20
-
-
-def scaled_mm(x, weight, weight_scale_b):
-    rows = x.shape[0]
-    padded = -(-rows // 4) * 4
-    if padded != rows:
-        x = F.pad(x, (0, 0, 0, padded - rows))
-    codes, scale = per_group_quant(x, torch.float8_e4m3fn, 128)
-    out = torch._scaled_mm(
-        codes,
-        weight.t(),
-        scale_a=scale.t().contiguous().t(),
-        scale_b=weight_scale_b,
-        out_dtype=torch.bfloat16,
-    )
-    return out[:rows]
 
 
 def main() -> None:
@@ -51,11 +38,7 @@ def main() -> None:
             quantize_fp8_blocks(torch.randn(n, k, device="cuda") * 0.02, 128, 128)
             for _ in range(count)
         ]
-        blocks = []
-        for _, scale in weights:
-            block = scale[::128]
-            groups = block.shape[1]
-            blocks.append(F.pad(block, (0, -groups % 4)).t())
+        blocks = [cublas_weight_scales(scale, 128, 128) for _, scale in weights]
         rowwise = [scale.t().contiguous().t() for _, scale in weights]
         for tokens in (1, 4, 16, 32, 64, 256, 4096):
             x = torch.randn(tokens, k, device="cuda").bfloat16()
@@ -63,7 +46,7 @@ def main() -> None:
             reference = None
             for recipe, scales in (("block128", blocks), ("rowwise", rowwise)):
                 try:
-                    got = scaled_mm(x, weights[0][0], scales[0]).float()
+                    got = block_scaled_mm(x, weights[0][0], scales[0]).float()
                     if reference is None:
                         codes, xs = per_group_quant(x, torch.float8_e4m3fn, 128)
                         tile = Fp8Tile(64, 64, 128)
@@ -72,7 +55,7 @@ def main() -> None:
                         ).float()
                     diff = ((got - reference).norm() / reference.norm()).item()
                     calls = [
-                        lambda w=w, s=s, x=x: scaled_mm(x, w, s)
+                        lambda w=w, s=s, x=x: block_scaled_mm(x, w, s)
                         for (w, _), s in zip(weights, scales)
                     ]
                     row[recipe + "_us"] = round(calls_in_graph_us(calls), 2)

@@ -80,3 +80,17 @@ latency() {
   timeout 70 python3 -m ladle bench latency --workload "$workload" --runs 3 --no-busy --no-progress \
     "$@" --json "/tmp/$name.json" 2>&1 | grep -E "ITL" | tee -a "$LOG"
 }
+
+# The fp8 GPU test files (block fp8, the fp8 matmul, the quantized layers and checkpoints) and
+# the per-layer bench of block fp8 against per-channel fp8 and bf16 (scripts/fp8_block_bench.py):
+# the tests' summary and the bench's rows to the round log, the bench's JSON to $OUT.
+fp8_tests_and_block_bench() {
+  echo "== fp8 GPU tests" | tee -a "$LOG"
+  timeout 200 python3 -m pytest -q -p no:cacheprovider -rfE -n 4 --dist loadfile \
+    tests/gpu/test_fp8_blocks_gpu.py tests/gpu/test_fp8_matmul.py tests/gpu/test_quant_kernels.py \
+    > "$OUT/fp8_tests.log" 2>&1
+  grep -E "^(FAILED|ERROR)|passed|failed" "$OUT/fp8_tests.log" | tail -15 | tee -a "$LOG"
+  echo "== fp8 block bench ($(left) s left)" | tee -a "$LOG"
+  timeout 120 python3 scripts/fp8_block_bench.py --json "$OUT/fp8_block.json" \
+    2>&1 | tee "$OUT/fp8_block.log" | tail -40 >> "$LOG"
+}

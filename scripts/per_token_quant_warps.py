@@ -14,21 +14,23 @@ import torch
 import triton
 
 from ladle.bench.gpu_timing import calls_in_graph_us, input_ring
-from ladle.kernels.per_token_quant import _per_token_quant_kernel, quant_max
+from ladle.kernels.per_token_quant import _per_group_quant_kernel, quant_max
 
 
 def launch(x: torch.Tensor, codes: torch.Tensor, scale: torch.Tensor, num_warps: int) -> None:
     block = triton.next_power_of_2(x.shape[1])
-    _per_token_quant_kernel[(x.shape[0],)](
+    # Per token: one group as wide as the row (per_token_quant's launch).
+    _per_group_quant_kernel[(x.shape[0], 1)](
         codes,
         scale,
         x,
         x.stride(0),
         codes.stride(0),
         x.shape[1],
+        1,
         QMAX=quant_max(torch.float8_e4m3fn),
         IS_INT=False,
-        BLOCK=block,
+        GROUP=block,
         num_warps=num_warps,
     )
 

@@ -7,8 +7,9 @@ quantizes a few rows.
     codes[m, k] = cast(clamp(x[m, k] * (1 / scale[m])))    (int8: round half to even first)
 
 One program per row, the row held in registers (hidden sizes up to 32k). per_group_quant
-applies the same rule to each group of 128 columns of a row on its own (the activations of
-block-scaled fp8 checkpoints), one program per row and group. The torch reference (and the
+applies the same rule to each group of columns of a row on its own (the activations of
+block-scaled fp8 checkpoints), one program per row and group; both are one kernel, per token
+being a single group as wide as the row. The torch reference (and the
 rule's constants) is kernels/per_token_rule.py.
 """
 
@@ -49,62 +50,6 @@ def store_quantized_row(
 
 
 @triton.jit
-def _per_token_quant_kernel(
-    codes_ptr,
-    scale_ptr,
-    input_ptr,
-    stride_input,
-    stride_codes,
-    num_columns,
-    QMAX: tl.constexpr,
-    IS_INT: tl.constexpr,
-    BLOCK: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
-):
-    enter_dependent_launch(USE_PDL)  # kernels/pdl.py
-    row = tl.program_id(0).to(tl.int64)
-    columns = tl.arange(0, BLOCK)
-    is_column = columns < num_columns
-    x = tl.load(input_ptr + row * stride_input + columns, mask=is_column, other=0.0)
-    store_quantized_row(
-        codes_ptr + row * stride_codes + columns,
-        scale_ptr + row,
-        x.to(tl.float32),
-        is_column,
-        QMAX,
-        IS_INT,
-    )
-
-
-def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
-    """x [M, K] (CUDA, row-contiguous) -> (codes [M, K] of dtype, float32 scales [M, 1])."""
-    if x.dim() != 2 or x.stride(1) != 1:
-        raise ValueError(f"per_token_quant needs a row-contiguous [M, K] matrix, got {x.shape}")
-    num_rows, num_columns = x.shape
-    codes = torch.empty(num_rows, num_columns, dtype=dtype, device=x.device)
-    scale = torch.empty(num_rows, 1, dtype=torch.float32, device=x.device)
-    if num_rows == 0:
-        return codes, scale
-    block = triton.next_power_of_2(num_columns)
-    _per_token_quant_kernel[(num_rows,)](
-        codes,
-        scale,
-        x,
-        x.stride(0),
-        codes.stride(0),
-        num_columns,
-        QMAX=quant_max(dtype),
-        IS_INT=dtype == torch.int8,
-        BLOCK=block,
-        # 16 warps from 4096 columns: at the 8B's o input (4096) 3.75 -> 3.24 us at 256 rows and
-        # 2.69 -> 2.17 at 64 against 4 warps (scripts/per_token_quant_warps.py on an H100).
-        num_warps=max(1, min(16, block // 256)),
-        **pdl_launch(x.device, num_rows),
-    )
-    return codes, scale
-
-
-@triton.jit
 def _per_group_quant_kernel(
     codes_ptr,
     scale_ptr,
@@ -134,6 +79,16 @@ def _per_group_quant_kernel(
     )
 
 
+def per_token_quant(x: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+    """x [M, K] (CUDA, row-contiguous) -> (codes [M, K] of dtype, float32 scales [M, 1])."""
+    if x.dim() != 2 or x.stride(1) != 1:
+        raise ValueError(f"per_token_quant needs a row-contiguous [M, K] matrix, got {x.shape}")
+    block = triton.next_power_of_2(x.shape[1])
+    # 16 warps from 4096 columns: at the 8B's o input (4096) 3.75 -> 3.24 us at 256 rows and
+    # 2.69 -> 2.17 at 64 against 4 warps (scripts/per_token_quant_warps.py on an H100).
+    return _quantize_groups(x, dtype, block, num_warps=max(1, min(16, block // 256)))
+
+
 def per_group_quant(
     x: torch.Tensor, dtype: torch.dtype, group_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -144,6 +99,14 @@ def per_group_quant(
         raise ValueError(f"per_group_quant needs a row-contiguous [M, K] matrix, got {x.shape}")
     if group_size & (group_size - 1):
         raise ValueError(f"per_group_quant needs a power-of-two group size, got {group_size}")
+    return _quantize_groups(x, dtype, group_size, num_warps=1 if group_size <= 128 else 4)
+
+
+def _quantize_groups(
+    x: torch.Tensor, dtype: torch.dtype, group_size: int, num_warps: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One launch of the kernel over every row and group of group_size columns (a power of two;
+    per token: the row's next power of two, one group)."""
     num_rows, num_columns = x.shape
     num_groups = triton.cdiv(num_columns, group_size)
     codes = torch.empty(num_rows, num_columns, dtype=dtype, device=x.device)
@@ -161,7 +124,7 @@ def per_group_quant(
         QMAX=quant_max(dtype),
         IS_INT=dtype == torch.int8,
         GROUP=group_size,
-        num_warps=1 if group_size <= 128 else 4,
+        num_warps=num_warps,
         **pdl_launch(x.device, num_rows),
     )
     return codes, scale
