@@ -1,0 +1,14 @@
+# Lead round 48 (session 11, final code): per-token quantization now runs the per-group kernel
+# (one group as wide as the row), so every fp8/int8 GPU path changed. Every GPU test, the block
+# bench once more, and a W2 pair (bf16, then fp8 + fp8 KV) against round 44's 1.412x.
+#   DEADLINE_S=580 bash scripts/lead_round48.sh     (carry .whl and .carry/tok)
+set -uo pipefail
+source "$(dirname "$0")/lead_round_env.sh"
+all_gpu_tests 230
+echo "== fp8 block bench ($(left) s left)" | tee -a "$LOG"
+timeout 120 python3 scripts/fp8_block_bench.py --json "$OUT/fp8_block.json" \
+  2>&1 | tee "$OUT/fp8_block.log" | tail -40 >> "$LOG"
+W2_JSON_DIR=$OUT
+w2_run bf16
+w2_run fp8 --quantization fp8 --kv-cache-dtype fp8
+echo "elapsed $((SECONDS - start)) s" | tee -a "$LOG"
