@@ -23,8 +23,11 @@ MAX_CONNECTIONS = 8
 def server(tmp_path_factory):
     from tests.helpers.tiny_models import save_tiny_model
 
+    # Room for a stream that outlasts the timeouts however fast the machine decodes: the tiny
+    # model made 4000 tokens in under the 3.5 s watched on an idle 2-core CI machine (session
+    # 11), and the stream ended ("length") before the test could see it pass them.
     model = save_tiny_model(tmp_path_factory.mktemp("slow"), "llama",
-                            max_position_embeddings=4096)
+                            max_position_embeddings=65536)
     server = ServerProcess([
         model, "--served-model-name", SERVED_NAME, "--cpu-kv-cache-gib", "0.1",
         "--request-timeout", str(REQUEST_TIMEOUT_S),
@@ -114,7 +117,7 @@ def test_connections_beyond_the_cap_get_503(server):
 def test_a_long_streaming_response_is_not_cut(server):
     """A stream that generates for longer than every timeout above keeps streaming past them
     (the client leaves once it has seen that)."""
-    body = {"model": SERVED_NAME, "prompt": "hi", "max_tokens": 4000, "ignore_eos": True,
+    body = {"model": SERVED_NAME, "prompt": "hi", "max_tokens": 60000, "ignore_eos": True,
             "stream": True, "temperature": 0}
     watch_until_s = REQUEST_TIMEOUT_S + KEEP_ALIVE_TIMEOUT_S + 0.5
     started = time.monotonic()
