@@ -145,7 +145,7 @@ def test_malformed_checkpoint_names_the_tensor(float_model, tmp_path, method, fm
     [
         ({"group_size": 64}, "group_size=64"),
         ({"bits": 8}, "bits=8"),
-        ({"desc_act": True}, "desc_act=True"),
+        ({"checkpoint_format": "gptq_v2"}, "checkpoint_format='gptq_v2'"),
         ({"quant_method": "bitsandbytes"}, "'bitsandbytes'"),
     ],
 )

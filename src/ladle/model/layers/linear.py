@@ -15,6 +15,7 @@ from torch import nn
 
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.group_quant import GroupQuantizedRows
+from ladle.model.layers.quant.act_order import load_input_permutation
 from ladle.model.layers.quant.base import QuantMethod
 from ladle.model.layers.quantized_linear import hold_quantized_rows, quantized_matmul
 from ladle.model.layers.weight_loading import default_weight_loader
@@ -34,8 +35,13 @@ class Linear(nn.Module):
         self.output_size = output_size
         self.weight = nn.Parameter(torch.empty(output_size, input_size), requires_grad=False)
         self.bias = nn.Parameter(torch.empty(output_size), requires_grad=False) if bias else None
+        # An act-order int4 checkpoint's input order (quant/act_order.py): x is gathered into it.
+        # An instance attribute, so that the parameter can take its name.
+        self.input_permutation: nn.Parameter | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
+        if self.input_permutation is not None:
+            x = x.index_select(-1, self.input_permutation)
         if self.quant_method is not None:
             return self.quant_method.apply(self, x)
         if self.quantization is not None:
@@ -60,7 +66,11 @@ class Linear(nn.Module):
     ) -> None:
         """Copy a checkpoint tensor (weight or bias) into its rows, casting dtype and device. A
         group-quantized tensor (a GGUF tensor kept in its own format) is held until
-        `adopt_native_weights_` stacks the shards."""
+        `adopt_native_weights_` stacks the shards. An act-order input permutation is the whole
+        input's, the same in every shard."""
+        if param is self.input_permutation:
+            load_input_permutation(self, loaded_weight, shard_id)
+            return
         start, num_rows = self.shard_rows(shard_id)
         if isinstance(loaded_weight, GroupQuantizedRows):
             hold_quantized_rows(self, param, loaded_weight, start, num_rows, self.input_size)

@@ -33,6 +33,10 @@ from ladle.model.layers.quant import (
     prepare_linears_for_checkpoint_,
     quantize_linears_,
 )
+from ladle.model.layers.quant.act_order import (
+    add_input_permutations_,
+    drop_identity_permutations_,
+)
 from ladle.model.layers.quantized_linear import adopt_native_weights_, quantize_model_
 from ladle.model.loader.dummy import fill_dummy_weights
 from ladle.model.loader.errors import ModelLoadError
@@ -175,7 +179,11 @@ def _load_unquantized(
         print(f"[ladle] {model_dir}: {checkpoint_quant.note}", flush=True)
     float_modules = _float_module_names(model, checkpoint_quant.float_modules, str(model_dir))
     prepare_linears_for_checkpoint_(model, checkpoint_quant.quant_method(), float_modules)
+    if checkpoint_quant.act_order:
+        add_input_permutations_(model)
     _load_weights(model, convert_quantized_weights(weights, checkpoint_quant), str(model_dir))
+    if checkpoint_quant.act_order:
+        drop_identity_permutations_(model)
     finalize_linears_(model)
     if checkpoint_quant.method == "fp8" and device.type != "cuda":
         print(

@@ -9,7 +9,7 @@ import torch
 from ladle.model.layers.quant import get_quant_method
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.quant.fp8_block import group_scales_from_blocks
-from ladle.model.layers.quant.int4 import GROUP_SIZE
+from ladle.model.layers.quant.int4 import GROUP_SIZE, pack_int4_rows, unpack_int4_rows
 from ladle.model.loader.errors import ModelLoadError
 
 
@@ -94,3 +94,43 @@ def check_g_idx(name: str, g_idx: torch.Tensor) -> None:
     """ModelLoadError unless input k belongs to group k // 128 (no act-order reordering)."""
     if not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // GROUP_SIZE):
         raise ModelLoadError(f"tensor {name!r} reorders groups (act-order); ladle needs k // 128")
+
+
+def group_order(name: str, g_idx: torch.Tensor) -> torch.Tensor | None:
+    """For an act-order checkpoint (quant/act_order.py): the permutation that puts the inputs in
+    group order (int64 [K]), None when they already are (g_idx = k // 128); ModelLoadError
+    naming the tensor unless every group then holds 128 inputs (the last one fewer)."""
+    g_idx = g_idx.long()
+    in_order = torch.arange(g_idx.numel()) // GROUP_SIZE
+    if torch.equal(g_idx, in_order):
+        return None
+    permutation = torch.sort(g_idx, stable=True).indices
+    if not torch.equal(g_idx[permutation], in_order):
+        raise ModelLoadError(
+            f"tensor {name!r} does not put 128 inputs in each group (its group sizes are "
+            f"{torch.bincount(g_idx).tolist()[:8]}...); ladle runs act-order groups of 128"
+        )
+    return permutation
+
+
+def permute_packed_inputs(packed: torch.Tensor, num_inputs: int, permutation: torch.Tensor):
+    """Canonical int4 words [N, ceil(K/8)] with their inputs reordered: input i of the result is
+    input permutation[i] of `packed`."""
+    codes = unpack_int4_rows(packed, num_inputs)
+    return pack_int4_rows(codes[:, permutation].contiguous())
+
+
+def in_group_order(
+    name: str, g_idx: torch.Tensor, packed: torch.Tensor, num_inputs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """An act-order projection's canonical words [N, ceil(K/8)] with the inputs in group order,
+    and the permutation the layer gathers its input by (the identity when g_idx is in order: a
+    merged layer's parts must agree, so every part brings one)."""
+    if tuple(g_idx.shape) != (num_inputs,):
+        raise ModelLoadError(
+            f"tensor {name!r} has shape {tuple(g_idx.shape)}; expected ({num_inputs},) ([K])"
+        )
+    permutation = group_order(name, g_idx)
+    if permutation is None:
+        return packed, torch.arange(num_inputs)
+    return permute_packed_inputs(packed, num_inputs, permutation), permutation

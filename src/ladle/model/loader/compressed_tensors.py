@@ -20,7 +20,8 @@ Tensors of one projection, as the compressors store them:
               nibble first, holding q + 8 for the signed code q (ladle's canonical words, bit
               for bit); `weight_scale` [N, G]; `weight_shape` [N, K]; asymmetric also
               `weight_zero_point` int32 [ceil(N/8), G]: zero point + 8, eight output rows a
-              word (packed along the rows); `weight_g_idx` [K] only if it is k // 128
+              word (packed along the rows); `weight_g_idx` [K]: k // 128, or with
+              `actorder: "group"` any order of groups of 128 (quant/act_order.py)
 so W = (code - (zero point + 8)) * scale: ladle's zero is the stored nibble itself.
 """
 
@@ -31,11 +32,13 @@ from collections.abc import Iterator
 
 import torch
 
+from ladle.model.layers.quant.act_order import PERMUTATION
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.quant.int4 import GROUP_SIZE, num_groups
 from ladle.model.loader.checkpoint_tensors import (
     check_g_idx,
     fp8_canonical,
+    in_group_order,
     pack_rows,
     per_row_scale,
     unpack_rows,
@@ -112,6 +115,14 @@ def read_scheme(qc: dict, where: str) -> tuple[str, bool, str | None]:
     return method, symmetric, _activation_note(method, activations, block_columns)
 
 
+def act_order(qc: dict) -> bool:
+    """Whether the scheme's int4 groups follow an activation order (`actorder: "group"`: each
+    projection's weight_g_idx scatters them; quant/act_order.py). "weight" order keeps the
+    groups in place."""
+    weights = next(iter(qc["config_groups"].values()))["weights"]
+    return str(weights.get("actorder") or "").lower() == "group"
+
+
 def block_structure(qc: dict, where: str) -> list | None:
     """The fp8 weight block [rows, inputs] of a scheme with the `block` strategy, else None
     (read_scheme has checked the rest of the scheme)."""
@@ -169,12 +180,16 @@ def matching_modules(patterns: tuple[str, ...], module_names: set[str]) -> tuple
     return tuple(sorted(n for n in module_names if any(p.match(n) for p in compiled)))
 
 
-def required_parts(method: str, symmetric: bool) -> tuple[tuple[str, ...], tuple[str, ...]]:
+def required_parts(
+    method: str, symmetric: bool, act_order: bool = False
+) -> tuple[tuple[str, ...], tuple[str, ...]]:
     """(parts every quantized projection needs, optional ones)."""
     if method == "int4":
         required = ("weight_packed", "weight_scale", "weight_shape")
         if not symmetric:
             required += ("weight_zero_point",)
+        if act_order:
+            return required + ("weight_g_idx",), ()
         return required, ("weight_g_idx",)
     return ("weight", "weight_scale"), UNUSED_PARTS
 
@@ -185,11 +200,12 @@ def canonical(
     method: str,
     symmetric: bool,
     block_size: tuple[int, int] | None = None,
+    act_order: bool = False,
 ) -> dict[str, torch.Tensor]:
     """ladle's canonical tensors of one projection's compressed-tensors parts (prefix ends
     with '.')."""
     if method == "int4":
-        return _int4_canonical(prefix, parts, symmetric)
+        return _int4_canonical(prefix, parts, symmetric, act_order)
     weight, scale = parts["weight"], parts["weight_scale"]
     code_dtype = FP8_DTYPE if method == "fp8" else torch.int8
     if weight.dtype != code_dtype or weight.dim() != 2:
@@ -209,7 +225,7 @@ def canonical(
 
 
 def _int4_canonical(
-    prefix: str, parts: dict[str, torch.Tensor], symmetric: bool
+    prefix: str, parts: dict[str, torch.Tensor], symmetric: bool, act_order: bool
 ) -> dict[str, torch.Tensor]:
     packed, scale, shape = parts["weight_packed"], parts["weight_scale"], parts["weight_shape"]
     if shape.numel() != 2:
@@ -233,9 +249,14 @@ def _int4_canonical(
         words = parts["weight_zero_point"]
         _expect(prefix + "weight_zero_point", words, (-(-rows // 8), groups), torch.int32)
         zero = unpack_rows(words.t().contiguous(), rows).t().contiguous()
-    if "weight_g_idx" in parts:
+    canonical = {"weight_scale": scale16, "weight_zero": zero}
+    packed = packed.contiguous()
+    if act_order:
+        name = prefix + "weight_g_idx"
+        packed, canonical[PERMUTATION] = in_group_order(name, parts["weight_g_idx"], packed, cols)
+    elif "weight_g_idx" in parts:
         check_g_idx(prefix + "weight_g_idx", parts["weight_g_idx"])
-    return {"weight_packed": packed.contiguous(), "weight_scale": scale16, "weight_zero": zero}
+    return {"weight_packed": packed, **canonical}
 
 
 def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:

@@ -11,7 +11,8 @@ Formats (all group size 128 for int4; every tensor named after its checkpoint pr
           and Qwen3-FP8's), kept exactly and run block-scaled (quant/fp8_block.py).
   gptq    quant_method "gptq", bits 4: `qweight` int32 [K/8, N] (8 inputs per word, low nibble
           first), `qzeros` int32 [G, N/8] (8 outputs per word, storing zero - 1 as GPTQ v1 does),
-          `scales` float16 [G, N], `g_idx` int32 [K] (must be k // 128: desc_act is refused).
+          `scales` float16 [G, N], `g_idx` int32 [K] (k // 128; with desc_act true any order
+          of groups of 128, the inputs put in group order at load: quant/act_order.py).
   awq     quant_method "awq", bits 4, version "gemm": `qweight` int32 [K, N/8] and `qzeros`
           int32 [G, N/8], 8 outputs per word in AWQ's interleaved order, `scales` float16 [G, N].
   ladle   quant_method "ladle" with "method": "int8": `weight` int8 [N, K], `weight_scale`
@@ -29,6 +30,7 @@ import torch
 
 from ladle.config import CHECKPOINT_FORMATS
 from ladle.model.layers.quant import QuantMethod, get_quant_method
+from ladle.model.layers.quant.act_order import PERMUTATION
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, check_block_size
 from ladle.model.layers.quant.int4 import GROUP_SIZE, num_groups
@@ -37,6 +39,7 @@ from ladle.model.loader.checkpoint_tensors import (
     check_g_idx,
     expect_shape,
     fp8_canonical,
+    in_group_order,
     pack_rows,
     unpack_rows,
 )
@@ -69,6 +72,9 @@ class CheckpointQuantization:
     note: str | None = None
     # fp8 weight blocks (rows, inputs) when the checkpoint's scales are per block.
     block_size: tuple[int, int] | None = None
+    # int4 act-order (GPTQ desc_act): each projection's g_idx scatters its groups, so its inputs
+    # are put in group order at load and gathered at run time (quant/act_order.py).
+    act_order: bool = False
 
     def quant_method(self) -> QuantMethod:
         if self.block_size is not None:
@@ -89,7 +95,7 @@ def read_checkpoint_quantization(config: dict, where: str) -> CheckpointQuantiza
         names, patterns = ct.split_ignore(qc, where)
         block_size = _checked_block_size(ct.block_structure(qc, where), where, "block_structure")
         return CheckpointQuantization(
-            method, ct.FORMAT, symmetric, names, patterns, note, block_size
+            method, ct.FORMAT, symmetric, names, patterns, note, block_size, ct.act_order(qc)
         )
     float_modules = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
     if not isinstance(float_modules, list | tuple) or not all(
@@ -120,11 +126,14 @@ def _read_method(qc: dict, kind, where: str) -> CheckpointQuantization:
             field = "group_size" if "group_size" in qc else "q_group_size"
             raise bad(field, str(GROUP_SIZE))
         if kind == "gptq":
-            if qc.get("desc_act", False):
-                raise bad("desc_act", "false")
             if qc.get("checkpoint_format", "gptq") != "gptq":
                 raise bad("checkpoint_format", "'gptq'")
-            return CheckpointQuantization("int4", "gptq", symmetric=bool(qc.get("sym", True)))
+            return CheckpointQuantization(
+                "int4",
+                "gptq",
+                symmetric=bool(qc.get("sym", True)),
+                act_order=bool(qc.get("desc_act", False)),
+            )
         if qc.get("version", "gemm").lower() != "gemm":
             raise bad("version", "'gemm'")
         if not qc.get("zero_point", True):
@@ -209,13 +218,17 @@ def _int4_canonical(
         zeros = unpack_rows(parts["qzeros"], num_outputs, zero_order).int()
     if zeros.max() > 15 or zeros.min() < 0:
         raise ModelLoadError(f"tensor {prefix + 'qzeros'!r} holds a zero outside 0..15")
-    if "g_idx" in parts:
-        check_g_idx(prefix + "g_idx", parts["g_idx"])
-    return {
-        "weight_packed": packed,
+    canonical = {
         "weight_scale": scales.t().to(torch.float16).contiguous(),
         "weight_zero": zeros.t().to(torch.uint8).contiguous(),
     }
+    if fmt.act_order:
+        packed, canonical[PERMUTATION] = in_group_order(
+            prefix + "g_idx", parts["g_idx"], packed, num_inputs
+        )
+    elif "g_idx" in parts:
+        check_g_idx(prefix + "g_idx", parts["g_idx"])
+    return {"weight_packed": packed, **canonical}
 
 
 def _required_parts(fmt: CheckpointQuantization) -> tuple[tuple[str, ...], tuple[str, ...]]:
@@ -225,7 +238,9 @@ def _required_parts(fmt: CheckpointQuantization) -> tuple[tuple[str, ...], tuple
     if fmt.format == "ladle":
         return ("weight", "weight_scale"), ()
     if fmt.format == ct.FORMAT:
-        return ct.required_parts(fmt.method, fmt.symmetric)
+        return ct.required_parts(fmt.method, fmt.symmetric, fmt.act_order)
+    if fmt.act_order:
+        return ("qweight", "qzeros", "scales", "g_idx"), ()
     return ("qweight", "qzeros", "scales"), ("g_idx",)
 
 
@@ -302,7 +317,9 @@ def _emit(
     if fmt.format == "hf-fp8":
         canonical = fp8_canonical(prefix_dot, parts, fmt.block_size)
     elif fmt.format == ct.FORMAT:
-        canonical = ct.canonical(prefix_dot, parts, fmt.method, fmt.symmetric, fmt.block_size)
+        canonical = ct.canonical(
+            prefix_dot, parts, fmt.method, fmt.symmetric, fmt.block_size, fmt.act_order
+        )
     elif fmt.format == "ladle":
         weight, scale = parts["weight"], parts["weight_scale"]
         if weight.dtype != torch.int8:
