@@ -13,13 +13,13 @@ import json
 import torch
 from torch import nn
 
-from ladle.bench.gpu_timing import calls_in_graph_us
+from ladle.bench.gpu_timing import PROJECTIONS_8B, WEIGHT_RING_BYTES, calls_in_graph_us
 from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant.base import install_canonical_
 from ladle.model.layers.quant.int4 import Int4Method
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-RING_BYTES = 160 << 20
+SHAPES = PROJECTIONS_8B
+RING_BYTES = WEIGHT_RING_BYTES
 
 
 def main() -> None:

@@ -20,7 +20,7 @@ import json
 import torch
 import torch.nn.functional as F
 
-from ladle.bench.gpu_timing import calls_in_graph_us
+from ladle.bench.gpu_timing import PROJECTIONS_8B, WEIGHT_RING_BYTES, calls_in_graph_us
 from ladle.kernels.fp8_matmul import fp8_matmul, grouped_tile
 from ladle.kernels.per_token_quant import per_group_quant
 from ladle.model.layers.linear import Linear
@@ -28,9 +28,9 @@ from ladle.model.layers.quant.base import install_canonical_
 from ladle.model.layers.quant.fp8 import Fp8Method
 from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, block_scaled_mm
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SHAPES = PROJECTIONS_8B
 TOKENS = (1, 16, 64, 128, 256, 1024, 4096)
-RING_BYTES = 160 << 20
+RING_BYTES = WEIGHT_RING_BYTES
 
 
 def _layers(method, n: int, k: int, count: int) -> list:

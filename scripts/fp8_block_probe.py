@@ -14,7 +14,7 @@ import json
 
 import torch
 
-from ladle.bench.gpu_timing import calls_in_graph_us
+from ladle.bench.gpu_timing import PROJECTIONS_8B, WEIGHT_RING_BYTES, calls_in_graph_us
 from ladle.kernels.fp8_matmul import Fp8Tile, fp8_matmul
 from ladle.kernels.per_token_quant import per_group_quant
 from ladle.model.layers.quant.fp8_block import (
@@ -23,8 +23,8 @@ from ladle.model.layers.quant.fp8_block import (
     quantize_fp8_blocks,
 )
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
-RING_BYTES = 160 << 20
+SHAPES = PROJECTIONS_8B
+RING_BYTES = WEIGHT_RING_BYTES
 
 
 def main() -> None:

@@ -20,10 +20,10 @@ import json
 
 import torch
 
-from ladle.bench.gpu_timing import calls_in_graph_us
+from ladle.bench.gpu_timing import PROJECTIONS_8B, calls_in_graph_us
 from ladle.kernels.fp8_matmul import FAST_ACCUMULATION, Fp8Tile, fp8_matmul
 
-SHAPES = {"qkv": (6144, 4096), "o": (4096, 4096), "gate_up": (28672, 4096), "down": (4096, 14336)}
+SHAPES = PROJECTIONS_8B
 TOKENS = (1, 16, 64, 256)
 
 

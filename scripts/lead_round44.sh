@@ -5,11 +5,5 @@
 #   DEADLINE_S=580 bash scripts/lead_round44.sh     (carry .whl and .carry/tok)
 set -uo pipefail
 source "$(dirname "$0")/lead_round_env.sh"
-all_gpu_tests 230
-echo "== fp8 block bench ($(left) s left)" | tee -a "$LOG"
-timeout 120 python3 scripts/fp8_block_bench.py --json "$OUT/fp8_block.json" \
-  2>&1 | tee "$OUT/fp8_block.log" | tail -40 >> "$LOG"
-W2_JSON_DIR=$OUT
-w2_run bf16
-w2_run fp8 --quantization fp8 --kv-cache-dtype fp8
+all_tests_block_bench_w2_pair
 echo "elapsed $((SECONDS - start)) s" | tee -a "$LOG"

@@ -94,3 +94,15 @@ fp8_tests_and_block_bench() {
   timeout 120 python3 scripts/fp8_block_bench.py --json "$OUT/fp8_block.json" \
     2>&1 | tee "$OUT/fp8_block.log" | tail -40 >> "$LOG"
 }
+
+# Every GPU test, the block fp8 bench, and one W2 pair, bf16 then fp8 + fp8 KV (their JSON to
+# $OUT): the whole-code round of session 11 (rounds 44 and 48).
+all_tests_block_bench_w2_pair() {
+  all_gpu_tests 230
+  echo "== fp8 block bench ($(left) s left)" | tee -a "$LOG"
+  timeout 120 python3 scripts/fp8_block_bench.py --json "$OUT/fp8_block.json" \
+    2>&1 | tee "$OUT/fp8_block.log" | tail -40 >> "$LOG"
+  W2_JSON_DIR=$OUT
+  w2_run bf16
+  w2_run fp8 --quantization fp8 --kv-cache-dtype fp8
+}

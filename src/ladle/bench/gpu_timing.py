@@ -8,6 +8,18 @@ from collections.abc import Callable, Iterable
 
 import torch
 
+# The decoder projections of Llama-3.1-8B (merged q/k/v and gate/up), output x input columns:
+# the shapes the kernel benchmarks time.
+PROJECTIONS_8B = {
+    "qkv": (6144, 4096),
+    "o": (4096, 4096),
+    "gate_up": (28672, 4096),
+    "down": (4096, 14336),
+}
+# Bytes of weights a benchmark cycles through, each call on its own, so that none is read from
+# L2 (50 MiB on an H100) the way no decode step reads a weight twice.
+WEIGHT_RING_BYTES = 160 << 20
+
 
 def input_ring(rows: int, columns: int, total_bytes: int = 64_000_000) -> list[torch.Tensor]:
     """Random bf16 [rows, columns] CUDA inputs, at least four and together larger than L2, for
