@@ -66,8 +66,10 @@ def test_act_order_checkpoint_computes_its_dequantized_weights(
     permuted = [
         m for m in loaded.model.modules() if getattr(m, "input_permutation", None) is not None
     ]
-    # qkv, gate_up and down of both layers; o too where its inputs make several groups.
-    assert len(permuted) == (3 if fmt == "gptq" else 4) * 2
+    # qkv and gate_up of both layers, o too where its inputs make several groups; down's order
+    # is folded into gate_up's rows (no gather of its own).
+    assert len(permuted) == (2 if fmt == "gptq" else 3) * 2
+    assert all(layer.mlp.down_proj.input_permutation is None for layer in loaded.model.model.layers)
     expected = paged_logits(_float_model_with(source, weights))
     got = paged_logits(loaded)
     # The same float32 weights on inputs gathered into group order: summation order only.

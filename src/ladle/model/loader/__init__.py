@@ -36,6 +36,7 @@ from ladle.model.layers.quant import (
 from ladle.model.layers.quant.act_order import (
     add_input_permutations_,
     drop_identity_permutations_,
+    fold_down_permutations_,
 )
 from ladle.model.layers.quantized_linear import adopt_native_weights_, quantize_model_
 from ladle.model.loader.dummy import fill_dummy_weights
@@ -184,6 +185,7 @@ def _load_unquantized(
     _load_weights(model, convert_quantized_weights(weights, checkpoint_quant), str(model_dir))
     if checkpoint_quant.act_order:
         drop_identity_permutations_(model)
+        fold_down_permutations_(model)
     finalize_linears_(model)
     if checkpoint_quant.method == "fp8" and device.type != "cuda":
         print(

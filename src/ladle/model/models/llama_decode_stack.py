@@ -49,6 +49,8 @@ def set_decode_stack(enabled: bool) -> bool:
 
 
 def _q4_projection(module: torch.nn.Module) -> Q4Projection | None:
+    if getattr(module, "input_permutation", None) is not None:
+        return None  # an act-order layer gathers its input in Linear.forward, which C skips
     weight = getattr(module, "quantized_weight", None)
     if not isinstance(weight, GroupQuantizedRows):
         return None
