@@ -45,7 +45,17 @@ def _is_torch_dtype(value: object) -> bool:
 
 
 LOAD_FORMATS = ("auto", "safetensors", "gguf", "dummy")
-QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4", "gguf")
+# vLLM's --quantization names for checkpoint formats (and its Marlin kernels' spellings of
+# them): ladle loads such a checkpoint with the method its quantization_config names, as with
+# auto, and refuses a model that is not one.
+CHECKPOINT_QUANTIZATIONS = {
+    "gptq": "gptq",
+    "gptq_marlin": "gptq",
+    "awq": "awq",
+    "awq_marlin": "awq",
+    "compressed-tensors": "compressed-tensors",
+}
+QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4", "gguf", *CHECKPOINT_QUANTIZATIONS)
 # The tensor layouts `ladle quantize --format` writes (model/loader/quantized_formats.py); named
 # here, torch-free, because the CLI's parser is built in the API process.
 CHECKPOINT_FORMATS = ("hf-fp8", "gptq", "awq", "ladle", "compressed-tensors")
@@ -150,7 +160,9 @@ class ModelConfig:
             "int8 with per-token activation scales), int4 (weight-only, group 128), gguf (a "
             "GGUF file's Q8_0/Q4_*/Q6_K tensors kept in their own format, CPU), none, or auto (a "
             "quantized checkpoint's own method; for a GGUF on the CPU, unless --dtype is given, "
-            "gguf where ladle's C kernels build, else weight-only int8; otherwise none)"
+            "gguf where ladle's C kernels build, else weight-only int8; otherwise none); "
+            "vLLM's gptq, gptq_marlin, awq, awq_marlin and compressed-tensors load a checkpoint "
+            "of that format as auto does, and refuse a model that is not one"
         },
     )
 

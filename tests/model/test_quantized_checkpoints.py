@@ -217,3 +217,35 @@ def test_modules_to_not_convert_stay_float_and_merged_ones_must_be_listed_whole(
     (out / "config.json").write_text(json.dumps(config))
     with pytest.raises(ModelLoadError, match="model.layers.0.self_attn.k_proj"):
         _load(str(out))
+
+
+@pytest.mark.parametrize(
+    "fmt,name,loads",
+    [
+        ("gptq", "gptq", True),
+        ("gptq", "gptq_marlin", True),
+        ("awq", "awq", True),
+        ("awq", "awq_marlin", True),
+        ("gptq", "awq", False),
+        ("awq", "gptq_marlin", False),
+        ("gptq", "compressed-tensors", False),
+    ],
+)
+def test_vllm_format_names_load_that_format_only(float_model, tmp_path, fmt, name, loads):
+    """vLLM users pass --quantization gptq / awq / *_marlin / compressed-tensors for a quantized
+    checkpoint: ladle loads one of that format as auto would, and names the mismatch else."""
+    out = tmp_path / fmt
+    write_quantized_checkpoint(float_model, out, "int4", fmt, torch.float32)
+    if loads:
+        loaded = _load(str(out), quantization=name)
+        assert loaded.checkpoint_quantization == "int4"
+        assert torch.equal(paged_logits(loaded), paged_logits(_load(str(out))))
+        return
+    with pytest.raises(ModelLoadError, match=f"is a {fmt} checkpoint .*--quantization {name}"):
+        _load(str(out), quantization=name)
+
+
+@pytest.mark.parametrize("name", ["gptq", "awq_marlin", "compressed-tensors"])
+def test_vllm_format_names_refuse_a_float_model(float_model, name):
+    with pytest.raises(ModelLoadError, match=f"--quantization {name} loads .* is not one"):
+        _load(float_model, quantization=name)

@@ -24,7 +24,7 @@ import torch
 from torch import nn
 
 from ladle.attention.backend import AttentionBackend
-from ladle.config import ModelConfig
+from ladle.config import CHECKPOINT_QUANTIZATIONS, ModelConfig
 from ladle.kernels.cpu_native.build import native_library
 from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
 from ladle.model.layers.quant import (
@@ -45,6 +45,7 @@ from ladle.model.loader.hub import looks_like_hub_id, resolve_hub_model
 from ladle.model.loader.presets import PRESETS, get_preset
 from ladle.model.loader.progress import with_progress
 from ladle.model.loader.quantized_formats import (
+    CheckpointQuantization,
     convert_quantized_weights,
     read_checkpoint_quantization,
     with_matched_float_modules,
@@ -146,6 +147,7 @@ def _load_unquantized(
     load_format = model_config.load_format
     overrides = dict(model_config.hf_overrides or {})
     if load_format == "dummy":
+        _refuse_checkpoint_format_names(model_config, f"dummy {name}")
         arch_config, model_path = _dummy_arch_config(name, overrides)
         _check_max_model_len(arch_config, model_config, model_path or name)
         model = build_model(arch_config, device, dtype, attention_backend)
@@ -158,6 +160,7 @@ def _load_unquantized(
         )
     path = Path(name).expanduser()
     if load_format == "gguf" or (load_format == "auto" and name.lower().endswith(".gguf")):
+        _refuse_checkpoint_format_names(model_config, str(path))
         return _load_gguf(path, model_config, overrides, device, dtype, attention_backend)
     model_dir = _resolve_model_dir(name, path, model_config)
     config = read_hf_config(model_dir, overrides)
@@ -172,9 +175,10 @@ def _load_unquantized(
         iter_safetensors_weights(files), len(tensor_names), "Loading safetensors"
     )
     if checkpoint_quant is None:
+        _refuse_checkpoint_format_names(model_config, str(model_dir))
         _load_weights(model, weights, str(model_dir))
         return LoadedModel(model, arch_config, str(model_dir), "safetensors")
-    _check_checkpoint_method(model_config, checkpoint_quant.method, str(model_dir))
+    _check_checkpoint_method(model_config, checkpoint_quant, str(model_dir))
     checkpoint_quant = with_matched_float_modules(checkpoint_quant, tensor_names)
     if checkpoint_quant.note:
         print(f"[ladle] {model_dir}: {checkpoint_quant.note}", flush=True)
@@ -224,8 +228,31 @@ def _float_module_names(model: nn.Module, checkpoint_modules: tuple[str, ...], w
     return names
 
 
-def _check_checkpoint_method(model_config: ModelConfig, method: str, where: str) -> None:
+def _refuse_checkpoint_format_names(model_config: ModelConfig, where: str) -> None:
+    """ModelLoadError for vLLM's checkpoint-format names (--quantization gptq, awq, ...) on a
+    model that is not such a checkpoint: they load one, they do not quantize."""
     wanted = model_config.quantization
+    if wanted in CHECKPOINT_QUANTIZATIONS:
+        raise ModelLoadError(
+            f"--quantization {wanted} loads a {CHECKPOINT_QUANTIZATIONS[wanted]} checkpoint, and "
+            f"{where!r} is not one; to quantize it at load use --quantization int4, int8 or fp8"
+        )
+
+
+def _check_checkpoint_method(
+    model_config: ModelConfig, checkpoint_quant: CheckpointQuantization, where: str
+) -> None:
+    """ModelLoadError when --quantization asks for something else than the checkpoint holds:
+    another method, or (vLLM's format names) another format."""
+    wanted, method = model_config.quantization, checkpoint_quant.method
+    if wanted in CHECKPOINT_QUANTIZATIONS:
+        expected = CHECKPOINT_QUANTIZATIONS[wanted]
+        if checkpoint_quant.format != expected:
+            raise ModelLoadError(
+                f"{where!r} is a {checkpoint_quant.format} checkpoint ({method}); --quantization "
+                f"{wanted} loads {expected} ones (use auto to load any)"
+            )
+        return
     if wanted not in ("auto", method):
         raise ModelLoadError(
             f"{where!r} holds {method}-quantized weights; --quantization {wanted} cannot change "
