@@ -1,13 +1,15 @@
 """Act-order int4 checkpoints (GPTQ desc_act, compressed-tensors actorder "group";
-quant/act_order.py) on the CPU, from folders made as GPTQ makes them
-(helpers/act_order_folders.py): ladle must compute what their dequantized weights compute, and
-name what it cannot load."""
+quant/act_order.py) and group sizes other than 128 on the CPU, from folders made as GPTQ,
+AutoAWQ and llm-compressor make them (helpers/int4_folders.py): ladle must compute what their
+dequantized weights compute, and name what it cannot load."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
-from helpers.act_order_folders import write_act_order_folder
+from helpers.int4_folders import write_act_order_folder
 from helpers.tiny_models import paged_logits, save_tiny_model
 from safetensors.torch import load_file, save_file
 
@@ -118,3 +120,48 @@ def test_groups_that_are_not_128_inputs_are_named(float_model, tmp_path):
     save_file(tensors, str(file))
     with pytest.raises(ModelLoadError, match="down_proj.g_idx.*128 inputs in each group"):
         _load(tmp_path / "gptq")
+
+
+@pytest.mark.parametrize(
+    "fmt,group_size,act_order",
+    [
+        ("gptq", 32, False),
+        ("gptq", 64, True),
+        ("gptq", -1, False),
+        ("gptq", -1, True),
+        ("awq", 64, False),
+        ("compressed-tensors", 64, False),
+        ("compressed-tensors", -1, False),
+        ("compressed-tensors", 32, True),
+    ],
+)
+def test_group_sizes_other_than_128_compute_their_dequantized_weights(
+    float_model, whole_group_model, tmp_path, fmt, group_size, act_order
+):
+    """GPTQ, AWQ and compressed-tensors checkpoints in groups of 32 or 64, or one group per
+    channel (group_size -1, run as groups of 128 repeating the channel's scale and zero)."""
+    from helpers.int4_folders import write_int4_folder
+
+    source = whole_group_model if fmt == "compressed-tensors" else float_model
+    weights = write_int4_folder(source, tmp_path / "int4", fmt, group_size, act_order)
+    loaded = _load(tmp_path / "int4")
+    expected_group = 128 if group_size == -1 else group_size
+    methods = [m.quant_method for m in loaded.model.modules() if getattr(m, "quant_method", None)]
+    assert methods and all(method.group_size == expected_group for method in methods)
+    expected = paged_logits(_float_model_with(source, weights))
+    error = ((paged_logits(loaded) - expected).norm() / expected.norm()).item()
+    # Groups of 32 and 64 take the CPU's integer kernels, which quantize activations to 16 bits
+    # (as for a GGUF's 4-bit rows; docs/quantization.md): 1e-4-ish, against ~1 for a misread.
+    assert error < 2e-3
+
+
+def test_a_group_size_ladle_cannot_run_is_named(float_model, tmp_path):
+    from helpers.int4_folders import write_int4_folder
+
+    write_int4_folder(float_model, tmp_path / "int4", "gptq", 32)
+    config_path = tmp_path / "int4" / "config.json"
+    config = json.loads(config_path.read_text())
+    config["quantization_config"]["group_size"] = 48
+    config_path.write_text(json.dumps(config))
+    with pytest.raises(ModelLoadError, match="group_size=48"):
+        _load(tmp_path / "int4")

@@ -289,7 +289,7 @@ def _group(qc: dict) -> dict:
 @pytest.mark.parametrize(
     "edit,message",
     [
-        (lambda qc: _group(qc)["weights"].update(group_size=64), "group_size"),
+        (lambda qc: _group(qc)["weights"].update(group_size=48), "group_size"),
         (lambda qc: _group(qc)["weights"].update(num_bits=2), "num_bits"),
         (lambda qc: _group(qc).update(format="marlin-24"), "format='marlin-24'"),
         (

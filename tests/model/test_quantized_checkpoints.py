@@ -143,7 +143,8 @@ def test_malformed_checkpoint_names_the_tensor(float_model, tmp_path, method, fm
 @pytest.mark.parametrize(
     "change,message",
     [
-        ({"group_size": 64}, "group_size=64"),
+        ({"group_size": 48}, "group_size=48"),
+        ({"group_size": 64}, "down_proj.scales.* expected 64"),
         ({"bits": 8}, "bits=8"),
         ({"checkpoint_format": "gptq_v2"}, "checkpoint_format='gptq_v2'"),
         ({"quant_method": "bitsandbytes"}, "'bitsandbytes'"),

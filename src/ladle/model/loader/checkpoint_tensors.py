@@ -90,25 +90,33 @@ def per_row_scale(
     )
 
 
-def check_g_idx(name: str, g_idx: torch.Tensor) -> None:
-    """ModelLoadError unless input k belongs to group k // 128 (no act-order reordering)."""
-    if not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // GROUP_SIZE):
-        raise ModelLoadError(f"tensor {name!r} reorders groups (act-order); ladle needs k // 128")
+def check_g_idx(name: str, g_idx: torch.Tensor, group_size: int = GROUP_SIZE) -> None:
+    """ModelLoadError unless input k belongs to group k // group_size (no act-order
+    reordering)."""
+    if not torch.equal(g_idx.long(), torch.arange(g_idx.numel()) // group_size):
+        raise ModelLoadError(
+            f"tensor {name!r} reorders groups (act-order) where the config says it does not; "
+            f"ladle needs k // {group_size}"
+        )
 
 
-def group_order(name: str, g_idx: torch.Tensor) -> torch.Tensor | None:
+def group_order(
+    name: str, g_idx: torch.Tensor, group_size: int = GROUP_SIZE
+) -> torch.Tensor | None:
     """For an act-order checkpoint (quant/act_order.py): the permutation that puts the inputs in
-    group order (int64 [K]), None when they already are (g_idx = k // 128); ModelLoadError
-    naming the tensor unless every group then holds 128 inputs (the last one fewer)."""
+    group order (int64 [K]), None when they already are (g_idx = k // group_size);
+    ModelLoadError naming the tensor unless every group then holds group_size inputs (the last
+    one fewer)."""
     g_idx = g_idx.long()
-    in_order = torch.arange(g_idx.numel()) // GROUP_SIZE
+    in_order = torch.arange(g_idx.numel()) // group_size
     if torch.equal(g_idx, in_order):
         return None
     permutation = torch.sort(g_idx, stable=True).indices
     if not torch.equal(g_idx[permutation], in_order):
         raise ModelLoadError(
-            f"tensor {name!r} does not put 128 inputs in each group (its group sizes are "
-            f"{torch.bincount(g_idx).tolist()[:8]}...); ladle runs act-order groups of 128"
+            f"tensor {name!r} does not put {group_size} inputs in each group (its group sizes "
+            f"are {torch.bincount(g_idx).tolist()[:8]}...); ladle runs act-order groups of the "
+            "config's group_size"
         )
     return permutation
 
@@ -121,7 +129,7 @@ def permute_packed_inputs(packed: torch.Tensor, num_inputs: int, permutation: to
 
 
 def in_group_order(
-    name: str, g_idx: torch.Tensor, packed: torch.Tensor, num_inputs: int
+    name: str, g_idx: torch.Tensor, packed: torch.Tensor, num_inputs: int, group_size: int
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """An act-order projection's canonical words [N, ceil(K/8)] with the inputs in group order,
     and the permutation the layer gathers its input by (the identity when g_idx is in order: a
@@ -130,7 +138,16 @@ def in_group_order(
         raise ModelLoadError(
             f"tensor {name!r} has shape {tuple(g_idx.shape)}; expected ({num_inputs},) ([K])"
         )
-    permutation = group_order(name, g_idx)
+    permutation = group_order(name, g_idx, group_size)
     if permutation is None:
         return packed, torch.arange(num_inputs)
     return permute_packed_inputs(packed, num_inputs, permutation), permutation
+
+
+def per_channel_as_groups(
+    scales: torch.Tensor, zeros: torch.Tensor, num_inputs: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """A per-channel int4 checkpoint's (group_size -1) scales and zeros [1, N] as ladle's groups
+    of 128 [G, N], each group repeating the channel's: the same weights exactly."""
+    groups = -(-num_inputs // GROUP_SIZE)
+    return scales.expand(groups, -1).contiguous(), zeros.expand(groups, -1).contiguous()

@@ -34,12 +34,13 @@ import torch
 
 from ladle.model.layers.quant.act_order import PERMUTATION
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
-from ladle.model.layers.quant.int4 import GROUP_SIZE, num_groups
+from ladle.model.layers.quant.int4 import GROUP_SIZE, GROUP_SIZES, num_groups
 from ladle.model.loader.checkpoint_tensors import (
     check_g_idx,
     fp8_canonical,
     in_group_order,
     pack_rows,
+    per_channel_as_groups,
     per_row_scale,
     unpack_rows,
 )
@@ -95,11 +96,12 @@ def read_scheme(qc: dict, where: str) -> tuple[str, bool, str | None]:
             raise bad("weights.strategy", strategy, "channel or tensor int8 weights")
     elif kind == "int" and bits == 4:
         method = "int4"
-        if strategy != "group" or weights.get("group_size") != GROUP_SIZE:
+        is_group = strategy == "group" and weights.get("group_size") in GROUP_SIZES
+        if not (is_group or strategy == "channel"):
             raise bad(
                 "weights.strategy/group_size",
                 (strategy, weights.get("group_size")),
-                f"4-bit weights in groups of {GROUP_SIZE}",
+                f"4-bit weights per channel or in groups of {', '.join(map(str, GROUP_SIZES))}",
             )
         if activations is not None:
             raise bad("input_activations", activations, "4-bit weights with float activations")
@@ -113,6 +115,14 @@ def read_scheme(qc: dict, where: str) -> tuple[str, bool, str | None]:
     block = weights.get("block_structure") if strategy == "block" else None
     block_columns = block[-1] if isinstance(block, list) and block else None
     return method, symmetric, _activation_note(method, activations, block_columns)
+
+
+def int4_group_size(qc: dict) -> int:
+    """The int4 scheme's group size, -1 for per-channel weights (read_scheme has checked it)."""
+    weights = next(iter(qc["config_groups"].values()))["weights"]
+    if str(weights.get("strategy") or "").lower() == "channel":
+        return -1
+    return int(weights["group_size"])
 
 
 def act_order(qc: dict) -> bool:
@@ -194,18 +204,12 @@ def required_parts(
     return ("weight", "weight_scale"), UNUSED_PARTS
 
 
-def canonical(
-    prefix: str,
-    parts: dict[str, torch.Tensor],
-    method: str,
-    symmetric: bool,
-    block_size: tuple[int, int] | None = None,
-    act_order: bool = False,
-) -> dict[str, torch.Tensor]:
+def canonical(prefix: str, parts: dict[str, torch.Tensor], fmt) -> dict[str, torch.Tensor]:
     """ladle's canonical tensors of one projection's compressed-tensors parts (prefix ends
-    with '.')."""
+    with '.'); fmt is the checkpoint's CheckpointQuantization."""
+    method, block_size = fmt.method, fmt.block_size
     if method == "int4":
-        return _int4_canonical(prefix, parts, symmetric, act_order)
+        return _int4_canonical(prefix, parts, fmt.symmetric, fmt.act_order, fmt.group_size)
     weight, scale = parts["weight"], parts["weight_scale"]
     code_dtype = FP8_DTYPE if method == "fp8" else torch.int8
     if weight.dtype != code_dtype or weight.dim() != 2:
@@ -225,18 +229,24 @@ def canonical(
 
 
 def _int4_canonical(
-    prefix: str, parts: dict[str, torch.Tensor], symmetric: bool, act_order: bool
+    prefix: str,
+    parts: dict[str, torch.Tensor],
+    symmetric: bool,
+    act_order: bool,
+    group_size: int,
 ) -> dict[str, torch.Tensor]:
     packed, scale, shape = parts["weight_packed"], parts["weight_scale"], parts["weight_shape"]
     if shape.numel() != 2:
         raise ModelLoadError(f"tensor {prefix + 'weight_shape'!r} does not hold [N, K]")
     rows, cols = (int(value) for value in shape.tolist())
-    groups = num_groups(cols)
+    per_channel = group_size == -1
+    groups = 1 if per_channel else num_groups(cols, group_size)
     _expect(prefix + "weight_packed", packed, (rows, -(-cols // 8)), torch.int32)
     if tuple(scale.shape) != (rows, groups):
+        grouping = "one group per channel" if per_channel else f"groups of {group_size}"
         raise ModelLoadError(
             f"tensor {prefix + 'weight_scale'!r} has shape {tuple(scale.shape)}; expected "
-            f"({rows}, {groups}): {cols} inputs in groups of {GROUP_SIZE}"
+            f"({rows}, {groups}): {cols} inputs in {grouping}"
         )
     scale16 = scale.to(torch.float16)
     if not torch.equal(scale16.float(), scale.float()):
@@ -249,13 +259,21 @@ def _int4_canonical(
         words = parts["weight_zero_point"]
         _expect(prefix + "weight_zero_point", words, (-(-rows // 8), groups), torch.int32)
         zero = unpack_rows(words.t().contiguous(), rows).t().contiguous()
+    if per_channel:  # ladle's groups of 128, each repeating the channel's scale and zero
+        scale16, zero = (t.t() for t in per_channel_as_groups(scale16.t(), zero.t(), cols))
+        scale16, zero = scale16.contiguous(), zero.contiguous()
     canonical = {"weight_scale": scale16, "weight_zero": zero}
     packed = packed.contiguous()
-    if act_order:
+    if per_channel:  # one group: no order of groups to keep
+        if act_order:
+            canonical[PERMUTATION] = torch.arange(cols)
+    elif act_order:
         name = prefix + "weight_g_idx"
-        packed, canonical[PERMUTATION] = in_group_order(name, parts["weight_g_idx"], packed, cols)
+        packed, canonical[PERMUTATION] = in_group_order(
+            name, parts["weight_g_idx"], packed, cols, group_size
+        )
     elif "weight_g_idx" in parts:
-        check_g_idx(prefix + "weight_g_idx", parts["weight_g_idx"])
+        check_g_idx(prefix + "weight_g_idx", parts["weight_g_idx"], group_size)
     return {"weight_packed": packed, **canonical}
 
 

@@ -1,7 +1,8 @@
 """Quantized Hugging Face checkpoints: read their `quantization_config`, convert their tensors
 to ladle's canonical layout as they stream in, and write them (`ladle quantize`).
 
-Formats (all group size 128 for int4; every tensor named after its checkpoint projection):
+Formats (int4 in groups of 128 as written; read also in groups of 32, 64, 256 or per channel;
+every tensor named after its checkpoint projection):
   hf-fp8  quant_method "fp8", activation_scheme "dynamic": `weight` float8_e4m3fn [N, K] and
           `weight_scale` float32. ladle writes one scale per output channel, [N, 1], or with
           `weight_block_size: [b, b]` (`ladle quantize --weight-block-size b`, what
@@ -33,7 +34,7 @@ from ladle.model.layers.quant import QuantMethod, get_quant_method
 from ladle.model.layers.quant.act_order import PERMUTATION
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, check_block_size
-from ladle.model.layers.quant.int4 import GROUP_SIZE, num_groups
+from ladle.model.layers.quant.int4 import GROUP_SIZE, GROUP_SIZES, Int4Method, num_groups
 from ladle.model.loader import compressed_tensors as ct
 from ladle.model.loader.checkpoint_tensors import (
     check_g_idx,
@@ -41,6 +42,7 @@ from ladle.model.loader.checkpoint_tensors import (
     fp8_canonical,
     in_group_order,
     pack_rows,
+    per_channel_as_groups,
     unpack_rows,
 )
 from ladle.model.loader.errors import ModelLoadError
@@ -49,6 +51,8 @@ FORMATS = CHECKPOINT_FORMATS
 DEFAULT_FORMAT = {"fp8": "hf-fp8", "int8": "ladle", "int4": "gptq"}
 # The method each format holds (compressed-tensors holds any of the three).
 FORMAT_METHOD = {"hf-fp8": "fp8", "gptq": "int4", "awq": "int4", "ladle": "int8"}
+# GPTQ's and AWQ's group_size for one group per output channel.
+PER_CHANNEL = -1
 # A decoder layer's projection weight: the tensors the GPU methods quantize.
 LINEAR_WEIGHT = re.compile(r"\.layers\.\d+\..*_proj\.weight$")
 LINEAR_PREFIX = re.compile(r"\.layers\.\d+\..*_proj$")
@@ -75,11 +79,21 @@ class CheckpointQuantization:
     # int4 act-order (GPTQ desc_act): each projection's g_idx scatters its groups, so its inputs
     # are put in group order at load and gathered at run time (quant/act_order.py).
     act_order: bool = False
+    # int4: the checkpoint's group size (-1: one group per output channel, read as ladle's
+    # groups of 128 repeating it).
+    group_size: int = GROUP_SIZE
 
     def quant_method(self) -> QuantMethod:
         if self.block_size is not None:
             return Fp8BlockMethod(*self.block_size)
+        if self.method == "int4":
+            return Int4Method(self.symmetric, self.runtime_group_size)
         return get_quant_method(self.method, symmetric=self.symmetric)
+
+    @property
+    def runtime_group_size(self) -> int:
+        """The int4 group size the layers run: the checkpoint's, or 128 for per-channel."""
+        return GROUP_SIZE if self.group_size == PER_CHANNEL else self.group_size
 
 
 def read_checkpoint_quantization(config: dict, where: str) -> CheckpointQuantization | None:
@@ -94,8 +108,17 @@ def read_checkpoint_quantization(config: dict, where: str) -> CheckpointQuantiza
         method, symmetric, note = ct.read_scheme(qc, where)
         names, patterns = ct.split_ignore(qc, where)
         block_size = _checked_block_size(ct.block_structure(qc, where), where, "block_structure")
+        group_size = ct.int4_group_size(qc) if method == "int4" else GROUP_SIZE
         return CheckpointQuantization(
-            method, ct.FORMAT, symmetric, names, patterns, note, block_size, ct.act_order(qc)
+            method,
+            ct.FORMAT,
+            symmetric,
+            names,
+            patterns,
+            note,
+            block_size,
+            ct.act_order(qc),
+            group_size,
         )
     float_modules = qc.get("modules_to_not_convert") or qc.get("ignored_layers") or ()
     if not isinstance(float_modules, list | tuple) or not all(
@@ -122,9 +145,10 @@ def _read_method(qc: dict, kind, where: str) -> CheckpointQuantization:
     if kind in ("gptq", "awq"):
         if qc.get("bits", qc.get("w_bit")) != 4:
             raise bad("bits", "4")
-        if qc.get("group_size", qc.get("q_group_size")) != GROUP_SIZE:
+        group_size = qc.get("group_size", qc.get("q_group_size"))
+        if group_size not in (*GROUP_SIZES, PER_CHANNEL):
             field = "group_size" if "group_size" in qc else "q_group_size"
-            raise bad(field, str(GROUP_SIZE))
+            raise bad(field, f"{', '.join(map(str, GROUP_SIZES))} or {PER_CHANNEL}")
         if kind == "gptq":
             if qc.get("checkpoint_format", "gptq") != "gptq":
                 raise bad("checkpoint_format", "'gptq'")
@@ -133,12 +157,13 @@ def _read_method(qc: dict, kind, where: str) -> CheckpointQuantization:
                 "gptq",
                 symmetric=bool(qc.get("sym", True)),
                 act_order=bool(qc.get("desc_act", False)),
+                group_size=group_size,
             )
         if qc.get("version", "gemm").lower() != "gemm":
             raise bad("version", "'gemm'")
         if not qc.get("zero_point", True):
             raise bad("zero_point", "true")
-        return CheckpointQuantization("int4", "awq")
+        return CheckpointQuantization("int4", "awq", group_size=group_size)
     if kind == "ladle":
         if qc.get("method") != "int8":
             raise bad("method", "'int8'")
@@ -206,28 +231,34 @@ def _int4_canonical(
         packed = pack_rows(codes.t())
         zeros = None
         zero_order = AWQ_ORDER
-    expected_groups = num_groups(num_inputs)
+    per_channel = fmt.group_size == PER_CHANNEL
+    expected_groups = 1 if per_channel else num_groups(num_inputs, fmt.group_size)
     if groups != expected_groups:
+        group = "per channel" if per_channel else str(fmt.group_size)
         raise ModelLoadError(
             f"tensor {prefix + 'scales'!r} has {groups} groups for {num_inputs} inputs: group "
-            f"size {num_inputs / max(groups, 1):g}, expected {GROUP_SIZE} "
-            f"({expected_groups} groups)"
+            f"size {num_inputs / max(groups, 1):g}, expected {group} ({expected_groups} groups)"
         )
     expect_shape(prefix + "qzeros", parts["qzeros"], (groups, -(-num_outputs // 8)), "[G, N/8]")
     if zeros is None:
         zeros = unpack_rows(parts["qzeros"], num_outputs, zero_order).int()
     if zeros.max() > 15 or zeros.min() < 0:
         raise ModelLoadError(f"tensor {prefix + 'qzeros'!r} holds a zero outside 0..15")
+    if per_channel:
+        scales, zeros = per_channel_as_groups(scales, zeros, num_inputs)
     canonical = {
         "weight_scale": scales.t().to(torch.float16).contiguous(),
         "weight_zero": zeros.t().to(torch.uint8).contiguous(),
     }
-    if fmt.act_order:
+    if per_channel:  # one group: no order of groups to keep, whatever g_idx says
+        if fmt.act_order:
+            canonical[PERMUTATION] = torch.arange(num_inputs)
+    elif fmt.act_order:
         packed, canonical[PERMUTATION] = in_group_order(
-            prefix + "g_idx", parts["g_idx"], packed, num_inputs
+            prefix + "g_idx", parts["g_idx"], packed, num_inputs, fmt.group_size
         )
     elif "g_idx" in parts:
-        check_g_idx(prefix + "g_idx", parts["g_idx"])
+        check_g_idx(prefix + "g_idx", parts["g_idx"], fmt.group_size)
     return {"weight_packed": packed, **canonical}
 
 
@@ -277,8 +308,8 @@ def convert_quantized_weights(
             yield name, tensor
             continue
         if prefix in emitted:  # an optional part stored after the others (another shard)
-            if part == "g_idx":
-                check_g_idx(name, tensor)
+            if part == "g_idx" and not fmt.act_order and fmt.group_size != PER_CHANNEL:
+                check_g_idx(name, tensor, fmt.group_size)
             continue
         parts = pending.setdefault(prefix, {})
         parts[part] = tensor
@@ -317,9 +348,7 @@ def _emit(
     if fmt.format == "hf-fp8":
         canonical = fp8_canonical(prefix_dot, parts, fmt.block_size)
     elif fmt.format == ct.FORMAT:
-        canonical = ct.canonical(
-            prefix_dot, parts, fmt.method, fmt.symmetric, fmt.block_size, fmt.act_order
-        )
+        canonical = ct.canonical(prefix_dot, parts, fmt)
     elif fmt.format == "ladle":
         weight, scale = parts["weight"], parts["weight_scale"]
         if weight.dtype != torch.int8:

@@ -112,14 +112,22 @@ def dequantize_int4_groups(
     return (codes.float() - zero_full) * scale_full
 
 
+# Group sizes a checkpoint may bring: GPTQ's and AWQ's 32, 64 and 128 (the kernels take any
+# power of two from 16 to 256). `--quantization int4` and `ladle quantize` use GROUP_SIZE.
+GROUP_SIZES = (32, 64, 128, 256)
+
+
 class Int4Method(QuantMethod):
     name = "int4"
 
-    def __init__(self, symmetric: bool = False) -> None:
+    def __init__(self, symmetric: bool = False, group_size: int = GROUP_SIZE) -> None:
+        if group_size not in GROUP_SIZES:
+            raise ValueError(f"int4 group size {group_size} is not one of {GROUP_SIZES}")
         self.symmetric = symmetric
+        self.group_size = group_size
 
     def canonical_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:
-        groups = num_groups(input_size)
+        groups = num_groups(input_size, self.group_size)
         words = -(-input_size // NIBBLES_PER_WORD)
         return {
             "weight_packed": ((output_size, words), torch.int32),
@@ -128,12 +136,13 @@ class Int4Method(QuantMethod):
         }
 
     def quantize(self, weight: torch.Tensor) -> dict[str, torch.Tensor]:
-        codes, scale, zero = quantize_int4_groups(weight, symmetric=self.symmetric)
+        codes, scale, zero = quantize_int4_groups(weight, self.group_size, self.symmetric)
         return {"weight_packed": pack_int4_rows(codes), "weight_scale": scale, "weight_zero": zero}
 
     def dequantize(self, tensors: dict[str, torch.Tensor], input_size: int) -> torch.Tensor:
         codes = unpack_int4_rows(tensors["weight_packed"], input_size)
-        return dequantize_int4_groups(codes, tensors["weight_scale"], tensors["weight_zero"])
+        scale, zero = tensors["weight_scale"], tensors["weight_zero"]
+        return dequantize_int4_groups(codes, scale, zero, self.group_size)
 
     def finalize(self, layer: nn.Module) -> None:
         """Build the runtime layout and drop the canonical copies: on the GPU the kernels' ([K/8,
@@ -144,7 +153,7 @@ class Int4Method(QuantMethod):
         if not packed.is_cuda:
             codes = unpack_int4_rows(packed, layer.input_size)
             layer.quantized_weight = group_rows_from_zero_points(
-                codes, layer.weight_scale.data, layer.weight_zero.data, GROUP_SIZE
+                codes, layer.weight_scale.data, layer.weight_zero.data, self.group_size
             )
             del layer.weight_packed, layer.weight_scale, layer.weight_zero
             return
@@ -156,7 +165,7 @@ class Int4Method(QuantMethod):
 
         dtype = layer.bias.dtype if layer.bias is not None else torch.bfloat16
         layer.int4_plan = plan_for(
-            layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE, layer.input_size, dtype
+            layer.packed_t, layer.scale_t, layer.zero_t, self.group_size, layer.input_size, dtype
         )
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
@@ -173,7 +182,7 @@ class Int4Method(QuantMethod):
                 from ladle.kernels.int4_decode import int4_decode_matmul
 
                 output = int4_decode_matmul(
-                    x2, layer.packed_t, layer.scale_t, layer.zero_t, GROUP_SIZE, kernel
+                    x2, layer.packed_t, layer.scale_t, layer.zero_t, self.group_size, kernel
                 )
                 output = add_bias(output, layer.bias)
             else:
@@ -183,7 +192,7 @@ class Int4Method(QuantMethod):
                     layer.packed_t,
                     layer.scale_t,
                     layer.zero_t,
-                    GROUP_SIZE,
+                    self.group_size,
                     layer.input_size,
                     x.dtype,
                 )
