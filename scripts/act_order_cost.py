@@ -18,9 +18,6 @@ from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant.base import install_canonical_
 from ladle.model.layers.quant.int4 import Int4Method
 
-SHAPES = PROJECTIONS_8B
-RING_BYTES = WEIGHT_RING_BYTES
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
@@ -28,9 +25,9 @@ def main() -> None:
     args = parser.parse_args()
     method = Int4Method()
     rows = []
-    for name, (n, k) in SHAPES.items():
+    for name, (n, k) in PROJECTIONS_8B.items():
         layers = []
-        for _ in range(max(2, 2 * RING_BYTES // (n * k))):
+        for _ in range(max(2, 2 * WEIGHT_RING_BYTES // (n * k))):
             layer = Linear(k, n).cuda()
             install_canonical_(layer, method, method.quantize(torch.randn(n, k, device="cuda")))
             method.finalize(layer)

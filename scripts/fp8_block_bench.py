@@ -28,9 +28,7 @@ from ladle.model.layers.quant.base import install_canonical_
 from ladle.model.layers.quant.fp8 import Fp8Method
 from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, block_scaled_mm
 
-SHAPES = PROJECTIONS_8B
 TOKENS = (1, 16, 64, 128, 256, 1024, 4096)
-RING_BYTES = WEIGHT_RING_BYTES
 
 
 def _layers(method, n: int, k: int, count: int) -> list:
@@ -68,12 +66,12 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
     parser.add_argument("--tokens", type=int, nargs="+", default=list(TOKENS))
-    parser.add_argument("--shapes", nargs="+", default=list(SHAPES))
+    parser.add_argument("--shapes", nargs="+", default=list(PROJECTIONS_8B))
     args = parser.parse_args()
     results = []
     for shape_name in args.shapes:
-        n, k = SHAPES[shape_name]
-        count = max(2, RING_BYTES // (n * k))
+        n, k = PROJECTIONS_8B[shape_name]
+        count = max(2, WEIGHT_RING_BYTES // (n * k))
         layers = {
             "bf16": _layers(None, n, k, max(2, count // 2)),
             "fp8_channel": _layers(Fp8Method(), n, k, count),

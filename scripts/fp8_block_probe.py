@@ -23,17 +23,14 @@ from ladle.model.layers.quant.fp8_block import (
     quantize_fp8_blocks,
 )
 
-SHAPES = PROJECTIONS_8B
-RING_BYTES = WEIGHT_RING_BYTES
-
 
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     rows_out = []
-    for name, (n, k) in SHAPES.items():
-        count = max(2, RING_BYTES // (n * k))
+    for name, (n, k) in PROJECTIONS_8B.items():
+        count = max(2, WEIGHT_RING_BYTES // (n * k))
         weights = [
             quantize_fp8_blocks(torch.randn(n, k, device="cuda") * 0.02, 128, 128)
             for _ in range(count)
