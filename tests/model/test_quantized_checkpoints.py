@@ -146,7 +146,7 @@ def test_malformed_checkpoint_names_the_tensor(float_model, tmp_path, method, fm
         ({"group_size": 48}, "group_size=48"),
         ({"group_size": 64}, "down_proj.scales.* expected 64"),
         ({"bits": 8}, "bits=8"),
-        ({"checkpoint_format": "gptq_v2"}, "checkpoint_format='gptq_v2'"),
+        ({"checkpoint_format": "marlin"}, "checkpoint_format='marlin'"),
         ({"quant_method": "bitsandbytes"}, "'bitsandbytes'"),
     ],
 )
@@ -250,3 +250,29 @@ def test_vllm_format_names_load_that_format_only(float_model, tmp_path, fmt, nam
 def test_vllm_format_names_refuse_a_float_model(float_model, name):
     with pytest.raises(ModelLoadError, match=f"--quantization {name} loads .* is not one"):
         _load(float_model, quantization=name)
+
+
+def test_gptq_v2_zeros_load_to_the_v1_logits(float_model, tmp_path):
+    """GPTQModel's checkpoint_format gptq_v2 stores each zero itself where v1 stores zero - 1:
+    the same weights, so the same logits, and a v2 folder read as v1 would be off by a step."""
+    from ladle.model.loader.checkpoint_tensors import pack_rows, unpack_rows
+
+    v1 = tmp_path / "v1"
+    write_quantized_checkpoint(float_model, v1, "int4", "gptq", torch.float32)
+    v2 = tmp_path / "v2"
+    v2.mkdir()
+    tensors = load_file(v1 / "model.safetensors")
+    for name in [name for name in tensors if name.endswith(".qzeros")]:
+        num_outputs = tensors[name.removesuffix("qzeros") + "scales"].shape[1]
+        tensors[name] = pack_rows(unpack_rows(tensors[name], num_outputs).int() + 1)
+    save_file(tensors, v2 / "model.safetensors", metadata={"format": "pt"})
+    config = json.loads((v1 / "config.json").read_text())
+    config["quantization_config"]["checkpoint_format"] = "gptq_v2"
+    (v2 / "config.json").write_text(json.dumps(config))
+    for side_file in v1.iterdir():
+        if side_file.name.startswith("tokenizer"):
+            (v2 / side_file.name).write_bytes(side_file.read_bytes())
+    assert torch.equal(paged_logits(_load(str(v2))), paged_logits(_load(str(v1))))
+    config["quantization_config"]["checkpoint_format"] = "gptq"
+    (v2 / "config.json").write_text(json.dumps(config))
+    assert not torch.equal(paged_logits(_load(str(v2))), paged_logits(_load(str(v1))))

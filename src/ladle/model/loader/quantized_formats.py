@@ -8,10 +8,12 @@ every tensor named after its checkpoint projection):
           `weight_block_size: [b, b]` (`ladle quantize --weight-block-size b`, what
           transformers reads) one per block, `weight_scale_inv` [ceil(N/b), ceil(K/b)]. It
           reads per-channel ([N] or [N, 1]), per-tensor ([] or [1], expanded exactly), and
-          blocks of any rows x a multiple of 128 inputs as named by weight_block_size (DeepSeek's
-          and Qwen3-FP8's), kept exactly and run block-scaled (quant/fp8_block.py).
+          blocks of any rows x 32, 64, 128 or 256 inputs as named by weight_block_size
+          (DeepSeek's and Qwen3-FP8's 128x128), kept exactly and run block-scaled
+          (quant/fp8_block.py).
   gptq    quant_method "gptq", bits 4: `qweight` int32 [K/8, N] (8 inputs per word, low nibble
-          first), `qzeros` int32 [G, N/8] (8 outputs per word, storing zero - 1 as GPTQ v1 does),
+          first), `qzeros` int32 [G, N/8] (8 outputs per word, storing zero - 1 as GPTQ v1 does;
+          checkpoint_format "gptq_v2" stores the zero),
           `scales` float16 [G, N], `g_idx` int32 [K] (k // 128; with desc_act true any order
           of groups of 128, the inputs put in group order at load: quant/act_order.py).
   awq     quant_method "awq", bits 4, version "gemm": `qweight` int32 [K, N/8] and `qzeros`
@@ -82,6 +84,8 @@ class CheckpointQuantization:
     # int4: the checkpoint's group size (-1: one group per output channel, read as ladle's
     # groups of 128 repeating it).
     group_size: int = GROUP_SIZE
+    # gptq checkpoint_format "gptq_v2" (GPTQModel): qzeros hold the zero, not zero - 1.
+    gptq_v2: bool = False
 
     def quant_method(self) -> QuantMethod:
         if self.block_size is not None:
@@ -150,11 +154,13 @@ def _read_method(qc: dict, kind, where: str) -> CheckpointQuantization:
             field = "group_size" if "group_size" in qc else "q_group_size"
             raise bad(field, f"{', '.join(map(str, GROUP_SIZES))} or {PER_CHANNEL}")
         if kind == "gptq":
-            if qc.get("checkpoint_format", "gptq") != "gptq":
-                raise bad("checkpoint_format", "'gptq'")
+            checkpoint_format = qc.get("checkpoint_format", "gptq")
+            if checkpoint_format not in ("gptq", "gptq_v2"):
+                raise bad("checkpoint_format", "'gptq' or 'gptq_v2'")
             return CheckpointQuantization(
                 "int4",
                 "gptq",
+                gptq_v2=checkpoint_format == "gptq_v2",
                 symmetric=bool(qc.get("sym", True)),
                 act_order=bool(qc.get("desc_act", False)),
                 group_size=group_size,
@@ -222,7 +228,9 @@ def _int4_canonical(
         num_inputs = num_words * 8
         expect_shape(prefix + "qweight", qweight, (num_words, num_outputs), "[K/8, N]")
         packed = qweight.t().contiguous()
-        zeros = unpack_rows(parts["qzeros"], num_outputs).int() + 1  # GPTQ v1 stores zero - 1
+        zeros = unpack_rows(parts["qzeros"], num_outputs).int()
+        if not fmt.gptq_v2:
+            zeros += 1  # GPTQ v1 stores zero - 1 (GPTQModel's v2 stores the zero itself)
         zero_order = tuple(range(8))
     else:
         num_inputs = qweight.shape[0]
