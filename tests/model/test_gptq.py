@@ -3,8 +3,11 @@ awkward sizes, and `ladle quantize --algorithm gptq` checkpoints loaded back thr
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
+from safetensors.torch import load_file
 
 from ladle.model.layers.quant.fp8 import quantize_fp8_per_row
 from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
@@ -261,3 +264,74 @@ def test_weighted_clip_inside_gptq_beats_nearest_rounding(act_order):
 def test_unknown_clip_mode_is_named():
     with pytest.raises(ValueError, match="clip mode 'mse'"):
         gptq_int4(torch.randn(4, 128), torch.eye(128), clip="mse")
+
+
+@pytest.mark.parametrize("symmetric", [False, True])
+def test_act_order_groups_follow_the_hessian_and_beat_nearest_rounding(symmetric):
+    """Groups formed in act-order (desc_act): the 128 inputs of largest Hessian diagonal make
+    group 0, and so on; g_idx names each input's group and the result beats round-to-nearest
+    on inputs whose scales differ per channel."""
+    from ladle.model.layers.quant.gptq import dequantize_int4_scattered, gptq_int4_act_order
+
+    generator = torch.Generator().manual_seed(13)
+    num_inputs = 300
+    inputs, _ = _calibration(num_inputs, 4)
+    inputs = (
+        inputs * torch.logspace(-1, 1, num_inputs)[torch.randperm(num_inputs, generator=generator)]
+    )
+    accumulator = HessianAccumulator(num_inputs)
+    accumulator.add(inputs)
+    hessian = accumulator.hessian()
+    weight = torch.randn(16, num_inputs, generator=generator)
+    codes, scale, zero, g_idx = gptq_int4_act_order(weight, hessian, symmetric)
+    assert torch.bincount(g_idx.long()).tolist() == [128, 128, 44]
+    order = torch.argsort(hessian.diagonal(), descending=True, stable=True)
+    assert torch.equal(g_idx[order].long(), torch.arange(num_inputs) // 128)
+    act = dequantize_int4_scattered(codes, scale, zero, g_idx)
+    rtn = dequantize_int4_groups(*quantize_int4_groups(weight, symmetric=symmetric))
+    assert _output_error(inputs, weight, act) < 0.9 * _output_error(inputs, weight, rtn)
+
+
+def test_act_order_checkpoint_loads_to_the_calibrated_weights(tmp_path):
+    """`ladle quantize --act-order` (groups in act-order, desc_act true): the folder it writes
+    loads (quant/act_order.py) to the logits of the float model holding the calibrated
+    weights."""
+    from helpers.tiny_models import paged_logits, save_tiny_model
+
+    from ladle.attention.torch_backend import TorchAttentionBackend
+    from ladle.config import ModelConfig
+    from ladle.model.layers.quant import get_quant_method
+    from ladle.model.loader import load_model
+    from ladle.model.loader.calibration import (
+        calibrate_checkpoint,
+        calibrate_linears,
+        gptq_quantizer,
+    )
+    from ladle.model.loader.quantized_writer import write_quantized_checkpoint
+
+    def load(path: str):
+        config = ModelConfig(model=path, dtype="float32")
+        return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
+
+    # hidden 320 and intermediate 200: every input of several groups (o's 64: one group).
+    float_model = save_tiny_model(tmp_path, "qwen2", hidden_size=320, intermediate_size=200)
+    windows = [list(range(3, 60)), list(range(40, 100)), list(range(7, 30))]
+    method = get_quant_method("int4")
+    calibrated = calibrate_checkpoint(
+        float_model, method, torch.float32, windows, act_order="dynamic"
+    )
+    out = tmp_path / "act_order"
+    write_quantized_checkpoint(float_model, out, "int4", "gptq", torch.float32, False, calibrated)
+    config = json.loads((out / "config.json").read_text())["quantization_config"]
+    assert config["desc_act"] is True
+    g_idx = load_file(str(out / "model.safetensors"))["model.layers.0.mlp.down_proj.g_idx"]
+    assert not torch.equal(g_idx.long(), torch.arange(200) // 128)  # really scattered
+    loaded = load(str(out))
+    assert any(getattr(m, "input_permutation", None) is not None for m in loaded.model.modules())
+    reference = load(float_model)
+    calibrate_linears(reference.model, windows, gptq_quantizer(method, None, "dynamic"))
+    torch.testing.assert_close(paged_logits(loaded), paged_logits(reference), rtol=1e-4, atol=1e-4)
+    with pytest.raises(ValueError, match="written as gptq, not awq"):
+        write_quantized_checkpoint(
+            float_model, tmp_path / "awq", "int4", "awq", torch.float32, False, calibrated
+        )

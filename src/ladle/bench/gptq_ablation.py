@@ -46,11 +46,11 @@ RUNS = {
     "awq": (clip_search_quantizer(METHOD), True),
     "gptq": (gptq_quantizer(METHOD), False),
     "gptq-wclip": (gptq_quantizer(METHOD, "weighted"), False),
-    "gptq-wclip-act": (gptq_quantizer(METHOD, "weighted", act_order=True), False),
+    "gptq-wclip-act": (gptq_quantizer(METHOD, "weighted", act_order="static"), False),
     "awq-gptq": (gptq_quantizer(METHOD), True),
     "awq-gptq-wclip": (gptq_quantizer(METHOD, "weighted"), True),
-    "awq-gptq-wclip-act": (gptq_quantizer(METHOD, "weighted", act_order=True), True),
-    "awq-gptq-act": (gptq_quantizer(METHOD, None, act_order=True), True),
+    "awq-gptq-wclip-act": (gptq_quantizer(METHOD, "weighted", act_order="static"), True),
+    "awq-gptq-act": (gptq_quantizer(METHOD, None, act_order="static"), True),
 }
 
 

@@ -72,9 +72,16 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument(
         "--act-order",
         action="store_true",
-        help="gptq / awq-gptq, int4: quantize columns by decreasing input second moment, each "
-        "group's scale and zero fixed first in the stored order (static groups: the folder's "
-        "layout and g_idx are unchanged, desc_act stays false)",
+        help="gptq / awq-gptq, int4, gptq format: quantize columns by decreasing input second "
+        "moment and form the groups of 128 in that order (AutoGPTQ's desc_act: the folder has a "
+        "g_idx per projection and desc_act true; ladle and vLLM read it, the layers gather "
+        "their input)",
+    )
+    sub.add_argument(
+        "--static-groups",
+        action="store_true",
+        help="with --act-order: fix each group's scale and zero first in the stored order "
+        "(AutoGPTQ's static_groups: g_idx stays k // 128, desc_act false, no gather)",
     )
     sub.add_argument(
         "--float-last-layers",
@@ -125,7 +132,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     calibrated = None
     if args.weight_block_size is not None:
         _check_weight_block_size(args)
-    if args.algorithm != "rtn" or args.clip_search or args.act_order:
+    if args.algorithm != "rtn" or args.clip_search or args.act_order or args.static_groups:
         calibrated = _calibrate(args, source, dtype, float_layers, float_projections)
     summary = write_quantized_checkpoint(
         source,
@@ -204,6 +211,12 @@ def _calibrate(
         raise ValueError(f"--algorithm {args.algorithm} applies to int4, not {args.method}")
     if args.act_order and (args.algorithm not in ("gptq", "awq-gptq") or args.method != "int4"):
         raise ValueError("--act-order applies to int4 with --algorithm gptq or awq-gptq")
+    if args.static_groups and not args.act_order:
+        raise ValueError("--static-groups applies with --act-order")
+    if args.act_order and not args.static_groups and args.format not in (None, "gptq"):
+        raise ValueError(
+            "--act-order groups are written in the gptq format (or add --static-groups)"
+        )
     if args.method not in ("int4", "fp8"):
         raise ValueError(f"--algorithm gptq applies to int4 and fp8, not {args.method}")
     num_tokens = args.calibration_samples * args.calibration_tokens
@@ -231,7 +244,7 @@ def _calibrate(
         args.clip_search,
         float_layers=float_layers,
         algorithm=args.algorithm,
-        act_order=args.act_order,
+        act_order=("static" if args.static_groups else "dynamic") if args.act_order else None,
         float_projections=float_projections,
         log=lambda line: print(f"ladle quantize: {line}", file=sys.stderr, flush=True),
     )

@@ -30,8 +30,19 @@ from ladle.model.layers.quant import QuantMethod
 from ladle.model.layers.quant.awq import ALPHAS, search_input_scales
 from ladle.model.layers.quant.float_projections import float_ladle_modules
 from ladle.model.layers.quant.fp8 import Fp8Method
-from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
-from ladle.model.layers.quant.int4 import Int4Method, dequantize_int4_groups, pack_int4_rows
+from ladle.model.layers.quant.gptq import (
+    HessianAccumulator,
+    dequantize_int4_scattered,
+    gptq_fp8,
+    gptq_int4,
+    gptq_int4_act_order,
+)
+from ladle.model.layers.quant.int4 import (
+    Int4Method,
+    dequantize_int4_groups,
+    pack_int4_rows,
+    unpack_int4_rows,
+)
 from ladle.model.layers.quant.int4_clip import search_int4_groups
 
 BLOCK_SIZE = 16
@@ -39,21 +50,38 @@ BLOCK_SIZE = 16
 WeightQuantizer = Callable[[torch.Tensor, torch.Tensor], dict[str, torch.Tensor]]
 
 
+# --act-order: groups formed in act-order (desc_act, a g_idx per projection), or fixed first in
+# the stored order (static groups).
+ACT_ORDERS = (None, "dynamic", "static")
+
+
 def gptq_quantizer(
-    method: QuantMethod, clip: str | None = None, act_order: bool = False
+    method: QuantMethod, clip: str | None = None, act_order: str | None = None
 ) -> WeightQuantizer:
     """The calibrated quantizer of `method` (int4 or fp8), writing its canonical tensors; int4
-    groups' ranges by `clip` (gptq.CLIP_MODES), columns in act-order with static groups."""
+    groups' ranges by `clip` (gptq.CLIP_MODES), columns in act-order (ACT_ORDERS): with
+    "dynamic" the canonical tensors also hold the inputs' `g_idx`, their codes in the original
+    column order (a desc_act checkpoint's layout)."""
+    if act_order not in ACT_ORDERS:
+        raise ValueError(f"act_order {act_order!r} is not one of {ACT_ORDERS}")
     if isinstance(method, Int4Method):
 
         def quantize_int4(weight: torch.Tensor, hessian: torch.Tensor) -> dict[str, torch.Tensor]:
-            codes, scale, zero = gptq_int4(
-                weight, hessian, method.symmetric, clip, act_order=act_order
-            )
+            if act_order == "dynamic":
+                codes, scale, zero, g_idx = gptq_int4_act_order(
+                    weight, hessian, method.symmetric, clip
+                )
+                extra = {"g_idx": g_idx}
+            else:
+                codes, scale, zero = gptq_int4(
+                    weight, hessian, method.symmetric, clip, act_order=act_order == "static"
+                )
+                extra = {}
             return {
                 "weight_packed": pack_int4_rows(codes),
                 "weight_scale": scale,
                 "weight_zero": zero,
+                **extra,
             }
 
         return quantize_int4
@@ -226,7 +254,7 @@ def calibrate_linears(
             if name in float_modules:
                 continue
             canonical = quantizer(module.weight.data.float(), hessians[name])
-            dequantized = _method_of(canonical).dequantize(canonical, module.input_size)
+            dequantized = _dequantize(canonical, module.input_size)
             module.weight.data.copy_(dequantized.to(module.weight.dtype))
             results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
         del accumulators, hessians
@@ -239,8 +267,14 @@ def calibrate_linears(
     return results
 
 
-def _method_of(canonical: dict[str, torch.Tensor]) -> QuantMethod:
-    return Int4Method() if "weight_packed" in canonical else Fp8Method()
+def _dequantize(canonical: dict[str, torch.Tensor], num_inputs: int) -> torch.Tensor:
+    """The float32 weight a calibrated layer's canonical tensors stand for."""
+    if "g_idx" in canonical:  # act-order groups
+        codes = unpack_int4_rows(canonical["weight_packed"], num_inputs)
+        scale, zero = canonical["weight_scale"], canonical["weight_zero"]
+        return dequantize_int4_scattered(codes, scale, zero, canonical["g_idx"])
+    method = Int4Method() if "weight_packed" in canonical else Fp8Method()
+    return method.dequantize(canonical, num_inputs)
 
 
 def by_checkpoint_name(
@@ -268,8 +302,12 @@ def by_checkpoint_name(
         for shard in shards:
             start, num_rows = module.shard_rows(shard)
             name = to_checkpoint_name(f"{module_name}.weight", shard)
+            # Every tensor has the rows on dim 0 but an act-order g_idx, which is the inputs'
+            # (a copy per projection: safetensors refuses tensors that share storage).
             named[name] = {
-                key: value.narrow(0, start, num_rows).contiguous()
+                key: value.clone()
+                if key == "g_idx"
+                else value.narrow(0, start, num_rows).contiguous()
                 for key, value in canonical.items()
             }
     return named
@@ -284,12 +322,12 @@ def calibrate_checkpoint(
     log: Callable[[str], None] | None = None,
     float_layers: Collection[int] = (),
     algorithm: str = "gptq",
-    act_order: bool = False,
+    act_order: str | None = None,
     float_projections: Collection[str] = (),
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
     when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
-    "gptq", optionally with the clipping search and in act-order with static groups), with
+    "gptq", optionally with the clipping search and in act-order, ACT_ORDERS), with
     round-to-nearest and the weighted clipping search alone ("rtn", int4 only), with AWQ's
     input scaling folded into the norms and up rows before that search ("awq", int4 only), or
     with AWQ's scaling and then GPTQ with the weighted clipping search inside ("awq-gptq", int4

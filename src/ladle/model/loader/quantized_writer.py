@@ -127,7 +127,8 @@ def _format_tensors(
         yield prefix + "qweight", canonical["weight_packed"].t().contiguous()
         yield prefix + "qzeros", pack_rows(zeros - 1)  # GPTQ v1 stores zero - 1
         yield prefix + "scales", scales
-        yield prefix + "g_idx", (torch.arange(num_inputs) // GROUP_SIZE).to(torch.int32)
+        in_order = (torch.arange(num_inputs) // GROUP_SIZE).to(torch.int32)
+        yield prefix + "g_idx", canonical.get("g_idx", in_order)  # act-order's own, if any
         return
     codes = unpack_int4_rows(canonical["weight_packed"], num_inputs)  # [N, K]
     yield prefix + "qweight", pack_rows(codes.t().contiguous(), AWQ_ORDER)
@@ -209,6 +210,11 @@ def write_quantized_checkpoint(
             flush()
 
     calibrated = dict(calibrated or {})
+    act_order_written = any("g_idx" in canonical for canonical in calibrated.values())
+    if act_order_written and fmt != "gptq":
+        raise ValueError(
+            f"act-order groups (a g_idx per projection) are written as gptq, not {fmt}"
+        )
     if from_gguf:
         weights = iter_gguf_weights(source_dir)
     else:
@@ -243,6 +249,8 @@ def write_quantized_checkpoint(
     config["quantization_config"] = quantization_config(
         method, fmt, symmetric, float_modules, weight_block_size
     )
+    if act_order_written:  # GPTQ's groups formed in act-order: g_idx scatters them
+        config["quantization_config"]["desc_act"] = True
     (out_dir / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     if from_gguf:
         save_gguf_tokenizer(source_dir, out_dir)

@@ -258,6 +258,40 @@ def gptq_int4(
     return grid.codes, grid.scale.half(), grid.zero.to(torch.uint8)
 
 
+def gptq_int4_act_order(
+    weight: torch.Tensor,
+    hessian: torch.Tensor,
+    symmetric: bool = False,
+    clip: str | None = None,
+    damping: float = DEFAULT_DAMPING,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+    """GPTQ's act-order with groups formed in that order (AutoGPTQ's desc_act without static
+    groups): the columns sorted by decreasing Hessian diagonal, quantized in that order with a
+    group's scale and zero fixed when the group is reached, then put back in place. Returns
+    (codes uint8 [N, K] in the original column order, float16 scale [N, G], uint8 zero [N, G],
+    g_idx int32 [K]: the group of each input), the layout of a desc_act checkpoint
+    (quant/act_order.py loads it)."""
+    weight = weight.float()
+    order = torch.argsort(hessian.diagonal().float(), descending=True, stable=True)
+    in_order = weight[:, order]
+    grid = Int4Grid(in_order, symmetric, clip)
+    compensate_rounding(in_order, hessian.float()[order][:, order], grid, GROUP_SIZE, damping)
+    codes = torch.empty_like(grid.codes)
+    codes[:, order] = grid.codes
+    g_idx = torch.empty(weight.shape[1], dtype=torch.int32, device=weight.device)
+    g_idx[order] = (torch.arange(weight.shape[1], device=weight.device) // GROUP_SIZE).int()
+    return codes, grid.scale.half(), grid.zero.to(torch.uint8), g_idx
+
+
+def dequantize_int4_scattered(
+    codes: torch.Tensor, scale: torch.Tensor, zero: torch.Tensor, g_idx: torch.Tensor
+) -> torch.Tensor:
+    """float32 [N, K] of an act-order layout: input k takes the scale and zero of group
+    g_idx[k]."""
+    groups = g_idx.long()
+    return (codes.float() - zero.float()[:, groups]) * scale.float()[:, groups]
+
+
 class Fp8RowGrid(ColumnGrid):
     """float8 e4m3 with one scale per output row, fixed from the row's maximum before any
     compensation (the scale rule of fp8.py); a compensated value beyond +-448 saturates."""
