@@ -13,6 +13,17 @@ from ladle.model.layers.quant.fp8 import quantize_fp8_per_row
 from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
 from ladle.model.layers.quant.int4 import dequantize_int4_groups, quantize_int4_groups
 
+
+def _load_float32(path: str):
+    """A folder loaded on the CPU in float32, as the calibration tests compare it."""
+    from ladle.attention.torch_backend import TorchAttentionBackend
+    from ladle.config import ModelConfig
+    from ladle.model.loader import load_model
+
+    config = ModelConfig(model=path, dtype="float32")
+    return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
+
+
 # (rows N, inputs K): N = 1 and 7; K below one group, one and a partial group, several groups.
 SHAPES = [(1, 300), (7, 200), (7, 100), (16, 384)]
 
@@ -109,20 +120,13 @@ def test_calibrated_checkpoint_loads_to_the_in_memory_calibrated_logits(
     the format's reader) to exactly the logits of the same pass applied in memory."""
     from helpers.tiny_models import install_calibrated_, paged_logits, save_tiny_model
 
-    from ladle.attention.torch_backend import TorchAttentionBackend
-    from ladle.config import ModelConfig
     from ladle.model.layers.quant import default_float_layers, get_quant_method
-    from ladle.model.loader import load_model
     from ladle.model.loader.calibration import (
         calibrate_checkpoint,
         calibrate_linears,
         gptq_quantizer,
     )
     from ladle.model.loader.quantized_writer import write_quantized_checkpoint
-
-    def load(path: str):
-        config = ModelConfig(model=path, dtype="float32")
-        return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
 
     # intermediate 200: down_proj has K = 200, two int4 groups, the second partial.
     float_model = save_tiny_model(tmp_path, "qwen2", intermediate_size=200)
@@ -139,14 +143,14 @@ def test_calibrated_checkpoint_loads_to_the_in_memory_calibrated_logits(
     num_float_layers = 1 if method_name == "fp8" else 0  # fp8 keeps its last layer float
     assert summary["calibrated"] == summary["quantized"] == (2 - num_float_layers) * 7
 
-    reference = load(float_model)
+    reference = _load_float32(float_model)
     float_logits = paged_logits(reference)
     results = calibrate_linears(
         reference.model, windows, gptq_quantizer(method), float_layers=float_layers
     )
     install_calibrated_(reference.model, method, results)
     in_memory = paged_logits(reference)
-    assert torch.equal(paged_logits(load(str(out))), in_memory)
+    assert torch.equal(paged_logits(_load_float32(str(out))), in_memory)
     error = ((in_memory - float_logits).norm() / float_logits.norm()).item()
     assert 0 < error < 0.5
 
@@ -298,20 +302,13 @@ def test_act_order_checkpoint_loads_to_the_calibrated_weights(tmp_path):
     weights."""
     from helpers.tiny_models import paged_logits, save_tiny_model
 
-    from ladle.attention.torch_backend import TorchAttentionBackend
-    from ladle.config import ModelConfig
     from ladle.model.layers.quant import get_quant_method
-    from ladle.model.loader import load_model
     from ladle.model.loader.calibration import (
         calibrate_checkpoint,
         calibrate_linears,
         gptq_quantizer,
     )
     from ladle.model.loader.quantized_writer import write_quantized_checkpoint
-
-    def load(path: str):
-        config = ModelConfig(model=path, dtype="float32")
-        return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
 
     # hidden 320 and intermediate 200: every input of several groups (o's 64: one group).
     float_model = save_tiny_model(tmp_path, "qwen2", hidden_size=320, intermediate_size=200)
@@ -326,9 +323,9 @@ def test_act_order_checkpoint_loads_to_the_calibrated_weights(tmp_path):
     assert config["desc_act"] is True
     g_idx = load_file(str(out / "model.safetensors"))["model.layers.0.mlp.down_proj.g_idx"]
     assert not torch.equal(g_idx.long(), torch.arange(200) // 128)  # really scattered
-    loaded = load(str(out))
+    loaded = _load_float32(str(out))
     assert any(getattr(m, "input_permutation", None) is not None for m in loaded.model.modules())
-    reference = load(float_model)
+    reference = _load_float32(float_model)
     calibrate_linears(reference.model, windows, gptq_quantizer(method, None, "dynamic"))
     torch.testing.assert_close(paged_logits(loaded), paged_logits(reference), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="written as gptq, not awq"):
