@@ -22,11 +22,21 @@ NUM_FLOOD = 40
 MAX_TOKENS = 16
 
 
+# Long enough that the two slot-holding requests outlast the queued one's wait, cancel and
+# abort however fast the machine decodes: 400 tokens (the shared tiny model's 512 positions)
+# finished first on an idle 2-core CI machine (session 11). KV: 0.1 GiB holds 200k tokens.
+LONG_TOKENS = 30000
+
+
 @pytest.fixture(scope="module")
-def small_server(tiny_model_path):
+def small_server(tmp_path_factory):
+    from tests.helpers.tiny_models import save_tiny_model
+
+    model = save_tiny_model(tmp_path_factory.mktemp("overload"), "llama",
+                            max_position_embeddings=65536)
     server = ServerProcess([
-        tiny_model_path("llama"), "--served-model-name", SERVED_NAME, "--max-num-seqs", "2",
-        "--max-queued-requests", str(MAX_QUEUED), "--cpu-kv-cache-gib", "0.05",
+        model, "--served-model-name", SERVED_NAME, "--max-num-seqs", "2",
+        "--max-queued-requests", str(MAX_QUEUED), "--cpu-kv-cache-gib", "0.1",
     ])
     server.start()
     yield server
@@ -71,7 +81,7 @@ def test_flood_gets_429_and_accepted_requests_complete(small_server):
 async def leave_while_queued(base_url: str, stream: bool) -> dict[str, float]:
     """Fill both engine slots with long requests, queue a third, leave it, and return the
     metrics seen once it is gone (the long ones still running)."""
-    long_body = body(max_tokens=400, ignore_eos=True, stream=True)
+    long_body = body(max_tokens=LONG_TOKENS, ignore_eos=True, stream=True)
     async with httpx.AsyncClient(base_url=base_url, timeout=120) as client:
 
         async def hold_slot(started: asyncio.Event) -> None:
