@@ -7,22 +7,12 @@ import json
 
 import pytest
 import torch
+from helpers.tiny_models import load_float32_on_cpu
 from safetensors.torch import load_file
 
 from ladle.model.layers.quant.fp8 import quantize_fp8_per_row
 from ladle.model.layers.quant.gptq import HessianAccumulator, gptq_fp8, gptq_int4
 from ladle.model.layers.quant.int4 import dequantize_int4_groups, quantize_int4_groups
-
-
-def _load_float32(path: str):
-    """A folder loaded on the CPU in float32, as the calibration tests compare it."""
-    from ladle.attention.torch_backend import TorchAttentionBackend
-    from ladle.config import ModelConfig
-    from ladle.model.loader import load_model
-
-    config = ModelConfig(model=path, dtype="float32")
-    return load_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
-
 
 # (rows N, inputs K): N = 1 and 7; K below one group, one and a partial group, several groups.
 SHAPES = [(1, 300), (7, 200), (7, 100), (16, 384)]
@@ -143,14 +133,14 @@ def test_calibrated_checkpoint_loads_to_the_in_memory_calibrated_logits(
     num_float_layers = 1 if method_name == "fp8" else 0  # fp8 keeps its last layer float
     assert summary["calibrated"] == summary["quantized"] == (2 - num_float_layers) * 7
 
-    reference = _load_float32(float_model)
+    reference = load_float32_on_cpu(float_model)
     float_logits = paged_logits(reference)
     results = calibrate_linears(
         reference.model, windows, gptq_quantizer(method), float_layers=float_layers
     )
     install_calibrated_(reference.model, method, results)
     in_memory = paged_logits(reference)
-    assert torch.equal(paged_logits(_load_float32(str(out))), in_memory)
+    assert torch.equal(paged_logits(load_float32_on_cpu(str(out))), in_memory)
     error = ((in_memory - float_logits).norm() / float_logits.norm()).item()
     assert 0 < error < 0.5
 
@@ -323,9 +313,9 @@ def test_act_order_checkpoint_loads_to_the_calibrated_weights(tmp_path):
     assert config["desc_act"] is True
     g_idx = load_file(str(out / "model.safetensors"))["model.layers.0.mlp.down_proj.g_idx"]
     assert not torch.equal(g_idx.long(), torch.arange(200) // 128)  # really scattered
-    loaded = _load_float32(str(out))
+    loaded = load_float32_on_cpu(str(out))
     assert any(getattr(m, "input_permutation", None) is not None for m in loaded.model.modules())
-    reference = _load_float32(float_model)
+    reference = load_float32_on_cpu(float_model)
     calibrate_linears(reference.model, windows, gptq_quantizer(method, None, "dynamic"))
     torch.testing.assert_close(paged_logits(loaded), paged_logits(reference), rtol=1e-4, atol=1e-4)
     with pytest.raises(ValueError, match="written as gptq, not awq"):

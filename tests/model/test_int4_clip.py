@@ -238,7 +238,8 @@ def test_awq_folding_leaves_the_float_model_unchanged(tmp_path):
 def test_awq_checkpoint_loads_to_the_in_memory_logits(
     tmp_path, architecture, fmt, symmetric, algorithm, act_order
 ):
-    """`ladle quantize --algorithm awq|awq-gptq [--act-order]` writes the folded norms and the
+    """`ladle quantize --algorithm awq|awq-gptq [--act-order --static-groups]` writes the folded
+    norms and the
     scaled, quantized projections; the folder loads back to exactly the in-memory pass's
     logits (act-order's static groups keep the stored layout, g_idx = k // 128)."""
     from helpers.tiny_models import (
@@ -257,7 +258,8 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(
 
     load = load_float32_on_cpu
     options = ["--format", fmt, "--algorithm", algorithm]
-    options += (["--symmetric"] if symmetric else []) + (["--act-order"] if act_order else [])
+    options += ["--symmetric"] if symmetric else []
+    options += ["--act-order", "--static-groups"] if act_order else []
     float_model, out, windows = quantize_calibrated(tmp_path, architecture, "awq_out", *options)
     method = get_quant_method("int4", symmetric=symmetric)
     reference = load(float_model)
@@ -265,7 +267,7 @@ def test_awq_checkpoint_loads_to_the_in_memory_logits(
     if algorithm == "awq":
         quantizer = clip_search_quantizer(method)
     else:
-        quantizer = gptq_quantizer(method, "weighted", act_order)
+        quantizer = gptq_quantizer(method, "weighted", "static" if act_order else None)
     results = calibrate_linears(
         reference.model,
         windows,
