@@ -154,8 +154,7 @@ def _input_index(permutation_ptr, k, in_k, PERMUTED: tl.constexpr):
     """Where input k of the weight's order is in x: itself, or for an act-order layer
     (quant/act_order.py) permutation[k], so the kernel gathers x as it loads it."""
     if PERMUTED:
-        # Both branches must give k's type (Triton checks): the table may be int64.
-        return tl.load(permutation_ptr + k, mask=in_k, other=0).to(k.dtype)
+        return tl.load(permutation_ptr + k, mask=in_k, other=0)
     return k
 
 
