@@ -257,29 +257,3 @@ def test_gemv_reads_what_the_norm_before_it_wrote(kernel_index):
         static_x.copy_(torch.randn(rows, hidden, device=CUDA).to(torch.bfloat16))
         graph.replay()
         assert relative_error(static_out, reference()) < 2e-2
-
-
-@pytest.mark.parametrize("kernel_index", range(len(KERNEL_IDS)), ids=KERNEL_IDS)
-@pytest.mark.parametrize("tokens", [1, 2, 17])
-@pytest.mark.parametrize("outputs,inputs", [(7, 200), (520, 1000), (4096, 4096)])
-def test_kernels_gather_an_act_order_input_as_they_load_it(kernel_index, tokens, outputs, inputs):
-    """With an act-order layer's permutation (quant/act_order.py) each kernel reads x[:, perm]:
-    bit for bit what it computes from the gathered input, the same sums in the same order."""
-    from ladle.kernels.int4_decode import GEMV_MAX_TOKENS, int4_decode_matmul
-
-    kernel = all_kernels()[kernel_index]
-    if (kernel.kind == "gemv" and tokens > GEMV_MAX_TOKENS) or (
-        kernel.kind == "row" and tokens > 1
-    ):
-        pytest.skip("the kernel does not serve this many rows")
-    if kernel.kind == "gemv" and tokens < kernel.rows:
-        pytest.skip("the two-row GEMV takes at least two rows")
-    packed_t, scale_t, zero_t = quantized(outputs, inputs, seed=outputs + inputs)
-    generator = torch.Generator(device=CUDA).manual_seed(tokens)
-    x = torch.randn(tokens, inputs, device=CUDA, generator=generator).to(torch.bfloat16)
-    permutation = torch.randperm(inputs, device=CUDA, generator=generator)
-    gathered = int4_decode_matmul(x, packed_t, scale_t, zero_t, GROUP, kernel, permutation)
-    expected = int4_decode_matmul(
-        x.index_select(1, permutation).contiguous(), packed_t, scale_t, zero_t, GROUP, kernel
-    )
-    assert torch.equal(gathered, expected)

@@ -149,15 +149,6 @@ def _lane_x(x, LANE: tl.constexpr):
     return scaled
 
 
-@triton.jit
-def _input_index(permutation_ptr, k, in_k, PERMUTED: tl.constexpr):
-    """Where input k of the weight's order is in x: itself, or for an act-order layer
-    (quant/act_order.py) permutation[k], so the kernel gathers x as it loads it."""
-    if PERMUTED:
-        return tl.load(permutation_ptr + k, mask=in_k, other=0)
-    return k
-
-
 @triton.jit(
     do_not_specialize=["num_tokens", "stride_x", "stride_out", "groups_per_split", "num_splits"]
 )
@@ -176,12 +167,10 @@ def _int4_gemv_kernel(
     stride_out,
     groups_per_split,
     num_splits,
-    permutation_ptr,
     GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     ROWS: tl.constexpr,
     PREFETCH: tl.constexpr,
-    PERMUTED: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     """ROWS (1 or 2) token rows per program: each weight is read and turned into a float once
@@ -256,12 +245,11 @@ def _int4_gemv_kernel(
             k = word_rows * 8 + lane
             in_k = k < num_inputs
             code = _lane_code(packed, high, lane)
-            source = _input_index(permutation_ptr, k, in_k, PERMUTED)
-            x = tl.load(x_row0 + source, mask=in_k, other=0.0).to(tl.float32)
+            x = tl.load(x_row0 + k, mask=in_k, other=0.0).to(tl.float32)
             x_sum0 += x
             sum0 += code * _lane_x(x, lane)[:, None]
             if ROWS > 1:
-                x = tl.load(x_row0 + stride_x + source, mask=in_k & has_row1, other=0.0)
+                x = tl.load(x_row0 + stride_x + k, mask=in_k & has_row1, other=0.0)
                 x = x.to(tl.float32)
                 x_sum1 += x
                 sum1 += code * _lane_x(x, lane)[:, None]
@@ -336,11 +324,9 @@ def _int4_row_kernel(
     num_columns,
     num_inputs,
     num_chunks,
-    permutation_ptr,
     GROUP: tl.constexpr,
     GROUPS: tl.constexpr,
     BLOCK_N: tl.constexpr,
-    PERMUTED: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     """One token row, BLOCK_N columns over the whole K per program: no split-K, so no partials,
@@ -386,8 +372,7 @@ def _int4_row_kernel(
         x_sums = tl.zeros((GROUPS, GROUP // 8), dtype=tl.float32)
         for lane in tl.static_range(8):
             k = word_rows * 8 + lane
-            source = _input_index(permutation_ptr, k, k < num_inputs, PERMUTED)
-            x = tl.load(x_ptr + source, mask=k < num_inputs, other=0.0).to(tl.float32)
+            x = tl.load(x_ptr + k, mask=k < num_inputs, other=0.0).to(tl.float32)
             x_sums += x
             sums += _lane_code(packed, high, lane) * _lane_x(x, lane)[:, :, None]
         group_sums = tl.sum(sums, axis=1)
@@ -416,13 +401,11 @@ def _int4_mma_kernel(
     stride_out,
     groups_per_split,
     num_splits,
-    permutation_ptr,
     GROUP: tl.constexpr,
     BLOCK_M: tl.constexpr,
     BLOCK_N: tl.constexpr,
     MAGIC_BITS: tl.constexpr,
     MAGIC_VALUE: tl.constexpr,
-    PERMUTED: tl.constexpr = False,
 ):
     pid_n = tl.program_id(0)
     pid_split = tl.program_id(1)
@@ -438,9 +421,8 @@ def _int4_mma_kernel(
     for step in range(0, groups_per_split):
         group = first_group + step
         offs_k = group * GROUP + tl.arange(0, GROUP)
-        source = _input_index(permutation_ptr, offs_k, offs_k < num_inputs, PERMUTED)
         x = tl.load(
-            x_ptr + offs_m[:, None].to(tl.int64) * stride_x + source[None, :],
+            x_ptr + offs_m[:, None].to(tl.int64) * stride_x + offs_k[None, :],
             mask=is_m[:, None] & (offs_k[None, :] < num_inputs),
             other=0.0,
         )
@@ -555,13 +537,9 @@ def int4_decode_matmul(
     zero_t: torch.Tensor,
     group_size: int,
     kernel: Int4Kernel | None = None,
-    input_permutation: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [M, K] (CUDA, bf16/fp16, rows contiguous) @ W^T -> [M, N] in x's dtype, one launch;
-    with `input_permutation` (int64 [K], an act-order layer's) the kernel reads x[:, perm]."""
+    """x [M, K] (CUDA, bf16/fp16, rows contiguous) @ W^T -> [M, N] in x's dtype, one launch."""
     _check(x, packed_t, scale_t, zero_t, group_size)
-    permuted = input_permutation is not None
-    permutation = input_permutation if permuted else x  # a pointer the kernel never reads
     num_tokens, num_inputs = x.shape
     num_columns = packed_t.shape[1]
     if kernel is None:
@@ -583,11 +561,9 @@ def int4_decode_matmul(
             num_columns,
             num_inputs,
             triton.cdiv(num_groups, kernel.groups),
-            permutation,
             GROUP=group_size,
             GROUPS=kernel.groups,
             BLOCK_N=kernel.block_n,
-            PERMUTED=permuted,
             num_warps=kernel.num_warps,
             **pdl,
         )
@@ -622,7 +598,6 @@ def int4_decode_matmul(
         out.stride(0),
         groups_per_split,
         num_splits,
-        permutation,
     )
     if kernel.kind == "gemv":
         _int4_gemv_kernel[grid](
@@ -631,7 +606,6 @@ def int4_decode_matmul(
             BLOCK_N=kernel.block_n,
             ROWS=kernel.rows,
             PREFETCH=kernel.prefetch,
-            PERMUTED=permuted,
             num_warps=kernel.num_warps,
             **pdl,
         )
@@ -644,7 +618,6 @@ def int4_decode_matmul(
             BLOCK_N=kernel.block_n,
             MAGIC_BITS=0x4300 if bf16 else 0x6400,
             MAGIC_VALUE=128.0 if bf16 else 1024.0,
-            PERMUTED=permuted,
             num_warps=kernel.num_warps,
             num_stages=3,
         )

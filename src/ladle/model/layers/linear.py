@@ -40,9 +40,7 @@ class Linear(nn.Module):
         self.input_permutation: nn.Parameter | None = None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        if self.input_permutation is not None and not getattr(
-            self.quant_method, "gathers_input", False
-        ):
+        if self.input_permutation is not None:
             x = x.index_select(-1, self.input_permutation)
         if self.quant_method is not None:
             return self.quant_method.apply(self, x)

@@ -25,9 +25,6 @@ class QuantMethod(ABC):
     """One weight format: how to quantize a weight, how to load it, how to multiply by it."""
 
     name: str
-    # Whether apply() gathers an act-order layer's input itself (quant/act_order.py); else
-    # Linear.forward gathers it first.
-    gathers_input: bool = False
 
     @abstractmethod
     def canonical_specs(self, output_size: int, input_size: int) -> dict[str, TensorSpec]:

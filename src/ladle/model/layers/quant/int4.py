@@ -119,7 +119,6 @@ GROUP_SIZES = (32, 64, 128, 256)
 
 class Int4Method(QuantMethod):
     name = "int4"
-    gathers_input = True  # apply() takes an act-order layer's input in its stored order
 
     def __init__(self, symmetric: bool = False, group_size: int = GROUP_SIZE) -> None:
         if group_size not in GROUP_SIZES:
@@ -171,9 +170,6 @@ class Int4Method(QuantMethod):
 
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
         x2, leading = flatten_tokens(x)
-        # An act-order layer's input order (quant/act_order.py): the decode kernels gather x as
-        # they load it; the other paths gather it first.
-        permutation = layer.input_permutation
         if x.is_cuda:
             num_tokens = x2.shape[0]
             plan = getattr(layer, "int4_plan", None)
@@ -186,20 +182,12 @@ class Int4Method(QuantMethod):
                 from ladle.kernels.int4_decode import int4_decode_matmul
 
                 output = int4_decode_matmul(
-                    x2,
-                    layer.packed_t,
-                    layer.scale_t,
-                    layer.zero_t,
-                    self.group_size,
-                    kernel,
-                    permutation,
+                    x2, layer.packed_t, layer.scale_t, layer.zero_t, self.group_size, kernel
                 )
                 output = add_bias(output, layer.bias)
             else:
                 from ladle.kernels.int4_matmul import int4_dequantize
 
-                if permutation is not None:
-                    x2 = x2.index_select(1, permutation)
                 weight_t = int4_dequantize(
                     layer.packed_t,
                     layer.scale_t,
@@ -210,7 +198,5 @@ class Int4Method(QuantMethod):
                 )
                 output = add_bias(x2 @ weight_t, layer.bias)
         else:
-            if permutation is not None:
-                x2 = x2.index_select(1, permutation)
             output = group_quantized_matmul(x2, layer.quantized_weight, layer.bias)
         return output.reshape(*leading, -1)
