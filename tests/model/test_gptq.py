@@ -217,23 +217,27 @@ def test_lazy_block_loop_equals_the_textbook_column_loop(num_rows, num_inputs, a
     assert order is None or not torch.equal(order, torch.arange(num_inputs))  # really permuted
 
 
+def _uneven_channels(seed: int, num_inputs: int = 300):
+    """(inputs, their Hessian, a weight [16, K]) where the input channels' scales span two
+    decades in random order: where act-order matters."""
+    generator = torch.Generator().manual_seed(seed)
+    inputs, _ = _calibration(num_inputs, 4)
+    scales = torch.logspace(-1, 1, num_inputs)[torch.randperm(num_inputs, generator=generator)]
+    inputs = inputs * scales
+    accumulator = HessianAccumulator(num_inputs)
+    accumulator.add(inputs)
+    return inputs, accumulator.hessian(), torch.randn(16, num_inputs, generator=generator)
+
+
 @pytest.mark.parametrize("symmetric", [False, True])
 def test_act_order_with_static_groups_keeps_the_layout_and_beats_nearest_rounding(symmetric):
     """Static groups: every group's scale and zero are those of round-to-nearest on the
     uncompensated weight (clip None) whatever the visiting order, so codes stay in the
     g_idx = k // 128 layout; the compensated result beats round-to-nearest on inputs whose
     scales differ per channel (where act-order matters)."""
-    generator = torch.Generator().manual_seed(12)
-    num_inputs = 300
-    inputs, _ = _calibration(num_inputs, 4)
-    inputs = (
-        inputs * torch.logspace(-1, 1, num_inputs)[torch.randperm(num_inputs, generator=generator)]
-    )
-    accumulator = HessianAccumulator(num_inputs)
-    accumulator.add(inputs)
-    weight = torch.randn(16, num_inputs, generator=generator)
+    inputs, hessian, weight = _uneven_channels(seed=12)
     rtn_codes, rtn_scale, rtn_zero = quantize_int4_groups(weight, symmetric=symmetric)
-    codes, scale, zero = gptq_int4(weight, accumulator.hessian(), symmetric, act_order=True)
+    codes, scale, zero = gptq_int4(weight, hessian, symmetric, act_order=True)
     assert torch.equal(scale, rtn_scale) and torch.equal(zero, rtn_zero)
     assert not torch.equal(codes, rtn_codes)
     act = dequantize_int4_groups(codes, scale, zero)
@@ -267,16 +271,8 @@ def test_act_order_groups_follow_the_hessian_and_beat_nearest_rounding(symmetric
     on inputs whose scales differ per channel."""
     from ladle.model.layers.quant.gptq import dequantize_int4_scattered, gptq_int4_act_order
 
-    generator = torch.Generator().manual_seed(13)
-    num_inputs = 300
-    inputs, _ = _calibration(num_inputs, 4)
-    inputs = (
-        inputs * torch.logspace(-1, 1, num_inputs)[torch.randperm(num_inputs, generator=generator)]
-    )
-    accumulator = HessianAccumulator(num_inputs)
-    accumulator.add(inputs)
-    hessian = accumulator.hessian()
-    weight = torch.randn(16, num_inputs, generator=generator)
+    inputs, hessian, weight = _uneven_channels(seed=13)
+    num_inputs = weight.shape[1]
     codes, scale, zero, g_idx = gptq_int4_act_order(weight, hessian, symmetric)
     assert torch.bincount(g_idx.long()).tolist() == [128, 128, 44]
     order = torch.argsort(hessian.diagonal(), descending=True, stable=True)
