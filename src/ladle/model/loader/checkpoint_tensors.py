@@ -12,6 +12,10 @@ from ladle.model.layers.quant.fp8_block import group_scales_from_blocks
 from ladle.model.layers.quant.int4 import GROUP_SIZE, pack_int4_rows, unpack_int4_rows
 from ladle.model.loader.errors import ModelLoadError
 
+# GPTQ's and AWQ's group_size for one group per output channel (compressed-tensors: strategy
+# "channel").
+PER_CHANNEL = -1
+
 
 def pack_rows(codes: torch.Tensor, order: tuple[int, ...] = tuple(range(8))) -> torch.Tensor:
     """uint8 [R, C] codes -> int32 [R, ceil(C/8)]: nibble i of a word holds column order[i]."""
@@ -128,12 +132,25 @@ def permute_packed_inputs(packed: torch.Tensor, num_inputs: int, permutation: to
     return pack_int4_rows(codes[:, permutation].contiguous())
 
 
-def in_group_order(
-    name: str, g_idx: torch.Tensor, packed: torch.Tensor, num_inputs: int, group_size: int
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """An act-order projection's canonical words [N, ceil(K/8)] with the inputs in group order,
-    and the permutation the layer gathers its input by (the identity when g_idx is in order: a
-    merged layer's parts must agree, so every part brings one)."""
+def int4_input_order(
+    name: str,
+    g_idx: torch.Tensor | None,
+    packed: torch.Tensor,
+    num_inputs: int,
+    group_size: int,
+    act_order: bool,
+) -> tuple[torch.Tensor, torch.Tensor | None]:
+    """An int4 projection's canonical words [N, ceil(K/8)] with the inputs in group order, and
+    for an act-order checkpoint the permutation the layer gathers its input by (the identity
+    when g_idx is in order, or per channel where there are no groups to order: a merged layer's
+    parts must agree, so every part brings one); None for a checkpoint that is not act-order,
+    whose g_idx (named `name`, if stored) must be k // group_size."""
+    if group_size == PER_CHANNEL:  # one group: no order of groups to keep, whatever g_idx says
+        return packed, torch.arange(num_inputs) if act_order else None
+    if not act_order:
+        if g_idx is not None:
+            check_g_idx(name, g_idx, group_size)
+        return packed, None
     if tuple(g_idx.shape) != (num_inputs,):
         raise ModelLoadError(
             f"tensor {name!r} has shape {tuple(g_idx.shape)}; expected ({num_inputs},) ([K])"

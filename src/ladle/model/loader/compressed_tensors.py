@@ -36,9 +36,9 @@ from ladle.model.layers.quant.act_order import PERMUTATION
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.quant.int4 import GROUP_SIZE, GROUP_SIZES, num_groups
 from ladle.model.loader.checkpoint_tensors import (
-    check_g_idx,
+    PER_CHANNEL,
     fp8_canonical,
-    in_group_order,
+    int4_input_order,
     pack_rows,
     per_channel_as_groups,
     per_row_scale,
@@ -121,7 +121,7 @@ def int4_group_size(qc: dict) -> int:
     """The int4 scheme's group size, -1 for per-channel weights (read_scheme has checked it)."""
     weights = next(iter(qc["config_groups"].values()))["weights"]
     if str(weights.get("strategy") or "").lower() == "channel":
-        return -1
+        return PER_CHANNEL
     return int(weights["group_size"])
 
 
@@ -239,7 +239,7 @@ def _int4_canonical(
     if shape.numel() != 2:
         raise ModelLoadError(f"tensor {prefix + 'weight_shape'!r} does not hold [N, K]")
     rows, cols = (int(value) for value in shape.tolist())
-    per_channel = group_size == -1
+    per_channel = group_size == PER_CHANNEL
     groups = 1 if per_channel else num_groups(cols, group_size)
     _expect(prefix + "weight_packed", packed, (rows, -(-cols // 8)), torch.int32)
     if tuple(scale.shape) != (rows, groups):
@@ -262,19 +262,16 @@ def _int4_canonical(
     if per_channel:  # ladle's groups of 128, each repeating the channel's scale and zero
         scale16, zero = (t.t() for t in per_channel_as_groups(scale16.t(), zero.t(), cols))
         scale16, zero = scale16.contiguous(), zero.contiguous()
-    canonical = {"weight_scale": scale16, "weight_zero": zero}
-    packed = packed.contiguous()
-    if per_channel:  # one group: no order of groups to keep
-        if act_order:
-            canonical[PERMUTATION] = torch.arange(cols)
-    elif act_order:
-        name = prefix + "weight_g_idx"
-        packed, canonical[PERMUTATION] = in_group_order(
-            name, parts["weight_g_idx"], packed, cols, group_size
-        )
-    elif "weight_g_idx" in parts:
-        check_g_idx(prefix + "weight_g_idx", parts["weight_g_idx"], group_size)
-    return {"weight_packed": packed, **canonical}
+    packed, permutation = int4_input_order(
+        prefix + "weight_g_idx",
+        parts.get("weight_g_idx"),
+        packed.contiguous(),
+        cols,
+        group_size,
+        act_order,
+    )
+    canonical = {"weight_packed": packed, "weight_scale": scale16, "weight_zero": zero}
+    return canonical if permutation is None else {**canonical, PERMUTATION: permutation}
 
 
 def _expect(name: str, tensor: torch.Tensor, shape: tuple[int, ...], dtype: torch.dtype) -> None:

@@ -39,10 +39,11 @@ from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, check_block_size
 from ladle.model.layers.quant.int4 import GROUP_SIZE, GROUP_SIZES, Int4Method, num_groups
 from ladle.model.loader import compressed_tensors as ct
 from ladle.model.loader.checkpoint_tensors import (
+    PER_CHANNEL,
     check_g_idx,
     expect_shape,
     fp8_canonical,
-    in_group_order,
+    int4_input_order,
     pack_rows,
     per_channel_as_groups,
     unpack_rows,
@@ -53,8 +54,6 @@ FORMATS = CHECKPOINT_FORMATS
 DEFAULT_FORMAT = {"fp8": "hf-fp8", "int8": "ladle", "int4": "gptq"}
 # The method each format holds (compressed-tensors holds any of the three).
 FORMAT_METHOD = {"hf-fp8": "fp8", "gptq": "int4", "awq": "int4", "ladle": "int8"}
-# GPTQ's and AWQ's group_size for one group per output channel.
-PER_CHANNEL = -1
 # A decoder layer's projection weight: the tensors the GPU methods quantize.
 LINEAR_WEIGHT = re.compile(r"\.layers\.\d+\..*_proj\.weight$")
 LINEAR_PREFIX = re.compile(r"\.layers\.\d+\..*_proj$")
@@ -254,20 +253,15 @@ def _int4_canonical(
         raise ModelLoadError(f"tensor {prefix + 'qzeros'!r} holds a zero outside 0..15")
     if per_channel:
         scales, zeros = per_channel_as_groups(scales, zeros, num_inputs)
+    packed, permutation = int4_input_order(
+        prefix + "g_idx", parts.get("g_idx"), packed, num_inputs, fmt.group_size, fmt.act_order
+    )
     canonical = {
+        "weight_packed": packed,
         "weight_scale": scales.t().to(torch.float16).contiguous(),
         "weight_zero": zeros.t().to(torch.uint8).contiguous(),
     }
-    if per_channel:  # one group: no order of groups to keep, whatever g_idx says
-        if fmt.act_order:
-            canonical[PERMUTATION] = torch.arange(num_inputs)
-    elif fmt.act_order:
-        packed, canonical[PERMUTATION] = in_group_order(
-            prefix + "g_idx", parts["g_idx"], packed, num_inputs, fmt.group_size
-        )
-    elif "g_idx" in parts:
-        check_g_idx(prefix + "g_idx", parts["g_idx"], fmt.group_size)
-    return {"weight_packed": packed, **canonical}
+    return canonical if permutation is None else {**canonical, PERMUTATION: permutation}
 
 
 def _required_parts(fmt: CheckpointQuantization) -> tuple[tuple[str, ...], tuple[str, ...]]:
