@@ -130,9 +130,11 @@ def run_quantize(args: argparse.Namespace) -> int:
     float_layers = _float_layers(args, source)
     float_projections = parse_float_projections(args.float_projections)
     calibrated = None
-    if args.weight_block_size is not None:
-        _check_weight_block_size(args)
-    if args.algorithm != "rtn" or args.clip_search or args.act_order or args.static_groups:
+    calibrates = args.algorithm != "rtn" or args.clip_search or args.act_order or args.static_groups
+    if args.weight_block_size is not None and calibrates:
+        # Said before a calibration pass; the writer checks the method, format and size.
+        raise ValueError("--weight-block-size is written by round to nearest (--algorithm rtn)")
+    if calibrates:
         calibrated = _calibrate(args, source, dtype, float_layers, float_projections)
     summary = write_quantized_checkpoint(
         source,
@@ -166,19 +168,6 @@ def run_quantize(args: argparse.Namespace) -> int:
             file=sys.stderr,
         )
     return 0
-
-
-def _check_weight_block_size(args: argparse.Namespace) -> None:
-    """ValueError for --weight-block-size outside fp8 round to nearest, or a bad size."""
-    from ladle.model.layers.quant.fp8_block import check_block_size
-
-    if args.method != "fp8" or args.format not in (None, "hf-fp8", "compressed-tensors"):
-        raise ValueError(
-            "--weight-block-size applies to --method fp8 in the hf-fp8 or compressed-tensors format"
-        )
-    if args.algorithm != "rtn":
-        raise ValueError("--weight-block-size is written by round to nearest (--algorithm rtn)")
-    check_block_size(args.weight_block_size, args.weight_block_size)
 
 
 def _float_layers(args: argparse.Namespace, source) -> set[int]:
