@@ -51,6 +51,7 @@ RUNS = {
     "awq-gptq-wclip": (gptq_quantizer(METHOD, "weighted"), True),
     "awq-gptq-wclip-act": (gptq_quantizer(METHOD, "weighted", act_order="static"), True),
     "awq-gptq-act": (gptq_quantizer(METHOD, None, act_order="static"), True),
+    "awq-gptq-wclip-ao": (gptq_quantizer(METHOD, "weighted", act_order="dynamic"), True),
 }
 
 

@@ -84,6 +84,18 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
         "(AutoGPTQ's static_groups: g_idx stays k // 128, desc_act false, no gather)",
     )
     sub.add_argument(
+        "--rotate",
+        action="store_true",
+        help="int4 with --algorithm gptq or awq-gptq: fold a seeded random orthogonal rotation "
+        "into the residual stream before calibrating (QuaRot/SpinQuant's R1: the same model, "
+        "no run-time cost, weights GPTQ quantizes with less error; on the default model "
+        "awq-gptq +12.1%% -> +9.5%% perplexity). The norms' weights move into the projections "
+        "and a tied LM head is written as its own tensor (tie_word_embeddings false)",
+    )
+    sub.add_argument(
+        "--rotation-seed", type=int, default=0, help="--rotate: the rotation's seed (default 0)"
+    )
+    sub.add_argument(
         "--float-last-layers",
         type=int,
         default=None,
@@ -131,6 +143,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     float_projections = parse_float_projections(args.float_projections)
     calibrated = None
     calibrates = args.algorithm != "rtn" or args.clip_search or args.act_order or args.static_groups
+    calibrates = calibrates or args.rotate
     if args.weight_block_size is not None and calibrates:
         # Said before a calibration pass; the writer checks the method, format and size.
         raise ValueError("--weight-block-size is written by round to nearest (--algorithm rtn)")
@@ -153,6 +166,8 @@ def run_quantize(args: argparse.Namespace) -> int:
         how = {"rtn": "round to nearest"}.get(args.algorithm, args.algorithm)
         clipped = args.clip_search or args.algorithm in ("awq", "awq-gptq")
         how = f"{summary['calibrated']} by {how}{' with the clipping search' * clipped}"
+        if args.rotate:
+            how += f", residual stream rotated (seed {args.rotation_seed})"
     kept = f", {len(float_layers)} last layer(s) left in {args.dtype}" if float_layers else ""
     print(
         f"ladle quantize: {summary['quantized']} weights to {args.method} ({how}{kept}) in "
@@ -200,6 +215,9 @@ def _calibrate(
         raise ValueError(f"--algorithm {args.algorithm} applies to int4, not {args.method}")
     if args.act_order and (args.algorithm not in ("gptq", "awq-gptq") or args.method != "int4"):
         raise ValueError("--act-order applies to int4 with --algorithm gptq or awq-gptq")
+    if args.rotate and (args.algorithm not in ("gptq", "awq-gptq") or args.method != "int4"):
+        # Measured on the default model: round to nearest and fp8 both get worse rotated.
+        raise ValueError("--rotate applies to int4 with --algorithm gptq or awq-gptq")
     if args.static_groups and not args.act_order:
         raise ValueError("--static-groups applies with --act-order")
     if args.act_order and not args.static_groups and args.format not in (None, "gptq"):
@@ -235,5 +253,6 @@ def _calibrate(
         algorithm=args.algorithm,
         act_order=("static" if args.static_groups else "dynamic") if args.act_order else None,
         float_projections=float_projections,
+        rotation_seed=args.rotation_seed if args.rotate else None,
         log=lambda line: print(f"ladle quantize: {line}", file=sys.stderr, flush=True),
     )

@@ -44,6 +44,7 @@ from ladle.model.layers.quant.int4 import (
     unpack_int4_rows,
 )
 from ladle.model.layers.quant.int4_clip import search_int4_groups
+from ladle.model.layers.quant.rotation import rotate_residual_stream_, rotated_float_tensors
 
 BLOCK_SIZE = 16
 # (weight [N, K], Hessian [K, K]) -> the method's canonical tensors
@@ -324,6 +325,7 @@ def calibrate_checkpoint(
     algorithm: str = "gptq",
     act_order: str | None = None,
     float_projections: Collection[str] = (),
+    rotation_seed: int | None = None,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
     when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
@@ -332,7 +334,10 @@ def calibrate_checkpoint(
     input scaling folded into the norms and up rows before that search ("awq", int4 only), or
     with AWQ's scaling and then GPTQ with the weighted clipping search inside ("awq-gptq", int4
     only), leaving `float_projections` (checkpoint names: q_proj, ...) float; returns
-    canonical tensors by checkpoint weight name, for write_quantized_checkpoint(calibrated=...)."""
+    canonical tensors by checkpoint weight name, for write_quantized_checkpoint(calibrated=...).
+    `rotation_seed`: a random rotation folded into the residual stream first (rotation.py); the
+    result then also holds every tensor the rotation changed and calibration did not quantize
+    (embedding, untied LM head, norms, projections left float) as {"float": tensor}."""
     from ladle.attention.backend import get_attention_backend
     from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
@@ -354,7 +359,26 @@ def calibrate_checkpoint(
     symmetric = getattr(method, "symmetric", False)
     fold = algorithm in ("awq", "awq-gptq")
     float_modules = float_ladle_modules(float_projections)
+    if rotation_seed is not None:
+        rotate_residual_stream_(model, rotation_seed)
     results = calibrate_linears(
         model, windows, quantizer, log, float_layers, fold, symmetric, float_modules
     )
+    if rotation_seed is not None:
+        for name, tensor in rotated_float_tensors(model).items():
+            results[name] = {"float": tensor.cpu().clone()}
+        for name, module in _float_linears(model, float_layers, float_modules).items():
+            results[name] = {"float": module.weight.data.cpu().clone()}
     return by_checkpoint_name(model, results)
+
+
+def _float_linears(
+    model: nn.Module, float_layers: Collection[int], float_modules: Collection[str]
+) -> dict[str, nn.Module]:
+    """The decoder Linears calibration left float, by module name."""
+    kept = {}
+    for index, layer in enumerate(model.model.layers):
+        for name, module in _linears(layer).items():
+            if index in float_layers or name in float_modules:
+                kept[f"model.layers.{index}.{name}"] = module
+    return kept

@@ -225,7 +225,7 @@ def write_quantized_checkpoint(
         keep_float = in_layers(name, float_layers) or is_float_projection(name, float_projections)
         if is_projection and tensor.is_floating_point() and keep_float:
             float_modules.append(name.removesuffix(".weight"))
-            add(name, tensor.to(dtype))
+            add(name, calibrated.pop(name, {}).get("float", tensor).to(dtype))
         elif is_projection and tensor.is_floating_point():
             canonical = calibrated.pop(name, None)
             if canonical is None:
@@ -239,9 +239,14 @@ def write_quantized_checkpoint(
                 add(out_name, value)
             summary["quantized"] += 1
         else:
-            # A norm weight AWQ's folding changed (calibration.py) replaces the file's.
+            # A norm weight AWQ's folding or a rotation changed (calibration.py) replaces
+            # the file's.
             tensor = calibrated.pop(name, {}).get("float", tensor)
             add(name, tensor.to(dtype) if tensor.is_floating_point() else tensor)
+    untied_head = calibrated.pop("lm_head.weight", None)
+    if untied_head is not None:  # a rotated model whose source ties its head (rotation.py)
+        add("lm_head.weight", untied_head["float"].to(dtype))
+        config["tie_word_embeddings"] = False
     flush()
     if calibrated:
         raise ValueError(f"calibrated weights not in the checkpoint: {sorted(calibrated)[:4]}")
