@@ -17,6 +17,10 @@ and the loader reads back, without the folder round trip.
     gptq-wclip-act       GPTQ in act-order (largest Hessian diagonal first) with static groups
                          (ranges by the weighted search on the uncompensated weight)
     awq-...              the same after AWQ's scales are folded
+    awq-gptq-wclip-ao    awq-gptq-wclip with its groups formed in act-order (desc_act)
+
+--rotation-seed N: every run on the model with a rotation folded into its residual stream
+(`ladle quantize --rotate --rotation-seed N`).
 """
 
 from __future__ import annotations
@@ -27,6 +31,7 @@ import time
 from ladle.bench.perplexity import load_for_perplexity, perplexity
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.quant.int4 import Int4Method
+from ladle.model.layers.quant.rotation import rotate_residual_stream_
 from ladle.model.loader.calibration import (
     calibrate_linears,
     clip_search_quantizer,
@@ -62,6 +67,12 @@ def main() -> None:
     parser.add_argument("--calibration-tokens", type=int, default=512)
     parser.add_argument("--runs", nargs="+", default=["awq", "awq-gptq-wclip"], choices=list(RUNS))
     parser.add_argument("--float32-perplexity", type=float, default=None, help="skip its run")
+    parser.add_argument(
+        "--rotation-seed",
+        type=int,
+        default=None,
+        help="fold this seed's rotation into the residual stream first (ladle quantize --rotate)",
+    )
     args = parser.parse_args()
     from ladle.engine.tokenizer import load_tokenizer
 
@@ -81,8 +92,11 @@ def main() -> None:
     print(f"{'float32':>20}: {base:.4f}", flush=True)
     for run in args.runs:
         quantizer, fold = RUNS[run]
+        model.lm_head = None  # the default model's head is tied; a rotation unties it
         model.load_state_dict(original)
         started = time.perf_counter()
+        if args.rotation_seed is not None:
+            rotate_residual_stream_(model, args.rotation_seed)
         calibrate_linears(model, calibration, quantizer, fold_scales=fold)
         calibrated = time.perf_counter() - started
         result = perplexity(model, windows)

@@ -1,0 +1,67 @@
+"""`ladle quantize --rotate` on a machine with CUDA: calibration (and the rotation) run on the
+GPU, and the rotated int4 folder, untied head and all, serves on CUDA with the logits it has on
+the CPU and an error against the float model no worse than the unrotated folder's."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+def _load(path: str, device: torch.device, dtype: torch.dtype):
+    from ladle.attention.backend import get_attention_backend
+    from ladle.config import ModelConfig
+    from ladle.model.loader import load_model
+
+    dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    config = ModelConfig(model=path, dtype=dtype_name)
+    return load_model(config, device, dtype, get_attention_backend(device))
+
+
+@torch.no_grad()
+def _logits(path: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
+    from helpers.tiny_models import PagedBatch, make_kv_caches
+
+    loaded = _load(path, device, dtype)
+    prompts = [list(range(4, 40)), list(range(50, 57)), [9]]
+    input_ids, positions, metadata = PagedBatch(len(prompts), 16, 32).step(prompts, device=device)
+    caches = make_kv_caches(loaded.arch_config, 32, 16, dtype=dtype, device=device)
+    logits = loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
+    return logits.float().cpu()
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
+def test_rotated_int4_folder_calibrated_on_cuda(tmp_path):
+    from helpers.tiny_models import save_gemm_aligned_tiny_model, write_calibration_text
+
+    from ladle.cli import main
+
+    float_dir = save_gemm_aligned_tiny_model(tmp_path, tie_word_embeddings=True)
+    text = write_calibration_text(tmp_path)
+    folders = {}
+    for name, extra in (("plain", []), ("rotated", ["--rotate"])):
+        folders[name] = str(tmp_path / name)
+        argv = ["quantize", float_dir, folders[name], "--method", "int4"]
+        argv += ["--algorithm", "awq-gptq", "--calibration-data", str(text)]
+        argv += ["--calibration-samples", "3", "--calibration-tokens", "40", *extra]
+        assert main(argv) == 0
+    assert (
+        json.loads((tmp_path / "rotated" / "config.json").read_text())["tie_word_embeddings"]
+        is False
+    )
+
+    reference = _logits(float_dir, CUDA, torch.bfloat16)
+    errors = {
+        name: _relative(_logits(f, CUDA, torch.bfloat16), reference) for name, f in folders.items()
+    }
+    assert errors["rotated"] < 2 * errors["plain"] + 0.05, errors
+    on_cpu = _logits(folders["rotated"], CPU, torch.float32)
+    assert _relative(_logits(folders["rotated"], CUDA, torch.bfloat16), on_cpu) < 0.03
