@@ -135,3 +135,33 @@ def test_cli_refuses_rotate_without_int4_gptq(tmp_path, capsys, options):
     assert main(["quantize", float_model, str(out), *options]) == 2
     assert "--rotate applies to int4 with --algorithm gptq or awq-gptq" in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_rotate_unties_a_tied_source_that_also_stores_its_head(tmp_path):
+    """Some tied checkpoints store lm_head.weight too (ladle ignores it, as transformers does).
+    Rotated, the head written must be the rotated one and the config untied: the folder equals
+    the one written from the same model without the stored head."""
+    from helpers.tiny_models import save_tiny_model, write_calibration_text
+    from safetensors.torch import load_file, save_file
+
+    from ladle.cli import main
+
+    text = write_calibration_text(tmp_path)
+    folders = {}
+    for name in ("plain", "with_head"):
+        source = save_tiny_model(tmp_path / f"src_{name}", "llama_tied", intermediate_size=200)
+        if name == "with_head":
+            tensors = load_file(f"{source}/model.safetensors")
+            tensors["lm_head.weight"] = tensors["model.embed_tokens.weight"].clone()
+            save_file(tensors, f"{source}/model.safetensors", metadata={"format": "pt"})
+        folders[name] = tmp_path / name
+        argv = ["quantize", source, str(folders[name]), "--method", "int4", "--dtype", "float32"]
+        argv += ["--algorithm", "gptq", "--rotate", "--calibration-data", str(text)]
+        argv += ["--calibration-samples", "3", "--calibration-tokens", "40"]
+        assert main(argv) == 0
+    for folder in folders.values():
+        assert json.loads((folder / "config.json").read_text())["tie_word_embeddings"] is False
+    plain = load_file(str(folders["plain"] / "model.safetensors"))
+    with_head = load_file(str(folders["with_head"] / "model.safetensors"))
+    assert plain.keys() == with_head.keys()
+    assert all(torch.equal(plain[name], with_head[name]) for name in plain)

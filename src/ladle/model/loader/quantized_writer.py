@@ -210,6 +210,8 @@ def write_quantized_checkpoint(
             flush()
 
     calibrated = dict(calibrated or {})
+    # A rotated model's head (rotation.py) is its own tensor, whether or not the source tied it.
+    untie_head = "lm_head.weight" in calibrated
     act_order_written = any("g_idx" in canonical for canonical in calibrated.values())
     if act_order_written and fmt != "gptq":
         raise ValueError(
@@ -243,9 +245,10 @@ def write_quantized_checkpoint(
             # the file's.
             tensor = calibrated.pop(name, {}).get("float", tensor)
             add(name, tensor.to(dtype) if tensor.is_floating_point() else tensor)
-    untied_head = calibrated.pop("lm_head.weight", None)
-    if untied_head is not None:  # a rotated model whose source ties its head (rotation.py)
-        add("lm_head.weight", untied_head["float"].to(dtype))
+    head = calibrated.pop("lm_head.weight", None)
+    if head is not None:  # the source had no head tensor: it tied the embedding
+        add("lm_head.weight", head["float"].to(dtype))
+    if untie_head:
         config["tie_word_embeddings"] = False
     flush()
     if calibrated:
