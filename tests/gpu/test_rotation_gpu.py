@@ -25,14 +25,9 @@ def _load(path: str, device: torch.device, dtype: torch.dtype):
 
 @torch.no_grad()
 def _logits(path: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    from helpers.tiny_models import PagedBatch, make_kv_caches
+    from helpers.tiny_models import paged_logits
 
-    loaded = _load(path, device, dtype)
-    prompts = [list(range(4, 40)), list(range(50, 57)), [9]]
-    input_ids, positions, metadata = PagedBatch(len(prompts), 16, 32).step(prompts, device=device)
-    caches = make_kv_caches(loaded.arch_config, 32, 16, dtype=dtype, device=device)
-    logits = loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
-    return logits.float().cpu()
+    return paged_logits(_load(path, device, dtype), device, dtype).float().cpu()
 
 
 def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:

@@ -251,11 +251,14 @@ def make_kv_caches(
 
 
 @torch.no_grad()
-def paged_logits(loaded) -> torch.Tensor:
-    """A loaded model's logits for two fixed prompts in one paged step (every position)."""
+def paged_logits(
+    loaded, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+) -> torch.Tensor:
+    """A loaded model's logits for two fixed prompts in one paged step (every position), its
+    KV cache on `device` in `dtype` (the model's)."""
     prompts = [list(range(4, 9)), list(range(20, 31))]
-    input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts)
-    caches = make_kv_caches(loaded.arch_config, 16, 4)
+    input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts, device=device)
+    caches = make_kv_caches(loaded.arch_config, 16, 4, dtype=dtype, device=device)
     return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
 
 
