@@ -96,6 +96,15 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
         "--rotation-seed", type=int, default=0, help="--rotate: the rotation's seed (default 0)"
     )
     sub.add_argument(
+        "--tune-steps",
+        type=int,
+        default=0,
+        metavar="N",
+        help="int4, calibrated: after calibration, N Adam steps (4 calibration windows each) "
+        "tuning the groups' scales and the norms' weights end to end toward the float model's "
+        "next-token distributions; the codes and the format stay (see docs/quantization.md)",
+    )
+    sub.add_argument(
         "--float-last-layers",
         type=int,
         default=None,
@@ -143,7 +152,7 @@ def run_quantize(args: argparse.Namespace) -> int:
     float_projections = parse_float_projections(args.float_projections)
     calibrated = None
     calibrates = args.algorithm != "rtn" or args.clip_search or args.act_order or args.static_groups
-    calibrates = calibrates or args.rotate
+    calibrates = calibrates or args.rotate or args.tune_steps
     if args.weight_block_size is not None and calibrates:
         # Said before a calibration pass; the writer checks the method, format and size.
         raise ValueError("--weight-block-size is written by round to nearest (--algorithm rtn)")
@@ -168,6 +177,8 @@ def run_quantize(args: argparse.Namespace) -> int:
         how = f"{summary['calibrated']} by {how}{' with the clipping search' * clipped}"
         if args.rotate:
             how += f", residual stream rotated (seed {args.rotation_seed})"
+        if args.tune_steps:
+            how += f", scales tuned for {args.tune_steps} steps"
     kept = f", {len(float_layers)} last layer(s) left in {args.dtype}" if float_layers else ""
     print(
         f"ladle quantize: {summary['quantized']} weights to {args.method} ({how}{kept}) in "
@@ -218,6 +229,16 @@ def _calibrate(
     if args.rotate and (args.algorithm not in ("gptq", "awq-gptq") or args.method != "int4"):
         # Measured on the default model: round to nearest and fp8 both get worse rotated.
         raise ValueError("--rotate applies to int4 with --algorithm gptq or awq-gptq")
+    if args.tune_steps < 0:
+        raise ValueError(f"--tune-steps must be 0 or more, not {args.tune_steps}")
+    if args.tune_steps and (
+        args.method != "int4" or not (args.algorithm != "rtn" or args.clip_search)
+    ):
+        # The tuning starts from a calibrated model's codes and scales.
+        raise ValueError(
+            "--tune-steps applies to int4 calibrated by --algorithm gptq, awq or awq-gptq "
+            "(or --clip-search)"
+        )
     if args.static_groups and not args.act_order:
         raise ValueError("--static-groups applies with --act-order")
     if args.act_order and not args.static_groups and args.format not in (None, "gptq"):
@@ -254,5 +275,6 @@ def _calibrate(
         act_order=("static" if args.static_groups else "dynamic") if args.act_order else None,
         float_projections=float_projections,
         rotation_seed=args.rotation_seed if args.rotate else None,
+        tune_steps=args.tune_steps,
         log=lambda line: print(f"ladle quantize: {line}", file=sys.stderr, flush=True),
     )

@@ -45,6 +45,7 @@ from ladle.model.layers.quant.int4 import (
 )
 from ladle.model.layers.quant.int4_clip import search_int4_groups
 from ladle.model.layers.quant.rotation import rotate_residual_stream_, rotated_float_tensors
+from ladle.model.loader.scale_tuning import teacher_targets, tune_scales_
 
 BLOCK_SIZE = 16
 # (weight [N, K], Hessian [K, K]) -> the method's canonical tensors
@@ -255,7 +256,7 @@ def calibrate_linears(
             if name in float_modules:
                 continue
             canonical = quantizer(module.weight.data.float(), hessians[name])
-            dequantized = _dequantize(canonical, module.input_size)
+            dequantized = dequantize_canonical(canonical, module.input_size)
             module.weight.data.copy_(dequantized.to(module.weight.dtype))
             results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
         del accumulators, hessians
@@ -268,7 +269,7 @@ def calibrate_linears(
     return results
 
 
-def _dequantize(canonical: dict[str, torch.Tensor], num_inputs: int) -> torch.Tensor:
+def dequantize_canonical(canonical: dict[str, torch.Tensor], num_inputs: int) -> torch.Tensor:
     """The float32 weight a calibrated layer's canonical tensors stand for."""
     if "g_idx" in canonical:  # act-order groups
         codes = unpack_int4_rows(canonical["weight_packed"], num_inputs)
@@ -326,6 +327,7 @@ def calibrate_checkpoint(
     act_order: str | None = None,
     float_projections: Collection[str] = (),
     rotation_seed: int | None = None,
+    tune_steps: int = 0,
 ) -> dict[str, dict[str, torch.Tensor]]:
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
     when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
@@ -337,7 +339,9 @@ def calibrate_checkpoint(
     canonical tensors by checkpoint weight name, for write_quantized_checkpoint(calibrated=...).
     `rotation_seed`: a random rotation folded into the residual stream first (rotation.py); the
     result then also holds every tensor the rotation changed and calibration did not quantize
-    (embedding, untied LM head, norms, projections left float) as {"float": tensor}."""
+    (embedding, untied LM head, norms, projections left float) as {"float": tensor}.
+    `tune_steps` (int4): that many steps of scale_tuning.tune_scales_ after calibration, against
+    the float model's distributions on the same windows; every norm is then in the result."""
     from ladle.attention.backend import get_attention_backend
     from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
@@ -359,11 +363,16 @@ def calibrate_checkpoint(
     symmetric = getattr(method, "symmetric", False)
     fold = algorithm in ("awq", "awq-gptq")
     float_modules = float_ladle_modules(float_projections)
+    if tune_steps and not isinstance(method, Int4Method):
+        raise ValueError("scale tuning (--tune-steps) applies to int4's group scales only")
     if rotation_seed is not None:
         rotate_residual_stream_(model, rotation_seed)
+    targets = teacher_targets(model, windows) if tune_steps else None
     results = calibrate_linears(
         model, windows, quantizer, log, float_layers, fold, symmetric, float_modules
     )
+    if tune_steps:
+        tune_scales_(model, windows, results, targets, tune_steps, method.group_size, log=log)
     if rotation_seed is not None:
         for name, tensor in rotated_float_tensors(model).items():
             results[name] = {"float": tensor.cpu().clone()}
