@@ -252,13 +252,18 @@ def make_kv_caches(
 
 @torch.no_grad()
 def paged_logits(
-    loaded, device: torch.device | str = "cpu", dtype: torch.dtype = torch.float32
+    loaded,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype = torch.float32,
+    prompts: list[list[int]] | None = None,
 ) -> torch.Tensor:
-    """A loaded model's logits for two fixed prompts in one paged step (every position), its
-    KV cache on `device` in `dtype` (the model's)."""
-    prompts = [list(range(4, 9)), list(range(20, 31))]
-    input_ids, positions, metadata = PagedBatch(len(prompts), 4, 16).step(prompts, device=device)
-    caches = make_kv_caches(loaded.arch_config, 16, 4, dtype=dtype, device=device)
+    """A loaded model's logits for `prompts` (default: two fixed ones) in one paged step (every
+    position), its KV cache on `device` in `dtype` (the model's)."""
+    prompts = prompts or [list(range(4, 9)), list(range(20, 31))]
+    num_blocks = sum(-(-len(prompt) // 4) for prompt in prompts) + 1
+    batch = PagedBatch(len(prompts), 4, num_blocks)
+    input_ids, positions, metadata = batch.step(prompts, device=device)
+    caches = make_kv_caches(loaded.arch_config, num_blocks, 4, dtype=dtype, device=device)
     return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
 
 

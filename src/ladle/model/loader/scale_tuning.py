@@ -29,9 +29,8 @@ from ladle.model.layers.quant.int4 import unpack_int4_rows
 from ladle.model.models.llama_autograd_forward import sequence_logits
 
 TOP_K = 64
-LEARNING_RATE = (
-    1e-3  # Adam's, on log(scale) and on the norm weights (measured: docs/quantization.md)
-)
+# Adam's, on log(scale) and on the norm weights (measured: docs/quantization.md)
+LEARNING_RATE = 3e-3
 WINDOWS_PER_STEP = 4
 
 

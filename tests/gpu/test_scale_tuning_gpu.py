@@ -1,0 +1,77 @@
+"""`ladle quantize --tune-steps` on a machine with CUDA: the tuning runs on the GPU in bfloat16,
+the differentiable forward matches the serving forward there, and the tuned folder serves on
+CUDA with the logits it has on the CPU and closer to the float model than the untuned one."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+CUDA, CPU = torch.device("cuda"), torch.device("cpu")
+
+
+def _load(path: str, device: torch.device, dtype: torch.dtype):
+    from ladle.attention.backend import get_attention_backend
+    from ladle.config import ModelConfig
+    from ladle.model.loader import load_model
+
+    dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    config = ModelConfig(model=path, dtype=dtype_name)
+    return load_model(config, device, dtype, get_attention_backend(device))
+
+
+@torch.no_grad()
+def _logits(path: str, device: torch.device, dtype: torch.dtype, prompts=None) -> torch.Tensor:
+    from helpers.tiny_models import paged_logits
+
+    return paged_logits(_load(path, device, dtype), device, dtype, prompts).float().cpu()
+
+
+def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    return ((actual - expected).norm() / expected.norm()).item()
+
+
+@pytest.mark.parametrize("architecture", ["qwen2", "qwen3"])
+def test_sequence_logits_match_the_paged_forward_on_cuda(tmp_path, architecture):
+    from helpers.tiny_models import save_tiny_model
+
+    from ladle.model.models.llama_autograd_forward import sequence_logits
+
+    path = save_tiny_model(tmp_path, architecture)
+    paged = _logits(path, CUDA, torch.bfloat16)
+    model = _load(path, CUDA, torch.bfloat16).model
+    with torch.no_grad():
+        first = sequence_logits(model, torch.arange(4, 9, device=CUDA))
+        second = sequence_logits(model, torch.arange(20, 31, device=CUDA))
+    assert _relative(torch.cat([first, second]).cpu(), paged) < 0.02
+
+
+def test_tuned_int4_folder_calibrated_on_cuda(tmp_path):
+    """Closer to the float model on the text it was tuned on (what the tuning optimizes; on a
+    random tiny model other text need not follow)."""
+    from helpers.tiny_models import save_gemm_aligned_tiny_model, write_calibration_text
+
+    from ladle.cli import main
+    from ladle.engine.tokenizer import load_tokenizer
+    from ladle.model.loader.calibration_text import token_windows
+
+    float_dir = save_gemm_aligned_tiny_model(tmp_path)
+    text = write_calibration_text(tmp_path)
+    folders = {}
+    for name, extra in (("plain", []), ("tuned", ["--tune-steps", "8"])):
+        folders[name] = str(tmp_path / name)
+        argv = ["quantize", float_dir, folders[name], "--method", "int4"]
+        argv += ["--algorithm", "awq-gptq", "--calibration-data", str(text)]
+        argv += ["--calibration-samples", "3", "--calibration-tokens", "40", *extra]
+        assert main(argv) == 0
+
+    windows = token_windows(load_tokenizer(float_dir), [text.read_text()], 120, 40)
+    reference = _logits(float_dir, CUDA, torch.bfloat16, windows)
+    errors = {
+        name: _relative(_logits(f, CUDA, torch.bfloat16, windows), reference)
+        for name, f in folders.items()
+    }
+    assert errors["tuned"] < errors["plain"], errors
+    on_cpu = _logits(folders["tuned"], CPU, torch.float32)
+    assert _relative(_logits(folders["tuned"], CUDA, torch.bfloat16), on_cpu) < 0.03
