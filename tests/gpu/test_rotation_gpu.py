@@ -8,26 +8,10 @@ import json
 
 import pytest
 import torch
+from helpers.tiny_models import folder_logits
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
-
-
-def _load(path: str, device: torch.device, dtype: torch.dtype):
-    from ladle.attention.backend import get_attention_backend
-    from ladle.config import ModelConfig
-    from ladle.model.loader import load_model
-
-    dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    config = ModelConfig(model=path, dtype=dtype_name)
-    return load_model(config, device, dtype, get_attention_backend(device))
-
-
-@torch.no_grad()
-def _logits(path: str, device: torch.device, dtype: torch.dtype) -> torch.Tensor:
-    from helpers.tiny_models import paged_logits
-
-    return paged_logits(_load(path, device, dtype), device, dtype).float().cpu()
 
 
 def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -53,10 +37,11 @@ def test_rotated_int4_folder_calibrated_on_cuda(tmp_path):
         is False
     )
 
-    reference = _logits(float_dir, CUDA, torch.bfloat16)
+    reference = folder_logits(float_dir, CUDA, torch.bfloat16)
     errors = {
-        name: _relative(_logits(f, CUDA, torch.bfloat16), reference) for name, f in folders.items()
+        name: _relative(folder_logits(f, CUDA, torch.bfloat16), reference)
+        for name, f in folders.items()
     }
     assert errors["rotated"] < 2 * errors["plain"] + 0.05, errors
-    on_cpu = _logits(folders["rotated"], CPU, torch.float32)
-    assert _relative(_logits(folders["rotated"], CUDA, torch.bfloat16), on_cpu) < 0.03
+    on_cpu = folder_logits(folders["rotated"], CPU, torch.float32)
+    assert _relative(folder_logits(folders["rotated"], CUDA, torch.bfloat16), on_cpu) < 0.03

@@ -6,26 +6,10 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.tiny_models import folder_logits, load_on_device
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 CUDA, CPU = torch.device("cuda"), torch.device("cpu")
-
-
-def _load(path: str, device: torch.device, dtype: torch.dtype):
-    from ladle.attention.backend import get_attention_backend
-    from ladle.config import ModelConfig
-    from ladle.model.loader import load_model
-
-    dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
-    config = ModelConfig(model=path, dtype=dtype_name)
-    return load_model(config, device, dtype, get_attention_backend(device))
-
-
-@torch.no_grad()
-def _logits(path: str, device: torch.device, dtype: torch.dtype, prompts=None) -> torch.Tensor:
-    from helpers.tiny_models import paged_logits
-
-    return paged_logits(_load(path, device, dtype), device, dtype, prompts).float().cpu()
 
 
 def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
@@ -39,8 +23,8 @@ def test_sequence_logits_match_the_paged_forward_on_cuda(tmp_path, architecture)
     from ladle.model.models.llama_autograd_forward import sequence_logits
 
     path = save_tiny_model(tmp_path, architecture)
-    paged = _logits(path, CUDA, torch.bfloat16)
-    model = _load(path, CUDA, torch.bfloat16).model
+    paged = folder_logits(path, CUDA, torch.bfloat16)
+    model = load_on_device(path, CUDA, torch.bfloat16).model
     with torch.no_grad():
         first = sequence_logits(model, torch.arange(4, 9, device=CUDA))
         second = sequence_logits(model, torch.arange(20, 31, device=CUDA))
@@ -67,11 +51,11 @@ def test_tuned_int4_folder_calibrated_on_cuda(tmp_path):
         assert main(argv) == 0
 
     windows = token_windows(load_tokenizer(float_dir), [text.read_text()], 120, 40)
-    reference = _logits(float_dir, CUDA, torch.bfloat16, windows)
+    reference = folder_logits(float_dir, CUDA, torch.bfloat16, windows)
     errors = {
-        name: _relative(_logits(f, CUDA, torch.bfloat16, windows), reference)
+        name: _relative(folder_logits(f, CUDA, torch.bfloat16, windows), reference)
         for name, f in folders.items()
     }
     assert errors["tuned"] < errors["plain"], errors
-    on_cpu = _logits(folders["tuned"], CPU, torch.float32)
-    assert _relative(_logits(folders["tuned"], CUDA, torch.bfloat16), on_cpu) < 0.03
+    on_cpu = folder_logits(folders["tuned"], CPU, torch.float32)
+    assert _relative(folder_logits(folders["tuned"], CUDA, torch.bfloat16), on_cpu) < 0.03

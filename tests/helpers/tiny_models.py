@@ -267,6 +267,29 @@ def paged_logits(
     return loaded.model.compute_logits(loaded.model(input_ids, positions, caches, metadata))
 
 
+def load_on_device(path: str | Path, device: torch.device, dtype: torch.dtype):
+    """A model folder loaded as the engine would on `device` in `dtype` (bfloat16 or float32),
+    with that device's attention backend."""
+    from ladle.attention.backend import get_attention_backend
+    from ladle.config import ModelConfig
+    from ladle.model.loader import load_model
+
+    dtype_name = {torch.bfloat16: "bfloat16", torch.float32: "float32"}[dtype]
+    config = ModelConfig(model=str(path), dtype=dtype_name)
+    return load_model(config, device, dtype, get_attention_backend(device))
+
+
+def folder_logits(
+    path: str | Path,
+    device: torch.device,
+    dtype: torch.dtype,
+    prompts: list[list[int]] | None = None,
+) -> torch.Tensor:
+    """paged_logits of the folder loaded on `device` in `dtype`, as float32 on the CPU."""
+    loaded = load_on_device(path, device, dtype)
+    return paged_logits(loaded, device, dtype, prompts).float().cpu()
+
+
 def load_float32_on_cpu(path: str | Path):
     """A model folder loaded as the engine would on the CPU in float32 (the torch attention
     backend): the quantize-and-load-back tests' reference and reload."""
