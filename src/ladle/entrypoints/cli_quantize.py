@@ -102,7 +102,8 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
         metavar="N",
         help="int4, calibrated: after calibration, N Adam steps (4 calibration windows each) "
         "tuning the groups' scales and the norms' weights end to end toward the float model's "
-        "next-token distributions; the codes and the format stay (see docs/quantization.md)",
+        "next-token distributions; the codes and the format stay (default model, rotated "
+        "awq-gptq: +8.9%% -> +4.9%% perplexity with --calibration-samples 64 --tune-steps 96)",
     )
     sub.add_argument(
         "--float-last-layers",
