@@ -232,9 +232,8 @@ def _calibrate(
         raise ValueError("--rotate applies to int4 with --algorithm gptq or awq-gptq")
     if args.tune_steps < 0:
         raise ValueError(f"--tune-steps must be 0 or more, not {args.tune_steps}")
-    if args.tune_steps and (
-        args.method != "int4" or not (args.algorithm != "rtn" or args.clip_search)
-    ):
+    uncalibrated = args.algorithm == "rtn" and not args.clip_search
+    if args.tune_steps and (args.method != "int4" or uncalibrated):
         # The tuning starts from a calibrated model's codes and scales.
         raise ValueError(
             "--tune-steps applies to int4 calibrated by --algorithm gptq, awq or awq-gptq "

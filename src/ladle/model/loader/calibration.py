@@ -256,7 +256,7 @@ def calibrate_linears(
             if name in float_modules:
                 continue
             canonical = quantizer(module.weight.data.float(), hessians[name])
-            dequantized = dequantize_canonical(canonical, module.input_size)
+            dequantized = _dequantize(canonical, module.input_size)
             module.weight.data.copy_(dequantized.to(module.weight.dtype))
             results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
         del accumulators, hessians
@@ -269,7 +269,7 @@ def calibrate_linears(
     return results
 
 
-def dequantize_canonical(canonical: dict[str, torch.Tensor], num_inputs: int) -> torch.Tensor:
+def _dequantize(canonical: dict[str, torch.Tensor], num_inputs: int) -> torch.Tensor:
     """The float32 weight a calibrated layer's canonical tensors stand for."""
     if "g_idx" in canonical:  # act-order groups
         codes = unpack_int4_rows(canonical["weight_packed"], num_inputs)

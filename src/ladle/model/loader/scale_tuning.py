@@ -101,23 +101,22 @@ class _TunedLinear:
     """One int4 projection's levels (codes - zero) and column -> group map, its calibrated scales
     and the log-offset Adam moves."""
 
-    def __init__(self, canonical: dict[str, torch.Tensor], input_size: int, group_size: int):
-        device = canonical["weight_scale"].device
-        codes = unpack_int4_rows(canonical["weight_packed"], input_size)
+    def __init__(
+        self,
+        canonical: dict[str, torch.Tensor],
+        input_size: int,
+        group_size: int,
+        device: torch.device,
+    ):
+        codes = unpack_int4_rows(canonical["weight_packed"].to(device), input_size)
         if "g_idx" in canonical:  # act-order: each input column names its group
-            self.column_groups = canonical["g_idx"].long()
+            self.column_groups = canonical["g_idx"].to(device).long()
         else:
             self.column_groups = torch.arange(input_size, device=device) // group_size
-        zero = canonical["weight_zero"].long()[:, self.column_groups]
+        zero = canonical["weight_zero"].to(device).long()[:, self.column_groups]
         self.levels = (codes.long() - zero).to(torch.int8)
-        self.scale = canonical["weight_scale"].float()
+        self.scale = canonical["weight_scale"].to(device).float()
         self.offset = torch.zeros_like(self.scale, requires_grad=True)
-
-    def to(self, device: torch.device) -> _TunedLinear:
-        self.levels, self.column_groups = self.levels.to(device), self.column_groups.to(device)
-        self.scale = self.scale.to(device)
-        self.offset = self.offset.detach().to(device).requires_grad_(True)
-        return self
 
     def tuned_scale(self) -> torch.Tensor:
         return self.scale * self.offset.exp()
@@ -143,7 +142,7 @@ def tune_scales_(
     the model, so the model computes what the written folder will."""
     device = next(model.parameters()).device
     linears = {
-        name: _TunedLinear(canonical, model.get_submodule(name).input_size, group_size).to(device)
+        name: _TunedLinear(canonical, model.get_submodule(name).input_size, group_size, device)
         for name, canonical in results.items()
         if "weight_packed" in canonical
     }
@@ -186,16 +185,14 @@ def tune_scales_(
 
 @torch.no_grad()
 def _install_(model, results, linears, norms) -> None:
-    from ladle.model.loader.calibration import dequantize_canonical  # it imports this module
-
     for name, linear in linears.items():
         canonical = results[name]
-        canonical["weight_scale"] = (
-            linear.tuned_scale().to(canonical["weight_scale"].dtype).to("cpu")
-        )
+        scale = linear.tuned_scale().to(canonical["weight_scale"].dtype)
+        canonical["weight_scale"] = scale.cpu()
+        # The float32 weight the written codes, zeros and stored scales stand for.
+        weight = _weight(linear.levels, scale, linear.column_groups, torch.float32)
         module = model.get_submodule(name)
-        weight = dequantize_canonical(canonical, module.input_size)
-        module.weight.data.copy_(weight.to(module.weight.device, module.weight.dtype))
+        module.weight.data.copy_(weight.to(module.weight.dtype))
     for name, norm in norms.items():
         module = model.get_submodule(name)
         module.weight.data.copy_(norm.to(module.weight.dtype))

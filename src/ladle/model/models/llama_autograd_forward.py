@@ -51,9 +51,7 @@ def sequence_logits(
         attention = layer.self_attn
         h = norm(prefix + "input_layernorm", layer.input_layernorm, x)
         qkv = linear(prefix + "self_attn.qkv_proj", attention.qkv_proj, h)
-        query, key, value = qkv.split(
-            [heads * head_dim, kv_heads * head_dim, kv_heads * head_dim], dim=-1
-        )
+        query, key, value = attention.qkv_proj.split(qkv)
         query = query.reshape(num_tokens, heads, head_dim)
         key = key.reshape(num_tokens, kv_heads, head_dim)
         if attention.q_norm is not None:
