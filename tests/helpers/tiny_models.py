@@ -308,8 +308,10 @@ def write_calibration_text(folder: Path) -> Path:
     return text
 
 
-def quantize_calibrated(tmp_path: Path, architecture: str, out_name: str, *options: str):
-    """A tiny model (intermediate size 200) quantized to int4 by `ladle quantize OPTIONS` in
+def quantize_calibrated(
+    tmp_path: Path, architecture: str, out_name: str, *options: str, method: str = "int4"
+):
+    """A tiny model (intermediate size 200) quantized to `method` by `ladle quantize OPTIONS` in
     float32 on the calibration text (3 windows of 40 tokens). Returns (the float model's folder,
     the output folder, the same calibration windows for the in-memory pass to compare with)."""
     from ladle.cli import main
@@ -319,7 +321,7 @@ def quantize_calibrated(tmp_path: Path, architecture: str, out_name: str, *optio
     float_model = save_tiny_model(tmp_path, architecture, intermediate_size=200)
     text = write_calibration_text(tmp_path)
     out = tmp_path / out_name
-    argv = ["quantize", float_model, str(out), "--method", "int4", "--dtype", "float32"]
+    argv = ["quantize", float_model, str(out), "--method", method, "--dtype", "float32"]
     argv += ["--calibration-data", str(text), "--calibration-samples", "3"]
     argv += ["--calibration-tokens", "40", *options]
     assert main(argv) == 0

@@ -122,7 +122,7 @@ def test_tuning_lowers_the_divergence_and_loads_back(tmp_path, architecture):
 @pytest.mark.parametrize(
     ("options", "message"),
     [
-        (["--method", "fp8", "--algorithm", "gptq"], "--tune-steps applies to int4"),
+        (["--method", "int8"], "--tune-steps applies to int4 and fp8"),
         (["--method", "int4"], "--tune-steps applies to int4 calibrated"),
     ],
 )
@@ -136,3 +136,87 @@ def test_tune_steps_refusals(tmp_path, capsys, options, message):
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
+
+
+def test_fp8_input_rounding_is_the_engines_and_passes_the_gradient_straight():
+    from ladle.kernels.per_token_rule import per_token_quant_reference
+    from ladle.model.layers.quant.fp8 import FP8_DTYPE
+
+    x = (torch.randn(2, 5, 48, generator=torch.Generator().manual_seed(3)) * 3).requires_grad_()
+    rounded = scale_tuning._rounded_per_token(x)
+    codes, scale = per_token_quant_reference(x.detach().reshape(10, 48), FP8_DTYPE)
+    assert torch.equal(rounded.detach(), (codes.float() * scale).reshape(2, 5, 48))
+    assert not torch.equal(rounded.detach(), x.detach())
+    weights = torch.randn(2, 5, 48)
+    (rounded * weights).sum().backward()
+    assert torch.equal(x.grad, weights)
+
+
+@pytest.mark.parametrize("architecture", ["llama_tied", "qwen3"])
+def test_fp8_differentiable_forward_is_the_engines_w8a8(tmp_path, architecture):
+    """With every projection in fp8 (weights and per-token inputs), the forward the tuning
+    differentiates computes the logits the engine's fp8 layers do on a folder ladle wrote."""
+    from helpers.tiny_models import load_float32_on_cpu, paged_logits, save_tiny_model
+
+    from ladle.cli import main
+    from ladle.model.layers.linear import Linear
+    from ladle.model.layers.quant import get_quant_method
+    from ladle.model.models.llama_autograd_forward import sequence_logits
+
+    float_model = save_tiny_model(tmp_path, architecture, intermediate_size=200)
+    out = tmp_path / "fp8"
+    argv = ["quantize", float_model, str(out), "--method", "fp8", "--dtype", "float32"]
+    assert main([*argv, "--float-last-layers", "0"]) == 0
+    paged = paged_logits(load_float32_on_cpu(out))
+
+    model = load_float32_on_cpu(float_model).model
+    method = get_quant_method("fp8")
+    overrides = {
+        name: scale_tuning._TunedLinear.fp8(method.quantize(module.weight.float()), "cpu")
+        for name, module in model.named_modules()
+        if isinstance(module, Linear) and name.startswith("model.layers.")
+    }
+    with torch.no_grad():
+        first = sequence_logits(model, torch.arange(4, 9), overrides)
+        second = sequence_logits(model, torch.arange(20, 31), overrides)
+    expected = torch.cat([first, second])
+    assert torch.allclose(paged, expected, atol=1e-4, rtol=1e-4), (paged - expected).abs().max()
+    unrounded = torch.cat(
+        [sequence_logits(model, torch.arange(4, 9)), sequence_logits(model, torch.arange(20, 31))]
+    )
+    assert not torch.allclose(paged, unrounded.detach(), atol=1e-3, rtol=1e-3)
+
+
+def test_fp8_tuning_moves_only_the_scales_and_norms_toward_the_float_model(tmp_path):
+    """`ladle quantize --method fp8 --tune-steps 8`: the same e4m3 codes as round to nearest, other
+    scales and norms, and the engine's W8A8 logits of the loaded folder closer (in KL) to the
+    float model's on the calibration windows than the untuned folder's."""
+    from helpers.tiny_models import load_float32_on_cpu, paged_logits, quantize_calibrated
+    from safetensors.torch import load_file
+
+    options = ("--float-last-layers", "0")
+    float_model, tuned_out, windows = quantize_calibrated(
+        tmp_path, "qwen2", "tuned", *options, "--tune-steps", "8", method="fp8"
+    )
+    _, plain_out, _ = quantize_calibrated(tmp_path, "qwen2", "plain", *options, method="fp8")
+
+    def divergence(folder) -> float:
+        logits = paged_logits(load_float32_on_cpu(folder), prompts=windows)
+        return torch.nn.functional.kl_div(
+            logits.log_softmax(-1),
+            reference.log_softmax(-1),
+            log_target=True,
+            reduction="batchmean",
+        ).item()
+
+    reference = paged_logits(load_float32_on_cpu(float_model), prompts=windows)
+    assert divergence(tuned_out) < divergence(plain_out)
+    tuned = load_file(str(tuned_out / "model.safetensors"))
+    plain = load_file(str(plain_out / "model.safetensors"))
+    name = "model.layers.0.mlp.down_proj"
+    assert tuned[f"{name}.weight"].dtype == torch.float8_e4m3fn
+    codes = [folder[f"{name}.weight"].view(torch.uint8) for folder in (tuned, plain)]
+    assert torch.equal(*codes)
+    assert not torch.equal(tuned[f"{name}.weight_scale"], plain[f"{name}.weight_scale"])
+    norm = "model.layers.0.post_attention_layernorm.weight"
+    assert not torch.equal(tuned[norm], plain[norm])

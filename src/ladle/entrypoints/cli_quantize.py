@@ -233,12 +233,14 @@ def _calibrate(
     if args.tune_steps < 0:
         raise ValueError(f"--tune-steps must be 0 or more, not {args.tune_steps}")
     uncalibrated = args.algorithm == "rtn" and not args.clip_search
-    if args.tune_steps and (args.method != "int4" or uncalibrated):
-        # The tuning starts from a calibrated model's codes and scales.
+    if args.tune_steps and args.method == "int4" and uncalibrated:
+        # int4's tuning starts from a calibrated model's codes and scales.
         raise ValueError(
             "--tune-steps applies to int4 calibrated by --algorithm gptq, awq or awq-gptq "
             "(or --clip-search)"
         )
+    if args.tune_steps and args.method == "int8":
+        raise ValueError("--tune-steps applies to int4 and fp8, not int8")
     if args.static_groups and not args.act_order:
         raise ValueError("--static-groups applies with --act-order")
     if args.act_order and not args.static_groups and args.format not in (None, "gptq"):

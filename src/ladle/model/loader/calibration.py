@@ -269,6 +269,30 @@ def calibrate_linears(
     return results
 
 
+@torch.no_grad()
+def round_linears_(
+    model: nn.Module,
+    method: QuantMethod,
+    float_layers: Collection[int],
+    float_modules: Collection[str],
+) -> dict[str, dict[str, torch.Tensor]]:
+    """calibrate_linears' result and effect for a method's own rounding to nearest, which needs
+    no inputs: every decoder Linear outside `float_layers` and `float_modules` quantized where
+    it is (what fp8's --tune-steps starts from)."""
+    results = {}
+    for index, layer in enumerate(model.model.layers):
+        if index in float_layers:
+            continue
+        for name, module in _linears(layer).items():
+            if name in float_modules:
+                continue
+            canonical = method.quantize(module.weight.data.float())
+            dequantized = _dequantize(canonical, module.input_size)
+            module.weight.data.copy_(dequantized.to(module.weight.dtype))
+            results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
+    return results
+
+
 def _dequantize(canonical: dict[str, torch.Tensor], num_inputs: int) -> torch.Tensor:
     """The float32 weight a calibrated layer's canonical tensors stand for."""
     if "g_idx" in canonical:  # act-order groups
@@ -352,6 +376,8 @@ def calibrate_checkpoint(
         quantizer = gptq_quantizer(method, "shrink" if search_clip else None, act_order)
     elif algorithm == "awq-gptq":
         quantizer = gptq_quantizer(method, "weighted", act_order)
+    elif algorithm == "rtn" and isinstance(method, Fp8Method):
+        quantizer = None  # round_linears_ below: no inputs needed
     elif algorithm in ("rtn", "awq"):
         quantizer = clip_search_quantizer(method)
     else:
@@ -363,16 +389,20 @@ def calibrate_checkpoint(
     symmetric = getattr(method, "symmetric", False)
     fold = algorithm in ("awq", "awq-gptq")
     float_modules = float_ladle_modules(float_projections)
-    if tune_steps and not isinstance(method, Int4Method):
-        raise ValueError("scale tuning (--tune-steps) applies to int4's group scales only")
+    if tune_steps and not isinstance(method, (Int4Method, Fp8Method)):
+        raise ValueError(f"scale tuning (--tune-steps) applies to int4 and fp8, not {method.name}")
     if rotation_seed is not None:
         rotate_residual_stream_(model, rotation_seed)
     targets = teacher_targets(model, windows) if tune_steps else None
-    results = calibrate_linears(
-        model, windows, quantizer, log, float_layers, fold, symmetric, float_modules
-    )
+    if quantizer is None:
+        results = round_linears_(model, method, float_layers, float_modules)
+    else:
+        results = calibrate_linears(
+            model, windows, quantizer, log, float_layers, fold, symmetric, float_modules
+        )
     if tune_steps:
-        tune_scales_(model, windows, results, targets, tune_steps, method.group_size, log=log)
+        group_size = getattr(method, "group_size", None)
+        tune_scales_(model, windows, results, targets, tune_steps, group_size, log=log)
     if rotation_seed is not None:
         for name, tensor in rotated_float_tensors(model).items():
             results[name] = {"float": tensor.cpu().clone()}

@@ -1,19 +1,20 @@
-"""`ladle quantize --tune-steps N`: after int4 calibration, the groups' scales and every norm's
-weight tuned end to end so that the quantized model's next-token distributions on the
-calibration windows come closer to the float model's (EfficientQAT's end-to-end step-size
-training, with the float model as the target instead of the text's tokens).
+"""`ladle quantize --tune-steps N`: after int4 calibration (or fp8's rounding to nearest), the
+scales and every norm's weight tuned end to end so that the quantized model's next-token
+distributions on the calibration windows come closer to the float model's (EfficientQAT's
+end-to-end step-size training, with the float model as the target instead of the text's tokens).
 
 GPTQ fits each layer to its own inputs; the error that reaches the logits is what is left after
-30 layers of such fits compound. Here the integer codes stay as calibration chose them, so the
-folder keeps its format and its size: only the float16 scale of each group (one number per 128
-weights) and the norms (written as float anyway) move, by Adam on the divergence between the
-two models' distributions, through the differentiable forward of llama_autograd_forward.py.
+30 layers of such fits compound. Here the codes stay as calibration chose them, so the folder
+keeps its format and its size: only the scales (int4: the float16 one of each group of 128
+weights; fp8: each output channel's float32 one) and the norms (written as float anyway) move,
+by Adam on the divergence between the two models' distributions, through the differentiable
+forward of llama_autograd_forward.py. fp8's inputs are rounded per token in that forward as the
+engine rounds them, so the scales learn to offset both roundings.
 
 The float model's distributions are taken before calibration changes any weight and kept as
 each token's TOP_K most likely tokens plus the mass of all others, so the target costs a few
 bytes a token rather than a vocabulary's worth; the divergence is the exact KL between the two
-distributions grouped that way (the top-k tokens each alone, the rest as one outcome).
-"""
+distributions grouped that way (the top-k tokens each alone, the rest as one outcome)."""
 
 from __future__ import annotations
 
@@ -24,13 +25,17 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from ladle.kernels.per_token_rule import per_token_quant_reference
 from ladle.model.layers.norm import RMSNorm
+from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.quant.int4 import unpack_int4_rows
 from ladle.model.models.llama_autograd_forward import sequence_logits
 
 TOP_K = 64
-# Adam's, on log(scale) and on the norm weights (measured: docs/quantization.md)
-LEARNING_RATE = 3e-3
+# Adam's, on log(scale) and on the norm weights, by the projections' format (measured on the
+# default model, docs/quantization.md). fp8's error is far smaller than int4's: at int4's rate
+# its divergence rose over the first steps (0.018 -> 0.03-0.07), at a tenth it fell.
+LEARNING_RATES = {"int4": 3e-3, "fp8": 3e-4}
 WINDOWS_PER_STEP = 4
 
 
@@ -98,31 +103,51 @@ def _weight(levels, scale, column_groups, dtype):
 
 
 class _TunedLinear:
-    """One int4 projection's levels (codes - zero) and column -> group map, its calibrated scales
-    and the log-offset Adam moves."""
+    """One quantized projection's levels (int4: codes - zero; fp8: the e4m3 codes), its column ->
+    scale-group map, its calibrated scales [N, groups] and the log-offset Adam moves. fp8's input
+    is rounded per token as the engine's W8A8 rounds it, the rounding passed straight through in
+    the backward (the weights' rounding is fixed: the codes do not move)."""
 
-    def __init__(
-        self,
-        canonical: dict[str, torch.Tensor],
-        input_size: int,
-        group_size: int,
-        device: torch.device,
-    ):
+    def __init__(self, levels, column_groups, scale, format_name: str):
+        self.levels, self.column_groups = levels, column_groups
+        self.scale = scale.float()
+        self.offset = torch.zeros_like(self.scale, requires_grad=True)
+        self.format_name = format_name
+
+    @classmethod
+    def int4(cls, canonical, input_size: int, group_size: int, device: torch.device):
         codes = unpack_int4_rows(canonical["weight_packed"].to(device), input_size)
         if "g_idx" in canonical:  # act-order: each input column names its group
-            self.column_groups = canonical["g_idx"].to(device).long()
+            column_groups = canonical["g_idx"].to(device).long()
         else:
-            self.column_groups = torch.arange(input_size, device=device) // group_size
-        zero = canonical["weight_zero"].to(device).long()[:, self.column_groups]
-        self.levels = (codes.long() - zero).to(torch.int8)
-        self.scale = canonical["weight_scale"].to(device).float()
-        self.offset = torch.zeros_like(self.scale, requires_grad=True)
+            column_groups = torch.arange(input_size, device=device) // group_size
+        zero = canonical["weight_zero"].to(device).long()[:, column_groups]
+        levels = (codes.long() - zero).to(torch.int8)
+        return cls(levels, column_groups, canonical["weight_scale"].to(device), "int4")
+
+    @classmethod
+    def fp8(cls, canonical, device: torch.device):
+        codes = canonical["weight"].to(device)
+        column_groups = torch.zeros(codes.shape[1], dtype=torch.long, device=device)
+        scale = canonical["weight_scale"].to(device).reshape(-1, 1)
+        return cls(codes, column_groups, scale, "fp8")
 
     def tuned_scale(self) -> torch.Tensor:
         return self.scale * self.offset.exp()
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        if self.format_name == "fp8":
+            x = _rounded_per_token(x)
         return _GroupScaledMatmul.apply(x, self.levels, self.tuned_scale(), self.column_groups)
+
+
+def _rounded_per_token(x: torch.Tensor) -> torch.Tensor:
+    """x with each token's row quantized to e4m3 and back by the engine's rule; the gradient
+    passes as if unrounded (the straight-through estimator)."""
+    flat = x.detach().reshape(-1, x.shape[-1])
+    codes, scale = per_token_quant_reference(flat, FP8_DTYPE)
+    rounded = (codes.float() * scale).to(x.dtype).reshape(x.shape)
+    return x + (rounded - x).detach()
 
 
 def tune_scales_(
@@ -131,26 +156,30 @@ def tune_scales_(
     results: dict[str, dict[str, torch.Tensor]],
     targets: list[TokenTarget],
     steps: int,
-    group_size: int,
-    learning_rate: float = LEARNING_RATE,
+    group_size: int | None,
+    learning_rate: float | None = None,
     log: Callable[[str], None] | None = None,
 ) -> None:
-    """Tune the int4 entries of `results` (calibrate_linears' {module name: canonical tensors})
-    and the model's norms for `steps` Adam steps of WINDOWS_PER_STEP windows each, against
+    """Tune the int4 or fp8 entries of `results` (calibrate_linears' {module name: canonical
+    tensors}) and the model's norms for `steps` Adam steps of WINDOWS_PER_STEP windows each, against
     `targets` (teacher_targets of the same windows). Updates each entry's weight_scale (in its
     dtype), adds every norm to `results` as {"float": weight} and puts the matching weights in
     the model, so the model computes what the written folder will."""
     device = next(model.parameters()).device
-    linears = {
-        name: _TunedLinear(canonical, model.get_submodule(name).input_size, group_size, device)
-        for name, canonical in results.items()
-        if "weight_packed" in canonical
-    }
+    linears = {}
+    for name, canonical in results.items():
+        if "weight_packed" in canonical:
+            input_size = model.get_submodule(name).input_size
+            linears[name] = _TunedLinear.int4(canonical, input_size, group_size, device)
+        elif "weight" in canonical:
+            linears[name] = _TunedLinear.fp8(canonical, device)
     norms = {
         name: module.weight.detach().float().clone().requires_grad_(True)
         for name, module in model.named_modules()
         if isinstance(module, RMSNorm)
     }
+    if learning_rate is None:  # calibration quantizes every projection to one format
+        learning_rate = LEARNING_RATES[next(iter(linears.values())).format_name]
     optimizer = torch.optim.Adam(
         [linear.offset for linear in linears.values()] + list(norms.values()), lr=learning_rate
     )
@@ -188,7 +217,7 @@ def _install_(model, results, linears, norms) -> None:
     for name, linear in linears.items():
         canonical = results[name]
         scale = linear.tuned_scale().to(canonical["weight_scale"].dtype)
-        canonical["weight_scale"] = scale.cpu()
+        canonical["weight_scale"] = scale.reshape(canonical["weight_scale"].shape).cpu()
         # The float32 weight the written codes, zeros and stored scales stand for.
         weight = _weight(linear.levels, scale, linear.column_groups, torch.float32)
         module = model.get_submodule(name)
