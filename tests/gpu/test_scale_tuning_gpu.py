@@ -31,7 +31,11 @@ def test_sequence_logits_match_the_paged_forward_on_cuda(tmp_path, architecture)
     assert _relative(torch.cat([first, second]).cpu(), paged) < 0.02
 
 
-def test_tuned_int4_folder_calibrated_on_cuda(tmp_path):
+@pytest.mark.parametrize(
+    ("method", "options"),
+    [("int4", ["--algorithm", "awq-gptq"]), ("fp8", ["--float-last-layers", "0"])],
+)
+def test_tuned_folder_calibrated_on_cuda(tmp_path, method, options):
     """Closer to the float model on the text it was tuned on (what the tuning optimizes; on a
     random tiny model other text need not follow)."""
     from helpers.tiny_models import save_gemm_aligned_tiny_model, write_calibration_text
@@ -45,8 +49,8 @@ def test_tuned_int4_folder_calibrated_on_cuda(tmp_path):
     folders = {}
     for name, extra in (("plain", []), ("tuned", ["--tune-steps", "8"])):
         folders[name] = str(tmp_path / name)
-        argv = ["quantize", float_dir, folders[name], "--method", "int4"]
-        argv += ["--algorithm", "awq-gptq", "--calibration-data", str(text)]
+        argv = ["quantize", float_dir, folders[name], "--method", method, *options]
+        argv += ["--calibration-data", str(text)]
         argv += ["--calibration-samples", "3", "--calibration-tokens", "40", *extra]
         assert main(argv) == 0
 
