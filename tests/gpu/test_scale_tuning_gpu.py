@@ -71,5 +71,4 @@ def test_tuned_folder_calibrated_on_cuda(tmp_path, method, options):
         for name, f in folders.items()
     }
     allowed = 0.03 if method == "int4" else 1.5 * gaps["plain"] + 0.01
-    print("CPU-CUDA gaps", method, gaps)
     assert gaps["tuned"] < allowed, gaps
