@@ -164,7 +164,8 @@ def tune_scales_(
     tensors}) and the model's norms for `steps` Adam steps of WINDOWS_PER_STEP windows each, against
     `targets` (teacher_targets of the same windows). Updates each entry's weight_scale (in its
     dtype), adds every norm to `results` as {"float": weight} and puts the matching weights in
-    the model, so the model computes what the written folder will."""
+    the model, so the model computes what the written folder will. `learning_rate`: by default
+    the projections' format's (LEARNING_RATES)."""
     device = next(model.parameters()).device
     linears = {}
     for name, canonical in results.items():
