@@ -189,10 +189,15 @@ def test_fp8_differentiable_forward_is_the_engines_w8a8(tmp_path, architecture):
 
 def test_fp8_tuning_moves_only_the_scales_and_norms_toward_the_float_model(tmp_path):
     """`ladle quantize --method fp8 --tune-steps 8`: the same e4m3 codes as round to nearest, other
-    scales and norms, and the engine's W8A8 logits of the loaded folder closer (in KL) to the
-    float model's on the calibration windows than the untuned folder's."""
+    scales and norms, the engine's W8A8 logits of the loaded folder closer (in KL) to the float
+    model's on the calibration windows than the untuned folder's, and equal to the logits of
+    the same tuning done in memory."""
     from helpers.tiny_models import load_float32_on_cpu, paged_logits, quantize_calibrated
     from safetensors.torch import load_file
+
+    from ladle.model.layers.quant import get_quant_method
+    from ladle.model.loader.calibration import round_linears_
+    from ladle.model.models.llama_autograd_forward import sequence_logits
 
     options = ("--float-last-layers", "0")
     float_model, tuned_out, windows = quantize_calibrated(
@@ -211,6 +216,28 @@ def test_fp8_tuning_moves_only_the_scales_and_norms_toward_the_float_model(tmp_p
 
     reference = paged_logits(load_float32_on_cpu(float_model), prompts=windows)
     assert divergence(tuned_out) < divergence(plain_out)
+
+    # The same tuning in memory: the folder serves the logits of what was tuned.
+    model = load_float32_on_cpu(float_model).model
+    targets = scale_tuning.teacher_targets(model, windows)
+    results = round_linears_(model, get_quant_method("fp8"), (), ())
+    scale_tuning.tune_scales_(model, windows, results, targets, 8, None)
+    tuned_linears = {  # the norms are in the model and in `results` as {"float": ...}
+        name: scale_tuning._TunedLinear.fp8(canonical, "cpu")
+        for name, canonical in results.items()
+        if "weight" in canonical
+    }
+    with torch.no_grad():
+        expected = torch.cat(
+            [sequence_logits(model, torch.tensor(w), tuned_linears) for w in windows]
+        )
+    served = paged_logits(load_float32_on_cpu(tuned_out), prompts=windows)
+    # Two forwards' float sums differ in the last bits, and where an input lies on the edge
+    # between two e4m3 codes that flips it: one token of the 120 here, its logits up to 0.09
+    # apart. A wrongly written scale or norm would move every token.
+    tokens_apart = ((served - expected).abs() > 1e-3).any(-1).sum().item()
+    assert tokens_apart <= 3, tokens_apart
+
     tuned = load_file(str(tuned_out / "model.safetensors"))
     plain = load_file(str(plain_out / "model.safetensors"))
     name = "model.layers.0.mlp.down_proj"
