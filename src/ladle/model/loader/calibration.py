@@ -256,9 +256,7 @@ def calibrate_linears(
             if name in float_modules:
                 continue
             canonical = quantizer(module.weight.data.float(), hessians[name])
-            dequantized = _dequantize(canonical, module.input_size)
-            module.weight.data.copy_(dequantized.to(module.weight.dtype))
-            results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
+            results[f"model.layers.{index}.{name}"] = _hold_quantized_(module, canonical)
         del accumulators, hessians
         states = runner.run(layer, states)
         if log is not None:
@@ -279,18 +277,23 @@ def round_linears_(
     """calibrate_linears' result and effect for a method's own rounding to nearest, which needs
     no inputs: every decoder Linear outside `float_layers` and `float_modules` quantized where
     it is (what fp8's --tune-steps starts from)."""
+    left_float = _float_linears(model, float_layers, float_modules)
     results = {}
     for index, layer in enumerate(model.model.layers):
-        if index in float_layers:
-            continue
         for name, module in _linears(layer).items():
-            if name in float_modules:
-                continue
-            canonical = method.quantize(module.weight.data.float())
-            dequantized = _dequantize(canonical, module.input_size)
-            module.weight.data.copy_(dequantized.to(module.weight.dtype))
-            results[f"model.layers.{index}.{name}"] = {k: v.cpu() for k, v in canonical.items()}
+            full_name = f"model.layers.{index}.{name}"
+            if full_name not in left_float:
+                canonical = method.quantize(module.weight.data.float())
+                results[full_name] = _hold_quantized_(module, canonical)
     return results
+
+
+def _hold_quantized_(module: nn.Module, canonical: dict[str, torch.Tensor]):
+    """Put the weight a projection's canonical tensors stand for in `module` (what the layers
+    after it are then calibrated on); returns the tensors on the CPU, for the writer."""
+    dequantized = _dequantize(canonical, module.input_size)
+    module.weight.data.copy_(dequantized.to(module.weight.dtype))
+    return {key: value.cpu() for key, value in canonical.items()}
 
 
 def _dequantize(canonical: dict[str, torch.Tensor], num_inputs: int) -> torch.Tensor:
@@ -356,7 +359,8 @@ def calibrate_checkpoint(
     """Load the float model at `source` (folder or GGUF) through ladle in `dtype` (on the GPU
     when there is one) and quantize its projections from `windows` with GPTQ (`algorithm`
     "gptq", optionally with the clipping search and in act-order, ACT_ORDERS), with
-    round-to-nearest and the weighted clipping search alone ("rtn", int4 only), with AWQ's
+    round-to-nearest and the weighted clipping search alone ("rtn"; for fp8 its own rounding to
+    nearest, round_linears_, the start of its tuning), with AWQ's
     input scaling folded into the norms and up rows before that search ("awq", int4 only), or
     with AWQ's scaling and then GPTQ with the weighted clipping search inside ("awq-gptq", int4
     only), leaving `float_projections` (checkpoint names: q_proj, ...) float; returns
@@ -364,8 +368,9 @@ def calibrate_checkpoint(
     `rotation_seed`: a random rotation folded into the residual stream first (rotation.py); the
     result then also holds every tensor the rotation changed and calibration did not quantize
     (embedding, untied LM head, norms, projections left float) as {"float": tensor}.
-    `tune_steps` (int4): that many steps of scale_tuning.tune_scales_ after calibration, against
-    the float model's distributions on the same windows; every norm is then in the result."""
+    `tune_steps` (int4 and fp8): that many steps of scale_tuning.tune_scales_ after calibration,
+    against the float model's distributions on the same windows; every norm is then in the
+    result."""
     from ladle.attention.backend import get_attention_backend
     from ladle.config import ModelConfig, supported_dtypes
     from ladle.model.loader import load_model
@@ -382,6 +387,8 @@ def calibrate_checkpoint(
         quantizer = clip_search_quantizer(method)
     else:
         raise ValueError(f"calibration algorithm {algorithm!r} is not gptq, awq, awq-gptq or rtn")
+    if tune_steps and not isinstance(method, (Int4Method, Fp8Method)):
+        raise ValueError(f"scale tuning (--tune-steps) applies to int4 and fp8, not {method.name}")
     dtype_name = next(name for name, value in supported_dtypes().items() if value == dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
@@ -389,8 +396,6 @@ def calibrate_checkpoint(
     symmetric = getattr(method, "symmetric", False)
     fold = algorithm in ("awq", "awq-gptq")
     float_modules = float_ladle_modules(float_projections)
-    if tune_steps and not isinstance(method, (Int4Method, Fp8Method)):
-        raise ValueError(f"scale tuning (--tune-steps) applies to int4 and fp8, not {method.name}")
     if rotation_seed is not None:
         rotate_residual_stream_(model, rotation_seed)
     targets = teacher_targets(model, windows) if tune_steps else None

@@ -179,6 +179,8 @@ def tune_scales_(
         for name, module in model.named_modules()
         if isinstance(module, RMSNorm)
     }
+    if not linears:
+        raise ValueError("--tune-steps: no quantized projection to tune (every layer left float)")
     if learning_rate is None:  # calibration quantizes every projection to one format
         learning_rate = LEARNING_RATES[next(iter(linears.values())).format_name]
     optimizer = torch.optim.Adam(
