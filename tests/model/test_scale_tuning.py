@@ -128,12 +128,15 @@ def test_tuning_lowers_the_divergence_and_loads_back(tmp_path, architecture):
     ],
 )
 def test_tune_steps_refusals(tmp_path, capsys, options, message):
-    from helpers.tiny_models import save_tiny_model
+    from helpers.tiny_models import save_tiny_model, write_calibration_text
 
     from ladle.cli import main
 
     out = tmp_path / "out"
     argv = ["quantize", save_tiny_model(tmp_path, "llama"), str(out), *options, "--tune-steps", "2"]
+    # The last case gets as far as the tuning: calibration text that needs no download.
+    argv += ["--calibration-data", str(write_calibration_text(tmp_path))]
+    argv += ["--calibration-samples", "3", "--calibration-tokens", "40"]
     assert main(argv) == 2
     assert message in capsys.readouterr().err
     assert not out.exists()
