@@ -281,6 +281,64 @@ class SchedulerConfig:
             raise ValueError(f"itl_slo_ms must be > 0, got {self.itl_slo_ms}")
 
 
+EXECUTOR_BACKENDS = ("uni", "mp")
+
+
+@dataclass(frozen=True)
+class ParallelConfig:
+    """How the model is spread over devices and processes (vLLM's names). One worker process
+    per rank; today every size is 1, and the issues that add tensor, pipeline, data and expert
+    parallelism lift those limits."""
+
+    tensor_parallel_size: int = field(
+        default=1, metadata={"help": "GPUs each layer is split over (tensor parallelism)"}
+    )
+    pipeline_parallel_size: int = field(
+        default=1, metadata={"help": "stages the layers are split into (pipeline parallelism)"}
+    )
+    data_parallel_size: int = field(
+        default=1, metadata={"help": "engine replicas in data parallel (one today)"}
+    )
+    enable_expert_parallel: bool = field(
+        default=False, metadata={"help": "spread a mixture of experts' experts over the ranks"}
+    )
+    distributed_executor_backend: str | None = field(
+        default=None,
+        metadata={"help": "how workers run: 'uni' (in the engine process) or 'mp' (one process "
+                  "per rank); default 'uni' for one rank, 'mp' for several"},
+    )
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
+        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+            if getattr(self, name) > 1:
+                raise ValueError(
+                    f"{name}={getattr(self, name)}: ladle runs one rank for now (tensor, "
+                    "pipeline and data parallelism are not implemented yet)"
+                )
+        if self.enable_expert_parallel:
+            raise ValueError("enable_expert_parallel: expert parallelism is not implemented yet")
+        backend = self.distributed_executor_backend
+        if backend is not None and backend not in EXECUTOR_BACKENDS:
+            raise ValueError(
+                f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
+                f"got {backend!r}"
+            )
+
+    @property
+    def world_size(self) -> int:
+        return self.tensor_parallel_size * self.pipeline_parallel_size
+
+    @property
+    def executor_backend(self) -> str:
+        if self.distributed_executor_backend is not None:
+            return self.distributed_executor_backend
+        return "mp" if self.world_size > 1 else "uni"
+
+
 @dataclass(frozen=True)
 class EngineConfig:
     """Everything the engine core needs; built by LLM(...) and `ladle serve`."""
@@ -288,15 +346,17 @@ class EngineConfig:
     model: ModelConfig = field(default_factory=ModelConfig)
     cache: CacheConfig = field(default_factory=CacheConfig)
     scheduler: SchedulerConfig = field(default_factory=SchedulerConfig)
+    parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @classmethod
     def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:
         """Split flat keyword options (as LLM() and the CLI take them) over the sub-configs."""
-        sections = {"model": {"model": model}, "cache": {}, "scheduler": {}}
+        sections = {"model": {"model": model}, "cache": {}, "scheduler": {}, "parallel": {}}
         owners = {
             "model": ModelConfig,
             "cache": CacheConfig,
             "scheduler": SchedulerConfig,
+            "parallel": ParallelConfig,
         }
         for key, value in kwargs.items():
             for section, config_class in owners.items():
@@ -309,4 +369,5 @@ class EngineConfig:
             model=ModelConfig(**sections["model"]),
             cache=CacheConfig(**sections["cache"]),
             scheduler=SchedulerConfig(**sections["scheduler"]),
+            parallel=ParallelConfig(**sections["parallel"]),
         )

@@ -1,6 +1,6 @@
 """Engine command-line flags, generated from the config dataclasses in `config.py`.
 
-Each field of ModelConfig, CacheConfig and SchedulerConfig becomes `--field-name`, with the
+Each field of ModelConfig, CacheConfig, SchedulerConfig and ParallelConfig becomes `--field-name`, with the
 field's default, its `metadata["help"]` as help text and its type from the annotation; the
 dataclass's own validation runs when the engine config is built. A field added to a config class
 is a flag with no change here. vLLM's spellings are the names users paste, so they are accepted
@@ -19,12 +19,21 @@ import json
 import re
 from typing import Any
 
-from ladle.config import KV_CACHE_DTYPES, LOAD_FORMATS, CacheConfig, ModelConfig, SchedulerConfig
+from ladle.config import (
+    EXECUTOR_BACKENDS,
+    KV_CACHE_DTYPES,
+    LOAD_FORMATS,
+    CacheConfig,
+    ModelConfig,
+    ParallelConfig,
+    SchedulerConfig,
+)
 
 ENGINE_CONFIG_CLASSES: dict[str, type] = {
     "model": ModelConfig,
     "cache": CacheConfig,
     "scheduler": SchedulerConfig,
+    "parallel": ParallelConfig,
 }
 # Fields with a flag of their own elsewhere: the model is positional (and --model), the tokenizer
 # is a serve flag.
@@ -33,6 +42,9 @@ NOT_FLAGS = frozenset({"model", "tokenizer"})
 ALIASES: dict[str, tuple[str, ...]] = {
     "num_kv_blocks": ("--num-gpu-blocks-override",),
     "itl_slo_ms": ("--itl-slo",),
+    "tensor_parallel_size": ("-tp",),
+    "pipeline_parallel_size": ("-pp",),
+    "data_parallel_size": ("-dp",),
 }
 # field -> the flag that sets it to False (ladle's earlier name for a negated boolean).
 NEGATIVE_ALIASES: dict[str, str] = {
@@ -42,6 +54,7 @@ NEGATIVE_ALIASES: dict[str, str] = {
 CHOICES: dict[str, tuple[str, ...]] = {
     "load_format": LOAD_FORMATS,
     "kv_cache_dtype": KV_CACHE_DTYPES,
+    "distributed_executor_backend": EXECUTOR_BACKENDS,
 }
 
 

@@ -23,7 +23,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ladle.engine.messages import STEP_TIME_BOUNDS_S, SchedulerStats
+from ladle.protocol.messages import STEP_TIME_BOUNDS_S, SchedulerStats
 from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S
 from ladle.outputs import RequestOutput
 

@@ -70,7 +70,7 @@ def with_c_kernels(enabled: bool, bits: int, run, *args) -> float:
 def _has_4bit_groups(llm: LLM) -> bool:
     from ladle.model.layers.group_quant import GroupQuantizedRows
 
-    model = llm.engine.runner.model
+    model = llm.engine.executor.worker.model
     return any(
         isinstance(w, GroupQuantizedRows) and w.bits == 4
         for w in (getattr(m, "quantized_weight", None) for m in model.modules())

@@ -92,7 +92,7 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
 
 def gpu_busy_fraction(engine, requests: list[WorkloadRequest], num_steps: int = 20) -> float | None:
     """Kernel time over wall time across num_steps steady steps (after the prompts are in)."""
-    if engine.runner.device.type != "cuda":
+    if engine.executor.worker.device.type != "cuda":
         return None
     import torch
     from torch.profiler import ProfilerActivity, profile
@@ -131,7 +131,7 @@ def run_hf_peer(llm, requests: list[WorkloadRequest]) -> dict:
 
     from ladle.bench.offline_throughput import load_hf_peer
 
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker
     model = load_hf_peer(
         runner.model_path, llm.config.model.model, runner.dtype, str(runner.device)
     )
@@ -184,7 +184,7 @@ def run_bench(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     llm = LLM(model, **options)
     startup_s = time.perf_counter() - started
-    engine, runner = llm.engine, llm.engine.runner
+    engine, runner = llm.engine, llm.engine.executor.worker
     vocab = engine.vocab_size
     requests = build_requests(workload)
     requests = [

@@ -85,7 +85,7 @@ def measure(options: dict, prompts_of, label: str) -> dict:
     from ladle import LLM
 
     llm = LLM(kv_cache_dtype="fp8", **options)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker
     prompts = prompts_of(llm, runner)
     fp8_caches = runner.kv_caches
     reference_caches = [

@@ -116,11 +116,11 @@ def main() -> None:
     run_ladle(llm, prompts[:4], [8] * 4)  # warm-up: first-call costs stay out of the timings
     ladle_runs = [run_ladle(llm, prompts, output_lens) for _ in range(args.runs)]
     results = {
-        "device": str(llm.engine.runner.device),
+        "device": str(llm.engine.executor.worker.device),
         "device_name": torch.cuda.get_device_name() if torch.cuda.is_available() else "cpu",
         "torch_threads": torch.get_num_threads(),
-        "model": llm.engine.runner.model_path or args.model,
-        "dtype": str(llm.engine.runner.dtype),
+        "model": llm.engine.executor.worker.model_path or args.model,
+        "dtype": str(llm.engine.executor.worker.dtype),
         "num_prompts": args.num_prompts,
         "input_len": args.input_len,
         "output_len": list(output_len),
@@ -131,10 +131,10 @@ def main() -> None:
         if len(set(output_lens)) != 1:
             raise SystemExit("the HF peer needs one fixed output length")
         hf_model = load_hf_peer(
-            llm.engine.runner.model_path,
+            llm.engine.executor.worker.model_path,
             args.model,
-            llm.engine.runner.dtype,
-            str(llm.engine.runner.device),
+            llm.engine.executor.worker.dtype,
+            str(llm.engine.executor.worker.device),
         )
         run_hf(hf_model, prompts[:4], 8)
         hf_runs = [run_hf(hf_model, prompts, output_lens[0]) for _ in range(args.runs)]

@@ -19,7 +19,7 @@ import os
 import random
 import time
 
-from ladle.engine.messages import (
+from ladle.protocol.messages import (
     EngineCoreOutput,
     EngineCoreRequest,
     SchedulerStats,

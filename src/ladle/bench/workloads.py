@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass
 
-from ladle.engine.messages import EngineCoreRequest
+from ladle.protocol.messages import EngineCoreRequest
 from ladle.sampling_params import SamplingParams
 
 

@@ -172,6 +172,18 @@ class KVCacheManager:
         )
         self._num_cached_blocks_by_request[request.request_id] = num_full_computed_blocks
 
+    def trim(self, request: Request, num_tokens: int) -> None:
+        """Free the blocks past the first num_tokens tokens' (drafts a step rejected). They
+        were never full and computed, so none of them is in the prefix cache."""
+        request_blocks = self._blocks_by_request.get(request.request_id)
+        if not request_blocks:
+            return
+        keep = self.num_blocks_needed(num_tokens)
+        if len(request_blocks) > keep:
+            surplus = request_blocks[keep:]
+            del request_blocks[keep:]
+            self.block_pool.free_blocks(reversed(surplus))
+
     def free(self, request: Request) -> None:
         """Release the request's blocks and forget it. A no-op for an unknown request.
 

@@ -64,6 +64,9 @@ class Request:
         # Tokens sampled by scheduled steps whose results the host has not read yet (overlapped
         # scheduling): counted as known when scheduling, absent from all_token_ids until read.
         self.num_pending_tokens = 0
+        # Draft tokens its step in flight verifies: until it is read, how many tokens the
+        # request has (and so where its next step starts) is unknown.
+        self.num_unverified_drafts = 0
         self.num_cached_tokens = -1  # prefix-cache hit on first schedule; -1 until then
         self.num_preemptions = 0
         self.status = RequestStatus.WAITING
@@ -94,6 +97,13 @@ class Request:
     @property
     def is_finished(self) -> bool:
         return self.status.is_finished
+
+    @property
+    def samples_from_host_tokens(self) -> bool:
+        """Whether sampling its next token needs its latest token on the host: a grammar's mask
+        follows every accepted token, a bad_words ban the output's last tokens."""
+        params = self.sampling_params
+        return params.structured_outputs is not None or bool(params.bad_words_token_ids)
 
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)

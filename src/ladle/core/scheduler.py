@@ -15,47 +15,45 @@ import time
 from dataclasses import dataclass, field
 
 from ladle.config import CacheConfig, SchedulerConfig
+from ladle.core.draft_proposer import DraftProposer
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.prefill_budget import ItlPrefillBudget
 from ladle.core.request import Request, RequestStatus
-from ladle.engine.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
+from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
+from ladle.protocol.step import (
+    BlockUpdate,
+    NewRequest,
+    ScheduledRequest,
+    StepPlan,
+    StepResult,
+)
 
 
 @dataclass
-class SchedulerOutput:
-    """The work of one step, in batch order.
+class _Grants:
+    """The step being decided: requests granted tokens, in batch order, and what changed.
 
-    Scheduling advances each scheduled request's num_computed_tokens at once (the step's tokens
-    count as computed for the next schedule, so that it can be built while this step runs), so
-    what the runner needs of the request's state before the step is kept here.
-    """
+    Preemption can take back a grant made earlier in the same step, so the plan (plain data) is
+    built from this only once scheduling is done."""
 
-    scheduled_requests: list[Request] = field(default_factory=list)
-    num_scheduled_tokens: dict[str, int] = field(default_factory=dict)
+    requests: list[Request] = field(default_factory=list)
+    num_tokens: dict[str, int] = field(default_factory=dict)
+    new_blocks: dict[str, BlockUpdate] = field(default_factory=dict)
+    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
     preempted_request_ids: list[str] = field(default_factory=list)
-    # request id -> num_computed_tokens before this step: where its new tokens start.
-    num_computed_before: dict[str, int] = field(default_factory=dict)
-    # request id -> index among its outputs of the token this step samples (the random stream's
-    # counter), for the requests that sample; the others are prompt chunks short of the end.
-    output_index: dict[str, int] = field(default_factory=dict)
-    # request id -> (index of its first new block, the new block ids): the blocks this step's
-    # allocation added to its table (all of them for a request that had none).
-    new_block_ids: dict[str, tuple[int, list[int]]] = field(default_factory=dict)
-    num_prefill_tokens: int = 0  # prompt chunks and recomputes
-    num_decode_tokens: int = 0  # one token each for requests that have sampled before
-
-    @property
-    def total_num_scheduled_tokens(self) -> int:
-        return sum(self.num_scheduled_tokens.values())
-
-    def will_sample(self, request: Request) -> bool:
-        """A request samples a token once this step computes its last known token."""
-        return request.request_id in self.output_index
 
     def add(self, request: Request, num_tokens: int) -> None:
-        """Schedule num_tokens of the request's next tokens (not yet recorded in the request)."""
-        self.scheduled_requests.append(request)
-        self.num_scheduled_tokens[request.request_id] = num_tokens
+        self.requests.append(request)
+        self.num_tokens[request.request_id] = num_tokens
+
+    def take_back(self, request: Request) -> int:
+        """Withdraw the request's grant (it is being preempted); returns its tokens."""
+        request_id = request.request_id
+        self.new_blocks.pop(request_id, None)
+        self.draft_token_ids.pop(request_id, None)
+        if request in self.requests:
+            self.requests.remove(request)
+        return self.num_tokens.pop(request_id, 0)
 
 
 class WaitingQueue:
@@ -102,15 +100,23 @@ class Scheduler:
         cache_config: CacheConfig,
         kv_cache_manager: KVCacheManager,
         max_model_len: int,
+        proposer: DraftProposer | None = None,
     ) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
         self.kv_cache_manager = kv_cache_manager
         self.max_model_len = max_model_len
+        # Proposes draft tokens for running decodes (speculative decoding); None: one token a
+        # step.
+        self.proposer = proposer
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
         self.num_preemptions = 0
+        # Requests the workers hold state for (sent in full once), and those that ended since
+        # the last plan: the next plan tells the workers to forget them.
+        self._on_workers: set[str] = set()
+        self._finished_on_workers: list[str] = []
         # Under an ITL SLO, how many prompt tokens a step may take beside running decodes.
         self.prefill_budget: ItlPrefillBudget | None = None
         if scheduler_config.itl_slo_ms is not None:
@@ -144,8 +150,8 @@ class Scheduler:
 
     # ----- scheduling ----------------------------------------------------------------------
 
-    def schedule(self) -> SchedulerOutput:
-        output = SchedulerOutput()
+    def schedule(self) -> StepPlan:
+        grants = _Grants()
         token_budget = self.config.max_num_batched_tokens
         prefill_budget = self._prefill_allowance()
         now = time.monotonic()
@@ -155,6 +161,10 @@ class Scheduler:
         num_ending = 0  # running requests that end by length as soon as their token is read
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
+            if request.num_unverified_drafts:
+                # How far it got depends on how many drafts its step in flight accepts.
+                index += 1
+                continue
             num_known_tokens = request.num_tokens + request.num_pending_tokens
             if request.num_pending_tokens and self._ends_by_length(request):
                 # Its unread token ends it: a step for it would be thrown away, and its place
@@ -170,30 +180,31 @@ class Scheduler:
             if num_new_tokens <= 0:
                 index += 1
                 continue
+            drafts = [] if takes_prefill else self._propose_drafts(request, token_budget)
+            num_new_tokens += len(drafts)
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
                 if new_blocks is not None:
                     if new_blocks:
-                        self._record_new_blocks(output, request, len(new_blocks))
+                        self._record_new_blocks(grants, request, len(new_blocks))
                     scheduled = True
                     break
                 victim = self._pick_preemption_victim()
-                token_budget += output.num_scheduled_tokens.pop(victim.request_id, 0)
-                output.new_block_ids.pop(victim.request_id, None)
-                if victim in output.scheduled_requests:
-                    output.scheduled_requests.remove(victim)
+                token_budget += grants.take_back(victim)
                 if self.running.index(victim) < index:
                     index -= 1  # removing it shifts this request one place forward
                     if victim.num_pending_tokens and self._ends_by_length(victim):
                         num_ending -= 1  # counted above; no longer running
                 self._preempt(victim)
-                output.preempted_request_ids.append(victim.request_id)
+                grants.preempted_request_ids.append(victim.request_id)
                 if victim is request:
                     scheduled = False
                     break
             if not scheduled:
                 continue  # this request left running; the same index now holds the next one
-            output.add(request, num_new_tokens)
+            grants.add(request, num_new_tokens)
+            if drafts:
+                grants.draft_token_ids[request.request_id] = drafts
             token_budget -= num_new_tokens
             if takes_prefill:
                 prefill_budget -= num_new_tokens
@@ -201,7 +212,7 @@ class Scheduler:
 
         # Then waiting requests, unless this step already had to preempt (the pool is tight).
         while (
-            not output.preempted_request_ids
+            not grants.preempted_request_ids
             and token_budget > 0
             and prefill_budget > 0
             and len(self.running) - num_ending < self.config.max_num_seqs
@@ -225,7 +236,7 @@ class Scheduler:
             if new_blocks is None:
                 break
             self.waiting.pop()
-            self._record_new_blocks(output, request, None)
+            self._record_new_blocks(grants, request, None)
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
                 request.num_cached_tokens = num_hit_tokens
@@ -233,21 +244,32 @@ class Scheduler:
                 request.timings.first_scheduled_time = now
             request.status = RequestStatus.RUNNING
             self.running.append(request)
-            output.add(request, num_new_tokens)
+            grants.add(request, num_new_tokens)
             token_budget -= num_new_tokens
             prefill_budget -= num_new_tokens
-        self._advance_scheduled(output)
-        return output
+        return self._plan(grants)
 
-    def _record_new_blocks(
-        self, output: SchedulerOutput, request: Request, num_new: int | None
-    ) -> None:
+    def _propose_drafts(self, request: Request, token_budget: int) -> list[int]:
+        """Draft tokens to verify beside a decode's next token: only for a request whose tokens
+        are all on the host (the proposer reads them), within the budget, the model length and
+        what max_tokens leaves (the token sampled after the drafts counts too)."""
+        if self.proposer is None or request.num_pending_tokens:
+            return []
+        room = min(
+            token_budget - 1,
+            self.max_model_len - request.num_tokens,
+            request.max_tokens - request.num_output_tokens - 1,
+        )
+        if room <= 0:
+            return []
+        return list(self.proposer.propose(request, room))[:room]
+
+    def _record_new_blocks(self, grants: _Grants, request: Request, num_new: int | None) -> None:
         """Note the last num_new blocks of the request's table (None: all of it) as new."""
         manager = self.kv_cache_manager
         start = 0 if num_new is None else manager.num_blocks_of(request.request_id) - num_new
-        output.new_block_ids[request.request_id] = (
-            start,
-            manager.get_block_ids_from(request.request_id, start),
+        grants.new_blocks[request.request_id] = BlockUpdate(
+            start, manager.get_block_ids_from(request.request_id, start)
         )
 
     def _ends_by_length(self, request: Request) -> bool:
@@ -256,24 +278,46 @@ class Scheduler:
         num_known = request.num_tokens + request.num_pending_tokens
         return num_outputs >= request.max_tokens or num_known >= self.max_model_len
 
-    def _advance_scheduled(self, output: SchedulerOutput) -> None:
-        """Count the step's tokens as computed now and its samples as pending, so the next
-        schedule can run before this step's results are read; keep the before-state in output."""
-        for request in output.scheduled_requests:
+    def _plan(self, grants: _Grants) -> StepPlan:
+        """The plan of the granted step. Counts its tokens as computed now and its samples as
+        pending, so the next schedule can run before this step's results are read."""
+        plan = StepPlan(
+            preempted_request_ids=grants.preempted_request_ids,
+            finished_request_ids=self._finished_on_workers,
+        )
+        self._finished_on_workers = []
+        for request in grants.requests:
             request_id = request.request_id
-            num_new = output.num_scheduled_tokens[request_id]
+            num_new = grants.num_tokens[request_id]
+            drafts = grants.draft_token_ids.get(request_id, [])
             computed = request.num_computed_tokens
             num_outputs = request.num_output_tokens + request.num_pending_tokens
             num_known = request.num_tokens + request.num_pending_tokens
-            output.num_computed_before[request_id] = computed
-            if num_new == 1 and num_outputs > 0 and computed == num_known - 1:
-                output.num_decode_tokens += 1
+            if num_outputs > 0 and computed == num_known - 1 and num_new == 1 + len(drafts):
+                plan.num_decode_tokens += num_new
             else:
-                output.num_prefill_tokens += num_new
+                plan.num_prefill_tokens += num_new
+            samples = computed + num_new - len(drafts) >= num_known
+            plan.scheduled.append(
+                ScheduledRequest(
+                    request_id=request_id,
+                    num_tokens=num_new,
+                    num_computed_before=computed,
+                    output_index=num_outputs if samples else -1,
+                    new_blocks=grants.new_blocks.get(request_id),
+                    draft_token_ids=drafts,
+                )
+            )
+            if request_id not in self._on_workers:
+                self._on_workers.add(request_id)
+                plan.new_requests.append(_new_request(request))
+            if samples and request.samples_from_host_tokens:
+                plan.samples_from_host_tokens = True
             request.num_computed_tokens = computed + num_new
-            if computed + num_new >= num_known:
-                output.output_index[request_id] = num_outputs
+            if samples:
                 request.num_pending_tokens += 1
+                request.num_unverified_drafts = len(drafts)
+        return plan
 
     def _prefill_allowance(self) -> int:
         """Prompt tokens this step may take: all of the budget unless an ITL SLO limits it."""
@@ -293,6 +337,8 @@ class Scheduler:
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
         self.kv_cache_manager.free(request)
+        # The workers forget it (the plan names it); it is sent in full again when it resumes.
+        self._on_workers.discard(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
         request.num_preemptions += 1
@@ -301,48 +347,64 @@ class Scheduler:
 
     # ----- results -------------------------------------------------------------------------
 
-    def update_from_output(
-        self,
-        scheduler_output: SchedulerOutput,
-        sampled_token_ids: list[int],
-        logprobs: list[TokenLogprobs | None] | None = None,
-    ) -> list[EngineCoreOutput]:
-        """Append each sampling request's token and end finished requests. sampled_token_ids
-        holds one id per scheduled request (ignored for those that did not sample this step).
+    def update_from_output(self, plan: StepPlan, result: StepResult) -> list[EngineCoreOutput]:
+        """Append each sampling request's accepted tokens and end finished requests.
+
+        result.token_ids holds, per scheduled request, the tokens the step accepted (none for a
+        prompt chunk short of the prompt's end). A step that verified k drafts and accepted
+        fewer rolls the request's computed count back over the rejected ones and frees the
+        blocks only they used. EOS, a stop token id, max_tokens or the model length met inside
+        a multi-token result ends the request at that token; the tokens after it are dropped.
 
         With overlapped scheduling the next step is already scheduled (and running) when this
         is called: a request this step ends may be in it, and its token there is never read; a
         request preempted since is in the waiting queue and still takes its token."""
         outputs = []
         now = time.monotonic()
-        output_index = scheduler_output.output_index
-        for position, request in enumerate(scheduler_output.scheduled_requests):
-            will_sample = request.request_id in output_index
-            if will_sample:
-                request.num_pending_tokens -= 1
-            if request.is_finished:
-                continue  # aborted, or ended by the step before, while this step ran
-            if not will_sample:
+        for position, scheduled in enumerate(plan.scheduled):
+            request = self.requests.get(scheduled.request_id)
+            if request is None:
+                continue  # ended (aborted, stopped, failed) while this step ran
+            if not scheduled.samples:
                 self.kv_cache_manager.cache_computed_blocks(request)
                 continue  # a prompt chunk that did not reach the end of the prompt
-            token_id = sampled_token_ids[position]
-            request.append_output_token(token_id)
-            self.kv_cache_manager.cache_computed_blocks(request)
+            request.num_pending_tokens -= 1
+            request.num_unverified_drafts = 0
+            token_ids = result.token_ids[position]
+            if not token_ids:
+                continue  # left out of the step (it failed): the engine ends it
+            num_rejected = len(scheduled.draft_token_ids) - (len(token_ids) - 1)
+            if num_rejected > 0 and request.status == RequestStatus.RUNNING:
+                request.num_computed_tokens -= num_rejected
+            accepted: list[int] = []
+            finish_status = None
+            for token_id in token_ids:
+                request.append_output_token(token_id)
+                accepted.append(token_id)
+                finish_status = self._check_stop(request, token_id)
+                if finish_status is not None:
+                    break
             if request.timings.first_token_time is None:
                 request.timings.first_token_time = now
-            finish_status = self._check_stop(request, token_id)
-            if finish_status is not None:
+            if finish_status is None:
+                if num_rejected > 0 and request.status == RequestStatus.RUNNING:
+                    # Blocks that held only rejected drafts go back; the next step's token
+                    # (the last accepted one) needs room for num_tokens tokens.
+                    self.kv_cache_manager.trim(request, request.num_tokens)
+                self.kv_cache_manager.cache_computed_blocks(request)
+            else:
                 if request.status == RequestStatus.RUNNING:
                     self.running.remove(request)
                 else:
                     self.waiting.discard(request)  # preempted while this step ran
                 request.status = finish_status
                 self._release(request)
+            logprobs = result.logprobs[position] if result.logprobs else None
             outputs.append(
                 EngineCoreOutput(
                     request_id=request.request_id,
-                    new_token_ids=[token_id],
-                    new_logprobs=[logprobs[position]] if logprobs and logprobs[position] else None,
+                    new_token_ids=accepted,
+                    new_logprobs=logprobs[: len(accepted)] if logprobs else None,
                     finish_reason=request.status.finish_reason,
                     stop_reason=request.stop_reason,
                     num_cached_tokens=max(request.num_cached_tokens, 0),
@@ -370,6 +432,9 @@ class Scheduler:
         self.kv_cache_manager.free(request)
         request.timings.finished_time = time.monotonic()
         del self.requests[request.request_id]
+        if request.request_id in self._on_workers:
+            self._on_workers.discard(request.request_id)
+            self._finished_on_workers.append(request.request_id)
 
     # ----- introspection -------------------------------------------------------------------
 
@@ -388,3 +453,15 @@ class Scheduler:
             prefix_cache_hits=manager.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
         )
+
+
+def _new_request(request: Request) -> NewRequest:
+    """What the workers keep of a request, sent when it first runs or resumes."""
+    return NewRequest(
+        request_id=request.request_id,
+        prompt_token_ids=request.prompt_token_ids,
+        sampling_params=request.sampling_params,
+        sampling_seed=request.sampling_seed,
+        eos_token_ids=list(request.eos_token_ids),
+        output_token_ids=list(request.output_token_ids),
+    )

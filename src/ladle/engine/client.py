@@ -40,13 +40,13 @@ from ladle.engine import wire
 from ladle.engine.admission import AdmissionController
 from ladle.engine.core_process import run_engine_core
 from ladle.engine.gc_policy import freeze_startup_objects
-from ladle.engine.messages import RequestRejectedError, SchedulerStats
 from ladle.engine.output_processor import OutputProcessor
 from ladle.engine.restart_policy import RestartBudget, RestartPolicy
 from ladle.engine.tokenizer import TextTokenizer
 from ladle.engine.tokenizer_preload import TokenizerPreload
 from ladle.metrics import ServerMetrics
 from ladle.outputs import RequestOutput
+from ladle.protocol.messages import RequestRejectedError, SchedulerStats
 from ladle.sampling_params import SamplingParams
 
 STARTUP_POLL_MS = 200

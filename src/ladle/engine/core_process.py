@@ -23,8 +23,8 @@ import traceback
 import zmq
 
 from ladle.engine import wire
-from ladle.engine.messages import EngineCoreOutput, RequestRejectedError
 from ladle.engine.token_gap_meter import TokenGapMeter
+from ladle.protocol.messages import EngineCoreOutput, RequestRejectedError
 
 logger = logging.getLogger(__name__)
 
@@ -97,13 +97,13 @@ def _start(
     config = EngineConfig.from_kwargs(**options)
     engine = EngineCore(config)
     freeze_startup_objects()  # the collector must not rescan the model and tables every step
-    runner = engine.runner
+    info = engine.info
     ready = wire.EngineReady(
         max_model_len=engine.max_model_len,
-        tokenizer_source=resolve_tokenizer_source(config.model, runner.model_path),
-        arch=runner.arch,
-        memory_budget=runner.memory_budget.describe(),
-        sampling_defaults=sampling_defaults_of(runner.model_path, config.model.generation_config),
+        tokenizer_source=resolve_tokenizer_source(config.model, info.model_path),
+        arch=info.arch,
+        memory_budget=info.memory_budget.describe(),
+        sampling_defaults=sampling_defaults_of(info.model_path, config.model.generation_config),
     )
     if not _try_send(output_socket, ready, parent_pid):
         return None

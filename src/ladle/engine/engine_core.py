@@ -1,64 +1,77 @@
-"""EngineCore: schedule -> execute -> update, one step at a time.
+"""EngineCore: schedule -> submit -> update, one step at a time.
 
-It holds the scheduler, the KV cache manager and the model runner, and speaks only in
-EngineCoreRequest / EngineCoreOutput, so it runs the same in-process (offline LLM) or in its own
-process behind ZMQ (the server).
+It holds the scheduler, the KV cache manager and the executor (which runs the workers), and
+speaks only in EngineCoreRequest / EngineCoreOutput, so it runs the same in-process (offline LLM)
+or in its own process behind ZMQ (the server). Between the scheduler and the workers travel only
+plain StepPlans and StepResults (protocol/step.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
-import functools
 import random
 import sys
 import time
+from dataclasses import dataclass
 
 from ladle.config import EngineConfig
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
-from ladle.engine.fault_isolation import execute_isolating_faults
-from ladle.engine.messages import (
+from ladle.engine.overlap import overlap_enabled
+from ladle.engine.prompt_logprobs import PromptLogprobsCollector
+from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
+from ladle.engine.step_meter import StepMeter
+from ladle.engine.warmup import describe_startup, warm_up
+from ladle.executor.base import Executor, StepFuture
+from ladle.executor.factory import build_executor
+from ladle.kernels.compile_log import start_compile_log
+from ladle.protocol.messages import (
     EngineCoreOutput,
     EngineCoreRequest,
     RequestRejectedError,
     SchedulerStats,
 )
-from ladle.engine.overlap import InFlightStep, OverlapPolicy
-from ladle.engine.prompt_logprobs import PromptLogprobsCollector
-from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
-from ladle.engine.split_launch import SplitLaunch
-from ladle.engine.step_meter import StepMeter
-from ladle.engine.warmup import describe_startup, warm_up
-from ladle.kernels.compile_log import start_compile_log
+from ladle.protocol.step import StepPlan
 from ladle.sampling_limits import check_field, check_top_k
 from ladle.structured.engine_side import build_structured_output_manager
+from ladle.structured.manager import PendingGrammarBitmask
 from ladle.threads import ThreadGovernor
-from ladle.worker.model_runner import ModelRunner
 
 # An engine with nothing to run but requests whose grammar is compiling waits this long for one.
 GRAMMAR_WAIT_S = 0.005
 
 
+@dataclass
+class InFlightStep:
+    """A submitted step whose result the engine has not read yet (outputs: once it has)."""
+
+    future: StepFuture
+    outputs: list[EngineCoreOutput] | None = None
+
+
 class EngineCore:
-    def __init__(self, config: EngineConfig, print_budget: bool = True) -> None:
+    def __init__(
+        self, config: EngineConfig, print_budget: bool = True, executor: Executor | None = None
+    ) -> None:
         start_compile_log()  # start-up reports the Triton kernels it built
         self.config = config
-        self.runner = ModelRunner(config)
-        self.vocab_size = self.runner.arch.vocab_size
-        budget = self.runner.memory_budget
+        self.executor = executor if executor is not None else build_executor(config)
+        info = self.info = self.executor.info
+        self.vocab_size = info.arch.vocab_size
+        budget = info.memory_budget
         # A sequence longer than the pool could never run: the pool caps the model length, so
         # a request without max_tokens gets room it can actually use.
-        self.max_model_len = min(self.runner.max_model_len, budget.num_token_slots)
+        self.max_model_len = min(info.max_model_len, budget.num_token_slots)
         self._length_limit = f"max_model_len={self.max_model_len}"
-        if self.max_model_len < self.runner.max_model_len:
+        if self.max_model_len < info.max_model_len:
             self._length_limit += f" (the KV cache pool holds {budget.num_token_slots} tokens)"
         if print_budget:
             # stderr: stdout belongs to what the user asked for (generated text, JSON).
             print(f"[ladle] {budget.describe()}", file=sys.stderr, flush=True)
-            if self.max_model_len < self.runner.max_model_len:
+            if self.max_model_len < info.max_model_len:
                 print(
-                    f"[ladle] max_model_len lowered from {self.runner.max_model_len} to "
+                    f"[ladle] max_model_len lowered from {info.max_model_len} to "
                     f"{self.max_model_len}: the KV cache pool holds no more",
                     file=sys.stderr,
                     flush=True,
@@ -77,12 +90,14 @@ class EngineCore:
         self.step_meter = StepMeter()
         self.slow_step_s = slow_step_threshold_s()
         # On the CPU, torch's thread team follows the cores other programs leave free.
-        self.thread_governor = ThreadGovernor() if self.runner.device.type == "cpu" else None
-        self.structured_outputs = build_structured_output_manager(config, self.runner)
-        self.overlap = OverlapPolicy.from_config(config.scheduler, self.runner.device)
-        self._in_flight: InFlightStep | None = None  # launched, its sampled ids not yet read
+        self.thread_governor = ThreadGovernor() if info.device_type == "cpu" else None
+        self.structured_outputs = build_structured_output_manager(
+            config, info, self.executor.grammar_device
+        )
+        self.overlaps = overlap_enabled(config.scheduler, info.device_type)
+        self._in_flight: InFlightStep | None = None  # submitted, its result not yet read
         # Last: the warm-up runs real steps, which need everything above.
-        if self.runner.device.type == "cuda":
+        if info.device_type == "cuda":
             # Compile every kernel variant now, through the real step, not under a first user.
             started = time.perf_counter()
             num_steps = warm_up(self)
@@ -144,7 +159,6 @@ class EngineCore:
                 raise RequestRejectedError(f"request id {request.request_id!r} is in use")
             if not self.structured_outputs.add_request(request):
                 return  # waits for its grammar outside the scheduler; step() hands it over
-        self.overlap.track(request)
         self.scheduler.add_request(request)
 
     def _validate_prompt(self, prompt: list[int]) -> None:
@@ -176,89 +190,110 @@ class EngineCore:
     # ----- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
-        """Schedule and launch one step; return the outputs of the step before it (overlapped
-        scheduling) or of this one (synchronous). See overlap.py for when a step is synchronous and
-        split_launch.py for steps whose sampling waits for the host to read the step before."""
+        """Schedule and submit one step; return the outputs of the step before it (overlapped
+        scheduling) or of this one (synchronous). A step whose sampling reads host tokens reads
+        the step before it between its forward pass and its sampling (split_launch.py)."""
         started = time.perf_counter()
         if self.thread_governor is not None:
             self.thread_governor.maybe_adjust()
-        structured = self.structured_outputs
-        outputs = self._admit_compiled_requests() if structured is not None else []
-        self._release_finished(outputs)
-        scheduler_output = self.scheduler.schedule()
-        self.runner.release(scheduler_output.preempted_request_ids)
-        if not scheduler_output.scheduled_requests:
-            if self._in_flight is not None:
-                return outputs + self._finish_in_flight()
-            if structured is not None and structured.num_waiting and not outputs:
-                structured.wait_for_compile(GRAMMAR_WAIT_S)
-            return outputs
-        num_prefill = scheduler_output.num_prefill_tokens
-        num_decode = scheduler_output.num_decode_tokens
-        # The block-table diff: only requests that got blocks this step have an entry.
-        new_block_ids = scheduler_output.new_block_ids
-        block_updates = [
-            new_block_ids.get(r.request_id) for r in scheduler_output.scheduled_requests
-        ]
-        # A request that breaks the step ends alone (finish_reason "error"); the rest go on.
+        outputs = self._admit_compiled_requests()
+        plan = self.scheduler.schedule()
         previous, self._in_flight = self._in_flight, None
-        graph_steps_before = self.runner.num_graph_steps
-        fill = structured.start_fill if structured is not None else None
-        split = None
-        if previous is not None and self.overlap.needs_split_launch():
-            # Some row samples from host tokens: read the previous step under this forward pass.
-            execute = split = SplitLaunch(
-                self.runner, functools.partial(self._process, previous), fill
-            )
-        else:
-            execute = functools.partial(self.runner.execute, fill_grammar_bitmask=fill)
-        launched, fault_outputs = execute_isolating_faults(
-            execute, self.scheduler, scheduler_output, block_updates
-        )
+        graph_steps_before = self.executor.num_graph_steps
+        if plan.scheduled:
+            between = None
+            if previous is not None and plan.samples_from_host_tokens:
+                between = lambda: self._read(previous)  # noqa: E731
+            future = self.executor.submit(plan, self._grammar_fill(), between)
+            self._in_flight = InFlightStep(future)
         launch_seconds = time.perf_counter() - started
-        previous_step = previous.scheduler_output if previous is not None else None
-        if split is not None:
-            outputs += split.read_previous()
-            previous = None
-        self._release_finished(fault_outputs)
-        outputs += fault_outputs
-        if launched is not None:
-            self._in_flight = InFlightStep(scheduler_output, launched)
         if previous is not None:
-            # The device runs this step meanwhile: read the one before it.
-            outputs += self._process(previous)
-        if self._in_flight is not None and not self.overlap.enabled:
+            outputs += self._read(previous)  # the device runs this step meanwhile
+        if self._in_flight is not None and not self.overlaps:
             outputs += self._finish_in_flight()
+        graphed = self.executor.num_graph_steps > graph_steps_before
+        self._record_step(plan, previous, started, launch_seconds, graphed)
+        if not plan.scheduled and not outputs:
+            self._wait_for_grammars()
+        return outputs
+
+    def _grammar_fill(self):
+        structured = self.structured_outputs
+        return self._start_grammar_fill if structured is not None else None
+
+    def _start_grammar_fill(self, plan: StepPlan) -> PendingGrammarBitmask | None:
+        """Start filling the plan's grammar rows' masks (one row per sampling row)."""
+        assert self.structured_outputs is not None
+        rows = [
+            (plan.scheduled[position].request_id,
+             plan.scheduled[position].draft_token_ids[:offset])
+            for position, offset in plan.sampling_rows()
+        ]
+        return self.structured_outputs.start_fill(rows)
+
+    def _wait_for_grammars(self) -> None:
+        """Nothing ran: if requests wait for their grammar, wait a moment for one."""
+        structured = self.structured_outputs
+        if structured is not None and structured.num_waiting and self._in_flight is None:
+            structured.wait_for_compile(GRAMMAR_WAIT_S)
+
+    def _record_step(
+        self,
+        plan: StepPlan,
+        previous: InFlightStep | None,
+        started: float,
+        launch_seconds: float,
+        graphed: bool,
+    ) -> None:
+        if not plan.scheduled:
+            return
+        num_prefill, num_decode = plan.num_prefill_tokens, plan.num_decode_tokens
         seconds = time.perf_counter() - started
         self.step_meter.record(num_prefill, num_decode, seconds)
         if self.slow_step_s is not None and seconds > self.slow_step_s:
-            graphed = self.runner.num_graph_steps > graph_steps_before
-            log_slow_step(seconds, launch_seconds, graphed, scheduler_output, previous_step)
+            previous_plan = previous.future.plan if previous is not None else None
+            log_slow_step(seconds, launch_seconds, graphed, plan, previous_plan)
         if self.scheduler.prefill_budget is not None:
             self.scheduler.prefill_budget.observe(num_prefill + num_decode, seconds)
-        return outputs
 
     def _finish_in_flight(self) -> list[EngineCoreOutput]:
         in_flight, self._in_flight = self._in_flight, None
-        return self._process(in_flight) if in_flight is not None else []
+        return self._read(in_flight) if in_flight is not None else []
 
-    def _process(self, in_flight: InFlightStep) -> list[EngineCoreOutput]:
-        """Wait for a launched step's sampled ids and hand them to the scheduler."""
-        scheduler_output = in_flight.scheduler_output
-        runner_output = in_flight.launched.result()
-        structured = self.structured_outputs
-        if structured is not None:
-            # Fault isolation dropped any culprit from scheduled_requests, so these line up.
-            structured.accept_tokens(
-                scheduler_output.scheduled_requests, runner_output.sampled_token_ids
-            )
-        self.prompt_logprobs.add(runner_output.prompt_logprobs)
-        outputs = self.scheduler.update_from_output(
-            scheduler_output, runner_output.sampled_token_ids, runner_output.logprobs
-        )
-        self.prompt_logprobs.attach(outputs)
+    def _read(self, in_flight: InFlightStep) -> list[EngineCoreOutput]:
+        """Wait for a submitted step's result and hand it to the scheduler; its outputs are
+        returned once (a split launch may read it before the step that returns them)."""
+        if in_flight.outputs is not None:
+            outputs, in_flight.outputs = in_flight.outputs, []
+            return outputs
+        future = in_flight.future
+        result = future.result()
+        outputs = self._end_failed(result.failed)
+        if self.structured_outputs is not None:
+            self.structured_outputs.accept_tokens(result.request_ids, result.token_ids)
+        self.prompt_logprobs.add(result.prompt_logprobs)
+        step_outputs = self.scheduler.update_from_output(future.plan, result)
+        self.prompt_logprobs.attach(step_outputs)
+        outputs += step_outputs
         self._release_finished(outputs)
-        return outputs
+        in_flight.outputs = outputs
+        return self._read(in_flight)
+
+    def _end_failed(self, failed: dict[str, str]) -> list[EngineCoreOutput]:
+        """End the requests a step failed on (each alone: the rest of the step ran)."""
+        if not failed:
+            return []
+        ended = self.scheduler.finish_requests(list(failed), RequestStatus.FINISHED_REJECTED)
+        return [
+            EngineCoreOutput(
+                request_id=request.request_id,
+                new_token_ids=[],
+                finish_reason="error",
+                error=f"the engine failed on this request and ended it: "
+                f"{failed[request.request_id]}",
+            )
+            for request in ended
+        ]
 
     def _release_finished(self, outputs: list[EngineCoreOutput]) -> None:
         finished_ids = [output.request_id for output in outputs if output.finished]
@@ -266,11 +301,9 @@ class EngineCore:
             self._forget(finished_ids)
 
     def _forget(self, request_ids: list[str]) -> list[str]:
-        """Drop what the engine keeps per request outside the scheduler: the runner's slot, the
-        overlap policy's entry, pending prompt logprobs and the grammar. Returns the ids that
+        """Drop what the engine keeps per request outside the scheduler (the workers forget
+        through the next plan): pending prompt logprobs and the grammar. Returns the ids that
         were still waiting for their grammar compile (never handed to the scheduler)."""
-        self.runner.release(request_ids)
-        self.overlap.forget(request_ids)
         self.prompt_logprobs.discard(request_ids)
         if self.structured_outputs is None:
             return []
@@ -278,15 +311,17 @@ class EngineCore:
 
     def _admit_compiled_requests(self) -> list[EngineCoreOutput]:
         """Hand requests whose grammar is compiled to the scheduler; end those that failed."""
-        assert self.structured_outputs is not None
+        if self.structured_outputs is None:
+            return []
         ready, failed = self.structured_outputs.take_ready()
         for request in ready:
-            self.overlap.track(request)
             self.scheduler.add_request(request)
-        return [
+        outputs = [
             EngineCoreOutput(request_id=request.request_id, new_token_ids=[], finish_reason="error")
             for request, _ in failed
         ]
+        self._release_finished(outputs)
+        return outputs
 
     def has_unfinished_requests(self) -> bool:
         waiting_for_grammar = self.structured_outputs is not None and (
@@ -310,6 +345,6 @@ class EngineCore:
             decode_step_counts=tuple(meter.decode_step_counts),
             prefill_step_seconds=meter.prefill_step_seconds,
             decode_step_seconds=meter.decode_step_seconds,
-            num_graph_steps=self.runner.num_graph_steps,
-            num_eager_steps=self.runner.num_eager_steps,
+            num_graph_steps=self.executor.num_graph_steps,
+            num_eager_steps=self.executor.num_eager_steps,
         )

@@ -12,10 +12,10 @@ import time
 from dataclasses import dataclass, field
 
 from ladle.engine.detokenizer import IncrementalDetokenizer
-from ladle.engine.messages import EngineCoreOutput, EngineCoreRequest
 from ladle.engine.stop_checker import StopChecker
 from ladle.engine.tokenizer import TextTokenizer
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ladle.protocol.messages import EngineCoreOutput, EngineCoreRequest
 from ladle.sample.bad_words import bad_words_token_ids
 from ladle.sampling_params import SamplingParams
 

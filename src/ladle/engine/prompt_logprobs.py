@@ -7,8 +7,8 @@ duplicates what it had.
 
 from __future__ import annotations
 
-from ladle.engine.messages import EngineCoreOutput, TokenLogprobs
-from ladle.worker.prompt_logprobs import PromptLogprobsChunk
+from ladle.protocol.messages import EngineCoreOutput, TokenLogprobs
+from ladle.protocol.step import PromptLogprobsChunk
 
 
 class PromptLogprobsCollector:

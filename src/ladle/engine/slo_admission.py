@@ -26,7 +26,7 @@ import math
 from collections.abc import Callable
 
 from ladle.engine.admission import MAX_RETRY_AFTER_SECONDS, AdmissionController, QueueFullError
-from ladle.engine.messages import SchedulerStats
+from ladle.protocol.messages import SchedulerStats
 
 # Admit only when the prediction is within this fraction of the SLO: the rate is a moving
 # average and decodes share the steps, so the estimate errs.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ladle.core.scheduler import SchedulerOutput
+from ladle.protocol.step import StepPlan
 
 
 def slow_step_threshold_s() -> float | None:
@@ -31,8 +31,8 @@ def log_slow_step(
     seconds: float,
     launch_seconds: float,
     graphed: bool,
-    step: SchedulerOutput,
-    previous: SchedulerOutput | None,
+    step: StepPlan,
+    previous: StepPlan | None,
 ) -> None:
     before = (
         f"; the step before: {_shape(previous)}" if previous is not None else ""
@@ -45,8 +45,8 @@ def log_slow_step(
     )
 
 
-def _shape(step: SchedulerOutput) -> str:
+def _shape(step: StepPlan) -> str:
     return (
-        f"{len(step.scheduled_requests)} requests, {step.num_prefill_tokens} prompt tokens, "
+        f"{len(step.scheduled)} requests, {step.num_prefill_tokens} prompt tokens, "
         f"{step.num_decode_tokens} decodes"
     )

@@ -12,7 +12,7 @@ import bisect
 from dataclasses import dataclass, field
 
 from ladle.core.request import Request
-from ladle.engine.messages import STEP_TIME_BOUNDS_S
+from ladle.protocol.messages import STEP_TIME_BOUNDS_S
 
 # Weight of the newest step in the moving averages: about the last 20 steps count.
 SMOOTHING = 0.1

@@ -21,7 +21,7 @@ from __future__ import annotations
 import bisect
 from collections.abc import Iterable
 
-from ladle.engine.messages import EngineCoreOutput
+from ladle.protocol.messages import EngineCoreOutput
 
 # Upper bounds (s) of the histogram: half-millisecond steps where decode steps live (so a p50
 # read from the buckets is within ~0.5 ms), then coarser out to the stalls of a long prefill.

@@ -24,8 +24,8 @@ import dataclasses
 import random
 from typing import TYPE_CHECKING
 
-from ladle.engine.messages import EngineCoreRequest
 from ladle.kernels.compile_log import compile_totals
+from ladle.protocol.messages import EngineCoreRequest
 from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:
@@ -71,7 +71,7 @@ def warm_up(engine: EngineCore) -> int:
     # Small steps with prompt tokens replay prefill graphs (their capture built their kernel
     # variants); the same steps run eagerly here, so the eager path's variants are built too
     # (a larger batch with a short prompt runs eagerly later).
-    graphs = engine.runner.graphs
+    graphs = engine.executor.graphs
     prefill_graphs = graphs.prefill if graphs is not None else None
     if graphs is not None:
         graphs.prefill = None
@@ -130,7 +130,7 @@ def _run_to_completion(engine: EngineCore) -> int:
 def describe_startup(engine: EngineCore, num_warmup_steps: int, warmup_seconds: float) -> str:
     """One line for the start-up log: warm-up, graph capture, and the Triton builds so far."""
     parts = [f"warm-up: {num_warmup_steps} steps in {warmup_seconds:.1f} s"]
-    graphs = engine.runner.graphs
+    graphs = engine.executor.graphs
     if graphs is not None:
         parts.append(
             f"{len(graphs.batch_sizes)} decode graphs and {graphs.num_prefill_graphs} prefill "

@@ -14,8 +14,8 @@ from __future__ import annotations
 
 import msgspec
 
-from ladle.engine.messages import EngineCoreOutput, EngineCoreRequest, SchedulerStats
 from ladle.model.arch_config import ModelArchConfig
+from ladle.protocol.messages import EngineCoreOutput, EngineCoreRequest, SchedulerStats
 
 # ----- API process -> engine core ------------------------------------------------------------
 

@@ -61,16 +61,16 @@ class LLM:
             tokenizer_preload.cancel()
             raise
         self.tokenizer = tokenizer_preload.result(
-            self.engine.runner.model_path, self.engine.runner.arch
+            self.engine.info.model_path, self.engine.info.arch
         )
         eos_token_ids = (
             self.tokenizer.eos_token_ids
             if self.tokenizer
-            else self.engine.runner.arch.eos_token_ids
+            else self.engine.info.arch.eos_token_ids
         )
         self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids, stream_text=False)
         self.sampling_defaults = sampling_defaults_of(
-            self.engine.runner.model_path, self.config.model.generation_config
+            self.engine.info.model_path, self.config.model.generation_config
         )
 
         # stream() decodes text at every step; generate() only once per finished sample.

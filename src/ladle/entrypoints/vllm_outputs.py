@@ -7,7 +7,7 @@ converted, once, when a request has finished.
 
 from __future__ import annotations
 
-from ladle.engine.messages import TokenLogprobs
+from ladle.protocol.messages import TokenLogprobs
 from ladle.outputs import CompletionOutput, Logprob, RequestOutput
 from ladle.sampling_params import SamplingParams
 

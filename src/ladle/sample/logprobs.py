@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ladle.engine.messages import TokenLogprobs
+from ladle.protocol.messages import TokenLogprobs
 from ladle.sample.output import SamplerOutput
 
 

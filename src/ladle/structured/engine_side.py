@@ -8,25 +8,29 @@ from __future__ import annotations
 
 from typing import TYPE_CHECKING
 
+import torch
+
 from ladle.structured.grammar import GrammarCompiler
 from ladle.structured.manager import StructuredOutputManager
 
 if TYPE_CHECKING:
     from ladle.config import EngineConfig
-    from ladle.worker.model_runner import ModelRunner
+    from ladle.worker.worker import WorkerInfo
 
 
 def build_structured_output_manager(
-    config: EngineConfig, runner: ModelRunner
+    config: EngineConfig, info: WorkerInfo, device: torch.device
 ) -> StructuredOutputManager | None:
-    source = config.model.tokenizer or runner.model_path
+    """The grammar side of the engine core; device: where its masks are applied (the host's
+    CPU when the workers run in other processes, which receive them as plain data)."""
+    source = config.model.tokenizer or info.model_path
     if source is None:
         return None  # dummy weights of a preset: no tokenizer, so no grammar over its tokens
-    arch = runner.arch
+    arch = info.arch
 
     def load():
         from ladle.engine.tokenizer import load_tokenizer
 
         return load_tokenizer(source, arch)
 
-    return StructuredOutputManager(GrammarCompiler(load, arch.vocab_size), runner.device)
+    return StructuredOutputManager(GrammarCompiler(load, arch.vocab_size), device)

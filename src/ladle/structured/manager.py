@@ -144,43 +144,44 @@ class StructuredOutputManager:
 
     # ----- per step ------------------------------------------------------------------------
 
-    def start_fill(self, sampling_requests: list[Request]) -> PendingGrammarBitmask | None:
+    def start_fill(self, rows: list[tuple[str, list[int]]]) -> PendingGrammarBitmask | None:
         """Start filling the masks of the constrained rows among this step's sampling rows on
-        the worker thread; None (no job at all) when no row has a grammar."""
+        the worker thread; None (no job at all) when no row has a grammar. rows: per sampling
+        row, (request id, the draft tokens before the row: [] but for speculative rows)."""
         if not self._grammars:
             return None
         candidates = []
-        for row, request in enumerate(sampling_requests):
-            grammar = self._grammars.get(request.request_id)
+        for row, (request_id, drafts) in enumerate(rows):
+            grammar = self._grammars.get(request_id)
             if grammar is not None:
-                candidates.append((row, grammar))
+                candidates.append((row, grammar, drafts))
         if not candidates:
             return None
         pending, self._pending = self._pending, {}
         self._in_flight = self._worker.submit(self._advance_and_fill, pending, candidates)
         return PendingGrammarBitmask(self, self._in_flight)
 
-    def fill_bitmask(self, sampling_requests: list[Request]) -> GrammarBitmask | None:
+    def fill_bitmask(self, rows: list[tuple[str, list[int]]]) -> GrammarBitmask | None:
         """start_fill and wait in one call: the masks, or None when no row is constrained."""
-        pending = self.start_fill(sampling_requests)
+        pending = self.start_fill(rows)
         return pending.wait() if pending is not None else None
 
-    def accept_tokens(self, requests: list[Request], token_ids: list[int]) -> None:
-        """Note each constrained request's sampled token (-1: none); the next fill job (or
-        `grammar_of`) makes its matcher consume it."""
+    def accept_tokens(self, request_ids: list[str], token_ids: list[list[int]]) -> None:
+        """Note each constrained request's accepted tokens; the next fill job (or
+        `grammar_of`) makes its matcher consume them."""
         if not self._grammars:
             return
-        for request, token_id in zip(requests, token_ids):
-            if token_id < 0:
+        for request_id, accepted in zip(request_ids, token_ids):
+            if not accepted:
                 continue
-            grammar = self._grammars.get(request.request_id)
+            grammar = self._grammars.get(request_id)
             if grammar is None:
                 continue
-            entry = self._pending.get(request.request_id)
+            entry = self._pending.get(request_id)
             if entry is None:
-                self._pending[request.request_id] = (grammar, [token_id])
+                self._pending[request_id] = (grammar, list(accepted))
             else:
-                entry[1].append(token_id)
+                entry[1].extend(accepted)
 
     def grammar_of(self, request_id: str) -> RequestGrammar | None:
         """The request's grammar with every accepted token consumed (to read or roll back)."""
@@ -230,16 +231,23 @@ class StructuredOutputManager:
     def _advance_and_fill(
         self,
         pending: dict[str, tuple[RequestGrammar, list[int]]],
-        candidates: list[tuple[int, RequestGrammar]],
+        candidates: list[tuple[int, RequestGrammar, list[int]]],
     ) -> tuple[torch.Tensor | None, int]:
         """The worker's job: advance, then fill the masks of the rows that need one into the
         pinned buffer (masks first, then the row indices, so one copy carries both)."""
         import llguidance.torch
 
         self._advance(pending)
-        rows = [(row, grammar) for row, grammar in candidates if grammar.needs_mask]
-        if not rows:
+        rows = [
+            (row, grammar)
+            for row, grammar, drafts in candidates
+            if not drafts and grammar.needs_mask
+        ]
+        draft_rows = [(row, grammar, drafts) for row, grammar, drafts in candidates if drafts]
+        if not rows and not draft_rows:
             return None, 0
+        if not rows:
+            rows = []
         if self._copy_done is not None:
             self._copy_done.synchronize()  # the last copy out of the buffer has finished
         num_rows = len(rows)
@@ -257,7 +265,23 @@ class StructuredOutputManager:
             [(grammar.matcher, index) for index, (_, grammar) in enumerate(rows)],
             masks,
         )
-        packed[num_rows * self.width :] = torch.tensor([row for row, _ in rows], dtype=torch.int32)
+        row_ids = [row for row, _ in rows]
+        if draft_rows:
+            draft_masks, draft_row_ids = _fill_draft_rows(draft_rows, self.width)
+            if draft_row_ids:
+                masks = torch.cat([masks, draft_masks])
+                row_ids += draft_row_ids
+                num_rows = len(row_ids)
+                size = num_rows * (self.width + 1)
+                if self._host_buffer.numel() < size:
+                    self._host_buffer = torch.empty(
+                        size, dtype=torch.int32, pin_memory=self.device.type == "cuda"
+                    )
+                packed = self._host_buffer[:size]
+                packed[: num_rows * self.width] = masks.reshape(-1)
+        if not row_ids:
+            return None, 0
+        packed[num_rows * self.width :] = torch.tensor(row_ids, dtype=torch.int32)
         return packed, num_rows
 
     # ----- back on the engine thread -------------------------------------------------------
@@ -284,3 +308,34 @@ class StructuredOutputManager:
             bitmask=on_device[: num_rows * self.width].view(num_rows, self.width),
             row_indices=on_device[num_rows * self.width :],
         )
+
+
+def _fill_draft_rows(
+    draft_rows: list[tuple[int, RequestGrammar, list[int]]], width: int
+) -> tuple[torch.Tensor, list[int]]:
+    """Masks of rows that follow draft tokens: the grammar advanced over the drafts before the
+    row, then rolled back. A row after a draft the grammar refuses gets no mask (that draft is
+    rejected anyway: the row before it cannot sample it)."""
+    import llguidance.torch
+
+    masks, row_ids = [], []
+    for row, grammar, drafts in draft_rows:
+        num_accepted = 0
+        refused = False
+        for token_id in drafts:
+            matcher = grammar.matcher
+            if grammar.is_active and not (matcher.is_error() or matcher.is_stopped()):
+                if matcher.validate_tokens([token_id]) != 1:
+                    refused = True
+                    break
+            grammar.accept(token_id)
+            num_accepted += 1
+        if not refused and grammar.needs_mask:
+            mask = torch.zeros((1, width), dtype=torch.int32)
+            llguidance.torch.fill_next_token_bitmask(grammar.matcher, mask, 0)
+            masks.append(mask)
+            row_ids.append(row)
+        grammar.rollback(num_accepted)
+    if not masks:
+        return torch.zeros((0, width), dtype=torch.int32), []
+    return torch.cat(masks), row_ids

@@ -29,13 +29,13 @@ import torch
 from torch import nn
 
 from ladle.attention.kv_quant import FP8_E4M3_MAX, check_kv_scale
-from ladle.core.request import Request
-from ladle.core.scheduler import SchedulerOutput
 from ladle.model.layers.attention import Attention
+from ladle.protocol.step import StepPlan
 from ladle.sampling_params import SamplingParams
+from ladle.worker.dummy_batch import prefill_plan
 
 if TYPE_CHECKING:
-    from ladle.worker.model_runner import ModelRunner
+    from ladle.worker.worker import Worker
 
 NUM_PROMPTS = 4
 PROMPT_LEN = 128
@@ -49,28 +49,21 @@ def attention_layers(model: nn.Module) -> list[Attention]:
 
 def build_calibration_step(
     vocab_size: int, block_size: int, prompt_len: int, num_prompts: int = NUM_PROMPTS
-) -> tuple[SchedulerOutput, list[list[int]], int]:
-    """One prefill step of num_prompts seeded random prompts, each with blocks of its own.
-
-    Returns the step, each request's block ids (1.., block 0 stays the null block) and the
-    number of blocks the temporary cache needs."""
+) -> tuple[StepPlan, int]:
+    """One prefill step of num_prompts seeded random prompts, each with blocks of its own
+    (1..: block 0 stays the null block). Returns the step and the number of blocks the
+    temporary cache needs."""
     rng = random.Random(SEED)
-    params = SamplingParams(temperature=0.0, max_tokens=1)
-    output = SchedulerOutput()
+    prompts: list[list[int]] = []
     block_ids: list[list[int]] = []
     next_block = 1
-    for index in range(num_prompts):
-        prompt = [rng.randrange(vocab_size) for _ in range(prompt_len)]
-        request = Request(
-            request_id=f"__kv_calibration_{index}", prompt_token_ids=prompt, sampling_params=params
-        )
-        output.add(request, prompt_len)
-        output.num_computed_before[request.request_id] = 0
-        output.output_index[request.request_id] = 0
+    for _ in range(num_prompts):
+        prompts.append([rng.randrange(vocab_size) for _ in range(prompt_len)])
         num_blocks = -(-prompt_len // block_size)
         block_ids.append(list(range(next_block, next_block + num_blocks)))
         next_block += num_blocks
-    return output, block_ids, next_block
+    params = SamplingParams(temperature=0.0, max_tokens=1)
+    return prefill_plan(prompts, block_ids, params, "__kv_calibration_"), next_block
 
 
 @contextmanager
@@ -109,26 +102,27 @@ def set_scales_from_amax(layers: list[Attention], amaxes: list[list[torch.Tensor
 
 
 @torch.inference_mode()
-def set_fp8_kv_scales(runner: ModelRunner) -> None:
-    """Give every attention layer of runner's model its fp8 KV scales: those its checkpoint
-    carried, else one calibration step through the real step path (runner.execute) over a
+def set_fp8_kv_scales(worker: Worker) -> None:
+    """Give every attention layer of the worker's model its fp8 KV scales: those its checkpoint
+    carried, else one calibration step through the real step path (ModelRunner.execute) over a
     temporary cache in the model's dtype. Runs before the KV cache is sized; says what it did."""
-    layers = attention_layers(runner.model)
+    runner = worker.runner
+    layers = attention_layers(worker.model)
     uncalibrated = [layer for layer in layers if layer.kv_scales_source != "checkpoint"]
     note = f"{len(layers) - len(uncalibrated)} layers' k/v scales from the checkpoint"
     if uncalibrated:
-        prompt_len = max(1, min(PROMPT_LEN, runner.max_model_len - 1))
-        step, block_ids, num_blocks = build_calibration_step(
-            runner.arch.vocab_size, runner.block_size, prompt_len
+        prompt_len = max(1, min(PROMPT_LEN, worker.max_model_len - 1))
+        step, num_blocks = build_calibration_step(
+            worker.arch.vocab_size, runner.block_size, prompt_len
         )
         real_caches = runner.kv_caches
-        runner.kv_caches = runner._allocate_kv_caches(num_blocks, runner.dtype)
+        runner.kv_caches = worker.allocate_kv_caches(num_blocks, worker.dtype)
         try:
             with recording_kv_amax(uncalibrated) as amaxes:
-                runner.execute(step, [(0, ids) for ids in block_ids]).result()
+                runner.execute(step).result()
         finally:
             runner.kv_caches = real_caches
-            runner.release([request.request_id for request in step.scheduled_requests])
+            runner.forget(step.request_ids())
             runner.batch.clear_block_tables()
         set_scales_from_amax(uncalibrated, amaxes)
         note += (

@@ -23,7 +23,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ladle.core.request import Request
+from ladle.worker.request_states import RequestState
 
 # Output ids a row has room for at first; the width doubles when a row needs more.
 MIN_OUTPUT_WIDTH = 64
@@ -61,7 +61,7 @@ class PenaltyHistory:
         return self.prompt_ids.shape[0]
 
     def rows_for(
-        self, requests: Sequence[Request], num_output_tokens: Sequence[int]
+        self, requests: Sequence[RequestState], num_output_tokens: Sequence[int]
     ) -> PenaltyRows | None:
         """The penalty rows of a step's sampling requests (None when none uses a penalty),
         taking and filling rows for requests that sample with a penalty for the first time."""
@@ -117,6 +117,16 @@ class PenaltyHistory:
             self.output_ids.dtype
         )
 
+    def write_drafts(self, request_id: str, output_index: int, draft_token_ids: list[int]) -> None:
+        """Write a request's draft tokens at the output indices they would take, so the step's
+        row after j drafts sees them as outputs (each row reads only the indices before its own,
+        and record() then writes what the rows really sampled)."""
+        row = self._row_of[request_id]
+        end = output_index + len(draft_token_ids)
+        self.output_ids[row, output_index:end] = torch.tensor(
+            draft_token_ids, dtype=torch.int32
+        ).to(self.device, non_blocking=True)
+
     def release(self, request_ids: Sequence[str]) -> None:
         """Free the rows of requests that ended or were preempted (unknown ids are ignored)."""
         for request_id in request_ids:
@@ -125,7 +135,7 @@ class PenaltyHistory:
                 del self._prompt_length[request_id]
                 self._free_rows.append(row)
 
-    def _take_row(self, request: Request, num_output: int) -> int:
+    def _take_row(self, request: RequestState, num_output: int) -> int:
         prompt = request.prompt_token_ids
         known_output = request.output_token_ids[:num_output]
         if len(known_output) < num_output:

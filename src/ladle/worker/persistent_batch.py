@@ -18,10 +18,8 @@ from __future__ import annotations
 import numpy as np
 import torch
 
+from ladle.protocol.step import BlockUpdate
 from ladle.sample.metadata import ROW_DTYPES
-
-# (index of the first new block in the request's table, the new block ids), or None: unchanged.
-BlockUpdate = tuple[int, list[int]] | None
 
 
 class PersistentBatch:
@@ -85,7 +83,7 @@ class PersistentBatch:
         self.block_table.zero_()
 
     def update_block_tables(
-        self, slots: np.ndarray, updates: list[BlockUpdate]
+        self, slots: np.ndarray, updates: list[BlockUpdate | None]
     ) -> tuple[np.ndarray, np.ndarray]:
         """Write the updates into the host tables; returns (flat indices, block ids) for the
         device table (apply_block_updates). Rewriting an update already applied is harmless."""
@@ -95,7 +93,7 @@ class PersistentBatch:
         for slot, update in zip(slots.tolist(), updates):
             if update is None:
                 continue
-            start, block_ids = update
+            start, block_ids = update.start, update.block_ids
             end = start + len(block_ids)
             if end > width:
                 raise ValueError(f"a block table of {end} blocks exceeds the {width} per sequence")

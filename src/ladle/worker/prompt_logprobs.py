@@ -10,47 +10,40 @@ compute every position, as vLLM does.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
 
 import torch
 
-from ladle.core.scheduler import SchedulerOutput
-from ladle.engine.messages import TokenLogprobs
+from ladle.protocol.messages import TokenLogprobs
+from ladle.protocol.step import PromptLogprobsChunk, StepPlan
 from ladle.sample.logprobs import gather_logprobs
+from ladle.worker.request_states import RequestStates
 
 # Rows turned into full-vocabulary logprobs at once: bounds the step's extra memory
 # (rows x vocabulary x 4 bytes) on long prompts.
 ROWS_PER_SLICE = 256
 
 
-@dataclass
-class PromptLogprobsChunk:
-    """The logprobs of prompt tokens first_position .. first_position + len(entries) - 1."""
-
-    prompt_len: int
-    first_position: int
-    entries: list[TokenLogprobs]
-
-
 def compute_prompt_logprobs(
     compute_logits: Callable[[torch.Tensor], torch.Tensor],
     hidden: torch.Tensor,
-    scheduler_output: SchedulerOutput,
+    plan: StepPlan,
+    states: RequestStates,
 ) -> dict[str, PromptLogprobsChunk] | None:
     """This step's prompt logprobs of the requests that asked for them (None: none did).
 
     hidden: the step's hidden states, one row per scheduled token, requests in scheduling order.
-    Each request's chunk starts where the scheduler_output says its new tokens start.
+    Each request's chunk starts where the plan says its new tokens start.
     """
     chunks: dict[str, PromptLogprobsChunk] = {}
     row_start = 0
-    for request in scheduler_output.scheduled_requests:
-        num_rows = scheduler_output.num_scheduled_tokens[request.request_id]
+    for scheduled in plan.scheduled:
+        num_rows = scheduled.num_tokens
         first_row = row_start
         row_start += num_rows
+        request = states[scheduled.request_id]
         k = request.sampling_params.prompt_logprobs
         prompt = request.prompt_token_ids
-        start = scheduler_output.num_computed_before[request.request_id]
+        start = scheduled.num_computed_before
         if k is None or start >= len(prompt) - 1:
             continue
         # Rows of positions start .. end - 1 predict prompt tokens start + 1 .. end.

@@ -1,4 +1,4 @@
-"""Turn one SchedulerOutput into device tensors: the one place a batch becomes tensors.
+"""Turn one StepPlan into device tensors: the one place a batch becomes tensors.
 
 All integer metadata of the step (token ids, positions, cache slots, query offsets, sequence
 lengths, new block-table entries, which rows to sample, each sampling row's step counter) and the
@@ -28,9 +28,10 @@ import numpy as np
 import torch
 
 from ladle.attention.metadata import AttentionMetadata
-from ladle.core.scheduler import SchedulerOutput
+from ladle.protocol.step import StepPlan
 from ladle.sample.metadata import ROW_DTYPES, pack_sampling_rows, unpack_sampling_rows
-from ladle.worker.persistent_batch import BlockUpdate, PersistentBatch
+from ladle.worker.persistent_batch import PersistentBatch
+from ladle.worker.request_states import RequestStates
 
 _NO_ROWS = torch.zeros((0, len(ROW_DTYPES)), dtype=torch.int32)
 
@@ -79,33 +80,35 @@ class StepInputBuilder:
 
     def build(
         self,
-        scheduler_output: SchedulerOutput,
-        block_updates: list[BlockUpdate],
-        sampling_positions: list[int],
+        plan: StepPlan,
+        states: RequestStates,
+        sampling_rows: list[tuple[int, int]],
         sampling_steps: list[int],
         batch: PersistentBatch,
     ) -> StepInputs:
         """The step's device tensors. A step has at least one request (EngineCore.step returns
-        early otherwise), and every scheduled request holds at least one block."""
-        requests = scheduler_output.scheduled_requests
-        slots, new_positions = batch.slots_for([r.request_id for r in requests])
+        early otherwise), and every scheduled request holds at least one block.
+
+        sampling_rows: (position of the request in the plan, drafts before the row) per row
+        that samples (StepPlan.sampling_rows); sampling_steps: each row's output index."""
+        scheduled = plan.scheduled
+        request_ids = [s.request_id for s in scheduled]
+        slots, new_positions = batch.slots_for(request_ids)
         new_rows = _NO_ROWS
         if new_positions:  # a step of running requests only packs nothing
+            new_states = [states[request_ids[i]] for i in new_positions]
             new_rows = pack_sampling_rows(
-                [requests[i].sampling_params for i in new_positions],
-                [requests[i].sampling_seed for i in new_positions],
+                [state.sampling_params for state in new_states],
+                [state.sampling_seed for state in new_states],
                 [0] * len(new_positions),
             )
-        update_indices, update_block_ids = batch.update_block_tables(slots, block_updates)
-        num_reqs = len(requests)
-        query_lens = np.fromiter(
-            (scheduler_output.num_scheduled_tokens[r.request_id] for r in requests),
-            dtype=np.int64,
-            count=num_reqs,
+        update_indices, update_block_ids = batch.update_block_tables(
+            slots, [s.new_blocks for s in scheduled]
         )
-        computed_before = scheduler_output.num_computed_before
+        num_reqs = len(scheduled)
+        query_lens = np.fromiter((s.num_tokens for s in scheduled), dtype=np.int64, count=num_reqs)
         computed = np.fromiter(
-            (computed_before[r.request_id] for r in requests), dtype=np.int64, count=num_reqs
+            (s.num_computed_before for s in scheduled), dtype=np.int64, count=num_reqs
         )
         query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
         np.cumsum(query_lens, out=query_start_loc[1:])
@@ -119,12 +122,14 @@ class StepInputBuilder:
 
         chunks = []
         num_device_ids = 0
-        for r, c, n in zip(requests, computed.tolist(), query_lens.tolist()):
-            chunk = r.all_token_ids[c : c + n]
+        for request_id, request, c in zip(request_ids, scheduled, computed.tolist()):
+            drafts = request.draft_token_ids
+            n = request.num_tokens - len(drafts)
+            chunk = states[request_id].all_token_ids[c : c + n]
             if len(chunk) < n:  # the last token is still being sampled on the device
                 num_device_ids += n - len(chunk)
                 chunk = chunk + [-1] * (n - len(chunk))
-            chunks.append(chunk)
+            chunks.append(chunk + drafts if drafts else chunk)
         input_ids = np.fromiter(
             itertools.chain.from_iterable(chunks), dtype=np.int64, count=num_tokens
         )
@@ -133,7 +138,17 @@ class StepInputBuilder:
         block_size = self.block_size
         block_of_token = batch.block_table_host[slots[request_of_token], positions // block_size]
         slot_mapping = block_of_token.astype(np.int64) * block_size + positions % block_size
-        logits_indices = query_start_loc[1:][sampling_positions] - 1
+        row_positions = np.fromiter(
+            (position for position, _ in sampling_rows), dtype=np.int64, count=len(sampling_rows)
+        )
+        # A row with j drafts before it reads the hidden state of the chunk's token that the
+        # last of those j drafts (or, for j = 0, the last known token) occupies.
+        rows_after = np.fromiter(
+            (len(scheduled[p].draft_token_ids) - j for p, j in sampling_rows),
+            dtype=np.int64,
+            count=len(sampling_rows),
+        )
+        logits_indices = query_start_loc[1:][row_positions] - 1 - rows_after
 
         int_parts = {
             "input_ids": input_ids,
@@ -148,7 +163,7 @@ class StepInputBuilder:
             "new_rows": new_rows.numpy().reshape(-1),
             "sampling_steps": np.asarray(sampling_steps, dtype=np.int64),
             "logits_indices": np.asarray(logits_indices, dtype=np.int64),
-            "sampling_slots": slots[sampling_positions],
+            "sampling_slots": slots[row_positions],
         }
         if num_device_ids:
             int_parts["token_slots"] = slots[request_of_token]

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Callable
 
-from ladle.engine.messages import SchedulerStats
+from ladle.protocol.messages import SchedulerStats
 
 REFUSAL_LOG_INTERVAL_S = 1.0
 

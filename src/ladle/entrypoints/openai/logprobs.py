@@ -3,7 +3,7 @@ list of token objects."""
 
 from __future__ import annotations
 
-from ladle.engine.messages import TokenLogprobs
+from ladle.protocol.messages import TokenLogprobs
 from ladle.engine.tokenizer import TextTokenizer
 from ladle.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,

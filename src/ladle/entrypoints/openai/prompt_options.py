@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ladle.engine.messages import TokenLogprobs
+from ladle.protocol.messages import TokenLogprobs
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.protocol import (
     ChatCompletionRequest,

@@ -12,7 +12,7 @@ from pydantic import BaseModel, ValidationError
 
 from ladle.engine.admission import QueueFullError, QueueLimitError
 from ladle.engine.client import AsyncEngineClient, EngineDeadError, RequestStream
-from ladle.engine.messages import RequestRejectedError
+from ladle.protocol.messages import RequestRejectedError
 from ladle.entrypoints.openai.errors import (
     APIError,
     BadRequestError,

@@ -1,0 +1,20 @@
+"""What the scheduler asks of a speculative-decoding proposer: draft tokens for one request.
+
+A proposer reads the request's known tokens (all on the host: the scheduler asks only for
+requests with no step in flight) and returns up to max_num_tokens ids it expects the model to
+produce next. The workers verify them in the same step as the request's next token.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+if TYPE_CHECKING:
+    from ladle.core.request import Request
+
+
+class DraftProposer(Protocol):
+    def propose(self, request: Request, max_num_tokens: int) -> Sequence[int]:
+        """Up to max_num_tokens draft ids that follow request.all_token_ids ([]: none)."""
+        ...

@@ -1,0 +1,76 @@
+"""The executor: fans a StepPlan out to the workers and hands back a future of its StepResult.
+
+Two kinds: in-process (the worker runs in the engine's own thread: one rank, today's speed) and
+multi-process (one worker process per rank, plans sent to every rank, results from rank 0). The
+engine keeps at most one step in flight: it submits step N+1, then reads step N.
+
+    future = executor.submit(plan, start_grammar_fill, between)
+    ... schedule the next step ...
+    result = future.result()     # StepResult; future.plan is the plan that ran
+
+`between` (a step whose sampling reads host tokens while another is in flight) is called after
+the forward pass is launched and before sampling (split_launch.py). A request that makes the
+step fail is left out (fault_isolation.py): result.failed names it, future.plan no longer has it.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Callable
+
+import torch
+
+from ladle.protocol.step import StepPlan, StepResult
+from ladle.structured.manager import PendingGrammarBitmask
+
+StartGrammarFill = Callable[[StepPlan], PendingGrammarBitmask | None]
+
+
+class StepFuture(ABC):
+    """A submitted step. plan: what ran (the submitted plan minus requests that failed)."""
+
+    plan: StepPlan
+
+    @abstractmethod
+    def result(self) -> StepResult:
+        """Wait for the step's accepted tokens (once; later calls return the same result)."""
+
+
+class Executor(ABC):
+    @property
+    @abstractmethod
+    def info(self):
+        """The workers' WorkerInfo (rank 0's)."""
+
+    @abstractmethod
+    def submit(
+        self,
+        plan: StepPlan,
+        start_grammar_fill: StartGrammarFill | None = None,
+        between: Callable[[], object] | None = None,
+    ) -> StepFuture:
+        """Launch the step on every rank."""
+
+    @property
+    def grammar_device(self) -> torch.device:
+        """Where the engine's grammar masks go: the workers' device in-process, else the host
+        (they travel to the worker processes as plain data)."""
+        return torch.device("cpu")
+
+    @property
+    def graphs(self):
+        """The in-process worker's captured CUDA graphs (the warm-up toggles and describes
+        them); None elsewhere."""
+        return None
+
+    @property
+    def num_graph_steps(self) -> int:
+        return 0
+
+    @property
+    def num_eager_steps(self) -> int:
+        return 0
+
+    def shutdown(self) -> None:
+        """Stop the workers (a no-op in-process)."""
+        return None

@@ -1,0 +1,15 @@
+"""Build the executor the parallel configuration asks for."""
+
+from __future__ import annotations
+
+from ladle.config import EngineConfig
+from ladle.executor.base import Executor
+from ladle.executor.in_process import InProcessExecutor
+from ladle.executor.multiprocess import MultiprocessExecutor
+
+
+def build_executor(config: EngineConfig) -> Executor:
+    """'uni': the worker in this process; 'mp': one worker process per rank."""
+    if config.parallel.executor_backend == "mp":
+        return MultiprocessExecutor(config)
+    return InProcessExecutor(config)

@@ -1,0 +1,358 @@
+"""The multi-process executor: one worker process per rank, plans over ZMQ, results from rank 0.
+
+Every rank receives every message (a PUSH socket each, msgspec-encoded: a plan is decoded against
+its Structs, never unpickled) and runs the same step; rank 0 sends the StepResult back. A worker
+keeps a step in flight the way the engine does: after launching step N it takes step N+1's plan
+as soon as it arrives (queued behind N on the device) and sends N's result once N's copy is done,
+so the device does not idle while the plan crosses. A step whose sampling reads host tokens
+arrives in two messages: ExecuteStep(split) launches the forward pass, SampleStep (sent once the
+engine has read the step before and filled the grammar masks) samples it.
+
+A worker that dies, or fails on something no request explains, ends the engine with an error
+(an engine fault: the server's restart policy starts a new engine process).
+"""
+
+from __future__ import annotations
+
+import multiprocessing
+import os
+import tempfile
+import time
+import weakref
+from collections import deque
+from collections.abc import Callable
+
+import msgspec
+import numpy as np
+import torch
+import zmq
+
+from ladle.config import EngineConfig
+from ladle.executor.base import Executor, StartGrammarFill, StepFuture
+from ladle.executor.fault_isolation import may_be_attributed, run_isolating_faults
+from ladle.protocol.step import GrammarMasks, StepPlan, StepResult
+from ladle.structured.manager import GrammarBitmask
+from ladle.worker.model_runner import LaunchedStep
+from ladle.worker.worker import Worker, WorkerInfo
+
+# How long the engine waits for a result between checks that the workers are alive.
+POLL_MS = 100
+# A worker's start-up (loading, memory probe, graph capture) may take this long.
+START_TIMEOUT_S = 1800.0
+
+
+class ExecuteStep(msgspec.Struct, tag="execute"):
+    plan: StepPlan
+    masks: GrammarMasks | None = None
+    split: bool = False  # sample only when the SampleStep message comes
+
+
+class SampleStep(msgspec.Struct, tag="sample"):
+    masks: GrammarMasks | None = None
+
+
+class StopWorker(msgspec.Struct, tag="stop"):
+    pass
+
+
+class StepDone(msgspec.Struct, tag="done"):
+    result: StepResult
+
+
+class WorkerFailed(msgspec.Struct, tag="failed"):
+    rank: int
+    message: str
+
+
+_to_worker = msgspec.msgpack.Decoder(ExecuteStep | SampleStep | StopWorker)
+_from_worker = msgspec.msgpack.Decoder(StepDone | WorkerFailed)
+_encoder = msgspec.msgpack.Encoder()
+
+
+class _HostMasks:
+    """GrammarMasks from the engine, made device tensors when the runner samples."""
+
+    def __init__(self, masks: GrammarMasks, device: torch.device) -> None:
+        self._masks = masks
+        self._device = device
+
+    def wait(self) -> GrammarBitmask | None:
+        masks = self._masks
+        if not masks.rows:
+            return None
+        words = np.frombuffer(masks.bitmask, dtype=np.int32).reshape(len(masks.rows), masks.words)
+        return GrammarBitmask(
+            bitmask=torch.from_numpy(words.copy()).to(self._device),
+            row_indices=torch.tensor(masks.rows, dtype=torch.int32, device=self._device),
+        )
+
+
+def _host_masks(start_grammar_fill: StartGrammarFill | None, plan: StepPlan) -> GrammarMasks | None:
+    """The plan's grammar masks as plain data (None: no row has one)."""
+    if start_grammar_fill is None:
+        return None
+    pending = start_grammar_fill(plan)
+    if pending is None:
+        return None
+    masks = pending.wait()
+    if masks is None:
+        return None
+    bitmask = masks.bitmask.cpu().numpy()
+    return GrammarMasks(
+        bitmask=bitmask.tobytes(), words=bitmask.shape[1], rows=masks.row_indices.tolist()
+    )
+
+
+# ----- the worker process -------------------------------------------------------------------
+
+
+def run_worker(
+    config: EngineConfig, rank: int, input_address: str, output_address: str, ready
+) -> None:
+    """Process entry point: build the Worker, report its WorkerInfo, then run plans."""
+    context = zmq.Context()
+    inputs = context.socket(zmq.PULL)
+    inputs.connect(input_address)
+    outputs = context.socket(zmq.PUSH)
+    outputs.setsockopt(zmq.LINGER, 1000)
+    outputs.connect(output_address)
+    try:
+        worker = Worker(config, rank)
+    except Exception as error:
+        ready.send(("error", f"{type(error).__name__}: {error}"))
+        return
+    ready.send(("ready", worker.info))
+    try:
+        _WorkerLoop(worker, inputs, outputs).run()
+    except Exception as error:  # nothing a request explains: the engine ends
+        outputs.send(_encoder.encode(WorkerFailed(rank, f"{type(error).__name__}: {error}")))
+    finally:
+        inputs.close(linger=0)
+        outputs.close()
+        context.term()
+
+
+class _WorkerLoop:
+    def __init__(self, worker: Worker, inputs: zmq.Socket, outputs: zmq.Socket) -> None:
+        self.worker = worker
+        self.inputs = inputs
+        self.outputs = outputs
+        self.sends_results = worker.rank == 0
+        # Launched steps whose results are not sent yet: (launched or None, failed requests).
+        self.in_flight: deque[tuple[StepPlan, LaunchedStep | None, dict[str, str]]] = deque()
+        self.split: tuple[StepPlan, object] | None = None  # a forward waiting for SampleStep
+
+    def run(self) -> None:
+        while True:
+            if self.in_flight and not self.inputs.poll(0):
+                plan, launched, failed = self.in_flight[0]
+                if launched is None or launched.is_ready() or not self.inputs.poll(1):
+                    self.in_flight.popleft()
+                    self._send_result(plan, launched, failed)
+                continue
+            message = _to_worker.decode(self.inputs.recv())
+            if isinstance(message, StopWorker):
+                return
+            if isinstance(message, ExecuteStep):
+                self._execute(message)
+            else:
+                self._sample(message)
+
+    def _execute(self, message: ExecuteStep) -> None:
+        worker, plan = self.worker, message.plan
+        if message.split:
+            try:
+                self.split = (plan, worker.launch_forward(plan))
+            except Exception as error:
+                if not may_be_attributed(error):
+                    raise
+                self.split = (plan, None)  # isolated when the sampling message comes
+            return
+        masks = self._masks(message.masks)
+        self._run_isolating(plan, masks)
+
+    def _sample(self, message: SampleStep) -> None:
+        assert self.split is not None, "a SampleStep without its ExecuteStep"
+        (plan, forward), self.split = self.split, None
+        masks = self._masks(message.masks)
+        if forward is not None:
+            try:
+                self.in_flight.append((plan, self.worker.sample(forward, masks), {}))
+                return
+            except Exception as error:
+                if not may_be_attributed(error):
+                    raise
+        self._run_isolating(plan, None)
+
+    def _run_isolating(self, plan: StepPlan, masks: _HostMasks | None) -> None:
+        # A probe of a part of the step samples without masks: their rows are the whole step's.
+        def run(step: StepPlan) -> LaunchedStep:
+            return self.worker.execute(step, masks if step is plan else None)
+
+        launched, ran, failed = run_isolating_faults(run, plan)
+        self.in_flight.append((ran, launched, failed))
+
+    def _masks(self, masks: GrammarMasks | None) -> _HostMasks | None:
+        return _HostMasks(masks, self.worker.device) if masks is not None else None
+
+    def _send_result(
+        self, plan: StepPlan, launched: LaunchedStep | None, failed: dict[str, str]
+    ) -> None:
+        if launched is None:
+            result = StepResult(
+                request_ids=plan.request_ids(), token_ids=[[] for _ in plan.scheduled]
+            )
+        else:
+            result = launched.result()  # every rank reads: its request states take the tokens
+        if failed:
+            result.failed = failed
+        if self.sends_results:
+            self.outputs.send(_encoder.encode(StepDone(result)))
+
+
+# ----- the engine side ----------------------------------------------------------------------
+
+
+class RemoteStepFuture(StepFuture):
+    def __init__(self, executor: MultiprocessExecutor, plan: StepPlan, index: int) -> None:
+        self._executor = executor
+        self.plan = plan
+        self._index = index
+        self._result: StepResult | None = None
+
+    def result(self) -> StepResult:
+        if self._result is None:
+            self._result = self._executor._result_of(self._index)
+            if self._result.failed:
+                self.plan = self.plan.without(set(self._result.failed))
+        return self._result
+
+
+class MultiprocessExecutor(Executor):
+    def __init__(self, config: EngineConfig) -> None:
+        self.world_size = config.parallel.world_size
+        self._folder = tempfile.mkdtemp(prefix="ladle-workers-")
+        self._context = zmq.Context()
+        output_address = f"ipc://{self._folder}/results"
+        self._results = self._context.socket(zmq.PULL)
+        self._results.bind(output_address)
+        self._inputs: list[zmq.Socket] = []
+        self._processes: list[multiprocessing.process.BaseProcess] = []
+        spawn = multiprocessing.get_context("spawn")
+        ready_pipes = []
+        for rank in range(self.world_size):
+            address = f"ipc://{self._folder}/rank{rank}"
+            socket = self._context.socket(zmq.PUSH)
+            socket.setsockopt(zmq.LINGER, 0)
+            socket.bind(address)
+            self._inputs.append(socket)
+            receive, send = spawn.Pipe(duplex=False)
+            process = spawn.Process(
+                target=run_worker,
+                args=(config, rank, address, output_address, send),
+                name=f"ladle-worker-{rank}",
+                daemon=True,
+            )
+            process.start()
+            send.close()
+            self._processes.append(process)
+            ready_pipes.append(receive)
+        self._finalizer = weakref.finalize(
+            self, _stop, self._processes, self._inputs, self._results, self._context, self._folder
+        )
+        infos = [self._await_ready(rank, pipe) for rank, pipe in enumerate(ready_pipes)]
+        self._info: WorkerInfo = infos[0]
+        self._num_submitted = 0
+        self._received: dict[int, StepResult] = {}
+        self._num_received = 0
+        self._pending_split = False
+
+    def _await_ready(self, rank: int, pipe) -> WorkerInfo:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while not pipe.poll(0.2):
+            process = self._processes[rank]
+            if not process.is_alive():
+                self.shutdown()
+                raise RuntimeError(
+                    f"worker process of rank {rank} died while starting "
+                    f"(exit code {process.exitcode})"
+                )
+            if time.monotonic() > deadline:
+                self.shutdown()
+                raise RuntimeError(f"worker of rank {rank} did not start in {START_TIMEOUT_S} s")
+        kind, payload = pipe.recv()
+        if kind == "error":
+            self.shutdown()
+            raise ValueError(payload)  # a configuration error, told as the worker saw it
+        return payload
+
+    @property
+    def info(self) -> WorkerInfo:
+        return self._info
+
+    def submit(
+        self,
+        plan: StepPlan,
+        start_grammar_fill: StartGrammarFill | None = None,
+        between: Callable[[], object] | None = None,
+    ) -> StepFuture:
+        index = self._num_submitted
+        self._num_submitted += 1
+        if between is None:
+            self._broadcast(ExecuteStep(plan, _host_masks(start_grammar_fill, plan)))
+        else:
+            self._broadcast(ExecuteStep(plan, split=True))
+            between()
+            self._broadcast(SampleStep(_host_masks(start_grammar_fill, plan)))
+        return RemoteStepFuture(self, plan, index)
+
+    def _broadcast(self, message: ExecuteStep | SampleStep | StopWorker) -> None:
+        frame = _encoder.encode(message)
+        for socket in self._inputs:
+            socket.send(frame)
+
+    def _result_of(self, index: int) -> StepResult:
+        """Results come in submission order: receive until step `index`'s is here."""
+        while index not in self._received:
+            if not self._results.poll(POLL_MS):
+                self._check_alive()
+                continue
+            message = _from_worker.decode(self._results.recv())
+            if isinstance(message, WorkerFailed):
+                self.shutdown()
+                raise RuntimeError(f"worker of rank {message.rank} failed: {message.message}")
+            self._received[self._num_received] = message.result
+            self._num_received += 1
+        return self._received.pop(index)
+
+    def _check_alive(self) -> None:
+        for rank, process in enumerate(self._processes):
+            if not process.is_alive():
+                code = process.exitcode
+                self.shutdown()
+                raise RuntimeError(f"worker process of rank {rank} died (exit code {code})")
+
+    def shutdown(self) -> None:
+        self._finalizer()
+
+
+def _stop(processes, inputs, results, context, folder) -> None:
+    """Ask the workers to stop, then make sure they have; close the sockets."""
+    frame = _encoder.encode(StopWorker())
+    for socket, process in zip(inputs, processes):
+        if process.is_alive():
+            try:
+                socket.send(frame, zmq.NOBLOCK)
+            except zmq.ZMQError:
+                pass
+    for process in processes:
+        process.join(timeout=10)
+        if process.is_alive():
+            process.terminate()
+            process.join(timeout=5)
+    for socket in [*inputs, results]:
+        socket.close(linger=0)
+    context.term()
+    for name in os.listdir(folder):
+        os.unlink(os.path.join(folder, name))
+    os.rmdir(folder)

@@ -1,0 +1,253 @@
+"""The Worker: one per rank, done once per process. Device, seed, model loading, the memory plan,
+KV cache allocation, fp8 KV calibration and graph capture; then steps go to its ModelRunner.
+
+Start-up order matters and is the same on every rank: load, build the Triton variants start-up
+will run (a dry pass on a thread pool), calibrate fp8 KV scales (a real step over a temporary
+cache), probe the peak of a worst-case step and of the largest graphs to size the KV pool,
+allocate it, capture the graphs. Every probe is a made-up StepPlan through the runner's real
+step path (dummy_batch.py), so the memory plan measures what serving allocates.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+import torch
+
+from ladle.attention.backend import get_attention_backend
+from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
+from ladle.config import EngineConfig, resolve_device, resolve_dtype
+from ladle.kernels.parallel_builds import builds_only
+from ladle.model.arch_config import ModelArchConfig
+from ladle.model.load_errors import ModelLoadError
+from ladle.model.loader import load_model
+from ladle.protocol.step import StepPlan
+from ladle.structured.manager import PendingGrammarBitmask
+from ladle.worker import kv_calibration
+from ladle.worker.cuda_graphs import DecodeGraphs
+from ladle.worker.dummy_batch import build_dummy_step
+from ladle.worker.forward_step import ForwardStep
+from ladle.worker.kv_cache_alloc import zeros_lazily
+from ladle.worker.memory import MemoryBudget, module_bytes, size_kv_cache
+from ladle.worker.model_runner import LaunchedStep, ModelRunner
+from ladle.worker.prefill_graphs import (
+    graph_worthy_tokens,
+    largest_prefill_bucket,
+    request_buckets_for,
+)
+
+# Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
+MAX_GRAPH_BATCH_SIZE = 512
+
+
+@dataclass(frozen=True)
+class WorkerInfo:
+    """What the engine core learns of the workers at start-up (plain data: it crosses from a
+    worker process as it is)."""
+
+    device_type: str
+    arch: ModelArchConfig
+    model_path: str | None
+    load_source: str
+    max_model_len: int  # the model's (or the user's) limit, before the KV pool caps it
+    memory_budget: MemoryBudget
+
+
+class Worker:
+    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+        self.config = config
+        self.rank = rank
+        self.device = resolve_device(config.model.device)
+        self.dtype = resolve_dtype(config.model.dtype, self.device)
+        block_size = config.cache.block_size
+        torch.manual_seed(config.model.seed)
+        self.attention_backend = get_attention_backend(self.device)
+        loaded = load_model(config.model, self.device, self.dtype, self.attention_backend)
+        self.model = loaded.model
+        self.arch = loaded.arch_config
+        self.model_path = loaded.model_path
+        self.load_source = loaded.source
+        self.max_model_len = self._resolve_max_model_len()
+        self.runner = ModelRunner(
+            self.model,
+            self.device,
+            block_size,
+            max_blocks_per_seq=-(-self.max_model_len // block_size),
+            initial_slots=config.scheduler.max_num_seqs + 8,
+        )
+        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
+        self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
+        if self.kv_cache_dtype == FP8_KV_DTYPE:
+            kv_calibration.set_fp8_kv_scales(self)
+        if self.device.type == "cuda":
+            self._build_kernel_variants()
+        self.memory_budget = size_kv_cache(
+            config.cache,
+            self.arch,
+            self.kv_cache_dtype,
+            self.device,
+            weights_bytes=module_bytes(self.model),
+            run_peak_forward=self._run_peak_forward,
+            run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
+        )
+        self.runner.kv_caches = self.allocate_kv_caches(self.memory_budget.num_blocks)
+        # On CUDA a step that fits a graph bucket takes its graph's launches even when run
+        # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
+        if self.device.type == "cuda":
+            graphs = self.runner.graph_buckets = self._graph_buckets()
+            if self.uses_graphs:
+                graphs.capture()
+                self.memory_budget = dataclasses.replace(
+                    self.memory_budget, graph_pool_bytes=graphs.pool_bytes
+                )
+
+    @property
+    def info(self) -> WorkerInfo:
+        return WorkerInfo(
+            device_type=self.device.type,
+            arch=self.arch,
+            model_path=self.model_path,
+            load_source=self.load_source,
+            max_model_len=self.max_model_len,
+            memory_budget=self.memory_budget,
+        )
+
+    @property
+    def kv_caches(self) -> list[torch.Tensor]:
+        """The KV cache, one [2, blocks, block_size, kv heads, head dim] tensor per layer."""
+        return self.runner.kv_caches
+
+    @property
+    def block_size(self) -> int:
+        return self.runner.block_size
+
+    @property
+    def graphs(self) -> DecodeGraphs | None:
+        """The captured CUDA graphs; None in eager mode and on the CPU."""
+        return self.runner.graphs
+
+    # ----- steps ---------------------------------------------------------------------------
+
+    def execute(
+        self, plan: StepPlan, grammar_bitmask: PendingGrammarBitmask | None = None
+    ) -> LaunchedStep:
+        return self.runner.execute(plan, grammar_bitmask)
+
+    def launch_forward(self, plan: StepPlan) -> ForwardStep:
+        return self.runner.launch_forward(plan)
+
+    def sample(
+        self, forward: ForwardStep, grammar_bitmask: PendingGrammarBitmask | None = None
+    ) -> LaunchedStep:
+        return self.runner.sample(forward, grammar_bitmask)
+
+    # ----- start-up ------------------------------------------------------------------------
+
+    def _resolve_max_model_len(self) -> int:
+        limit = self.arch.max_position_embeddings
+        requested = self.config.model.max_model_len
+        if requested is None:
+            return limit
+        if requested > limit:
+            raise ModelLoadError(
+                f"max_model_len={requested} exceeds the model's max_position_embeddings={limit}"
+            )
+        return requested
+
+    def allocate_kv_caches(
+        self, num_blocks: int, dtype: torch.dtype | None = None
+    ) -> list[torch.Tensor]:
+        block_size = self.config.cache.block_size
+        shape = (2, num_blocks, block_size, self.arch.num_key_value_heads, self.arch.head_dim)
+        dtype = dtype or self.kv_cache_dtype
+        return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
+
+    @torch.inference_mode()
+    def _run_probe_step(self, num_tokens: int, num_reqs: int, forward_only: bool = False) -> None:
+        """One step of made-up requests through the real step path (execute), every write going
+        to the null block of a one-block cache: what a real step of that size allocates.
+        forward_only: launch the forward and logits, not the sampler."""
+        runner = self.runner
+        step = build_dummy_step(num_tokens, num_reqs, runner.block_size)
+        real_caches, runner.kv_caches = runner.kv_caches, self.allocate_kv_caches(1)
+        try:
+            if forward_only:
+                runner.launch_forward(step)
+            else:
+                runner.execute(step).result()
+        finally:
+            runner.kv_caches = real_caches
+            runner.forget(step.request_ids())
+
+    def _build_kernel_variants(self) -> None:
+        """Build the Triton variants of the forward passes that start-up will run (the memory
+        probe's steps, a one-request decode, short prompts) on a thread pool, before any of
+        them runs: one dry pass submits every build, then they build side by side instead of
+        one at a time on first use (kernels/parallel_builds.py). The sampler's few variants
+        still build on first use (its host side reads what its kernels write)."""
+        scheduler_config = self.config.scheduler
+        peak_tokens = min(scheduler_config.max_num_batched_tokens, self.max_model_len)
+        shapes = [(peak_tokens, scheduler_config.max_num_seqs), (1, 1)]
+        shapes += [(2**power + 1, 1) for power in range(8) if 2**power + 1 <= peak_tokens]
+        if self.uses_graphs:
+            batch_size = self._graph_max_batch_size()
+            shapes.append((batch_size, batch_size))
+            bucket = largest_prefill_bucket(
+                self._prefill_graph_max_tokens(), request_buckets_for(batch_size)
+            )
+            if bucket is not None:
+                shapes.append(bucket)
+        with builds_only() as active:
+            if not active:
+                return
+            for num_tokens, num_reqs in shapes:
+                self._run_probe_step(num_tokens, num_reqs, forward_only=True)
+        torch.cuda.synchronize(self.device)
+
+    def _run_peak_forward(self) -> None:
+        """The worst-case step for memory: a full token budget of prompt tokens, as many rows
+        sampling as may, every sampling feature on."""
+        scheduler_config = self.config.scheduler
+        num_tokens = min(scheduler_config.max_num_batched_tokens, self.max_model_len)
+        self._run_probe_step(num_tokens, scheduler_config.max_num_seqs)
+
+    def _run_graph_probe(self) -> None:
+        """A decode step of the largest graph bucket and a step of the largest prefill-graph
+        bucket: about what the graph pool will hold."""
+        batch_size = self._graph_max_batch_size()
+        self._run_probe_step(batch_size, batch_size)
+        bucket = largest_prefill_bucket(
+            self._prefill_graph_max_tokens(), request_buckets_for(batch_size)
+        )
+        if bucket is not None:
+            self._run_probe_step(*bucket)
+
+    def _prefill_graph_max_tokens(self) -> int:
+        """The largest step with prompt tokens worth a graph: within the step budget, and not
+        so large that its kernels outlast its eager launches."""
+        layer_params = sum(
+            p.numel() for name, p in self.model.named_parameters() if "layers." in name
+        )
+        worthy = graph_worthy_tokens(self.arch.num_hidden_layers, layer_params)
+        return min(self.config.scheduler.max_num_batched_tokens, self.max_model_len, worthy)
+
+    def _graph_max_batch_size(self) -> int:
+        return min(self.config.scheduler.max_num_seqs, MAX_GRAPH_BATCH_SIZE)
+
+    def _graph_buckets(self) -> DecodeGraphs:
+        """The graphs' buckets, captured only when graphs are on."""
+        runner = self.runner
+
+        def forward(input_ids, positions, metadata):
+            return self.model(input_ids, positions, runner.kv_caches, metadata)
+
+        return DecodeGraphs(
+            forward,
+            max_batch_size=self._graph_max_batch_size(),
+            max_blocks_per_seq=runner.batch.max_blocks_per_seq,
+            block_size=runner.block_size,
+            device=self.device,
+            prefill_max_tokens=self._prefill_graph_max_tokens(),
+        )
