@@ -75,19 +75,19 @@ def _scope(path: str) -> dict:
 async def run_once(
     num_streams: int, num_steps: int, tokenizer: str | None, profiler=None
 ) -> dict:
-    from ladle.engine import wire
-    from ladle.engine.admission import AdmissionController
-    from ladle.engine.client import AsyncEngineClient, EngineInfo
+    from ladle.protocol import wire
+    from ladle.frontend.admission import AdmissionController
+    from ladle.frontend.client import AsyncEngineClient, EngineInfo
     from ladle.engine.gc_policy import freeze_startup_objects
-    from ladle.engine.messages import EngineCoreOutput, TokenLogprobs
-    from ladle.engine.output_processor import OutputProcessor
+    from ladle.protocol.messages import EngineCoreOutput, TokenLogprobs
+    from ladle.frontend.output_processor import OutputProcessor
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
 
     admission = AdmissionController(10**6, 10**12)
     client = AsyncEngineClient({"model": None}, ServerMetrics("m"), admission)
     if tokenizer is not None:
-        from ladle.engine.tokenizer import load_tokenizer
+        from ladle.frontend.tokenizer import load_tokenizer
 
         client.tokenizer = load_tokenizer(tokenizer)
     client.info = EngineInfo(max_model_len=8192, memory_budget="", vocab_size=151_936)

@@ -54,7 +54,7 @@ def main() -> int:
     parser.add_argument("--slow-step-ms", type=float, default=100.0)
     args = parser.parse_args()
 
-    from ladle.engine.messages import EngineCoreRequest
+    from ladle.protocol.messages import EngineCoreRequest
     from ladle.entrypoints.llm import LLM
     from ladle.sampling_params import SamplingParams
 

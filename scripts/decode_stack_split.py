@@ -54,7 +54,7 @@ def main() -> None:
     greedy = SamplingParams(temperature=0.0, max_tokens=128, ignore_eos=True)
     llm.generate(prompt, greedy, use_tqdm=False)
     weights, step_args = captured["last"]
-    model = llm.engine.runner.model
+    model = llm.engine.executor.worker.model
     library, threads, bits = native_library(), kernel_threads(), activation_bits()
     hidden = step_args[0]
 

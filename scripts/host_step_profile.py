@@ -174,7 +174,7 @@ def main() -> None:
         async_scheduling=args.async_scheduling,
         cpu_kv_cache_gib=0.25,
     )
-    engine, runner = llm.engine, llm.engine.runner
+    engine, runner = llm.engine, llm.engine.executor.worker
     if not args.eager:
         install_emulated_graphs(runner)
     counter = OpCounter()

@@ -26,12 +26,12 @@ CHAINS = {
     "offline": "import ladle.engine.engine_core, ladle.model.loader, ladle.worker.cuda_graphs, "
     "ladle.worker.model_runner\nfrom ladle import LLM",
     "api-process": "import ladle.cli\nfrom ladle.entrypoints.openai import cli_serve\n"
-    "from ladle.engine.client import AsyncEngineClient\n"
+    "from ladle.frontend.client import AsyncEngineClient\n"
     "from ladle.entrypoints.openai.server import build_app\n"
     "from ladle.entrypoints.openai.live_stats import LiveStatsLogger",
     "engine-core": "import ladle.cli, ladle.engine.core_process\n"
     "from ladle.engine.engine_core import EngineCore\n"
-    "from ladle.engine.tokenizer_source import resolve_tokenizer_source\n"
+    "from ladle.frontend.tokenizer_source import resolve_tokenizer_source\n"
     "from ladle.model.generation_defaults import sampling_defaults_of\n"
     "import ladle.model.loader, ladle.model.models.registry",
 }

@@ -117,7 +117,7 @@ def main() -> None:
         print(f"  {phase['phase']:<34} {phase['seconds']:6.1f} s{detail}")
     if totals is not None:
         print(f"  total: {totals.describe()}")
-    graphs = llm.engine.runner.graphs
+    graphs = llm.engine.executor.worker.graphs
     capture_times = graphs.capture_times.describe() if graphs is not None else None
     if capture_times:
         print(f"  graph capture: {capture_times}")

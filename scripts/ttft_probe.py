@@ -34,7 +34,7 @@ class Timers:
     def __init__(self, engine) -> None:
         self.records: list[dict] = []
         self.current: dict = {}
-        runner, scheduler = engine.runner, engine.scheduler
+        runner, scheduler = engine.executor.worker, engine.scheduler
         model = runner.model
         self._wrap(scheduler, "schedule", "schedule_ms")
         self._wrap(runner, "execute", "launch_ms")
@@ -186,7 +186,7 @@ def main() -> None:
     request = build_requests(workload)[0]
     if args.max_tokens:
         request = dataclasses.replace(request, max_tokens=args.max_tokens)
-    on_cuda = engine.runner.device.type == "cuda"
+    on_cuda = engine.executor.worker.device.type == "cuda"
     one_request(engine, request, "warm", None)
     plain = [one_request(engine, request, f"plain-{i}", None) for i in range(args.repeats)]
     result["plain"] = plain
@@ -215,7 +215,7 @@ def main() -> None:
     result["fused_off"] = [one_request(engine, request, f"unfused-{i}", None) for i in range(2)]
     set_fused_kernels(previous)
     if on_cuda:
-        result["launch_us"] = launch_costs(engine.runner.device)
+        result["launch_us"] = launch_costs(engine.executor.worker.device)
     tables = []
     for label, steps in (("first two steps (TTFT)", 2), ("ten decode steps", 10)):
         engine.add_request(request.core_request(f"prof-{label}"))

@@ -23,9 +23,9 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, generate_la
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, HistogramMetricFamily
 from prometheus_client.registry import Collector
 
-from ladle.protocol.messages import STEP_TIME_BOUNDS_S, SchedulerStats
 from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S
 from ladle.outputs import RequestOutput
+from ladle.protocol.messages import STEP_TIME_BOUNDS_S, SchedulerStats
 
 CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
 

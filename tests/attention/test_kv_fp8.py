@@ -187,7 +187,7 @@ def _logits_error(path: str, prompts: list[list[int]]) -> tuple[float, int]:
     results = []
     for kv_cache_dtype in ("auto", "fp8"):
         llm = LLM(path, device="cpu", kv_cache_dtype=kv_cache_dtype, num_kv_blocks=64)
-        runner = llm.engine.runner
+        runner = llm.engine.executor.worker
         assert runner.kv_caches[0].dtype == (
             FP8_KV_DTYPE if kv_cache_dtype == "fp8" else torch.float32
         )
@@ -227,7 +227,7 @@ def test_fp8_cache_fits_four_times_the_float32_tokens(tiny_model_path, capsys):
     budgets = {}
     for dtype in ("auto", "fp8"):
         llm = LLM(path, device="cpu", kv_cache_dtype=dtype, cpu_kv_cache_gib=0.01)
-        budgets[dtype] = llm.engine.runner.memory_budget
+        budgets[dtype] = llm.engine.executor.worker.memory_budget
     assert budgets["auto"].kv_cache_bytes // budgets["auto"].num_blocks == 4 * (
         budgets["fp8"].kv_cache_bytes // budgets["fp8"].num_blocks
     )
@@ -281,7 +281,7 @@ def test_checkpoint_kv_scales_are_used(tiny_model_path, tmp_path, capsys):
         scales[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(0.03 + layer)
     path = _with_kv_scales(tmp_path, tiny_model_path("llama"), scales)
     llm = LLM(path, device="cpu", kv_cache_dtype="fp8", num_kv_blocks=16)
-    layers = [m for m in llm.engine.runner.model.modules() if hasattr(m, "kv_scales_source")]
+    layers = [m for m in llm.engine.executor.worker.model.modules() if hasattr(m, "kv_scales_source")]
     assert [float(layer.k_scale) for layer in layers] == pytest.approx([0.02, 1.02])
     assert [float(layer.v_scale) for layer in layers] == pytest.approx([0.03, 1.03])
     assert all(layer.kv_scales_source == "checkpoint" for layer in layers)
@@ -296,7 +296,7 @@ def test_autofp8_output_scale_names_are_read(tiny_model_path, tmp_path):
     }
     path = _with_kv_scales(tmp_path, tiny_model_path("llama"), scales)
     llm = LLM(path, device="cpu", kv_cache_dtype="fp8", num_kv_blocks=16)
-    layers = [m for m in llm.engine.runner.model.modules() if hasattr(m, "kv_scales_source")]
+    layers = [m for m in llm.engine.executor.worker.model.modules() if hasattr(m, "kv_scales_source")]
     assert [float(layer.v_scale) for layer in layers] == [0.5, 0.5]
 
 

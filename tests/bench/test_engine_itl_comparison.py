@@ -6,7 +6,7 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ladle.engine.messages import SchedulerStats
+from ladle.protocol.messages import SchedulerStats
 from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S
 from ladle.metrics import ServerMetrics
 

@@ -9,7 +9,7 @@ from ladle.bench.paced_engine import PacedEngine
 from ladle.bench.serve_client import BenchRequest, send_request
 from ladle.bench.serve_stats import RequestRecord
 from ladle.bench.sse_stub_server import serve
-from ladle.engine.messages import EngineCoreRequest
+from ladle.protocol.messages import EngineCoreRequest
 from ladle.sampling_params import SamplingParams
 
 

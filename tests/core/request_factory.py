@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.request import Request
+from ladle.protocol.step import StepPlan, StepResult
 from ladle.sampling_params import SamplingParams
 
 
@@ -50,3 +51,29 @@ def decode_step(manager: KVCacheManager, request: Request, token_id: int) -> boo
     request.num_computed_tokens += 1
     manager.cache_computed_blocks(request)
     return True
+
+
+def one_token_each(plan: StepPlan, token_ids: list[int]) -> StepResult:
+    """A StepResult giving token_ids[i] to the plan's i-th request if it samples (and nothing
+    to a prompt chunk short of its prompt's end), as a one-token step's workers would."""
+    return StepResult(
+        request_ids=plan.request_ids(),
+        token_ids=[
+            [token] if scheduled.samples else []
+            for scheduled, token in zip(plan.scheduled, token_ids, strict=True)
+        ],
+    )
+
+
+def granted(plan: StepPlan) -> dict[str, int]:
+    """request id -> tokens the plan grants it."""
+    return {scheduled.request_id: scheduled.num_tokens for scheduled in plan.scheduled}
+
+
+def output_indices(plan: StepPlan) -> dict[str, int]:
+    """request id -> the output index its sample takes, for the requests that sample."""
+    return {s.request_id: s.output_index for s in plan.scheduled if s.samples}
+
+
+def computed_before(plan: StepPlan) -> dict[str, int]:
+    return {s.request_id: s.num_computed_before for s in plan.scheduled}

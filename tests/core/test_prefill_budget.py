@@ -4,6 +4,7 @@ scheduler honouring it (prompt chunks shrink beside decodes; decodes are never c
 from __future__ import annotations
 
 import pytest
+from request_factory import granted, one_token_each
 
 from ladle.config import CacheConfig, SchedulerConfig
 from ladle.core.kv_cache_manager import KVCacheManager
@@ -57,16 +58,16 @@ def test_scheduler_shrinks_prompt_chunks_beside_decodes_but_not_decodes():
     first = request("decoder", 8)
     scheduler.add_request(first)
     output = scheduler.schedule()  # nothing decodes yet: the full prompt
-    assert output.num_scheduled_tokens == {"decoder": 8}
-    scheduler.update_from_output(output, [5])
+    assert granted(output) == {"decoder": 8}
+    scheduler.update_from_output(output, one_token_each(output, [5]))
 
     scheduler.add_request(request("long", 400))
     output = scheduler.schedule()
     # (0.045 - 0.010) / 0.0002 = 175 tokens per step, less the one decode: a 174-token chunk.
-    assert output.num_scheduled_tokens == {"decoder": 1, "long": 174}
-    scheduler.update_from_output(output, [5, 0])
+    assert granted(output) == {"decoder": 1, "long": 174}
+    scheduler.update_from_output(output, one_token_each(output, [5, 0]))
     output = scheduler.schedule()
-    assert output.num_scheduled_tokens == {"decoder": 1, "long": 174}
+    assert granted(output) == {"decoder": 1, "long": 174}
 
 
 def test_without_an_itl_slo_the_scheduler_gives_the_whole_budget():
@@ -75,8 +76,8 @@ def test_without_an_itl_slo_the_scheduler_gives_the_whole_budget():
     scheduler = Scheduler(config, CacheConfig(block_size=4), manager, max_model_len=1024)
     assert scheduler.prefill_budget is None
     scheduler.add_request(Request("a", list(range(1, 9)), SamplingParams(max_tokens=50)))
-    scheduler.update_from_output(scheduler.schedule(), [5])
+    scheduler.update_from_output(scheduler.schedule(), one_token_each(scheduler.schedule(), [5]))
     scheduler.add_request(Request("b", list(range(1, 401)), SamplingParams(max_tokens=50)))
-    assert scheduler.schedule().num_scheduled_tokens == {"a": 1, "b": 400}
+    assert granted(scheduler.schedule()) == {"a": 1, "b": 400}
     with pytest.raises(ValueError, match="itl_slo_ms"):
         SchedulerConfig(itl_slo_ms=0)

@@ -4,6 +4,8 @@ sampled tokens back through update_from_output."""
 
 from __future__ import annotations
 
+from request_factory import granted, one_token_each
+
 from ladle.config import CacheConfig, SchedulerConfig
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.request import Request, RequestStatus
@@ -43,11 +45,9 @@ def make_request(
 def run_step(scheduler: Scheduler, token_id: int = 7):
     """One step: schedule, then feed back the same token for every request that samples."""
     output = scheduler.schedule()
-    granted = {r.request_id: output.num_scheduled_tokens[r.request_id]
-               for r in output.scheduled_requests}
-    sampled = [token_id] * len(output.scheduled_requests)
-    results = scheduler.update_from_output(output, sampled)
-    return output, granted, results
+    sampled = [token_id] * len(output.scheduled)
+    results = scheduler.update_from_output(output, one_token_each(output, sampled))
+    return output, granted(output), results
 
 
 def test_budget_goes_to_running_first_then_chunks_waiting():
@@ -81,7 +81,7 @@ def test_priority_orders_the_waiting_queue():
     for _ in range(6):
         output, _, _ = run_step(scheduler)
         first_scheduled.extend(
-            r.request_id for r in output.scheduled_requests if r.request_id not in first_scheduled
+            r.request_id for r in output.scheduled if r.request_id not in first_scheduled
         )
     assert first_scheduled == ["early-urgent", "late-urgent", "early"]
 
@@ -160,7 +160,7 @@ def test_abort_frees_blocks_wherever_the_request_is():
     assert not scheduler.has_unfinished_requests()
     stats = scheduler.get_stats()
     assert stats.num_free_blocks == stats.num_total_blocks
-    assert scheduler.schedule().scheduled_requests == []
+    assert scheduler.schedule().scheduled == []
 
 
 def test_without_chunked_prefill_a_prompt_waits_for_a_step_with_room():

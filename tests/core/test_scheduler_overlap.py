@@ -5,6 +5,7 @@ a request preempted while its step runs takes its token and resumes from it."""
 
 from __future__ import annotations
 
+from request_factory import computed_before, granted, one_token_each, output_indices
 from test_scheduler import EOS, make_request, make_scheduler
 
 from ladle.core.request import RequestStatus
@@ -15,18 +16,18 @@ def test_next_step_is_scheduled_while_the_token_is_pending():
     request = make_request("a", num_prompt_tokens=5, max_tokens=3, ignore_eos=True)
     scheduler.add_request(request)
     first = scheduler.schedule()  # the prompt
-    assert first.num_scheduled_tokens == {"a": 5} and first.output_index == {"a": 0}
+    assert granted(first) == {"a": 5} and output_indices(first) == {"a": 0}
     second = scheduler.schedule()  # step 1 still unread: decode its pending token
-    assert second.num_scheduled_tokens == {"a": 1}
-    assert second.num_computed_before == {"a": 5} and second.output_index == {"a": 1}
+    assert granted(second) == {"a": 1}
+    assert computed_before(second) == {"a": 5} and output_indices(second) == {"a": 1}
     assert request.num_pending_tokens == 2 and request.num_computed_tokens == 6
     third = scheduler.schedule()
-    assert third.output_index == {"a": 2}
+    assert output_indices(third) == {"a": 2}
     # Three tokens pending = max_tokens: a fourth step would only be thrown away.
-    assert not scheduler.schedule().scheduled_requests
+    assert not scheduler.schedule().scheduled
     outputs = []
     for step, token in zip((first, second, third), (11, 12, 13)):
-        outputs += scheduler.update_from_output(step, [token])
+        outputs += scheduler.update_from_output(step, one_token_each(step, [token]))
     assert [o.new_token_ids[0] for o in outputs] == [11, 12, 13]
     assert outputs[-1].finish_reason == "length"
     assert request.output_token_ids == [11, 12, 13] and request.num_pending_tokens == 0
@@ -44,12 +45,12 @@ def test_a_request_stopping_in_flight_reports_no_more_tokens():
     scheduler.add_request(other)
     first = scheduler.schedule()
     second = scheduler.schedule()  # both decode their pending tokens
-    assert [r.request_id for r in second.scheduled_requests] == ["stop", "other"]
-    outputs = scheduler.update_from_output(first, [EOS, 5])
+    assert [r.request_id for r in second.scheduled] == ["stop", "other"]
+    outputs = scheduler.update_from_output(first, one_token_each(first, [EOS, 5]))
     assert [(o.request_id, o.finish_reason) for o in outputs] == [("stop", "stop"), ("other", None)]
     third = scheduler.schedule()  # the stopped request is gone; its place in step 2 is wasted
-    assert [r.request_id for r in third.scheduled_requests] == ["other"]
-    outputs = scheduler.update_from_output(second, [6, 7])
+    assert [r.request_id for r in third.scheduled] == ["other"]
+    outputs = scheduler.update_from_output(second, one_token_each(second, [6, 7]))
     assert [(o.request_id, o.new_token_ids) for o in outputs] == [("other", [7])]
     assert stopping.output_token_ids == [EOS]
 
@@ -68,12 +69,12 @@ def test_a_request_preempted_while_its_step_runs_keeps_its_token():
     second = scheduler.schedule()  # old's token 9 needs a new block: new is preempted
     assert second.preempted_request_ids == ["new"]
     assert new.status == RequestStatus.PREEMPTED and new.num_pending_tokens == 1
-    scheduler.update_from_output(first, [21, 22])
+    scheduler.update_from_output(first, one_token_each(first, [21, 22]))
     assert new.output_token_ids == [22] and new.num_pending_tokens == 0
     assert new.num_computed_tokens == 0  # recomputed from its host tokens once resumed
-    scheduler.update_from_output(second, [23])
+    scheduler.update_from_output(second, one_token_each(second, [23]))
     assert old.output_token_ids == [21, 23]
     while scheduler.has_unfinished_requests():
         output = scheduler.schedule()
-        scheduler.update_from_output(output, [9] * len(output.scheduled_requests))
+        scheduler.update_from_output(output, one_token_each(output, [9] * len(output.scheduled)))
     assert new.output_token_ids == [22, 9, 9, 9] and old.output_token_ids == [21, 23, 9, 9]

@@ -8,10 +8,10 @@ from __future__ import annotations
 import pytest
 import zmq
 
-from ladle.engine import wire
-from ladle.engine.admission import AdmissionController
-from ladle.engine.client import AsyncEngineClient, EngineDeadError
+from ladle.frontend.admission import AdmissionController
+from ladle.frontend.client import AsyncEngineClient, EngineDeadError
 from ladle.metrics import ServerMetrics
+from ladle.protocol import wire
 
 
 def client_with_socket(address: str, context: zmq.Context) -> AsyncEngineClient:

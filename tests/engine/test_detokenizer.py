@@ -16,8 +16,8 @@ import pytest
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 from transformers import PreTrainedTokenizerFast
 
-from ladle.engine.detokenizer import IncrementalDetokenizer
-from ladle.engine.stop_checker import StopChecker
+from ladle.frontend.detokenizer import IncrementalDetokenizer
+from ladle.frontend.stop_checker import StopChecker
 
 CORPUS = [
     "The quick brown fox jumps over the lazy dog. Hello world, hello again!",

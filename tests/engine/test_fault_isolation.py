@@ -21,13 +21,16 @@ def llm(tiny_model_path):
 
 
 def break_steps_with(llm, should_fail, error_type=ValueError):
-    """Wrap the runner so that a step whose batch satisfies should_fail raises."""
-    execute = llm.engine.runner.execute
+    """Wrap the worker so that a step whose batch satisfies should_fail raises. should_fail
+    sees the step's requests as the scheduler holds them (prompt_token_ids, ...)."""
+    execute = llm.engine.executor.worker.execute
+    scheduler = llm.engine.scheduler
 
-    def faulty(scheduler_output, block_ids, **options):
-        if should_fail(scheduler_output.scheduled_requests):
+    def faulty(plan, grammar_bitmask=None):
+        requests = [scheduler.requests[s.request_id] for s in plan.scheduled]
+        if should_fail(requests):
             raise error_type("simulated failure while building the step")
-        return execute(scheduler_output, block_ids, **options)
+        return execute(plan, grammar_bitmask)
 
     return execute, faulty
 
@@ -43,7 +46,7 @@ def test_a_request_that_breaks_the_step_ends_alone(llm, monkeypatch):
     original, faulty = break_steps_with(
         llm, lambda requests: any(r.prompt_token_ids[0] == POISON for r in requests)
     )
-    monkeypatch.setattr(llm.engine.runner, "execute", faulty)
+    monkeypatch.setattr(llm.engine.executor.worker, "execute", faulty)
     with pytest.raises(RequestErrors) as caught:
         llm.generate(PROMPTS, PARAMS, use_tqdm=False)
     outputs = caught.value.outputs
@@ -57,7 +60,7 @@ def test_a_request_that_breaks_the_step_ends_alone(llm, monkeypatch):
     assert [o.outputs[0].token_ids for o in good] == [o.outputs[0].token_ids for o in clean]
     assert_pool_drained(llm)
     # The engine keeps serving afterwards.
-    monkeypatch.setattr(llm.engine.runner, "execute", original)
+    monkeypatch.setattr(llm.engine.executor.worker, "execute", original)
     again = llm.generate(PROMPTS[:1], PARAMS, use_tqdm=False)
     assert again[0].outputs[0].token_ids == clean[0].outputs[0].token_ids
 
@@ -70,7 +73,7 @@ def test_a_failure_mid_generation_keeps_the_tokens_of_the_others(llm, monkeypatc
             r.prompt_token_ids[0] == POISON and r.num_output_tokens >= 2 for r in requests
         ),
     )
-    monkeypatch.setattr(llm.engine.runner, "execute", faulty)
+    monkeypatch.setattr(llm.engine.executor.worker, "execute", faulty)
     outputs = llm.generate(PROMPTS, PARAMS, use_tqdm=False, raise_on_error=False)
     for output, reference, prompt in zip(outputs, clean, PROMPTS, strict=True):
         if prompt[0] == POISON:
@@ -94,6 +97,6 @@ def test_a_failure_that_cannot_be_attributed_ends_the_engine(
 ):
     llm = LLM(tiny_model_path("llama"), block_size=4, max_model_len=64, num_kv_blocks=200)
     _, faulty = break_steps_with(llm, should_fail, error_type)
-    monkeypatch.setattr(llm.engine.runner, "execute", faulty)
+    monkeypatch.setattr(llm.engine.executor.worker, "execute", faulty)
     with pytest.raises(error_type):
         llm.generate(PROMPTS, PARAMS, use_tqdm=False)

@@ -53,8 +53,8 @@ def test_a_256_stream_step_frame_runs_no_collection_after_start_up():
     handles the step) allocates thousands of tracked objects at once: with Python's default
     threshold that ran two young collections per frame, each scanning the frame, a tenth of
     the API process's CPU at 256 streams. After start-up it must run none."""
-    from ladle.engine import wire
-    from ladle.engine.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
+    from ladle.protocol import wire
+    from ladle.protocol.messages import EngineCoreOutput, SchedulerStats, TokenLogprobs
 
     frame = wire.encode_output(
         wire.EngineStep(

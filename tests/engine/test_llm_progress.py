@@ -7,9 +7,9 @@ import pytest
 
 from ladle import LLM, SamplingParams
 from ladle.config import ModelConfig
-from ladle.engine.tokenizer_source import resolve_tokenizer_source
 from ladle.entrypoints import llm as llm_module
 from ladle.entrypoints.progress import GenerationProgress
+from ladle.frontend.tokenizer_source import resolve_tokenizer_source
 
 
 def test_bar_counts_tokens_and_drops_unused_budget():

@@ -6,8 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from ladle.engine.messages import EngineCoreOutput
-from ladle.engine.output_processor import OutputProcessor
+from ladle.frontend.output_processor import OutputProcessor
+from ladle.protocol.messages import EngineCoreOutput
 from ladle.sampling_params import SamplingParams
 
 POISON_ID = 13
@@ -92,7 +92,7 @@ def test_a_streamed_request_keeps_only_each_steps_logprobs():
     """A stream reads logprobs_delta; the whole list would be 3 objects a token held for the
     request's life (every full garbage-collector scan walks them). A non-streamed request keeps
     them all for its final response."""
-    from ladle.engine.messages import TokenLogprobs
+    from ladle.protocol.messages import TokenLogprobs
 
     processor = OutputProcessor(None)
     params = SamplingParams(max_tokens=3, logprobs=1)

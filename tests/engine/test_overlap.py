@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ladle import LLM, SamplingParams
-from ladle.engine.messages import EngineCoreRequest
+from ladle.protocol.messages import EngineCoreRequest
 
 NUM_NEW_TOKENS = 10
 
@@ -65,7 +65,7 @@ def test_overlapped_steps_match_hf(qwen3, options):
     path, prompts, expected = qwen3
     options = {"block_size": 4, "num_kv_blocks": 400, **options}
     llm = LLM(path, async_scheduling=True, **options)
-    assert llm.engine.overlap.enabled
+    assert llm.engine.overlaps
     assert token_ids(llm.generate(prompts, greedy(), use_tqdm=False)) == expected
     stats = llm.engine.get_stats()
     assert stats.num_free_blocks == stats.num_total_blocks  # nothing leaked by discarded tokens
@@ -153,7 +153,13 @@ def test_scheduler_hands_the_runner_only_new_blocks(qwen3):
 
     def recording_schedule():
         output = schedule()
-        seen.append(dict(output.new_block_ids))
+        seen.append(
+            {
+                s.request_id: (s.new_blocks.start, s.new_blocks.block_ids)
+                for s in output.scheduled
+                if s.new_blocks is not None
+            }
+        )
         return output
 
     engine.scheduler.schedule = recording_schedule
@@ -162,7 +168,7 @@ def test_scheduler_hands_the_runner_only_new_blocks(qwen3):
     assert all(start == 0 for start, _ in seen[0].values())
     while engine.has_unfinished_requests():
         engine.step()
-        batch = engine.runner.batch
+        batch = engine.executor.worker.runner.batch
         for request in engine.scheduler.running:
             slot = batch._slot_of.get(request.request_id)
             if slot is None:

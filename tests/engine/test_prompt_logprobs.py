@@ -8,8 +8,8 @@ import pytest
 import torch
 
 from ladle import LLM, SamplingParams
-from ladle.engine.messages import EngineCoreOutput, TokenLogprobs
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
+from ladle.protocol.messages import EngineCoreOutput, TokenLogprobs
 from ladle.worker.prompt_logprobs import PromptLogprobsChunk
 from tests.helpers.tiny_models import load_hf_reference
 

@@ -6,11 +6,11 @@ from __future__ import annotations
 import pytest
 
 from ladle.core.request import Request
-from ladle.engine.admission import AdmissionController, QueueFullError
-from ladle.engine.messages import SchedulerStats
-from ladle.engine.slo_admission import HEADROOM, TtftSloAdmission
 from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
 from ladle.entrypoints.openai.live_stats import LiveStatsLogger
+from ladle.frontend.admission import AdmissionController, QueueFullError
+from ladle.frontend.slo_admission import HEADROOM, TtftSloAdmission
+from ladle.protocol.messages import SchedulerStats
 from ladle.sampling_params import SamplingParams
 
 

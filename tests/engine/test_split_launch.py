@@ -16,8 +16,8 @@ import jsonschema
 import pytest
 
 from ladle import LLM, SamplingParams
-from ladle.engine import split_launch
-from ladle.engine.messages import EngineCoreRequest
+from ladle.executor import in_process
+from ladle.protocol.messages import EngineCoreRequest
 
 SCHEMA = {
     "type": "object",
@@ -49,7 +49,7 @@ def default_engines():
 
 def test_grammar_bad_words_and_penalty_rows_beside_plain_rows(default_engines, monkeypatch):
     sync, overlapped = default_engines[False], default_engines[True]
-    assert overlapped.engine.overlap.enabled and not sync.engine.overlap.enabled
+    assert overlapped.engine.overlaps and not sync.engine.overlaps
     prompts = [
         "Describe a person as JSON:",
         "A product code:",
@@ -74,13 +74,14 @@ def test_grammar_bad_words_and_penalty_rows_beside_plain_rows(default_engines, m
         SamplingParams(temperature=0.7, seed=9, max_tokens=16, top_k=20),
     ]
     split_calls = []
-    original_call = split_launch.SplitLaunch.__call__
+    original_call = in_process.launch_step
 
-    def counting_call(self, *args, **kwargs):
-        split_calls.append(1)
-        return original_call(self, *args, **kwargs)
+    def counting_call(worker, plan, start_grammar_fill, between):
+        if between is not None:  # the step before is read between forward and sampling
+            split_calls.append(1)
+        return original_call(worker, plan, start_grammar_fill, between)
 
-    monkeypatch.setattr(split_launch.SplitLaunch, "__call__", counting_call)
+    monkeypatch.setattr(in_process, "launch_step", counting_call)
     expected = _outputs(sync, prompts, params)
     assert not split_calls  # synchronous steps never split
     got = _outputs(overlapped, prompts, params)
@@ -148,10 +149,9 @@ def test_penalty_rows_overlap_and_match_synchronous_steps(qwen3, options):
             for o in llm.generate(prompts, _penalty_params(), use_tqdm=False)
         ]
         if mode:
-            assert not llm.engine.overlap.needs_split_launch()
             if options["num_kv_blocks"] == 24:
                 assert llm.engine.get_stats().num_preemptions > 0
-            history = llm.engine.runner.penalty_history
+            history = llm.engine.executor.worker.runner.penalty_history
             assert history is not None and not history._row_of  # every row given back
     assert [tokens for tokens, _ in runs[True]] == [tokens for tokens, _ in runs[False]]
     # Logprobs to float noise: a preempted request recomputes in a batch of another shape.
@@ -243,14 +243,21 @@ def test_a_request_that_breaks_a_split_step_ends_alone(qwen3, monkeypatch):
     def run(add_poison: bool) -> dict[str, list[int]]:
         llm = LLM(path, block_size=4, num_kv_blocks=400, async_scheduling=True)
         engine = llm.engine
-        launch_forward = engine.runner.launch_forward
+        launch_forward = engine.executor.worker.launch_forward
+        states = engine.executor.worker.runner.states
 
-        def faulty(scheduler_output, *args, **kwargs):
-            if any(r.prompt_token_ids[0] == poison for r in scheduler_output.scheduled_requests):
-                raise ValueError("simulated failure")
-            return launch_forward(scheduler_output, *args, **kwargs)
+        def faulty(plan):
+            prompts = {new.request_id: new.prompt_token_ids for new in plan.new_requests}
+            for scheduled in plan.scheduled:
+                request_id = scheduled.request_id
+                prompt = prompts.get(request_id) or (
+                    states[request_id].prompt_token_ids if request_id in states else []
+                )
+                if prompt and prompt[0] == poison:
+                    raise ValueError("simulated failure")
+            return launch_forward(plan)
 
-        monkeypatch.setattr(engine.runner, "launch_forward", faulty)
+        monkeypatch.setattr(engine.executor.worker, "launch_forward", faulty)
         for index, request_params in enumerate(params):
             engine.add_request(
                 EngineCoreRequest(
@@ -263,7 +270,7 @@ def test_a_request_that_breaks_a_split_step_ends_alone(qwen3, monkeypatch):
         finish: dict[str, str | None] = {}
         for step in range(100):
             if step == 3 and add_poison:  # arrives while a split step is in flight
-                assert engine.overlap.needs_split_launch() and engine._in_flight is not None
+                assert engine._in_flight is not None
                 engine.add_request(
                     EngineCoreRequest(
                         request_id="poison",

@@ -8,7 +8,7 @@ from dataclasses import dataclass
 
 import pytest
 
-from ladle.engine.stop_checker import StopChecker
+from ladle.frontend.stop_checker import StopChecker
 from ladle.sampling_params import SamplingParams
 
 

@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import zmq
 
 from ladle.engine import core_process, wire
-from ladle.engine.messages import EngineCoreOutput, SchedulerStats
 from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S, TokenGapMeter
 from ladle.metrics import ServerMetrics
+from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
 
 
 def _out(request_id: str, num_tokens: int = 1, finish: str | None = None) -> EngineCoreOutput:

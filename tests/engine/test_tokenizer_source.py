@@ -3,7 +3,7 @@ had (an offline GPU machine running token-id benchmarks must not fail at start-u
 
 import ladle.model.default_model as default_model
 from ladle.config import ModelConfig
-from ladle.engine.tokenizer_source import resolve_tokenizer_source
+from ladle.frontend.tokenizer_source import resolve_tokenizer_source
 
 
 def test_named_tokenizer_wins_then_the_models_own():

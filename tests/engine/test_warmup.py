@@ -43,7 +43,7 @@ def test_memory_probe_runs_the_real_step_and_keeps_the_cache(tiny_model_path):
     """The probe (run on CUDA before the KV cache is sized) goes through execute on dummy
     requests with a one-block cache; the engine's own cache must come back untouched."""
     llm = LLM(tiny_model_path("llama"), block_size=4, num_kv_blocks=50, max_num_batched_tokens=40)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker
     caches = runner.kv_caches
     snapshot = [cache.clone() for cache in caches]
     runner._run_peak_forward()

@@ -10,10 +10,10 @@ import signal
 
 import pytest
 
-from ladle.engine.admission import AdmissionController
-from ladle.engine.client import AsyncEngineClient, EngineDeadError
-from ladle.engine.messages import RequestRejectedError
-from ladle.engine.restart_policy import RestartPolicy
+from ladle.frontend.admission import AdmissionController
+from ladle.frontend.client import AsyncEngineClient, EngineDeadError
+from ladle.protocol.messages import RequestRejectedError
+from ladle.frontend.restart_policy import RestartPolicy
 from ladle.metrics import ServerMetrics
 from ladle.sampling_params import SamplingParams
 

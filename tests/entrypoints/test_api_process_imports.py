@@ -12,7 +12,7 @@ import sys
 from ladle.cli import build_parser
 build_parser()  # every subcommand's parser, as `ladle serve` builds them
 from ladle.config import EngineConfig
-from ladle.engine.client import AsyncEngineClient
+from ladle.frontend.client import AsyncEngineClient
 from ladle.entrypoints.openai.cli_serve import run_serve
 from ladle.entrypoints.openai.server import build_app
 from ladle.threads import configure_api_process_threads

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from ladle.engine.admission import (
+from ladle.frontend.admission import (
     MAX_RETRY_AFTER_SECONDS,
     AdmissionController,
     QueueFullError,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from ladle.engine.messages import SchedulerStats
+from ladle.protocol.messages import SchedulerStats
 from ladle.metrics import ServerMetrics
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from tests.entrypoints.server_process import parse_metrics

@@ -5,8 +5,8 @@ from __future__ import annotations
 import msgspec
 import pytest
 
-from ladle.engine import wire
-from ladle.engine.messages import (
+from ladle.protocol import wire
+from ladle.protocol.messages import (
     EngineCoreOutput,
     EngineCoreRequest,
     SchedulerStats,

@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from ladle.engine.messages import TokenLogprobs
+from ladle.protocol.messages import TokenLogprobs
 from ladle.entrypoints.openai.logprobs import (
     TokenTexts,
     completion_logprobs,

@@ -34,7 +34,7 @@ def _run(path, enforce_eager: bool, prompts, max_tokens):
         enforce_eager=enforce_eager,
     )
     replays = 0
-    graphs = llm.engine.runner.graphs
+    graphs = llm.engine.executor.worker.graphs
     if graphs is not None:
         original = graphs.run
 

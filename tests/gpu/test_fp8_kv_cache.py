@@ -299,7 +299,7 @@ def _greedy():
 def test_fp8_cache_greedy_is_near_fp32_argmax(setup, options):
     path, reference, prompts = setup
     llm = LLM(path, device="cuda", kv_cache_dtype="fp8", **{"num_kv_blocks": KV_BLOCKS, **options})
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker
     assert runner.kv_caches[0].dtype == FP8_KV_DTYPE and runner.graphs is not None
     outputs = llm.generate(prompts, _greedy(), use_tqdm=False)
     _check_near_fp32(reference, prompts, outputs)
@@ -318,7 +318,7 @@ def test_fp8_cache_logits_close_to_bf16_cache(setup):
     logits = {}
     for kv_cache_dtype in ("auto", "fp8"):
         llm = LLM(path, device="cuda", kv_cache_dtype=kv_cache_dtype, num_kv_blocks=64)
-        runner = llm.engine.runner
+        runner = llm.engine.executor.worker
         rows = []
         for prompt in prompts:
             length, block_size = len(prompt), runner.block_size
@@ -347,7 +347,7 @@ def test_fp8_budget_sizes_blocks_at_half_the_bf16_bytes(setup):
 
     path, _, _ = setup
     llm = LLM(path, device="cuda", kv_cache_dtype="fp8", gpu_memory_utilization=0.3)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker
     budget = runner.memory_budget
     bf16_block_bytes = kv_block_bytes(runner.arch, budget.block_size, torch.bfloat16)
     assert 2 * budget.block_bytes == bf16_block_bytes

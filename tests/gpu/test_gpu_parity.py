@@ -83,7 +83,7 @@ def greedy() -> SamplingParams:
 def test_bf16_greedy_is_near_fp32_argmax(setup, options):
     path, reference, prompts = setup
     llm = LLM(path, dtype="bfloat16", device="cuda", **{"num_kv_blocks": KV_BLOCKS, **options})
-    assert llm.engine.runner.attention_backend.name == "triton"
+    assert llm.engine.executor.worker.attention_backend.name == "triton"
     outputs = llm.generate(prompts, greedy(), use_tqdm=False)
     check_against_reference(reference, prompts, outputs)
     # Prefix-cache hits: the same prompts again reuse every full block.
@@ -118,7 +118,7 @@ def test_model_logits_bf16_relative_error(setup):
 
     path, reference, prompts = setup
     llm = LLM(path, dtype="bfloat16", device="cuda", num_kv_blocks=KV_BLOCKS)
-    runner = llm.engine.runner
+    runner = llm.engine.executor.worker
     batch = PagedBatch(num_seqs=len(prompts), block_size=16, num_blocks=64)
     input_ids, positions, metadata = batch.step(prompts, device="cuda")
     caches = make_kv_caches(runner.arch, 64, 16, torch.bfloat16, "cuda")

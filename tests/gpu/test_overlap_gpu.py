@@ -38,7 +38,7 @@ def _engine(path, async_scheduling: bool, enforce_eager: bool) -> LLM:
 
 def _outputs(llm: LLM, prompts, params) -> tuple[list, int]:
     """(token ids, finish reason) per request, and how many steps read input ids on the device."""
-    builder = llm.engine.runner.input_builder
+    builder = llm.engine.executor.worker.runner.input_builder
     original = builder.build
     device_reads = 0
 
@@ -70,7 +70,7 @@ def test_greedy_tokens_identical_with_overlap_on_and_off(model_path):
     for async_scheduling in (False, True):
         for enforce_eager in (False, True):
             llm = _engine(model_path, async_scheduling, enforce_eager)
-            assert llm.engine.overlap.enabled == async_scheduling
+            assert llm.engine.overlaps == async_scheduling
             results[async_scheduling, enforce_eager] = _outputs(llm, prompts, params)
             del llm
             torch.cuda.empty_cache()

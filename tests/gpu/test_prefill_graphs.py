@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from ladle import LLM, SamplingParams
-from ladle.engine.messages import EngineCoreRequest
+from ladle.protocol.messages import EngineCoreRequest
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
@@ -67,7 +67,7 @@ def _run(path, enforce_eager: bool):
         enforce_eager=enforce_eager,
     )
     replays = 0
-    graphs = llm.engine.runner.graphs
+    graphs = llm.engine.executor.worker.graphs
     if graphs is not None:
         assert graphs.prefill is not None and graphs.num_prefill_graphs > 0
         original = graphs.prefill.run

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from ladle import LLM, SamplingParams
-from ladle.engine import split_launch
+from ladle.executor import in_process
 from ladle.worker import cuda_graphs
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
@@ -80,13 +80,14 @@ def test_mixed_rows_identical_with_overlap_on_and_off(monkeypatch):
     prompts = [[rng.randrange(20, 4000) for _ in range(rng.randint(4, 120))] for _ in range(48)]
     params = [_params(rng, index, [rng.randrange(20, 4000)] * 2) for index in range(48)]
     calls = []
-    original = split_launch.SplitLaunch.__call__
+    original = in_process.launch_step
 
-    def counting(self, *args, **kwargs):
-        calls.append(1)
-        return original(self, *args, **kwargs)
+    def counting(worker, plan, start_grammar_fill, between):
+        if between is not None:  # the step before is read between forward and sampling
+            calls.append(1)
+        return original(worker, plan, start_grammar_fill, between)
 
-    monkeypatch.setattr(split_launch.SplitLaunch, "__call__", counting)
+    monkeypatch.setattr(in_process, "launch_step", counting)
     # With overlap on, a row that ended in step N (known only once N's ids are read) still rides
     # step N+1: that step has one more row than without overlap, so cuBLAS may pick another
     # kernel (another summation order) for its GEMMs (the logits GEMM is not padded), and on
@@ -105,7 +106,7 @@ def test_mixed_rows_identical_with_overlap_on_and_off(monkeypatch):
             num_kv_blocks=2048,  # leave the device to the other engines of the test run
             async_scheduling=async_scheduling,
         )
-        assert llm.engine.runner.graphs is not None
+        assert llm.engine.executor.worker.graphs is not None
         outputs = llm.generate(prompts, params, use_tqdm=False)
         results[async_scheduling] = [(o.outputs[0].token_ids, o.outputs[0].text) for o in outputs]
         if async_scheduling:

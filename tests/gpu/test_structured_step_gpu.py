@@ -44,7 +44,7 @@ def _tokenizer_source() -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from ladle.engine.tokenizer import load_tokenizer
+    from ladle.frontend.tokenizer import load_tokenizer
 
     return load_tokenizer(_tokenizer_source())
 
@@ -69,7 +69,7 @@ def engine():
 def _run(engine, constraints: dict[int, dict], batch: int, tag: str) -> dict[int, list[int]]:
     """Every row runs exactly MAX_TOKENS steps (ignore_eos), so both runs have the same batch
     shapes at every step and the unconstrained rows can be compared token for token."""
-    from ladle.engine.messages import EngineCoreRequest
+    from ladle.protocol.messages import EngineCoreRequest
     from ladle.sampling_params import SamplingParams
 
     for index in range(batch):

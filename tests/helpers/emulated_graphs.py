@@ -42,13 +42,15 @@ class EmulatedGraph:
         self.output.copy_(hidden)
 
 
-def install_emulated_graphs(runner) -> None:
-    """Give a CPU runner decode "graphs" (EmulatedGraph) so its steps take the graph path."""
-    graphs = runner._graph_buckets()
+def install_emulated_graphs(worker) -> None:
+    """Give a CPU worker's runner decode "graphs" (EmulatedGraph) so its steps take the graph
+    path."""
+    runner = worker
+    graphs = worker._graph_buckets()
     graphs.prefill = None  # prompt steps run eagerly here
     graphs.static = graphs._allocate_static()
     for batch_size in graphs.batch_sizes:
         graph = EmulatedGraph(runner, graphs, batch_size)
         graphs._graphs[batch_size] = graph
         graphs._outputs[batch_size] = graph.output
-    runner.graph_buckets = graphs
+    worker.runner.graph_buckets = graphs

@@ -50,7 +50,7 @@ def test_hub_id_loads_offline_from_a_hub_layout_cache(
     assert hub_output.prompt_token_ids == folder_output.prompt_token_ids
     assert hub_output.outputs[0].token_ids == folder_output.outputs[0].token_ids
     assert len(hub_output.outputs[0].token_ids) == 5
-    assert torch.is_tensor(next(from_hub.engine.runner.model.parameters()))
+    assert torch.is_tensor(next(from_hub.engine.executor.worker.model.parameters()))
 
 
 def test_offline_and_not_cached_names_the_model(tmp_path: Path, monkeypatch) -> None:

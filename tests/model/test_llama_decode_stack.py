@@ -185,7 +185,7 @@ def test_engine_with_prefix_hits_and_preemption_matches_the_layer_path(
         try:
             # 13 usable blocks of 4 tokens: five requests of up to 24 tokens cannot all run.
             llm = LLM(path, block_size=4, num_kv_blocks=14, async_scheduling=False)
-            quantize_projections_(llm.engine.runner.model)
+            quantize_projections_(llm.engine.executor.worker.model)
             counted = CountedCalls(monkeypatch)
             llm.generate(prompts[:1], params, use_tqdm=False)  # fills the shared prefix
             outputs = llm.generate(prompts, params, use_tqdm=False)

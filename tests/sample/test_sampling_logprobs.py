@@ -2,7 +2,7 @@
 
 import torch
 
-from ladle.engine.messages import TokenLogprobs
+from ladle.protocol.messages import TokenLogprobs
 from ladle.sample import Sampler, SamplerOutput, build_sampling_metadata, logprobs_to_messages
 from ladle.sampling_params import SamplingParams
 

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from ladle.core.request import Request
-from ladle.engine.tokenizer import load_tokenizer
+from ladle.frontend.tokenizer import load_tokenizer
 from ladle.model.default_model import resolve_default_model
 from ladle.sampling_params import SamplingParams
 from ladle.structured.bitmask import apply_token_bitmask
@@ -87,6 +87,11 @@ def _request(request_id: str, params: SamplingParams) -> Request:
     return Request(request_id=request_id, prompt_token_ids=[1, 2, 3], sampling_params=params)
 
 
+def _rows(*requests) -> list[tuple[str, list[int]]]:
+    """One sampling row per request, none after draft tokens."""
+    return [(request.request_id, []) for request in requests]
+
+
 def test_manager_masks_only_constrained_rows_and_holds_compiling_requests(compiler, tokenizer):
     manager = StructuredOutputManager(compiler, torch.device("cpu"))
     schema = {"type": "object", "properties": {"unique_field_name_xyz": {"type": "boolean"}}}
@@ -97,8 +102,8 @@ def test_manager_masks_only_constrained_rows_and_holds_compiling_requests(compil
         manager.wait_for_compile(60)
         ready, failed = manager.take_ready()
         assert ready == [constrained] and not failed
-    assert manager.fill_bitmask([plain]) is None  # a batch without grammars pays nothing
-    bitmask = manager.fill_bitmask([plain, constrained])
+    assert manager.fill_bitmask(_rows(plain)) is None  # a batch without grammars pays nothing
+    bitmask = manager.fill_bitmask(_rows(plain, constrained))
     assert bitmask.row_indices.tolist() == [1]
     logits = torch.zeros(2, compiler.vocab_size)
     apply_token_bitmask(logits, bitmask.bitmask, bitmask.row_indices)
@@ -106,9 +111,9 @@ def test_manager_masks_only_constrained_rows_and_holds_compiling_requests(compil
     allowed = torch.isfinite(logits[1]).nonzero().flatten().tolist()
     assert allowed and all(tokenizer.decode([t]).lstrip().startswith("{") for t in allowed)
     text = json.dumps({"unique_field_name_xyz": True})
-    manager.accept_tokens([constrained], tokenizer.encode(text, add_special_tokens=False)[:1])
+    manager.accept_tokens(["c"], [tokenizer.encode(text, add_special_tokens=False)[:1]])
     assert manager.remove(["c"]) == []
-    assert manager.fill_bitmask([plain, constrained]) is None
+    assert manager.fill_bitmask(_rows(plain, constrained)) is None
 
 
 def test_rollback_over_the_end_token_after_a_complete_value(compiler, tokenizer):
@@ -178,7 +183,7 @@ def test_manager_advances_in_batches_off_the_engine_thread_like_single_matchers(
     plain = _request("plain", SamplingParams())
     expected = llguidance.torch.allocate_token_bitmask(1, compiler.vocab_size)
     for step in range(max(map(len, steps))):
-        bitmask = manager.fill_bitmask([plain, *requests])  # row 0 is unconstrained
+        bitmask = manager.fill_bitmask(_rows(plain, *requests))  # row 0 is unconstrained
         live = [i for i, matcher in enumerate(reference) if not matcher.is_error()]
         assert bitmask.row_indices.tolist() == [i + 1 for i in live]
         for mask_row, i in enumerate(live):
@@ -186,7 +191,7 @@ def test_manager_advances_in_batches_off_the_engine_thread_like_single_matchers(
             assert torch.equal(bitmask.bitmask[mask_row], expected[0]), (step, i)
         for i, request in enumerate(requests):
             for token in steps[i][step] if step < len(steps[i]) else []:
-                manager.accept_tokens([plain, request], [-1, token])
+                manager.accept_tokens([plain.request_id, request.request_id], [[], [token]])
                 reference[i].consume_token(token)
     assert reference[3].is_error()
     grammar = manager.grammar_of("r0")  # waits for the job and consumes what is pending

@@ -23,7 +23,7 @@ NUM_NEW_TOKENS = 12
 def _generate(path: str, emulate_graphs: bool, async_scheduling: bool, params) -> list[list[int]]:
     llm = LLM(path, device="cpu", async_scheduling=async_scheduling, max_num_seqs=8)
     if emulate_graphs:
-        install_emulated_graphs(llm.engine.runner)
+        install_emulated_graphs(llm.engine.executor.worker)
     rng = random.Random(5)
     vocab_size = llm.engine.vocab_size
     # Three requests: the decode steps pad to the bucket of 4; lengths end mid-block and past it.
@@ -52,8 +52,8 @@ def test_emulated_graphs_give_the_eager_tokens(tiny_model_path, async_scheduling
 def test_a_batch_one_decode_step_takes_the_graph_path(tiny_model_path):
     """W3's step: one request, its input id read from the device, replayed from a graph."""
     llm = LLM(tiny_model_path("qwen3"), device="cpu", async_scheduling=True, max_num_seqs=8)
-    install_emulated_graphs(llm.engine.runner)
-    graph = llm.engine.runner.graph_buckets._graphs[1]
+    install_emulated_graphs(llm.engine.executor.worker)
+    graph = llm.engine.executor.worker.runner.graph_buckets._graphs[1]
     replays = 0
     replay = graph.replay
 

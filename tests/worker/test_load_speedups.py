@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from ladle.config import ModelConfig
-from ladle.engine.tokenizer import load_tokenizer
-from ladle.engine.tokenizer_preload import TokenizerPreload
+from ladle.frontend.tokenizer import load_tokenizer
+from ladle.frontend.tokenizer_preload import TokenizerPreload
 from ladle.model.arch_config import ModelArchConfig
 from ladle.worker.kv_cache_alloc import zeros_lazily
 

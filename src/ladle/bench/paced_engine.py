@@ -103,7 +103,7 @@ def paced_token_ids(tokenizer_source: str | None, vocab_size: int) -> list[int]:
     if tokenizer_source is None:
         rng = random.Random(0)
         return [rng.randrange(vocab_size) for _ in range(65_536)]
-    from ladle.engine.tokenizer import load_tokenizer
+    from ladle.frontend.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_source).hf_tokenizer
     with open(__file__, encoding="utf-8") as handle:
@@ -128,10 +128,10 @@ def paced_engine_core(
     """The engine-core process entry, with run_engine_core's signature (the spawn target)."""
     import zmq
 
-    from ladle.engine import wire
     from ladle.engine.core_process import EngineCoreLoop
     from ladle.engine.gc_policy import freeze_startup_objects
     from ladle.model.loader import _dummy_arch_config
+    from ladle.protocol import wire
 
     context = zmq.Context()
     input_socket = context.socket(zmq.PULL)

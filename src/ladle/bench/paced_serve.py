@@ -43,7 +43,7 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[STEP_MS_ENV] = str(args.step_ms)
     if args.paced_tokenizer is not None:
         os.environ[TOKENIZER_ENV] = args.paced_tokenizer
-    import ladle.engine.client as client_module
+    import ladle.frontend.client as client_module
     from ladle.cli import main as ladle_main
 
     client_module.run_engine_core = paced_engine_core  # what AsyncEngineClient spawns

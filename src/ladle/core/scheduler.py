@@ -441,6 +441,11 @@ class Scheduler:
     def has_unfinished_requests(self) -> bool:
         return bool(self.running) or len(self.waiting) > 0
 
+    @property
+    def has_requests_to_forget(self) -> bool:
+        """Ended requests the workers still hold: the next plan, even an empty one, frees them."""
+        return bool(self._finished_on_workers)
+
     def get_stats(self) -> SchedulerStats:
         manager = self.kv_cache_manager
         return SchedulerStats(

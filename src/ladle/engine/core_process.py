@@ -22,8 +22,8 @@ import traceback
 
 import zmq
 
-from ladle.engine import wire
 from ladle.engine.token_gap_meter import TokenGapMeter
+from ladle.protocol import wire
 from ladle.protocol.messages import EngineCoreOutput, RequestRejectedError
 
 logger = logging.getLogger(__name__)
@@ -90,7 +90,7 @@ def _start(
     from ladle.config import EngineConfig
     from ladle.engine.engine_core import EngineCore
     from ladle.engine.gc_policy import freeze_startup_objects
-    from ladle.engine.tokenizer_source import resolve_tokenizer_source
+    from ladle.frontend.tokenizer_source import resolve_tokenizer_source
     from ladle.model.generation_defaults import sampling_defaults_of
 
     options = json.loads(engine_options_json)

@@ -200,10 +200,10 @@ class EngineCore:
         plan = self.scheduler.schedule()
         previous, self._in_flight = self._in_flight, None
         graph_steps_before = self.executor.num_graph_steps
-        if plan.scheduled:
+        if plan.scheduled or plan.finished_request_ids or plan.preempted_request_ids:
             between = None
             if previous is not None and plan.samples_from_host_tokens:
-                between = lambda: self._read(previous)  # noqa: E731
+                between = lambda: self._settle(previous)  # noqa: E731
             future = self.executor.submit(plan, self._grammar_fill(), between)
             self._in_flight = InFlightStep(future)
         launch_seconds = time.perf_counter() - started
@@ -261,11 +261,16 @@ class EngineCore:
         return self._read(in_flight) if in_flight is not None else []
 
     def _read(self, in_flight: InFlightStep) -> list[EngineCoreOutput]:
-        """Wait for a submitted step's result and hand it to the scheduler; its outputs are
-        returned once (a split launch may read it before the step that returns them)."""
+        """A submitted step's outputs, reading it first if a split launch has not already."""
+        self._settle(in_flight)
+        outputs, in_flight.outputs = in_flight.outputs, []
+        return outputs
+
+    def _settle(self, in_flight: InFlightStep) -> None:
+        """Wait for a submitted step's result and hand it to the scheduler (once), keeping
+        its outputs on in_flight until the step that returns them takes them."""
         if in_flight.outputs is not None:
-            outputs, in_flight.outputs = in_flight.outputs, []
-            return outputs
+            return
         future = in_flight.future
         result = future.result()
         outputs = self._end_failed(result.failed)
@@ -277,7 +282,6 @@ class EngineCore:
         outputs += step_outputs
         self._release_finished(outputs)
         in_flight.outputs = outputs
-        return self._read(in_flight)
 
     def _end_failed(self, failed: dict[str, str]) -> list[EngineCoreOutput]:
         """End the requests a step failed on (each alone: the rest of the step ran)."""
@@ -329,6 +333,7 @@ class EngineCore:
         )
         return (
             self.scheduler.has_unfinished_requests()
+            or self.scheduler.has_requests_to_forget
             or waiting_for_grammar
             or self._in_flight is not None
         )

@@ -9,8 +9,6 @@ from collections.abc import Iterator, Sequence
 
 from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
-from ladle.engine.output_processor import OutputProcessor
-from ladle.engine.tokenizer_preload import TokenizerPreload
 from ladle.entrypoints.chat_template import load_chat_template
 from ladle.entrypoints.progress import GenerationProgress
 from ladle.entrypoints.prompt_inputs import (
@@ -20,6 +18,8 @@ from ladle.entrypoints.prompt_inputs import (
     split_prompt,
 )
 from ladle.entrypoints.vllm_outputs import finish_offline_output
+from ladle.frontend.output_processor import OutputProcessor
+from ladle.frontend.tokenizer_preload import TokenizerPreload
 from ladle.model.generation_defaults import sampling_defaults_of
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.sampling_params import SamplingParams

@@ -7,8 +7,8 @@ converted, once, when a request has finished.
 
 from __future__ import annotations
 
-from ladle.protocol.messages import TokenLogprobs
 from ladle.outputs import CompletionOutput, Logprob, RequestOutput
+from ladle.protocol.messages import TokenLogprobs
 from ladle.sampling_params import SamplingParams
 
 

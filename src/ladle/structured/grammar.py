@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import llguidance
 
-    from ladle.engine.tokenizer import TextTokenizer
+    from ladle.frontend.tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -121,7 +121,9 @@ class PenaltyHistory:
         """Write a request's draft tokens at the output indices they would take, so the step's
         row after j drafts sees them as outputs (each row reads only the indices before its own,
         and record() then writes what the rows really sampled)."""
-        row = self._row_of[request_id]
+        row = self._row_of.get(request_id)
+        if row is None:
+            return  # no penalty: nothing reads its outputs here
         end = output_index + len(draft_token_ids)
         self.output_ids[row, output_index:end] = torch.tensor(
             draft_token_ids, dtype=torch.int32

@@ -4,7 +4,7 @@ label, values are the replicas' own, and each metric has one HELP/TYPE header.""
 
 from prometheus_client.parser import text_string_to_metric_families
 
-from ladle.engine.messages import SchedulerStats
+from ladle.protocol.messages import SchedulerStats
 from ladle.entrypoints.cluster.replica_metrics import merge_replica_metrics
 from ladle.metrics import ServerMetrics
 

@@ -180,7 +180,7 @@ def routing_tokenizer_source(config: Any, model: str | None) -> str | None:
     """The tokenizer the replicas run with, found as the engine finds it, for the front's
     prefix keys. A preset of random weights has no tokenizer of its own: its name is never
     looked up on the hub (offline, that lookup retried for ~25 s before every start)."""
-    from ladle.engine.tokenizer_source import resolve_tokenizer_source
+    from ladle.frontend.tokenizer_source import resolve_tokenizer_source
     from ladle.model.loader.presets import get_preset
 
     is_preset = model is not None and get_preset(model) is not None

@@ -34,12 +34,12 @@ class LadleReplica:
         self, engine_options: dict[str, Any], settings: ReplicaServerSettings
     ) -> None:
         from ladle.config import EngineConfig
-        from ladle.engine.admission import AdmissionController
-        from ladle.engine.client import AsyncEngineClient
-        from ladle.engine.restart_policy import RestartPolicy
         from ladle.entrypoints.openai.live_stats import LiveStatsLogger
         from ladle.entrypoints.openai.request_log import enable_request_logging
         from ladle.entrypoints.openai.server import ServerSettings, build_app
+        from ladle.frontend.admission import AdmissionController
+        from ladle.frontend.client import AsyncEngineClient
+        from ladle.frontend.restart_policy import RestartPolicy
         from ladle.metrics import ServerMetrics
 
         EngineConfig.from_kwargs(**engine_options)  # bad options fail here, with the field named
@@ -50,7 +50,7 @@ class LadleReplica:
         metrics = ServerMetrics(settings.served_model_name)
         admission = AdmissionController(settings.max_queued_requests, settings.max_queued_tokens)
         if settings.ttft_slo_s is not None:
-            from ladle.engine.slo_admission import TtftSloAdmission
+            from ladle.frontend.slo_admission import TtftSloAdmission
 
             admission = TtftSloAdmission(admission, settings.ttft_slo_s, lambda: client.stats)
         # Ray replaces a replica whose engine died (check_health); an engine restart inside the

@@ -221,13 +221,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 def run_serve(args: argparse.Namespace) -> int:
     from ladle.cli import engine_options_from_args
     from ladle.config import EngineConfig
-    from ladle.engine.admission import AdmissionController
-    from ladle.engine.client import AsyncEngineClient, EngineStartError
-    from ladle.engine.restart_policy import RestartPolicy
     from ladle.entrypoints.openai.http_server_options import HttpServerOptions
     from ladle.entrypoints.openai.live_stats import LiveStatsLogger
     from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import ServerSettings, build_app
+    from ladle.frontend.admission import AdmissionController
+    from ladle.frontend.client import AsyncEngineClient, EngineStartError
+    from ladle.frontend.restart_policy import RestartPolicy
     from ladle.metrics import ServerMetrics
     from ladle.threads import configure_api_process_threads
 
@@ -276,7 +276,7 @@ def run_serve(args: argparse.Namespace) -> int:
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
     if args.ttft_slo is not None:
         from ladle.durations import parse_duration
-        from ladle.engine.slo_admission import TtftSloAdmission
+        from ladle.frontend.slo_admission import TtftSloAdmission
 
         admission = TtftSloAdmission(
             admission,

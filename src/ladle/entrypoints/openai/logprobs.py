@@ -3,14 +3,14 @@ list of token objects."""
 
 from __future__ import annotations
 
-from ladle.protocol.messages import TokenLogprobs
-from ladle.engine.tokenizer import TextTokenizer
 from ladle.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatTokenLogprob,
     ChatTopLogprob,
     CompletionLogprobs,
 )
+from ladle.frontend.tokenizer import TextTokenizer
+from ladle.protocol.messages import TokenLogprobs
 
 _MAX_CACHED_TOKENS = 1 << 17
 

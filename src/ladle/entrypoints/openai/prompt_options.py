@@ -11,7 +11,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
-from ladle.protocol.messages import TokenLogprobs
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.protocol import (
     ChatCompletionRequest,
@@ -19,6 +18,7 @@ from ladle.entrypoints.openai.protocol import (
     StreamOptions,
     UsageInfo,
 )
+from ladle.protocol.messages import TokenLogprobs
 
 
 def truncate_prompt(

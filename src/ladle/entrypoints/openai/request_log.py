@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from ladle.engine.client import RequestStream
+    from ladle.frontend.client import RequestStream
 
 LOGGER_NAME = "ladle.requests"
 UNLOGGED_PATHS = frozenset({"/health", "/metrics"})

@@ -26,8 +26,6 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
 
 import ladle
-from ladle.engine.admission import current_retry_key, retry_key
-from ladle.engine.client import AsyncEngineClient
 from ladle.entrypoints.openai.api_docs import add_api_docs
 from ladle.entrypoints.openai.auth import make_api_key_check, read_body
 from ladle.entrypoints.openai.errors import (
@@ -44,6 +42,8 @@ from ladle.entrypoints.openai.request_log import RequestLogMiddleware
 from ladle.entrypoints.openai.serving_chat import OpenAIServingChat
 from ladle.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from ladle.entrypoints.openai.streaming import ClientDisconnected
+from ladle.frontend.admission import current_retry_key, retry_key
+from ladle.frontend.client import AsyncEngineClient
 from ladle.metrics import CONTENT_TYPE
 
 logger = logging.getLogger("ladle.server")

@@ -10,9 +10,6 @@ from typing import TypeVar
 
 from pydantic import BaseModel, ValidationError
 
-from ladle.engine.admission import QueueFullError, QueueLimitError
-from ladle.engine.client import AsyncEngineClient, EngineDeadError, RequestStream
-from ladle.protocol.messages import RequestRejectedError
 from ladle.entrypoints.openai.errors import (
     APIError,
     BadRequestError,
@@ -27,7 +24,10 @@ from ladle.entrypoints.openai.logprobs import TokenTexts
 from ladle.entrypoints.openai.protocol import UsageInfo, parse_request
 from ladle.entrypoints.openai.request_log import record_engine_request
 from ladle.entrypoints.openai.streaming import ClientDisconnected, run_until_disconnect
+from ladle.frontend.admission import QueueFullError, QueueLimitError
+from ladle.frontend.client import AsyncEngineClient, EngineDeadError, RequestStream
 from ladle.outputs import RequestOutput
+from ladle.protocol.messages import RequestRejectedError
 from ladle.sampling_params import SamplingParams
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)

@@ -10,7 +10,6 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ladle.engine.client import AsyncEngineClient, RequestStream
 from ladle.entrypoints.openai.chat_reply import ReplyShaper
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import chat_logprobs
@@ -46,6 +45,7 @@ from ladle.entrypoints.openai.tool_calling import (
     template_knows_tools,
 )
 from ladle.entrypoints.openai.tool_parsers import select_tool_parser
+from ladle.frontend.client import AsyncEngineClient, RequestStream
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import MAX_LOGPROBS
 

@@ -14,7 +14,6 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ladle.engine.client import RequestStream
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import completion_logprobs, completion_logprobs_fields
 from ladle.entrypoints.openai.prompt_options import (
@@ -46,6 +45,7 @@ from ladle.entrypoints.openai.streaming import (
     merge_streams,
 )
 from ladle.entrypoints.openai.structured_fields import structured_outputs_of
+from ladle.frontend.client import RequestStream
 from ladle.outputs import RequestOutput
 from ladle.sampling_params import SamplingParams
 

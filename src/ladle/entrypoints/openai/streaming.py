@@ -18,7 +18,7 @@ from fastapi import Request
 from starlette.responses import StreamingResponse
 from starlette.types import Receive, Scope, Send
 
-from ladle.engine.client import RequestStream
+from ladle.frontend.client import RequestStream
 from ladle.outputs import RequestOutput
 
 T = TypeVar("T")

@@ -15,8 +15,8 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ladle.config import ModelConfig
-from ladle.engine.tokenizer import TextTokenizer, load_tokenizer
-from ladle.engine.tokenizer_source import resolve_tokenizer_source
+from ladle.frontend.tokenizer import TextTokenizer, load_tokenizer
+from ladle.frontend.tokenizer_source import resolve_tokenizer_source
 from ladle.model.arch_config import ModelArchConfig
 
 

@@ -36,16 +36,16 @@ import zmq
 import zmq.asyncio
 
 from ladle.config import EngineConfig
-from ladle.engine import wire
-from ladle.engine.admission import AdmissionController
 from ladle.engine.core_process import run_engine_core
 from ladle.engine.gc_policy import freeze_startup_objects
-from ladle.engine.output_processor import OutputProcessor
-from ladle.engine.restart_policy import RestartBudget, RestartPolicy
-from ladle.engine.tokenizer import TextTokenizer
-from ladle.engine.tokenizer_preload import TokenizerPreload
+from ladle.frontend.admission import AdmissionController
+from ladle.frontend.output_processor import OutputProcessor
+from ladle.frontend.restart_policy import RestartBudget, RestartPolicy
+from ladle.frontend.tokenizer import TextTokenizer
+from ladle.frontend.tokenizer_preload import TokenizerPreload
 from ladle.metrics import ServerMetrics
 from ladle.outputs import RequestOutput
+from ladle.protocol import wire
 from ladle.protocol.messages import RequestRejectedError, SchedulerStats
 from ladle.sampling_params import SamplingParams
 

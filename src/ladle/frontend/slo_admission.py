@@ -25,7 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 
-from ladle.engine.admission import MAX_RETRY_AFTER_SECONDS, AdmissionController, QueueFullError
+from ladle.frontend.admission import MAX_RETRY_AFTER_SECONDS, AdmissionController, QueueFullError
 from ladle.protocol.messages import SchedulerStats
 
 # Admit only when the prediction is within this fraction of the SLO: the rate is a moving

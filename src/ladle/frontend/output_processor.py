@@ -11,9 +11,11 @@ import dataclasses
 import time
 from dataclasses import dataclass, field
 
-from ladle.engine.detokenizer import IncrementalDetokenizer
-from ladle.engine.stop_checker import StopChecker
-from ladle.engine.tokenizer import TextTokenizer
+import msgspec
+
+from ladle.frontend.detokenizer import IncrementalDetokenizer
+from ladle.frontend.stop_checker import StopChecker
+from ladle.frontend.tokenizer import TextTokenizer
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.protocol.messages import EngineCoreOutput, EngineCoreRequest
 from ladle.sample.bad_words import bad_words_token_ids
@@ -183,6 +185,27 @@ class OutputProcessor:
         self, state: _RequestState, sample: _SampleState, core_output: EngineCoreOutput, now: float
     ) -> bool:
         """Add one core output to one sample; True if a stop string ended it."""
+        tokens = core_output.new_token_ids
+        if len(tokens) > 1 and sample.detokenizer is not None and sample.stop_checker.stop:
+            # Several tokens in one step (verified drafts): a stop string that ends inside them
+            # ends the sample at that token, as steps of one token each would.
+            for index in range(len(tokens)):
+                last = index == len(tokens) - 1
+                single = msgspec.structs.replace(
+                    core_output,
+                    new_token_ids=tokens[index : index + 1],
+                    new_logprobs=(
+                        core_output.new_logprobs[index : index + 1]
+                        if core_output.new_logprobs
+                        else None
+                    ),
+                    finish_reason=core_output.finish_reason if last else None,
+                    stop_reason=core_output.stop_reason if last else None,
+                    prompt_logprobs=core_output.prompt_logprobs if index == 0 else None,
+                )
+                if self._apply(state, sample, single, now):
+                    return True
+            return False
         completion = sample.completion
         metrics = state.output.metrics
         state.output.num_cached_tokens = core_output.num_cached_tokens
