@@ -1,10 +1,24 @@
 #!/usr/bin/env bash
-# The lead's H100 call on merged main: every GPU test (the step-path ones first, so a cut-off
-# still covers them), then W1 and S1 in what time is left before DEADLINE_S.
-# Run from the repo root of the device copy, carrying .whl and .carry/tok.
+# One GPU call on a tree: every GPU test (the step-path ones first, so a cut-off still covers
+# them), then W1 and S1 (a fresh `ladle serve` per level, 32/128/256 in flight) in what time is
+# left before DEADLINE_S. Run from the repo root of the device copy; .whl/ (the server stack's
+# wheels, installed into /tmp/site) and .carry/tok (a tokenizer folder for the tests) are used
+# when carried. Everything lands under $OUT; the summary in $OUT/round.log.
+#   DEADLINE_S=540 bash scripts/gpu_round.sh
 set -uo pipefail
 DEADLINE_S=${DEADLINE_S:-540}
-source "$(dirname "$0")/lead_round_env.sh"
+OUT=${OUT:-.device_out}
+mkdir -p "$OUT"
+start=$SECONDS
+left() { echo $(( DEADLINE_S - (SECONDS - start) )); }
+if ls .whl/*.whl >/dev/null 2>&1; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+    --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site
+fi
+export PYTHONPATH=$PWD/src:$PWD/tests:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1 PIP_NO_INDEX=1
+[ -d .carry/tok ] && export LADLE_TEST_TOKENIZER=$PWD/.carry/tok
+LOG=$OUT/round.log
+nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
 first=${FIRST_FILES:-"tests/gpu/test_gpu_parity.py tests/gpu/test_overlap_gpu.py tests/gpu/test_cuda_graphs.py
   tests/gpu/test_prefill_graphs.py tests/gpu/test_split_launch_gpu.py tests/gpu/test_fp8_kv_cache.py
   tests/gpu/test_int4_decode.py tests/gpu/test_no_compile_while_serving.py tests/gpu/test_structured_step_gpu.py"}
