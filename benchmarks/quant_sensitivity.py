@@ -2,7 +2,7 @@
 CALIBRATION text (never on the perplexity bench's evaluation sample), so that a choice of
 modules to keep float can be made without looking at the evaluation.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python -m ladle.bench.quant_sensitivity \\
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/quant_sensitivity.py \\
         --method int4-awq --num-tokens 4096
 
 The whole model is quantized once (int4-awq: the calibration pass of `ladle quantize --algorithm
@@ -19,9 +19,9 @@ import argparse
 import time
 
 import torch
+from fp8_ablation import fake_fp8
+from perplexity import load_for_perplexity, perplexity
 
-from ladle.bench.fp8_ablation import fake_fp8
-from ladle.bench.perplexity import load_for_perplexity, perplexity
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant import LAYER_INDEX

@@ -1,7 +1,7 @@
 """Paged attention on the GPU: achieved bandwidth (decode) and TFLOP/s (prefill), against torch's
 SDPA on the same data laid out contiguously, plus a sweep of launch configs.
 
-    PYTHONPATH=src python -m ladle.bench.attention_bench [--out DIR] [--no-sweep]
+    PYTHONPATH=src python benchmarks/attention_bench.py [--out DIR] [--no-sweep]
 
 Decode reads every cached K and V once: bytes = 2 * num_reqs * seq_len * num_kv_heads * head_dim *
 itemsize (+ q and out, negligible); the floor is bytes / measured copy bandwidth. Prefill counts

@@ -1,7 +1,7 @@
 """Perplexity of the default model after the calibration pass of `ladle quantize` with GPTQ
 variants for int4 group 128 (alone and on top of AWQ's input scales).
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python -m ladle.bench.gptq_ablation \\
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/gptq_ablation.py \\
         --num-tokens 8192 --runs awq awq-gptq-wclip awq-gptq-wclip-act
 
 Each run restores the float32 model, runs calibration.calibrate_linears on calibration windows
@@ -28,7 +28,8 @@ from __future__ import annotations
 import argparse
 import time
 
-from ladle.bench.perplexity import load_for_perplexity, perplexity
+from perplexity import load_for_perplexity, perplexity
+
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.quant.int4 import Int4Method
 from ladle.model.layers.quant.rotation import rotate_residual_stream_

@@ -3,7 +3,7 @@ graph replay, median) and relative error against the bf16 product, per method an
 then the relative error of whole-model logits against bf16 per method, on random weights of
 real shapes (dummy presets).
 
-    python -m ladle.bench.quant_layers --json out.json [--models qwen3-0.6b llama-3.1-8b]
+    python benchmarks/quant_layers.py --json out.json [--models qwen3-0.6b llama-3.1-8b]
 """
 
 from __future__ import annotations
@@ -13,8 +13,7 @@ import copy
 import json
 
 import torch
-
-from ladle.bench.attention_bench import time_in_graph
+from attention_bench import time_in_graph
 
 LAYERS_8B = {
     "qkv": (4096, 6144),

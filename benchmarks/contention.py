@@ -8,11 +8,11 @@ written as JSON. With K busy processes on C cores, a fair scheduler leaves the e
 C / (C + K) of the machine if its threads keep C cores busy (0.5 for K=2 on 2 cores).
 
     # the default model; the offline API and `ladle serve`, batch 1 and 32 concurrent:
-    python -m ladle.bench.contention --busy 2 --runs 3
+    python benchmarks/contention.py --busy 2 --runs 3
     # llama.cpp (llama-cpp-python) on the same GGUF, same conditions:
-    python -m ladle.bench.contention --busy 2 --runs 3 --cases llamacpp-1
+    python benchmarks/contention.py --busy 2 --runs 3 --cases llamacpp-1
     # a short smoke run on random weights:
-    python -m ladle.bench.contention --model tiny-llama --load-format dummy --busy 1 \\
+    python benchmarks/contention.py --model tiny-llama --load-format dummy --busy 1 \\
         --runs 1 --output-len 4 --cases offline-1 serve-2
 
 Cases: offline-B (LLM.generate on B prompts at once), serve-B (B concurrent requests to a

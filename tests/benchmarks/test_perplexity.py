@@ -18,8 +18,8 @@ def test_layer_methods_quantize_the_decoder_projections_only(tmp_path):
     embedding or the LM head."""
     import torch
     from helpers.tiny_models import save_tiny_model
+    from perplexity import load_for_perplexity
 
-    from ladle.bench.perplexity import load_for_perplexity
     from ladle.model.layers.linear import Linear
 
     path = save_tiny_model(tmp_path, "llama", tie_word_embeddings=True)

@@ -1,6 +1,6 @@
 """The int4 decode kernels against bf16 cuBLAS at the Llama-3.1-8B shapes, per batch size.
 
-    python -m ladle.bench.int4_kernels [--json out.json]
+    python benchmarks/int4_kernels.py [--json out.json]
 
 For each projection (qkv, o, gate_up, down) a random N(0, 0.02) weight is quantized to int4
 (group 128) and every candidate of the load-time plan (model/layers/quant/int4_plan.py) is timed

@@ -1,8 +1,8 @@
 """What the float8 KV cache costs in quality: logits with an fp8 cache against the same model's
 cache in its own dtype (bf16 on CUDA, float32 on the CPU).
 
-    python -m ladle.bench.kv_cache_quality --model qwen3-0.6b --load-format dummy   # CUDA
-    python -m ladle.bench.kv_cache_quality --text README.md docs/design.md          # CPU
+    python benchmarks/kv_cache_quality.py --model qwen3-0.6b --load-format dummy   # CUDA
+    python benchmarks/kv_cache_quality.py --text README.md docs/design.md          # CPU
 
 One engine with `kv_cache_dtype="fp8"` (its scales calibrated at start-up as serving gets them)
 prefills each prompt twice with the same weights: into its float8 cache, then into a cache in

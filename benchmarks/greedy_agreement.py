@@ -1,7 +1,7 @@
 """Greedy-token agreement of a quantized default model with float32 over 32 chat prompts.
 
-    PYTHONPATH=... python -m ladle.bench.greedy_agreement --quantization int8 --max-tokens 32
-    PYTHONPATH=... python -m ladle.bench.greedy_agreement --model QUANTIZED_FOLDER
+    PYTHONPATH=... python benchmarks/greedy_agreement.py --quantization int8 --max-tokens 32
+    PYTHONPATH=... python benchmarks/greedy_agreement.py --model QUANTIZED_FOLDER
 
 (--model: a quantized checkpoint of the default model, e.g. `ladle quantize` output, served as
 written; the reference is always the default model in float32.)

@@ -1,7 +1,7 @@
 """The default model on the CPU: ladle (each --quantization) against llama.cpp on the same GGUF,
 interleaved in one run, medians of --repeats.
 
-    PYTHONPATH=... python -m ladle.bench.cpu_vs_llamacpp --threads 2 --repeats 3
+    PYTHONPATH=... python benchmarks/cpu_vs_llamacpp.py --threads 2 --repeats 3
 
 Measures generated tokens/s of one greedy sequence (prompt of 64 tokens, --output-len tokens,
 EOS ignored) and the time to the first token of a 200-token chat prompt (prefix cache cleared
@@ -112,8 +112,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     from llama_cpp import Llama, llama_free
-
-    from ladle.bench.llamacpp_batched import batched_context, time_llamacpp_batched
+    from llamacpp_batched import batched_context, time_llamacpp_batched
 
     torch.set_num_threads(args.threads)
     path = str(resolve_default_model())

@@ -1,12 +1,11 @@
-"""The least-squares weight for quantized inputs (bench/fp8_activation_aware.py) against the
+"""The least-squares weight for quantized inputs (benchmarks/fp8_activation_aware.py) against the
 float weight, on inputs whose fp8 rounding is real."""
 
 from __future__ import annotations
 
 import torch
-
-from ladle.bench.fp8_ablation import fake_fp8
-from ladle.bench.fp8_activation_aware import least_squares_weight
+from fp8_ablation import fake_fp8
+from fp8_activation_aware import least_squares_weight
 
 
 def test_least_squares_weight_lowers_the_error_of_quantized_inputs():

@@ -1,7 +1,7 @@
 """The fused kernels against the torch code they replace, on the GPU: per-kernel and per-decoder-
 layer time and launches, the sampler, and the prefill attention against cuDNN / flash SDPA.
 
-    PYTHONPATH=src python -m ladle.bench.kernel_bench [--out DIR] [--no-sweep]
+    PYTHONPATH=src python benchmarks/kernel_bench.py [--out DIR] [--no-sweep]
 
 Each case is timed both ways in the same process, interleaved, as CUDA-graph replays (GPU time
 without launch gaps) and eagerly (what a prefill or mixed step pays, launches included); medians
@@ -16,9 +16,7 @@ from dataclasses import asdict
 from pathlib import Path
 
 import torch
-from triton.testing import do_bench
-
-from ladle.bench.attention_bench import (
+from attention_bench import (
     Shape,
     build,
     flops,
@@ -26,6 +24,8 @@ from ladle.bench.attention_bench import (
     time_in_graph,
     time_paged,
 )
+from triton.testing import do_bench
+
 from ladle.kernels.dispatch import set_fused_kernels
 from ladle.kernels.paged_attention import LaunchConfig
 

@@ -4,9 +4,9 @@ the speeds themselves are recorded in docs/benchmarks.md."""
 
 from __future__ import annotations
 
+import contention
 import pytest
 
-from ladle.bench import contention
 from tests.entrypoints.server_process import process_is_running
 
 

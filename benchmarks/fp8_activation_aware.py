@@ -12,7 +12,7 @@ from the float model on calibration text (calibration_text.py), the last decoder
 float, and the perplexity bench's windows are scored with the engine's per-token activation
 quantization on every fp8 projection.
 
-    PYTHONPATH=src OMP_NUM_THREADS=1 python -m ladle.bench.fp8_activation_aware --runs lsq
+    PYTHONPATH=src OMP_NUM_THREADS=1 python benchmarks/fp8_activation_aware.py --runs lsq
 """
 
 from __future__ import annotations
@@ -21,13 +21,13 @@ import argparse
 import time
 
 import torch
-
-from ladle.bench.fp8_ablation import fake_fp8
-from ladle.bench.perplexity import (
+from fp8_ablation import fake_fp8
+from perplexity import (
     load_for_perplexity,
     perplexity,
     window_negative_log_likelihood,
 )
+
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant import LAYER_INDEX

@@ -2,10 +2,10 @@
 per-token activation scales) applied to a subset of the decoder's projections, weights and/or
 activations, the rest left in float32.
 
-    PYTHONPATH=src python -m ladle.bench.fp8_ablation --num-tokens 8192 --runs "all" "last layer"
+    PYTHONPATH=src python benchmarks/fp8_ablation.py --num-tokens 8192 --runs "all" "last layer"
 
 Each run quantizes and dequantizes with fp8.py's own quantizer (the numbers --quantization fp8
-computes), on the perplexity bench's windows (bench/perplexity.py).
+computes), on the perplexity bench's windows (benchmarks/perplexity.py).
 """
 
 from __future__ import annotations
@@ -15,8 +15,8 @@ import time
 from collections.abc import Callable
 
 import torch
+from perplexity import load_for_perplexity, perplexity
 
-from ladle.bench.perplexity import load_for_perplexity, perplexity
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant import LAYER_INDEX

@@ -1,6 +1,6 @@
 """The CPU weight formats' matmuls side by side, interleaved in one run (medians of --repeats).
 
-    PYTHONPATH=src python -m ladle.bench.cpu_kernels --threads 1 --repeats 5
+    PYTHONPATH=src python benchmarks/cpu_kernels.py --threads 1 --repeats 5
 
 For each shape of the default model's layers and batch 1 and 32: float32 (MKL), int8 weight-only
 (codes converted to float32 per chunk, then MKL), int8 x int8 on torch's quantized engine with
