@@ -233,7 +233,7 @@ def mixed_step(
 
 def cache_write_times(num_tokens: int = 256) -> tuple[float, float]:
     """ms of the fused Triton cache write and of write_kv_cache (index_copy_), in CUDA graphs."""
-    from ladle.attention.backend import write_kv_cache
+    from ladle.attention.base import write_kv_cache
     from ladle.kernels.reshape_and_cache import reshape_and_cache
 
     shape = Shape("write", num_tokens, 1, 1024)
