@@ -6,12 +6,16 @@ from __future__ import annotations
 
 import functools
 import json
+import sys
+from pathlib import Path
 
 import torch
 
 from ladle.attention.kv_quant import quantize_kv
-from ladle.bench.attention_bench import Shape, build, time_in_graph
 from ladle.kernels.paged_attention import LaunchConfig, choose_num_splits, paged_attention
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from attention_bench import Shape, build, time_in_graph  # noqa: E402
 
 SHAPES_8B = ((64, 1024), (256, 512), (8, 4096))
 # --wide: W2's batches and contexts (8B heads), W3's one sequence, and the 0.6B's heads (W1/S1).

@@ -4,7 +4,7 @@
 
 Times TritonAttentionBackend.forward (what a layer of an eager step calls: the cache write, then
 attention; one long fresh prompt goes to SDPA, attention/fresh_prefill.py) and the paged kernel
-alone, on the same data as the SDPA peers of ladle.bench.attention_bench (4 x 2048 and 1 x 8192
+alone, on the same data as the SDPA peers of benchmarks/attention_bench.py (4 x 2048 and 1 x 8192
 fresh prompts, Qwen3-0.6B heads; 4 x 2048 with the Llama-3.1-8B's too), do_bench medians. Also the
 relative difference of the backend and the paged kernel, and the kernel's error against fp32 math
 SDPA. Writes fresh_prefill.json.
@@ -15,13 +15,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from pathlib import Path
 
 import torch
 from triton.testing import do_bench
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.attention.triton_backend import TritonAttentionBackend
-from ladle.bench.attention_bench import Shape, build, check_against_peer, sdpa_peers, time_paged
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from attention_bench import Shape, build, check_against_peer, sdpa_peers, time_paged  # noqa: E402
 
 SHAPES = [
     Shape("prefill 4x2048", 4, 2048, 2048),

@@ -5,11 +5,16 @@ memory. Run from the repository root with PYTHONPATH=src."""
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import torch
 
-from ladle.bench.attention_bench import Shape, build, time_paged
 from ladle.kernels import paged_attention as module
 from ladle.kernels.paged_attention import LaunchConfig
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "benchmarks"))
+from attention_bench import Shape, build, time_paged  # noqa: E402
 
 shape = Shape("prefill 4x2048", 4, 2048, 2048)
 inputs = build(shape)

@@ -221,7 +221,7 @@ def _phase(
         if num_replicas > 1:
             # The whole front: the ladle serve process (the first front, Ray's driver threads
             # with it) and any further front processes; per output token, the figure
-            # `python -m ladle.bench.front_capacity` measures against stub replicas.
+            # `python benchmarks/front_capacity.py` measures against stub replicas.
             front_s = sum(
                 cpu_after.get(role, 0.0) - cpu_before.get(role, 0.0)
                 for role in ("ladle serve process", "front processes after the first")

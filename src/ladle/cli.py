@@ -6,14 +6,25 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ladle.bench.engine_bench import add_bench_parsers
+from ladle.bench.serve import add_parser as add_bench_serve_parser
 from ladle.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
+from ladle.entrypoints.cli_quantize import add_quantize_parser
+
+try:
+    from ladle.entrypoints.openai.cli_serve import add_serve_parser
+except ImportError as error:  # a broken install: say what to reinstall rather than hide serve
+    add_serve_parser = None
+    SERVE_IMPORT_ERROR: ImportError | None = error
+else:
+    SERVE_IMPORT_ERROR = None
 
 # One status per kind of failure, the same from every subcommand.
 EXIT_MODEL_LOAD_FAILED = 1
 EXIT_BAD_OPTION = 2
 
 
-# Engine flags are generated from the config dataclasses; re-exported here for the subcommands.
+# Engine flags are generated from the config dataclasses (ladle/engine_args.py).
 __all__ = ["add_engine_arguments", "build_parser", "engine_options_from_args", "main"]
 
 
@@ -75,18 +86,11 @@ def build_parser() -> argparse.ArgumentParser:
         sub.set_defaults(handler=_run_generate)
     bench = subparsers.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
-    from ladle.bench.engine_bench import add_bench_parsers
-    from ladle.bench.serve import add_parser as add_bench_serve_parser
-
     add_bench_parsers(bench_commands)
     add_bench_serve_parser(bench_commands)
-    from ladle.entrypoints.cli_quantize import add_quantize_parser
-
     add_quantize_parser(subparsers)
-    try:
-        from ladle.entrypoints.openai.cli_serve import add_serve_parser
-    except ImportError as error:  # a broken install: say what to reinstall rather than hide serve
-        _add_unavailable_serve_parser(subparsers, error)
+    if add_serve_parser is None:
+        _add_unavailable_serve_parser(subparsers, SERVE_IMPORT_ERROR)
     else:
         add_serve_parser(subparsers)
     return parser
@@ -130,7 +134,7 @@ def exit_status_of(error: ValueError) -> int:
     """EXIT_MODEL_LOAD_FAILED for a model that cannot be loaded (every command, serve included),
     EXIT_BAD_OPTION (argparse's usage status) for any other bad option."""
     from ladle.model.arch_config import UnsupportedModelError
-    from ladle.model.loader.errors import ModelLoadError
+    from ladle.model.load_errors import ModelLoadError
 
     cannot_load = isinstance(error, (ModelLoadError, UnsupportedModelError))
     return EXIT_MODEL_LOAD_FAILED if cannot_load else EXIT_BAD_OPTION

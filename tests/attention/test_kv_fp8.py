@@ -12,7 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from ladle import LLM, SamplingParams
-from ladle.attention.backend import write_kv_cache
+from ladle.attention.base import write_kv_cache
 from ladle.attention.cpu_backend import batched_paged_attention
 from ladle.attention.kv_quant import (
     FP8_E4M3_MAX,

@@ -20,10 +20,12 @@ from ladle.sampling_params import SamplingParams
 PROMPT = [5, 6, 7, 8]
 
 
-def assert_nothing_queued(client: AsyncEngineClient) -> None:
+def assert_nothing_queued(client: AsyncEngineClient, engine_alive: bool = True) -> None:
     admission = client.admission
     assert (admission.num_queued_requests, admission.num_queued_tokens) == (0, 0)
-    assert client.num_open_requests == 0
+    if engine_alive:
+        # No request is left open in the API process: the output processor tracks none.
+        assert not client.output_processor.has_unfinished_requests()
 
 
 async def drain(stream) -> list:
@@ -82,7 +84,10 @@ async def every_path(model_path: str) -> None:
         for stream in streams:
             with pytest.raises(EngineDeadError):
                 await asyncio.wait_for(drain(stream), 10)
-        assert_nothing_queued(client)
+        # Every stream ended above; a dead client takes nothing new.
+        assert_nothing_queued(client, engine_alive=False)
+        with pytest.raises(EngineDeadError):
+            client.add_request("late", None, PROMPT, SamplingParams(max_tokens=2))
     finally:
         await client.shutdown()
 

@@ -79,7 +79,7 @@ def _check_close(output, reference, what):
 
 
 def _check(lengths, heads=(8, 2), head_dim=128, block_size=16, seed=0, num_splits=None):
-    from ladle.attention.backend import write_kv_cache
+    from ladle.attention.base import write_kv_cache
     from ladle.attention.torch_backend import paged_attention_reference
     from ladle.attention.triton_backend import TritonAttentionBackend
     from ladle.kernels.paged_attention import LaunchConfig, paged_attention
@@ -168,7 +168,7 @@ def test_many_decodes_take_the_small_fp8_tile(block_size):
 @pytest.mark.parametrize("num_tokens", [1, 7, 16, 17, 300])
 @pytest.mark.parametrize("kv_shape", [(8, 128), (2, 64), (1, 16), (5, 64)])
 def test_cache_write_saturates_and_skips_negative_slots(num_tokens, kv_shape):
-    from ladle.attention.backend import write_kv_cache
+    from ladle.attention.base import write_kv_cache
     from ladle.kernels.reshape_and_cache import reshape_and_cache
 
     num_kv_heads, head_dim = kv_shape

@@ -85,7 +85,7 @@ def build_step(case: Case, device: str, generator: torch.Generator):
 
 
 def check_case(case: Case, device: str, seed: int = 0) -> None:
-    from ladle.attention.backend import write_kv_cache
+    from ladle.attention.base import write_kv_cache
     from ladle.attention.torch_backend import paged_attention_reference
     from ladle.attention.triton_backend import TritonAttentionBackend
     from ladle.kernels.paged_attention import LaunchConfig, paged_attention

@@ -126,7 +126,7 @@ def test_tiny_model_decodes_the_same_tokens_with_and_without_c_kernels(
 def test_rotate_and_cache_is_rotate_then_write_bit_for_bit(
     num_tokens, num_heads, num_kv_heads, head_dim
 ):
-    from ladle.attention.backend import write_kv_cache
+    from ladle.attention.base import write_kv_cache
     from ladle.kernels.cpu_native.decode_ops import rotate_and_cache
     from ladle.model.layers.rotary import RotaryEmbedding, rotate_with_tables
 

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from ladle.attention.backend import KVScales
+from ladle.attention.base import KVScales
 from ladle.attention.kv_quant import dequantize_kv
 from ladle.attention.metadata import AttentionMetadata
 from ladle.attention.torch_backend import TorchAttentionBackend, attend_one_request

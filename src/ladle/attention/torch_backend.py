@@ -7,7 +7,7 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 
-from ladle.attention.backend import KVScales, write_kv_cache
+from ladle.attention.base import KVScales, write_kv_cache
 from ladle.attention.kv_quant import dequantize_kv
 from ladle.attention.metadata import AttentionMetadata
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ladle.attention.backend import KVScales
+from ladle.attention.base import KVScales
 from ladle.attention.fresh_prefill import MIN_FRESH_TOKENS, attend_fresh_prompt, fresh_prompt_span
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.paged_attention import GRAPH_TILE_QUERY_LEN, LaunchConfig, paged_attention

@@ -26,10 +26,12 @@ from dataclasses import replace
 
 from tqdm import tqdm
 
+from ladle.bench.workloads import TokenWorkload, WorkloadRequest, build_requests, get_workload
+
 # torch (and device_floor, which needs it) is imported inside the functions that run a
 # benchmark: `ladle` builds this module's parser for every command, `ladle serve` included,
 # whose API process must not wait 1.5-3 s for torch before spawning the engine.
-from ladle.bench.workloads import TokenWorkload, WorkloadRequest, build_requests, get_workload
+from ladle.engine_args import add_engine_arguments, engine_options_from_args
 from ladle.kernels.compile_log import compile_totals
 
 
@@ -173,7 +175,6 @@ def run_bench(args: argparse.Namespace) -> int:
 
     from ladle import LLM
     from ladle.bench.device_floor import floor_seconds, measure_ceilings
-    from ladle.cli import engine_options_from_args
     from ladle.worker.memory import module_bytes
 
     workload = _workload_from_args(args)
@@ -294,8 +295,6 @@ def _fmt(value: float | None) -> str:
 
 def add_bench_parsers(commands) -> None:
     """Register `ladle bench throughput|latency` under the `ladle bench` subcommands."""
-    from ladle.engine_args import add_engine_arguments
-
     for name, default, help_text in (
         ("throughput", "W1", "offline generated tok/s of W1, W2 or a workload given by flags"),
         ("latency", "W3", "one request: TTFT and inter-token times (W3, W3-8b)"),

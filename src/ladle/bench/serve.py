@@ -17,8 +17,6 @@ record too) and PNG plots (serve_plots.py) to --output-dir.
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 import time
@@ -235,31 +233,6 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         + (f"; plots: {', '.join(result['plots'])}" if result["plots"] else "")
     )
     return 0
-
-
-def json_default(value):
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    if isinstance(value, Path):
-        return str(value)
-    raise TypeError(f"cannot write {type(value).__name__} as JSON")
-
-
-def write_json(path: Path, data: dict) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    # inf rates are written as the string "inf" (JSON has no infinity).
-    text = json.dumps(_finite(data), indent=1, default=json_default)
-    path.write_text(text)
-
-
-def _finite(value):
-    if isinstance(value, float) and math.isinf(value):
-        return "inf"
-    if isinstance(value, dict):
-        return {k: _finite(v) for k, v in value.items()}
-    if isinstance(value, list):
-        return [_finite(v) for v in value]
-    return value
 
 
 if __name__ == "__main__":  # python -m ladle.bench.serve ...

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import dataclasses
+import json
 import math
 import random
 import sys
@@ -244,8 +245,6 @@ def open_stream_session(plan: BenchPlan) -> aiohttp.ClientSession:
 
 async def run_plan(plan: BenchPlan) -> dict | None:
     """Every point of the plan, then results.json and the plots; None if nothing could run."""
-    from ladle.bench.serve import write_json
-
     async with open_http_client(plan) as http, open_stream_session(plan) as streams:
         model = plan.model or await _served_model(http, plan)
         mix = dict(plan.mix)
@@ -346,3 +345,28 @@ async def run_plan(plan: BenchPlan) -> dict | None:
             result["plots"] = plot_runs(result["runs"], all_records, plan.output_dir, plan.label)
         write_json(plan.output_dir / "results.json", result)
         return result
+
+
+def json_default(value):
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, Path):
+        return str(value)
+    raise TypeError(f"cannot write {type(value).__name__} as JSON")
+
+
+def write_json(path: Path, data: dict) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    # inf rates are written as the string "inf" (JSON has no infinity).
+    text = json.dumps(_finite(data), indent=1, default=json_default)
+    path.write_text(text)
+
+
+def _finite(value):
+    if isinstance(value, float) and math.isinf(value):
+        return "inf"
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_finite(v) for v in value]
+    return value

@@ -54,10 +54,6 @@ class KVCacheManager:
         """Blocks that num_tokens tokens occupy."""
         return -(-num_tokens // self.block_size)
 
-    def can_ever_fit(self, num_tokens: int) -> bool:
-        """Whether a request of num_tokens tokens fits in the pool even with nothing else in it."""
-        return self.num_blocks_needed(num_tokens) <= self.block_pool.num_usable_blocks
-
     def get_block_ids(self, request_id: str) -> list[int]:
         """The request's block table; [] for a request that holds no blocks."""
         return [block.block_id for block in self._blocks_by_request.get(request_id, ())]

@@ -501,10 +501,6 @@ class AsyncEngineClient:
             self._mark_dead("the engine process stopped taking requests")
             raise EngineDeadError(self.dead_reason) from None
 
-    @property
-    def num_open_requests(self) -> int:
-        return len(self._buffers)
-
     # ----- outputs ---------------------------------------------------------------------------
 
     async def _read_outputs(self) -> None:

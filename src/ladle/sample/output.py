@@ -20,16 +20,3 @@ class SamplerOutput:
     logprob_token_ids: torch.Tensor | None = None  # int64 [num_reqs, K+1]
     logprobs: torch.Tensor | None = None  # float32 [num_reqs, K+1]
     sampled_ranks: torch.Tensor | None = None  # int64 [num_reqs]
-
-    def to(self, device: torch.device | str, non_blocking: bool = False) -> SamplerOutput:
-        """A copy on device (e.g. the host, with non_blocking into pinned memory by the caller)."""
-
-        def move(tensor: torch.Tensor | None) -> torch.Tensor | None:
-            return None if tensor is None else tensor.to(device, non_blocking=non_blocking)
-
-        return SamplerOutput(
-            sampled_token_ids=move(self.sampled_token_ids),
-            logprob_token_ids=move(self.logprob_token_ids),
-            logprobs=move(self.logprobs),
-            sampled_ranks=move(self.sampled_ranks),
-        )

@@ -18,6 +18,7 @@ from collections.abc import Callable
 # the server extra is installed.
 import uvicorn
 
+from ladle.engine_args import add_engine_arguments, engine_options_from_args
 from ladle.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from ladle.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
@@ -26,8 +27,6 @@ API_KEY_ENV = "LADLE_API_KEY"
 
 
 def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
-    from ladle.cli import add_engine_arguments
-
     parser = subparsers.add_parser(
         "serve",
         help="serve a model over an OpenAI-compatible HTTP API",
@@ -219,7 +218,6 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from ladle.cli import engine_options_from_args
     from ladle.config import EngineConfig
     from ladle.entrypoints.openai.http_server_options import HttpServerOptions
     from ladle.entrypoints.openai.live_stats import LiveStatsLogger

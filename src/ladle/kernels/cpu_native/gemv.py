@@ -13,14 +13,33 @@ one is that of int8_activation_reference.py.
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from ladle.kernels.cpu_native.build import kernel_threads, native_library
 
-if TYPE_CHECKING:  # group_quant.py calls into this module
-    from ladle.model.layers.group_quant import GroupQuantizedRows
+
+class GroupQuantizedRows(Protocol):
+    """What these kernels read of model/layers/group_quant.py's GroupQuantizedRows (the layer
+    calls the kernels, so the kernels name its shape here instead of importing it)."""
+
+    @property
+    def codes(self) -> torch.Tensor: ...
+    @property
+    def scale(self) -> torch.Tensor: ...
+    @property
+    def offset(self) -> torch.Tensor | None: ...
+    @property
+    def group_size(self) -> int: ...
+    @property
+    def bits(self) -> int: ...
+    @property
+    def num_columns(self) -> int: ...
+    @property
+    def num_rows(self) -> int: ...
+    @property
+    def padded_columns(self) -> int: ...
 
 # The kernels keep one accumulator per (row of x, output row) in registers: up to 4 rows of x.
 MAX_ROWS = 4

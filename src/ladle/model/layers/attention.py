@@ -6,7 +6,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ladle.attention.backend import AttentionBackend, KVScales
+from ladle.attention.base import AttentionBackend, KVScales
 from ladle.attention.kv_quant import is_fp8_kv_cache
 from ladle.attention.metadata import AttentionMetadata
 from ladle.model.layers.rotary import RotaryEmbedding

@@ -16,7 +16,7 @@ import torch
 from torch import nn
 
 from ladle.attention.kv_quant import check_kv_scale
-from ladle.model.loader.errors import ModelLoadError
+from ladle.model.load_errors import ModelLoadError
 
 KV_SCALE_NAME = re.compile(
     r"^(?P<attention>.+\.self_attn)\.(?:(?P<kind>[kv])_scale|(?P<proj>[kv])_proj\.output_scale)$"

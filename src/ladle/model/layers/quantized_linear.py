@@ -35,6 +35,7 @@ from ladle.model.layers.group_quant import (
     quantize_int4_groups,
     stack_rows,
 )
+from ladle.model.load_errors import ModelLoadError
 
 # float32 elements of weight converted per chunk: 1 MiB, so the chunk stays in L2 while the
 # matmul reads it.
@@ -201,8 +202,6 @@ def hold_quantized_rows(
 ) -> None:
     """Keep a group-quantized checkpoint tensor for rows start..start+num_rows of `module`'s
     weight until `adopt_native_weights_`; raises ModelLoadError when it does not fit."""
-    from ladle.model.loader.errors import ModelLoadError
-
     if param is not module.weight:
         raise ModelLoadError("a quantized tensor can only fill a weight, not a bias")
     if (rows.num_rows, rows.num_columns) != (num_rows, num_columns):

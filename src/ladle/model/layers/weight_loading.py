@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch
 
-from ladle.model.loader.errors import ModelLoadError
+from ladle.model.load_errors import ModelLoadError
 
 
 @torch.no_grad()

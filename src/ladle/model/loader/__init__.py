@@ -23,7 +23,7 @@ from typing import Literal
 import torch
 from torch import nn
 
-from ladle.attention.backend import AttentionBackend
+from ladle.attention.base import AttentionBackend
 from ladle.config import CHECKPOINT_QUANTIZATIONS, ModelConfig
 from ladle.kernels.cpu_native.build import native_library
 from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
@@ -57,6 +57,7 @@ from ladle.model.loader.safetensors import (
     read_hf_config,
     safetensors_tensor_names,
 )
+from ladle.model.models.registry import get_model_class
 
 __all__ = ["LoadedModel", "ModelLoadError", "build_model", "load_model"]
 
@@ -268,10 +269,6 @@ def build_model(
 ) -> nn.Module:
     """Build the model's modules on the meta device (no memory, no init), then allocate its
     parameters once, uninitialised, on `device` in `dtype`; the caller fills them."""
-    # Imported here, not at the top: the layers import loader.errors, which runs this package's
-    # __init__ first, so a top-level import of the models would be circular.
-    from ladle.model.models.registry import get_model_class
-
     model_class = get_model_class(arch_config.architecture)
     with torch.device("meta"):
         model = model_class(arch_config, attention_backend)

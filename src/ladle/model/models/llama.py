@@ -12,7 +12,7 @@ from collections.abc import Iterable
 import torch
 from torch import nn
 
-from ladle.attention.backend import AttentionBackend
+from ladle.attention.base import AttentionBackend
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.cpu_native.decode_ops import rotate_and_cache
 from ladle.kernels.dispatch import use_fused_kernels
@@ -25,7 +25,7 @@ from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
 from ladle.model.layers.rotary import RotaryEmbedding, rotate_with_tables
 from ladle.model.layers.weight_loading import default_weight_loader
-from ladle.model.loader.errors import ModelLoadError
+from ladle.model.load_errors import ModelLoadError
 from ladle.model.models.llama_decode_stack import cpu_decode_stack
 
 # Checkpoint name fragment -> (our merged parameter's fragment, shard of it).

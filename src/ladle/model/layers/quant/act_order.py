@@ -19,6 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ladle.model.load_errors import ModelLoadError
+
 PERMUTATION = "input_permutation"
 
 
@@ -37,8 +39,6 @@ def load_input_permutation(
 ) -> None:
     """Copy one projection's permutation into the layer's; the shards of a merged layer must
     bring the same one (they share the input the layer gathers)."""
-    from ladle.model.loader.errors import ModelLoadError
-
     loaded = loaded.to(layer.input_permutation.device, torch.int64)
     if layer.input_permutation_shards and not torch.equal(layer.input_permutation.data, loaded):
         raise ModelLoadError(

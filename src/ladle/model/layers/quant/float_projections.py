@@ -4,7 +4,7 @@
 
 Why (docs/quantization.md, "Quality"): on the default model, int4's perplexity gap is spread
 over the layers (each closes 0-7% of it alone, one 21%), but q/k/v alone make 59% of it with
-15.6% of the projection weights (`python -m ladle.bench.quant_sensitivity`, on calibration
+15.6% of the projection weights (`python benchmarks/quant_sensitivity.py`, on calibration
 text). ladle merges q/k/v and gate/up into one module each, so those are kept float together
 or not at all.
 """
