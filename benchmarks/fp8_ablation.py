@@ -65,7 +65,7 @@ def main() -> None:
     parser.add_argument("--num-tokens", type=int, default=8192)
     parser.add_argument("--runs", nargs="+", default=list(RUNS), choices=list(RUNS))
     args = parser.parse_args()
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     model_path = str(resolve_default_model())
     texts = sharegpt_texts(0, EVALUATION_CONVERSATIONS)

@@ -73,7 +73,7 @@ def rounded(weight: torch.Tensor, hessian: torch.Tensor | None) -> torch.Tensor:
 
 
 def main() -> None:
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.loader.calibration_text import (
         EVALUATION_CONVERSATIONS,
         calibration_texts,

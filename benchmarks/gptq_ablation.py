@@ -75,7 +75,7 @@ def main() -> None:
         help="fold this seed's rotation into the residual stream first (ladle quantize --rotate)",
     )
     args = parser.parse_args()
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     model_path = str(resolve_default_model())
     tokenizer = load_tokenizer(model_path)

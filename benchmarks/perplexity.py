@@ -119,7 +119,7 @@ def main() -> None:
         "`ladle quantize` wrote), loaded as it would be served",
     )
     args = parser.parse_args()
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     model_path = args.model or str(resolve_default_model())
     tokenizer = load_tokenizer(model_path)

@@ -104,7 +104,7 @@ def main() -> None:
     )
     parser.add_argument("--calibration-samples", type=int, default=32)
     args = parser.parse_args()
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     model_path = str(resolve_default_model())
     tokenizer = load_tokenizer(model_path)

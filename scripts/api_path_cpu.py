@@ -87,7 +87,7 @@ async def run_once(
     admission = AdmissionController(10**6, 10**12)
     client = AsyncEngineClient({"model": None}, ServerMetrics("m"), admission)
     if tokenizer is not None:
-        from ladle.frontend.tokenizer import load_tokenizer
+        from ladle.model.tokenizer import load_tokenizer
 
         client.tokenizer = load_tokenizer(tokenizer)
     client.info = EngineInfo(max_model_len=8192, memory_budget="", vocab_size=151_936)

@@ -18,7 +18,7 @@ import time
 
 import torch
 
-from ladle.frontend.tokenizer import load_tokenizer
+from ladle.model.tokenizer import load_tokenizer
 from ladle.model.default_model import resolve_default_model
 
 SCHEMA = {

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from helpers.tiny_models import EOS_ID, IM_START_ID, build_tiny_tokenizer
 
-from ladle.frontend.tokenizer import (
+from ladle.model.tokenizer import (
     TextTokenizer,
     gguf_tokenizer_cache_folder,
     load_tokenizer,

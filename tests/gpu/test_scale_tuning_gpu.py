@@ -41,7 +41,7 @@ def test_tuned_folder_calibrated_on_cuda(tmp_path, method, options):
     from helpers.tiny_models import save_gemm_aligned_tiny_model, write_calibration_text
 
     from ladle.cli import main
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.loader.calibration_text import token_windows
 
     float_dir = save_gemm_aligned_tiny_model(tmp_path)

@@ -44,7 +44,7 @@ def _tokenizer_source() -> str:
 
 @pytest.fixture(scope="module")
 def tokenizer():
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     return load_tokenizer(_tokenizer_source())
 

@@ -103,7 +103,7 @@ def paced_token_ids(tokenizer_source: str | None, vocab_size: int) -> list[int]:
     if tokenizer_source is None:
         rng = random.Random(0)
         return [rng.randrange(vocab_size) for _ in range(65_536)]
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(tokenizer_source).hf_tokenizer
     with open(__file__, encoding="utf-8") as handle:

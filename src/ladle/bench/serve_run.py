@@ -97,7 +97,7 @@ def resolve_tokenizer(plan: BenchPlan, model: str):
     """The server's tokenizer for sizing text prompts, or None (token-id prompts)."""
     if plan.token_ids:
         return None
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     source = plan.tokenizer
     if source is None and model == DEFAULT_SERVED_NAME:

@@ -218,7 +218,7 @@ def _calibrate(
     """GPTQ's calibration pass over the model (model/loader/calibration.py)."""
     from pathlib import Path
 
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.loader.calibration import calibrate_checkpoint
     from ladle.model.loader.calibration_text import calibration_texts, token_windows

@@ -41,7 +41,7 @@ from ladle.engine.gc_policy import freeze_startup_objects
 from ladle.frontend.admission import AdmissionController
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.restart_policy import RestartBudget, RestartPolicy
-from ladle.frontend.tokenizer import TextTokenizer
+from ladle.model.tokenizer import TextTokenizer
 from ladle.frontend.tokenizer_preload import TokenizerPreload
 from ladle.metrics import ServerMetrics
 from ladle.outputs import RequestOutput

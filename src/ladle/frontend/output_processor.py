@@ -15,7 +15,7 @@ import msgspec
 
 from ladle.frontend.detokenizer import IncrementalDetokenizer
 from ladle.frontend.stop_checker import StopChecker
-from ladle.frontend.tokenizer import TextTokenizer
+from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.protocol.messages import EngineCoreOutput, EngineCoreRequest
 from ladle.sample.bad_words import bad_words_token_ids

@@ -29,7 +29,7 @@ def build_structured_output_manager(
     arch = info.arch
 
     def load():
-        from ladle.frontend.tokenizer import load_tokenizer
+        from ladle.model.tokenizer import load_tokenizer
 
         return load_tokenizer(source, arch)
 

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     import llguidance
 
-    from ladle.frontend.tokenizer import TextTokenizer
+    from ladle.model.tokenizer import TextTokenizer
 
 logger = logging.getLogger(__name__)
 

@@ -39,7 +39,7 @@ def test_keys_from_the_start_of_a_text_prompt_equal_keys_from_all_of_it():
     import json
     import random
 
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
     from ladle.entrypoints.cluster.prefix_routing import prefix_routing_key
     from ladle.entrypoints.cluster.routing_keys import prompt_token_ids, request_routing_key
     from ladle.model.default_model import resolve_default_model

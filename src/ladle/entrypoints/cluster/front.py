@@ -114,7 +114,7 @@ def _load_tokenizer_or_none(path: str | None) -> Any:
     None and goes to the least loaded replica."""
     if path is None:
         return None
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     try:
         return load_tokenizer(path)

@@ -9,7 +9,7 @@ from ladle.entrypoints.openai.protocol import (
     ChatTopLogprob,
     CompletionLogprobs,
 )
-from ladle.frontend.tokenizer import TextTokenizer
+from ladle.model.tokenizer import TextTokenizer
 from ladle.protocol.messages import TokenLogprobs
 
 _MAX_CACHED_TOKENS = 1 << 17

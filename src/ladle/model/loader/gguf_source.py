@@ -56,6 +56,6 @@ def gguf_hf_config(path: str | os.PathLike) -> dict:
 
 def save_gguf_tokenizer(path: str | os.PathLike, out_dir: str | os.PathLike) -> None:
     """Write the GGUF's tokenizer (as transformers converts it) into out_dir."""
-    from ladle.frontend.tokenizer import load_tokenizer
+    from ladle.model.tokenizer import load_tokenizer
 
     load_tokenizer(str(path)).hf_tokenizer.save_pretrained(str(out_dir))
