@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ladle.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
@@ -111,7 +112,8 @@ def _add_unavailable_serve_parser(subparsers: argparse._SubParsersAction, error:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
+    # Programs may pass paths as os.PathLike (pathlib.Path); argparse takes text.
+    argv = sys.argv[1:] if argv is None else [os.fspath(arg) for arg in argv]
     try:
         argv = expand_config_file(argv)
     except ValueError as error:
