@@ -74,7 +74,15 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sampling_arguments(sub)
         add_engine_arguments(sub)
         sub.set_defaults(handler=_run_generate)
-    bench = subparsers.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    from ladle.bench.workloads import describe_workloads
+
+    bench = subparsers.add_parser(
+        "bench",
+        help="benchmarks (see docs/benchmarks.md)",
+        description="Benchmarks of ladle (see docs/benchmarks.md for the figures).",
+        epilog=describe_workloads(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     from ladle.bench.engine_bench import add_bench_parsers
     from ladle.bench.serve import add_parser as add_bench_serve_parser

@@ -39,7 +39,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M",
     )
-    parser.add_argument("--model", dest="model_option", default=None)
+    parser.add_argument(
+        "--model",
+        dest="model_option",
+        default=None,
+        metavar="MODEL",
+        help="the model, as a flag (vLLM's spelling); the same as the positional MODEL, which "
+        "it replaces when both are given",
+    )
     server = parser.add_argument_group("server")
     server.add_argument(
         "--host",
