@@ -73,13 +73,13 @@ def rounded(weight: torch.Tensor, hessian: torch.Tensor | None) -> torch.Tensor:
 
 
 def main() -> None:
-    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.loader.calibration_text import (
         EVALUATION_CONVERSATIONS,
         calibration_texts,
         sharegpt_texts,
         token_windows,
     )
+    from ladle.model.tokenizer import load_tokenizer
 
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--num-tokens", type=int, default=8192)

@@ -75,14 +75,14 @@ def _scope(path: str) -> dict:
 async def run_once(
     num_streams: int, num_steps: int, tokenizer: str | None, profiler=None
 ) -> dict:
-    from ladle.protocol import wire
+    from ladle.engine.gc_policy import freeze_startup_objects
+    from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.frontend.admission import AdmissionController
     from ladle.frontend.client import AsyncEngineClient, EngineInfo
-    from ladle.engine.gc_policy import freeze_startup_objects
-    from ladle.protocol.messages import EngineCoreOutput, TokenLogprobs
     from ladle.frontend.output_processor import OutputProcessor
-    from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.metrics import ServerMetrics
+    from ladle.protocol import wire
+    from ladle.protocol.messages import EngineCoreOutput, TokenLogprobs
 
     admission = AdmissionController(10**6, 10**12)
     client = AsyncEngineClient({"model": None}, ServerMetrics("m"), admission)

@@ -18,8 +18,8 @@ import time
 
 import torch
 
-from ladle.model.tokenizer import load_tokenizer
 from ladle.model.default_model import resolve_default_model
+from ladle.model.tokenizer import load_tokenizer
 
 SCHEMA = {
     "type": "object",

@@ -27,8 +27,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from grammar_library_bench import DOCUMENT, SCHEMA  # noqa: E402
 
-from ladle.model.tokenizer import load_tokenizer  # noqa: E402
 from ladle.model.default_model import resolve_default_model  # noqa: E402
+from ladle.model.tokenizer import load_tokenizer  # noqa: E402
 from ladle.structured.manager import MAX_GRAMMAR_THREADS  # noqa: E402
 from ladle.structured.params import StructuredOutputsParams  # noqa: E402
 

@@ -123,3 +123,27 @@ def test_dummy_preset_with_a_named_tokenizer(tiny_model_path, capsys):
     captured = capsys.readouterr()
     assert code == 0, captured.err
     assert "[length; 4 tokens" in captured.err or "[stop;" in captured.err
+
+
+def _help_of(argv: list[str], capsys) -> str:
+    with pytest.raises(SystemExit) as raised:
+        main([*argv, "--help"])
+    assert raised.value.code == 0
+    return " ".join(capsys.readouterr().out.split())  # argparse wraps lines
+
+
+def test_serve_help_explains_the_model_flag(capsys):
+    help_text = _help_of(["serve"], capsys)
+    assert "MODEL_OPTION" not in help_text
+    assert "--model MODEL the model, as a flag" in help_text
+
+
+@pytest.mark.parametrize("argv", [["bench"], ["bench", "throughput"], ["bench", "latency"]])
+def test_bench_help_says_what_each_workload_is(argv, capsys):
+    from ladle.bench.workloads import WORKLOADS
+
+    help_text = _help_of(argv, capsys)
+    for name in WORKLOADS:
+        assert f" {name} " in help_text
+    assert "Qwen3-0.6B shape" in help_text and "Llama-3.1-8B shape" in help_text
+    assert "32, 128 and 256 in flight" in help_text

@@ -4,6 +4,7 @@ the real `make test`; `make run` is the server the curl block talks to)."""
 
 from __future__ import annotations
 
+import ast
 import re
 import shlex
 import subprocess
@@ -33,6 +34,23 @@ def test_python_block_runs(index, tmp_path):
         [sys.executable, "-c", code], capture_output=True, text=True, timeout=900, cwd=tmp_path
     )
     assert result.returncode == 0, result.stderr[-3000:]
+
+
+@pytest.mark.parametrize("index", range(len(readme_blocks("python"))))
+def test_python_blocks_use_every_name_they_assign(index):
+    """A reader copies the example to see its results: a result assigned and never printed or
+    used (the chat example's `replies`, issue 32) shows nothing."""
+    tree = ast.parse(readme_blocks("python")[index])
+    assigned = {
+        target.id
+        for node in ast.walk(tree) if isinstance(node, ast.Assign)
+        for target in node.targets if isinstance(target, ast.Name)
+    }
+    used = {
+        node.id for node in ast.walk(tree)
+        if isinstance(node, ast.Name) and isinstance(node.ctx, ast.Load)
+    }
+    assert assigned <= used, f"assigned and never used: {sorted(assigned - used)}"
 
 
 def _shell_lines(block: str) -> list[str]:

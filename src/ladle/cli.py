@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from ladle.bench.engine_bench import add_bench_parsers
@@ -84,7 +85,15 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sampling_arguments(sub)
         add_engine_arguments(sub)
         sub.set_defaults(handler=_run_generate)
-    bench = subparsers.add_parser("bench", help="benchmarks (see docs/benchmarks.md)")
+    from ladle.bench.workloads import describe_workloads
+
+    bench = subparsers.add_parser(
+        "bench",
+        help="benchmarks (see docs/benchmarks.md)",
+        description="Benchmarks of ladle (see docs/benchmarks.md for the figures).",
+        epilog=describe_workloads(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     add_bench_parsers(bench_commands)
     add_bench_serve_parser(bench_commands)
@@ -115,7 +124,8 @@ def _add_unavailable_serve_parser(subparsers: argparse._SubParsersAction, error:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    argv = sys.argv[1:] if argv is None else list(argv)
+    # Programs may pass paths as os.PathLike (pathlib.Path); argparse takes text.
+    argv = sys.argv[1:] if argv is None else [os.fspath(arg) for arg in argv]
     try:
         argv = expand_config_file(argv)
     except ValueError as error:

@@ -7,6 +7,7 @@ bad value is rejected at construction with a ValueError that names the field.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
@@ -112,7 +113,7 @@ class ModelConfig:
     or None for the embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF).
     """
 
-    model: str | None = None
+    model: str | os.PathLike | None = None
     load_format: str = field(
         default="auto",
         metadata={"help": "weights format; auto: .gguf files as GGUF, folders as safetensors"},
@@ -127,7 +128,7 @@ class ModelConfig:
         metadata={"help": "longest prompt + output in tokens (32k works); default: the model's"},
     )
     seed: int = field(default=0, metadata={"help": "seed of random weights and unseeded sampling"})
-    tokenizer: str | None = None
+    tokenizer: str | os.PathLike | None = None
     hf_overrides: dict = field(
         default_factory=dict,
         metadata={
@@ -175,6 +176,12 @@ class ModelConfig:
     )
 
     def __post_init__(self) -> None:
+        # Paths may come as os.PathLike (pathlib.Path, resolve_default_model()'s result); the
+        # loaders, the JSON that starts the engine process and the CLI all take text.
+        for name in ("model", "tokenizer", "download_dir", "generation_config"):
+            value = getattr(self, name)
+            if isinstance(value, os.PathLike):
+                object.__setattr__(self, name, os.fspath(value))
         if not 0 <= self.max_logprobs <= LIMITS["logprobs"].high:
             raise ValueError(
                 f"max_logprobs must be in [0, {LIMITS['logprobs'].high}], got {self.max_logprobs}"
@@ -349,7 +356,7 @@ class EngineConfig:
     parallel: ParallelConfig = field(default_factory=ParallelConfig)
 
     @classmethod
-    def from_kwargs(cls, model: str | None = None, **kwargs) -> EngineConfig:
+    def from_kwargs(cls, model: str | os.PathLike | None = None, **kwargs) -> EngineConfig:
         """Split flat keyword options (as LLM() and the CLI take them) over the sub-configs."""
         sections = {"model": {"model": model}, "cache": {}, "scheduler": {}, "parallel": {}}
         owners = {

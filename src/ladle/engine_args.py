@@ -1,7 +1,8 @@
 """Engine command-line flags, generated from the config dataclasses in `config.py`.
 
-Each field of ModelConfig, CacheConfig, SchedulerConfig and ParallelConfig becomes `--field-name`, with the
-field's default, its `metadata["help"]` as help text and its type from the annotation; the
+Each field of ModelConfig, CacheConfig, SchedulerConfig and ParallelConfig becomes
+`--field-name`, with the field's default, its `metadata["help"]` as help text and its type from
+the annotation; the
 dataclass's own validation runs when the engine config is built. A field added to a config class
 is a flag with no change here. vLLM's spellings are the names users paste, so they are accepted
 too (ALIASES), and so are ladle's earlier names.

@@ -281,7 +281,8 @@ def test_checkpoint_kv_scales_are_used(tiny_model_path, tmp_path, capsys):
         scales[f"model.layers.{layer}.self_attn.v_scale"] = torch.tensor(0.03 + layer)
     path = _with_kv_scales(tmp_path, tiny_model_path("llama"), scales)
     llm = LLM(path, device="cpu", kv_cache_dtype="fp8", num_kv_blocks=16)
-    layers = [m for m in llm.engine.executor.worker.model.modules() if hasattr(m, "kv_scales_source")]
+    model = llm.engine.executor.worker.model
+    layers = [m for m in model.modules() if hasattr(m, "kv_scales_source")]
     assert [float(layer.k_scale) for layer in layers] == pytest.approx([0.02, 1.02])
     assert [float(layer.v_scale) for layer in layers] == pytest.approx([0.03, 1.03])
     assert all(layer.kv_scales_source == "checkpoint" for layer in layers)
@@ -296,7 +297,8 @@ def test_autofp8_output_scale_names_are_read(tiny_model_path, tmp_path):
     }
     path = _with_kv_scales(tmp_path, tiny_model_path("llama"), scales)
     llm = LLM(path, device="cpu", kv_cache_dtype="fp8", num_kv_blocks=16)
-    layers = [m for m in llm.engine.executor.worker.model.modules() if hasattr(m, "kv_scales_source")]
+    model = llm.engine.executor.worker.model
+    layers = [m for m in model.modules() if hasattr(m, "kv_scales_source")]
     assert [float(layer.v_scale) for layer in layers] == [0.5, 0.5]
 
 

@@ -6,9 +6,9 @@ from __future__ import annotations
 import importlib.util
 from pathlib import Path
 
-from ladle.protocol.messages import SchedulerStats
 from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S
 from ladle.metrics import ServerMetrics
+from ladle.protocol.messages import SchedulerStats
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "served_path_bench.py"
 

@@ -9,9 +9,10 @@ from types import SimpleNamespace
 
 import zmq
 
-from ladle.engine import core_process, wire
+from ladle.engine import core_process
 from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S, TokenGapMeter
 from ladle.metrics import ServerMetrics
+from ladle.protocol import wire
 from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
 
 

@@ -11,13 +11,13 @@ from pathlib import Path
 import pytest
 from helpers.tiny_models import EOS_ID, IM_START_ID, build_tiny_tokenizer
 
+from ladle.model.default_model import resolve_default_model
+from ladle.model.loader.errors import ModelLoadError
 from ladle.model.tokenizer import (
     TextTokenizer,
     gguf_tokenizer_cache_folder,
     load_tokenizer,
 )
-from ladle.model.default_model import resolve_default_model
-from ladle.model.loader.errors import ModelLoadError
 
 QUESTION = [{"role": "user", "content": "What is the capital of France?"}]
 IM_START, IM_END = 1, 2  # SmolLM2's ChatML ids

@@ -21,9 +21,15 @@ ENGINE_LINE = re.compile(r"\[ladle\] engine core (?:running|restarted) in proces
 class ServerProcess:
     """`python -m ladle.cli serve ARGS...`; start() returns once /health answers 200."""
 
-    def __init__(self, args: list[str], api_key: str | None = None) -> None:
+    def __init__(
+        self, args: list[str], api_key: str | None = None, new_session: bool = False
+    ) -> None:
+        """new_session: the server leads a process group of its own, which a test may signal
+        as a supervisor does (os.killpg) without signalling pytest."""
         self.args = args
         self.api_key = api_key
+        self.new_session = new_session
+        self._reader: threading.Thread | None = None
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
         self.engine_pid: int | None = None
@@ -50,9 +56,11 @@ class ServerProcess:
             command += ["--api-key", self.api_key]
         env = dict(os.environ, PYTHONUNBUFFERED="1")
         self.process = subprocess.Popen(
-            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env
+            command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
+            start_new_session=self.new_session,
         )
-        threading.Thread(target=self._read_output, daemon=True).start()
+        self._reader = threading.Thread(target=self._read_output, daemon=True)
+        self._reader.start()
         deadline = time.monotonic() + timeout_s
         while not self._announced.wait(0.1):
             if self.process.poll() is not None or time.monotonic() > deadline:
@@ -76,6 +84,12 @@ class ServerProcess:
             if match := SERVING_LINE.search(line):
                 self.port = int(match.group(1))
                 self._announced.set()
+
+    def wait_for_output_end(self, timeout_s: float) -> bool:
+        """True once every process holding the server's output (its children too, such as
+        multiprocessing's resource tracker, which warns of leaks as it exits) has closed it."""
+        self._reader.join(timeout_s)
+        return not self._reader.is_alive()
 
     def stop(self, timeout_s: float = 30.0) -> int | None:
         """SIGTERM, then SIGKILL after timeout_s; returns the exit code."""

@@ -79,8 +79,8 @@ def test_snapshot_is_a_copy_of_every_mutable_part():
 def test_queued_steps_join_in_order_with_the_latest_stats():
     """The reader applies every queued step in one pass: outputs and rejections keep their
     order, so a request's tokens stay in sequence, and the newest stats win."""
-    from ladle.protocol import wire
     from ladle.frontend.client import _join_steps
+    from ladle.protocol import wire
     from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
 
     steps = [
@@ -104,8 +104,8 @@ def test_queued_steps_join_in_order_with_the_latest_stats():
 def test_joined_steps_give_one_output_per_request_with_all_tokens():
     """Through the OutputProcessor, a joined pass yields one RequestOutput per request whose
     deltas hold every step's tokens: one chunk to stream instead of several."""
-    from ladle.protocol.messages import EngineCoreOutput
     from ladle.frontend.output_processor import OutputProcessor
+    from ladle.protocol.messages import EngineCoreOutput
     from ladle.sampling_params import SamplingParams
 
     processor = OutputProcessor(None, eos_token_ids=(0,))

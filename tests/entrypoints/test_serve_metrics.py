@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from ladle.protocol.messages import SchedulerStats
 from ladle.metrics import ServerMetrics
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
+from ladle.protocol.messages import SchedulerStats
 from tests.entrypoints.server_process import parse_metrics
 
 VLLM_NAMES = [

@@ -80,3 +80,29 @@ def test_thinking_on_leaves_the_reasoning_unconstrained_and_streams_the_same(cli
             streamed_reasoning += getattr(choice.delta, "reasoning_content", None) or ""
             streamed_content += choice.delta.content or ""
     assert (streamed_reasoning, streamed_content) == (reasoning, "")
+
+
+def test_streamed_reasoning_and_tool_calls_keep_one_entry_per_chunk(client):
+    """Issue 32: reasoning deltas, and a named tool call after an empty reasoning block, read
+    with the raw SSE reader that checks every chunk's shape."""
+    from tests.entrypoints.sse_reader import read_chat_stream, reassemble
+
+    base_url = str(client.base_url).removesuffix("/v1/")
+    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {
+        "type": "object", "properties": {"city": {"type": "string", "maxLength": 8}},
+        "required": ["city"], "additionalProperties": False}}}
+    body = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 24,
+            "tools": [tool], "truncate_prompt_tokens": 200,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}
+    thinking = reassemble(read_chat_stream(base_url, body))
+    assert thinking["reasoning_content"] and thinking["finish_reason"] == "length"
+    assert thinking["content"] == "" and thinking["tool_calls"] == []
+    body["chat_template_kwargs"] = {"enable_thinking": False}
+    body["max_tokens"] = 40
+    chunks = read_chat_stream(base_url, body)
+    called = reassemble(chunks)
+    assert called["reasoning_content"] == "" and called["finish_reason"] == "tool_calls"
+    [call] = called["tool_calls"]
+    assert call["name"] == "get_weather" and "city" in json.loads(call["arguments"])
+    assert sum(1 for chunk in chunks for choice in chunk["choices"]
+               if choice["delta"].get("tool_calls")) >= 3

@@ -11,7 +11,6 @@ import json
 
 import pytest
 
-from ladle.protocol.messages import TokenLogprobs
 from ladle.entrypoints.openai.logprobs import (
     TokenTexts,
     completion_logprobs,
@@ -31,6 +30,7 @@ from ladle.entrypoints.openai.protocol import (
 )
 from ladle.entrypoints.openai.stream_chunks import ChunkEncoder, chat_choice, completion_choice
 from ladle.entrypoints.openai.streaming import sse_event
+from ladle.protocol.messages import TokenLogprobs
 
 # Texts a tokenizer can produce that JSON must escape or keep: quotes, backslashes, control
 # characters, the Unicode line separators, U+FFFD of an unfinished character, non-ASCII.

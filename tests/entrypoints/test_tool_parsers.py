@@ -97,7 +97,8 @@ def _stream_all(shaper: ReplyShaper, text: str, step: int):
     reasoning, content, calls = "", "", {}
     pieces = [text[i : i + step] for i in range(0, len(text), step)] or [""]
     for index, piece in enumerate(pieces):
-        for delta in stream.feed(piece, final=index == len(pieces) - 1):
+        delta = stream.feed(piece, final=index == len(pieces) - 1)
+        if delta is not None:
             reasoning += delta.reasoning_content or ""
             content += delta.content or ""
             for call in delta.tool_calls or []:
@@ -119,7 +120,7 @@ def _stream_all(shaper: ReplyShaper, text: str, step: int):
         "Plain answer < with a bracket",
         "<think>only thinking, the budget ran out before an answer",
         "<think>thought it through</think>",
-        '<tool_call>{"name": "add", "arguments": {"a": ',
+        '<tool_call>{"name": "nope", "arguments": {"a": 1}}</tool_call>',
     ],
 )
 def test_streamed_reply_reassembles_to_the_whole_reply(text, step):

@@ -41,8 +41,8 @@ def test_tuned_folder_calibrated_on_cuda(tmp_path, method, options):
     from helpers.tiny_models import save_gemm_aligned_tiny_model, write_calibration_text
 
     from ladle.cli import main
-    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.loader.calibration_text import token_windows
+    from ladle.model.tokenizer import load_tokenizer
 
     float_dir = save_gemm_aligned_tiny_model(tmp_path)
     text = write_calibration_text(tmp_path)

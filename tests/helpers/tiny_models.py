@@ -315,8 +315,8 @@ def quantize_calibrated(
     float32 on the calibration text (3 windows of 40 tokens). Returns (the float model's folder,
     the output folder, the same calibration windows for the in-memory pass to compare with)."""
     from ladle.cli import main
-    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.loader.calibration_text import token_windows
+    from ladle.model.tokenizer import load_tokenizer
 
     float_model = save_tiny_model(tmp_path, architecture, intermediate_size=200)
     text = write_calibration_text(tmp_path)

@@ -79,8 +79,8 @@ def test_weights_match_hf_dequantization(gguf_path: Path, reader, hf_model) -> N
 @pytest.mark.slow  # the HF reference model takes ~45 s to load
 def test_logits_match_hf(gguf_path: Path, reader, hf_model) -> None:
     from ladle.attention.torch_backend import TorchAttentionBackend
-    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.loader import build_model
+    from ladle.model.tokenizer import load_tokenizer
 
     config = read_gguf_arch_config(gguf_path, reader)
     model = build_model(config, torch.device("cpu"), torch.float32, TorchAttentionBackend())
@@ -118,9 +118,9 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_int8_default_model_stays_close_to_hf_float32(gguf_path: Path, reader, hf_model) -> None:
     """--quantization int8 (int8 x int8) against HF's float32 dequantization."""
     from ladle.attention.cpu_backend import CpuAttentionBackend
-    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.layers.quantized_linear import quantize_model_
     from ladle.model.loader import build_model
+    from ladle.model.tokenizer import load_tokenizer
 
     config = read_gguf_arch_config(gguf_path, reader)
     model = build_model(config, torch.device("cpu"), torch.float32, CpuAttentionBackend())
@@ -173,9 +173,9 @@ def test_kept_gguf_on_integer_kernels_matches_float_activations(gguf_path: Path)
     test_gguf_native holds equal to the GGUF's dequantization)."""
     from ladle.attention.cpu_backend import CpuAttentionBackend
     from ladle.config import ModelConfig
-    from ladle.model.tokenizer import load_tokenizer
     from ladle.kernels.cpu_native.gemv import set_activation_bits
     from ladle.model.loader import load_model
+    from ladle.model.tokenizer import load_tokenizer
 
     config = ModelConfig(model=str(gguf_path), quantization="gguf")
     model = load_model(config, torch.device("cpu"), torch.float32, CpuAttentionBackend()).model

@@ -11,9 +11,9 @@ import pytest
 import torch
 
 from ladle.config import ModelConfig
-from ladle.model.tokenizer import load_tokenizer
 from ladle.frontend.tokenizer_preload import TokenizerPreload
 from ladle.model.arch_config import ModelArchConfig
+from ladle.model.tokenizer import load_tokenizer
 from ladle.worker.kv_cache_alloc import zeros_lazily
 
 

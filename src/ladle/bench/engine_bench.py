@@ -26,11 +26,16 @@ from dataclasses import replace
 
 from tqdm import tqdm
 
-from ladle.bench.workloads import TokenWorkload, WorkloadRequest, build_requests, get_workload
-
 # torch (and device_floor, which needs it) is imported inside the functions that run a
 # benchmark: `ladle` builds this module's parser for every command, `ladle serve` included,
 # whose API process must not wait 1.5-3 s for torch before spawning the engine.
+from ladle.bench.workloads import (
+    TokenWorkload,
+    WorkloadRequest,
+    build_requests,
+    describe_workloads,
+    get_workload,
+)
 from ladle.engine_args import add_engine_arguments, engine_options_from_args
 from ladle.kernels.compile_log import compile_totals
 
@@ -299,8 +304,14 @@ def add_bench_parsers(commands) -> None:
         ("throughput", "W1", "offline generated tok/s of W1, W2 or a workload given by flags"),
         ("latency", "W3", "one request: TTFT and inter-token times (W3, W3-8b)"),
     ):
-        sub = commands.add_parser(name, help=help_text)
-        sub.add_argument("--workload", default=default, help="W1, W2, W3, W3-8b or S1")
+        sub = commands.add_parser(
+            name, help=help_text, description=help_text, epilog=describe_workloads(),
+            formatter_class=argparse.RawDescriptionHelpFormatter,
+        )
+        sub.add_argument(
+            "--workload", default=default,
+            help=f"a standard workload, described below (default {default})",
+        )
         sub.add_argument("--model", default=None, help="default: the workload's preset (dummy)")
         sub.add_argument("--num-requests", type=int, default=None)
         sub.add_argument("--input-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))

@@ -17,6 +17,7 @@ prompt ids, then max_tokens, all from one `random.Random(seed)`.
 from __future__ import annotations
 
 import random
+import textwrap
 from dataclasses import dataclass
 
 from ladle.protocol.messages import EngineCoreRequest
@@ -95,6 +96,32 @@ def build_requests(
         max_tokens = rng.randint(*workload.output_len)
         requests.append(WorkloadRequest(prompt, max_tokens, workload.temperature, seed=index))
     return requests
+
+
+# One line each for `ladle bench --help`: what runs, on which shape, and which command runs it.
+WORKLOAD_SUMMARIES = {
+    "W1": "offline throughput, Qwen3-0.6B shape (dummy weights): 256 requests, prompts and "
+          "outputs of 100-1024 tokens, temperature 0.6 (ladle bench throughput)",
+    "W2": "offline throughput, the same recipe on the Llama-3.1-8B shape (ladle bench "
+          "throughput --workload W2)",
+    "W3": "latency of one request, Qwen3-0.6B shape: 512 prompt tokens, 256 generated, greedy; "
+          "TTFT and inter-token times (ladle bench latency)",
+    "W3-8b": "W3 on the Llama-3.1-8B shape (ladle bench latency --workload W3-8b)",
+    "S1": "served: Qwen3-0.6B shape behind `ladle serve`, 256 streamed completions (prompts "
+          "100-1024, outputs 100-512 tokens) at 32, 128 and 256 in flight (ladle bench serve "
+          "--workload S1)",
+}
+
+
+def describe_workloads() -> str:
+    """The standard workloads, one per line, for help texts."""
+    width = max(len(name) for name in WORKLOADS)
+    lines = [
+        textwrap.fill(WORKLOAD_SUMMARIES[name], 79, initial_indent=f"  {name:<{width}}  ",
+                      subsequent_indent=" " * (width + 4))
+        for name in WORKLOADS
+    ]
+    return "standard workloads (seeded token ids; EOS ignored):\n" + "\n".join(lines)
 
 
 def get_workload(name: str) -> TokenWorkload:

@@ -8,12 +8,14 @@ with fresh stats.
 
 It exits when told to (Shutdown), when its parent (the API process) is gone however it died
 (its parent pid changes when it is re-parented), and after reporting a failure (EngineFailed).
+SIGINT and SIGTERM sent to the server's process group are the API process's to handle.
 """
 
 from __future__ import annotations
 
 import json
 import logging
+import multiprocessing.util
 import os
 import signal
 import sys
@@ -41,8 +43,12 @@ def run_engine_core(
 ) -> None:
     """Process entry point (multiprocessing spawn target). Arguments are plain strings, so the
     process start carries no objects; engine_options_json is EngineConfig.from_kwargs' input."""
-    # Ctrl-C reaches the whole process group; the API process decides how to shut us down.
+    # Ctrl-C reaches the whole process group, and so does the SIGTERM of a supervisor or a
+    # shell stopping the server (kill -TERM -- -PGID): the API process drains its requests,
+    # then stops us (Shutdown). Dying at once would fail those requests and look like a crash
+    # to the restart policy.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, lambda signum, frame: _on_sigterm(parent_pid))
     context = zmq.Context()
     input_socket = context.socket(zmq.PULL)
     input_socket.connect(input_address)
@@ -71,10 +77,25 @@ def run_engine_core(
     input_socket.close(linger=0)
     output_socket.close(linger=1000)
     context.term()
+    _exit_now(exit_code)
+
+
+def _exit_now(exit_code: int) -> None:
     sys.stdout.flush()
     sys.stderr.flush()
+    # os._exit skips multiprocessing's exit hooks, which unlink the named semaphores made in
+    # this process (tqdm's lock, taken while the weights load): run them, or the resource
+    # tracker warns of leaked semaphores at shutdown.
+    multiprocessing.util._run_finalizers(0)
     # Skip interpreter teardown: torch's thread pools can hang it, and there is nothing to save.
     os._exit(exit_code)
+
+
+def _on_sigterm(parent_pid: int) -> None:
+    """SIGTERM while the API process lives is its to act on (it got the same signal, or will
+    stop us); with the API process gone nobody will, so exit as SIGTERM asks."""
+    if not _parent_is_alive(parent_pid):
+        _exit_now(128 + signal.SIGTERM)
 
 
 def _report_failure(output_socket: zmq.Socket, error: Exception, parent_pid: int) -> None:

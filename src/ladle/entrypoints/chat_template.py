@@ -6,14 +6,23 @@ syntax or a line break is the template itself; anything else is a missing file, 
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 from typing import Any
 
 _JINJA_MARKERS = ("{{", "{%", "\n")
 
 
-def load_chat_template(value: str) -> str:
-    """The template text of a --chat-template value; ValueError names what is wrong."""
+def load_chat_template(value: str | os.PathLike) -> str:
+    """The template text of a --chat-template value (a path may be os.PathLike: always a
+    file); ValueError names what is wrong."""
+    if isinstance(value, os.PathLike):
+        path = Path(value).expanduser()
+        if not path.is_file():
+            raise ValueError(f"chat template file {os.fspath(value)!r} does not exist")
+        value = path.read_text(encoding="utf-8")
+        _check_syntax(value)
+        return value
     if not value.strip():
         raise ValueError("--chat-template is empty")
     path = Path(value).expanduser()

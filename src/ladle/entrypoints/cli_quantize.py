@@ -218,10 +218,10 @@ def _calibrate(
     """GPTQ's calibration pass over the model (model/loader/calibration.py)."""
     from pathlib import Path
 
-    from ladle.model.tokenizer import load_tokenizer
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.loader.calibration import calibrate_checkpoint
     from ladle.model.loader.calibration_text import calibration_texts, token_windows
+    from ladle.model.tokenizer import load_tokenizer
 
     if args.clip_search and args.method != "int4":
         raise ValueError(f"--clip-search applies to int4, not {args.method}")

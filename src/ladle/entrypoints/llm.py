@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import os
 import time
 from collections.abc import Iterator, Sequence
 
@@ -47,7 +48,7 @@ class LLM:
     max_num_seqs, gpu_memory_utilization, max_model_len, num_kv_blocks, ...) go as keywords.
     """
 
-    def __init__(self, model: str | None = None, **engine_options) -> None:
+    def __init__(self, model: str | os.PathLike | None = None, **engine_options) -> None:
         if model is None and engine_options.get("load_format", "auto") != "dummy":
             from ladle.model.default_model import resolve_default_model
 
@@ -129,7 +130,7 @@ class LLM:
         add_generation_prompt: bool = True,
         chat_template_kwargs: dict | None = None,
         raise_on_error: bool = True,
-        chat_template: str | None = None,
+        chat_template: str | os.PathLike | None = None,
     ) -> list[RequestOutput]:
         """Generate replies to conversations (one list of {'role', 'content'} dicts each),
         formatted by the tokenizer's chat template, or by `chat_template` (a Jinja template or a

@@ -41,9 +41,9 @@ from ladle.engine.gc_policy import freeze_startup_objects
 from ladle.frontend.admission import AdmissionController
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.restart_policy import RestartBudget, RestartPolicy
-from ladle.model.tokenizer import TextTokenizer
 from ladle.frontend.tokenizer_preload import TokenizerPreload
 from ladle.metrics import ServerMetrics
+from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import RequestOutput
 from ladle.protocol import wire
 from ladle.protocol.messages import RequestRejectedError, SchedulerStats
@@ -222,6 +222,7 @@ class AsyncEngineClient:
         self._children: dict[str, list[str]] = {}
         self._reader_task: asyncio.Task | None = None
         self._shutting_down = False
+        self._is_stopping = False  # begin_shutdown() came: no more restarts
         self._ids = itertools.count()
         self._ipc_dir: str | None = None
         self._sync_context: zmq.Context | None = None
@@ -324,12 +325,17 @@ class AsyncEngineClient:
         await self._stop_process(timeout_s=5.0)
         raise EngineStartError(f"the engine was not ready after {self.startup_timeout_s:.0f}s")
 
+    def begin_shutdown(self) -> None:
+        """The server has begun to shut down (a signal came; requests drain before shutdown()
+        runs): an engine that dies from now on is not restarted. Safe in a signal handler."""
+        self._is_stopping = True
+
     async def shutdown(self, timeout_s: float = 10.0) -> None:
         """Stop the engine process (politely, then by force) and release the sockets.
         Idempotent."""
         if self._shutting_down:
             return
-        self._shutting_down = True
+        self._shutting_down = self._is_stopping = True
         if self._restart_task is not None:
             self._restart_task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -357,7 +363,8 @@ class AsyncEngineClient:
             return
         with contextlib.suppress(zmq.ZMQError):
             self._input_socket.send(wire.encode_input(wire.Shutdown()), zmq.NOBLOCK)
-        for signal_step in (None, process.terminate, process.kill):
+        # No SIGTERM step: the engine leaves SIGTERM to its living parent (core_process.py).
+        for signal_step in (None, process.kill):
             if signal_step is not None:
                 signal_step()
             deadline = time.monotonic() + timeout_s
@@ -385,7 +392,10 @@ class AsyncEngineClient:
         reason = f"the engine process died (exit code {process.exitcode})"
         self.dead_reason = reason
         print(f"[ladle] {reason}", flush=True)
-        while not self._shutting_down:
+        if self._is_stopping:
+            print("[ladle] not restarting it: the server is shutting down", flush=True)
+            return
+        while not self._is_stopping:
             if not self.restart_budget.may_restart():
                 self._give_up(f"{reason}; not restarting it ({self.restart_budget.describe()})")
                 return

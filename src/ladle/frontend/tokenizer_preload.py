@@ -15,9 +15,9 @@ from concurrent.futures import Future, ThreadPoolExecutor
 from pathlib import Path
 
 from ladle.config import ModelConfig
-from ladle.model.tokenizer import TextTokenizer, load_tokenizer
 from ladle.frontend.tokenizer_source import resolve_tokenizer_source
 from ladle.model.arch_config import ModelArchConfig
+from ladle.model.tokenizer import TextTokenizer, load_tokenizer
 
 
 class TokenizerPreload:

@@ -8,8 +8,8 @@ import pytest
 pytest.importorskip("ray")
 
 from ladle.config import EngineConfig  # noqa: E402
-from ladle.frontend.tokenizer_source import resolve_tokenizer_source  # noqa: E402
 from ladle.entrypoints.cluster.app import routing_tokenizer_source  # noqa: E402
+from ladle.frontend.tokenizer_source import resolve_tokenizer_source  # noqa: E402
 
 
 def _source(**options):
@@ -39,10 +39,10 @@ def test_keys_from_the_start_of_a_text_prompt_equal_keys_from_all_of_it():
     import json
     import random
 
-    from ladle.model.tokenizer import load_tokenizer
     from ladle.entrypoints.cluster.prefix_routing import prefix_routing_key
     from ladle.entrypoints.cluster.routing_keys import prompt_token_ids, request_routing_key
     from ladle.model.default_model import resolve_default_model
+    from ladle.model.tokenizer import load_tokenizer
 
     tokenizer = load_tokenizer(str(resolve_default_model(show_progress=False)))
     rng = random.Random(0)

@@ -38,7 +38,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         help="HF folder, .gguf file or dummy preset; default: SmolLM2-135M",
     )
-    parser.add_argument("--model", dest="model_option", default=None)
+    parser.add_argument(
+        "--model",
+        dest="model_option",
+        default=None,
+        metavar="MODEL",
+        help="the model, as a flag (vLLM's spelling); the same as the positional MODEL, which "
+        "it replaces when both are given",
+    )
     server = parser.add_argument_group("server")
     server.add_argument(
         "--host",
@@ -314,7 +321,9 @@ def run_serve(args: argparse.Namespace) -> int:
         enable_request_logging()
     app = build_app(client, settings, on_refusal=live_stats.record_refusal)
     config = HttpServerOptions.from_args(args).uvicorn_config(app, host=args.host, port=args.port)
-    server = _AnnouncingServer(config, served_name, lambda: client.engine_pid)
+    server = _AnnouncingServer(
+        config, served_name, lambda: client.engine_pid, on_exit_signal=client.begin_shutdown
+    )
 
     async def serve() -> int:
         # The engine starts before uvicorn does, so a model that fails to load is one clear
@@ -351,12 +360,27 @@ def run_serve(args: argparse.Namespace) -> int:
 
 
 class _AnnouncingServer(uvicorn.Server):
-    """Prints the bound address (the real port when --port 0) once it listens."""
+    """Prints the bound address (the real port when --port 0) once it listens, and tells the
+    engine client the moment a SIGTERM / SIGINT starts the shutdown."""
 
-    def __init__(self, config: uvicorn.Config, served_name: str, engine_pid: Callable[[], int]):
+    def __init__(
+        self,
+        config: uvicorn.Config,
+        served_name: str,
+        engine_pid: Callable[[], int],
+        on_exit_signal: Callable[[], None],
+    ):
         super().__init__(config)
         self.served_name = served_name
         self.engine_pid = engine_pid
+        self.on_exit_signal = on_exit_signal
+
+    def handle_exit(self, sig, frame) -> None:
+        # The client hears of the shutdown now, not when the drain ends and the lifespan
+        # shuts it down: an engine that dies meanwhile (killed by the same signal) must not
+        # be restarted.
+        self.on_exit_signal()
+        super().handle_exit(sig, frame)
 
     async def startup(self, sockets=None) -> None:
         await super().startup(sockets)

@@ -10,7 +10,7 @@ from collections.abc import AsyncIterator
 from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
-from ladle.entrypoints.openai.chat_reply import ReplyShaper
+from ladle.entrypoints.openai.chat_reply import ChoiceStream, ReplyShaper
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.logprobs import chat_logprobs
 from ladle.entrypoints.openai.prompt_options import (
@@ -280,9 +280,11 @@ class OpenAIServingChat(OpenAIServing):
                         continue
                     finish_sent[completion.index] = finish_sent[completion.index] or finishing
                     if shaped is not None:
-                        choices += self._shaped_choices(
+                        shaped_choice = self._shaped_choice(
                             shaped[completion.index], completion, logprobs, finishing
                         )
+                        if shaped_choice is not None:
+                            choices.append(shaped_choice)
                         continue
                     finish_reason = completion.finish_reason if finishing else None
                     stop_reason = completion.stop_reason if finishing else None
@@ -321,17 +323,18 @@ class OpenAIServingChat(OpenAIServing):
             stream.close()
 
     @staticmethod
-    def _shaped_choices(
-        choice_stream, completion, logprobs, finishing: bool
-    ) -> list[ChatStreamChoice]:
-        """The chunks of one choice under reasoning / tool rules; the last carries the finish."""
-        deltas = choice_stream.feed(completion.text_delta, final=finishing)
-        if finishing or logprobs is not None:
-            deltas = deltas or [ChatDelta()]
-        choices = [ChatStreamChoice(index=completion.index, delta=delta) for delta in deltas]
-        if choices:
-            choices[0].logprobs = logprobs
+    def _shaped_choice(
+        choice_stream: ChoiceStream, completion, logprobs, finishing: bool
+    ) -> ChatStreamChoice | None:
+        """This step's entry of one choice under reasoning / tool rules: one delta (reasoning,
+        content and tool-call fragments merged), so a chunk never holds an index twice."""
+        delta = choice_stream.feed(completion.text_delta, final=finishing)
+        if delta is None:
+            if not finishing and logprobs is None:
+                return None
+            delta = ChatDelta()
+        choice = ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs)
         if finishing:
-            choices[-1].finish_reason = choice_stream.finish_reason(completion.finish_reason)
-            choices[-1].stop_reason = completion.stop_reason
-        return choices
+            choice.finish_reason = choice_stream.finish_reason(completion.finish_reason)
+            choice.stop_reason = completion.stop_reason
+        return choice

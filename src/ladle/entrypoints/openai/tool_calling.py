@@ -28,6 +28,10 @@ from ladle.entrypoints.openai.protocol import (
     ToolCall,
 )
 from ladle.entrypoints.openai.tool_parsers import ToolParser
+from ladle.entrypoints.openai.tool_parsers.forced import (
+    NamedArgumentsParser,
+    RequiredCallsParser,
+)
 from ladle.structured.params import StructuredOutputsParams
 
 
@@ -48,6 +52,18 @@ class ToolPlan:
     @property
     def is_active(self) -> bool:
         return self.mode != "none"
+
+    @property
+    def call_parser(self) -> ToolParser | None:
+        """What reads this plan's calls out of the reply, whole or as it streams."""
+        if self.mode == "auto":
+            return self.parser
+        if self.mode == "required":
+            return RequiredCallsParser()
+        if self.mode == "named":
+            assert self.named_function is not None
+            return NamedArgumentsParser(self.named_function)
+        return None
 
 
 def plan_tools(request: ChatCompletionRequest, parser: ToolParser) -> ToolPlan:
@@ -215,34 +231,19 @@ def new_tool_call_id() -> str:
 
 
 def extract_tool_calls(plan: ToolPlan, text: str) -> tuple[str | None, list[ToolCall]]:
-    """(content, tool_calls) of a finished reply under the plan."""
-    if plan.mode == "named":
-        assert plan.named_function is not None
-        arguments = _compact_json(text)
-        if arguments is None:
-            return text, []
-        return None, [_tool_call(plan.named_function, arguments)]
-    if plan.mode == "required":
-        try:
-            items = json.loads(text)
-        except ValueError:
-            return text, []  # cut off by max_tokens: the grammar's output is incomplete
-        return None, [
-            _tool_call(item["name"], json.dumps(item["parameters"], ensure_ascii=False))
-            for item in items
-        ]
+    """(content, tool_calls) of a finished reply under the plan: calls only when every one is
+    complete and valid (a forced reply cut off by max_tokens is returned as content)."""
     if plan.mode == "auto":
         assert plan.parser is not None
         content, calls = plan.parser.extract(text, plan.tool_names)
         return content, [_tool_call(call.name, call.arguments) for call in calls]
-    return text, []
-
-
-def _compact_json(text: str) -> str | None:
-    try:
-        return json.dumps(json.loads(text), ensure_ascii=False)
-    except ValueError:
-        return None
+    parser = plan.call_parser
+    if parser is None:
+        return text, []
+    calls = parser.parse_calls(text, plan.tool_names)
+    if calls is None:
+        return text, []
+    return None, [_tool_call(call.name, call.arguments) for call in calls]
 
 
 def _tool_call(name: str, arguments: str) -> ToolCall:

@@ -1,20 +1,31 @@
-"""The tool parser interface: model text in, (content, tool calls) out, never a broken call."""
+"""The tool parser interface: model text in, (content, tool calls) out, never a broken call.
+
+Each parser scans text that may be cut anywhere (`scan`, partial_json.py): the stream sends what
+it finds as it grows, and a whole reply keeps the calls only when every one is complete, valid
+and names a known tool (`extract`).
+"""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
+
+from ladle.entrypoints.openai.tool_parsers.partial_json import (
+    CallProgress,
+    is_valid_call,
+    scan_call_object,
+    skip_whitespace,
+)
 
 
 @dataclass
 class ParsedToolCall:
     name: str
-    arguments: str  # JSON text of an object
+    arguments: str  # JSON text of an object, as the model wrote it
 
 
 class ToolParser:
     """Subclasses set start_marker (where a call may begin; text before it streams as content)
-    and implement parse_calls."""
+    and implement scan."""
 
     name = ""
     start_marker = ""
@@ -25,16 +36,29 @@ class ToolParser:
         index = self.find_start(text)
         if index < 0:
             return text, []
-        calls = self.parse_calls(text[index:])
-        if not calls or any(call.name not in tool_names for call in calls):
+        calls = self.parse_calls(text[index:], tool_names)
+        if not calls:
             return text, []
         content = text[:index].strip()
         return (content or None), calls
 
+    def parse_calls(
+        self, text: str, tool_names: set[str] | None = None
+    ) -> list[ParsedToolCall] | None:
+        """The calls of finished text from find_start on; None unless it is nothing but valid
+        calls (to tools in tool_names, when given) and their separators."""
+        calls, is_clean = self.scan(text)
+        if not is_clean or not calls or not all(is_valid_call(c, tool_names) for c in calls):
+            return None
+        return [ParsedToolCall(name=c.name, arguments=c.arguments) for c in calls]
+
     def find_start(self, text: str) -> int:
         return text.find(self.start_marker)
 
-    def parse_calls(self, text: str) -> list[ParsedToolCall] | None:
+    def scan(self, text: str) -> tuple[list[CallProgress], bool]:
+        """(calls so far, is_clean) of text from find_start on, which may stop anywhere.
+        is_clean: nothing so far but calls, their markers and separators (a marker cut off at
+        the end counts); a stream stops adding to the calls once it is False."""
         raise NotImplementedError
 
     def render_call(self, name: str, arguments: dict) -> str:
@@ -42,35 +66,32 @@ class ToolParser:
         raise NotImplementedError
 
 
-def call_from_object(value: object, arguments_key: str) -> ParsedToolCall | None:
-    """{"name": str, arguments_key: object} -> a call, else None."""
-    if not isinstance(value, dict) or not isinstance(value.get("name"), str):
-        return None
-    arguments = value.get(arguments_key, {})
-    if isinstance(arguments, str):  # some models write the arguments as JSON text
-        try:
-            arguments = json.loads(arguments)
-        except ValueError:
-            return None
-    if not isinstance(arguments, dict):
-        return None
-    return ParsedToolCall(name=value["name"], arguments=json.dumps(arguments, ensure_ascii=False))
-
-
-def decode_json_values(text: str, separators: str = "") -> list[object] | None:
-    """Consecutive JSON values in text (whitespace or the given separators between them);
-    None when anything else is there."""
-    decoder = json.JSONDecoder()
-    values = []
-    position = 0
-    skip = " \t\r\n" + separators
+def scan_objects(
+    text: str,
+    position: int,
+    arguments_keys: tuple[str, ...],
+    separators: str = "",
+    closer: str = "",
+) -> tuple[list[CallProgress], int | None, bool]:
+    """Call objects from text[position] on, separated by whitespace or separators, up to closer
+    (when given) or the end: (calls, index after the closer or None, is_clean)."""
+    calls: list[CallProgress] = []
     while True:
-        while position < len(text) and text[position] in skip:
-            position += 1
+        position = skip_whitespace(text, position, separators)
         if position == len(text):
-            return values
-        try:
-            value, position = decoder.raw_decode(text, position)
-        except ValueError:
-            return None
-        values.append(value)
+            return calls, None, True
+        if closer and text[position] == closer:
+            return calls, position + 1, True
+        if text[position] != "{":
+            return calls, None, False
+        call, end = scan_call_object(text, position, arguments_keys)
+        calls.append(call)
+        if end is None:
+            return calls, None, not call.is_broken
+        position = end
+
+
+def is_cut_marker(text: str, position: int, marker: str) -> bool:
+    """text[position:] is the start of marker (the text stops inside it)."""
+    rest = text[position:]
+    return len(rest) < len(marker) and marker.startswith(rest)

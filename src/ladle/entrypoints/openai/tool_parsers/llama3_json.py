@@ -5,12 +5,8 @@ from __future__ import annotations
 
 import json
 
-from ladle.entrypoints.openai.tool_parsers.base import (
-    ParsedToolCall,
-    ToolParser,
-    call_from_object,
-    decode_json_values,
-)
+from ladle.entrypoints.openai.tool_parsers.base import ToolParser, is_cut_marker, scan_objects
+from ladle.entrypoints.openai.tool_parsers.partial_json import CallProgress, skip_whitespace
 
 PYTHON_TAG = "<|python_tag|>"
 
@@ -23,25 +19,18 @@ class Llama3JsonToolParser(ToolParser):
         # A call is the whole reply: it starts the text (after whitespace or the python tag).
         stripped = text.lstrip()
         offset = len(text) - len(stripped)
-        if stripped.startswith(PYTHON_TAG):
-            return offset
+        if stripped and (stripped.startswith(PYTHON_TAG) or PYTHON_TAG.startswith(stripped)):
+            return offset  # a tag, or (streaming) perhaps the start of one
         return offset if stripped.startswith("{") else -1
 
-    def parse_calls(self, text: str) -> list[ParsedToolCall] | None:
-        text = text.strip()
-        if text.startswith(PYTHON_TAG):
-            text = text[len(PYTHON_TAG) :]
-        values = decode_json_values(text, separators=";")
-        if not values:
-            return None
-        calls = []
-        for value in values:
-            key = "parameters" if isinstance(value, dict) and "parameters" in value else "arguments"
-            call = call_from_object(value, key)
-            if call is None:
-                return None
-            calls.append(call)
-        return calls
+    def scan(self, text: str) -> tuple[list[CallProgress], bool]:
+        position = skip_whitespace(text, 0)
+        if is_cut_marker(text, position, PYTHON_TAG):
+            return [], True
+        if text.startswith(PYTHON_TAG, position):
+            position += len(PYTHON_TAG)
+        calls, _, is_clean = scan_objects(text, position, ("parameters", "arguments"), ";")
+        return calls, is_clean
 
     def render_call(self, name: str, arguments: dict) -> str:
         return json.dumps({"name": name, "parameters": arguments}, ensure_ascii=False)

@@ -5,11 +5,13 @@ from __future__ import annotations
 
 import json
 
-from ladle.entrypoints.openai.tool_parsers.base import (
-    ParsedToolCall,
-    ToolParser,
-    call_from_object,
-    decode_json_values,
+from ladle.entrypoints.openai.tool_parsers.base import ToolParser, is_cut_marker, scan_objects
+from ladle.entrypoints.openai.tool_parsers.partial_json import (
+    CallProgress,
+    arguments_text,
+    scan_call_object,
+    skip_whitespace,
+    value_end,
 )
 
 MARKER = "[TOOL_CALLS]"
@@ -20,30 +22,52 @@ class MistralToolParser(ToolParser):
     name = "mistral"
     start_marker = MARKER
 
-    def parse_calls(self, text: str) -> list[ParsedToolCall] | None:
-        pieces = [piece.strip() for piece in text.split(MARKER) if piece.strip()]
-        calls: list[ParsedToolCall] = []
-        for piece in pieces:
-            if ARGS_MARKER in piece and not piece.startswith(("[", "{")):
-                name, _, arguments = piece.partition(ARGS_MARKER)
-                values = decode_json_values(arguments)
-                if not values or len(values) != 1:
-                    return None
-                call = call_from_object({"name": name.strip(), "arguments": values[0]}, "arguments")
-                if call is None:
-                    return None
-                calls.append(call)
+    def scan(self, text: str) -> tuple[list[CallProgress], bool]:
+        calls: list[CallProgress] = []
+        position = 0
+        while True:
+            position = skip_whitespace(text, position)
+            if position == len(text) or is_cut_marker(text, position, MARKER):
+                return calls, True
+            if text.startswith(MARKER, position):
+                position += len(MARKER)
                 continue
-            values = decode_json_values(piece)
-            if not values:
-                return None
-            for value in values:
-                for item in value if isinstance(value, list) else [value]:
-                    call = call_from_object(item, "arguments")
-                    if call is None:
-                        return None
-                    calls.append(call)
-        return calls
+            if text[position] == "{":
+                call, end = scan_call_object(text, position, ("arguments",))
+                calls.append(call)
+                if end is None:
+                    return calls, not call.is_broken
+                position = end
+                continue
+            if text[position] == "[":
+                found, end, is_clean = scan_objects(
+                    text, position + 1, ("arguments",), separators=",", closer="]"
+                )
+                calls += found
+                if end is None:
+                    return calls, is_clean
+                position = end
+                continue
+            # name[ARGS]{...}: the call begins once [ARGS] is there.
+            args_at = text.find(ARGS_MARKER, position)
+            if args_at < 0:
+                # Perhaps a name still being written: a call without a name, which a stream
+                # skips and a whole reply rejects.
+                rest = text[position:]
+                calls.append(CallProgress())
+                return calls, not any(char in rest for char in "{}]\n")
+            call = CallProgress(name=text[position:args_at].strip())
+            calls.append(call)
+            start = skip_whitespace(text, args_at + len(ARGS_MARKER))
+            if start == len(text):
+                return calls, True
+            end = value_end(text, start)
+            call.arguments = arguments_text(text, start, end)
+            if end is None:
+                return calls, True
+            call.is_complete = True
+            position = end
 
     def render_call(self, name: str, arguments: dict) -> str:
         return MARKER + json.dumps([{"name": name, "arguments": arguments}], ensure_ascii=False)
+
