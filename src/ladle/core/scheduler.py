@@ -161,8 +161,14 @@ class Scheduler:
         num_ending = 0  # running requests that end by length as soon as their token is read
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
-            if request.num_unverified_drafts:
-                # How far it got depends on how many drafts its step in flight accepts.
+            if request.num_unverified_drafts or (
+                self.proposer is not None
+                and request.num_pending_tokens
+                and request.num_computed_tokens >= request.num_tokens
+            ):
+                # How far it got depends on how many drafts its step in flight accepts; and a
+                # proposer reads every token, so with one a decode waits for its step to be
+                # read (speculation makes each request's steps synchronous, not the engine's).
                 index += 1
                 continue
             num_known_tokens = request.num_tokens + request.num_pending_tokens

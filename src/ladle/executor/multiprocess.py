@@ -309,7 +309,14 @@ class MultiprocessExecutor(Executor):
     def _broadcast(self, message: ExecuteStep | SampleStep | StopWorker) -> None:
         frame = _encoder.encode(message)
         for socket in self._inputs:
-            socket.send(frame)
+            # A PUSH to a dead worker would block for ever: wait in slices, checking on them.
+            while True:
+                try:
+                    socket.send(frame, zmq.NOBLOCK)
+                    break
+                except zmq.Again:
+                    self._check_alive()
+                    socket.poll(POLL_MS, zmq.POLLOUT)
 
     def _result_of(self, index: int) -> StepResult:
         """Results come in submission order: receive until step `index`'s is here."""
