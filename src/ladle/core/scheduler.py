@@ -392,13 +392,13 @@ class Scheduler:
                     break
             if request.timings.first_token_time is None:
                 request.timings.first_token_time = now
-            if finish_status is None:
-                if num_rejected > 0 and request.status == RequestStatus.RUNNING:
-                    # Blocks that held only rejected drafts go back; the next step's token
-                    # (the last accepted one) needs room for num_tokens tokens.
-                    self.kv_cache_manager.trim(request, request.num_tokens)
-                self.kv_cache_manager.cache_computed_blocks(request)
-            else:
+            if num_rejected > 0 and request.status == RequestStatus.RUNNING:
+                # Blocks that held only rejected drafts go back; the next step's token (the
+                # last accepted one) needs room for num_tokens tokens.
+                self.kv_cache_manager.trim(request, request.num_tokens)
+            # Before any release: a finished request's full blocks stay cached for others.
+            self.kv_cache_manager.cache_computed_blocks(request)
+            if finish_status is not None:
                 if request.status == RequestStatus.RUNNING:
                     self.running.remove(request)
                 else:

@@ -182,6 +182,7 @@ class EngineCore:
         finished_ids = [r.request_id for r in finished]
         # Requests still waiting for their grammar were never scheduled: they end here too.
         finished_ids += self._forget(request_ids)
+        self._forget_when_idle()
         return [
             EngineCoreOutput(request_id=request_id, new_token_ids=[], finish_reason="abort")
             for request_id in finished_ids
@@ -215,7 +216,20 @@ class EngineCore:
         self._record_step(plan, previous, started, launch_seconds, graphed)
         if not plan.scheduled and not outputs:
             self._wait_for_grammars()
+        self._forget_when_idle()
         return outputs
+
+    def _forget_when_idle(self) -> None:
+        """With nothing left to run, tell the workers now to drop what they hold of ended
+        requests (slots, penalty rows), instead of with the next request's first step."""
+        scheduler = self.scheduler
+        if (
+            self._in_flight is None
+            and scheduler.has_requests_to_forget
+            and not scheduler.has_unfinished_requests()
+        ):
+            plan = scheduler.schedule()
+            self.executor.submit(plan).result()
 
     def _grammar_fill(self):
         structured = self.structured_outputs
@@ -333,7 +347,6 @@ class EngineCore:
         )
         return (
             self.scheduler.has_unfinished_requests()
-            or self.scheduler.has_requests_to_forget
             or waiting_for_grammar
             or self._in_flight is not None
         )
