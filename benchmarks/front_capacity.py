@@ -287,7 +287,7 @@ def serve_stub_cluster(options: argparse.Namespace) -> int:
     from ray import serve
     from stub_replica import build_stub_replicas
 
-    from ladle.entrypoints.cluster.cli_cluster import (
+    from ladle.cli.cluster import (
         APP_NAME,
         api_server_count,
         serve_front_with_flags,

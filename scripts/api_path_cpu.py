@@ -79,8 +79,8 @@ async def run_once(
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.frontend.admission import AdmissionController
     from ladle.frontend.client import AsyncEngineClient, EngineInfo
+    from ladle.frontend.metrics import ServerMetrics
     from ladle.frontend.output_processor import OutputProcessor
-    from ladle.metrics import ServerMetrics
     from ladle.protocol import wire
     from ladle.protocol.messages import EngineCoreOutput, TokenLogprobs
 

@@ -22,7 +22,7 @@ from torch.profiler import ProfilerActivity, profile
 from ladle import LLM
 from ladle.bench.gpu_timing import busy_and_gaps
 from ladle.protocol.messages import EngineCoreRequest
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 def main() -> None:

@@ -25,7 +25,7 @@ CHAINS = {
     "try:\n    main()\nexcept SystemExit:\n    pass",
     "offline": "import ladle.engine.engine_core, ladle.model.loader, ladle.worker.cuda_graphs, "
     "ladle.worker.model_runner\nfrom ladle import LLM",
-    "api-process": "import ladle.cli\nfrom ladle.entrypoints.openai import cli_serve\n"
+    "api-process": "import ladle.cli\nfrom ladle.cli import serve as cli_serve\n"
     "from ladle.frontend.client import AsyncEngineClient\n"
     "from ladle.entrypoints.openai.server import build_app\n"
     "from ladle.entrypoints.openai.live_stats import LiveStatsLogger",

@@ -31,7 +31,7 @@ from grammar_library_bench import SCHEMA  # noqa: E402
 from ladle.config import EngineConfig  # noqa: E402
 from ladle.engine.engine_core import EngineCore  # noqa: E402
 from ladle.protocol.messages import EngineCoreRequest  # noqa: E402
-from ladle.sampling_params import SamplingParams  # noqa: E402
+from ladle.sampling.params import SamplingParams  # noqa: E402
 from ladle.structured.manager import PendingGrammarBitmask  # noqa: E402
 from ladle.structured.params import StructuredOutputsParams  # noqa: E402
 

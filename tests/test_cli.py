@@ -7,8 +7,8 @@ import io
 import pytest
 
 from ladle import LLM, SamplingParams
-from ladle.cli import EXIT_MODEL_LOAD_FAILED, main
-from ladle.entrypoints.cli_generate import EXIT_INTERRUPTED, run_generate
+from ladle.cli.generate import EXIT_INTERRUPTED, run_generate
+from ladle.cli.main import EXIT_MODEL_LOAD_FAILED, main
 
 
 def test_generate_prints_the_offline_result(tiny_model_path, capsys):

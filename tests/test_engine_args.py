@@ -9,9 +9,7 @@ import dataclasses
 
 import pytest
 
-from ladle.cli import build_parser
-from ladle.config import EngineConfig
-from ladle.engine_args import (
+from ladle.cli.engine_args import (
     ENGINE_CONFIG_CLASSES,
     NOT_FLAGS,
     add_engine_arguments,
@@ -19,6 +17,8 @@ from ladle.engine_args import (
     expand_config_file,
     parse_size,
 )
+from ladle.cli.main import build_parser
+from ladle.config import EngineConfig
 
 
 def parse(*argv: str) -> argparse.Namespace:

@@ -11,7 +11,7 @@ import pytest
 
 from ladle import SamplingParams
 from ladle.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
-from ladle.sampling_limits import INT32_MAX, INT64_MAX, LIMITS, Limit, check_top_k
+from ladle.sampling.limits import INT32_MAX, INT64_MAX, LIMITS, Limit, check_top_k
 
 # Rows that are SamplingParams fields (priority and best_of are request-level only).
 SAMPLING_ROWS = [name for name in LIMITS if name in SamplingParams.__dataclass_fields__]

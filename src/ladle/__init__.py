@@ -6,7 +6,7 @@ from ladle.threads import prefer_passive_waiting
 # shared CPU (ladle/threads.py says why). The engine-core process inherits the setting.
 prefer_passive_waiting()
 
-from ladle.sampling_params import SamplingParams  # noqa: E402
+from ladle.sampling.params import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = [

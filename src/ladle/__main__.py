@@ -2,6 +2,6 @@
 
 import sys
 
-from ladle.cli import main
+from ladle.cli.main import main
 
 sys.exit(main())

@@ -12,7 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
-from ladle.sampling_limits import LIMITS
+from ladle.sampling.limits import LIMITS
 
 if TYPE_CHECKING:
     import torch

@@ -71,7 +71,7 @@ def test_unknown_kv_cache_dtype_is_a_clear_error(bad):
 def test_kv_cache_dtype_flag():
     import argparse
 
-    from ladle.engine_args import add_engine_arguments, engine_options_from_args
+    from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args
 
     parser = argparse.ArgumentParser()
     add_engine_arguments(parser)

@@ -57,7 +57,7 @@ def test_graph_buckets_cover_every_batch_size():
 
 def test_bench_flags_override_the_workload():
     from ladle.bench.engine_bench import _workload_from_args, run_bench
-    from ladle.cli import build_parser
+    from ladle.cli.main import build_parser
 
     args = build_parser().parse_args(
         ["bench", "latency", "--workload", "W3", "--input-len", "8", "16", "--enforce-eager"]

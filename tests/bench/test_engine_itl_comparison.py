@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S
-from ladle.metrics import ServerMetrics
+from ladle.frontend.metrics import ServerMetrics
 from ladle.protocol.messages import SchedulerStats
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "served_path_bench.py"

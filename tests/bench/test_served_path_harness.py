@@ -10,7 +10,7 @@ from ladle.bench.serve_client import BenchRequest, send_request
 from ladle.bench.serve_stats import RequestRecord
 from ladle.bench.sse_stub_server import serve
 from ladle.protocol.messages import EngineCoreRequest
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 def _request(request_id: str, max_tokens: int, logprobs: int | None) -> EngineCoreRequest:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.request import Request
 from ladle.protocol.step import StepPlan, StepResult
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 def make_request(

@@ -11,7 +11,7 @@ from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.prefill_budget import SAFETY, ItlPrefillBudget
 from ladle.core.request import Request
 from ladle.core.scheduler import Scheduler
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 def _linear_steps(policy: ItlPrefillBudget, intercept: float, slope: float) -> None:

@@ -10,7 +10,7 @@ from ladle.config import CacheConfig, SchedulerConfig
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 BLOCK_SIZE = 4
 EOS = 99

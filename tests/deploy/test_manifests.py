@@ -25,7 +25,7 @@ def test_kserve_inference_service_is_well_formed():
     args = container["args"]
     assert container["command"] == ["ladle"] and args[0] == "serve"
     # Every flag the manifest passes is one `ladle serve` knows.
-    from ladle.cli import build_parser
+    from ladle.cli.main import build_parser
 
     parsed = build_parser().parse_args([*container["command"][1:], *args])
     port = parsed.port

@@ -10,7 +10,7 @@ import zmq
 
 from ladle.frontend.admission import AdmissionController
 from ladle.frontend.client import AsyncEngineClient, EngineDeadError
-from ladle.metrics import ServerMetrics
+from ladle.frontend.metrics import ServerMetrics
 from ladle.protocol import wire
 
 

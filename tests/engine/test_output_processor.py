@@ -8,7 +8,7 @@ from typing import Any
 
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.protocol.messages import EngineCoreOutput
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 POISON_ID = 13
 

@@ -11,7 +11,7 @@ from ladle.entrypoints.openai.live_stats import LiveStatsLogger
 from ladle.frontend.admission import AdmissionController, QueueFullError
 from ladle.frontend.slo_admission import HEADROOM, TtftSloAdmission
 from ladle.protocol.messages import SchedulerStats
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 def _admission(rate: float, slo_s: float = 1.0) -> TtftSloAdmission:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 import pytest
 
 from ladle.frontend.stop_checker import StopChecker
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 @dataclass

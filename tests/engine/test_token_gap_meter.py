@@ -11,7 +11,7 @@ import zmq
 
 from ladle.engine import core_process
 from ladle.engine.token_gap_meter import ENGINE_ITL_BOUNDS_S, TokenGapMeter
-from ladle.metrics import ServerMetrics
+from ladle.frontend.metrics import ServerMetrics
 from ladle.protocol import wire
 from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
 

@@ -12,10 +12,10 @@ import pytest
 
 from ladle.frontend.admission import AdmissionController
 from ladle.frontend.client import AsyncEngineClient, EngineDeadError
+from ladle.frontend.metrics import ServerMetrics
 from ladle.frontend.restart_policy import RestartPolicy
-from ladle.metrics import ServerMetrics
 from ladle.protocol.messages import RequestRejectedError
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 PROMPT = [5, 6, 7, 8]
 

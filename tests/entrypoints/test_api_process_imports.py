@@ -9,11 +9,11 @@ import sys
 
 API_PROCESS_IMPORTS = """
 import sys
-from ladle.cli import build_parser
+from ladle.cli.main import build_parser
 build_parser()  # every subcommand's parser, as `ladle serve` builds them
 from ladle.config import EngineConfig
 from ladle.frontend.client import AsyncEngineClient
-from ladle.entrypoints.openai.cli_serve import run_serve
+from ladle.cli.serve import run_serve
 from ladle.entrypoints.openai.server import build_app
 from ladle.threads import configure_api_process_threads
 EngineConfig.from_kwargs(model="qwen3-0.6b", load_format="dummy", dtype="bf16")

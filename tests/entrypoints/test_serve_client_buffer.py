@@ -106,7 +106,7 @@ def test_joined_steps_give_one_output_per_request_with_all_tokens():
     deltas hold every step's tokens: one chunk to stream instead of several."""
     from ladle.frontend.output_processor import OutputProcessor
     from ladle.protocol.messages import EngineCoreOutput
-    from ladle.sampling_params import SamplingParams
+    from ladle.sampling.params import SamplingParams
 
     processor = OutputProcessor(None, eos_token_ids=(0,))
     processor.add_request("a", None, [5, 6], SamplingParams(max_tokens=3), 0.0)

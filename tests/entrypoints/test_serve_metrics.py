@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from prometheus_client import generate_latest
 
-from ladle.metrics import ServerMetrics
+from ladle.frontend.metrics import ServerMetrics
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.protocol.messages import SchedulerStats
 from tests.entrypoints.server_process import parse_metrics
@@ -115,7 +115,7 @@ def test_inter_token_histogram_matches_prometheus_clients_own():
     (values on a bound fall in that bound's bucket)."""
     from prometheus_client import CollectorRegistry, Histogram
 
-    from ladle.metrics import INTER_TOKEN_BUCKETS
+    from ladle.frontend.metrics import INTER_TOKEN_BUCKETS
 
     gaps = [0.0, 0.004, 0.0075, 0.01, 0.0100001, 0.3, 0.3, 79.9, 100.0]
     metrics = ServerMetrics("m")

@@ -12,7 +12,7 @@ from ladle.protocol.messages import (
     SchedulerStats,
     TokenLogprobs,
 )
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 def test_add_request_round_trip():

@@ -27,7 +27,7 @@ from ladle.entrypoints.openai.prompt_options import truncate_prompt
 from ladle.entrypoints.openai.protocol import ChatCompletionRequest, CompletionRequest
 from ladle.sample.bad_words import bad_words_token_ids, banned_by_bad_words
 from ladle.sample.logit_processing import apply_logit_edits_, build_logit_edits
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 from tests.entrypoints.conftest import API_KEY, TINY_ENGINE_ARGS, TINY_ENGINE_OPTIONS
 from tests.entrypoints.server_process import ServerProcess
 from tests.entrypoints.test_field_policy import effective_value

@@ -241,7 +241,7 @@ def test_fp8_greedy_tokens_under_cuda_graphs_are_the_same_with_and_without_the_f
 ):
     from ladle.entrypoints.llm import LLM
     from ladle.model.layers.quant.input_fusion import FUSED_ACTIVATION_QUANT_ENV
-    from ladle.sampling_params import SamplingParams
+    from ladle.sampling.params import SamplingParams
 
     prompts = [[5, 6, 7, 8, 9], list(range(20, 60)), [100, 3], list(range(200, 230))]
     params = SamplingParams(temperature=0.0, max_tokens=16, ignore_eos=True)

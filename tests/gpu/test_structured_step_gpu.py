@@ -70,7 +70,7 @@ def _run(engine, constraints: dict[int, dict], batch: int, tag: str) -> dict[int
     """Every row runs exactly MAX_TOKENS steps (ignore_eos), so both runs have the same batch
     shapes at every step and the unconstrained rows can be compared token for token."""
     from ladle.protocol.messages import EngineCoreRequest
-    from ladle.sampling_params import SamplingParams
+    from ladle.sampling.params import SamplingParams
 
     for index in range(batch):
         params = SamplingParams(

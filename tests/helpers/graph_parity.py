@@ -13,7 +13,7 @@ def assert_graphs_track_eager(model: str, **llm_options) -> None:
     summation orders), and a random tiny model amplifies such differences, so sequences may part
     late; a graph that ran broken kernels would agree on ~1/vocab of the tokens."""
     from ladle.entrypoints.llm import LLM
-    from ladle.sampling_params import SamplingParams
+    from ladle.sampling.params import SamplingParams
 
     params = SamplingParams(temperature=0.0, max_tokens=MAX_TOKENS, ignore_eos=True)
     results = []

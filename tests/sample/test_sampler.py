@@ -5,7 +5,7 @@ import dataclasses
 import torch
 
 from ladle.sample import Sampler, SamplingMetadata, build_sampling_metadata
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 VOCAB = 1000
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from ladle.sample import Sampler, build_sampling_metadata
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 NUM_DRAWS = 20_000
 # Designed so no truncation boundary is near a tie; shuffled so the sort-and-scatter back matters.

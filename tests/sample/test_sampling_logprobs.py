@@ -4,7 +4,7 @@ import torch
 
 from ladle.protocol.messages import TokenLogprobs
 from ladle.sample import Sampler, SamplerOutput, build_sampling_metadata, logprobs_to_messages
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 VOCAB = 300
 

@@ -12,7 +12,7 @@ from ladle.sample import (
     build_sampling_rows,
     pad_token_ids,
 )
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 def test_rows_are_4_byte_host_tensors_with_mapped_values() -> None:

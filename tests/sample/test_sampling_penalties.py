@@ -4,7 +4,7 @@ import torch
 
 from ladle.sample import Sampler, build_banned_token_ids, build_sampling_metadata
 from ladle.sample.penalties import apply_penalties_, token_counts
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 VOCAB = 10
 

@@ -7,7 +7,7 @@ import torch
 
 from ladle.sample.metadata import build_sampling_metadata
 from ladle.sample.sampler import Sampler
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 from ladle.structured.bitmask import (
     apply_token_bitmask,
     bitmask_width,

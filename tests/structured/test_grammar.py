@@ -11,7 +11,7 @@ import torch
 from ladle.core.request import Request
 from ladle.model.default_model import resolve_default_model
 from ladle.model.tokenizer import load_tokenizer
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 from ladle.structured.bitmask import apply_token_bitmask
 from ladle.structured.grammar import GrammarCompiler, RequestGrammar
 from ladle.structured.manager import StructuredOutputManager

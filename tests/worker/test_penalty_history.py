@@ -11,7 +11,7 @@ import torch
 from ladle.core.request import Request
 from ladle.sample.metadata import build_penalty_token_ids, build_sampling_metadata
 from ladle.sample.sampler import Sampler
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 from ladle.worker.penalty_history import MIN_OUTPUT_WIDTH, PenaltyHistory
 
 VOCAB = 50

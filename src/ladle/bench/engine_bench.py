@@ -36,7 +36,7 @@ from ladle.bench.workloads import (
     describe_workloads,
     get_workload,
 )
-from ladle.engine_args import add_engine_arguments, engine_options_from_args
+from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args
 from ladle.kernels.compile_log import compile_totals
 
 

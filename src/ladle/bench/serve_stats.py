@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
-from ladle.durations import parse_duration
+from ladle.cli.durations import parse_duration
 
 PERCENTILES = (50, 90, 95, 99)
 LATENCY_METRICS = ("ttft", "itl", "tpot", "e2e")

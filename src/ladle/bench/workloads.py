@@ -21,7 +21,7 @@ import textwrap
 from dataclasses import dataclass
 
 from ladle.protocol.messages import EngineCoreRequest
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -10,7 +10,7 @@ import enum
 import time
 from dataclasses import dataclass, field
 
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 class RequestStatus(enum.IntEnum):

@@ -33,7 +33,7 @@ from ladle.protocol.messages import (
     SchedulerStats,
 )
 from ladle.protocol.step import StepPlan
-from ladle.sampling_limits import check_field, check_top_k
+from ladle.sampling.limits import check_field, check_top_k
 from ladle.structured.engine_side import build_structured_output_manager
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.threads import ThreadGovernor

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING
 
 from ladle.kernels.compile_log import compile_totals
 from ladle.protocol.messages import EngineCoreRequest
-from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
+from ladle.sampling.params import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:
     from ladle.engine.engine_core import EngineCore

@@ -23,7 +23,7 @@ from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.tokenizer_preload import TokenizerPreload
 from ladle.model.generation_defaults import sampling_defaults_of
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 PromptInput = PromptType
 

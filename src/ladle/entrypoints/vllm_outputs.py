@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ladle.outputs import CompletionOutput, Logprob, RequestOutput
 from ladle.protocol.messages import TokenLogprobs
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 def to_vllm_logprobs(entries: list[TokenLogprobs], decode) -> list[dict[int, Logprob]]:

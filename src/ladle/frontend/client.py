@@ -39,15 +39,15 @@ from ladle.config import EngineConfig
 from ladle.engine.core_process import run_engine_core
 from ladle.engine.gc_policy import freeze_startup_objects
 from ladle.frontend.admission import AdmissionController
+from ladle.frontend.metrics import ServerMetrics
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.restart_policy import RestartBudget, RestartPolicy
 from ladle.frontend.tokenizer_preload import TokenizerPreload
-from ladle.metrics import ServerMetrics
 from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import RequestOutput
 from ladle.protocol import wire
 from ladle.protocol.messages import RequestRejectedError, SchedulerStats
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 STARTUP_POLL_MS = 200
 T = TypeVar("T")

@@ -19,7 +19,7 @@ from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.protocol.messages import EngineCoreOutput, EngineCoreRequest
 from ladle.sample.bad_words import bad_words_token_ids
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 CHILD_SEPARATOR = "#"
 

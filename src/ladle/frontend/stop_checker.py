@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 @dataclass(frozen=True)

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 import msgspec
 
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 class RequestRejectedError(ValueError):

@@ -20,7 +20,7 @@ from __future__ import annotations
 import msgspec
 
 from ladle.protocol.messages import TokenLogprobs
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 class BlockUpdate(msgspec.Struct, array_like=True, gc=False):

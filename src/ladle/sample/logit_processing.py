@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ladle.sample.bad_words import banned_by_bad_words
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 @dataclass

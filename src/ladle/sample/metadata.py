@@ -17,7 +17,7 @@ from dataclasses import dataclass, fields
 import torch
 
 from ladle.sample.logit_processing import LogitEdits, build_logit_edits
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 # Row name -> dtype, in packing order.
 ROW_DTYPES: dict[str, torch.dtype] = {

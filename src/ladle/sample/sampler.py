@@ -28,7 +28,7 @@ from ladle.sample.output import SamplerOutput
 from ladle.sample.penalties import apply_bans_, apply_penalties_
 from ladle.sample.rng import counter_gumbels
 from ladle.sample.truncation import apply_min_p_, apply_top_k_top_p_
-from ladle.sampling_params import GREEDY_TEMPERATURE
+from ladle.sampling.params import GREEDY_TEMPERATURE
 from ladle.structured.bitmask import apply_token_bitmask
 from ladle.structured.manager import GrammarBitmask
 

@@ -10,7 +10,7 @@ requests are forgotten by the plan's own finished list the next time one runs (f
 from __future__ import annotations
 
 from ladle.protocol.step import BlockUpdate, NewRequest, ScheduledRequest, StepPlan
-from ladle.sampling_params import MAX_LOGPROBS, SamplingParams
+from ladle.sampling.params import MAX_LOGPROBS, SamplingParams
 
 # Every sampling feature at once: the sampler's largest set of logits-sized temporaries.
 WORST_CASE_PARAMS = SamplingParams(

@@ -31,7 +31,7 @@ from torch import nn
 from ladle.attention.kv_quant import FP8_E4M3_MAX, check_kv_scale
 from ladle.model.layers.attention import Attention
 from ladle.protocol.step import StepPlan
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 from ladle.worker.dummy_batch import prefill_plan
 
 if TYPE_CHECKING:

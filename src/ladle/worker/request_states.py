@@ -12,7 +12,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from ladle.protocol.step import NewRequest
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 @dataclass

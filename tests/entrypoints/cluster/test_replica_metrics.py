@@ -5,7 +5,7 @@ label, values are the replicas' own, and each metric has one HELP/TYPE header.""
 from prometheus_client.parser import text_string_to_metric_families
 
 from ladle.entrypoints.cluster.replica_metrics import merge_replica_metrics
-from ladle.metrics import ServerMetrics
+from ladle.frontend.metrics import ServerMetrics
 from ladle.protocol.messages import SchedulerStats
 
 

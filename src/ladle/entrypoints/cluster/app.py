@@ -100,8 +100,8 @@ def build_replicas(
     replica_http_host: where each replica's own HTTP server listens (None: its node's IP).
     Raises ValueError on bad options, naming the field.
     """
+    from ladle.cli.durations import parse_duration
     from ladle.config import EngineConfig
-    from ladle.durations import parse_duration
 
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")

@@ -39,8 +39,8 @@ class LadleReplica:
         from ladle.entrypoints.openai.server import ServerSettings, build_app
         from ladle.frontend.admission import AdmissionController
         from ladle.frontend.client import AsyncEngineClient
+        from ladle.frontend.metrics import ServerMetrics
         from ladle.frontend.restart_policy import RestartPolicy
-        from ladle.metrics import ServerMetrics
 
         EngineConfig.from_kwargs(**engine_options)  # bad options fail here, with the field named
         import ray

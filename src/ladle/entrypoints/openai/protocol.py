@@ -3,7 +3,7 @@
 Requests are parsed in strict mode straight from the JSON bytes (`parse_request`), so a wrong
 type is a 400 rather than a silent coercion ("5" is not an integer, true is not 1) and bytes
 that are not UTF-8 JSON are a 400 too. Numeric ranges come from the same table SamplingParams
-checks (`ladle.sampling_limits.LIMITS`, through `api_field`), so an out-of-range value is a 400
+checks (`ladle.sampling.limits.LIMITS`, through `api_field`), so an out-of-range value is a 400
 naming the field before anything reaches the engine. The models drop fields they do not hold;
 field_policy.py then refuses each such field with a 400 naming it (unknown ones unless the server
 runs with --allow-unknown-fields), so no field is silently ignored.
@@ -31,7 +31,7 @@ from pydantic import (
     model_validator,
 )
 
-from ladle.sampling_limits import api_field
+from ladle.sampling.limits import api_field
 
 # A JSON number: pydantic's strict float already takes JSON integers; this just says so.
 Number = StrictFloat | StrictInt

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from ladle.entrypoints.openai.errors import BadRequestError, from_value_error
 from ladle.entrypoints.openai.protocol import _SamplingFields
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 from ladle.structured.params import StructuredOutputsParams
 
 

@@ -44,7 +44,7 @@ from ladle.entrypoints.openai.serving_completions import OpenAIServingCompletion
 from ladle.entrypoints.openai.streaming import ClientDisconnected
 from ladle.frontend.admission import current_retry_key, retry_key
 from ladle.frontend.client import AsyncEngineClient
-from ladle.metrics import CONTENT_TYPE
+from ladle.frontend.metrics import CONTENT_TYPE
 
 logger = logging.getLogger("ladle.server")
 

@@ -28,7 +28,7 @@ from ladle.frontend.admission import QueueFullError, QueueLimitError
 from ladle.frontend.client import AsyncEngineClient, EngineDeadError, RequestStream
 from ladle.outputs import RequestOutput
 from ladle.protocol.messages import RequestRejectedError
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 RequestModel = TypeVar("RequestModel", bound=BaseModel)
 ResultT = TypeVar("ResultT")

@@ -47,7 +47,7 @@ from ladle.entrypoints.openai.tool_calling import (
 from ladle.entrypoints.openai.tool_parsers import select_tool_parser
 from ladle.frontend.client import AsyncEngineClient, RequestStream
 from ladle.outputs import RequestOutput
-from ladle.sampling_params import MAX_LOGPROBS
+from ladle.sampling.params import MAX_LOGPROBS
 
 # Template keywords a request may not override: they are the template call's own arguments.
 RESERVED_TEMPLATE_KWARGS = frozenset(

@@ -47,7 +47,7 @@ from ladle.entrypoints.openai.streaming import (
 from ladle.entrypoints.openai.structured_fields import structured_outputs_of
 from ladle.frontend.client import RequestStream
 from ladle.outputs import RequestOutput
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 
 class OpenAIServingCompletion(OpenAIServing):

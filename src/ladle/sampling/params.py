@@ -9,8 +9,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Any
 
-from ladle.sampling_extras import validate_sampling_extras
-from ladle.sampling_limits import LIMITS
+from ladle.sampling.extras import validate_sampling_extras
+from ladle.sampling.limits import LIMITS
 from ladle.structured.params import StructuredOutputsParams
 
 # Greedy below this temperature: dividing logits by ~0 would only produce infs.

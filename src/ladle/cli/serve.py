@@ -18,7 +18,7 @@ from collections.abc import Callable
 # the server extra is installed.
 import uvicorn
 
-from ladle.engine_args import add_engine_arguments, engine_options_from_args
+from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args
 from ladle.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from ladle.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
@@ -232,8 +232,8 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.entrypoints.openai.server import ServerSettings, build_app
     from ladle.frontend.admission import AdmissionController
     from ladle.frontend.client import AsyncEngineClient, EngineStartError
+    from ladle.frontend.metrics import ServerMetrics
     from ladle.frontend.restart_policy import RestartPolicy
-    from ladle.metrics import ServerMetrics
     from ladle.threads import configure_api_process_threads
 
     if args.max_request_bytes < 1:
@@ -269,7 +269,7 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.replicas != 1 or args.ray_address or args.max_replicas is not None:
         if chat_template is not None:
             raise ValueError("--chat-template is not supported with --replicas / --ray-address")
-        from ladle.entrypoints.cluster.cli_cluster import run_cluster
+        from ladle.cli.cluster import run_cluster
 
         return run_cluster(args, model, served_name, options)
     if args.api_server_count not in (None, 1):
@@ -280,7 +280,7 @@ def run_serve(args: argparse.Namespace) -> int:
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
     if args.ttft_slo is not None:
-        from ladle.durations import parse_duration
+        from ladle.cli.durations import parse_duration
         from ladle.frontend.slo_admission import TtftSloAdmission
 
         admission = TtftSloAdmission(

@@ -13,7 +13,7 @@ import sys
 from typing import TextIO
 
 from ladle.outputs import RequestOutput
-from ladle.sampling_params import SamplingParams
+from ladle.sampling.params import SamplingParams
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT
 EXIT_BAD_PROMPT = 2  # ladle.cli.EXIT_BAD_OPTION

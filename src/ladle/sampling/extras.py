@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from ladle.sampling_limits import LIMITS
+from ladle.sampling.limits import LIMITS
 
 # field -> why it is refused (only when set to a value that would have an effect).
 UNSUPPORTED_SAMPLING_FIELDS = {

@@ -9,11 +9,11 @@ import sys
 
 from ladle.bench.engine_bench import add_bench_parsers
 from ladle.bench.serve import add_parser as add_bench_serve_parser
-from ladle.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
-from ladle.entrypoints.cli_quantize import add_quantize_parser
+from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
+from ladle.cli.quantize import add_quantize_parser
 
 try:
-    from ladle.entrypoints.openai.cli_serve import add_serve_parser
+    from ladle.cli.serve import add_serve_parser
 except ImportError as error:  # a broken install: say what to reinstall rather than hide serve
     add_serve_parser = None
     SERVE_IMPORT_ERROR: ImportError | None = error
@@ -25,7 +25,7 @@ EXIT_MODEL_LOAD_FAILED = 1
 EXIT_BAD_OPTION = 2
 
 
-# Engine flags are generated from the config dataclasses (ladle/engine_args.py).
+# Engine flags are generated from the config dataclasses (ladle/cli/engine_args.py).
 __all__ = ["add_engine_arguments", "build_parser", "engine_options_from_args", "main"]
 
 
@@ -38,9 +38,9 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from ladle.entrypoints.cli_generate import run_generate
+    from ladle.cli.generate import run_generate
     from ladle.entrypoints.llm import LLM
-    from ladle.sampling_params import SamplingParams
+    from ladle.sampling.params import SamplingParams
 
     params = SamplingParams(
         max_tokens=args.max_tokens,

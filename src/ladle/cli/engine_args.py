@@ -61,7 +61,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 def _duration_ms(text: str) -> float:
     """A duration flag in milliseconds: a bare number is ms; '50ms', '0.05s' carry their unit."""
-    from ladle.durations import parse_duration
+    from ladle.cli.durations import parse_duration
 
     stripped = str(text).strip()
     try:
