@@ -22,14 +22,33 @@ from __future__ import annotations
 
 import dataclasses
 import random
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Protocol
 
 from ladle.kernels.compile_log import compile_totals
 from ladle.protocol.messages import EngineCoreRequest
 from ladle.sampling.params import MAX_LOGPROBS, SamplingParams
 
 if TYPE_CHECKING:
-    from ladle.engine.engine_core import EngineCore
+    from ladle.config import EngineConfig
+    from ladle.core.kv_cache_manager import KVCacheManager
+    from ladle.executor.base import Executor
+    from ladle.protocol.messages import EngineCoreOutput
+
+
+class WarmableEngine(Protocol):
+    """What the warm-up drives: the engine core's request and step calls (EngineCore)."""
+
+    config: EngineConfig
+    max_model_len: int
+    vocab_size: int
+    kv_cache_manager: KVCacheManager
+    executor: Executor
+
+    def add_request(self, core_request: EngineCoreRequest) -> None: ...
+
+    def step(self) -> list[EngineCoreOutput]: ...
+
+    def has_unfinished_requests(self) -> bool: ...
 
 # Every one brings its own seed: the engine's seed stream (for requests without one) must be
 # where it would be without a warm-up.
@@ -65,7 +84,7 @@ def warmup_prompt_lengths(max_prompt_len: int) -> list[int]:
     return lengths
 
 
-def warm_up(engine: EngineCore) -> int:
+def warm_up(engine: WarmableEngine) -> int:
     """Run the warm-up requests to completion; returns the number of steps it took. The prefix
     cache is emptied afterwards, so no later request hits a warm-up block."""
     # Small steps with prompt tokens replay prefill graphs (their capture built their kernel
@@ -82,7 +101,7 @@ def warm_up(engine: EngineCore) -> int:
             graphs.prefill = prefill_graphs
 
 
-def _warm_up_steps(engine: EngineCore) -> int:
+def _warm_up_steps(engine: WarmableEngine) -> int:
     scheduler_config = engine.config.scheduler
     max_prompt_len = min(scheduler_config.max_num_batched_tokens, engine.max_model_len - 4)
     rng = random.Random(0)
@@ -119,7 +138,7 @@ def _warm_up_steps(engine: EngineCore) -> int:
     return num_steps
 
 
-def _run_to_completion(engine: EngineCore) -> int:
+def _run_to_completion(engine: WarmableEngine) -> int:
     num_steps = 0
     while engine.has_unfinished_requests():
         engine.step()
@@ -127,7 +146,7 @@ def _run_to_completion(engine: EngineCore) -> int:
     return num_steps
 
 
-def describe_startup(engine: EngineCore, num_warmup_steps: int, warmup_seconds: float) -> str:
+def describe_startup(engine: WarmableEngine, num_warmup_steps: int, warmup_seconds: float) -> str:
     """One line for the start-up log: warm-up, graph capture, and the Triton builds so far."""
     parts = [f"warm-up: {num_warmup_steps} steps in {warmup_seconds:.1f} s"]
     graphs = engine.executor.graphs

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import random
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from typing import TYPE_CHECKING
 
@@ -35,7 +35,7 @@ from ladle.sampling.params import SamplingParams
 from ladle.worker.dummy_batch import prefill_plan
 
 if TYPE_CHECKING:
-    from ladle.worker.worker import Worker
+    from ladle.worker.model_runner import ModelRunner
 
 NUM_PROMPTS = 4
 PROMPT_LEN = 128
@@ -102,21 +102,25 @@ def set_scales_from_amax(layers: list[Attention], amaxes: list[list[torch.Tensor
 
 
 @torch.inference_mode()
-def set_fp8_kv_scales(worker: Worker) -> None:
-    """Give every attention layer of the worker's model its fp8 KV scales: those its checkpoint
+def set_fp8_kv_scales(
+    runner: ModelRunner,
+    vocab_size: int,
+    max_model_len: int,
+    allocate_kv_caches: Callable[[int, torch.dtype], list[torch.Tensor]],
+    dtype: torch.dtype,
+) -> None:
+    """Give every attention layer of the runner's model its fp8 KV scales: those its checkpoint
     carried, else one calibration step through the real step path (ModelRunner.execute) over a
-    temporary cache in the model's dtype. Runs before the KV cache is sized; says what it did."""
-    runner = worker.runner
-    layers = attention_layers(worker.model)
+    temporary cache of `dtype` (the model's) from allocate_kv_caches(num_blocks, dtype). Runs
+    before the KV cache is sized; says what it did."""
+    layers = attention_layers(runner.model)
     uncalibrated = [layer for layer in layers if layer.kv_scales_source != "checkpoint"]
     note = f"{len(layers) - len(uncalibrated)} layers' k/v scales from the checkpoint"
     if uncalibrated:
-        prompt_len = max(1, min(PROMPT_LEN, worker.max_model_len - 1))
-        step, num_blocks = build_calibration_step(
-            worker.arch.vocab_size, runner.block_size, prompt_len
-        )
+        prompt_len = max(1, min(PROMPT_LEN, max_model_len - 1))
+        step, num_blocks = build_calibration_step(vocab_size, runner.block_size, prompt_len)
         real_caches = runner.kv_caches
-        runner.kv_caches = worker.allocate_kv_caches(num_blocks, worker.dtype)
+        runner.kv_caches = allocate_kv_caches(num_blocks, dtype)
         try:
             with recording_kv_amax(uncalibrated) as amaxes:
                 runner.execute(step).result()

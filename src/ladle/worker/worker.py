@@ -80,7 +80,13 @@ class Worker:
         self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
-            kv_calibration.set_fp8_kv_scales(self)
+            kv_calibration.set_fp8_kv_scales(
+                self.runner,
+                self.arch.vocab_size,
+                self.max_model_len,
+                self.allocate_kv_caches,
+                self.dtype,
+            )
         if self.device.type == "cuda":
             self._build_kernel_variants()
         self.memory_budget = size_kv_cache(
