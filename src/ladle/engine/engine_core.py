@@ -96,6 +96,7 @@ class EngineCore:
         )
         self.overlaps = overlap_enabled(config.scheduler, info.device_type)
         self._in_flight: InFlightStep | None = None  # submitted, its result not yet read
+        self._graph_steps_before = 0
         # Last: the warm-up runs real steps, which need everything above.
         if info.device_type == "cuda":
             # Compile every kernel variant now, through the real step, not under a first user.
@@ -199,25 +200,41 @@ class EngineCore:
             self.thread_governor.maybe_adjust()
         outputs = self._admit_compiled_requests()
         plan = self.scheduler.schedule()
-        previous, self._in_flight = self._in_flight, None
-        graph_steps_before = self.executor.num_graph_steps
-        if plan.scheduled or plan.finished_request_ids or plan.preempted_request_ids:
-            between = None
-            if previous is not None and plan.samples_from_host_tokens:
-                between = lambda: self._settle(previous)  # noqa: E731
-            future = self.executor.submit(plan, self._grammar_fill(), between)
-            self._in_flight = InFlightStep(future)
+        previous = self._in_flight
+        self._in_flight = self._submit(plan, previous)
         launch_seconds = time.perf_counter() - started
         if previous is not None:
             outputs += self._read(previous)  # the device runs this step meanwhile
-        if self._in_flight is not None and not self.overlaps:
+        if not self.overlaps:
             outputs += self._finish_in_flight()
-        graphed = self.executor.num_graph_steps > graph_steps_before
+        self._after_step(plan, previous, outputs, started, launch_seconds)
+        return outputs
+
+    def _submit(self, plan: StepPlan, previous: InFlightStep | None) -> InFlightStep | None:
+        """Hand the plan to the executor (also a plan with nothing scheduled that tells the
+        workers what to forget). With a step in flight and rows that sample from host tokens,
+        that step is read between this one's forward pass and its sampling."""
+        self._graph_steps_before = self.executor.num_graph_steps
+        if not (plan.scheduled or plan.finished_request_ids or plan.preempted_request_ids):
+            return None
+        between = None
+        if previous is not None and plan.samples_from_host_tokens:
+            between = lambda: self._settle(previous)  # noqa: E731
+        return InFlightStep(self.executor.submit(plan, self._grammar_fill(), between))
+
+    def _after_step(
+        self,
+        plan: StepPlan,
+        previous: InFlightStep | None,
+        outputs: list[EngineCoreOutput],
+        started: float,
+        launch_seconds: float,
+    ) -> None:
+        graphed = self.executor.num_graph_steps > self._graph_steps_before
         self._record_step(plan, previous, started, launch_seconds, graphed)
         if not plan.scheduled and not outputs:
             self._wait_for_grammars()
         self._forget_when_idle()
-        return outputs
 
     def _forget_when_idle(self) -> None:
         """With nothing left to run, tell the workers now to drop what they hold of ended
