@@ -21,15 +21,15 @@ import time
 
 CHAINS = {
     "serve-help": "import sys; sys.argv = ['ladle', 'serve', '--help']\n"
-    "from ladle.cli import main\n"
+    "from ladle.cli.main import main\n"
     "try:\n    main()\nexcept SystemExit:\n    pass",
     "offline": "import ladle.engine.engine_core, ladle.model.loader, ladle.worker.cuda_graphs, "
     "ladle.worker.model_runner\nfrom ladle import LLM",
-    "api-process": "import ladle.cli\nfrom ladle.cli import serve as cli_serve\n"
+    "api-process": "import ladle.cli.main\nfrom ladle.cli import serve as cli_serve\n"
     "from ladle.frontend.client import AsyncEngineClient\n"
     "from ladle.entrypoints.openai.server import build_app\n"
     "from ladle.entrypoints.openai.live_stats import LiveStatsLogger",
-    "engine-core": "import ladle.cli, ladle.engine.core_process\n"
+    "engine-core": "import ladle.cli.main, ladle.engine.core_process\n"
     "from ladle.engine.engine_core import EngineCore\n"
     "from ladle.frontend.tokenizer_source import resolve_tokenizer_source\n"
     "from ladle.model.generation_defaults import sampling_defaults_of\n"

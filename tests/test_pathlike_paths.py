@@ -6,7 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ladle import LLM, SamplingParams
-from ladle.cli import main
+from ladle.cli.main import main
 from ladle.config import EngineConfig
 from ladle.model.default_model import resolve_default_model
 

@@ -21,7 +21,7 @@ def _relative(actual: torch.Tensor, expected: torch.Tensor) -> float:
 def test_rotated_int4_folder_calibrated_on_cuda(tmp_path):
     from helpers.tiny_models import save_gemm_aligned_tiny_model, write_calibration_text
 
-    from ladle.cli import main
+    from ladle.cli.main import main
 
     float_dir = save_gemm_aligned_tiny_model(tmp_path, tie_word_embeddings=True)
     text = write_calibration_text(tmp_path)

@@ -40,7 +40,7 @@ def test_tuned_folder_calibrated_on_cuda(tmp_path, method, options):
     random tiny model other text need not follow)."""
     from helpers.tiny_models import save_gemm_aligned_tiny_model, write_calibration_text
 
-    from ladle.cli import main
+    from ladle.cli.main import main
     from ladle.model.loader.calibration_text import token_windows
     from ladle.model.tokenizer import load_tokenizer
 

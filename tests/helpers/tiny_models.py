@@ -314,7 +314,7 @@ def quantize_calibrated(
     """A tiny model (intermediate size 200) quantized to `method` by `ladle quantize OPTIONS` in
     float32 on the calibration text (3 windows of 40 tokens). Returns (the float model's folder,
     the output folder, the same calibration windows for the in-memory pass to compare with)."""
-    from ladle.cli import main
+    from ladle.cli.main import main
     from ladle.model.loader.calibration_text import token_windows
     from ladle.model.tokenizer import load_tokenizer
 

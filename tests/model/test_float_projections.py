@@ -86,7 +86,7 @@ def test_awq_gptq_with_float_projections_loads_to_the_in_memory_logits(tmp_path,
 def test_cli_names_a_partial_merged_module(tmp_path, capsys):
     from helpers.tiny_models import save_tiny_model
 
-    from ladle.cli import main
+    from ladle.cli.main import main
 
     float_model = save_tiny_model(tmp_path, "llama")
     out = tmp_path / "out"

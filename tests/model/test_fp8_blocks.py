@@ -253,7 +253,7 @@ def test_writer_refuses_blocks_that_other_readers_cannot_load(odd_model, tmp_pat
 
 
 def test_quantize_command_writes_blocks_and_refuses_bad_ones(whole_block_model, tmp_path):
-    from ladle.cli import main
+    from ladle.cli.main import main
 
     out = tmp_path / "cli"
     argv = ["quantize", whole_block_model, str(out), "--method", "fp8", "--dtype", "float32"]

@@ -141,7 +141,7 @@ def test_clip_search_checkpoint_loads_to_the_in_memory_logits(tmp_path, fmt, sym
 def test_clip_search_refuses_other_methods(tmp_path, capsys):
     from helpers.tiny_models import save_tiny_model
 
-    from ladle.cli import main
+    from ladle.cli.main import main
 
     float_model = save_tiny_model(tmp_path, "qwen2")
     argv = ["quantize", float_model, str(tmp_path / "x"), "--method", "fp8", "--clip-search"]

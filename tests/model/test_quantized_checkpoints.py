@@ -78,7 +78,7 @@ def test_written_checkpoint_loads_to_the_in_memory_quantized_logits(
 
 
 def test_quantize_command_writes_a_loadable_folder(float_model, tmp_path):
-    from ladle.cli import main
+    from ladle.cli.main import main
 
     out = tmp_path / "awq"
     argv = ["quantize", float_model, str(out), "--method", "int4", "--format", "awq"]

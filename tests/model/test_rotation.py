@@ -128,7 +128,7 @@ def test_rotate_keeps_float_layers_rotated(tmp_path):
 def test_cli_refuses_rotate_without_int4_gptq(tmp_path, capsys, options):
     from helpers.tiny_models import save_tiny_model
 
-    from ladle.cli import main
+    from ladle.cli.main import main
 
     float_model = save_tiny_model(tmp_path, "llama")
     out = tmp_path / "out"
@@ -144,7 +144,7 @@ def test_rotate_unties_a_tied_source_that_also_stores_its_head(tmp_path):
     from helpers.tiny_models import save_tiny_model, write_calibration_text
     from safetensors.torch import load_file, save_file
 
-    from ladle.cli import main
+    from ladle.cli.main import main
 
     text = write_calibration_text(tmp_path)
     folders = {}

@@ -130,7 +130,7 @@ def test_tuning_lowers_the_divergence_and_loads_back(tmp_path, architecture):
 def test_tune_steps_refusals(tmp_path, capsys, options, message):
     from helpers.tiny_models import save_tiny_model, write_calibration_text
 
-    from ladle.cli import main
+    from ladle.cli.main import main
 
     out = tmp_path / "out"
     argv = ["quantize", save_tiny_model(tmp_path, "llama"), str(out), *options, "--tune-steps", "2"]
@@ -162,7 +162,7 @@ def test_fp8_differentiable_forward_is_the_engines_w8a8(tmp_path, architecture):
     differentiates computes the logits the engine's fp8 layers do on a folder ladle wrote."""
     from helpers.tiny_models import load_float32_on_cpu, paged_logits, save_tiny_model
 
-    from ladle.cli import main
+    from ladle.cli.main import main
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.loader.calibration import round_linears_
     from ladle.model.models.llama_autograd_forward import sequence_logits

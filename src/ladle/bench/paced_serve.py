@@ -44,7 +44,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.paced_tokenizer is not None:
         os.environ[TOKENIZER_ENV] = args.paced_tokenizer
     import ladle.frontend.client as client_module
-    from ladle.cli import main as ladle_main
+    from ladle.cli.main import main as ladle_main
 
     client_module.run_engine_core = paced_engine_core  # what AsyncEngineClient spawns
     if args.profile is None:

@@ -3,7 +3,7 @@ before any engine starts; and bad replica counts are rejected with the flag name
 
 import sys
 
-from ladle.cli import main
+from ladle.cli.main import main
 
 
 def test_replicas_without_ray_says_how_to_install(monkeypatch, capsys):

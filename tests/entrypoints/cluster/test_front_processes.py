@@ -12,7 +12,7 @@ import pytest
 
 pytest.importorskip("ray.serve", reason="Ray Serve is not installed (pip install 'ladle[ray]')")
 
-from ladle.cli import main  # noqa: E402
+from ladle.cli.main import main  # noqa: E402
 from ladle.entrypoints.cluster import front_processes, routing_metrics  # noqa: E402
 from ladle.entrypoints.cluster.front import FrontSettings  # noqa: E402
 from ladle.entrypoints.cluster.front_peers import FrontPeers  # noqa: E402
