@@ -33,10 +33,9 @@
 
 #include "half_float.h"
 #include "thread_pool.h"
+#include "vector_sum.h"
 
-#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "simd_level.h"
 
 #define GROUP 32
 #define ROW_BLOCK 4   /* weight rows per micro-kernel call (clamped at the last block) */
@@ -49,13 +48,22 @@
 #define MIN_PARALLEL_WORK (1 << 17) /* weights x rows below which one thread is faster */
 
 
-#if defined(__AVX512F__)
+#if defined(LADLE_AVX512)
 /* 16 codes: round to nearest even (the default MXCSR mode), then narrow with saturation; the
  * remainders of the scaled values go to *residual. */
 static inline __m128i round16(__m512 scaled, __m512 *residual) {
     __m512i rounded = _mm512_cvtps_epi32(scaled);
     *residual = _mm512_sub_ps(scaled, _mm512_cvtepi32_ps(rounded));
     return _mm512_cvtsepi32_epi8(rounded);
+}
+#endif
+
+#if defined(LADLE_AVX2)
+/* 32 int32 codes (four vectors of 8) narrowed with saturation to 32 int8 in their order: the
+ * packs work within 128-bit lanes, so the last permute puts the 4-byte words back in order. */
+static inline __m256i narrow32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i words = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(words, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 #endif
 
@@ -72,7 +80,7 @@ static void quantize_row(const float *x, int64_t num_groups, int8_t *q, int8_t *
     for (int64_t g = 0; g < num_groups; g++) {
         const float *values = x + g * GROUP;
         int8_t *codes = q + g * GROUP;
-#if defined(__AVX512F__)
+#if defined(LADLE_AVX512)
         const __m512 a = _mm512_loadu_ps(values), b = _mm512_loadu_ps(values + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
         const float sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
@@ -86,6 +94,34 @@ static void quantize_row(const float *x, int64_t num_groups, int8_t *q, int8_t *
                              round16(_mm512_mul_ps(rest_a, times), &unused));
             _mm_storeu_si128((__m128i *)(residual + g * GROUP + 16),
                              round16(_mm512_mul_ps(rest_b, times), &unused));
+        }
+#elif defined(LADLE_AVX2)
+        /* round to nearest even and saturate, as lrintf and saturate8 below do */
+        __m256 v[4], magnitude = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+        const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+        for (int c = 0; c < 4; c++) {
+            v[c] = _mm256_loadu_ps(values + 8 * c);
+            magnitude = _mm256_max_ps(magnitude, _mm256_andnot_ps(sign_bit, v[c]));
+            total = _mm256_add_ps(total, v[c]);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(magnitude), _mm256_extractf128_ps(magnitude, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4), sum = ladle_sum256(total);
+        const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i rounded[4], rest_codes[4];
+        __m256 rest[4];
+        for (int c = 0; c < 4; c++) {
+            const __m256 scaled = _mm256_mul_ps(v[c], inverse);
+            rounded[c] = _mm256_cvtps_epi32(scaled);
+            rest[c] = _mm256_sub_ps(scaled, _mm256_cvtepi32_ps(rounded[c]));
+        }
+        _mm256_storeu_si256((__m256i *)codes, narrow32(rounded[0], rounded[1], rounded[2], rounded[3]));
+        if (residual) {
+            const __m256 times = _mm256_set1_ps(256.0f);
+            for (int c = 0; c < 4; c++) rest_codes[c] = _mm256_cvtps_epi32(_mm256_mul_ps(rest[c], times));
+            _mm256_storeu_si256((__m256i *)(residual + g * GROUP),
+                                narrow32(rest_codes[0], rest_codes[1], rest_codes[2], rest_codes[3]));
         }
 #else
         float amax = 0.0f, sum = 0.0f;
@@ -154,7 +190,7 @@ static void block_params(const gemm_job *job, int64_t row, float s[ROW_BLOCK][PA
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(LADLE_AVX512_VNNI)
 
 /* One 64-byte half-step: weight codes w[r] (unsigned, two groups: lanes 0-7 and 8-15 of the
  * int32 sums) against the activation codes at byte `column` of each x row, whose groups start
@@ -483,12 +519,12 @@ static void interleaved8_chunk(const void *args, int64_t chunk) {
     }
 }
 
-#elif defined(__AVX2__)
+#elif defined(LADLE_AVX2) || defined(LADLE_AVX512) /* AVX-512 without VNNI: its AVX2 */
 
 /* 32 unsigned codes times 32 signed activations, summed in 8 int32 lanes. */
 static inline __m256i dot32(__m256i codes, __m256i activations) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), codes, activations);
+#if defined(LADLE_VNNI256)
+    return ladle_dpbusd256(_mm256_setzero_si256(), codes, activations);
 #else
     /* 15 * 127 * 2 fits in int16: vpmaddubsw cannot saturate here. */
     __m256i pairs = _mm256_maddubs_epi16(codes, activations);
@@ -666,7 +702,7 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
     ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
     gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n, codes,
                     scale, offset, (int)scale_is_half, bias, y};
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(LADLE_AVX512_VNNI)
     if (m >= INTERLEAVED_MIN_ROWS && num_groups <= INTERLEAVED_MAX_GROUPS) {
         ladle_run_chunks(interleaved_chunk, &job, (n + LANES - 1) / LANES, threads);
         free(q);
@@ -689,7 +725,7 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
 int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activation_bits,
                        const int8_t *codes, const void *scale, int64_t scale_is_half,
                        const float *bias, float *y, int64_t n, int64_t num_threads) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(LADLE_AVX512_VNNI)
     const int64_t num_groups = padded / GROUP;
     if (m < INTERLEAVED_MIN_ROWS || n < 1 || padded % GROUP || num_groups > INTERLEAVED_MAX_GROUPS)
         return -1;
@@ -732,7 +768,7 @@ int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
  * chunks at every batch measured (up to 512 rows: docs/benchmarks.md), so prefill takes it too;
  * 0 where only micro_kernel is built (MKL overtakes it between 48 and 64 rows). */
 int64_t ladle_q4_int8_gemm_interleaved(void) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(LADLE_AVX512_VNNI)
     return 1;
 #else
     return 0;
