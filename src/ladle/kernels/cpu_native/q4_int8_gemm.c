@@ -521,67 +521,68 @@ static void interleaved8_chunk(const void *args, int64_t chunk) {
 
 #elif defined(LADLE_AVX2) || defined(LADLE_AVX512) /* AVX-512 without VNNI: its AVX2 */
 
-/* 32 unsigned codes times 32 signed activations, summed in 8 int32 lanes. */
-static inline __m256i dot32(__m256i codes, __m256i activations) {
+/* 32 unsigned codes times 32 signed activations, 4 to an int32 lane; with the residual codes
+ * (16-bit activations) 256 times that plus the residuals' products. */
+static inline __attribute__((always_inline)) __m256i dot32_pass(__m256i codes, const int8_t *q,
+                                                               const int8_t *rest, int two_pass) {
+    const __m256i xq = _mm256_loadu_si256((const __m256i *)q);
 #if defined(LADLE_VNNI256)
-    return ladle_dpbusd256(_mm256_setzero_si256(), codes, activations);
+    const __m256i dot = ladle_dpbusd256(_mm256_setzero_si256(), codes, xq);
+    if (!two_pass) return dot;
+    return ladle_dpbusd256(_mm256_slli_epi32(dot, 8), codes,
+                           _mm256_loadu_si256((const __m256i *)rest));
 #else
-    /* 15 * 127 * 2 fits in int16: vpmaddubsw cannot saturate here. */
-    __m256i pairs = _mm256_maddubs_epi16(codes, activations);
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    /* 15 * 128 * 2 fits in int16: vpmaddubsw cannot saturate here; vpmaddwd then widens the
+     * pairs to int32, times 256 for the first pass (no separate shift). */
+    const __m256i pairs = _mm256_maddubs_epi16(codes, xq);
+    if (!two_pass) return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    const __m256i rest_pairs =
+        _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)rest));
+    return _mm256_add_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(256)),
+                            _mm256_madd_epi16(rest_pairs, _mm256_set1_epi16(1)));
 #endif
 }
 
-/* dot32 of the codes, or with the residual codes 256 times it plus theirs */
-static inline __m256i dot32_pass(__m256i codes, const int8_t *q, const int8_t *rest,
-                                 int two_pass) {
-    __m256i dot = dot32(codes, _mm256_loadu_si256((const __m256i *)q));
-    if (!two_pass) return dot;
-    return _mm256_add_epi32(_mm256_slli_epi32(dot, 8),
-                            dot32(codes, _mm256_loadu_si256((const __m256i *)rest)));
-}
-
+/* One weight row at a time against the tile's x rows, the low and high nibbles' groups in two
+ * accumulators each: 2 * X_TILE accumulators fit AVX2's 16 registers (all rows of the block at
+ * once, 16 accumulators and the codes, spilled at X_TILE = 4), and each code byte is still read
+ * once. The group scales' products s * d are formed 8 at a time before the loop. */
 static inline __attribute__((always_inline)) void micro_kernel(
     const gemm_job *job, int64_t x_row, int num_x, int two_pass, const uint8_t *rows[ROW_BLOCK],
     float s[ROW_BLOCK][PARAM_STRIDE], float sums[X_TILE][ROW_BLOCK]) {
     const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
     const __m256i low_mask = _mm256_set1_epi8(0x0F);
-    __m256 acc[X_TILE][ROW_BLOCK];
-    for (int i = 0; i < num_x; i++)
-        for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < half_groups; p++) {
-        __m256i low[ROW_BLOCK], high[ROW_BLOCK];
-        for (int r = 0; r < ROW_BLOCK; r++) {
-            __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
-            low[r] = _mm256_and_si256(packed, low_mask);
-            high[r] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
-        }
+    float sd[X_TILE][PARAM_STRIDE];
+    for (int r = 0; r < ROW_BLOCK; r++) {
         for (int i = 0; i < num_x; i++) {
-            const int64_t xi = x_row + i;
-            const int8_t *q = job->q + xi * job->padded;
-            const int8_t *rest = two_pass ? job->residual + xi * job->padded : q;
+            const float *d = job->d + (x_row + i) * num_groups; /* PARAM_PAD floats after */
+            for (int64_t g = 0; g < num_groups; g += 8)
+                _mm256_storeu_ps(&sd[i][g],
+                                 _mm256_mul_ps(_mm256_loadu_ps(&s[r][g]), _mm256_loadu_ps(d + g)));
+        }
+        __m256 acc_low[X_TILE], acc_high[X_TILE];
+        for (int i = 0; i < num_x; i++) acc_low[i] = acc_high[i] = _mm256_setzero_ps();
+        for (int64_t p = 0; p < half_groups; p++) {
+            const __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
+            const __m256i low = _mm256_and_si256(packed, low_mask);
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
             const int64_t at_low = 32 * p, at_high = 32 * (p + half_groups);
-            const float *d = job->d + xi * num_groups;
-            for (int r = 0; r < ROW_BLOCK; r++) {
-                __m256 dot_low = _mm256_cvtepi32_ps(
-                    dot32_pass(low[r], q + at_low, rest + at_low, two_pass));
-                __m256 dot_high = _mm256_cvtepi32_ps(
-                    dot32_pass(high[r], q + at_high, rest + at_high, two_pass));
-                acc[i][r] = _mm256_fmadd_ps(dot_low, _mm256_set1_ps(s[r][p] * d[p]), acc[i][r]);
-                acc[i][r] = _mm256_fmadd_ps(
-                    dot_high, _mm256_set1_ps(s[r][p + half_groups] * d[p + half_groups]),
-                    acc[i][r]);
+            for (int i = 0; i < num_x; i++) {
+                const int64_t xi = x_row + i;
+                const int8_t *q = job->q + xi * job->padded;
+                const int8_t *rest = two_pass ? job->residual + xi * job->padded : q;
+                const __m256 dot_low =
+                    _mm256_cvtepi32_ps(dot32_pass(low, q + at_low, rest + at_low, two_pass));
+                const __m256 dot_high =
+                    _mm256_cvtepi32_ps(dot32_pass(high, q + at_high, rest + at_high, two_pass));
+                acc_low[i] = _mm256_fmadd_ps(dot_low, _mm256_broadcast_ss(&sd[i][p]), acc_low[i]);
+                acc_high[i] = _mm256_fmadd_ps(
+                    dot_high, _mm256_broadcast_ss(&sd[i][p + half_groups]), acc_high[i]);
             }
         }
+        for (int i = 0; i < num_x; i++)
+            sums[i][r] = ladle_sum256(_mm256_add_ps(acc_low[i], acc_high[i]));
     }
-    for (int i = 0; i < num_x; i++)
-        for (int r = 0; r < ROW_BLOCK; r++) {
-            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[i][r]),
-                                  _mm256_extractf128_ps(acc[i][r], 1));
-            v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-            v = _mm_add_ss(v, _mm_movehdup_ps(v));
-            sums[i][r] = _mm_cvtss_f32(v);
-        }
 }
 
 #else
