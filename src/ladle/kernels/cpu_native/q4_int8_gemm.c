@@ -585,6 +585,10 @@ static inline __attribute__((always_inline)) void micro_kernel(
     }
 }
 
+#if defined(LADLE_AVX2)
+#include "q4_interleaved_avx2.h"
+#endif
+
 #else
 
 static inline void micro_kernel(const gemm_job *job, int64_t x_row, int num_x, int two_pass,
@@ -706,6 +710,13 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
 #if defined(LADLE_AVX512_VNNI)
     if (m >= INTERLEAVED_MIN_ROWS && num_groups <= INTERLEAVED_MAX_GROUPS) {
         ladle_run_chunks(interleaved_chunk, &job, (n + LANES - 1) / LANES, threads);
+        free(q);
+        free(params);
+        return 0;
+    }
+#elif defined(LADLE_AVX2)
+    if (m >= AVX2_INTERLEAVED_MIN_ROWS && num_groups <= AVX2_INTERLEAVED_MAX_GROUPS) {
+        ladle_run_chunks(avx2_interleaved_chunk, &job, (n + LANES8 - 1) / LANES8, threads);
         free(q);
         free(params);
         return 0;
