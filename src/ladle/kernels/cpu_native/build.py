@@ -37,7 +37,7 @@ SOURCES = (
 )  # fmt: skip
 HEADERS = (
     "half_float.h", "thread_pool.h", "fast_exp.h", "decode_kernels.h", "vector_sum.h",
-    "simd_level.h", "q4_interleaved_avx2.h",
+    "simd_level.h", "interleaved_avx2.h",
 )  # fmt: skip
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 # The target CPU: native by default; tests set another (x86-64-v3: AVX2, x86-64: plain C) to

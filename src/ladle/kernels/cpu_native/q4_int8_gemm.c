@@ -153,6 +153,7 @@ typedef struct {
     int is_half;
     const float *bias;
     float *y;                  /* [m, n] */
+    const int16_t *x16;        /* [m, padded]: 256 q + residual (AVX2's 8-bit weights), or NULL */
 } gemm_job;
 
 static inline float param(const gemm_job *job, const void *values, int64_t index) {
@@ -586,7 +587,7 @@ static inline __attribute__((always_inline)) void micro_kernel(
 }
 
 #if defined(LADLE_AVX2)
-#include "q4_interleaved_avx2.h"
+#include "interleaved_avx2.h"
 #endif
 
 #else
@@ -706,7 +707,7 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
     quantize_job quantize = {x, padded, q, residual, params, params + m * num_groups};
     ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
     gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n, codes,
-                    scale, offset, (int)scale_is_half, bias, y};
+                    scale, offset, (int)scale_is_half, bias, y, 0};
 #if defined(LADLE_AVX512_VNNI)
     if (m >= INTERLEAVED_MIN_ROWS && num_groups <= INTERLEAVED_MAX_GROUPS) {
         ladle_run_chunks(interleaved_chunk, &job, (n + LANES - 1) / LANES, threads);
@@ -731,9 +732,9 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
 }
 
 /* As ladle_q4_int8_gemm for 8-bit weight codes (int8 [n, padded], a scale per group of 32, no
- * offset: GGUF Q8_0). Only the interleaved AVX-512 VNNI path exists for them: returns -1 (nothing
- * written) on other builds and below INTERLEAVED_MIN_ROWS rows, where the caller's float paths
- * are as fast. */
+ * offset: GGUF Q8_0). Only interleaved paths exist for them (AVX-512 VNNI, and AVX2:
+ * interleaved_avx2.h): returns -1 (nothing written) on other builds and below their minimum rows
+ * (2), where the caller's float paths are as fast. */
 int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activation_bits,
                        const int8_t *codes, const void *scale, int64_t scale_is_half,
                        const float *bias, float *y, int64_t n, int64_t num_threads) {
@@ -764,9 +765,39 @@ int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
             for (int64_t k = at; k < copies * m * padded; k++) q[k] ^= (int8_t)0x80;
     }
     gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n,
-                    (const uint8_t *)codes, scale, 0, (int)scale_is_half, bias, y};
+                    (const uint8_t *)codes, scale, 0, (int)scale_is_half, bias, y, 0};
     ladle_run_chunks(interleaved8_chunk, &job, (n + LANES - 1) / LANES, threads);
     free(q);
+    free(params);
+    return 0;
+#elif defined(LADLE_AVX2)
+    const int64_t num_groups = padded / GROUP;
+    if (m < AVX2_INTERLEAVED8_MIN_ROWS || n < 1 || padded % GROUP ||
+        num_groups > AVX2_INTERLEAVED_MAX_GROUPS)
+        return -1;
+    if (activation_bits != 8 && activation_bits != 16) return -1;
+    const int64_t copies = activation_bits / 8;
+    int8_t *q = malloc((size_t)(copies * m * padded));
+    int16_t *x16 = malloc((size_t)(m * padded) * sizeof(int16_t));
+    float *params = calloc((size_t)(2 * m * num_groups + PARAM_PAD), sizeof(float));
+    if (!q || !x16 || !params) {
+        free(q);
+        free(x16);
+        free(params);
+        return -2;
+    }
+    const int64_t threads = n * padded * m >= MIN_PARALLEL_WORK ? num_threads : 1;
+    int8_t *residual = copies == 2 ? q + m * padded : 0;
+    quantize_job quantize = {x, padded, q, residual, params, params + m * num_groups};
+    ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
+    /* one int16 per activation: 256 q + r lies in [-32640, 32639] */
+    for (int64_t k = 0; k < m * padded; k++)
+        x16[k] = (int16_t)(residual ? 256 * q[k] + residual[k] : q[k]);
+    gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n,
+                    (const uint8_t *)codes, scale, 0, (int)scale_is_half, bias, y, x16};
+    ladle_run_chunks(avx2_interleaved8_chunk, &job, (n + LANES8 - 1) / LANES8, threads);
+    free(q);
+    free(x16);
     free(params);
     return 0;
 #else
