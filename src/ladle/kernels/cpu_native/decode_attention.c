@@ -28,9 +28,9 @@
  * softmax's running maximum rescales the sums once per chunk instead of once per position. */
 #define CHUNK 128
 
-/* The two inner loops in AVX-512 registers where head_dim is a multiple of 16 (the compiler's
- * own vectorisation of them kept a lane array in memory and summed it one float at a time);
- * each returns 0 where it does not apply and the plain loops below run. */
+/* The two inner loops in AVX-512 or AVX2 registers (simd_level.h) where head_dim is a multiple
+ * of 16 (the compiler's own vectorisation of them kept a lane array in memory and summed it one
+ * float at a time); each returns 0 where it does not apply and the plain loops below run. */
 #if defined(LADLE_AVX512)
 static int score_vectors(const float *q, int heads, const float *keys, const int64_t *slots,
                          int64_t count, int64_t kv_stride, int64_t head_dim, float scale,

@@ -10,7 +10,8 @@
  * float16: GGUF stores them in float16, so the half copies are exact and half the bytes), and the
  * activations stay float32: the result is the float32 product with the dequantized weight, up
  * to the order of the sums. Needs group % 16 == 0 (and, for 4 bits, padded % 32 == 0), so that
- * each 16-column vector lies in one group; the caller checks.
+ * each 16-column vector lies in one group; the caller checks. Paths (simd_level.h): AVX-512,
+ * AVX2 with FMA (F16C for float16 parameters where the build has it), plain C.
  */
 #include <stdint.h>
 

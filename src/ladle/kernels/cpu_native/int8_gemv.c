@@ -5,7 +5,8 @@
  * x, scale, bias and y are float32; codes are int8, one row per output. The codes are read once
  * and widened to float32 in registers, so each weight costs one byte of memory traffic: at batch
  * 1 a decode step is a stream over every weight, and the byte count sets its speed.
- * Output rows are shared out in chunks by thread_pool.c.
+ * Output rows are shared out in chunks by thread_pool.c. Paths (simd_level.h): AVX-512, AVX2
+ * with FMA, plain C.
  */
 #include <stdint.h>
 

@@ -23,8 +23,9 @@
  * p + groups / 2 (high): masking and shifting one load gives codes in the activations' own
  * column order (64 bytes: two groups of each half per AVX-512 step).
  *
- * Paths, chosen at build time (-march=native): AVX-512 VNNI (512-bit vpdpbusd), AVX2
- * (vpmaddubsw + vpmaddwd; AVX-VNNI's 256-bit vpdpbusd where the CPU has it), plain C.
+ * Paths, chosen at build time (-march=native; simd_level.h): AVX-512 VNNI (512-bit vpdpbusd),
+ * AVX2 (vpmaddubsw + vpmaddwd; AVX-VNNI's 256-bit vpdpbusd where the CPU has it; the batched
+ * interleaved paths in interleaved_avx2.h), plain C.
  */
 #include <math.h>
 #include <stdint.h>
