@@ -81,14 +81,25 @@ def test_int4_group_gemv_matches_dequantized_product(
     )
 
 
-@pytest.mark.parametrize(("num_rows", "num_columns", "group_size"), [(1, 32, 32), (7, 40, 16)])
-def test_int8_group_gemv_matches_dequantized_product(num_rows, num_columns, group_size):
+@pytest.mark.parametrize(
+    ("num_x_rows", "num_rows", "num_columns", "group_size"),
+    # (1, 1001, 576, 32): the default model's Q8_0 head's shape of row, shared between threads
+    [(2, 1, 32, 32), (2, 7, 40, 16), (1, 1001, 576, 32), (4, 13, 100, 64), (3, 5, 17, 16)],
+)
+@pytest.mark.parametrize("with_offset", [False, True])
+@pytest.mark.parametrize("half_params", [False, True])
+def test_int8_group_gemv_matches_dequantized_product(
+    num_x_rows, num_rows, num_columns, group_size, with_offset, half_params
+):
     generator = torch.Generator().manual_seed(7)
     num_groups = -(-num_columns // group_size)
     codes = torch.randint(-127, 128, (num_rows, num_groups * group_size), generator=generator)
     scale = torch.rand(num_rows, num_groups, generator=generator)
-    weight = GroupQuantizedRows(codes.to(torch.int8), scale, None, group_size, 8, num_columns)
-    x = torch.randn(2, num_columns, generator=generator)
+    offset = torch.randn(num_rows, num_groups, generator=generator) if with_offset else None
+    if half_params:  # GGUF's float16 scales
+        scale, offset = scale.half(), None if offset is None else offset.half()
+    weight = GroupQuantizedRows(codes.to(torch.int8), scale, offset, group_size, 8, num_columns)
+    x = torch.randn(num_x_rows, num_columns, generator=generator)
     torch.testing.assert_close(
         group_rows_gemv(x, weight), _reference(x, weight.dequantize(), None), rtol=1e-5, atol=1e-3
     )

@@ -2,21 +2,14 @@
 against its torch reference (the same activation quantization, products in float64), at awkward
 sizes: K not a multiple of 32 (padded to whole groups), N = 1, 7 and many rows shared between
 threads, 1 to 130 activation rows (partial tiles of 4, partial blocks of 16 weight rows in the
-interleaved AVX-512 path); and its fallback paths (AVX2, plain C)
-built for another -march in a subprocess."""
+interleaved AVX-512 path). test_cpu_native_paths.py runs these on the AVX2 and plain C builds."""
 
 from __future__ import annotations
-
-import os
-import platform
-import subprocess
-import sys
-import textwrap
 
 import pytest
 import torch
 
-from ladle.kernels.cpu_native.build import MARCH_ENV, native_library
+from ladle.kernels.cpu_native.build import native_library
 from ladle.kernels.cpu_native.gemv import (
     INTEGER_ACTIVATION_MAX_ROWS,
     integer_activation_max_rows,
@@ -124,38 +117,3 @@ def test_group_matmul_takes_the_activation_bits_it_is_set_to(bits):
                 torch.testing.assert_close(output, expected, rtol=1e-4, atol=1e-3)
     finally:
         set_activation_bits(previous)
-
-
-_FALLBACK_SCRIPT = textwrap.dedent(
-    """
-    import torch
-    from ladle.kernels.cpu_native.build import native_library
-    from ladle.kernels.cpu_native.gemv import q4_int8_activation_matmul
-    from ladle.kernels.cpu_native.int8_activation_reference import q4_int8_activation_reference
-    from ladle.model.layers.group_quant import GroupQuantizedRows, quantize_int4_groups
-
-    assert native_library() is not None
-    torch.manual_seed(0)
-    sizes = [(1, 7, 100), (5, 33, 576), (33, 9, 1536)]
-    for (rows, n, k), bits in zip(sizes * 2, [8] * 3 + [16] * 3):
-        w = quantize_int4_groups(torch.randn(n, k), 32)
-        w = GroupQuantizedRows(w.codes, w.scale.half(), w.offset.half(), 32, 4, k)
-        x = torch.randn(rows, k)
-        torch.testing.assert_close(
-            q4_int8_activation_matmul(x, w, None, bits),
-            q4_int8_activation_reference(x, w, None, bits), rtol=1e-4, atol=1e-3,
-        )
-    print("ok")
-    """
-)
-
-
-@pytest.mark.skipif(platform.machine() != "x86_64", reason="x86-64 -march levels")
-@pytest.mark.parametrize("march", ["x86-64-v3", "x86-64"])  # AVX2, then plain C
-def test_fallback_paths_match_reference(march):
-    environment = {**os.environ, MARCH_ENV: march}
-    result = subprocess.run(
-        [sys.executable, "-c", _FALLBACK_SCRIPT], env=environment, capture_output=True,
-        text=True, timeout=600, check=False,
-    )  # fmt: skip
-    assert result.returncode == 0 and "ok" in result.stdout, result.stderr[-3000:]

@@ -1,16 +1,16 @@
 """8-bit group-32 weights (GGUF Q8_0: the default model's tied LM head) times activations
-quantized to 8 or 16 bits (q4_int8_gemm.c's interleaved AVX-512 VNNI path) against the torch
+quantized to 8 or 16 bits (q4_int8_gemm.c's interleaved paths: AVX-512 VNNI, AVX2) against the torch
 reference (the same activation quantization, products in float64), at awkward sizes: K not a
 multiple of 32, N = 1 and N not a multiple of the 16-row blocks, 2 (the smallest batch it takes:
-INTERLEAVED_MIN_ROWS) to 130 activation rows. Builds without AVX-512 VNNI decline, and the
-layer keeps its float path."""
+INTERLEAVED_MIN_ROWS) to 130 activation rows. Builds without those paths (plain C, AVX-512
+without VNNI) decline, and the layer keeps its float path."""
 
 from __future__ import annotations
 
 import pytest
 import torch
 
-from ladle.kernels.cpu_native.build import native_library
+from ladle.kernels.cpu_native.build import kernels_path, native_library
 from ladle.kernels.cpu_native.gemv import (
     integer_activation_max_rows,
     q8_int8_activation_matmul,
@@ -23,7 +23,15 @@ pytestmark = pytest.mark.skipif(native_library() is None, reason="no C compiler 
 
 
 def _has_interleaved_path() -> bool:
-    return integer_activation_max_rows() is None
+    return kernels_path() in ("avx512-vnni", "avx2", "avx2-vnni")
+
+
+def _takes_integer_path(num_x_rows: int) -> bool:
+    """Whether group_quantized_matmul multiplies this many rows on integer activations."""
+    max_rows = integer_activation_max_rows()
+    return (
+        _has_interleaved_path() and num_x_rows >= 2 and (max_rows is None or num_x_rows <= max_rows)
+    )
 
 
 def _q8_0_weight(num_rows: int, num_columns: int, seed: int) -> GroupQuantizedRows:
@@ -77,7 +85,7 @@ def test_layer_matmul_of_q8_0_weights(bits):
         for num_x_rows in (1, 2, 5, 32, 100):
             x = torch.randn(num_x_rows, 576, generator=torch.Generator().manual_seed(num_x_rows))
             output = group_quantized_matmul(x, weight)
-            if bits < 32 and num_x_rows >= 2 and _has_interleaved_path():
+            if bits < 32 and _takes_integer_path(num_x_rows):
                 expected = q4_int8_activation_reference(x, weight, None, bits)
             else:
                 expected = (x.double() @ weight.dequantize().double().T).float()

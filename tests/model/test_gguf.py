@@ -118,6 +118,7 @@ def test_missing_file_is_a_clear_error(tmp_path: Path) -> None:
 def test_int8_default_model_stays_close_to_hf_float32(gguf_path: Path, reader, hf_model) -> None:
     """--quantization int8 (int8 x int8) against HF's float32 dequantization."""
     from ladle.attention.cpu_backend import CpuAttentionBackend
+    from ladle.model.layers.cpu_int8_gemm import engine_has_vnni
     from ladle.model.layers.quantized_linear import quantize_model_
     from ladle.model.loader import build_model
     from ladle.model.tokenizer import load_tokenizer
@@ -133,10 +134,11 @@ def test_int8_default_model_stays_close_to_hf_float32(gguf_path: Path, reader, h
     relative_error = (logits - expected).norm() / expected.norm()
     top1_agreement = (logits.argmax(-1) == expected.argmax(-1)).float().mean()
     print(f"int8 vs float32: relative logit error {relative_error:.4f}, top-1 {top1_agreement:.3f}")
-    # int8 x int8 with per-token activations: measured 0.0995 and 0.85 (27 prompt tokens); 0.145
-    # without the float32 outlier channels; weight-only int8 was 0.049 and 0.93; a broken
-    # quantizer gives ~1 and ~0.
-    assert relative_error < 0.12
+    # int8 x int8 with per-token activations, measured 2026-11-28 (27 prompt tokens): 0.0574 and
+    # 0.926 with the engine's VNNI kernels (8-bit activations), 0.1386 and 0.852 with its AVX2
+    # ones (7-bit activations: engine_has_vnni; test_int8_engine_paths.py runs them anywhere);
+    # weight-only int8 was 0.049 and 0.93; a broken quantizer gives ~1 and ~0.
+    assert relative_error < (0.08 if engine_has_vnni() else 0.16)
     assert top1_agreement >= 0.8
 
 

@@ -8,7 +8,7 @@ import torch
 
 from ladle.model.layers import group_quant
 from ladle.model.layers.cpu_int8_gemm import (
-    cpu_has_vnni,
+    engine_has_vnni,
     int8_dynamic_linear,
     pack_int8_weight,
     quantized_engine_available,
@@ -131,7 +131,7 @@ def test_int8_engine_matmul_is_close_to_per_token_quantized_reference(num_tokens
     # Rounding each activation to a step of 2 max|x_t| / 255 (7 bits without VNNI) adds noise of
     # std step / sqrt(12) per element: allow 6 standard deviations of the dot product's noise.
     # With one scale for all tokens (no per-token scaling) the small tokens' error is ~50x this.
-    step = 2 * x.abs().amax(1, keepdim=True) / (255 if cpu_has_vnni() else 127)
+    step = 2 * x.abs().amax(1, keepdim=True) / (255 if engine_has_vnni() else 127)
     weight_norm = (codes.float() * scale[:, None]).norm(dim=1)
     assert torch.all((actual - reference).abs() <= 6 * step / 12**0.5 * weight_norm + 1e-4)
 
@@ -148,8 +148,12 @@ def test_int8_model_quantization_keeps_embedding_rows_and_packs_matmuls():
     expected = (model["linear"](x), model["embed"].logits(x), model["embed"](ids))
     assert sorted(quantize_model_(model, "int8")) == ["embed", "linear"]
     assert model["linear"].weight is None and not hasattr(model["linear"], "weight_codes")
-    torch.testing.assert_close(model["linear"](x), expected[0], atol=0.3, rtol=0)
-    torch.testing.assert_close(model["embed"].logits(x), expected[1], atol=0.3, rtol=0)
+    # Greatest differences measured (linear, logits), 2026-11-28: 0.249 and 0.257 with the
+    # engine's VNNI kernels (8-bit activations); 0.585 and 0.362 with its AVX2 ones (7 bits:
+    # engine_has_vnni). test_int8_engine_paths.py runs this on the AVX2 kernels on any machine.
+    atol = 0.3 if engine_has_vnni() else 0.65
+    torch.testing.assert_close(model["linear"](x), expected[0], atol=atol, rtol=0)
+    torch.testing.assert_close(model["embed"].logits(x), expected[1], atol=atol, rtol=0)
     torch.testing.assert_close(model["embed"](ids), expected[2], atol=0.02, rtol=0.01)
 
 
@@ -185,7 +189,7 @@ def test_outlier_channels_are_multiplied_in_float_and_keep_small_channels_accura
     reference = x @ weight.T
     # Only the other channels are rounded, at the step their own maximum sets.
     rest = x.index_fill(1, outliers, 0.0)
-    step = 2 * rest.abs().amax(1, keepdim=True) / (255 if cpu_has_vnni() else 127)
+    step = 2 * rest.abs().amax(1, keepdim=True) / (255 if engine_has_vnni() else 127)
     bound = (
         6 * step / 12**0.5 * weight.norm(dim=1) + 6 * (scale / 12**0.5) * rest.norm(dim=1)[:, None]
     )

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 from ladle.model.layers import quantized_linear
+from ladle.model.layers.cpu_int8_gemm import engine_has_vnni
 from ladle.model.layers.embedding import VocabEmbedding
 from ladle.model.layers.linear import Linear, QKVLinear
 from ladle.model.layers.quantized_linear import (
@@ -83,9 +84,12 @@ def test_quantize_model_replaces_weights_and_keeps_outputs_close():
     assert sorted(quantize_model_(model, "int8")) == ["embed", "qkv"]
     # The matmul runs on the int8 engine's packed copy where torch has one, else on the codes.
     assert model["qkv"].weight is None and model["embed"].weight_codes.dtype == torch.int8
-    # A 64-long dot product of unit normals spreads ~8; int8 per-row keeps it within 3% of that.
-    torch.testing.assert_close(model["qkv"](x), expected_qkv, atol=0.25, rtol=0)
-    torch.testing.assert_close(model["embed"].logits(x), expected_logits, atol=0.25, rtol=0)
+    # A 64-long dot product of unit normals spreads ~8; int8 keeps it within 3% of that with the
+    # engine's VNNI kernels (greatest differences measured, qkv and logits: 0.237, 0.208), ~5%
+    # with its AVX2 ones, whose activations keep 7 bits (0.373, 0.326; engine_has_vnni).
+    atol = 0.25 if engine_has_vnni() else 0.45
+    torch.testing.assert_close(model["qkv"](x), expected_qkv, atol=atol, rtol=0)
+    torch.testing.assert_close(model["embed"].logits(x), expected_logits, atol=atol, rtol=0)
     torch.testing.assert_close(model["embed"](ids), expected_rows, atol=0.02, rtol=0.01)
     q, k, v = model["qkv"].split(model["qkv"](x))
     assert q.shape == (5, 64) and k.shape == v.shape == (5, 32)

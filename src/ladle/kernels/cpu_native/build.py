@@ -32,13 +32,18 @@ from pathlib import Path
 
 DISABLE_ENV = "LADLE_CPU_KERNELS"
 SOURCES = (
-    "thread_pool.c", "int8_gemv.c", "group_gemv.c", "rms_norm.c", "silu_and_mul.c",
+    "simd_level.c", "thread_pool.c", "int8_gemv.c", "group_gemv.c", "rms_norm.c", "silu_and_mul.c",
     "rotary_cache.c", "decode_attention.c", "q4_int8_gemm.c", "decode_stack.c",
 )  # fmt: skip
-HEADERS = ("half_float.h", "thread_pool.h", "fast_exp.h", "decode_kernels.h")
+HEADERS = (
+    "half_float.h", "thread_pool.h", "fast_exp.h", "decode_kernels.h", "vector_sum.h",
+    "simd_level.h", "interleaved_avx2.h",
+)  # fmt: skip
 FLAGS = ("-O3", "-fopenmp", "-shared", "-fPIC", "-std=c11")
 # The target CPU: native by default; tests set another (x86-64-v3: AVX2, x86-64: plain C) to
-# check the kernels' fallback paths against the same references.
+# check the kernels' other paths (simd_level.h) against the same references. Words after the
+# first are further compiler flags: "x86-64-v3 -mavx512vl -mavx512vnni" builds the AVX2 path with
+# the 256-bit VNNI dot product, which AVX-VNNI CPUs run, on a machine with AVX-512 VNNI.
 MARCH_ENV = "LADLE_CPU_KERNELS_MARCH"
 BUILD_TIMEOUT_S = 120
 
@@ -75,7 +80,8 @@ def _library_name(compiler: str, sources: list[Path]) -> str:
 
 
 def _flags() -> tuple[str, ...]:
-    return (f"-march={os.environ.get(MARCH_ENV, 'native')}", *FLAGS)
+    march, *extra = os.environ.get(MARCH_ENV, "native").split() or ["native"]
+    return (f"-march={march}", *extra, *FLAGS)
 
 
 def _cpu_flags() -> str:
@@ -142,18 +148,31 @@ def _load_library() -> ctypes.CDLL | None:
     sources = [here / name for name in SOURCES]
     try:
         target = _cache_dir() / _library_name(compiler, [*sources, *(here / h for h in HEADERS)])
-        if not target.exists():
+        built = not target.exists()
+        if built:
             _build(compiler, sources, target)
         library = ctypes.CDLL(str(target))
     except (OSError, RuntimeError, subprocess.SubprocessError) as error:
         _log(f"CPU kernels unavailable, using torch's: {error}")
         return None
     _declare(library)
+    if built:
+        path = library.ladle_cpu_kernels_path().decode()
+        _log(f"built the CPU kernels ({' '.join(_flags()[: -len(FLAGS)])}): the {path} path")
     return library
+
+
+def kernels_path() -> str | None:
+    """The vector path of the loaded kernels (simd_level.h): avx512-vnni, avx512, avx2-vnni,
+    avx2 or plain-c; None without them."""
+    library = native_library()
+    return None if library is None else library.ladle_cpu_kernels_path().decode()
 
 
 def _declare(library: ctypes.CDLL) -> None:
     pointer, int64 = ctypes.c_void_p, ctypes.c_int64
+    library.ladle_cpu_kernels_path.restype = ctypes.c_char_p
+    library.ladle_cpu_kernels_path.argtypes = []
     library.ladle_int8_gemv.restype = ctypes.c_int
     library.ladle_int8_gemv.argtypes = [
         pointer, int64, int64, pointer, pointer, pointer, pointer, int64, int64,

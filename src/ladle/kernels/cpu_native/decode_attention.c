@@ -15,12 +15,10 @@
 #include <math.h>
 #include <stdint.h>
 
-#if defined(__AVX512F__)
-#include <immintrin.h>
-#endif
-
 #include "fast_exp.h"
+#include "simd_level.h"
 #include "thread_pool.h"
+#include "vector_sum.h"
 
 #define MAX_HEAD_DIM 256
 #define MIN_PARALLEL_WORK (1 << 16)
@@ -30,10 +28,10 @@
  * softmax's running maximum rescales the sums once per chunk instead of once per position. */
 #define CHUNK 128
 
-/* The two inner loops in AVX-512 registers where head_dim is a multiple of 16 (the compiler's
- * own vectorisation of them kept a lane array in memory and summed it one float at a time);
- * each returns 0 where it does not apply and the plain loops below run. */
-#if defined(__AVX512F__)
+/* The two inner loops in AVX-512 or AVX2 registers (simd_level.h) where head_dim is a multiple
+ * of 16 (the compiler's own vectorisation of them kept a lane array in memory and summed it one
+ * float at a time); each returns 0 where it does not apply and the plain loops below run. */
+#if defined(LADLE_AVX512)
 static int score_vectors(const float *q, int heads, const float *keys, const int64_t *slots,
                          int64_t count, int64_t kv_stride, int64_t head_dim, float scale,
                          float scores[MAX_GROUP][CHUNK]) {
@@ -66,6 +64,47 @@ static int sum_vectors(int heads, const float *values, const int64_t *slots, int
                 sums[h] = _mm512_fmadd_ps(_mm512_set1_ps(weights[h][t]), v, sums[h]);
         }
         for (int h = 0; h < heads; h++) _mm512_storeu_ps(&acc[h][d], sums[h]);
+    }
+    return 1;
+}
+#elif defined(LADLE_AVX2)
+/* AVX2: the same two loops 8 dimensions at a time, where head_dim is a multiple of 16; the
+ * score's dot product in two accumulators (head_dim 64 is 8 vectors: one chain of 8 dependent
+ * multiply-adds otherwise). */
+static int score_vectors(const float *q, int heads, const float *keys, const int64_t *slots,
+                         int64_t count, int64_t kv_stride, int64_t head_dim, float scale,
+                         float scores[MAX_GROUP][CHUNK]) {
+    if (head_dim % 16) return 0;
+    for (int64_t t = 0; t < count; t++) {
+        const float *k = keys + slots[t] * kv_stride;
+        for (int h = 0; h < heads; h++) {
+            const float *query = q + h * head_dim;
+            __m256 even = _mm256_mul_ps(_mm256_loadu_ps(query), _mm256_loadu_ps(k));
+            __m256 odd = _mm256_mul_ps(_mm256_loadu_ps(query + 8), _mm256_loadu_ps(k + 8));
+            for (int64_t d = 16; d < head_dim; d += 16) {
+                even = _mm256_fmadd_ps(_mm256_loadu_ps(query + d), _mm256_loadu_ps(k + d), even);
+                odd = _mm256_fmadd_ps(_mm256_loadu_ps(query + d + 8), _mm256_loadu_ps(k + d + 8),
+                                      odd);
+            }
+            scores[h][t] = ladle_sum256(_mm256_add_ps(even, odd)) * scale;
+        }
+    }
+    return 1;
+}
+
+static int sum_vectors(int heads, const float *values, const int64_t *slots, int64_t count,
+                       int64_t kv_stride, int64_t head_dim, float weights[MAX_GROUP][CHUNK],
+                       float acc[MAX_GROUP][MAX_HEAD_DIM]) {
+    if (head_dim % 16) return 0;
+    for (int64_t d = 0; d < head_dim; d += 8) {
+        __m256 sums[MAX_GROUP];
+        for (int h = 0; h < heads; h++) sums[h] = _mm256_loadu_ps(&acc[h][d]);
+        for (int64_t t = 0; t < count; t++) {
+            const __m256 v = _mm256_loadu_ps(values + slots[t] * kv_stride + d);
+            for (int h = 0; h < heads; h++)
+                sums[h] = _mm256_fmadd_ps(_mm256_set1_ps(weights[h][t]), v, sums[h]);
+        }
+        for (int h = 0; h < heads; h++) _mm256_storeu_ps(&acc[h][d], sums[h]);
     }
     return 1;
 }

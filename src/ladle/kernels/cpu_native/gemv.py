@@ -226,8 +226,9 @@ def q8_int8_activation_matmul(
 ) -> torch.Tensor | None:
     """x [M, K] @ weight^T (+ bias) for 8-bit codes in groups of 32 without offsets (GGUF Q8_0:
     the default model's tied LM head) with x quantized per group of 32 to `bits` 8 or 16, as
-    q4_int8_activation_matmul does (q4_int8_gemm.c's interleaved path), in x's dtype; None if
-    the kernel does not apply (no AVX-512 VNNI build, one row, another layout)."""
+    q4_int8_activation_matmul does (q4_int8_gemm.c's interleaved paths), in x's dtype; None if
+    the kernel does not apply (a build without them: plain C or AVX-512 without VNNI; one row;
+    another layout)."""
     library = native_library()
     if library is None or not _group32_kernel_applies(x, weight, 8) or weight.offset is not None:
         return None

@@ -10,16 +10,16 @@
  * float16: GGUF stores them in float16, so the half copies are exact and half the bytes), and the
  * activations stay float32: the result is the float32 product with the dequantized weight, up
  * to the order of the sums. Needs group % 16 == 0 (and, for 4 bits, padded % 32 == 0), so that
- * each 16-column vector lies in one group; the caller checks.
+ * each 16-column vector lies in one group; the caller checks. Paths (simd_level.h): AVX-512,
+ * AVX2 with FMA (F16C for float16 parameters where the build has it), plain C.
  */
 #include <stdint.h>
 
 #include "half_float.h"
 #include "thread_pool.h"
 
-#if defined(__AVX512F__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "simd_level.h"
+#include "vector_sum.h"
 
 #define MAX_X_ROWS 4
 #define ROW_BLOCK 4
@@ -36,7 +36,7 @@ static inline float param_at(const void *values, int is_half, int64_t index) {
     return ((const float *)values)[index];
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(LADLE_AVX512)
 
 /* The 16 weights of columns [column, column + 16) of one row, dequantized. */
 static inline __m512 dequantize16(__m128i codes8, group_params params, int64_t group_index) {
@@ -92,6 +92,96 @@ static inline __attribute__((always_inline)) void row_block(
     }
     for (int i = 0; i < num_x_rows; i++)
         for (int r = 0; r < num_rows_here; r++) sums[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+#elif defined(LADLE_AVX2)
+
+/* AVX2: 8 columns to a vector. 8-bit codes without offsets (Q8_0, the LM head) sum x * code
+ * over a group first and scale the group's sum once (two instructions per 8 weights, and one
+ * per group); otherwise each 8 weights are dequantized (code * scale + offset) before the
+ * multiply-add, as the AVX-512 path does. Rows of the block are interleaved so their
+ * accumulators are independent chains (one row alone waits on its multiply-add's latency). */
+static inline __m256 widen_signed8(const uint8_t *codes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)codes)));
+}
+
+static inline __m256 widen_unsigned8(__m128i codes) {
+    return _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(codes));
+}
+
+static inline __attribute__((always_inline)) void row_block(
+    const float *x, int num_x_rows, int64_t padded, int bits, int64_t group,
+    const uint8_t *codes, group_params params, int64_t row,
+    int num_rows_here, float sums[MAX_X_ROWS][ROW_BLOCK]) {
+    const int64_t num_groups = padded / group;
+    const int64_t row_bytes = padded * bits / 8;
+    __m256 acc[MAX_X_ROWS][ROW_BLOCK];
+    for (int i = 0; i < num_x_rows; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm256_setzero_ps();
+    if (bits == 8 && !params.offset) {
+        for (int64_t g = 0; g < num_groups; g++) {
+            __m256 part[MAX_X_ROWS][ROW_BLOCK];
+            for (int i = 0; i < num_x_rows; i++)
+                for (int r = 0; r < ROW_BLOCK; r++) part[i][r] = _mm256_setzero_ps();
+            for (int64_t j = g * group; j < (g + 1) * group; j += 8) {
+                __m256 xv[MAX_X_ROWS];
+                for (int i = 0; i < num_x_rows; i++) xv[i] = _mm256_loadu_ps(x + i * padded + j);
+                for (int r = 0; r < num_rows_here; r++) {
+                    const __m256 w = widen_signed8(codes + (row + r) * row_bytes + j);
+                    for (int i = 0; i < num_x_rows; i++)
+                        part[i][r] = _mm256_fmadd_ps(xv[i], w, part[i][r]);
+                }
+            }
+            for (int r = 0; r < num_rows_here; r++) {
+                const __m256 s = _mm256_set1_ps(
+                    param_at(params.scale, params.is_half, (row + r) * num_groups + g));
+                for (int i = 0; i < num_x_rows; i++)
+                    acc[i][r] = _mm256_fmadd_ps(part[i][r], s, acc[i][r]);
+            }
+        }
+    } else {
+        const int64_t half = padded / 2;
+        const __m128i low_mask = _mm_set1_epi8(0x0F);
+        /* 8 columns at `column` (and, for 4 bits, 8 at half + column) per step */
+        const int64_t end = bits == 4 ? half : padded;
+        for (int64_t j = 0; j < end; j += 8) {
+            __m256 x_first[MAX_X_ROWS], x_second[MAX_X_ROWS];
+            for (int i = 0; i < num_x_rows; i++) {
+                x_first[i] = _mm256_loadu_ps(x + i * padded + j);
+                x_second[i] = bits == 4 ? _mm256_loadu_ps(x + i * padded + half + j)
+                                        : _mm256_setzero_ps();
+            }
+            for (int r = 0; r < num_rows_here; r++) {
+                const int64_t n = row + r, first_group = n * num_groups + j / group;
+                const __m256 s = _mm256_set1_ps(param_at(params.scale, params.is_half, first_group));
+                const __m256 o = params.offset
+                    ? _mm256_set1_ps(param_at(params.offset, params.is_half, first_group))
+                    : _mm256_setzero_ps();
+                if (bits == 8) {
+                    const __m256 w = _mm256_fmadd_ps(widen_signed8(codes + n * row_bytes + j), s, o);
+                    for (int i = 0; i < num_x_rows; i++)
+                        acc[i][r] = _mm256_fmadd_ps(x_first[i], w, acc[i][r]);
+                    continue;
+                }
+                const __m128i packed = _mm_loadl_epi64((const __m128i *)(codes + n * row_bytes + j));
+                const int64_t second_group = n * num_groups + (half + j) / group;
+                const __m256 s2 = _mm256_set1_ps(param_at(params.scale, params.is_half, second_group));
+                const __m256 o2 = params.offset
+                    ? _mm256_set1_ps(param_at(params.offset, params.is_half, second_group))
+                    : _mm256_setzero_ps();
+                const __m256 w_low = _mm256_fmadd_ps(
+                    widen_unsigned8(_mm_and_si128(packed, low_mask)), s, o);
+                const __m256 w_high = _mm256_fmadd_ps(
+                    widen_unsigned8(_mm_and_si128(_mm_srli_epi16(packed, 4), low_mask)), s2, o2);
+                for (int i = 0; i < num_x_rows; i++) {
+                    acc[i][r] = _mm256_fmadd_ps(x_first[i], w_low, acc[i][r]);
+                    acc[i][r] = _mm256_fmadd_ps(x_second[i], w_high, acc[i][r]);
+                }
+            }
+        }
+    }
+    for (int i = 0; i < num_x_rows; i++)
+        for (int r = 0; r < num_rows_here; r++) sums[i][r] = ladle_sum256(acc[i][r]);
 }
 
 #else

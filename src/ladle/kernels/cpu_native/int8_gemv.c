@@ -5,15 +5,14 @@
  * x, scale, bias and y are float32; codes are int8, one row per output. The codes are read once
  * and widened to float32 in registers, so each weight costs one byte of memory traffic: at batch
  * 1 a decode step is a stream over every weight, and the byte count sets its speed.
- * Output rows are shared out in chunks by thread_pool.c.
+ * Output rows are shared out in chunks by thread_pool.c. Paths (simd_level.h): AVX-512, AVX2
+ * with FMA, plain C.
  */
 #include <stdint.h>
 
 #include "thread_pool.h"
-
-#if defined(__AVX512F__) && defined(__AVX512BW__)
-#include <immintrin.h>
-#endif
+#include "simd_level.h"
+#include "vector_sum.h"
 
 #define MAX_X_ROWS 4
 /* Output rows computed together: independent accumulators hide the FMA latency. */
@@ -21,7 +20,7 @@
 /* Below this many weights one thread is faster than waking the team. */
 #define MIN_PARALLEL_WEIGHTS (1 << 17)
 
-#if defined(__AVX512F__) && defined(__AVX512BW__)
+#if defined(LADLE_AVX512)
 
 static inline __m512 widen_codes(__mmask16 mask, const int8_t *codes) {
     return _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm_maskz_loadu_epi8(mask, codes)));
@@ -45,6 +44,34 @@ static inline __attribute__((always_inline)) void row_block(
     }
     for (int i = 0; i < num_x_rows; i++)
         for (int r = 0; r < num_rows_here; r++) sums[i][r] = _mm512_reduce_add_ps(acc[i][r]);
+}
+
+#elif defined(LADLE_AVX2)
+
+/* AVX2: 8 columns to a vector, the last k % 8 in scalar code; the rows of the block are
+ * independent accumulator chains. */
+static inline __attribute__((always_inline)) void row_block(
+    const float *x, int num_x_rows, int64_t k, const int8_t *codes, int64_t row,
+    int num_rows_here, float sums[MAX_X_ROWS][ROW_BLOCK]) {
+    __m256 acc[MAX_X_ROWS][ROW_BLOCK];
+    for (int i = 0; i < num_x_rows; i++)
+        for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm256_setzero_ps();
+    const int64_t whole = k / 8 * 8;
+    for (int64_t j = 0; j < whole; j += 8) {
+        __m256 xv[MAX_X_ROWS];
+        for (int i = 0; i < num_x_rows; i++) xv[i] = _mm256_loadu_ps(x + i * k + j);
+        for (int r = 0; r < num_rows_here; r++) {
+            const __m256 wv = _mm256_cvtepi32_ps(
+                _mm256_cvtepi8_epi32(_mm_loadl_epi64((const __m128i *)(codes + (row + r) * k + j))));
+            for (int i = 0; i < num_x_rows; i++) acc[i][r] = _mm256_fmadd_ps(xv[i], wv, acc[i][r]);
+        }
+    }
+    for (int i = 0; i < num_x_rows; i++)
+        for (int r = 0; r < num_rows_here; r++) {
+            float sum = ladle_sum256(acc[i][r]);
+            for (int64_t j = whole; j < k; j++) sum += x[i * k + j] * (float)codes[(row + r) * k + j];
+            sums[i][r] = sum;
+        }
 }
 
 #else

@@ -23,8 +23,9 @@
  * p + groups / 2 (high): masking and shifting one load gives codes in the activations' own
  * column order (64 bytes: two groups of each half per AVX-512 step).
  *
- * Paths, chosen at build time (-march=native): AVX-512 VNNI (512-bit vpdpbusd), AVX2
- * (vpmaddubsw + vpmaddwd; AVX-VNNI's 256-bit vpdpbusd where the CPU has it), plain C.
+ * Paths, chosen at build time (-march=native; simd_level.h): AVX-512 VNNI (512-bit vpdpbusd),
+ * AVX2 (vpmaddubsw + vpmaddwd; AVX-VNNI's 256-bit vpdpbusd where the CPU has it; the batched
+ * interleaved paths in interleaved_avx2.h), plain C.
  */
 #include <math.h>
 #include <stdint.h>
@@ -33,10 +34,9 @@
 
 #include "half_float.h"
 #include "thread_pool.h"
+#include "vector_sum.h"
 
-#if defined(__AVX512F__) || defined(__AVX2__) || defined(__F16C__)
-#include <immintrin.h>
-#endif
+#include "simd_level.h"
 
 #define GROUP 32
 #define ROW_BLOCK 4   /* weight rows per micro-kernel call (clamped at the last block) */
@@ -49,13 +49,22 @@
 #define MIN_PARALLEL_WORK (1 << 17) /* weights x rows below which one thread is faster */
 
 
-#if defined(__AVX512F__)
+#if defined(LADLE_AVX512)
 /* 16 codes: round to nearest even (the default MXCSR mode), then narrow with saturation; the
  * remainders of the scaled values go to *residual. */
 static inline __m128i round16(__m512 scaled, __m512 *residual) {
     __m512i rounded = _mm512_cvtps_epi32(scaled);
     *residual = _mm512_sub_ps(scaled, _mm512_cvtepi32_ps(rounded));
     return _mm512_cvtsepi32_epi8(rounded);
+}
+#endif
+
+#if defined(LADLE_AVX2)
+/* 32 int32 codes (four vectors of 8) narrowed with saturation to 32 int8 in their order: the
+ * packs work within 128-bit lanes, so the last permute puts the 4-byte words back in order. */
+static inline __m256i narrow32(__m256i a, __m256i b, __m256i c, __m256i d) {
+    const __m256i words = _mm256_packs_epi16(_mm256_packs_epi32(a, b), _mm256_packs_epi32(c, d));
+    return _mm256_permutevar8x32_epi32(words, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
 }
 #endif
 
@@ -72,7 +81,7 @@ static void quantize_row(const float *x, int64_t num_groups, int8_t *q, int8_t *
     for (int64_t g = 0; g < num_groups; g++) {
         const float *values = x + g * GROUP;
         int8_t *codes = q + g * GROUP;
-#if defined(__AVX512F__)
+#if defined(LADLE_AVX512)
         const __m512 a = _mm512_loadu_ps(values), b = _mm512_loadu_ps(values + 16);
         const float amax = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_abs_ps(a), _mm512_abs_ps(b)));
         const float sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
@@ -86,6 +95,34 @@ static void quantize_row(const float *x, int64_t num_groups, int8_t *q, int8_t *
                              round16(_mm512_mul_ps(rest_a, times), &unused));
             _mm_storeu_si128((__m128i *)(residual + g * GROUP + 16),
                              round16(_mm512_mul_ps(rest_b, times), &unused));
+        }
+#elif defined(LADLE_AVX2)
+        /* round to nearest even and saturate, as lrintf and saturate8 below do */
+        __m256 v[4], magnitude = _mm256_setzero_ps(), total = _mm256_setzero_ps();
+        const __m256 sign_bit = _mm256_set1_ps(-0.0f);
+        for (int c = 0; c < 4; c++) {
+            v[c] = _mm256_loadu_ps(values + 8 * c);
+            magnitude = _mm256_max_ps(magnitude, _mm256_andnot_ps(sign_bit, v[c]));
+            total = _mm256_add_ps(total, v[c]);
+        }
+        __m128 m4 = _mm_max_ps(_mm256_castps256_ps128(magnitude), _mm256_extractf128_ps(magnitude, 1));
+        m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+        m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+        const float amax = _mm_cvtss_f32(m4), sum = ladle_sum256(total);
+        const __m256 inverse = _mm256_set1_ps(amax > 0.0f ? 127.0f / amax : 0.0f);
+        __m256i rounded[4], rest_codes[4];
+        __m256 rest[4];
+        for (int c = 0; c < 4; c++) {
+            const __m256 scaled = _mm256_mul_ps(v[c], inverse);
+            rounded[c] = _mm256_cvtps_epi32(scaled);
+            rest[c] = _mm256_sub_ps(scaled, _mm256_cvtepi32_ps(rounded[c]));
+        }
+        _mm256_storeu_si256((__m256i *)codes, narrow32(rounded[0], rounded[1], rounded[2], rounded[3]));
+        if (residual) {
+            const __m256 times = _mm256_set1_ps(256.0f);
+            for (int c = 0; c < 4; c++) rest_codes[c] = _mm256_cvtps_epi32(_mm256_mul_ps(rest[c], times));
+            _mm256_storeu_si256((__m256i *)(residual + g * GROUP),
+                                narrow32(rest_codes[0], rest_codes[1], rest_codes[2], rest_codes[3]));
         }
 #else
         float amax = 0.0f, sum = 0.0f;
@@ -117,6 +154,7 @@ typedef struct {
     int is_half;
     const float *bias;
     float *y;                  /* [m, n] */
+    const int16_t *x16;        /* [m, padded]: 256 q + residual (AVX2's 8-bit weights), or NULL */
 } gemm_job;
 
 static inline float param(const gemm_job *job, const void *values, int64_t index) {
@@ -154,7 +192,7 @@ static void block_params(const gemm_job *job, int64_t row, float s[ROW_BLOCK][PA
     }
 }
 
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(LADLE_AVX512_VNNI)
 
 /* One 64-byte half-step: weight codes w[r] (unsigned, two groups: lanes 0-7 and 8-15 of the
  * int32 sums) against the activation codes at byte `column` of each x row, whose groups start
@@ -483,70 +521,75 @@ static void interleaved8_chunk(const void *args, int64_t chunk) {
     }
 }
 
-#elif defined(__AVX2__)
+#elif defined(LADLE_AVX2) || defined(LADLE_AVX512) /* AVX-512 without VNNI: its AVX2 */
 
-/* 32 unsigned codes times 32 signed activations, summed in 8 int32 lanes. */
-static inline __m256i dot32(__m256i codes, __m256i activations) {
-#if defined(__AVXVNNI__)
-    return _mm256_dpbusd_avx_epi32(_mm256_setzero_si256(), codes, activations);
+/* 32 unsigned codes times 32 signed activations, 4 to an int32 lane; with the residual codes
+ * (16-bit activations) 256 times that plus the residuals' products. */
+static inline __attribute__((always_inline)) __m256i dot32_pass(__m256i codes, const int8_t *q,
+                                                               const int8_t *rest, int two_pass) {
+    const __m256i xq = _mm256_loadu_si256((const __m256i *)q);
+#if defined(LADLE_VNNI256)
+    const __m256i dot = ladle_dpbusd256(_mm256_setzero_si256(), codes, xq);
+    if (!two_pass) return dot;
+    return ladle_dpbusd256(_mm256_slli_epi32(dot, 8), codes,
+                           _mm256_loadu_si256((const __m256i *)rest));
 #else
-    /* 15 * 127 * 2 fits in int16: vpmaddubsw cannot saturate here. */
-    __m256i pairs = _mm256_maddubs_epi16(codes, activations);
-    return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    /* 15 * 128 * 2 fits in int16: vpmaddubsw cannot saturate here; vpmaddwd then widens the
+     * pairs to int32, times 256 for the first pass (no separate shift). */
+    const __m256i pairs = _mm256_maddubs_epi16(codes, xq);
+    if (!two_pass) return _mm256_madd_epi16(pairs, _mm256_set1_epi16(1));
+    const __m256i rest_pairs =
+        _mm256_maddubs_epi16(codes, _mm256_loadu_si256((const __m256i *)rest));
+    return _mm256_add_epi32(_mm256_madd_epi16(pairs, _mm256_set1_epi16(256)),
+                            _mm256_madd_epi16(rest_pairs, _mm256_set1_epi16(1)));
 #endif
 }
 
-/* dot32 of the codes, or with the residual codes 256 times it plus theirs */
-static inline __m256i dot32_pass(__m256i codes, const int8_t *q, const int8_t *rest,
-                                 int two_pass) {
-    __m256i dot = dot32(codes, _mm256_loadu_si256((const __m256i *)q));
-    if (!two_pass) return dot;
-    return _mm256_add_epi32(_mm256_slli_epi32(dot, 8),
-                            dot32(codes, _mm256_loadu_si256((const __m256i *)rest)));
-}
-
+/* One weight row at a time against the tile's x rows, the low and high nibbles' groups in two
+ * accumulators each: 2 * X_TILE accumulators fit AVX2's 16 registers (all rows of the block at
+ * once, 16 accumulators and the codes, spilled at X_TILE = 4), and each code byte is still read
+ * once. The group scales' products s * d are formed 8 at a time before the loop. */
 static inline __attribute__((always_inline)) void micro_kernel(
     const gemm_job *job, int64_t x_row, int num_x, int two_pass, const uint8_t *rows[ROW_BLOCK],
     float s[ROW_BLOCK][PARAM_STRIDE], float sums[X_TILE][ROW_BLOCK]) {
     const int64_t num_groups = job->padded / GROUP, half_groups = num_groups / 2;
     const __m256i low_mask = _mm256_set1_epi8(0x0F);
-    __m256 acc[X_TILE][ROW_BLOCK];
-    for (int i = 0; i < num_x; i++)
-        for (int r = 0; r < ROW_BLOCK; r++) acc[i][r] = _mm256_setzero_ps();
-    for (int64_t p = 0; p < half_groups; p++) {
-        __m256i low[ROW_BLOCK], high[ROW_BLOCK];
-        for (int r = 0; r < ROW_BLOCK; r++) {
-            __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
-            low[r] = _mm256_and_si256(packed, low_mask);
-            high[r] = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
-        }
+    float sd[X_TILE][PARAM_STRIDE];
+    for (int r = 0; r < ROW_BLOCK; r++) {
         for (int i = 0; i < num_x; i++) {
-            const int64_t xi = x_row + i;
-            const int8_t *q = job->q + xi * job->padded;
-            const int8_t *rest = two_pass ? job->residual + xi * job->padded : q;
+            const float *d = job->d + (x_row + i) * num_groups; /* PARAM_PAD floats after */
+            for (int64_t g = 0; g < num_groups; g += 8)
+                _mm256_storeu_ps(&sd[i][g],
+                                 _mm256_mul_ps(_mm256_loadu_ps(&s[r][g]), _mm256_loadu_ps(d + g)));
+        }
+        __m256 acc_low[X_TILE], acc_high[X_TILE];
+        for (int i = 0; i < num_x; i++) acc_low[i] = acc_high[i] = _mm256_setzero_ps();
+        for (int64_t p = 0; p < half_groups; p++) {
+            const __m256i packed = _mm256_loadu_si256((const __m256i *)(rows[r] + 32 * p));
+            const __m256i low = _mm256_and_si256(packed, low_mask);
+            const __m256i high = _mm256_and_si256(_mm256_srli_epi16(packed, 4), low_mask);
             const int64_t at_low = 32 * p, at_high = 32 * (p + half_groups);
-            const float *d = job->d + xi * num_groups;
-            for (int r = 0; r < ROW_BLOCK; r++) {
-                __m256 dot_low = _mm256_cvtepi32_ps(
-                    dot32_pass(low[r], q + at_low, rest + at_low, two_pass));
-                __m256 dot_high = _mm256_cvtepi32_ps(
-                    dot32_pass(high[r], q + at_high, rest + at_high, two_pass));
-                acc[i][r] = _mm256_fmadd_ps(dot_low, _mm256_set1_ps(s[r][p] * d[p]), acc[i][r]);
-                acc[i][r] = _mm256_fmadd_ps(
-                    dot_high, _mm256_set1_ps(s[r][p + half_groups] * d[p + half_groups]),
-                    acc[i][r]);
+            for (int i = 0; i < num_x; i++) {
+                const int64_t xi = x_row + i;
+                const int8_t *q = job->q + xi * job->padded;
+                const int8_t *rest = two_pass ? job->residual + xi * job->padded : q;
+                const __m256 dot_low =
+                    _mm256_cvtepi32_ps(dot32_pass(low, q + at_low, rest + at_low, two_pass));
+                const __m256 dot_high =
+                    _mm256_cvtepi32_ps(dot32_pass(high, q + at_high, rest + at_high, two_pass));
+                acc_low[i] = _mm256_fmadd_ps(dot_low, _mm256_broadcast_ss(&sd[i][p]), acc_low[i]);
+                acc_high[i] = _mm256_fmadd_ps(
+                    dot_high, _mm256_broadcast_ss(&sd[i][p + half_groups]), acc_high[i]);
             }
         }
+        for (int i = 0; i < num_x; i++)
+            sums[i][r] = ladle_sum256(_mm256_add_ps(acc_low[i], acc_high[i]));
     }
-    for (int i = 0; i < num_x; i++)
-        for (int r = 0; r < ROW_BLOCK; r++) {
-            __m128 v = _mm_add_ps(_mm256_castps256_ps128(acc[i][r]),
-                                  _mm256_extractf128_ps(acc[i][r], 1));
-            v = _mm_add_ps(v, _mm_movehl_ps(v, v));
-            v = _mm_add_ss(v, _mm_movehdup_ps(v));
-            sums[i][r] = _mm_cvtss_f32(v);
-        }
 }
+
+#if defined(LADLE_AVX2)
+#include "interleaved_avx2.h"
+#endif
 
 #else
 
@@ -665,10 +708,17 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
     quantize_job quantize = {x, padded, q, residual, params, params + m * num_groups};
     ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
     gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n, codes,
-                    scale, offset, (int)scale_is_half, bias, y};
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+                    scale, offset, (int)scale_is_half, bias, y, 0};
+#if defined(LADLE_AVX512_VNNI)
     if (m >= INTERLEAVED_MIN_ROWS && num_groups <= INTERLEAVED_MAX_GROUPS) {
         ladle_run_chunks(interleaved_chunk, &job, (n + LANES - 1) / LANES, threads);
+        free(q);
+        free(params);
+        return 0;
+    }
+#elif defined(LADLE_AVX2)
+    if (m >= AVX2_INTERLEAVED_MIN_ROWS && num_groups <= AVX2_INTERLEAVED_MAX_GROUPS) {
+        ladle_run_chunks(avx2_interleaved_chunk, &job, (n + LANES8 - 1) / LANES8, threads);
         free(q);
         free(params);
         return 0;
@@ -683,13 +733,13 @@ int ladle_q4_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
 }
 
 /* As ladle_q4_int8_gemm for 8-bit weight codes (int8 [n, padded], a scale per group of 32, no
- * offset: GGUF Q8_0). Only the interleaved AVX-512 VNNI path exists for them: returns -1 (nothing
- * written) on other builds and below INTERLEAVED_MIN_ROWS rows, where the caller's float paths
- * are as fast. */
+ * offset: GGUF Q8_0). Only interleaved paths exist for them (AVX-512 VNNI, and AVX2:
+ * interleaved_avx2.h): returns -1 (nothing written) on other builds and below their minimum rows
+ * (2), where the caller's float paths are as fast. */
 int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activation_bits,
                        const int8_t *codes, const void *scale, int64_t scale_is_half,
                        const float *bias, float *y, int64_t n, int64_t num_threads) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(LADLE_AVX512_VNNI)
     const int64_t num_groups = padded / GROUP;
     if (m < INTERLEAVED_MIN_ROWS || n < 1 || padded % GROUP || num_groups > INTERLEAVED_MAX_GROUPS)
         return -1;
@@ -716,9 +766,39 @@ int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
             for (int64_t k = at; k < copies * m * padded; k++) q[k] ^= (int8_t)0x80;
     }
     gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n,
-                    (const uint8_t *)codes, scale, 0, (int)scale_is_half, bias, y};
+                    (const uint8_t *)codes, scale, 0, (int)scale_is_half, bias, y, 0};
     ladle_run_chunks(interleaved8_chunk, &job, (n + LANES - 1) / LANES, threads);
     free(q);
+    free(params);
+    return 0;
+#elif defined(LADLE_AVX2)
+    const int64_t num_groups = padded / GROUP;
+    if (m < AVX2_INTERLEAVED8_MIN_ROWS || n < 1 || padded % GROUP ||
+        num_groups > AVX2_INTERLEAVED_MAX_GROUPS)
+        return -1;
+    if (activation_bits != 8 && activation_bits != 16) return -1;
+    const int64_t copies = activation_bits / 8;
+    int8_t *q = malloc((size_t)(copies * m * padded));
+    int16_t *x16 = malloc((size_t)(m * padded) * sizeof(int16_t));
+    float *params = calloc((size_t)(2 * m * num_groups + PARAM_PAD), sizeof(float));
+    if (!q || !x16 || !params) {
+        free(q);
+        free(x16);
+        free(params);
+        return -2;
+    }
+    const int64_t threads = n * padded * m >= MIN_PARALLEL_WORK ? num_threads : 1;
+    int8_t *residual = copies == 2 ? q + m * padded : 0;
+    quantize_job quantize = {x, padded, q, residual, params, params + m * num_groups};
+    ladle_run_chunks(quantize_chunk, &quantize, m, m >= 16 ? threads : 1);
+    /* one int16 per activation: 256 q + r lies in [-32640, 32639] */
+    for (int64_t k = 0; k < m * padded; k++)
+        x16[k] = (int16_t)(residual ? 256 * q[k] + residual[k] : q[k]);
+    gemm_job job = {q, residual, params, params + m * num_groups, m, padded, n,
+                    (const uint8_t *)codes, scale, 0, (int)scale_is_half, bias, y, x16};
+    ladle_run_chunks(avx2_interleaved8_chunk, &job, (n + LANES8 - 1) / LANES8, threads);
+    free(q);
+    free(x16);
     free(params);
     return 0;
 #else
@@ -732,7 +812,7 @@ int ladle_q8_int8_gemm(const float *x, int64_t m, int64_t padded, int64_t activa
  * chunks at every batch measured (up to 512 rows: docs/benchmarks.md), so prefill takes it too;
  * 0 where only micro_kernel is built (MKL overtakes it between 48 and 64 rows). */
 int64_t ladle_q4_int8_gemm_interleaved(void) {
-#if defined(__AVX512F__) && defined(__AVX512BW__) && defined(__AVX512VNNI__)
+#if defined(LADLE_AVX512_VNNI)
     return 1;
 #else
     return 0;

@@ -18,6 +18,7 @@ out of x and multiplied in float32, so they do not set every token's scale.
 from __future__ import annotations
 
 import functools
+import os
 import warnings
 from dataclasses import dataclass
 
@@ -45,16 +46,29 @@ class PackedInt8Weight:
         return self.num_rows * (self.num_columns + 4) + outlier_bytes
 
 
+# fbgemm (the engine's x86 kernels) can be held to a lower instruction set by this variable
+# (tests use it to run the AVX2 kernels on any machine); these values leave out its VNNI ones.
+FBGEMM_ISA_ENV = "FBGEMM_ENABLE_INSTRUCTIONS"
+FBGEMM_ISAS_WITHOUT_VNNI = ("AVX2", "AVX512", "AVX512_256")
+
+
 @functools.cache
-def cpu_has_vnni() -> bool:
-    """Whether the CPU multiplies u8 x s8 pairs into int32 without saturating (VNNI). Without it
-    the engine's 16-bit intermediate sums can overflow, so activations keep 7 bits instead."""
+def engine_has_vnni() -> bool:
+    """Whether the engine's kernels multiply u8 x s8 pairs into int32 without saturating: fbgemm
+    does so only with AVX-512 VNNI (vpdpbusd). Its AVX2 and AVX-512 kernels (vpmaddubsw) add two
+    u8 x s8 products in a saturating int16, which full 8-bit activations overflow (255 * 127 *
+    2 > 32767), so there activations keep 7 bits (reduce_range): the quantization step is twice
+    as coarse, and results are further from float than on a VNNI machine (docs/benchmarks.md,
+    2026-11-28). fbgemm has no AVX-VNNI (256-bit, Intel client CPUs) kernels: those CPUs run its
+    AVX2 ones and need the 7 bits too."""
+    if os.environ.get(FBGEMM_ISA_ENV, "").upper() in FBGEMM_ISAS_WITHOUT_VNNI:
+        return False
     try:
         with open("/proc/cpuinfo") as file:
             flags = file.read()
     except OSError:
         return False
-    return "avx512_vnni" in flags or "avx_vnni" in flags
+    return "avx512_vnni" in flags
 
 
 @functools.cache
@@ -103,7 +117,7 @@ def int8_dynamic_linear(
     leading, input_dtype = x.shape[:-1], x.dtype
     if x.dim() != 2 or x.dtype != torch.float32:
         x = x.reshape(-1, weight.num_columns).float()
-    reduce_range = not cpu_has_vnni()
+    reduce_range = not engine_has_vnni()
     outlier_columns = weight.outlier_columns
     if outlier_columns is not None:
         outlier_input = x.index_select(1, outlier_columns)
