@@ -154,7 +154,9 @@ class LlamaDecoderLayer(nn.Module):
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, rotary, backend)
-        self.mlp = mlp if mlp is not None else LlamaMLP(config.hidden_size, config.intermediate_size)
+        if mlp is None:
+            mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
