@@ -34,6 +34,10 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
 
     checkpoint_block = "mlp"
     checkpoint_projections = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
+    # The torch MoE path reads per-expert token counts on the host (layers/moe.py), which a CUDA
+    # graph cannot capture: on the GPU the model runs eagerly (enforce_eager) until the fused
+    # kernel lands. Nothing reads this yet; the worker's graph switch is where it belongs.
+    can_capture_cuda_graphs = False
 
     def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:
         super().__init__(config, attention_backend)
