@@ -13,7 +13,7 @@ from safetensors.torch import load_file, save_file
 
 from ladle.attention.torch_backend import TorchAttentionBackend
 from ladle.config import ModelConfig
-from ladle.model.arch_config import ModelArchConfig
+from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
 from ladle.model.loader import load_model
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.presets import get_preset
@@ -184,3 +184,30 @@ def test_dummy_moe_presets_run_and_fill_the_experts():
     experts = loaded.model.model.layers[0].mlp.experts
     assert experts.gate_up_proj.std().item() == pytest.approx(0.02, rel=0.1)
     assert loaded.arch_config.architecture == "Qwen3MoeForCausalLM"
+
+
+def test_quantize_refuses_a_mixture_of_experts(tiny_model_path, tmp_path, capsys):
+    """Until experts have a quantized layout ladle loads, `ladle quantize` says so instead of
+    writing a folder that does not load back, with and without calibration."""
+    from helpers.tiny_models import write_calibration_text
+
+    from ladle.cli.main import main
+
+    path = tiny_model_path("qwen3_moe")
+    text = str(write_calibration_text(tmp_path))
+    calibrated = ["--method", "int4", "--algorithm", "gptq", "--calibration-data", text]
+    calibrated += ["--calibration-samples", "1", "--calibration-tokens", "40"]
+    for name, options in [("rtn", ["--method", "int8"]), ("gptq", calibrated)]:
+        assert main(["quantize", path, str(tmp_path / name), *options]) != 0
+        assert "does not quantize mixtures of experts" in capsys.readouterr().err
+        assert not (tmp_path / name).exists()
+
+
+def test_a_quantized_moe_checkpoint_is_refused_by_name(tiny_model_path, tmp_path):
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model_path("mixtral"), folder)
+    config = json.loads((folder / "config.json").read_text())
+    config["quantization_config"] = {"quant_method": "fp8", "activation_scheme": "dynamic"}
+    (folder / "config.json").write_text(json.dumps(config))
+    with pytest.raises(UnsupportedModelError, match="fp8-quantized MixtralForCausalLM"):
+        _load(folder)

@@ -18,6 +18,10 @@ SUPPORTED_ARCHITECTURES = {
 }
 
 
+# The mixtures of experts among them (models/sparse_moe.py).
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
+
+
 class UnsupportedModelError(ValueError):
     """The checkpoint's architecture (or a feature of it) is one ladle cannot run."""
 
@@ -141,7 +145,7 @@ def _moe_fields(architecture: str, config: dict) -> dict:
     """The MoE fields of a Qwen3-MoE or Mixtral config.json; {} for a dense architecture.
     transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (Mixtral's name), so both
     are read."""
-    if architecture not in ("Qwen3MoeForCausalLM", "MixtralForCausalLM"):
+    if architecture not in MOE_ARCHITECTURES:
         return {}
     num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
     top_k = int(config.get("num_experts_per_tok") or 0)
