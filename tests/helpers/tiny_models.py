@@ -10,6 +10,10 @@ Fixtures (tests/conftest.py), all session-scoped and cached, so each model is bu
         embeddings), 'qwen2' (q/k/v bias), 'qwen3' (q/k norm), 'mistral' (no sliding window).
         All: hidden 64, 2 layers, 4 heads, 2 kv heads, head_dim 16, intermediate 128,
         max_position_embeddings 512, vocab = the tokenizer's (512).
+        Mixtures of experts (MOE_ARCHITECTURES), 8 experts of width 32, top-2:
+        'qwen3_moe' (every layer sparse, norm_topk_prob true), 'qwen3_moe_mixed' (4 layers,
+        decoder_sparse_step 2 and mlp_only_layers [1]: only layer 3 sparse; norm_topk_prob
+        false), 'mixtral'.
     tiny_tokenizer -> PreTrainedTokenizerFast (the one saved beside every tiny model)
 
 Tokenizer: byte-level BPE; specials '<|pad|>' (0), '<|begin_of_text|>' (1, bos, not added
@@ -57,7 +61,10 @@ LLAMA3_TINY_SCALING = {
     "high_freq_factor": 4.0,
     "original_max_position_embeddings": 64,
 }
+MOE_ARCHITECTURES = ("qwen3_moe", "qwen3_moe_mixed", "mixtral")
 ARCHITECTURES = ("llama", "llama3_scaled", "llama_tied", "qwen2", "qwen3", "mistral")
+ARCHITECTURES += MOE_ARCHITECTURES
+TINY_MOE = dict(num_experts=8, num_experts_per_tok=2, moe_intermediate_size=32)
 
 _TRAINING_TEXT = """\
 The quick brown fox jumps over the lazy dog. A paged cache keeps the keys and values of every
@@ -102,7 +109,14 @@ def build_tiny_tokenizer():
 
 def tiny_hf_config(architecture: str, vocab_size: int, **config_overrides):
     """The transformers config object of one tiny architecture."""
-    from transformers import LlamaConfig, MistralConfig, Qwen2Config, Qwen3Config
+    from transformers import (
+        LlamaConfig,
+        MistralConfig,
+        MixtralConfig,
+        Qwen2Config,
+        Qwen3Config,
+        Qwen3MoeConfig,
+    )
 
     values = dict(
         TINY_SHAPE,
@@ -127,6 +141,21 @@ def tiny_hf_config(architecture: str, vocab_size: int, **config_overrides):
     elif architecture == "mistral":
         config_class = MistralConfig
         values["sliding_window"] = None
+    elif architecture == "qwen3_moe":
+        config_class = Qwen3MoeConfig
+        values.update(TINY_MOE, norm_topk_prob=True)
+    elif architecture == "qwen3_moe_mixed":
+        config_class = Qwen3MoeConfig
+        values.update(TINY_MOE, norm_topk_prob=False, num_hidden_layers=4)
+        values.update(decoder_sparse_step=2, mlp_only_layers=[1])
+    elif architecture == "mixtral":
+        config_class = MixtralConfig
+        values.update(
+            num_local_experts=TINY_MOE["num_experts"],
+            num_experts_per_tok=TINY_MOE["num_experts_per_tok"],
+            intermediate_size=TINY_MOE["moe_intermediate_size"],
+            sliding_window=None,
+        )
     else:
         raise ValueError(f"unknown tiny architecture {architecture!r}; use one of {ARCHITECTURES}")
     values.update(config_overrides)

@@ -179,7 +179,12 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ladle import LLM
-    from ladle.bench.device_floor import floor_seconds, measure_ceilings
+    from ladle.bench.device_floor import (
+        active_params,
+        expert_weights,
+        floor_seconds,
+        measure_ceilings,
+    )
     from ladle.worker.memory import module_bytes
 
     workload = _workload_from_args(args)
@@ -204,6 +209,7 @@ def run_bench(args: argparse.Namespace) -> int:
     runs = [run_engine(engine, requests, f"run{i}", show) for i in range(args.runs)]
     best = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
     num_params = sum(p.numel() for p in runner.model.parameters())
+    experts = expert_weights(runner.model)
     floor = floor_seconds(
         ceilings,
         num_params=num_params,
@@ -214,6 +220,7 @@ def run_bench(args: argparse.Namespace) -> int:
         prompt_lens=[len(r.prompt_token_ids) for r in requests],
         output_lens=[r.max_tokens for r in requests],
         max_num_seqs=llm.config.scheduler.max_num_seqs,
+        experts=experts,
     )
     result = {
         "command": args.bench_command,
@@ -240,6 +247,7 @@ def run_bench(args: argparse.Namespace) -> int:
         "copy_gb_per_s": ceilings.copy_bytes_per_s / 1e9,
         "matmul_tflops": ceilings.matmul_flops_per_s / 1e12,
         "floor_seconds": floor,
+        "active_params": active_params(num_params, experts),
         "floor_tokens_per_s": best["generated_tokens"] / floor,
         "ratio_to_floor": best["seconds"] / floor,
     }

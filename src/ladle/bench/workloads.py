@@ -7,6 +7,7 @@ every request generates exactly its max_tokens (EOS ignored).
   [0, 10000], max_tokens U[100, 1024], temperature 0.6 (each request its own seed).
 - W2 large offline: the same recipe on the Llama-3.1-8B shape.
 - W3 latency: one request, 512 prompt ids, 256 generated tokens, greedy.
+- W1-30b-a3b, W3-30b-a3b, W3-mixtral: W1's and W3's recipes on mixture-of-experts shapes.
 - S1 served: the 0.6B shape behind `ladle serve`; 256 streaming completions, prompts of
   U[100, 1024] ids, max_tokens U[100, 512], temperature 0.6, at 32, 128 and 256 in flight.
 
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import random
 import textwrap
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ladle.protocol.messages import EngineCoreRequest
 from ladle.sampling.params import SamplingParams
@@ -72,11 +73,24 @@ W3_SMALL = TokenWorkload(
 W3_LARGE = TokenWorkload(
     "W3", "llama-3.1-8b", 1, (512, 512), (256, 256), temperature=0.0, fixed_input_len=512
 )
+# The mixture-of-experts targets (issue 35): W1's and W3's recipes on MoE shapes.
+W1_QWEN3_MOE = replace(W1, name="W1-30b-a3b", model_preset="qwen3-30b-a3b")
+W3_QWEN3_MOE = replace(W3_SMALL, name="W3-30b-a3b", model_preset="qwen3-30b-a3b")
+W3_MIXTRAL = replace(W3_SMALL, name="W3-mixtral", model_preset="mixtral-8x7b")
 S1 = TokenWorkload(
     "S1", "qwen3-0.6b", 256, (100, 1024), (100, 512), temperature=0.6, concurrency=(32, 128, 256)
 )
 
-WORKLOADS = {"W1": W1, "W2": W2, "W3": W3_SMALL, "W3-8b": W3_LARGE, "S1": S1}
+WORKLOADS = {
+    "W1": W1,
+    "W2": W2,
+    "W3": W3_SMALL,
+    "W3-8b": W3_LARGE,
+    "W1-30b-a3b": W1_QWEN3_MOE,
+    "W3-30b-a3b": W3_QWEN3_MOE,
+    "W3-mixtral": W3_MIXTRAL,
+    "S1": S1,
+}
 
 
 def build_requests(
@@ -107,6 +121,11 @@ WORKLOAD_SUMMARIES = {
     "W3": "latency of one request, Qwen3-0.6B shape: 512 prompt tokens, 256 generated, greedy; "
           "TTFT and inter-token times (ladle bench latency)",
     "W3-8b": "W3 on the Llama-3.1-8B shape (ladle bench latency --workload W3-8b)",
+    "W1-30b-a3b": "W1 on the Qwen3-30B-A3B mixture-of-experts shape (128 experts, 8 per token; "
+                  "ladle bench throughput --workload W1-30b-a3b)",
+    "W3-30b-a3b": "W3 on the Qwen3-30B-A3B shape (ladle bench latency --workload W3-30b-a3b)",
+    "W3-mixtral": "W3 on the Mixtral-8x7B shape, 93 GB in bf16: two GPUs (ladle bench latency "
+                  "--workload W3-mixtral -tp 2)",
     "S1": "served: Qwen3-0.6B shape behind `ladle serve`, 256 streamed completions (prompts "
           "100-1024, outputs 100-512 tokens) at 32, 128 and 256 in flight (ladle bench serve "
           "--workload S1)",
@@ -125,7 +144,7 @@ def describe_workloads() -> str:
 
 
 def get_workload(name: str) -> TokenWorkload:
-    """A standard workload by name (W1, W2, W3, W3-8b, S1); a ValueError lists the names."""
+    """A standard workload by name (WORKLOADS); a ValueError lists the names."""
     if name not in WORKLOADS:
         raise ValueError(f"unknown workload {name!r}; choose one of {', '.join(WORKLOADS)}")
     return WORKLOADS[name]

@@ -11,7 +11,15 @@ SUPPORTED_ARCHITECTURES = {
     "MistralForCausalLM": {"attention_bias": False, "qk_norm": False},
     "Qwen2ForCausalLM": {"attention_bias": True, "qk_norm": False},
     "Qwen3ForCausalLM": {"attention_bias": False, "qk_norm": True},
+    # Mixtures of experts: the Llama-family attention, with MoE blocks in place of the MLP
+    # (models/sparse_moe.py).
+    "Qwen3MoeForCausalLM": {"attention_bias": False, "qk_norm": True},
+    "MixtralForCausalLM": {"attention_bias": False, "qk_norm": False},
 }
+
+
+# The mixtures of experts among them (models/sparse_moe.py).
+MOE_ARCHITECTURES = ("Qwen3MoeForCausalLM", "MixtralForCausalLM")
 
 
 class UnsupportedModelError(ValueError):
@@ -41,6 +49,16 @@ class ModelArchConfig:
     rope_scaling: dict | None = None
     bos_token_id: int | None = None
     eos_token_ids: tuple[int, ...] = field(default_factory=tuple)
+    # Mixture of experts (0 experts: a dense model). A sparse layer routes each token to
+    # num_experts_per_token of num_experts SiLU-gated MLPs of width moe_intermediate_size; the
+    # other layers (mlp_only_layers, and those decoder_sparse_step skips) keep a dense MLP of
+    # width intermediate_size. norm_topk_prob renormalises the chosen experts' probabilities.
+    num_experts: int = 0
+    num_experts_per_token: int = 0
+    moe_intermediate_size: int = 0
+    norm_topk_prob: bool = False
+    decoder_sparse_step: int = 1
+    mlp_only_layers: tuple[int, ...] = ()
 
     @classmethod
     def from_hf_dict(cls, config: dict) -> ModelArchConfig:
@@ -52,9 +70,11 @@ class ModelArchConfig:
                 f"{', '.join(SUPPORTED_ARCHITECTURES)}"
             )
         if config.get("sliding_window") and config.get("use_sliding_window", True) and (
-            architecture == "MistralForCausalLM"
+            architecture in ("MistralForCausalLM", "MixtralForCausalLM")
         ):
-            raise UnsupportedModelError("Mistral with sliding-window attention is not supported")
+            raise UnsupportedModelError(
+                f"{architecture} with sliding-window attention is not supported"
+            )
         if config.get("use_sliding_window") and config.get("sliding_window"):
             raise UnsupportedModelError(
                 f"{architecture} with sliding-window attention is not supported"
@@ -98,6 +118,16 @@ class ModelArchConfig:
             rope_scaling=dict(rope_scaling) if rope_scaling else None,
             bos_token_id=config.get("bos_token_id"),
             eos_token_ids=eos_ids,
+            **_moe_fields(architecture, config),
+        )
+
+    def is_sparse_layer(self, layer_index: int) -> bool:
+        """Whether layer `layer_index` holds a mixture of experts (else a dense MLP), by Qwen3-MoE's
+        rule: not listed in mlp_only_layers, and every decoder_sparse_step-th layer (1-based)."""
+        return (
+            self.num_experts > 0
+            and layer_index not in self.mlp_only_layers
+            and (layer_index + 1) % self.decoder_sparse_step == 0
         )
 
     @property
@@ -109,3 +139,38 @@ class ModelArchConfig:
     def kv_bytes_per_token(self, dtype_bytes: int) -> int:
         """Bytes of K and V for one token over all layers."""
         return 2 * self.num_hidden_layers * self.num_key_value_heads * self.head_dim * dtype_bytes
+
+
+def _moe_fields(architecture: str, config: dict) -> dict:
+    """The MoE fields of a Qwen3-MoE or Mixtral config.json; {} for a dense architecture.
+    transformers 5 writes Qwen3-MoE's num_experts as num_local_experts (Mixtral's name), so both
+    are read."""
+    if architecture not in MOE_ARCHITECTURES:
+        return {}
+    num_experts = int(config.get("num_experts") or config.get("num_local_experts") or 0)
+    top_k = int(config.get("num_experts_per_tok") or 0)
+    if num_experts < 1 or not 1 <= top_k <= num_experts:
+        raise ValueError(
+            f"{architecture} needs 1 <= num_experts_per_tok <= num_experts; the config has "
+            f"num_experts={num_experts}, num_experts_per_tok={top_k}"
+        )
+    if architecture == "MixtralForCausalLM":
+        # Every Mixtral layer is sparse, its experts are intermediate_size wide, and the top-k
+        # probabilities are always renormalised.
+        return {
+            "num_experts": num_experts,
+            "num_experts_per_token": top_k,
+            "moe_intermediate_size": int(config["intermediate_size"]),
+            "norm_topk_prob": True,
+        }
+    sparse_step = int(config.get("decoder_sparse_step") or 1)
+    if sparse_step < 1:
+        raise ValueError(f"decoder_sparse_step must be >= 1, got {sparse_step}")
+    return {
+        "num_experts": num_experts,
+        "num_experts_per_token": top_k,
+        "moe_intermediate_size": int(config["moe_intermediate_size"]),
+        "norm_topk_prob": bool(config.get("norm_topk_prob", False)),
+        "decoder_sparse_step": sparse_step,
+        "mlp_only_layers": tuple(int(i) for i in config.get("mlp_only_layers") or ()),
+    }

@@ -26,7 +26,7 @@ from torch import nn
 from ladle.attention.base import AttentionBackend
 from ladle.config import CHECKPOINT_QUANTIZATIONS, ModelConfig
 from ladle.kernels.cpu_native.build import native_library
-from ladle.model.arch_config import ModelArchConfig, UnsupportedModelError
+from ladle.model.arch_config import MOE_ARCHITECTURES, ModelArchConfig, UnsupportedModelError
 from ladle.model.layers.quant import (
     QUANT_METHODS,
     finalize_linears_,
@@ -180,6 +180,12 @@ def _load_unquantized(
         _load_weights(model, weights, str(model_dir))
         return LoadedModel(model, arch_config, str(model_dir), "safetensors")
     _check_checkpoint_method(model_config, checkpoint_quant, str(model_dir))
+    if arch_config.architecture in MOE_ARCHITECTURES:
+        raise UnsupportedModelError(
+            f"{str(model_dir)!r} is a {checkpoint_quant.method}-quantized "
+            f"{arch_config.architecture}; ladle loads mixtures of experts from float checkpoints "
+            "only for now (quantized experts: issue 35)"
+        )
     checkpoint_quant = with_matched_float_modules(checkpoint_quant, tensor_names)
     if checkpoint_quant.note:
         print(f"[ladle] {model_dir}: {checkpoint_quant.note}", flush=True)

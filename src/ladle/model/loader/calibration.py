@@ -26,6 +26,7 @@ from torch import nn
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.kernels.dispatch import use_fused_kernels
+from ladle.model.arch_config import UnsupportedModelError
 from ladle.model.layers.quant import QuantMethod
 from ladle.model.layers.quant.awq import ALPHAS, search_input_scales
 from ladle.model.layers.quant.float_projections import float_ladle_modules
@@ -392,7 +393,13 @@ def calibrate_checkpoint(
     dtype_name = next(name for name, value in supported_dtypes().items() if value == dtype)
     device = torch.device("cuda" if torch.cuda.is_available() else "cpu")
     config = ModelConfig(model=str(source), quantization="none", dtype=dtype_name)
-    model = load_model(config, device, dtype, get_attention_backend(device)).model
+    loaded = load_model(config, device, dtype, get_attention_backend(device))
+    if loaded.arch_config.num_experts:
+        raise UnsupportedModelError(
+            f"{str(source)!r} is a {loaded.arch_config.architecture}: ladle quantize does not "
+            "quantize mixtures of experts yet (quantized experts: issue 35)"
+        )
+    model = loaded.model
     symmetric = getattr(method, "symmetric", False)
     fold = algorithm in ("awq", "awq-gptq")
     float_modules = float_ladle_modules(float_projections)

@@ -28,6 +28,21 @@ def _qwen3(**values: object) -> dict:
     return {**base, **values}
 
 
+def _qwen3_moe(**values: object) -> dict:
+    base = _qwen3(
+        architectures=["Qwen3MoeForCausalLM"],
+        model_type="qwen3_moe",
+        num_key_value_heads=4,
+        tie_word_embeddings=False,
+        num_experts=128,
+        num_experts_per_tok=8,
+        norm_topk_prob=True,
+        decoder_sparse_step=1,
+        mlp_only_layers=[],
+    )
+    return {**base, **values}
+
+
 _LLAMA3_ROPE_SCALING = {
     "rope_type": "llama3",
     "factor": 8.0,
@@ -144,6 +159,42 @@ PRESETS: dict[str, dict] = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    # Mixtures of experts. intermediate_size is the (unused here) dense MLP width of
+    # mlp_only_layers; each of the 128 experts is moe_intermediate_size wide, 8 run per token.
+    "qwen3-30b-a3b": _qwen3_moe(
+        hidden_size=2048,
+        intermediate_size=6144,
+        moe_intermediate_size=768,
+        num_hidden_layers=48,
+        num_attention_heads=32,
+    ),
+    "qwen3-235b-a22b": _qwen3_moe(
+        hidden_size=4096,
+        intermediate_size=12288,
+        moe_intermediate_size=1536,
+        num_hidden_layers=94,
+        num_attention_heads=64,
+    ),
+    # Mixtral-8x7B-v0.1: 8 experts of intermediate_size, 2 per token, no sliding window.
+    "mixtral-8x7b": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": 32000,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 1000000.0,
+        "max_position_embeddings": 32768,
+        "sliding_window": None,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
     # A few-megabyte model for fast engine tests that need no real weights.
     "tiny-llama": _llama(
         vocab_size=512,
@@ -160,6 +211,41 @@ PRESETS: dict[str, dict] = {
         bos_token_id=1,
         eos_token_id=2,
     ),
+    # tiny-llama's shape with 8 experts of width 32, 2 per token: fast MoE engine tests.
+    "tiny-qwen3-moe": _qwen3_moe(
+        vocab_size=512,
+        hidden_size=64,
+        intermediate_size=128,
+        moe_intermediate_size=32,
+        num_experts=8,
+        num_experts_per_tok=2,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        max_position_embeddings=512,
+        bos_token_id=1,
+        eos_token_id=2,
+    ),
+    "tiny-mixtral": {
+        "architectures": ["MixtralForCausalLM"],
+        "model_type": "mixtral",
+        "vocab_size": 512,
+        "hidden_size": 64,
+        "intermediate_size": 32,
+        "num_hidden_layers": 2,
+        "num_attention_heads": 4,
+        "num_key_value_heads": 2,
+        "head_dim": 16,
+        "num_local_experts": 8,
+        "num_experts_per_tok": 2,
+        "rms_norm_eps": 1e-5,
+        "rope_theta": 10000.0,
+        "max_position_embeddings": 512,
+        "tie_word_embeddings": False,
+        "bos_token_id": 1,
+        "eos_token_id": 2,
+    },
 }
 
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 from safetensors.torch import save_file
 
+from ladle.model.arch_config import MOE_ARCHITECTURES, UnsupportedModelError
 from ladle.model.layers.quant import default_float_layers, get_quant_method, in_layers
 from ladle.model.layers.quant.float_projections import is_float_projection
 from ladle.model.layers.quant.fp8_block import Fp8BlockMethod, blocks_from_group_scales
@@ -167,6 +168,13 @@ def write_quantized_checkpoint(
     config = gguf_hf_config(source_dir) if from_gguf else read_hf_config(source_dir)
     if "quantization_config" in config:
         raise ModelLoadError(f"{str(source_dir)!r} is already quantized; give a float checkpoint")
+    architecture = (config.get("architectures") or [None])[0]
+    if architecture in MOE_ARCHITECTURES:
+        # Its experts would be written in a layout ladle cannot load back yet.
+        raise UnsupportedModelError(
+            f"{str(source_dir)!r} is a {architecture}: ladle quantize does not quantize "
+            "mixtures of experts yet (quantized experts: issue 35)"
+        )
     if symmetric and method != "int4":
         raise ValueError("--symmetric applies to int4 only (fp8 and int8 are always symmetric)")
     quant_method = get_quant_method(method, symmetric=symmetric)

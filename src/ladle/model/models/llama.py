@@ -7,7 +7,7 @@ rename of q/k/v -> qkv_proj and gate/up -> gate_up_proj and nothing else.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 
 import torch
 from torch import nn
@@ -38,6 +38,9 @@ _MERGED_WEIGHTS = (
 )
 # Checkpoint tensors that are not weights: cached rotary frequencies some exporters saved.
 _IGNORED_SUFFIXES = ("rotary_emb.inv_freq", "rotary_emb.cos_cached", "rotary_emb.sin_cached")
+# Which part of a parameter one checkpoint tensor fills: None (all of it), a merged linear's
+# shard ("q"/"k"/"v" or an index), or a stacked expert's (expert index, "gate"/"up"/"down").
+ShardId = str | int | tuple[int, str] | None
 
 
 class LlamaAttention(nn.Module):
@@ -137,25 +140,36 @@ class LlamaMLP(nn.Module):
 
 class LlamaDecoderLayer(nn.Module):
     """Pre-norm block. The residual stream is carried between layers and added inside the next
-    norm (RMSNorm's fused add), so each layer returns (hidden_states, residual)."""
+    norm (RMSNorm's fused add), so each layer returns (hidden_states, residual).
+
+    `mlp` is any module hidden -> hidden (default the dense LlamaMLP): mixtures of experts put
+    a SparseMoeBlock there (models/sparse_moe.py)."""
 
     def __init__(
-        self, config: ModelArchConfig, rotary: RotaryEmbedding, backend: AttentionBackend
+        self,
+        config: ModelArchConfig,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+        mlp: nn.Module | None = None,
     ) -> None:
         super().__init__()
         self.self_attn = LlamaAttention(config, rotary, backend)
-        self.mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        if mlp is None:
+            mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+        self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
     def quantized_input_pairs(self) -> list[tuple[nn.Module, nn.Module]]:
         """(producer, its only consumer): a producer may quantize for an fp8 consumer (SiLU-and-mul
         does from 64 rows, kernels/activation.py)."""
-        return [
-            (self.input_layernorm, self.self_attn.qkv_proj),
-            (self.post_attention_layernorm, self.mlp.gate_up_proj),
-            (self.mlp.act_fn, self.mlp.down_proj),
-        ]
+        pairs: list[tuple[nn.Module, nn.Module]] = [(self.input_layernorm, self.self_attn.qkv_proj)]
+        if isinstance(self.mlp, LlamaMLP):  # a MoE block's experts are not Linear layers
+            pairs += [
+                (self.post_attention_layernorm, self.mlp.gate_up_proj),
+                (self.mlp.act_fn, self.mlp.down_proj),
+            ]
+        return pairs
 
     def forward(
         self,
@@ -179,17 +193,25 @@ class LlamaDecoderLayer(nn.Module):
 
 
 class LlamaModel(nn.Module):
-    """Embedding, decoder layers and final norm (HF's `model.` prefix)."""
+    """Embedding, decoder layers and final norm (HF's `model.` prefix). build_mlp(layer_index),
+    when given, makes each layer's MLP (else the dense LlamaMLP)."""
 
-    def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        attention_backend: AttentionBackend,
+        build_mlp: Callable[[int], nn.Module | None] | None = None,
+    ) -> None:
         super().__init__()
         self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
         self.layers = nn.ModuleList(
-            LlamaDecoderLayer(config, self.rotary_emb, attention_backend)
-            for _ in range(config.num_hidden_layers)
+            LlamaDecoderLayer(
+                config, self.rotary_emb, attention_backend, build_mlp(index) if build_mlp else None
+            )
+            for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
 
@@ -231,11 +253,23 @@ class LlamaForCausalLM(nn.Module):
     def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, attention_backend)
+        self.model = LlamaModel(config, attention_backend, self.build_mlp)
         # Tied: logits reuse the embedding table instead of a second parameter.
         self.lm_head = (
             None if config.tie_word_embeddings else LMHead(config.vocab_size, config.hidden_size)
         )
+
+    def build_mlp(self, layer_index: int) -> nn.Module | None:
+        """Layer `layer_index`'s MLP, or None for the dense LlamaMLP (subclasses override)."""
+        return None
+
+    def to_param_name(self, checkpoint_name: str) -> tuple[str, ShardId]:
+        """(ladle parameter name, shard id) that checkpoint tensor `checkpoint_name` fills."""
+        return to_param_name(checkpoint_name)
+
+    def to_checkpoint_name(self, param_name: str, shard_id: ShardId) -> str:
+        """The checkpoint tensor that fills shard `shard_id` of parameter `param_name`."""
+        return to_checkpoint_name(param_name, shard_id)
 
     def forward(
         self,
@@ -266,7 +300,7 @@ class LlamaForCausalLM(nn.Module):
         """
         params = dict(self.named_parameters())
         expected = self._expected_shards()
-        loaded: set[tuple[str, str | int | None]] = set()
+        loaded: set[tuple[str, ShardId]] = set()
         for checkpoint_name, tensor in weights:
             if checkpoint_name.endswith(_IGNORED_SUFFIXES):
                 continue
@@ -275,7 +309,7 @@ class LlamaForCausalLM(nn.Module):
             if checkpoint_name == "lm_head.weight" and self.lm_head is None:
                 # Some tied checkpoints also store the (identical) output matrix.
                 continue
-            name, shard_id = to_param_name(checkpoint_name)
+            name, shard_id = self.to_param_name(checkpoint_name)
             param = params.get(name)
             if param is None or (name, shard_id) not in expected:
                 raise ModelLoadError(f"unexpected weight {checkpoint_name!r} in checkpoint")
@@ -292,18 +326,20 @@ class LlamaForCausalLM(nn.Module):
             except ModelLoadError as error:
                 raise ModelLoadError(f"weight {checkpoint_name!r}: {error}") from None
             loaded.add((name, shard_id))
-        missing = sorted(to_checkpoint_name(*key) for key in expected - loaded)
+        missing = sorted(self.to_checkpoint_name(*key) for key in expected - loaded)
         if missing:
             more = f" and {len(missing) - 8} more" if len(missing) > 8 else ""
             shown = ", ".join(missing[:8]) + more
             raise ModelLoadError(f"checkpoint is missing {len(missing)} weight(s): {shown}")
 
-    def _expected_shards(self) -> set[tuple[str, str | int | None]]:
+    def _expected_shards(self) -> set[tuple[str, ShardId]]:
         """Every (parameter name, shard id) a complete checkpoint must fill."""
-        expected: set[tuple[str, str | int | None]] = set()
-        for name, _ in self.named_parameters():
+        expected: set[tuple[str, ShardId]] = set()
+        for name, param in self.named_parameters():
             module = self.get_submodule(name.rsplit(".", 1)[0])
-            if isinstance(module, QKVLinear):
+            if hasattr(module, "expected_shards"):  # stacked experts: (expert, projection)
+                expected.update((name, shard) for shard in module.expected_shards(param))
+            elif isinstance(module, QKVLinear):
                 expected.update((name, shard) for shard in ("q", "k", "v"))
             elif isinstance(module, MergedLinear):
                 expected.update((name, index) for index in range(len(module.output_sizes)))

@@ -84,6 +84,8 @@ def _build(model: LlamaModel) -> DecodeStackWeights | None:
     norms = [model.norm]
     for layer in model.layers:
         attention = layer.self_attn
+        if not hasattr(layer.mlp, "gate_up_proj"):  # a mixture of experts: no C path
+            return None
         if attention.q_norm is not None or not isinstance(
             attention.attn.backend, CpuAttentionBackend
         ):

@@ -6,13 +6,17 @@ from torch import nn
 
 from ladle.model.arch_config import UnsupportedModelError
 from ladle.model.models.llama import LlamaForCausalLM
+from ladle.model.models.sparse_moe import MixtralForCausalLM, Qwen3MoeForCausalLM
 
-# One class serves the whole Llama family; ModelArchConfig's switches tell them apart.
+# One class serves the dense Llama family (ModelArchConfig's switches tell them apart); the
+# mixtures of experts subclass it.
 MODEL_REGISTRY: dict[str, type[nn.Module]] = {
     "LlamaForCausalLM": LlamaForCausalLM,
     "MistralForCausalLM": LlamaForCausalLM,
     "Qwen2ForCausalLM": LlamaForCausalLM,
     "Qwen3ForCausalLM": LlamaForCausalLM,
+    "Qwen3MoeForCausalLM": Qwen3MoeForCausalLM,
+    "MixtralForCausalLM": MixtralForCausalLM,
 }
 
 
