@@ -11,6 +11,7 @@ step path (dummy_batch.py), so the memory plan measures what serving allocates.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
 import torch
@@ -76,8 +77,20 @@ class Worker:
             max_blocks_per_seq=-(-self.max_model_len // block_size),
             initial_slots=config.scheduler.max_num_seqs + 8,
         )
-        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only).
-        self.uses_graphs = self.device.type == "cuda" and not config.model.enforce_eager
+        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only) or
+        # the model's forward reads device values on the host (the torch MoE path).
+        self.uses_graphs = (
+            self.device.type == "cuda"
+            and not config.model.enforce_eager
+            and self.model.can_capture_cuda_graphs
+        )
+        if self.device.type == "cuda" and not self.model.can_capture_cuda_graphs:
+            print(
+                "[ladle] CUDA graphs off: this model's forward cannot be captured (the mixture "
+                "of experts runs its torch path until the fused kernel lands)",
+                file=sys.stderr,
+                flush=True,
+            )
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             kv_calibration.set_fp8_kv_scales(

@@ -250,6 +250,9 @@ class LlamaForCausalLM(nn.Module):
     uninitialised and only ever filled once, from the checkpoint or the dummy filler.
     """
 
+    # Whether a forward pass can be captured in a CUDA graph (no host reads of device values).
+    can_capture_cuda_graphs = True
+
     def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:
         super().__init__()
         self.config = config
