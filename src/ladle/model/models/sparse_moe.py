@@ -36,7 +36,7 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
     checkpoint_projections = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
     # The torch MoE path reads per-expert token counts on the host (layers/moe.py), which a CUDA
     # graph cannot capture: on the GPU the model runs eagerly (enforce_eager) until the fused
-    # kernel lands. Nothing reads this yet; the worker's graph switch is where it belongs.
+    # kernel lands (the Worker reads this).
     can_capture_cuda_graphs = False
 
     def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:

@@ -13,8 +13,11 @@ from ladle.entrypoints.openai.tool_parsers.partial_json import (
 )
 
 
-class RequiredCallsParser(ToolParser):
-    name = "required"
+class _WholeReplyParser(ToolParser):
+    """A reply that is the forced call from its first character on (after whitespace), which
+    must be `opener`."""
+
+    opener: str
 
     def find_start(self, text: str) -> int:
         return 0
@@ -23,8 +26,20 @@ class RequiredCallsParser(ToolParser):
         position = skip_whitespace(text, 0)
         if position == len(text):
             return [], True
-        if text[position] != "[":
+        if text[position] != self.opener:
             return [], False
+        return self.scan_from(text, position)
+
+    def scan_from(self, text: str, position: int) -> tuple[list[CallProgress], bool]:
+        """The calls from the opener at `position`, and whether nothing stray follows."""
+        raise NotImplementedError
+
+
+class RequiredCallsParser(_WholeReplyParser):
+    name = "required"
+    opener = "["
+
+    def scan_from(self, text: str, position: int) -> tuple[list[CallProgress], bool]:
         calls, end, is_clean = scan_objects(
             text, position + 1, ("parameters",), separators=",", closer="]"
         )
@@ -33,23 +48,16 @@ class RequiredCallsParser(ToolParser):
         return calls, is_clean
 
 
-class NamedArgumentsParser(ToolParser):
+class NamedArgumentsParser(_WholeReplyParser):
     """The whole reply is the named function's arguments."""
 
     name = "named"
+    opener = "{"
 
     def __init__(self, function_name: str) -> None:
         self.function_name = function_name
 
-    def find_start(self, text: str) -> int:
-        return 0
-
-    def scan(self, text: str) -> tuple[list[CallProgress], bool]:
-        position = skip_whitespace(text, 0)
-        if position == len(text):
-            return [], True
-        if text[position] != "{":
-            return [], False
+    def scan_from(self, text: str, position: int) -> tuple[list[CallProgress], bool]:
         end = value_end(text, position)
         call = CallProgress(
             name=self.function_name,
