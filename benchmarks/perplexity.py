@@ -26,7 +26,7 @@ from ladle.config import ModelConfig
 from ladle.kernels.cpu_native.gemv import activation_bits, set_activation_bits
 from ladle.model.default_model import resolve_default_model
 from ladle.model.layers.quant import get_quant_method, quantize_linears_
-from ladle.model.layers.quantized_linear import quantize_model_
+from ladle.model.layers.quantize_pass import quantize_model_
 from ladle.model.loader import load_model
 from ladle.model.loader.calibration_text import (
     EVALUATION_CONVERSATIONS,

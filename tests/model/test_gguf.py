@@ -119,7 +119,7 @@ def test_int8_default_model_stays_close_to_hf_float32(gguf_path: Path, reader, h
     """--quantization int8 (int8 x int8) against HF's float32 dequantization."""
     from ladle.attention.cpu_backend import CpuAttentionBackend
     from ladle.model.layers.cpu_int8_gemm import engine_has_vnni
-    from ladle.model.layers.quantized_linear import quantize_model_
+    from ladle.model.layers.quantize_pass import quantize_model_
     from ladle.model.loader import build_model
     from ladle.model.tokenizer import load_tokenizer
 

@@ -24,7 +24,8 @@ from ladle.model.layers.group_quant import (
     unpack_int4,
 )
 from ladle.model.layers.linear import Linear
-from ladle.model.layers.quantized_linear import quantize_int8_per_row, quantize_model_
+from ladle.model.layers.quantize_pass import quantize_model_
+from ladle.model.layers.quantized_linear import quantize_int8_per_row
 
 
 def _reference_int4(weight: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -14,8 +14,8 @@ from ladle.model.layers.quantized_linear import (
     dequantize_int8_per_row,
     int8_weight_matmul,
     quantize_int8_per_row,
-    quantize_model_,
 )
+from ladle.model.layers.quantize_pass import quantize_model_
 
 
 @pytest.mark.parametrize("shape", [(1, 7), (7, 33), (300, 576), (1000, 129)])

@@ -13,7 +13,7 @@ import os
 import socket
 import sys
 from collections.abc import AsyncIterator, Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import uvicorn
 from starlette.applications import Starlette
@@ -25,7 +25,18 @@ from ladle.entrypoints.cluster.front import ReplicaFront
 
 if TYPE_CHECKING:
     from ladle.entrypoints.cluster.front_peers import FrontPeers
-    from ladle.entrypoints.cluster.front_processes import FrontWorkers
+
+
+class FrontWorkers(Protocol):
+    """The other front processes this one supervises (front_processes.FrontWorkers)."""
+
+    async def wait_serving(self) -> None: ...
+
+    def restart_dead(self) -> None: ...
+
+    def stop(self) -> None: ...
+
+    def wait_stopped(self) -> None: ...
 
 _FORWARDED_METHODS = ["GET", "POST", "PUT", "DELETE", "PATCH"]
 _ANSWERED_PATHS = ("/health", "/metrics")

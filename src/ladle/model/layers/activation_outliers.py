@@ -15,6 +15,7 @@ import torch
 from torch import nn
 
 from ladle.attention.metadata import AttentionMetadata
+from ladle.model.layers.embedding import VocabEmbedding
 
 # Calibration: this many tokens of fixed ids; then the top 1/32 of each input's channels (18 of
 # the default model's 576) by their largest absolute value are kept in float32. Measured on 2k
@@ -50,8 +51,6 @@ def find_outlier_channels(
         for handle in handles:
             handle.remove()
     # The LM head (or the tied embedding table's logits) multiplies the final hidden states.
-    from ladle.model.layers.embedding import VocabEmbedding
-
     for name, module in model.named_modules():
         if isinstance(module, VocabEmbedding):
             maxima[name] = final_hidden.float().abs().amax(0)

@@ -38,7 +38,8 @@ from ladle.model.layers.quant.act_order import (
     drop_identity_permutations_,
     fold_down_permutations_,
 )
-from ladle.model.layers.quantized_linear import adopt_native_weights_, quantize_model_
+from ladle.model.layers.quantize_pass import quantize_model_
+from ladle.model.layers.quantized_linear import adopt_native_weights_
 from ladle.model.loader.dummy import fill_dummy_weights
 from ladle.model.loader.errors import ModelLoadError
 from ladle.model.loader.hub import looks_like_hub_id, resolve_hub_model

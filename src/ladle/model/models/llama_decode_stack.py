@@ -15,9 +15,9 @@ LADLE_CPU_DECODE_STACK=0 turns it off (tests compare the two paths).
 from __future__ import annotations
 
 import os
-from typing import TYPE_CHECKING
 
 import torch
+from torch import nn
 
 from ladle.attention.cpu_backend import CpuAttentionBackend, decode_gather_plan
 from ladle.attention.metadata import AttentionMetadata
@@ -30,9 +30,6 @@ from ladle.kernels.cpu_native.decode_stack import (
 )
 from ladle.kernels.cpu_native.gemv import activation_bits, integer_activation_max_rows
 from ladle.model.layers.group_quant import GroupQuantizedRows
-
-if TYPE_CHECKING:
-    from ladle.model.models.llama import LlamaModel
 
 ENABLE_ENV = "LADLE_CPU_DECODE_STACK"
 _enabled = os.environ.get(ENABLE_ENV, "1") != "0"
@@ -78,7 +75,7 @@ def _float32_norm(norm: torch.nn.Module) -> torch.Tensor | None:
     return weight.detach().contiguous()
 
 
-def _build(model: LlamaModel) -> DecodeStackWeights | None:
+def _build(model: nn.Module) -> DecodeStackWeights | None:
     """The operand table, or None where some layer does not fit the C call."""
     layers: list[LayerOperands] = []
     norms = [model.norm]
@@ -121,7 +118,7 @@ def _build(model: LlamaModel) -> DecodeStackWeights | None:
     return DecodeStackWeights(layers, final_norm, sizes)
 
 
-def _weights(model: LlamaModel) -> DecodeStackWeights | None:
+def _weights(model: nn.Module) -> DecodeStackWeights | None:
     cached = model.__dict__.get("_cpu_decode_stack")
     if cached is None:
         cached = _build(model) or _NOT_APPLICABLE
@@ -152,7 +149,7 @@ def _is_float32_cache(cache: torch.Tensor, sizes: StackSizes) -> bool:
 
 
 def cpu_decode_stack(
-    model: LlamaModel,
+    model: nn.Module,
     embedded: torch.Tensor,
     rotary_tables: tuple[torch.Tensor, torch.Tensor],
     kv_caches: list[torch.Tensor],
