@@ -66,3 +66,27 @@ def test_a_dead_worker_is_an_engine_fault():
     with pytest.raises(RuntimeError, match="worker process of rank 0 died"):
         for _ in range(100):
             engine.step()
+
+
+def test_an_idle_worker_leaves_once_its_engine_is_gone():
+    """A worker whose engine process died (its parent pid changed) stops waiting for plans."""
+    import time
+    from types import SimpleNamespace
+
+    import zmq
+
+    from ladle.executor.multiprocess import PARENT_CHECK_MS, _WorkerLoop
+
+    context = zmq.Context()
+    inputs, outputs = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    inputs.bind("inproc://plans")
+    outputs.bind("inproc://results")
+    try:
+        loop = _WorkerLoop(SimpleNamespace(rank=0), inputs, outputs, parent_pid=os.getppid() + 1)
+        started = time.monotonic()
+        loop.run()  # returns instead of waiting for ever
+        assert time.monotonic() - started < 3 * PARENT_CHECK_MS / 1000
+    finally:
+        inputs.close(linger=0)
+        outputs.close(linger=0)
+        context.term()

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import multiprocessing
 import os
+import signal
 import tempfile
 import time
 import weakref
@@ -37,6 +38,8 @@ from ladle.worker.worker import Worker, WorkerInfo
 
 # How long the engine waits for a result between checks that the workers are alive.
 POLL_MS = 100
+# An idle worker checks this often that the engine process is still there.
+PARENT_CHECK_MS = 1000
 # A worker's start-up (loading, memory probe, graph capture) may take this long.
 START_TIMEOUT_S = 1800.0
 
@@ -110,6 +113,9 @@ def run_worker(
     config: EngineConfig, rank: int, input_address: str, output_address: str, ready
 ) -> None:
     """Process entry point: build the Worker, report its WorkerInfo, then run plans."""
+    # Ctrl-C reaches the whole process group; the engine decides how its workers stop.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    parent_pid = os.getppid()
     context = zmq.Context()
     inputs = context.socket(zmq.PULL)
     inputs.connect(input_address)
@@ -123,7 +129,7 @@ def run_worker(
         return
     ready.send(("ready", worker.info))
     try:
-        _WorkerLoop(worker, inputs, outputs).run()
+        _WorkerLoop(worker, inputs, outputs, parent_pid).run()
     except Exception as error:  # nothing a request explains: the engine ends
         outputs.send(_encoder.encode(WorkerFailed(rank, f"{type(error).__name__}: {error}")))
     finally:
@@ -133,8 +139,11 @@ def run_worker(
 
 
 class _WorkerLoop:
-    def __init__(self, worker: Worker, inputs: zmq.Socket, outputs: zmq.Socket) -> None:
+    def __init__(
+        self, worker: Worker, inputs: zmq.Socket, outputs: zmq.Socket, parent_pid: int
+    ) -> None:
         self.worker = worker
+        self.parent_pid = parent_pid
         self.inputs = inputs
         self.outputs = outputs
         self.sends_results = worker.rank == 0
@@ -149,6 +158,10 @@ class _WorkerLoop:
                 if launched is None or launched.is_ready() or not self.inputs.poll(1):
                     self.in_flight.popleft()
                     self._send_result(plan, launched, failed)
+                continue
+            if not self.inputs.poll(PARENT_CHECK_MS):
+                if os.getppid() != self.parent_pid:
+                    return  # the engine is gone (killed): nothing will come
                 continue
             message = _to_worker.decode(self.inputs.recv())
             if isinstance(message, StopWorker):
