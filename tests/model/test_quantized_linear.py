@@ -10,12 +10,12 @@ from ladle.model.layers import quantized_linear
 from ladle.model.layers.cpu_int8_gemm import engine_has_vnni
 from ladle.model.layers.embedding import VocabEmbedding
 from ladle.model.layers.linear import Linear, QKVLinear
+from ladle.model.layers.quantize_pass import quantize_model_
 from ladle.model.layers.quantized_linear import (
     dequantize_int8_per_row,
     int8_weight_matmul,
     quantize_int8_per_row,
 )
-from ladle.model.layers.quantize_pass import quantize_model_
 
 
 @pytest.mark.parametrize("shape", [(1, 7), (7, 33), (300, 576), (1000, 129)])
