@@ -62,7 +62,7 @@ def test_a_dead_worker_is_an_engine_fault():
     )
     engine.step()
     os.kill(process.pid, signal.SIGKILL)
-    process.join(timeout=10)
+    process.wait(timeout=10)
     with pytest.raises(RuntimeError, match="worker process of rank 0 died"):
         for _ in range(100):
             engine.step()

@@ -44,3 +44,38 @@ def test_a_signal_to_the_process_group_stops_the_server_once(tiny_model_path, si
     assert "restarted" not in log and "engine process died" not in log, log
     assert "leaked" not in log and "resource_tracker" not in log, log
     assert not os.path.exists(f"/proc/{engine_pid}"), "the engine process outlived the server"
+
+
+@pytest.mark.slow  # a server of its own, ~10 s
+def test_the_multi_process_executor_serves_and_stops_with_the_group(tiny_model_path):
+    """`--distributed-executor-backend mp`: the engine-core process (a daemonic multiprocessing
+    child) starts its worker process, the server answers through it, and SIGTERM to the group
+    stops all three with nothing left behind."""
+    import httpx
+    import psutil
+
+    server = ServerProcess(
+        [tiny_model_path("llama"), *TINY_ENGINE_ARGS, "--distributed-executor-backend", "mp",
+         "--served-model-name", "tiny", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
+        new_session=True,
+    ).start()
+    try:
+        workers = psutil.Process(server.engine_pid).children(recursive=True)
+        assert len(workers) == 1, server.log()
+        reply = httpx.post(
+            f"{server.base_url}/v1/completions",
+            json={"model": "tiny", "prompt": "the cat", "max_tokens": 4, "ignore_eos": True},
+            timeout=60,
+        )
+        assert reply.status_code == 200, reply.text
+        assert reply.json()["usage"]["completion_tokens"] == 4
+        os.killpg(server.pid, signal.SIGTERM)
+        return_code = server.process.wait(SHUTDOWN_TIMEOUT_S + 10)
+    finally:
+        server.stop()
+    assert server.wait_for_output_end(10), "a process of the server kept its output open"
+    log = server.log()
+    assert return_code in (0, -signal.SIGTERM), log
+    assert "died" not in log and "leaked" not in log and "Traceback" not in log, log
+    for worker in workers:
+        assert not worker.is_running() or worker.status() == psutil.STATUS_ZOMBIE, log

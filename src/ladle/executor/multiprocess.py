@@ -14,12 +14,14 @@ A worker that dies, or fails on something no request explains, ends the engine w
 
 from __future__ import annotations
 
-import multiprocessing
+import multiprocessing.util
 import os
+import pickle
 import signal
+import subprocess
+import sys
 import tempfile
 import time
-import weakref
 from collections import deque
 from collections.abc import Callable
 
@@ -109,12 +111,22 @@ def _host_masks(start_grammar_fill: StartGrammarFill | None, plan: StepPlan) -> 
 # ----- the worker process -------------------------------------------------------------------
 
 
+def main() -> None:
+    """`python -m ladle.executor.multiprocess RANK INPUT OUTPUT READY`, the engine's pickled
+    EngineConfig on standard input (from the engine process itself, which started this one)."""
+    rank, input_address, output_address, ready_address = sys.argv[1:5]
+    config = pickle.load(sys.stdin.buffer)
+    run_worker(config, int(rank), input_address, output_address, ready_address)
+
+
 def run_worker(
-    config: EngineConfig, rank: int, input_address: str, output_address: str, ready
+    config: EngineConfig, rank: int, input_address: str, output_address: str, ready_address: str
 ) -> None:
-    """Process entry point: build the Worker, report its WorkerInfo, then run plans."""
-    # Ctrl-C reaches the whole process group; the engine decides how its workers stop.
+    """Build the Worker, report its WorkerInfo (or why it could not start), then run plans."""
+    # Ctrl-C and a supervisor's SIGTERM reach the whole process group; the engine decides how
+    # its workers stop (StopWorker, else SIGKILL), and a worker whose engine is gone leaves.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     parent_pid = os.getppid()
     context = zmq.Context()
     inputs = context.socket(zmq.PULL)
@@ -122,12 +134,17 @@ def run_worker(
     outputs = context.socket(zmq.PUSH)
     outputs.setsockopt(zmq.LINGER, 1000)
     outputs.connect(output_address)
+    ready = context.socket(zmq.PUSH)
+    ready.setsockopt(zmq.LINGER, 1000)
+    ready.connect(ready_address)
     try:
         worker = Worker(config, rank)
     except Exception as error:
-        ready.send(("error", f"{type(error).__name__}: {error}"))
+        ready.send_pyobj(("error", rank, f"{type(error).__name__}: {error}"))
+        ready.close()
         return
-    ready.send(("ready", worker.info))
+    ready.send_pyobj(("ready", rank, worker.info))
+    ready.close()
     try:
         _WorkerLoop(worker, inputs, outputs, parent_pid).run()
     except Exception as error:  # nothing a request explains: the engine ends
@@ -250,54 +267,65 @@ class MultiprocessExecutor(Executor):
         self._results = self._context.socket(zmq.PULL)
         self._results.bind(output_address)
         self._inputs: list[zmq.Socket] = []
-        self._processes: list[multiprocessing.process.BaseProcess] = []
-        spawn = multiprocessing.get_context("spawn")
-        ready_pipes = []
+        ready_address = f"ipc://{self._folder}/ready"
+        self._ready = self._context.socket(zmq.PULL)
+        self._ready.bind(ready_address)
+        # Plain subprocesses, not multiprocessing's: the server's engine-core process is a
+        # daemonic multiprocessing child, and those may not start children of their own.
+        self._processes: list[subprocess.Popen] = []
+        config_bytes = pickle.dumps(config)
         for rank in range(self.world_size):
             address = f"ipc://{self._folder}/rank{rank}"
             socket = self._context.socket(zmq.PUSH)
             socket.setsockopt(zmq.LINGER, 0)
             socket.bind(address)
             self._inputs.append(socket)
-            receive, send = spawn.Pipe(duplex=False)
-            process = spawn.Process(
-                target=run_worker,
-                args=(config, rank, address, output_address, send),
-                name=f"ladle-worker-{rank}",
-                daemon=True,
+            process = subprocess.Popen(
+                [sys.executable, "-m", "ladle.executor.multiprocess", str(rank), address,
+                 output_address, ready_address],
+                stdin=subprocess.PIPE,
             )
-            process.start()
-            send.close()
+            assert process.stdin is not None
+            process.stdin.write(config_bytes)
+            process.stdin.close()
             self._processes.append(process)
-            ready_pipes.append(receive)
-        self._finalizer = weakref.finalize(
-            self, _stop, self._processes, self._inputs, self._results, self._context, self._folder
+        # multiprocessing's finalizer, not weakref's: the engine-core process runs these before
+        # its os._exit, so its workers stop and their sockets' folder goes on every exit.
+        self._finalizer = multiprocessing.util.Finalize(
+            self,
+            _stop,
+            args=(
+                self._processes,
+                [*self._inputs, self._ready],
+                self._results,
+                self._context,
+                self._folder,
+            ),
+            exitpriority=10,
         )
-        infos = [self._await_ready(rank, pipe) for rank, pipe in enumerate(ready_pipes)]
+        infos = self._await_ready()
         self._info: WorkerInfo = infos[0]
         self._num_submitted = 0
         self._received: dict[int, StepResult] = {}
         self._num_received = 0
-        self._pending_split = False
 
-    def _await_ready(self, rank: int, pipe) -> WorkerInfo:
+    def _await_ready(self) -> list[WorkerInfo]:
+        """Every rank's WorkerInfo, in rank order, once each has loaded and planned memory."""
+        infos: dict[int, WorkerInfo] = {}
         deadline = time.monotonic() + START_TIMEOUT_S
-        while not pipe.poll(0.2):
-            process = self._processes[rank]
-            if not process.is_alive():
+        while len(infos) < self.world_size:
+            if not self._ready.poll(200):
+                self._check_alive(starting=True)
+                if time.monotonic() > deadline:
+                    self.shutdown()
+                    raise RuntimeError(f"the workers did not start in {START_TIMEOUT_S} s")
+                continue
+            kind, rank, payload = self._ready.recv_pyobj()
+            if kind == "error":
                 self.shutdown()
-                raise RuntimeError(
-                    f"worker process of rank {rank} died while starting "
-                    f"(exit code {process.exitcode})"
-                )
-            if time.monotonic() > deadline:
-                self.shutdown()
-                raise RuntimeError(f"worker of rank {rank} did not start in {START_TIMEOUT_S} s")
-        kind, payload = pipe.recv()
-        if kind == "error":
-            self.shutdown()
-            raise ValueError(payload)  # a configuration error, told as the worker saw it
-        return payload
+                raise ValueError(payload)  # a configuration error, told as the worker saw it
+            infos[rank] = payload
+        return [infos[rank] for rank in range(self.world_size)]
 
     @property
     def info(self) -> WorkerInfo:
@@ -345,34 +373,42 @@ class MultiprocessExecutor(Executor):
             self._num_received += 1
         return self._received.pop(index)
 
-    def _check_alive(self) -> None:
+    def _check_alive(self, starting: bool = False) -> None:
         for rank, process in enumerate(self._processes):
-            if not process.is_alive():
-                code = process.exitcode
+            code = process.poll()
+            if code is not None:
                 self.shutdown()
-                raise RuntimeError(f"worker process of rank {rank} died (exit code {code})")
+                when = " while starting" if starting else ""
+                raise RuntimeError(
+                    f"worker process of rank {rank} died{when} (exit code {code})"
+                )
 
     def shutdown(self) -> None:
         self._finalizer()
 
 
-def _stop(processes, inputs, results, context, folder) -> None:
+def _stop(processes, sockets, results, context, folder) -> None:
     """Ask the workers to stop, then make sure they have; close the sockets."""
     frame = _encoder.encode(StopWorker())
-    for socket, process in zip(inputs, processes):
-        if process.is_alive():
+    for socket, process in zip(sockets, processes):
+        if process.poll() is None:
             try:
                 socket.send(frame, zmq.NOBLOCK)
             except zmq.ZMQError:
                 pass
     for process in processes:
-        process.join(timeout=10)
-        if process.is_alive():
-            process.terminate()
-            process.join(timeout=5)
-    for socket in [*inputs, results]:
+        try:
+            process.wait(timeout=10)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait(timeout=5)
+    for socket in [*sockets, results]:
         socket.close(linger=0)
     context.term()
     for name in os.listdir(folder):
         os.unlink(os.path.join(folder, name))
     os.rmdir(folder)
+
+
+if __name__ == "__main__":
+    main()
