@@ -4,7 +4,7 @@
 # between the trees (A B A B ...), so a drift of the machine hits both alike. Every run's JSON
 # lands in $OUT/compare.tgz; one line a run in $OUT/compare.log.
 #   PHASE=offline ROUNDS=3 BEFORE=.before bash scripts/compare_trees.sh   # W1, W3, W3-8b
-#   PHASE=serve ROUNDS=1 BEFORE=.before bash scripts/compare_trees.sh     # S1 at 32/128/256
+#   PHASE=serve ROUNDS=3 BEFORE=.before bash scripts/compare_trees.sh     # S1 at 32/128/256
 # The server stack's wheels (.whl/) are installed into /tmp/site when carried.
 set -uo pipefail
 BEFORE=${BEFORE:-.before}
@@ -46,19 +46,21 @@ for round in $(seq "$ROUNDS"); do
           | tee -a "$LOG"
       done
     else
+      # One server per tree and round, prefix caching off: S1's seeded prompts repeat at each
+      # level, so a shared cache would turn the later levels into prefix hits.
+      PYTHONPATH="$tree/src:${SITE:-}" python3 -m ladle serve qwen3-0.6b --load-format dummy \
+        --no-enable-prefix-caching --port 8123 > "$RUNS/S1-$label-$round.server.log" 2>&1 &
+      server=$!
+      for _ in $(seq 180); do get http://127.0.0.1:8123/health >/dev/null 2>&1 && break; sleep 1; done
       for n in ${S1_LEVELS:-32 128 256}; do
         name="S1-$n-$label-$round"
-        PYTHONPATH="$tree/src:${SITE:-}" python3 -m ladle serve qwen3-0.6b --load-format dummy \
-          --port 8123 > "$RUNS/$name.server.log" 2>&1 &
-        server=$!
-        for _ in $(seq 120); do get http://127.0.0.1:8123/health >/dev/null 2>&1 && break; sleep 1; done
         in_tree "$PWD" bench serve --base-url http://127.0.0.1:8123 --workload S1 --token-ids \
           --ignore-eos --temperature 0.6 --max-concurrency "$n" --no-plots --disable-tqdm \
           --output-dir "$RUNS/$name" --label "$name" > "$RUNS/$name.log" 2>&1
-        echo "$name $(grep -hE "^throughput:|^ *(TTFT|ITL|TPOT) ms" "$RUNS/$name.log" \
+        echo "$name $(grep -hE "^requests:|^throughput:|^ *(TTFT|ITL|TPOT) ms" "$RUNS/$name.log" \
           | tr -s ' ' | tr '\n' ';')" | tee -a "$LOG"
-        kill "$server"; wait "$server" 2>/dev/null
       done
+      kill "$server"; wait "$server" 2>/dev/null
     fi
   done
 done
