@@ -294,7 +294,7 @@ EXECUTOR_BACKENDS = ("uni", "mp")
 @dataclass(frozen=True)
 class ParallelConfig:
     """How the model is spread over devices and processes (vLLM's names). One worker process
-    per rank; today every size is 1, and the issues that add tensor, pipeline, data and expert
+    per rank; tensor parallelism runs today, and the issues that add pipeline, data and expert
     parallelism lift those limits."""
 
     tensor_parallel_size: int = field(
@@ -320,11 +320,11 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("tensor_parallel_size", "pipeline_parallel_size", "data_parallel_size"):
+        for name in ("pipeline_parallel_size", "data_parallel_size"):
             if getattr(self, name) > 1:
                 raise ValueError(
-                    f"{name}={getattr(self, name)}: ladle runs one rank for now (tensor, "
-                    "pipeline and data parallelism are not implemented yet)"
+                    f"{name}={getattr(self, name)}: pipeline and data parallelism are not "
+                    "implemented yet (tensor parallelism is: tensor_parallel_size)"
                 )
         if self.enable_expert_parallel:
             raise ValueError("enable_expert_parallel: expert parallelism is not implemented yet")
@@ -333,6 +333,12 @@ class ParallelConfig:
             raise ValueError(
                 f"distributed_executor_backend must be one of {', '.join(EXECUTOR_BACKENDS)}, "
                 f"got {backend!r}"
+            )
+        if backend == "uni" and self.world_size > 1:
+            raise ValueError(
+                f"distributed_executor_backend='uni' runs one rank in the engine process; "
+                f"tensor_parallel_size={self.tensor_parallel_size} needs 'mp' (one process per "
+                "rank)"
             )
 
     @property

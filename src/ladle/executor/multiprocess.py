@@ -31,6 +31,7 @@ import torch
 import zmq
 
 from ladle.config import EngineConfig
+from ladle.distributed.process_group import leave
 from ladle.executor.base import Executor, StartGrammarFill, StepFuture
 from ladle.executor.fault_isolation import may_be_attributed, run_isolating_faults
 from ladle.protocol.step import GrammarMasks, StepPlan, StepResult
@@ -112,15 +113,21 @@ def _host_masks(start_grammar_fill: StartGrammarFill | None, plan: StepPlan) -> 
 
 
 def main() -> None:
-    """`python -m ladle.executor.multiprocess RANK INPUT OUTPUT READY`, the engine's pickled
-    EngineConfig on standard input (from the engine process itself, which started this one)."""
-    rank, input_address, output_address, ready_address = sys.argv[1:5]
+    """`python -m ladle.executor.multiprocess RANK INPUT OUTPUT READY RENDEZVOUS`, the engine's
+    pickled EngineConfig on standard input (from the engine process itself, which started this
+    one). RENDEZVOUS is where the ranks' torch.distributed group meets."""
+    rank, input_address, output_address, ready_address, rendezvous = sys.argv[1:6]
     config = pickle.load(sys.stdin.buffer)
-    run_worker(config, int(rank), input_address, output_address, ready_address)
+    run_worker(config, int(rank), input_address, output_address, ready_address, rendezvous)
 
 
 def run_worker(
-    config: EngineConfig, rank: int, input_address: str, output_address: str, ready_address: str
+    config: EngineConfig,
+    rank: int,
+    input_address: str,
+    output_address: str,
+    ready_address: str,
+    rendezvous: str | None = None,
 ) -> None:
     """Build the Worker, report its WorkerInfo (or why it could not start), then run plans."""
     # Ctrl-C and a supervisor's SIGTERM reach the whole process group; the engine decides how
@@ -138,7 +145,7 @@ def run_worker(
     ready.setsockopt(zmq.LINGER, 1000)
     ready.connect(ready_address)
     try:
-        worker = Worker(config, rank)
+        worker = Worker(config, rank, rendezvous)
     except Exception as error:
         ready.send_pyobj(("error", rank, f"{type(error).__name__}: {error}"))
         ready.close()
@@ -150,6 +157,7 @@ def run_worker(
     except Exception as error:  # nothing a request explains: the engine ends
         outputs.send(_encoder.encode(WorkerFailed(rank, f"{type(error).__name__}: {error}")))
     finally:
+        leave()
         inputs.close(linger=0)
         outputs.close()
         context.term()
@@ -274,6 +282,7 @@ class MultiprocessExecutor(Executor):
         # daemonic multiprocessing child, and those may not start children of their own.
         self._processes: list[subprocess.Popen] = []
         config_bytes = pickle.dumps(config)
+        rendezvous = f"file://{self._folder}/rendezvous"
         for rank in range(self.world_size):
             address = f"ipc://{self._folder}/rank{rank}"
             socket = self._context.socket(zmq.PUSH)
@@ -282,7 +291,7 @@ class MultiprocessExecutor(Executor):
             self._inputs.append(socket)
             process = subprocess.Popen(
                 [sys.executable, "-m", "ladle.executor.multiprocess", str(rank), address,
-                 output_address, ready_address],
+                 output_address, ready_address, rendezvous],
                 stdin=subprocess.PIPE,
             )
             assert process.stdin is not None
@@ -304,6 +313,10 @@ class MultiprocessExecutor(Executor):
             exitpriority=10,
         )
         infos = self._await_ready()
+        if self.world_size > 1:  # the engine prints the pool (rank 0's); each rank's own here
+            for rank, info in enumerate(infos):
+                print(f"[ladle] rank {rank}: {info.memory_budget.describe()}", file=sys.stderr,
+                      flush=True)
         self._info: WorkerInfo = infos[0]
         self._num_submitted = 0
         self._received: dict[int, StepResult] = {}

@@ -19,6 +19,7 @@ import torch
 from ladle.attention.backend import get_attention_backend
 from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
+from ladle.distributed.process_group import join_tensor_parallel, rank_device
 from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.load_errors import ModelLoadError
@@ -56,20 +57,31 @@ class WorkerInfo:
 
 
 class Worker:
-    def __init__(self, config: EngineConfig, rank: int = 0) -> None:
+    def __init__(
+        self, config: EngineConfig, rank: int = 0, init_method: str | None = None
+    ) -> None:
+        """init_method: where the ranks meet (torch.distributed's rendezvous) when there are
+        several; the multi-process executor chooses it."""
         self.config = config
         self.rank = rank
-        self.device = resolve_device(config.model.device)
+        world_size = config.parallel.world_size
+        self.device = rank_device(resolve_device(config.model.device), rank, world_size)
         self.dtype = resolve_dtype(config.model.dtype, self.device)
         block_size = config.cache.block_size
+        # Every rank seeds alike: each samples the same tokens from the same gathered logits.
         torch.manual_seed(config.model.seed)
+        self.tp = join_tensor_parallel(rank, world_size, init_method, self.device)
         self.attention_backend = get_attention_backend(self.device)
-        loaded = load_model(config.model, self.device, self.dtype, self.attention_backend)
+        loaded = load_model(
+            config.model, self.device, self.dtype, self.attention_backend, self.tp
+        )
         self.model = loaded.model
         self.arch = loaded.arch_config
         self.model_path = loaded.model_path
         self.load_source = loaded.source
         self.max_model_len = self._resolve_max_model_len()
+        # This rank's share of the key/value heads: its KV cache holds only those.
+        self.num_kv_heads = self.tp.kv_heads_per_rank(self.arch.num_key_value_heads)
         self.runner = ModelRunner(
             self.model,
             self.device,
@@ -104,13 +116,21 @@ class Worker:
             self._build_kernel_variants()
         self.memory_budget = size_kv_cache(
             config.cache,
-            self.arch,
+            dataclasses.replace(self.arch, num_key_value_heads=self.num_kv_heads),
             self.kv_cache_dtype,
             self.device,
             weights_bytes=module_bytes(self.model),
             run_peak_forward=self._run_peak_forward,
             run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
         )
+        # One block table serves every rank: the rank with the least room sets the pool.
+        num_blocks = self.tp.min_over_ranks(self.memory_budget.num_blocks)
+        if num_blocks != self.memory_budget.num_blocks:
+            self.memory_budget = dataclasses.replace(
+                self.memory_budget,
+                num_blocks=num_blocks,
+                kv_cache_bytes=num_blocks * self.memory_budget.block_bytes,
+            )
         self.runner.kv_caches = self.allocate_kv_caches(self.memory_budget.num_blocks)
         # On CUDA a step that fits a graph bucket takes its graph's launches even when run
         # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
@@ -179,7 +199,7 @@ class Worker:
         self, num_blocks: int, dtype: torch.dtype | None = None
     ) -> list[torch.Tensor]:
         block_size = self.config.cache.block_size
-        shape = (2, num_blocks, block_size, self.arch.num_key_value_heads, self.arch.head_dim)
+        shape = (2, num_blocks, block_size, self.num_kv_heads, self.arch.head_dim)
         dtype = dtype or self.kv_cache_dtype
         return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
 

@@ -1,4 +1,9 @@
-"""Token embedding and the language-model head (which may share the embedding's weight)."""
+"""Token embedding and the language-model head (which may share the embedding's weight).
+
+Under tensor parallelism both split the vocabulary: each rank holds ceil(vocab / ranks) rows
+(the last rank's tail padded with zeros). The embedding looks up the ids in its range and the
+ranks sum (each row comes from exactly one rank); the head computes its rows' logits and the
+ranks gather them, so every rank samples from the whole vocabulary."""
 
 from __future__ import annotations
 
@@ -6,6 +11,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.group_quant import GroupQuantizedRows
 from ladle.model.layers.quantized_linear import (
@@ -13,22 +19,34 @@ from ladle.model.layers.quantized_linear import (
     quantized_embedding,
     quantized_matmul,
 )
-from ladle.model.layers.weight_loading import default_weight_loader
+from ladle.model.layers.weight_loading import default_weight_loader, rank_slice
 
 
 class VocabEmbedding(nn.Module):
-    """Looks up rows of a [vocab_size, hidden_size] table for int32 or int64 token ids."""
+    """Looks up rows of a [vocab_size, hidden_size] table for int32 or int64 token ids.
+    vocab_size is this rank's row count; full_vocab_size the model's."""
 
-    def __init__(self, vocab_size: int, hidden_size: int) -> None:
+    def __init__(self, vocab_size: int, hidden_size: int, tp: TensorParallel = SINGLE) -> None:
         super().__init__()
-        self.vocab_size = vocab_size
+        self.tp = tp
+        self.full_vocab_size = vocab_size
+        self.vocab_size = -(-vocab_size // tp.size)
+        self.vocab_start = tp.rank * self.vocab_size
         self.hidden_size = hidden_size
-        self.weight = nn.Parameter(torch.empty(vocab_size, hidden_size), requires_grad=False)
+        self.weight = nn.Parameter(torch.empty(self.vocab_size, hidden_size), requires_grad=False)
 
     # Set by quantize_model_: the table is then int8 codes + row scales.
     quantization: str | None = None
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        if self.tp.size == 1:
+            return self._lookup(input_ids)
+        local_ids = input_ids - self.vocab_start
+        mine = (local_ids >= 0) & (local_ids < self.vocab_size)
+        rows = self._lookup(local_ids * mine)
+        return self.tp.all_reduce(rows * mine.unsqueeze(-1).to(rows.dtype))
+
+    def _lookup(self, input_ids: torch.Tensor) -> torch.Tensor:
         if self.quantization is not None:
             return quantized_embedding(self, input_ids)
         return F.embedding(input_ids, self.weight)
@@ -38,21 +56,39 @@ class VocabEmbedding(nn.Module):
         self, param: nn.Parameter, loaded_weight: torch.Tensor | GroupQuantizedRows
     ) -> None:
         """Copy the checkpoint's table in, or hold a group-quantized one (kept in its format)."""
+        if self.tp.size > 1:
+            self._load_rank_rows(param, loaded_weight)
+            return
         if isinstance(loaded_weight, GroupQuantizedRows):
             hold_quantized_rows(self, param, loaded_weight, 0, self.vocab_size, self.hidden_size)
             return
         default_weight_loader(param.data, loaded_weight)
+
+    def _load_rank_rows(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
+        """This rank's rows of the table; rows past the vocabulary (the padding) are zeros."""
+        rows = max(0, min(self.vocab_size, self.full_vocab_size - self.vocab_start))
+        param.data.zero_()
+        if rows:
+            default_weight_loader(
+                param.data[:rows],
+                rank_slice(loaded_weight, 0, self.vocab_start, rows, self.full_vocab_size),
+            )
 
     def logits(self, hidden_states: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """hidden [n, hidden_size] x this table^T -> logits [n, vocab_size], float32 unless
         float32=False (compute_logits)."""
         if self.quantization is not None:
             logits = quantized_matmul(self, hidden_states)
-            return logits.float() if float32 else logits
-        return compute_logits(hidden_states, self.weight, float32)
+            logits = logits.float() if float32 else logits
+        else:
+            logits = compute_logits(hidden_states, self.weight, float32)
+        if self.tp.size == 1:
+            return logits
+        return self.tp.all_gather(logits)[:, : self.full_vocab_size]
 
     def extra_repr(self) -> str:
-        return f"vocab={self.vocab_size}, hidden={self.hidden_size}"
+        shard = f" of {self.full_vocab_size}" if self.tp.size > 1 else ""
+        return f"vocab={self.vocab_size}{shard}, hidden={self.hidden_size}"
 
 
 class LMHead(VocabEmbedding):

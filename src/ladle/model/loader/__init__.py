@@ -38,6 +38,7 @@ from ladle.model.layers.quant.act_order import (
     drop_identity_permutations_,
     fold_down_permutations_,
 )
+from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.model.layers.quantize_pass import quantize_model_
 from ladle.model.layers.quantized_linear import adopt_native_weights_
 from ladle.model.loader.dummy import fill_dummy_weights
@@ -82,10 +83,12 @@ def load_model(
     device: torch.device,
     dtype: torch.dtype,
     attention_backend: AttentionBackend,
+    tp: TensorParallel = SINGLE,
 ) -> LoadedModel:
     """Load the model `model_config` names onto `device` in `dtype`, in eval mode, then quantize
-    its weights when model_config.quantization asks for it (see resolve_quantization)."""
-    loaded = _load_unquantized(model_config, device, dtype, attention_backend)
+    its weights when model_config.quantization asks for it (see resolve_quantization). With
+    tensor parallelism (tp) the model holds, and loads, only this rank's slices."""
+    loaded = _load_unquantized(model_config, device, dtype, attention_backend, tp)
     if loaded.checkpoint_quantization is not None:
         return loaded
     method = resolve_quantization(model_config, loaded.source, device)
@@ -144,6 +147,7 @@ def _load_unquantized(
     device: torch.device,
     dtype: torch.dtype,
     attention_backend: AttentionBackend,
+    tp: TensorParallel,
 ) -> LoadedModel:
     name = model_config.model
     load_format = model_config.load_format
@@ -152,7 +156,7 @@ def _load_unquantized(
         _refuse_checkpoint_format_names(model_config, f"dummy {name}")
         arch_config, model_path = _dummy_arch_config(name, overrides)
         _check_max_model_len(arch_config, model_config, model_path or name)
-        model = build_model(arch_config, device, dtype, attention_backend)
+        model = build_model(arch_config, device, dtype, attention_backend, tp)
         fill_dummy_weights(model, model_config.seed)
         return LoadedModel(model, arch_config, model_path, "dummy")
     if name is None:
@@ -163,6 +167,11 @@ def _load_unquantized(
     path = Path(name).expanduser()
     if load_format == "gguf" or (load_format == "auto" and name.lower().endswith(".gguf")):
         _refuse_checkpoint_format_names(model_config, str(path))
+        if tp.size > 1:
+            raise ModelLoadError(
+                f"{str(path)!r}: GGUF files run on one rank; tensor_parallel_size="
+                f"{tp.size} loads Hugging Face safetensors folders (or dummy weights)"
+            )
         return _load_gguf(path, model_config, overrides, device, dtype, attention_backend)
     model_dir = _resolve_model_dir(name, path, model_config)
     config = read_hf_config(model_dir, overrides)
@@ -171,7 +180,13 @@ def _load_unquantized(
     files = find_safetensors_files(model_dir)
     check_safetensors_files(files)
     checkpoint_quant = read_checkpoint_quantization(config, str(model_dir))
-    model = build_model(arch_config, device, dtype, attention_backend)
+    if checkpoint_quant is not None and tp.size > 1:
+        raise ModelLoadError(
+            f"{str(model_dir)!r} is a {checkpoint_quant.method}-quantized checkpoint; "
+            f"tensor_parallel_size={tp.size} loads float checkpoints for now (quantize at load "
+            "with --quantization fp8 or int8 instead, or run it on one rank)"
+        )
+    model = build_model(arch_config, device, dtype, attention_backend, tp)
     tensor_names = safetensors_tensor_names(files)
     weights = with_progress(
         iter_safetensors_weights(files), len(tensor_names), "Loading safetensors"
@@ -273,12 +288,13 @@ def build_model(
     device: torch.device,
     dtype: torch.dtype,
     attention_backend: AttentionBackend,
+    tp: TensorParallel = SINGLE,
 ) -> nn.Module:
     """Build the model's modules on the meta device (no memory, no init), then allocate its
     parameters once, uninitialised, on `device` in `dtype`; the caller fills them."""
     model_class = get_model_class(arch_config.architecture)
     with torch.device("meta"):
-        model = model_class(arch_config, attention_backend)
+        model = model_class(arch_config, attention_backend, tp)
     # Module.to_empty's empty_like on meta tensors goes through torch's Python reference
     # implementation, whose first use imports sympy (~1 s of start-up); plain empty does not.
     # Floating tensors take the model's dtype, as Module.to(dtype) would; others keep theirs.

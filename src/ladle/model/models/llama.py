@@ -14,6 +14,7 @@ from torch import nn
 
 from ladle.attention.base import AttentionBackend
 from ladle.attention.metadata import AttentionMetadata
+from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.cpu_native.decode_ops import rotate_and_cache
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.arch_config import ModelArchConfig
@@ -21,8 +22,13 @@ from ladle.model.layers.activation import SiluAndMul
 from ladle.model.layers.attention import Attention
 from ladle.model.layers.embedding import LMHead, VocabEmbedding
 from ladle.model.layers.kv_scales import load_kv_scale
-from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
+from ladle.model.layers.linear import MergedLinear, QKVLinear
 from ladle.model.layers.norm import RMSNorm
+from ladle.model.layers.parallel_linear import (
+    MergedColumnParallelLinear,
+    QKVParallelLinear,
+    RowParallelLinear,
+)
 from ladle.model.layers.rotary import RotaryEmbedding, rotate_with_tables
 from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.load_errors import ModelLoadError
@@ -44,24 +50,34 @@ ShardId = str | int | tuple[int, str] | None
 
 
 class LlamaAttention(nn.Module):
-    """Self-attention block: merged qkv projection, optional q/k norm, rotary, paged attention."""
+    """Self-attention block: merged qkv projection, optional q/k norm, rotary, paged attention.
+    Under tensor parallelism each rank attends with its own heads (num_heads, num_kv_heads are
+    this rank's) and the output projection sums the ranks' parts."""
 
     def __init__(
-        self, config: ModelArchConfig, rotary: RotaryEmbedding, backend: AttentionBackend
+        self,
+        config: ModelArchConfig,
+        rotary: RotaryEmbedding,
+        backend: AttentionBackend,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
-        self.num_heads = config.num_attention_heads
-        self.num_kv_heads = config.num_key_value_heads
         self.head_dim = config.head_dim
-        self.qkv_proj = QKVLinear(
+        self.qkv_proj = QKVParallelLinear(
             config.hidden_size,
             self.head_dim,
-            self.num_heads,
-            self.num_kv_heads,
+            config.num_attention_heads,
+            config.num_key_value_heads,
+            tp,
             bias=config.attention_bias,
         )
-        self.o_proj = Linear(
-            self.num_heads * self.head_dim, config.hidden_size, bias=config.has_o_proj_bias
+        self.num_heads = self.qkv_proj.q_size // self.head_dim
+        self.num_kv_heads = self.qkv_proj.kv_size // self.head_dim
+        self.o_proj = RowParallelLinear(
+            config.num_attention_heads * self.head_dim,
+            config.hidden_size,
+            tp,
+            bias=config.has_o_proj_bias,
         )
         self.q_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
         self.k_norm = RMSNorm(self.head_dim, config.rms_norm_eps) if config.qk_norm else None
@@ -126,13 +142,18 @@ class LlamaAttention(nn.Module):
 
 
 class LlamaMLP(nn.Module):
-    """down(silu(gate(x)) * up(x)), with gate and up merged into one matmul."""
+    """down(silu(gate(x)) * up(x)), with gate and up merged into one matmul; under tensor
+    parallelism each rank computes a slice of the intermediate features."""
 
-    def __init__(self, hidden_size: int, intermediate_size: int) -> None:
+    def __init__(
+        self, hidden_size: int, intermediate_size: int, tp: TensorParallel = SINGLE
+    ) -> None:
         super().__init__()
-        self.gate_up_proj = MergedLinear(hidden_size, [intermediate_size, intermediate_size])
+        self.gate_up_proj = MergedColumnParallelLinear(
+            hidden_size, [intermediate_size, intermediate_size], tp
+        )
         self.act_fn = SiluAndMul()
-        self.down_proj = Linear(intermediate_size, hidden_size)
+        self.down_proj = RowParallelLinear(intermediate_size, hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         return self.down_proj(self.act_fn(self.gate_up_proj(x)))
@@ -151,11 +172,12 @@ class LlamaDecoderLayer(nn.Module):
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
         mlp: nn.Module | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
-        self.self_attn = LlamaAttention(config, rotary, backend)
+        self.self_attn = LlamaAttention(config, rotary, backend, tp)
         if mlp is None:
-            mlp = LlamaMLP(config.hidden_size, config.intermediate_size)
+            mlp = LlamaMLP(config.hidden_size, config.intermediate_size, tp)
         self.mlp = mlp
         self.input_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
         self.post_attention_layernorm = RMSNorm(config.hidden_size, config.rms_norm_eps)
@@ -201,15 +223,20 @@ class LlamaModel(nn.Module):
         config: ModelArchConfig,
         attention_backend: AttentionBackend,
         build_mlp: Callable[[int], nn.Module | None] | None = None,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size)
+        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, tp)
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
         self.layers = nn.ModuleList(
             LlamaDecoderLayer(
-                config, self.rotary_emb, attention_backend, build_mlp(index) if build_mlp else None
+                config,
+                self.rotary_emb,
+                attention_backend,
+                build_mlp(index) if build_mlp else None,
+                tp,
             )
             for index in range(config.num_hidden_layers)
         )
@@ -253,13 +280,21 @@ class LlamaForCausalLM(nn.Module):
     # Whether a forward pass can be captured in a CUDA graph (no host reads of device values).
     can_capture_cuda_graphs = True
 
-    def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        attention_backend: AttentionBackend,
+        tp: TensorParallel = SINGLE,
+    ) -> None:
         super().__init__()
         self.config = config
-        self.model = LlamaModel(config, attention_backend, self.build_mlp)
+        self.tp = tp
+        self.model = LlamaModel(config, attention_backend, self.build_mlp, tp)
         # Tied: logits reuse the embedding table instead of a second parameter.
         self.lm_head = (
-            None if config.tie_word_embeddings else LMHead(config.vocab_size, config.hidden_size)
+            None
+            if config.tie_word_embeddings
+            else LMHead(config.vocab_size, config.hidden_size, tp)
         )
 
     def build_mlp(self, layer_index: int) -> nn.Module | None:

@@ -24,6 +24,7 @@ from ladle.attention.base import AttentionBackend
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.layers.moe import SparseMoeBlock
 from ladle.model.load_errors import ModelLoadError
+from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.model.models.llama import LlamaForCausalLM, LlamaMLP, ShardId
 
 
@@ -39,8 +40,18 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
     # kernel lands (the Worker reads this).
     can_capture_cuda_graphs = False
 
-    def __init__(self, config: ModelArchConfig, attention_backend: AttentionBackend) -> None:
-        super().__init__(config, attention_backend)
+    def __init__(
+        self,
+        config: ModelArchConfig,
+        attention_backend: AttentionBackend,
+        tp: TensorParallel = SINGLE,
+    ) -> None:
+        if tp.size > 1:
+            raise ValueError(
+                f"{config.architecture} with tensor_parallel_size={tp.size}: mixtures of experts "
+                "run on one rank for now (expert and tensor parallelism for them: issue 35)"
+            )
+        super().__init__(config, attention_backend, tp)
         projections = "|".join(map(re.escape, self.checkpoint_projections))
         block = re.escape(self.checkpoint_block)
         self._expert_pattern = re.compile(
