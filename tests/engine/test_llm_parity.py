@@ -6,7 +6,7 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
+from helpers.tiny_models import hf_greedy
 
 from ladle import LLM, SamplingParams
 
@@ -17,23 +17,6 @@ NUM_NEW_TOKENS = 12
 def make_prompts(vocab_size: int, seed: int, lengths: list[int]) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab_size) for _ in range(length)] for length in lengths]
-
-
-def hf_greedy(model, prompt: list[int], num_new_tokens: int) -> list[int]:
-    """Greedy decoding with HF's own KV cache: the reference."""
-    with torch.no_grad():
-        input_ids = torch.tensor([prompt])
-        outputs = model(input_ids, use_cache=True)
-        generated = []
-        for _ in range(num_new_tokens):
-            next_token = int(outputs.logits[0, -1].argmax())
-            generated.append(next_token)
-            outputs = model(
-                torch.tensor([[next_token]]),
-                past_key_values=outputs.past_key_values,
-                use_cache=True,
-            )
-    return generated
 
 
 @pytest.fixture(scope="module", params=ARCHITECTURES)

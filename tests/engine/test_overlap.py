@@ -12,7 +12,7 @@ from __future__ import annotations
 import random
 
 import pytest
-import torch
+from helpers.tiny_models import hf_greedy
 
 from ladle import LLM, SamplingParams
 from ladle.protocol.messages import EngineCoreRequest
@@ -23,14 +23,6 @@ NUM_NEW_TOKENS = 10
 def make_prompts(vocab_size: int, seed: int, lengths: list[int]) -> list[list[int]]:
     rng = random.Random(seed)
     return [[rng.randrange(3, vocab_size) for _ in range(length)] for length in lengths]
-
-
-def hf_greedy(model, prompt: list[int], num_new_tokens: int) -> list[int]:
-    with torch.no_grad():
-        ids = list(prompt)
-        for _ in range(num_new_tokens):
-            ids.append(int(model(torch.tensor([ids])).logits[0, -1].argmax()))
-    return ids[len(prompt) :]
 
 
 def token_ids(outputs) -> list[list[int]]:

@@ -377,3 +377,20 @@ def install_calibrated_(model: torch.nn.Module, method, results: dict) -> None:
         module = model.get_submodule(name)
         install_canonical_(module, method, canonical)
         method.finalize(module)
+
+
+def hf_greedy(model, prompt: list[int], num_new_tokens: int) -> list[int]:
+    """Greedy decoding with HF's own KV cache: the reference."""
+    with torch.no_grad():
+        input_ids = torch.tensor([prompt])
+        outputs = model(input_ids, use_cache=True)
+        generated = []
+        for _ in range(num_new_tokens):
+            next_token = int(outputs.logits[0, -1].argmax())
+            generated.append(next_token)
+            outputs = model(
+                torch.tensor([[next_token]]),
+                past_key_values=outputs.past_key_values,
+                use_cache=True,
+            )
+    return generated

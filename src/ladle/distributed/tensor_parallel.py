@@ -25,9 +25,7 @@ class TensorParallel:
         """This rank's share of `total` (heads, rows, an intermediate size); a clear error
         naming `what` when the ranks cannot split it evenly."""
         if total % self.size:
-            raise ValueError(
-                f"tensor_parallel_size={self.size} does not divide {what} ({total})"
-            )
+            raise ValueError(f"tensor_parallel_size={self.size} does not divide {what} ({total})")
         return total // self.size
 
     def kv_heads_per_rank(self, num_kv_heads: int) -> int:

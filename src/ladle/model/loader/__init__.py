@@ -25,6 +25,7 @@ from torch import nn
 
 from ladle.attention.base import AttentionBackend
 from ladle.config import CHECKPOINT_QUANTIZATIONS, ModelConfig
+from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.cpu_native.build import native_library
 from ladle.model.arch_config import MOE_ARCHITECTURES, ModelArchConfig, UnsupportedModelError
 from ladle.model.layers.quant import (
@@ -38,7 +39,6 @@ from ladle.model.layers.quant.act_order import (
     drop_identity_permutations_,
     fold_down_permutations_,
 )
-from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.model.layers.quantize_pass import quantize_model_
 from ladle.model.layers.quantized_linear import adopt_native_weights_
 from ladle.model.loader.dummy import fill_dummy_weights

@@ -21,10 +21,10 @@ import re
 from torch import nn
 
 from ladle.attention.base import AttentionBackend
+from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.layers.moe import SparseMoeBlock
 from ladle.model.load_errors import ModelLoadError
-from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.model.models.llama import LlamaForCausalLM, LlamaMLP, ShardId
 
 
