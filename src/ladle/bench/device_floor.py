@@ -25,37 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-
-@dataclass(frozen=True)
-class ExpertWeights:
-    """The routed experts of a mixture-of-experts model, all its sparse layers together."""
-
-    num_experts: int
-    num_experts_per_token: int
-    num_params: int  # every expert's parameters (routers and dense layers excluded)
-    num_bytes: int
-
-    def share_read(self, num_tokens: int) -> float:
-        """The expected share of the experts a step of num_tokens tokens reads (balanced
-        routing, see the module docstring)."""
-        untouched = (1 - self.num_experts_per_token / self.num_experts) ** num_tokens
-        return 1.0 - untouched
-
-
-def expert_weights(model: torch.nn.Module) -> ExpertWeights | None:
-    """The stacked experts of a model's MoE blocks (layers/moe.py), or None for a dense model."""
-    from ladle.model.layers.moe import SparseMoeBlock
-
-    blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
-    if not blocks:
-        return None
-    tensors = [t for block in blocks for t in block.experts.parameters()]
-    return ExpertWeights(
-        num_experts=blocks[0].gate.num_experts,
-        num_experts_per_token=blocks[0].gate.top_k,
-        num_params=sum(t.numel() for t in tensors),
-        num_bytes=sum(t.numel() * t.element_size() for t in tensors),
-    )
+from ladle.model.weight_census import ExpertWeights, expert_weights  # noqa: F401 (re-exported)
 
 
 def active_params(num_params: int, experts: ExpertWeights | None) -> float:

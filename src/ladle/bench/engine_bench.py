@@ -99,8 +99,9 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
 
 def gpu_busy_fraction(engine, requests: list[WorkloadRequest], num_steps: int = 20) -> float | None:
     """Kernel time over wall time across num_steps steady steps (after the prompts are in)."""
-    if engine.executor.worker.device.type != "cuda":
-        return None
+    info = engine.executor.info
+    if info.device_type != "cuda" or engine.config.parallel.world_size > 1:
+        return None  # the profiler sees this process's kernels only
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -138,10 +139,8 @@ def run_hf_peer(llm, requests: list[WorkloadRequest]) -> dict:
 
     from ladle.bench.offline_throughput import load_hf_peer
 
-    runner = llm.engine.executor.worker
-    model = load_hf_peer(
-        runner.model_path, llm.config.model.model, runner.dtype, str(runner.device)
-    )
+    info = llm.engine.executor.info
+    model = load_hf_peer(info.model_path, llm.config.model.model, info.dtype, info.device_type)
     max_new = int(statistics.median(r.max_tokens for r in requests))
     config = GenerationConfig(
         max_new_tokens=max_new,
@@ -156,7 +155,7 @@ def run_hf_peer(llm, requests: list[WorkloadRequest]) -> dict:
     elapsed = time.perf_counter() - started
     generated = sum(len(r.generated_tokens) for r in results.values())
     del model
-    if runner.device.type == "cuda":
+    if info.device_type == "cuda":
         torch.cuda.empty_cache()
     return {"max_new_tokens": max_new, "seconds": elapsed, "tokens_per_s": generated / elapsed}
 
@@ -179,13 +178,7 @@ def run_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ladle import LLM
-    from ladle.bench.device_floor import (
-        active_params,
-        expert_weights,
-        floor_seconds,
-        measure_ceilings,
-    )
-    from ladle.worker.memory import module_bytes
+    from ladle.bench.device_floor import active_params, floor_seconds, measure_ceilings
 
     workload = _workload_from_args(args)
     model = args.model or workload.model_preset
@@ -195,28 +188,30 @@ def run_bench(args: argparse.Namespace) -> int:
     started = time.perf_counter()
     llm = LLM(model, **options)
     startup_s = time.perf_counter() - started
-    engine, runner = llm.engine, llm.engine.executor.worker
+    # What the workers report (the model itself may live in other processes, one per rank);
+    # under tensor parallelism the weights are one rank's, and so is the floor.
+    engine, info = llm.engine, llm.engine.executor.info
+    device = torch.device(info.device_type)
     vocab = engine.vocab_size
     requests = build_requests(workload)
     requests = [
         replace(r, prompt_token_ids=[t % vocab for t in r.prompt_token_ids]) for r in requests
     ]
-    ceilings = measure_ceilings(runner.device, runner.dtype)
+    ceilings = measure_ceilings(device, info.dtype)
     show = not args.no_progress
     run_engine(engine, requests[: min(4, len(requests))], "warm-up", show_progress=False)
-    if runner.device.type == "cuda":
+    if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     runs = [run_engine(engine, requests, f"run{i}", show) for i in range(args.runs)]
     best = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
-    num_params = sum(p.numel() for p in runner.model.parameters())
-    experts = expert_weights(runner.model)
+    num_params = info.weights.num_params
+    experts = info.weights.experts
+    budget = info.memory_budget
     floor = floor_seconds(
         ceilings,
         num_params=num_params,
-        weights_bytes=module_bytes(runner.model),
-        kv_bytes_per_token=runner.arch.kv_bytes_per_token(
-            torch.empty(0, dtype=runner.kv_cache_dtype).element_size()
-        ),
+        weights_bytes=budget.weights_bytes,
+        kv_bytes_per_token=budget.block_bytes // budget.block_size,
         prompt_lens=[len(r.prompt_token_ids) for r in requests],
         output_lens=[r.max_tokens for r in requests],
         max_num_seqs=llm.config.scheduler.max_num_seqs,
@@ -226,9 +221,10 @@ def run_bench(args: argparse.Namespace) -> int:
         "command": args.bench_command,
         "workload": workload.name,
         "model": model,
-        "device": torch.cuda.get_device_name() if runner.device.type == "cuda" else "cpu",
-        "dtype": str(runner.dtype),
-        "kv_cache_dtype": str(runner.kv_cache_dtype),
+        "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
+        "tensor_parallel_size": llm.config.parallel.tensor_parallel_size,
+        "dtype": str(info.dtype),
+        "kv_cache_dtype": str(budget.kv_cache_dtype or info.dtype),
         "enforce_eager": llm.config.model.enforce_eager,
         "num_requests": len(requests),
         "startup_s": startup_s,
@@ -242,7 +238,9 @@ def run_bench(args: argparse.Namespace) -> int:
         "itl_ms_p90": _percentile(best["itl_ms"], 90),
         "itl_ms_p99": _percentile(best["itl_ms"], 99),
         "peak_memory_gib": (
-            torch.cuda.max_memory_allocated() / 1024**3 if runner.device.type == "cuda" else None
+            torch.cuda.max_memory_allocated() / 1024**3
+            if device.type == "cuda" and llm.config.parallel.world_size == 1
+            else None  # in the workers' processes: their start-up budget lines give theirs
         ),
         "copy_gb_per_s": ceilings.copy_bytes_per_s / 1e9,
         "matmul_tflops": ceilings.matmul_flops_per_s / 1e12,

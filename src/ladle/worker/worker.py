@@ -24,6 +24,7 @@ from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.load_errors import ModelLoadError
 from ladle.model.loader import load_model
+from ladle.model.weight_census import WeightCensus, take_census
 from ladle.protocol.step import StepPlan
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker import kv_calibration
@@ -54,6 +55,8 @@ class WorkerInfo:
     load_source: str
     max_model_len: int  # the model's (or the user's) limit, before the KV pool caps it
     memory_budget: MemoryBudget
+    dtype: torch.dtype  # the weights' and activations'
+    weights: WeightCensus  # this rank's
 
 
 class Worker:
@@ -151,6 +154,8 @@ class Worker:
             load_source=self.load_source,
             max_model_len=self.max_model_len,
             memory_budget=self.memory_budget,
+            dtype=self.dtype,
+            weights=take_census(self.model),
         )
 
     @property
