@@ -46,29 +46,45 @@ def test_a_signal_to_the_process_group_stops_the_server_once(tiny_model_path, si
     assert not os.path.exists(f"/proc/{engine_pid}"), "the engine process outlived the server"
 
 
-@pytest.mark.slow  # a server of its own, ~10 s
-def test_the_multi_process_executor_serves_and_stops_with_the_group(tiny_model_path):
-    """`--distributed-executor-backend mp`: the engine-core process (a daemonic multiprocessing
-    child) starts its worker process, the server answers through it, and SIGTERM to the group
-    stops all three with nothing left behind."""
-    import httpx
+@pytest.mark.slow  # a server of its own, ~10-20 s
+@pytest.mark.parametrize(
+    ("executor_args", "num_workers"),
+    [(["--distributed-executor-backend", "mp"], 1), (["-tp", "2"], 2)],
+    ids=["mp", "tp2"],
+)
+def test_the_multi_process_executor_serves_and_stops_with_the_group(
+    tiny_model_path, executor_args, num_workers
+):
+    """`--distributed-executor-backend mp` or `-tp 2`: the engine-core process (a daemonic
+    multiprocessing child) starts its worker processes, the server answers through them (the
+    official openai client, streaming; the tokens of the one-process engine), and SIGTERM to the
+    group stops every process with nothing left behind."""
+    import openai
     import psutil
 
+    from ladle import LLM, SamplingParams
+    from tests.entrypoints.conftest import TINY_ENGINE_OPTIONS
+
+    path = tiny_model_path("llama")
+    greedy = SamplingParams(temperature=0, max_tokens=6, ignore_eos=True)
+    (expected,) = LLM(path, **TINY_ENGINE_OPTIONS).generate(["the cat"], greedy, use_tqdm=False)
     server = ServerProcess(
-        [tiny_model_path("llama"), *TINY_ENGINE_ARGS, "--distributed-executor-backend", "mp",
-         "--served-model-name", "tiny", "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
+        [path, *TINY_ENGINE_ARGS, *executor_args, "--served-model-name", "tiny",
+         "--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)],
         new_session=True,
     ).start()
     try:
         workers = psutil.Process(server.engine_pid).children(recursive=True)
-        assert len(workers) == 1, server.log()
-        reply = httpx.post(
-            f"{server.base_url}/v1/completions",
-            json={"model": "tiny", "prompt": "the cat", "max_tokens": 4, "ignore_eos": True},
-            timeout=60,
+        assert len(workers) == num_workers, server.log()
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", timeout=60)
+        stream = client.completions.create(
+            model="tiny", prompt="the cat", max_tokens=6, temperature=0, stream=True,
+            stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
         )
-        assert reply.status_code == 200, reply.text
-        assert reply.json()["usage"]["completion_tokens"] == 4
+        chunks = list(stream)
+        text = "".join(chunk.choices[0].text for chunk in chunks if chunk.choices)
+        assert text == expected.outputs[0].text
+        assert chunks[-1].usage.completion_tokens == 6
         os.killpg(server.pid, signal.SIGTERM)
         return_code = server.process.wait(SHUTDOWN_TIMEOUT_S + 10)
     finally:
