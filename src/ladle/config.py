@@ -294,7 +294,7 @@ EXECUTOR_BACKENDS = ("uni", "mp")
 @dataclass(frozen=True)
 class ParallelConfig:
     """How the model is spread over devices and processes (vLLM's names). One worker process
-    per rank; tensor parallelism runs today, and the issues that add pipeline, data and expert
+    per rank; tensor and pipeline parallelism run today, and the issues that add data and expert
     parallelism lift those limits."""
 
     tensor_parallel_size: int = field(
@@ -320,12 +320,11 @@ class ParallelConfig:
             value = getattr(self, name)
             if not isinstance(value, int) or value < 1:
                 raise ValueError(f"{name} must be an integer >= 1, got {value!r}")
-        for name in ("pipeline_parallel_size", "data_parallel_size"):
-            if getattr(self, name) > 1:
-                raise ValueError(
-                    f"{name}={getattr(self, name)}: pipeline and data parallelism are not "
-                    "implemented yet (tensor parallelism is: tensor_parallel_size)"
-                )
+        if self.data_parallel_size > 1:
+            raise ValueError(
+                f"data_parallel_size={self.data_parallel_size}: data parallelism inside one "
+                "engine is not implemented; run replicas (ladle serve --replicas N)"
+            )
         if self.enable_expert_parallel:
             raise ValueError("enable_expert_parallel: expert parallelism is not implemented yet")
         backend = self.distributed_executor_backend
@@ -336,9 +335,10 @@ class ParallelConfig:
             )
         if backend == "uni" and self.world_size > 1:
             raise ValueError(
-                f"distributed_executor_backend='uni' runs one rank in the engine process; "
-                f"tensor_parallel_size={self.tensor_parallel_size} needs 'mp' (one process per "
-                "rank)"
+                "distributed_executor_backend='uni' runs one rank in the engine process; "
+                f"{self.world_size} ranks (tensor_parallel_size={self.tensor_parallel_size}, "
+                f"pipeline_parallel_size={self.pipeline_parallel_size}) need 'mp' (one process "
+                "per rank)"
             )
 
     @property

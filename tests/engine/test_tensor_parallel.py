@@ -109,8 +109,8 @@ def test_a_dead_rank_ends_the_engine_and_leaves_no_process(tiny_model_path):
             dict(tensor_parallel_size=3),
             "tensor_parallel_size=3 does not divide the number of attention heads",
         ),
-        (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "needs 'mp'"),
-        (dict(pipeline_parallel_size=2), "pipeline and data parallelism are not implemented"),
+        (dict(tensor_parallel_size=2, distributed_executor_backend="uni"), "need 'mp'"),
+        (dict(data_parallel_size=2), "data parallelism inside one engine is not implemented"),
     ],
 )
 def test_sizes_and_backends_that_cannot_work_are_refused(tiny_model_path, options, message):

@@ -8,19 +8,26 @@ import os
 import torch
 import torch.distributed as dist
 
+from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 
 # A rank that does not join within this time means another failed to start: say so, not hang.
 JOIN_TIMEOUT = datetime.timedelta(minutes=10)
 
 
-def join_tensor_parallel(
-    rank: int, world_size: int, init_method: str | None, device: torch.device
-) -> TensorParallel:
-    """This process's TensorParallel: SINGLE for one rank, else the world's group once every
-    rank has joined at `init_method` (a file:// or tcp:// rendezvous the executor chose)."""
+def join_ranks(
+    rank: int,
+    tensor_parallel_size: int,
+    pipeline_parallel_size: int,
+    init_method: str | None,
+    device: torch.device,
+) -> tuple[TensorParallel, PipelineStage]:
+    """This process's tensor-parallel group and pipeline stage, once every rank has joined at
+    `init_method` (a file:// or tcp:// rendezvous the executor chose). One rank: nothing to
+    join."""
+    world_size = tensor_parallel_size * pipeline_parallel_size
     if world_size == 1:
-        return SINGLE
+        return SINGLE, SINGLE_STAGE
     if init_method is None:
         raise ValueError(f"{world_size} ranks need a rendezvous address (init_method)")
     backend = "nccl" if device.type == "cuda" else "gloo"
@@ -33,7 +40,32 @@ def join_tensor_parallel(
         timeout=JOIN_TIMEOUT,
         **options,
     )
-    return TensorParallel(rank=rank, size=world_size, group=dist.group.WORLD)
+    stage_index, tp_rank = divmod(rank, tensor_parallel_size)
+    group = dist.group.WORLD
+    if pipeline_parallel_size > 1:
+        # Every rank makes every stage's group, in the same order (new_group is collective).
+        stage_groups = [
+            dist.new_group(list(range(s * tensor_parallel_size, (s + 1) * tensor_parallel_size)))
+            for s in range(pipeline_parallel_size)
+        ]
+        group = stage_groups[stage_index] if tensor_parallel_size > 1 else None
+    tp = TensorParallel(rank=tp_rank, size=tensor_parallel_size, group=group)
+    stage = PipelineStage(
+        index=stage_index,
+        size=pipeline_parallel_size,
+        tp_size=tensor_parallel_size,
+        tp_rank=tp_rank,
+    )
+    return tp, stage
+
+
+def min_over_world(value: int, device: torch.device) -> int:
+    """The smallest of every rank's values (every rank gets it): one KV pool plan for all."""
+    if not (dist.is_available() and dist.is_initialized()):
+        return value
+    tensor = torch.tensor([value], dtype=torch.int64, device=device)
+    dist.all_reduce(tensor, op=dist.ReduceOp.MIN)
+    return int(tensor.item())
 
 
 def leave() -> None:

@@ -66,15 +66,6 @@ class TensorParallel:
         by_rank = gathered.view(self.size, *shard.shape).movedim(0, -2)
         return by_rank.reshape(*shard.shape[:-1], self.size * shard.shape[-1])
 
-    def min_over_ranks(self, value: int) -> int:
-        """The smallest of the ranks' values (every rank gets it): one plan for all."""
-        if self.size == 1:
-            return value
-        device = "cuda" if dist.get_backend(self.group) == "nccl" else "cpu"
-        tensor = torch.tensor([value], dtype=torch.int64, device=device)
-        dist.all_reduce(tensor, op=dist.ReduceOp.MIN, group=self.group)
-        return int(tensor.item())
-
 
 SINGLE = TensorParallel()
 # torch 2.13 renamed all_gather_into_tensor (deprecated there); the GPU image has torch 2.11.

@@ -1,7 +1,8 @@
-"""The multi-process executor: one worker process per rank, plans over ZMQ, results from rank 0.
+"""The multi-process executor: one worker process per rank, plans over ZMQ, results from one.
 
 Every rank receives every message (a PUSH socket each, msgspec-encoded: a plan is decoded against
-its Structs, never unpickled) and runs the same step; rank 0 sends the StepResult back. A worker
+its Structs, never unpickled) and runs the same step; rank 0 sends the StepResult back (the last
+pipeline stage's first rank under pipeline parallelism). A worker
 keeps a step in flight the way the engine does: after launching step N it takes step N+1's plan
 as soon as it arrives (queued behind N on the device) and sends N's result once N's copy is done,
 so the device does not idle while the plan crosses. A step whose sampling reads host tokens
@@ -171,7 +172,7 @@ class _WorkerLoop:
         self.parent_pid = parent_pid
         self.inputs = inputs
         self.outputs = outputs
-        self.sends_results = worker.rank == 0
+        self.sends_results = worker.sends_results
         # Launched steps whose results are not sent yet: (launched or None, failed requests).
         self.in_flight: deque[tuple[StepPlan, LaunchedStep | None, dict[str, str]]] = deque()
         self.split: tuple[StepPlan, object] | None = None  # a forward waiting for SampleStep

@@ -29,6 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
 from ladle.protocol.step import StepPlan, StepResult
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
@@ -127,9 +128,15 @@ class ModelRunner:
         block_size: int,
         max_blocks_per_seq: int,
         initial_slots: int,
+        stage: PipelineStage = SINGLE_STAGE,
+        activation_dtype: torch.dtype = torch.float32,
     ) -> None:
         self.model = model
         self.device = device
+        # A pipeline stage before the last hands its hidden states (in activation_dtype) on and
+        # samples nothing: it takes the last stage's sampled ids (PipelineStage.share_sampled).
+        self.stage = stage
+        self.activation_dtype = activation_dtype
         self.block_size = block_size
         self.sampler = Sampler()
         self.input_builder = StepInputBuilder(device, block_size)
@@ -220,12 +227,10 @@ class ModelRunner:
             self.num_eager_steps += 1
             if self.graph_buckets is not None:
                 attn_metadata = self.graph_buckets.eager_metadata(attn_metadata, input_ids.shape[0])
-            hidden = self.model(
-                input_ids.to(torch.int32), inputs.positions, self.kv_caches, attn_metadata
-            )
+            hidden = self._run_stage(input_ids.to(torch.int32), inputs.positions, attn_metadata)
         prompt_logprobs = None
         # Only a step with prompt tokens can owe prompt logprobs: decode-only steps skip the scan.
-        if plan.num_prefill_tokens and any(
+        if hidden is not None and plan.num_prefill_tokens and any(
             states[s.request_id].sampling_params.prompt_logprobs is not None for s in scheduled
         ):
             # Rare, and read on the host at once: such steps give up their overlap.
@@ -236,7 +241,7 @@ class ModelRunner:
         penalty_rows = None
         flags = None
         row_states = [states[scheduled[position].request_id] for position, _ in sampling_rows]
-        if sampling_rows:
+        if sampling_rows and hidden is not None:
             if len(sampling_rows) < hidden.shape[0]:
                 hidden = hidden[inputs.logits_indices]
             # else every row samples its one token: the rows are hidden's own, in order.
@@ -264,6 +269,24 @@ class ModelRunner:
             sampling_flags=flags,
         )
 
+    def _run_stage(
+        self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata
+    ) -> torch.Tensor | None:
+        """The forward pass of this rank's layers (eager): the final hidden states, or None on a
+        pipeline stage before the last, which hands (hidden states, residual) to the next."""
+        stage = self.stage
+        intermediate = None
+        if not stage.is_first:
+            shape = (input_ids.shape[0], self.model.config.hidden_size)
+            intermediate = tuple(
+                stage.receive_forward([shape, shape], self.activation_dtype, self.device)
+            )
+        output = self.model(input_ids, positions, self.kv_caches, attn_metadata, intermediate)
+        if stage.is_last:
+            return output
+        stage.send_forward(list(output))
+        return None
+
     def _penalty_history(self, vocab_size: int) -> PenaltyHistory:
         if self.penalty_history is None:
             self.penalty_history = PenaltyHistory(vocab_size, self.device)
@@ -281,6 +304,8 @@ class ModelRunner:
         row_states = [states[scheduled[p].request_id] for p, _ in forward.sampling_rows]
         num_logprobs = [state.sampling_params.logprobs for state in row_states]
         if forward.logits is None:
+            if forward.sampling_rows and not self.stage.is_last:
+                return self._take_shared_sample(forward, num_logprobs)
             return LaunchedStep(
                 plan, [], None, None, num_logprobs, None, states, forward.prompt_logprobs
             )
@@ -317,6 +342,7 @@ class ModelRunner:
         if penalty_rows is not None:
             assert self.penalty_history is not None
             self.penalty_history.record(penalty_rows, sampled)
+        self.stage.share_sampled(sampled)  # to the earlier pipeline stages, if any
         self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         sampled_host = _to_host(sampled)
@@ -340,5 +366,27 @@ class ModelRunner:
             num_logprobs,
             copied,
             states,
+            forward.prompt_logprobs,
+        )
+
+    def _take_shared_sample(self, forward: ForwardStep, num_logprobs: list) -> LaunchedStep:
+        """A pipeline stage before the last: the last stage's sampled ids for this step's rows,
+        kept as if sampled here (the first stage's next decode rows read them on the device)."""
+        sampled = torch.empty(len(forward.sampling_rows), dtype=torch.int64, device=self.device)
+        self.stage.share_sampled(sampled)
+        self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
+        copied = None
+        sampled_host = _to_host(sampled)
+        if self.device.type == "cuda":
+            copied = torch.cuda.Event()
+            copied.record()
+        return LaunchedStep(
+            forward.plan,
+            forward.sampling_rows,
+            sampled_host,
+            None,
+            num_logprobs,
+            copied,
+            self.states,
             forward.prompt_logprobs,
         )

@@ -19,7 +19,7 @@ import torch
 from ladle.attention.backend import get_attention_backend
 from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
-from ladle.distributed.process_group import join_tensor_parallel, rank_device
+from ladle.distributed.process_group import join_ranks, min_over_world, rank_device
 from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.load_errors import ModelLoadError
@@ -73,24 +73,35 @@ class Worker:
         block_size = config.cache.block_size
         # Every rank seeds alike: each samples the same tokens from the same gathered logits.
         torch.manual_seed(config.model.seed)
-        self.tp = join_tensor_parallel(rank, world_size, init_method, self.device)
+        parallel = config.parallel
+        self.tp, self.stage = join_ranks(
+            rank,
+            parallel.tensor_parallel_size,
+            parallel.pipeline_parallel_size,
+            init_method,
+            self.device,
+        )
         self.attention_backend = get_attention_backend(self.device)
         loaded = load_model(
-            config.model, self.device, self.dtype, self.attention_backend, self.tp
+            config.model, self.device, self.dtype, self.attention_backend, self.tp, self.stage
         )
         self.model = loaded.model
         self.arch = loaded.arch_config
         self.model_path = loaded.model_path
         self.load_source = loaded.source
         self.max_model_len = self._resolve_max_model_len()
-        # This rank's share of the key/value heads: its KV cache holds only those.
+        # This rank's share of the key/value heads, for its stage's layers: its KV cache holds
+        # only those.
         self.num_kv_heads = self.tp.kv_heads_per_rank(self.arch.num_key_value_heads)
+        self.num_layers = len(self.stage.layer_range(self.arch.num_hidden_layers))
         self.runner = ModelRunner(
             self.model,
             self.device,
             block_size,
             max_blocks_per_seq=-(-self.max_model_len // block_size),
             initial_slots=config.scheduler.max_num_seqs + 8,
+            stage=self.stage,
+            activation_dtype=self.dtype,
         )
         # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only) or
         # the model's forward reads device values on the host (the torch MoE path).
@@ -98,6 +109,7 @@ class Worker:
             self.device.type == "cuda"
             and not config.model.enforce_eager
             and self.model.can_capture_cuda_graphs
+            and self.stage.size == 1  # a stage's hand-offs run eagerly for now
         )
         if self.device.type == "cuda" and not self.model.can_capture_cuda_graphs:
             print(
@@ -119,7 +131,9 @@ class Worker:
             self._build_kernel_variants()
         self.memory_budget = size_kv_cache(
             config.cache,
-            dataclasses.replace(self.arch, num_key_value_heads=self.num_kv_heads),
+            dataclasses.replace(
+                self.arch, num_key_value_heads=self.num_kv_heads, num_hidden_layers=self.num_layers
+            ),
             self.kv_cache_dtype,
             self.device,
             weights_bytes=module_bytes(self.model),
@@ -127,7 +141,7 @@ class Worker:
             run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
         )
         # One block table serves every rank: the rank with the least room sets the pool.
-        num_blocks = self.tp.min_over_ranks(self.memory_budget.num_blocks)
+        num_blocks = min_over_world(self.memory_budget.num_blocks, self.device)
         if num_blocks != self.memory_budget.num_blocks:
             self.memory_budget = dataclasses.replace(
                 self.memory_budget,
@@ -162,6 +176,12 @@ class Worker:
     def kv_caches(self) -> list[torch.Tensor]:
         """The KV cache, one [2, blocks, block_size, kv heads, head dim] tensor per layer."""
         return self.runner.kv_caches
+
+    @property
+    def sends_results(self) -> bool:
+        """Whether this rank's step results go to the engine (the last pipeline stage's first
+        rank: it has the logits, hence logprobs)."""
+        return self.rank == self.stage.result_rank
 
     @property
     def block_size(self) -> int:
@@ -206,7 +226,7 @@ class Worker:
         block_size = self.config.cache.block_size
         shape = (2, num_blocks, block_size, self.num_kv_heads, self.arch.head_dim)
         dtype = dtype or self.kv_cache_dtype
-        return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
+        return [zeros_lazily(shape, dtype, self.device) for _ in range(self.num_layers)]
 
     @torch.inference_mode()
     def _run_probe_step(self, num_tokens: int, num_reqs: int, forward_only: bool = False) -> None:

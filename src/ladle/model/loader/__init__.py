@@ -25,6 +25,7 @@ from torch import nn
 
 from ladle.attention.base import AttentionBackend
 from ladle.config import CHECKPOINT_QUANTIZATIONS, ModelConfig
+from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.cpu_native.build import native_library
 from ladle.model.arch_config import MOE_ARCHITECTURES, ModelArchConfig, UnsupportedModelError
@@ -84,11 +85,13 @@ def load_model(
     dtype: torch.dtype,
     attention_backend: AttentionBackend,
     tp: TensorParallel = SINGLE,
+    stage: PipelineStage = SINGLE_STAGE,
 ) -> LoadedModel:
     """Load the model `model_config` names onto `device` in `dtype`, in eval mode, then quantize
     its weights when model_config.quantization asks for it (see resolve_quantization). With
-    tensor parallelism (tp) the model holds, and loads, only this rank's slices."""
-    loaded = _load_unquantized(model_config, device, dtype, attention_backend, tp)
+    tensor parallelism (tp) the model holds, and loads, only this rank's slices; on a pipeline
+    stage, only that stage's layers."""
+    loaded = _load_unquantized(model_config, device, dtype, attention_backend, tp, stage)
     if loaded.checkpoint_quantization is not None:
         return loaded
     method = resolve_quantization(model_config, loaded.source, device)
@@ -148,15 +151,17 @@ def _load_unquantized(
     dtype: torch.dtype,
     attention_backend: AttentionBackend,
     tp: TensorParallel,
+    stage: PipelineStage,
 ) -> LoadedModel:
     name = model_config.model
+    num_ranks = tp.size * stage.size
     load_format = model_config.load_format
     overrides = dict(model_config.hf_overrides or {})
     if load_format == "dummy":
         _refuse_checkpoint_format_names(model_config, f"dummy {name}")
         arch_config, model_path = _dummy_arch_config(name, overrides)
         _check_max_model_len(arch_config, model_config, model_path or name)
-        model = build_model(arch_config, device, dtype, attention_backend, tp)
+        model = build_model(arch_config, device, dtype, attention_backend, tp, stage)
         fill_dummy_weights(model, model_config.seed)
         return LoadedModel(model, arch_config, model_path, "dummy")
     if name is None:
@@ -167,10 +172,10 @@ def _load_unquantized(
     path = Path(name).expanduser()
     if load_format == "gguf" or (load_format == "auto" and name.lower().endswith(".gguf")):
         _refuse_checkpoint_format_names(model_config, str(path))
-        if tp.size > 1:
+        if num_ranks > 1:
             raise ModelLoadError(
-                f"{str(path)!r}: GGUF files run on one rank; tensor_parallel_size="
-                f"{tp.size} loads Hugging Face safetensors folders (or dummy weights)"
+                f"{str(path)!r}: GGUF files run on one rank; {num_ranks} ranks (tensor or "
+                "pipeline parallelism) load Hugging Face safetensors folders (or dummy weights)"
             )
         return _load_gguf(path, model_config, overrides, device, dtype, attention_backend)
     model_dir = _resolve_model_dir(name, path, model_config)
@@ -180,13 +185,13 @@ def _load_unquantized(
     files = find_safetensors_files(model_dir)
     check_safetensors_files(files)
     checkpoint_quant = read_checkpoint_quantization(config, str(model_dir))
-    if checkpoint_quant is not None and tp.size > 1:
+    if checkpoint_quant is not None and num_ranks > 1:
         raise ModelLoadError(
             f"{str(model_dir)!r} is a {checkpoint_quant.method}-quantized checkpoint; "
-            f"tensor_parallel_size={tp.size} loads float checkpoints for now (quantize at load "
-            "with --quantization fp8 or int8 instead, or run it on one rank)"
+            f"{num_ranks} ranks (tensor or pipeline parallelism) load float checkpoints for now "
+            "(quantize at load with --quantization fp8 or int8 instead, or run it on one rank)"
         )
-    model = build_model(arch_config, device, dtype, attention_backend, tp)
+    model = build_model(arch_config, device, dtype, attention_backend, tp, stage)
     tensor_names = safetensors_tensor_names(files)
     weights = with_progress(
         iter_safetensors_weights(files), len(tensor_names), "Loading safetensors"
@@ -289,12 +294,13 @@ def build_model(
     dtype: torch.dtype,
     attention_backend: AttentionBackend,
     tp: TensorParallel = SINGLE,
+    stage: PipelineStage = SINGLE_STAGE,
 ) -> nn.Module:
     """Build the model's modules on the meta device (no memory, no init), then allocate its
     parameters once, uninitialised, on `device` in `dtype`; the caller fills them."""
     model_class = get_model_class(arch_config.architecture)
     with torch.device("meta"):
-        model = model_class(arch_config, attention_backend, tp)
+        model = model_class(arch_config, attention_backend, tp, stage)
     # Module.to_empty's empty_like on meta tensors goes through torch's Python reference
     # implementation, whose first use imports sympy (~1 s of start-up); plain empty does not.
     # Floating tensors take the model's dtype, as Module.to(dtype) would; others keep theirs.

@@ -14,6 +14,7 @@ from torch import nn
 
 from ladle.attention.base import AttentionBackend
 from ladle.attention.metadata import AttentionMetadata
+from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.cpu_native.decode_ops import rotate_and_cache
 from ladle.kernels.dispatch import use_fused_kernels
@@ -214,9 +215,17 @@ class LlamaDecoderLayer(nn.Module):
         return self.mlp(hidden_states), residual
 
 
+class StageMissingLayer(nn.Module):
+    """The place of a decoder layer another pipeline stage runs: no weights, never called."""
+
+
 class LlamaModel(nn.Module):
     """Embedding, decoder layers and final norm (HF's `model.` prefix). build_mlp(layer_index),
-    when given, makes each layer's MLP (else the dense LlamaMLP)."""
+    when given, makes each layer's MLP (else the dense LlamaMLP).
+
+    A pipeline stage holds only its own layers (the others are StageMissingLayer, so layer
+    indices keep the checkpoint's names), the embedding only on the first stage (and the last,
+    whose tied LM head reads it) and the final norm only on the last."""
 
     def __init__(
         self,
@@ -224,9 +233,15 @@ class LlamaModel(nn.Module):
         attention_backend: AttentionBackend,
         build_mlp: Callable[[int], nn.Module | None] | None = None,
         tp: TensorParallel = SINGLE,
+        stage: PipelineStage = SINGLE_STAGE,
     ) -> None:
         super().__init__()
-        self.embed_tokens = VocabEmbedding(config.vocab_size, config.hidden_size, tp)
+        self.stage = stage
+        self.layer_range = stage.layer_range(config.num_hidden_layers)
+        needs_embedding = stage.is_first or (stage.is_last and config.tie_word_embeddings)
+        self.embed_tokens = (
+            VocabEmbedding(config.vocab_size, config.hidden_size, tp) if needs_embedding else None
+        )
         self.rotary_emb = RotaryEmbedding(
             config.head_dim, config.max_position_embeddings, config.rope_theta, config.rope_scaling
         )
@@ -238,9 +253,11 @@ class LlamaModel(nn.Module):
                 build_mlp(index) if build_mlp else None,
                 tp,
             )
+            if index in self.layer_range
+            else StageMissingLayer()
             for index in range(config.num_hidden_layers)
         )
-        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps)
+        self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if stage.is_last else None
 
     def forward(
         self,
@@ -248,26 +265,52 @@ class LlamaModel(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        if len(kv_caches) != len(self.layers):
-            raise ValueError(f"got {len(kv_caches)} kv caches for {len(self.layers)} layers")
-        hidden_states = self.embed_tokens(input_ids)
-        residual = None
+        intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """The final hidden states; on a pipeline stage before the last, (hidden states,
+        residual) for the next stage, which passes them back in as `intermediate`. kv_caches
+        holds this stage's layers' caches."""
+        own_layers = [self.layers[index] for index in self.layer_range]
+        if len(kv_caches) != len(own_layers):
+            raise ValueError(f"got {len(kv_caches)} kv caches for {len(own_layers)} layers")
+        if intermediate is None:
+            hidden_states = self.embed_tokens(input_ids)
+            residual = None
+        else:
+            hidden_states, residual = intermediate
         # Off the fused CUDA path the rotary tables of this step's positions are gathered once
         # for all layers.
         rotary_tables = None
         if not use_fused_kernels(hidden_states):
             rotary_tables = self.rotary_emb.step_tables(positions)
             # A CPU decode step of 4-bit GGUF weights: every layer in one C call, same result.
-            stacked = cpu_decode_stack(self, hidden_states, rotary_tables, kv_caches, attn_metadata)
-            if stacked is not None:
-                return stacked
-        for layer, kv_cache in zip(self.layers, kv_caches, strict=True):
+            if self.stage.size == 1:
+                stacked = cpu_decode_stack(
+                    self, hidden_states, rotary_tables, kv_caches, attn_metadata
+                )
+                if stacked is not None:
+                    return stacked
+        for layer, kv_cache in zip(own_layers, kv_caches, strict=True):
             hidden_states, residual = layer(
                 positions, hidden_states, residual, kv_cache, attn_metadata, rotary_tables
             )
+        if not self.stage.is_last:
+            return hidden_states, residual
         hidden_states, _ = self.norm(hidden_states, residual)
         return hidden_states
+
+    def holds(self, checkpoint_name: str) -> bool:
+        """Whether this stage loads checkpoint tensor `checkpoint_name` (a tensor of another
+        stage's layers, or of a part this stage lacks, is skipped)."""
+        if checkpoint_name.startswith("model.layers."):
+            index = int(checkpoint_name.split(".", 3)[2])
+            # A layer the model does not have is no stage's: loading it fails by name.
+            return index in self.layer_range or not 0 <= index < len(self.layers)
+        if checkpoint_name.startswith("model.embed_tokens."):
+            return self.embed_tokens is not None
+        if checkpoint_name.startswith("model.norm."):
+            return self.norm is not None
+        return True
 
 
 class LlamaForCausalLM(nn.Module):
@@ -285,15 +328,18 @@ class LlamaForCausalLM(nn.Module):
         config: ModelArchConfig,
         attention_backend: AttentionBackend,
         tp: TensorParallel = SINGLE,
+        stage: PipelineStage = SINGLE_STAGE,
     ) -> None:
         super().__init__()
         self.config = config
         self.tp = tp
-        self.model = LlamaModel(config, attention_backend, self.build_mlp, tp)
-        # Tied: logits reuse the embedding table instead of a second parameter.
+        self.stage = stage
+        self.model = LlamaModel(config, attention_backend, self.build_mlp, tp, stage)
+        # Tied: logits reuse the embedding table instead of a second parameter. Only the last
+        # pipeline stage computes logits.
         self.lm_head = (
             None
-            if config.tie_word_embeddings
+            if config.tie_word_embeddings or not stage.is_last
             else LMHead(config.vocab_size, config.hidden_size, tp)
         )
 
@@ -315,11 +361,13 @@ class LlamaForCausalLM(nn.Module):
         positions: torch.Tensor,
         kv_caches: list[torch.Tensor],
         attn_metadata: AttentionMetadata,
-    ) -> torch.Tensor:
-        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden_size].
-        kv_caches[i] is layer i's [2, num_blocks, block_size, num_kv_heads, head_dim]; this
-        step's keys and values are written into it at attn_metadata.slot_mapping."""
-        return self.model(input_ids, positions, kv_caches, attn_metadata)
+        intermediate: tuple[torch.Tensor, torch.Tensor] | None = None,
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
+        """input_ids, positions [num_tokens] -> final hidden states [num_tokens, hidden_size]
+        (a pipeline stage before the last: its (hidden states, residual), see LlamaModel).
+        kv_caches[i] is this stage's layer i's [2, num_blocks, block_size, num_kv_heads,
+        head_dim]; this step's keys and values are written into it at slot_mapping."""
+        return self.model(input_ids, positions, kv_caches, attn_metadata, intermediate)
 
     def compute_logits(self, hidden_states: torch.Tensor, float32: bool = True) -> torch.Tensor:
         """[n, hidden_size] -> logits [n, vocab_size], float32 unless float32=False (then in the
@@ -342,6 +390,10 @@ class LlamaForCausalLM(nn.Module):
         for checkpoint_name, tensor in weights:
             if checkpoint_name.endswith(_IGNORED_SUFFIXES):
                 continue
+            if not self.model.holds(checkpoint_name) or (
+                checkpoint_name.startswith("lm_head.") and not self.stage.is_last
+            ):
+                continue  # another pipeline stage's
             if load_kv_scale(self, checkpoint_name, tensor):  # fp8 KV cache scales
                 continue
             if checkpoint_name == "lm_head.weight" and self.lm_head is None:

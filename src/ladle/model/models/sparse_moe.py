@@ -21,6 +21,7 @@ import re
 from torch import nn
 
 from ladle.attention.base import AttentionBackend
+from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.layers.moe import SparseMoeBlock
@@ -45,13 +46,14 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
         config: ModelArchConfig,
         attention_backend: AttentionBackend,
         tp: TensorParallel = SINGLE,
+        stage: PipelineStage = SINGLE_STAGE,
     ) -> None:
-        if tp.size > 1:
+        if tp.size > 1 or stage.size > 1:
             raise ValueError(
-                f"{config.architecture} with tensor_parallel_size={tp.size}: mixtures of experts "
-                "run on one rank for now (expert and tensor parallelism for them: issue 35)"
+                f"{config.architecture} on {tp.size * stage.size} ranks: mixtures of experts run "
+                "on one rank for now (expert and tensor parallelism for them: issue 35)"
             )
-        super().__init__(config, attention_backend, tp)
+        super().__init__(config, attention_backend, tp, stage)
         projections = "|".join(map(re.escape, self.checkpoint_projections))
         block = re.escape(self.checkpoint_block)
         self._expert_pattern = re.compile(

@@ -1,0 +1,76 @@
+"""Pipeline parallelism over gloo on the CPU: two stages (and two stages of two tensor-parallel
+ranks) give the one-process engine's results exactly, for greedy, seeded-with-penalties,
+logprob, grammar and bad_words requests, with synchronous and overlapped steps; a tied LM head
+on the last stage; layer splits and sizes the model cannot take are refused by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from ladle import LLM, SamplingParams
+from ladle.distributed.pipeline import PipelineStage
+
+PROMPTS = ["The capital of France is", "Once upon a time", "A person as JSON:", "Fruits:"]
+SCHEMA = {"type": "object", "properties": {"n": {"type": "integer"}}}
+OPTIONS = dict(cpu_kv_cache_gib=0.02, block_size=16)
+
+
+def _params() -> list[SamplingParams]:
+    return [
+        SamplingParams(temperature=0, max_tokens=12, ignore_eos=True, logprobs=2),
+        SamplingParams(temperature=0.8, seed=5, max_tokens=12, repetition_penalty=1.2),
+        SamplingParams(temperature=0, max_tokens=16, structured_outputs={"json": SCHEMA}),
+        SamplingParams(temperature=0, max_tokens=12, bad_words=[" apple"]),
+    ]
+
+
+def _results(llm: LLM):
+    outputs = llm.generate(PROMPTS, _params(), use_tqdm=False)
+    return [
+        (
+            list(o.outputs[0].token_ids),
+            o.outputs[0].finish_reason,
+            [sorted(entry) for entry in o.outputs[0].logprobs or []],
+        )
+        for o in outputs
+    ]
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("architecture", "layout"),
+    [
+        ("llama", dict(pipeline_parallel_size=2, async_scheduling=False)),
+        ("qwen3", dict(pipeline_parallel_size=2, async_scheduling=True)),
+        ("llama_tied", dict(pipeline_parallel_size=2)),
+        ("llama", dict(pipeline_parallel_size=2, tensor_parallel_size=2)),
+    ],
+    ids=["llama-pp2", "qwen3-pp2-overlap", "tied-pp2", "llama-tp2-pp2"],
+)
+def test_stages_give_the_one_process_results(tiny_model_path, architecture, layout):
+    path = tiny_model_path(architecture)
+    expected = _results(LLM(path, **OPTIONS))
+    staged = LLM(path, **OPTIONS, **layout)
+    try:
+        assert _results(staged) == expected
+        stats = staged.engine.get_stats()
+        assert stats.num_free_blocks == stats.num_total_blocks
+    finally:
+        staged.engine.executor.shutdown()
+
+
+@pytest.mark.parametrize(
+    ("num_layers", "num_stages", "expected"),
+    [(2, 2, [[0], [1]]), (5, 2, [[0, 1, 2], [3, 4]]), (7, 3, [[0, 1, 2], [3, 4], [5, 6]])],
+)
+def test_stages_split_the_layers_contiguously(num_layers, num_stages, expected):
+    ranges = [
+        list(PipelineStage(index=i, size=num_stages).layer_range(num_layers))
+        for i in range(num_stages)
+    ]
+    assert ranges == expected
+
+
+def test_more_stages_than_layers_is_refused(tiny_model_path):
+    with pytest.raises(ValueError, match="pipeline_parallel_size=3 exceeds the model's 2 layers"):
+        LLM(tiny_model_path("llama"), pipeline_parallel_size=3, **OPTIONS)
