@@ -1,0 +1,110 @@
+"""The tile configurations of the fused MoE path, per token-count bucket. Plain data, no Triton:
+the model layer holds a table and the tuner (moe_tuning.py) fills it on the device.
+
+A step of T tokens takes the plan of the smallest bucket >= T (the largest bucket above all
+buckets). A plan names, for each of the two GEMMs, either a row-at-a-time tile (`rows` kind: one
+program per assignment, or per token for down, reading only the experts its rows chose; no
+sorting) or a grouped tile (`grouped`: the assignments sorted and padded into blocks of block_m
+rows of one expert, moe_align.py, then tensor-core GEMMs over the blocks). Both GEMMs of a
+grouped plan share one alignment, so they share block_m.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import asdict, dataclass
+from typing import Literal
+
+TileKind = Literal["rows", "grouped"]
+
+
+@dataclass(frozen=True)
+class MoeTile:
+    """One GEMM's launch configuration. rows: block_n output columns x block_k inputs per step of
+    one assignment (gate-up) or one token (down); grouped: block_m x block_n outputs, block_k
+    inputs per step, group_m blocks of rows share their weight tiles in L2."""
+
+    kind: TileKind
+    block_n: int
+    block_k: int
+    block_m: int = 1
+    group_m: int = 1
+    num_warps: int = 4
+    num_stages: int = 3
+
+    def describe(self) -> str:
+        if self.kind == "rows":
+            return f"rows n{self.block_n} k{self.block_k} w{self.num_warps}"
+        return (
+            f"grouped m{self.block_m} n{self.block_n} k{self.block_k} g{self.group_m} "
+            f"w{self.num_warps} s{self.num_stages}"
+        )
+
+
+@dataclass(frozen=True)
+class MoePlan:
+    """The tiles of the two GEMMs for one bucket of token counts."""
+
+    gate_up: MoeTile
+    down: MoeTile
+
+    @property
+    def block_m(self) -> int | None:
+        """The alignment's block rows, or None when neither GEMM needs sorted assignments."""
+        for tile in (self.gate_up, self.down):
+            if tile.kind == "grouped":
+                return tile.block_m
+        return None
+
+    def __post_init__(self) -> None:
+        grouped = {t.block_m for t in (self.gate_up, self.down) if t.kind == "grouped"}
+        if len(grouped) > 1:
+            raise ValueError(f"the two grouped tiles of a plan share block_m, not {grouped}")
+
+
+@dataclass(frozen=True)
+class MoeTileTable:
+    """Plans by token-count bucket: buckets ascending, one plan each."""
+
+    buckets: tuple[int, ...]
+    plans: tuple[MoePlan, ...]
+
+    def plan_for(self, num_tokens: int) -> MoePlan:
+        index = bisect.bisect_left(self.buckets, num_tokens)
+        return self.plans[min(index, len(self.plans) - 1)]
+
+    def to_json(self) -> dict:
+        return {
+            "buckets": list(self.buckets),
+            "plans": [{"gate_up": asdict(p.gate_up), "down": asdict(p.down)} for p in self.plans],
+        }
+
+    @classmethod
+    def from_json(cls, data: dict) -> MoeTileTable:
+        plans = tuple(
+            MoePlan(MoeTile(**plan["gate_up"]), MoeTile(**plan["down"])) for plan in data["plans"]
+        )
+        buckets = tuple(int(b) for b in data["buckets"])
+        if len(buckets) != len(plans) or list(buckets) != sorted(buckets):
+            raise ValueError("a tile table needs ascending buckets, one plan each")
+        return cls(buckets, plans)
+
+
+def token_buckets(max_tokens: int) -> tuple[int, ...]:
+    """1, 2, 4, ... up to the first power of two >= max_tokens."""
+    buckets = [1]
+    while buckets[-1] < max_tokens:
+        buckets.append(buckets[-1] * 2)
+    return tuple(buckets)
+
+
+# Untuned plans (a model built outside the Worker, tests): rows tiles for tiny steps, 64-row
+# grouped tiles above.
+DEFAULT_ROWS_PLAN = MoePlan(
+    MoeTile("rows", block_n=16, block_k=256), MoeTile("rows", block_n=16, block_k=256)
+)
+DEFAULT_GROUPED_PLAN = MoePlan(
+    MoeTile("grouped", block_n=64, block_k=64, block_m=64, group_m=8, num_stages=3),
+    MoeTile("grouped", block_n=64, block_k=64, block_m=64, group_m=8, num_stages=3),
+)
+DEFAULT_TABLE = MoeTileTable((4, 1 << 30), (DEFAULT_ROWS_PLAN, DEFAULT_GROUPED_PLAN))
