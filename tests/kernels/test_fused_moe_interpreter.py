@@ -103,7 +103,7 @@ def test_fused_experts_match_the_torch_experts(kernels, num_tokens, top_k, num_e
     gate_up, down = _experts(num_experts, generator)
     expected = grouped_experts_forward(hidden, weights, ids, gate_up, down)
     fused = kernels["fused_moe"]
-    got = fused.fused_experts(hidden, weights, ids, fused.ExpertWeights(gate_up, down), plan)
+    got = fused.fused_experts(hidden, weights, ids, fused.ExpertStacks(gate_up, down), plan)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -116,7 +116,7 @@ def test_every_token_on_one_expert(kernels, plan):
     gate_up, down = _experts(8, generator)
     expected = grouped_experts_forward(hidden, weights, ids, gate_up, down)
     fused = kernels["fused_moe"]
-    got = fused.fused_experts(hidden, weights, ids, fused.ExpertWeights(gate_up, down), plan)
+    got = fused.fused_experts(hidden, weights, ids, fused.ExpertStacks(gate_up, down), plan)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
 
@@ -178,7 +178,7 @@ def test_fp8_experts_match_their_dequantized_weights(kernels, scales, plan):
         down_q, down_scale, down_ref = _fp8_groups(down / 16, group)
     expected = grouped_experts_forward(hidden, weights, ids, gate_up_ref, down_ref)
     fused = kernels["fused_moe"]
-    experts = fused.ExpertWeights(gate_up_q, down_q, gate_up_scale, down_scale, group)
+    experts = fused.ExpertStacks(gate_up_q, down_q, gate_up_scale, down_scale, group)
     got = fused.fused_experts(hidden, weights, ids, experts, plan)
     torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
 
@@ -187,7 +187,7 @@ def test_fp8_experts_match_their_dequantized_weights(kernels, scales, plan):
 def test_grouped_tiles_must_not_straddle_scale_groups(kernels):
     fused = kernels["fused_moe"]
     codes = torch.zeros(2, 8, 256, dtype=FP8_DTYPE)
-    experts = fused.ExpertWeights(codes, codes, torch.ones(2, 8, 2), torch.ones(2, 8, 2), 128)
+    experts = fused.ExpertStacks(codes, codes, torch.ones(2, 8, 2), torch.ones(2, 8, 2), 128)
     wide = MoeTile("grouped", block_n=16, block_k=256, block_m=16)
     with pytest.raises(ValueError, match="block_k=256 does not divide the fp8 scale group 128"):
         fused.check_plan_fits(MoePlan(wide, wide), experts)

@@ -30,34 +30,12 @@ K step's product (grouped tiles: block_k divides scale_group).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
 import triton
 import triton.language as tl
 
 from ladle.kernels.moe_align import ExpertBlocks, align_to_expert_blocks
-from ladle.kernels.moe_tiles import MoePlan, MoeTile
-
-NO_SCALES, CHANNEL_SCALES, GROUP_SCALES = 0, 1, 2
-
-
-@dataclass(frozen=True)
-class ExpertWeights:
-    """The stacked expert matrices and, for fp8, their scales (see the module docstring)."""
-
-    gate_up: torch.Tensor  # [E, 2I, H]
-    down: torch.Tensor  # [E, H, I]
-    gate_up_scale: torch.Tensor | None = None  # [E, 2I] or [E, 2I, ceil(H / scale_group)]
-    down_scale: torch.Tensor | None = None  # [E, H] or [E, H, ceil(I / scale_group)]
-    scale_group: int = 0  # inputs per group scale; 0 for per-channel or no scales
-
-    @property
-    def scale_kind(self) -> int:
-        if self.gate_up_scale is None:
-            return NO_SCALES
-        return GROUP_SCALES if self.gate_up_scale.dim() == 3 else CHANNEL_SCALES
-
+from ladle.kernels.moe_tiles import GROUP_SCALES, ExpertStacks, MoePlan, MoeTile
 
 @triton.jit
 def _silu_times(gate, up):
@@ -343,7 +321,7 @@ def _grid_rows_per_block(blocks: ExpertBlocks, num_columns: int, tile: MoeTile) 
 def launch_gate_up(
     hidden: torch.Tensor,
     topk_ids: torch.Tensor,
-    weights: ExpertWeights,
+    weights: ExpertStacks,
     tile: MoeTile,
     blocks: ExpertBlocks | None,
 ) -> torch.Tensor:
@@ -386,7 +364,7 @@ def launch_down(
     intermediate: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    weights: ExpertWeights,
+    weights: ExpertStacks,
     tile: MoeTile,
     blocks: ExpertBlocks | None,
     out_dtype: torch.dtype,
@@ -428,7 +406,7 @@ def launch_down(
     return summed.to(out_dtype)
 
 
-def check_plan_fits(plan: MoePlan, weights: ExpertWeights) -> None:
+def check_plan_fits(plan: MoePlan, weights: ExpertStacks) -> None:
     """ValueError when a grouped tile's K steps straddle the fp8 scale groups."""
     if weights.scale_kind != GROUP_SCALES:
         return
@@ -444,7 +422,7 @@ def fused_experts(
     hidden: torch.Tensor,
     topk_weights: torch.Tensor,
     topk_ids: torch.Tensor,
-    weights: ExpertWeights,
+    weights: ExpertStacks,
     plan: MoePlan,
 ) -> torch.Tensor:
     """The experts' output [T, H] for hidden [T, H] routed by topk_ids / topk_weights [T, k]

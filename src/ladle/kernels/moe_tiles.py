@@ -1,5 +1,6 @@
-"""The tile configurations of the fused MoE path, per token-count bucket. Plain data, no Triton:
-the model layer holds a table and the tuner (moe_tuning.py) fills it on the device.
+"""The plain data of the fused MoE path (no Triton here: the model layer imports it on the CPU):
+the expert stacks a call reads (ExpertStacks) and the tile configurations per token-count bucket
+(MoeTileTable), which the model layer holds and the tuner (moe_tuning.py) fills on the device.
 
 A step of T tokens takes the plan of the smallest bucket >= T (the largest bucket above all
 buckets). A plan names, for each of the two GEMMs, either a row-at-a-time tile (`rows` kind: one
@@ -15,7 +16,29 @@ import bisect
 from dataclasses import asdict, dataclass
 from typing import Literal
 
+import torch
+
 TileKind = Literal["rows", "grouped"]
+NO_SCALES, CHANNEL_SCALES, GROUP_SCALES = 0, 1, 2
+
+
+@dataclass(frozen=True)
+class ExpertStacks:
+    """The stacked expert matrices (layers/moe.py's layout) and, for fp8 codes, their float32
+    scales: per output channel [E, N], or per row and group of scale_group inputs [E, N, G] (a
+    checkpoint's 128x128 blocks repeated over their rows, as quant/fp8_block.py keeps them)."""
+
+    gate_up: torch.Tensor  # [E, 2I, H]
+    down: torch.Tensor  # [E, H, I]
+    gate_up_scale: torch.Tensor | None = None  # [E, 2I] or [E, 2I, ceil(H / scale_group)]
+    down_scale: torch.Tensor | None = None  # [E, H] or [E, H, ceil(I / scale_group)]
+    scale_group: int = 0  # inputs per group scale; 0 for per-channel or no scales
+
+    @property
+    def scale_kind(self) -> int:
+        if self.gate_up_scale is None:
+            return NO_SCALES
+        return GROUP_SCALES if self.gate_up_scale.dim() == 3 else CHANNEL_SCALES
 
 
 @dataclass(frozen=True)
