@@ -191,3 +191,78 @@ def test_grouped_tiles_must_not_straddle_scale_groups(kernels):
     wide = MoeTile("grouped", block_n=16, block_k=256, block_m=16)
     with pytest.raises(ValueError, match="block_k=256 does not divide the fp8 scale group 128"):
         fused.check_plan_fits(MoePlan(wide, wide), experts)
+
+
+@interpreted
+def test_tuning_keeps_the_fastest_plan_and_caches_it(kernels, tmp_path, monkeypatch):
+    """The tuner (kernels/moe_tuning.py) with a stand-in timer that charges each tile a fixed
+    price: every bucket gets the cheapest (rows pair, or grouped pair plus alignment) plan,
+    the table is written, and the next start-up reads it without timing anything."""
+    from ladle.kernels import moe_tuning
+
+    generator = torch.Generator().manual_seed(5)
+    gate_up, down = _experts(8, generator)
+    stacks = kernels["fused_moe"].ExpertStacks(gate_up, down)
+    prices = {"rows n16 k128 w4": 1.0, "grouped m16 n64 k64": 0.2}
+    calls = []
+
+    def timer(run):
+        calls.append(run)
+        name = getattr(run, "__qualname__", "")
+        if "align" in name:
+            return 0.5  # the alignment
+        tile = run.tile.describe()
+        return next((p for key, p in prices.items() if tile.startswith(key)), 9.0)
+
+    original = moe_tuning._launchers
+
+    def tagged(stacks_, inputs, tile, blocks):
+        runs = original(stacks_, inputs, tile, blocks)
+        for run in runs:
+            run.tile = tile
+        return runs
+
+    monkeypatch.setattr(moe_tuning, "_launchers", tagged)  # each run knows its tile
+    result = moe_tuning.tune_tile_table(
+        stacks, top_k=2, dtype=torch.float32, max_tokens=2, timer=timer, cache_dir=tmp_path,
+        device_name="Test GPU",
+    )  # fmt: skip
+    assert not result.from_cache and result.table.buckets == (1, 2)
+    for plan in result.table.plans:
+        # rows pair: 1.0 + 1.0 = 2.0; grouped m16 pair: 0.5 + 0.2 + 0.2 = 0.9.
+        assert plan.gate_up.describe().startswith("grouped m16 n64 k64")
+        assert plan.down.describe().startswith("grouped m16 n64 k64")
+    assert result.timings[1]["chosen"] == pytest.approx(0.9)
+    assert result.path.parent == tmp_path and "Test_GPU" in result.path.name
+    again = moe_tuning.tune_tile_table(
+        stacks, top_k=2, dtype=torch.float32, max_tokens=2, timer=None, cache_dir=tmp_path,
+        device_name="Test GPU",
+    )  # fmt: skip
+    assert again.from_cache and again.table == result.table
+    # Another top_k is another shape: not read from this file.
+    assert moe_tuning.MoeShape.of(stacks, 4, torch.float32).cache_name("Test GPU", 2) != (
+        result.path.name
+    )
+
+
+@interpreted
+def test_a_tuned_plan_runs_and_matches_the_reference(kernels):
+    """The plans the default table and the tuner's candidates name all run (every candidate tile
+    of a small bucket, as the tuner launches them)."""
+    from ladle.kernels import moe_tuning
+
+    generator = torch.Generator().manual_seed(8)
+    hidden = torch.randn(3, HIDDEN, generator=generator)
+    weights, ids = _routing(3, 8, 2, generator)
+    gate_up, down = _experts(8, generator)
+    expected = grouped_experts_forward(hidden, weights, ids, gate_up, down)
+    fused = kernels["fused_moe"]
+    stacks = fused.ExpertStacks(gate_up, down)
+    shape = moe_tuning.MoeShape.of(stacks, 2, torch.float32)
+    rows = moe_tuning.rows_candidates(3)
+    grouped = moe_tuning.grouped_candidates(3, shape, 0)
+    assert rows and grouped and {t.block_m for t in grouped} == {16}
+    for gate_up_tile, down_tile in [(rows[0], rows[-1]), (grouped[0], grouped[-1])]:
+        plan = MoePlan(gate_up_tile, down_tile)
+        got = fused.fused_experts(hidden, weights, ids, stacks, plan)
+        torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)

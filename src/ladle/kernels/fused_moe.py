@@ -37,6 +37,7 @@ import triton.language as tl
 from ladle.kernels.moe_align import ExpertBlocks, align_to_expert_blocks
 from ladle.kernels.moe_tiles import GROUP_SCALES, ExpertStacks, MoePlan, MoeTile
 
+
 @triton.jit
 def _silu_times(gate, up):
     return gate / (1.0 + tl.exp(-gate)) * up

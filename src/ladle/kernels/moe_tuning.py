@@ -224,8 +224,10 @@ def _launchers(stacks: ExpertStacks, inputs: _BucketInputs, tile: MoeTile, block
 
     def down(repetition: int):
         index = repetition % NUM_ROUTINGS
-        return launch_down(inputs.intermediate, inputs.topk_weights[index],
-                           inputs.topk_ids[index], stacks, tile, block_of(repetition), dtype)  # fmt: skip
+        return launch_down(
+            inputs.intermediate, inputs.topk_weights[index], inputs.topk_ids[index], stacks, tile,
+            block_of(repetition), dtype,
+        )  # fmt: skip
 
     return gate_up, down
 
@@ -267,6 +269,16 @@ def _time_or_none(timer: Timer, run) -> float | None:
         raise
 
 
+def _align_run(stacks: ExpertStacks, inputs: _BucketInputs, block_m: int):
+    num_experts = stacks.gate_up.shape[0]
+
+    def align(repetition: int):
+        return align_to_expert_blocks(inputs.topk_ids[repetition % NUM_ROUTINGS], num_experts,
+                                      block_m)  # fmt: skip
+
+    return align
+
+
 def _best_plan(stacks, inputs: _BucketInputs, tiles: list[MoeTile], timer: Timer):
     timings: dict[str, float] = {}
     best_rows: dict[str, tuple[float, MoeTile]] = {}
@@ -278,12 +290,7 @@ def _best_plan(stacks, inputs: _BucketInputs, tiles: list[MoeTile], timer: Timer
         if tile.kind == "grouped":
             if tile.block_m not in aligned:
                 aligned[tile.block_m] = _aligned(stacks, inputs, tile.block_m)
-                num_experts = stacks.gate_up.shape[0]
-                align_seconds[tile.block_m] = timer(
-                    lambda r, m=tile.block_m: align_to_expert_blocks(
-                        inputs.topk_ids[r % NUM_ROUTINGS], num_experts, m
-                    )
-                )
+                align_seconds[tile.block_m] = timer(_align_run(stacks, inputs, tile.block_m))
             blocks = aligned[tile.block_m]
         gate_up, down = _launchers(stacks, inputs, tile, blocks)
         for gemm, run in (("gate_up", gate_up), ("down", down)):

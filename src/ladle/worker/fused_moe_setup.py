@@ -34,7 +34,9 @@ class FusedMoeSetup:
         )
 
 
-def prepare_fused_moe(model: nn.Module, dtype: torch.dtype, max_tokens: int) -> FusedMoeSetup | None:
+def prepare_fused_moe(
+    model: nn.Module, dtype: torch.dtype, max_tokens: int
+) -> FusedMoeSetup | None:
     """Tune and install the tile tables of every MoE layer that runs the fused path, then build
     every bucket's variants; None when no layer does (CPU, fused kernels off)."""
     blocks = [

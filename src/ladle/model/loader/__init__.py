@@ -28,6 +28,12 @@ from ladle.config import CHECKPOINT_QUANTIZATIONS, ModelConfig
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.cpu_native.build import native_library
 from ladle.model.arch_config import MOE_ARCHITECTURES, ModelArchConfig, UnsupportedModelError
+from ladle.model.layers.moe_fp8 import (
+    dequantize_experts_,
+    has_experts,
+    prepare_experts_for_fp8_checkpoint_,
+    quantize_experts_fp8_,
+)
 from ladle.model.layers.quant import (
     QUANT_METHODS,
     finalize_linears_,
@@ -38,12 +44,6 @@ from ladle.model.layers.quant.act_order import (
     add_input_permutations_,
     drop_identity_permutations_,
     fold_down_permutations_,
-)
-from ladle.model.layers.moe_fp8 import (
-    dequantize_experts_,
-    has_experts,
-    prepare_experts_for_fp8_checkpoint_,
-    quantize_experts_fp8_,
 )
 from ladle.model.layers.quantize_pass import quantize_model_
 from ladle.model.layers.quantized_linear import adopt_native_weights_

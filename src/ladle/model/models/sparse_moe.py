@@ -62,9 +62,10 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
 
     @property
     def can_capture_cuda_graphs(self) -> bool:
-        """True when every MoE layer runs the fused path (layers/moe.py StackedExperts.can_run_fused:
-        CUDA, fused kernels on, Triton installed): the torch path reads per-expert counts on
-        the host, which a CUDA graph cannot capture, so then the Worker runs the model eagerly."""
+        """True when every MoE layer runs the fused path (layers/moe.py,
+        StackedExperts.can_run_fused: CUDA, fused kernels on, Triton installed): the torch path
+        reads per-expert counts on the host, which a CUDA graph cannot capture, so then the
+        Worker runs the model eagerly."""
         return all(
             module.experts.can_run_fused()
             for module in self.modules()
