@@ -430,7 +430,10 @@ def fused_experts(
     (module docstring). hidden contiguous in rows; topk_* contiguous."""
     num_experts = weights.gate_up.shape[0]
     block_m = plan.block_m
-    blocks = None if block_m is None else align_to_expert_blocks(topk_ids, num_experts, block_m)
+    blocks = None
+    if block_m is not None:
+        with_triton = plan.align == "triton"
+        blocks = align_to_expert_blocks(topk_ids, num_experts, block_m, with_triton)
     intermediate = launch_gate_up(hidden, topk_ids, weights, plan.gate_up, blocks)
     return launch_down(
         intermediate, topk_weights, topk_ids, weights, plan.down, blocks, hidden.dtype

@@ -15,8 +15,9 @@ max_rows = T * k + min(num_experts, T * k) * (BLOCK_M - 1), rounded up to a bloc
 
 Two implementations, the same output (assignments of one expert keep their order, as a stable
 sort by expert gives): one Triton program for decode-sized steps (one launch instead of about a
-dozen torch ops, which under a decode graph cost more than the sort itself), and torch ops for
-large prefills, where one program looping over every assignment would be the slow part.
+dozen torch ops), and torch ops (a sort and a few scatters over the whole GPU) for larger ones,
+where one program looping over every assignment becomes the slow part. Where the two cross is
+measured at start-up with the tiles (kernels/moe_tuning.py): a plan names its alignment.
 """
 
 from __future__ import annotations
@@ -78,12 +79,12 @@ def align_to_expert_blocks_torch(
 
 
 def align_to_expert_blocks(
-    topk_ids: torch.Tensor, num_experts: int, block_m: int
+    topk_ids: torch.Tensor, num_experts: int, block_m: int, with_triton: bool = True
 ) -> ExpertBlocks:
     """ExpertBlocks of a step's topk_ids [T, k] for blocks of block_m rows: the one-program
-    Triton kernel up to TRITON_MAX_ASSIGNMENTS assignments, torch above."""
+    Triton kernel (with_triton, up to TRITON_MAX_ASSIGNMENTS assignments), else torch."""
     num_assignments = topk_ids.numel()
-    if num_assignments > TRITON_MAX_ASSIGNMENTS:
+    if not with_triton or num_assignments > TRITON_MAX_ASSIGNMENTS:
         return align_to_expert_blocks_torch(topk_ids, num_experts, block_m)
     from ladle.kernels.moe_align_kernel import align_with_triton
 

@@ -15,8 +15,10 @@ import triton.language as tl
 
 from ladle.kernels.moe_align import ExpertBlocks
 
-# One-hot elements per chunk: 64 assignments x 128 experts in a program of 4 warps.
-ONE_HOT_ELEMENTS = 8192
+# One-hot elements per chunk: 128 assignments x 128 experts in a program of 8 warps (64 a
+# thread), so a 256-token decode step at top-8 takes 16 chunks a pass.
+ONE_HOT_ELEMENTS = 16384
+NUM_WARPS = 8
 
 
 @triton.jit(do_not_specialize=["num_assignments", "max_rows"])
@@ -93,6 +95,6 @@ def align_with_triton(
         EXPERTS_POW2=experts_pow2,
         BLOCK_M=block_m,
         CHUNK=chunk,
-        num_warps=4,
+        num_warps=NUM_WARPS,
     )
     return ExpertBlocks(sorted_ids, block_expert, num_rows, block_m)

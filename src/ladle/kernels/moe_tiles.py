@@ -66,10 +66,12 @@ class MoeTile:
 
 @dataclass(frozen=True)
 class MoePlan:
-    """The tiles of the two GEMMs for one bucket of token counts."""
+    """The tiles of the two GEMMs for one bucket of token counts, and for grouped tiles which
+    alignment sorts the assignments (moe_align.py: "triton", one program, or "torch")."""
 
     gate_up: MoeTile
     down: MoeTile
+    align: Literal["triton", "torch"] = "triton"
 
     @property
     def block_m(self) -> int | None:
@@ -99,13 +101,17 @@ class MoeTileTable:
     def to_json(self) -> dict:
         return {
             "buckets": list(self.buckets),
-            "plans": [{"gate_up": asdict(p.gate_up), "down": asdict(p.down)} for p in self.plans],
+            "plans": [
+                {"gate_up": asdict(p.gate_up), "down": asdict(p.down), "align": p.align}
+                for p in self.plans
+            ],
         }
 
     @classmethod
     def from_json(cls, data: dict) -> MoeTileTable:
         plans = tuple(
-            MoePlan(MoeTile(**plan["gate_up"]), MoeTile(**plan["down"])) for plan in data["plans"]
+            MoePlan(MoeTile(**plan["gate_up"]), MoeTile(**plan["down"]), plan["align"])
+            for plan in data["plans"]
         )
         buckets = tuple(int(b) for b in data["buckets"])
         if len(buckets) != len(plans) or list(buckets) != sorted(buckets):

@@ -8,7 +8,8 @@ on the model's first MoE layer (its real weights; routing drawn at random over a
 rotated between repetitions, so a batch-1 timing does not read the same experts from L2 every
 call) and keeps the fastest plan:
   - rows tiles (small buckets): gate-up and down timed separately, no alignment;
-  - grouped tiles: per block_m, the alignment plus the fastest gate-up and down of that block_m.
+  - grouped tiles: per block_m, the faster alignment (one Triton program or the torch sort)
+    plus the fastest gate-up and down of that block_m.
 Every candidate is built once on a thread pool first (parallel_builds.py), so tuning costs the
 builds plus a few thousand short launches. The table is written to
   <ladle cache>/moe_tiles/<device>-<shape>-<dtype>-<weights>-triton<version>-v<N>.json
@@ -30,7 +31,7 @@ import torch
 import triton
 
 from ladle.kernels.fused_moe import check_plan_fits, launch_down, launch_gate_up
-from ladle.kernels.moe_align import align_to_expert_blocks
+from ladle.kernels.moe_align import TRITON_MAX_ASSIGNMENTS, align_to_expert_blocks
 from ladle.kernels.moe_tiles import (
     GROUP_SCALES,
     ExpertStacks,
@@ -42,7 +43,7 @@ from ladle.kernels.moe_tiles import (
 from ladle.kernels.parallel_builds import builds_only
 
 # Bump when a kernel changes what a tile means: old cached tables are then ignored.
-TUNING_VERSION = 1
+TUNING_VERSION = 2
 # Rows tiles are candidates up to this many tokens (beyond, every expert's weight would be read
 # by many programs).
 ROWS_MAX_TOKENS = 32
@@ -211,6 +212,12 @@ def _aligned(stacks: ExpertStacks, inputs: _BucketInputs, block_m: int):
     return [align_to_expert_blocks(ids, num_experts, block_m) for ids in inputs.topk_ids]
 
 
+def _alignments(num_tokens: int, top_k: int) -> tuple[str, ...]:
+    if num_tokens * top_k > TRITON_MAX_ASSIGNMENTS:
+        return ("torch",)
+    return ("triton", "torch")
+
+
 def _launchers(stacks: ExpertStacks, inputs: _BucketInputs, tile: MoeTile, blocks):
     """(gate-up, down) calls of one tile, each taking the repetition number."""
     dtype = inputs.hidden.dtype
@@ -269,12 +276,12 @@ def _time_or_none(timer: Timer, run) -> float | None:
         raise
 
 
-def _align_run(stacks: ExpertStacks, inputs: _BucketInputs, block_m: int):
+def _align_run(stacks: ExpertStacks, inputs: _BucketInputs, block_m: int, how: str):
     num_experts = stacks.gate_up.shape[0]
 
     def align(repetition: int):
-        return align_to_expert_blocks(inputs.topk_ids[repetition % NUM_ROUTINGS], num_experts,
-                                      block_m)  # fmt: skip
+        ids = inputs.topk_ids[repetition % NUM_ROUTINGS]
+        return align_to_expert_blocks(ids, num_experts, block_m, with_triton=how == "triton")
 
     return align
 
@@ -284,13 +291,17 @@ def _best_plan(stacks, inputs: _BucketInputs, tiles: list[MoeTile], timer: Timer
     best_rows: dict[str, tuple[float, MoeTile]] = {}
     grouped: dict[int, dict[str, tuple[float, MoeTile]]] = {}
     aligned: dict[int, list] = {}
-    align_seconds: dict[int, float] = {}
+    align_seconds: dict[int, tuple[float, str]] = {}  # block_m -> (seconds, the faster one)
     for tile in tiles:
         blocks = None
         if tile.kind == "grouped":
             if tile.block_m not in aligned:
                 aligned[tile.block_m] = _aligned(stacks, inputs, tile.block_m)
-                align_seconds[tile.block_m] = timer(_align_run(stacks, inputs, tile.block_m))
+                top_k = inputs.topk_ids[0].shape[1]
+                align_seconds[tile.block_m] = min(
+                    (timer(_align_run(stacks, inputs, tile.block_m, how)), how)
+                    for how in _alignments(inputs.hidden.shape[0], top_k)
+                )
             blocks = aligned[tile.block_m]
         gate_up, down = _launchers(stacks, inputs, tile, blocks)
         for gemm, run in (("gate_up", gate_up), ("down", down)):
@@ -307,8 +318,9 @@ def _best_plan(stacks, inputs: _BucketInputs, tiles: list[MoeTile], timer: Timer
                         MoePlan(best_rows["gate_up"][1], best_rows["down"][1])))  # fmt: skip
     for block_m, best in grouped.items():
         if len(best) == 2:
-            total = align_seconds[block_m] + best["gate_up"][0] + best["down"][0]
-            options.append((total, MoePlan(best["gate_up"][1], best["down"][1])))
+            align, how = align_seconds[block_m]
+            total = align + best["gate_up"][0] + best["down"][0]
+            options.append((total, MoePlan(best["gate_up"][1], best["down"][1], how)))
     if not options:
         raise RuntimeError(f"no fused MoE tile ran for {inputs.hidden.shape[0]} tokens")
     seconds, plan = min(options, key=lambda option: option[0])
