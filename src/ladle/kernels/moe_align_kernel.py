@@ -1,8 +1,8 @@
 """The Triton program of the align-block-size step (moe_align.py says what it computes).
 
-One program, in three passes over the step's assignments in chunks of CHUNK: count each
-expert's assignments (a one-hot [CHUNK, experts] summed over rows), then from the padded counts
-write every block's expert and fill the rows with the padding value, then place each assignment
+One program: count each expert's assignments (a one-hot [CHUNK, experts] per chunk of CHUNK
+assignments, summed over rows), then from the padded counts fill the rows with the padding
+value and write every block's expert, then place each assignment
 at its expert's padded start + the assignments of that expert seen before it (an exclusive
 cumulative sum of the one-hot down the chunk keeps them in order, as a stable sort does).
 """
@@ -33,6 +33,7 @@ def _align_kernel(
     EXPERTS_POW2: tl.constexpr,
     BLOCK_M: tl.constexpr,
     CHUNK: tl.constexpr,
+    FILL: tl.constexpr = 1024,
 ):
     experts = tl.arange(0, EXPERTS_POW2)
     counts = tl.zeros([EXPERTS_POW2], dtype=tl.int32)
@@ -45,17 +46,19 @@ def _align_kernel(
     padded_end = tl.cumsum(padded, axis=0)
     padded_start = padded_end - padded
     tl.store(num_rows_ptr, tl.sum(padded, axis=0))
-    for start in range(0, max_rows, CHUNK):
-        rows = start + tl.arange(0, CHUNK)
-        in_range = rows < max_rows
-        tl.store(sorted_ids_ptr + rows, tl.zeros([CHUNK], dtype=tl.int32) + num_assignments,
-                 mask=in_range)  # fmt: skip
-        # A block starts at each multiple of BLOCK_M: its expert is the number of experts whose
-        # padded rows all lie before it (clamped for the unused blocks past the last one).
-        is_block_start = in_range & (rows % BLOCK_M == 0)
-        expert = tl.sum((rows[:, None] >= padded_end[None, :]).to(tl.int32), axis=1)
+    fill = tl.arange(0, FILL)
+    for start in range(0, max_rows, FILL):
+        rows = start + fill
+        tl.store(sorted_ids_ptr + rows, tl.zeros([FILL], dtype=tl.int32) + num_assignments,
+                 mask=rows < max_rows)  # fmt: skip
+    # A block's expert is the number of experts whose padded rows all lie before it (clamped
+    # for the unused blocks past the last one).
+    for start in range(0, max_rows // BLOCK_M, CHUNK):
+        blocks = start + tl.arange(0, CHUNK)
+        first_rows = blocks * BLOCK_M
+        expert = tl.sum((first_rows[:, None] >= padded_end[None, :]).to(tl.int32), axis=1)
         expert = tl.minimum(expert, NUM_EXPERTS - 1)
-        tl.store(block_expert_ptr + rows // BLOCK_M, expert, mask=is_block_start)
+        tl.store(block_expert_ptr + blocks, expert, mask=first_rows < max_rows)
     # The padding fill above and the placement below may touch the same rows from different
     # threads of the program.
     tl.debug_barrier()

@@ -3,7 +3,9 @@
 /metrics and `ladle bench`.
 
 Summed over layers keeps the metric's cardinality at num_experts series (128 for Qwen3-30B-A3B,
-not 48 x 128); a hot expert in one layer still shows as its index's share. Reading must not stall
+not 48 x 128); a hot expert in one layer still shows as its index's share. The meter gives the
+layers' counters one [layers, experts] tensor (each layer's buffer becomes a row of it, before
+any CUDA graph is captured), so a read is one sum, not one add per layer. Reading must not stall
 the step loop: `read()` copies the device sum into pinned memory behind the work already queued
 and returns the copy the previous read started once it has landed (so a scrape lags one read
 behind); `read(wait=True)` (the bench, after a run) waits for the current values.
@@ -23,8 +25,17 @@ class ExpertLoadMeter:
     def __init__(self, model: nn.Module) -> None:
         self._blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
         self._last: tuple[int, ...] = (0,) * self.num_experts
-        self._pending: torch.Tensor | None = None
         self._copied: torch.cuda.Event | None = None
+        self._host: torch.Tensor | None = None
+        self._table: torch.Tensor | None = None
+        if self._blocks:
+            first = self._blocks[0].expert_token_counts
+            self._table = torch.zeros(len(self._blocks), self.num_experts, dtype=torch.int64,
+                                      device=first.device)  # fmt: skip
+            for row, block in zip(self._table, self._blocks, strict=True):
+                block.expert_token_counts = row
+            if first.is_cuda:
+                self._host = torch.empty(self.num_experts, dtype=torch.int64, pin_memory=True)
 
     @property
     def num_experts(self) -> int:
@@ -34,31 +45,29 @@ class ExpertLoadMeter:
     def num_layers(self) -> int:
         return len(self._blocks)
 
-    def _device_sum(self) -> torch.Tensor:
-        counts = self._blocks[0].expert_token_counts.clone()
-        for block in self._blocks[1:]:
-            counts += block.expert_token_counts
-        return counts
-
     def read(self, wait: bool = False) -> tuple[int, ...]:
-        if not self._blocks:
+        if self._table is None:
             return ()
-        if wait or not self._blocks[0].expert_token_counts.is_cuda:
-            self._pending = self._copied = None
-            self._last = tuple(self._device_sum().tolist())
+        if wait or self._host is None:
+            if self._copied is not None:
+                self._copied.synchronize()  # the copy in flight writes the host buffer
+                self._copied = None
+            self._last = tuple(self._table.sum(dim=0).tolist())
             return self._last
         if self._copied is not None and self._copied.query():
-            self._last = tuple(self._pending.tolist())
-            self._pending = self._copied = None
-        if self._pending is None:
-            self._pending = torch.empty(self.num_experts, dtype=torch.int64, pin_memory=True)
-            self._pending.copy_(self._device_sum(), non_blocking=True)
+            self._last = tuple(self._host.tolist())
+            self._copied = None
+        if self._copied is None:
+            self._host.copy_(self._table.sum(dim=0), non_blocking=True)
             self._copied = torch.cuda.Event()
             self._copied.record()
         return self._last
 
     def reset(self) -> None:
         """Zero every layer's counts (after the warm-up, whose made-up requests are no load)."""
-        for block in self._blocks:
-            block.expert_token_counts.zero_()
-        self._last, self._pending, self._copied = (0,) * self.num_experts, None, None
+        if self._table is None:
+            return
+        if self._copied is not None:
+            self._copied.synchronize()
+        self._table.zero_()
+        self._last, self._copied = (0,) * self.num_experts, None

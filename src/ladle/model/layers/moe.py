@@ -21,6 +21,7 @@ the torch path below (the reference the kernel tests compare with, and the CPU's
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 from dataclasses import dataclass
 
@@ -209,6 +210,7 @@ class StackedExperts(nn.Module):
         )
 
 
+@functools.cache
 def _triton_is_installed() -> bool:
     return importlib.util.find_spec("triton") is not None
 
