@@ -266,3 +266,25 @@ def test_a_tuned_plan_runs_and_matches_the_reference(kernels):
         plan = MoePlan(gate_up_tile, down_tile)
         got = fused.fused_experts(hidden, weights, ids, stacks, plan)
         torch.testing.assert_close(got, expected, rtol=1e-4, atol=1e-5)
+
+
+@interpreted
+@pytest.mark.parametrize(
+    "num_tokens,num_experts,top_k,renormalize",
+    [(1, 8, 2, True), (7, 12, 8, False), (33, 16, 8, True), (33, 8, 2, False)],
+)
+def test_fused_routing_matches_the_torch_router(num_tokens, num_experts, top_k, renormalize):
+    """kernels/moe_routing.py against TopKRouter's torch routing (float32 softmax, top-k,
+    renormalisation), and its counts against a bincount of the ids it chose."""
+    from ladle.kernels.moe_routing import topk_softmax
+    from ladle.model.layers.moe import TopKRouter
+
+    generator = torch.Generator().manual_seed(num_tokens * num_experts)
+    logits = torch.randn(num_tokens, num_experts, generator=generator) * 3
+    router = TopKRouter(4, num_experts, top_k, renormalize)
+    expected = router.route(logits, torch.float32)
+    counts = torch.full((num_experts,), 5, dtype=torch.int64)
+    weights, ids = topk_softmax(logits, top_k, renormalize, torch.float32, counts)
+    assert torch.equal(ids, expected.expert_ids)
+    torch.testing.assert_close(weights, expected.weights, rtol=1e-6, atol=1e-7)
+    assert torch.equal(counts - 5, torch.bincount(ids.reshape(-1), minlength=num_experts))

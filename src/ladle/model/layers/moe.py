@@ -68,11 +68,26 @@ class TopKRouter(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> Routing:
         logits = F.linear(hidden_states, self.weight)
+        return self.route(logits, hidden_states.dtype)
+
+    def route(self, logits: torch.Tensor, dtype: torch.dtype) -> Routing:
+        """The torch routing of router logits [T, E] (see the class docstring)."""
         probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, expert_ids = torch.topk(probabilities, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return Routing(weights.to(hidden_states.dtype), expert_ids)
+        return Routing(weights.to(dtype), expert_ids)
+
+    def route_fused(self, hidden_states: torch.Tensor, expert_counts: torch.Tensor) -> Routing:
+        """The same routing as forward with softmax, top-k, renormalisation and the per-expert
+        count in one Triton launch (kernels/moe_routing.py), for the fused path."""
+        from ladle.kernels.moe_routing import topk_softmax
+
+        logits = F.linear(hidden_states, self.weight)
+        weights, expert_ids = topk_softmax(
+            logits, self.top_k, self.norm_topk_prob, hidden_states.dtype, expert_counts
+        )
+        return Routing(weights, expert_ids)
 
     @torch.no_grad()
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
@@ -221,10 +236,11 @@ class SparseMoeBlock(nn.Module):
     ...mlp.gate.weight and ...mlp.experts.{gate_up_proj, down_proj} (per-expert shards).
 
     It also counts the (token, expert) assignments of every forward in `expert_token_counts`
-    [num_experts] on the device (one index_add, captured with the rest in a CUDA graph; rows a
-    graph pads its batch with are counted too), which worker/expert_load.py sums over layers for
-    /metrics and `ladle bench`. Expert parallelism would give each rank a slice of the stacked
-    experts and exchange tokens around the same call."""
+    [num_experts] on the device (in the fused routing kernel, or one index_add on the torch
+    path; captured with the rest in a CUDA graph; rows a graph pads its batch with count too),
+    which worker/expert_load.py sums over layers for /metrics and `ladle bench`. Expert
+    parallelism would give each rank a slice of the stacked experts and exchange tokens around
+    the same call."""
 
     def __init__(
         self,
@@ -248,6 +264,10 @@ class SparseMoeBlock(nn.Module):
         self._one.fill_(1)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
+        if use_fused_kernels(hidden_states) and self.experts.can_run_fused():
+            # Routing and counting in one launch; the experts then take the fused path too.
+            routing = self.gate.route_fused(hidden_states, self.expert_token_counts)
+            return self.experts(hidden_states, routing)
         routing = self.gate(hidden_states)
         expert_ids = routing.expert_ids.reshape(-1)
         self.expert_token_counts.index_add_(0, expert_ids, self._one.expand(expert_ids.numel()))
