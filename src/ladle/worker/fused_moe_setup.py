@@ -11,7 +11,7 @@ import torch
 from torch import nn
 
 from ladle.kernels.parallel_builds import builds_only
-from ladle.model.layers.moe import Routing, SparseMoeBlock
+from ladle.model.layers.moe import SparseMoeBlock
 
 
 @dataclass(frozen=True)
@@ -71,14 +71,11 @@ def prepare_fused_moe(
 
 @torch.inference_mode()
 def _build_plans(block: SparseMoeBlock, buckets: tuple[int, ...], dtype: torch.dtype) -> None:
-    """Run the experts once at every bucket's token count: their plans' variants (and the
-    alignment's) are built on the build pool, then loaded onto the device."""
+    """Run the layer once at every bucket's token count: its routing's and its plans' variants
+    (the alignment's too) are built on the build pool, then loaded onto the device. (Its counts
+    of these made-up tokens are zeroed after the warm-up.)"""
     device = block.experts.gate_up_proj.device
-    top_k, num_experts = block.gate.top_k, block.gate.num_experts
     with builds_only():
         for num_tokens in buckets:
-            hidden = torch.zeros(num_tokens, block.experts.hidden_size, device=device, dtype=dtype)
-            ids = torch.arange(num_tokens * top_k, device=device).remainder_(num_experts)
-            weights = torch.full((num_tokens, top_k), 1.0 / top_k, device=device, dtype=dtype)
-            block.experts(hidden, Routing(weights, ids.view(num_tokens, top_k)))
+            block(torch.zeros(num_tokens, block.experts.hidden_size, device=device, dtype=dtype))
     torch.cuda.synchronize(device)
