@@ -58,9 +58,12 @@ def _write_fp8_experts(source: str, folder: Path, block: int | None) -> Path:
     config = json.loads((folder / "config.json").read_text())
     layers = config["num_hidden_layers"]
     quantization = {"quant_method": "fp8", "activation_scheme": "dynamic", "fmt": "e4m3"}
+    # As Qwen3-30B-A3B-FP8 lists its routers (and lm_head) as left in float.
+    mixtral = config["architectures"] == ["MixtralForCausalLM"]
+    moe_block = "block_sparse_moe" if mixtral else "mlp"
     quantization["modules_to_not_convert"] = [
         f"model.layers.{i}.self_attn.{p}" for i in range(layers) for p in ATTENTION
-    ]
+    ] + [f"model.layers.{i}.{moe_block}.gate" for i in range(layers)] + ["lm_head"]
     if block is not None:
         quantization["weight_block_size"] = [block, block]
     config["quantization_config"] = quantization
