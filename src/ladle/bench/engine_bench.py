@@ -284,7 +284,7 @@ def run_bench(args: argparse.Namespace) -> int:
     if meter is not None:
         result.update(expert_load_summary(best["expert_tokens"], meter.num_layers,
                                           best["num_steps"]))  # fmt: skip
-    fused_moe = getattr(runner, "fused_moe", None)
+    fused_moe = info.fused_moe
     if fused_moe is not None:
         result["moe_tuning_s"] = fused_moe.tuning_seconds
         result["moe_tiles_from_cache"] = fused_moe.from_cache

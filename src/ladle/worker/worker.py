@@ -59,6 +59,8 @@ class WorkerInfo:
     memory_budget: MemoryBudget
     dtype: torch.dtype  # the weights' and activations'
     weights: WeightCensus  # this rank's
+    # What start-up did for the fused MoE path (tile tuning), None without one.
+    fused_moe: FusedMoeSetup | None = None
 
 
 class Worker:
@@ -168,6 +170,7 @@ class Worker:
             memory_budget=self.memory_budget,
             dtype=self.dtype,
             weights=take_census(self.model),
+            fused_moe=self.fused_moe,
         )
 
     @property
