@@ -55,7 +55,10 @@ def align_to_expert_blocks_torch(
     topk_ids: torch.Tensor, num_experts: int, block_m: int
 ) -> ExpertBlocks:
     """The torch implementation (the reference, and the path for large prefills)."""
-    flat = topk_ids.reshape(-1).long()
+    # Clamped: start-up's dry build pass (kernels/parallel_builds.py) runs torch ops on what the
+    # routing kernel, not launched there, left in memory, and an expert id out of range would
+    # trip the indexing kernels' device asserts. Real ids are in range already.
+    flat = topk_ids.reshape(-1).long().clamp(0, num_experts - 1)
     num_assignments = flat.numel()
     device = flat.device
     counts = torch.zeros(num_experts, dtype=torch.int64, device=device)
