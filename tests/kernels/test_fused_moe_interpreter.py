@@ -288,3 +288,16 @@ def test_fused_routing_matches_the_torch_router(num_tokens, num_experts, top_k, 
     assert torch.equal(ids, expected.expert_ids)
     torch.testing.assert_close(weights, expected.weights, rtol=1e-6, atol=1e-7)
     assert torch.equal(counts - 5, torch.bincount(ids.reshape(-1), minlength=num_experts))
+
+
+def test_the_untuned_table_fits_narrow_fp8_groups():
+    from ladle.kernels.moe_tiles import DEFAULT_TABLE, default_table
+
+    assert default_table(0) is DEFAULT_TABLE and default_table(128) is DEFAULT_TABLE
+    narrow = default_table(32)
+    assert all(
+        tile.block_k == 32
+        for plan in narrow.plans
+        for tile in (plan.gate_up, plan.down)
+        if tile.kind == "grouped"
+    )

@@ -428,6 +428,9 @@ def fused_experts(
 ) -> torch.Tensor:
     """The experts' output [T, H] for hidden [T, H] routed by topk_ids / topk_weights [T, k]
     (module docstring). hidden contiguous in rows; topk_* contiguous."""
+    if hidden.shape[0] == 0:
+        return torch.empty_like(hidden)
+    check_plan_fits(plan, weights)
     num_experts = weights.gate_up.shape[0]
     block_m = plan.block_m
     blocks = None

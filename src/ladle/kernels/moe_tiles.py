@@ -13,7 +13,7 @@ grouped plan share one alignment, so they share block_m.
 from __future__ import annotations
 
 import bisect
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from typing import Literal
 
 import torch
@@ -137,3 +137,15 @@ DEFAULT_GROUPED_PLAN = MoePlan(
     MoeTile("grouped", block_n=64, block_k=64, block_m=64, group_m=8, num_stages=3),
 )
 DEFAULT_TABLE = MoeTileTable((4, 1 << 30), (DEFAULT_ROWS_PLAN, DEFAULT_GROUPED_PLAN))
+
+
+def default_table(scale_group: int = 0) -> MoeTileTable:
+    """The untuned table; for fp8 scale groups narrower than its grouped tiles' K step (32), K
+    steps of one group."""
+    if not scale_group or scale_group % DEFAULT_GROUPED_PLAN.gate_up.block_k == 0:
+        return DEFAULT_TABLE
+    narrow = MoePlan(
+        replace(DEFAULT_GROUPED_PLAN.gate_up, block_k=scale_group),
+        replace(DEFAULT_GROUPED_PLAN.down, block_k=scale_group),
+    )
+    return MoeTileTable(DEFAULT_TABLE.buckets, (DEFAULT_ROWS_PLAN, narrow))

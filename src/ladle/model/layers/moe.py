@@ -30,7 +30,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ladle.kernels.dispatch import fused_kernels_enabled, use_fused_kernels
-from ladle.kernels.moe_tiles import DEFAULT_TABLE, ExpertStacks, MoeTileTable
+from ladle.kernels.moe_tiles import ExpertStacks, MoeTileTable, default_table
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.load_errors import ModelLoadError
@@ -155,7 +155,7 @@ class StackedExperts(nn.Module):
         if use_fused_kernels(hidden_states) and self.can_run_fused():
             from ladle.kernels.fused_moe import fused_experts
 
-            table = self.tile_table or DEFAULT_TABLE
+            table = self.tile_table or default_table(self.scale_group)
             return fused_experts(
                 hidden_states.contiguous(),
                 routing.weights.contiguous(),
