@@ -36,7 +36,7 @@ for spec in "latency W3-30b-a3b bf16" "throughput W1-30b-a3b bf16" "throughput W
   # W3 is one request: fewer decode graphs to capture (batch 1's is the one that counts).
   [ "$1" = latency ] && quant+=(--max-num-seqs 16)
   echo "== ladle bench $1 --workload $2 $3 ($(left) s left)" | tee -a "$LOG"
-  timeout $(( $(left) - 5 )) python3 -m ladle bench "$1" --workload "$2" "${quant[@]}" --runs 1 \
+  timeout $(( $(left) - 5 )) python3 -m ladle bench "$1" --workload "$2" ${quant[@]+"${quant[@]}"} --runs 1 \
     --no-busy --no-progress --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
   echo "exit $?" >> "$OUT/$name.log"
   grep -E "fused MoE tiles|CUDA graphs off|Error|error" "$OUT/$name.log" | cut -c1-400 | tee -a "$LOG"
