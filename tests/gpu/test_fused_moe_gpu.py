@@ -174,7 +174,11 @@ GPU_MOE_SHAPE = dict(
 )  # fmt: skip
 MOE_WIDTH = {"qwen3_moe": dict(moe_intermediate_size=128), "mixtral": dict(intermediate_size=128)}
 NUM_NEW_TOKENS = 16
-TOKEN_TOLERANCE = 0.02  # of the row's logit range, as tests/gpu/test_gpu_parity.py
+# Of the row's logit range. The dense models' check (tests/gpu/test_gpu_parity.py) takes 0.02; a
+# bf16 router may also pick another expert than fp32 where two are nearly tied, which moves
+# that token's logits further, so 0.05 here, with most tokens required to be the fp32 argmax.
+TOKEN_TOLERANCE = 0.05
+MIN_ARGMAX_SHARE = 0.9
 
 
 @pytest.fixture(scope="module", params=["qwen3_moe", "mixtral"])
@@ -199,6 +203,7 @@ def test_engine_runs_the_fused_path_with_graphs_near_fp32(tiny_moe):
     params = SamplingParams(temperature=0.0, max_tokens=NUM_NEW_TOKENS, ignore_eos=True)
     outputs = llm.generate(prompts, params, use_tqdm=False)
     assert llm.engine.executor.num_graph_steps > graph_steps  # decodes replayed graphs
+    num_argmax = 0
     for prompt, output in zip(prompts, outputs, strict=True):
         generated = output.outputs[0].token_ids
         with torch.no_grad():
@@ -208,6 +213,8 @@ def test_engine_runs_the_fused_path_with_graphs_near_fp32(tiny_moe):
         best = rows.max(dim=-1).values
         gap = (best - chosen) / (best - rows.min(dim=-1).values)
         assert float(gap.max()) <= TOKEN_TOLERANCE, gap.tolist()
+        num_argmax += int((gap == 0).sum())
+    assert num_argmax >= MIN_ARGMAX_SHARE * NUM_NEW_TOKENS * len(prompts)
     assert sum(llm.engine.executor.worker.expert_load.read(wait=True)) > 0
 
 
