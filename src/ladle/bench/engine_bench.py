@@ -50,6 +50,9 @@ def _percentile(values: list[float], q: float) -> float | None:
 def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress: bool) -> dict:
     """Every request at once through EngineCore.step; per-token timestamps on the host."""
     builds_before = compile_totals()
+    meter = _expert_load_meter(engine)
+    experts_before = meter.read(wait=True) if meter is not None else ()
+    num_steps = 0
     started = time.perf_counter()
     arrival: dict[str, float] = {}
     last_token: dict[str, float] = {}
@@ -63,6 +66,7 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
     progress = tqdm(total=len(requests), desc=tag, disable=not show_progress, dynamic_ncols=True)
     while engine.has_unfinished_requests():
         outputs = engine.step()
+        num_steps += 1
         now = time.perf_counter()
         for output in outputs:
             count = len(output.new_token_ids)
@@ -84,7 +88,11 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
     elapsed = time.perf_counter() - started
     engine.kv_cache_manager.reset_prefix_cache()  # the next run must not hit this one's blocks
     builds_after = compile_totals()
+    experts_after = meter.read(wait=True) if meter is not None else ()
     return {
+        "num_steps": num_steps,
+        # Mixtures of experts: assignments per expert in this run, summed over the MoE layers.
+        "expert_tokens": [a - b for a, b in zip(experts_after, experts_before, strict=True)],
         "seconds": elapsed,
         # Triton kernel variants built during the run: 0 once start-up built them all.
         "kernel_builds": (
@@ -94,6 +102,29 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
         "tokens_per_s": num_generated / elapsed,
         "ttft_ms": [t * 1000 for t in ttfts],
         "itl_ms": [t * 1000 for t in itls],
+    }
+
+
+def _expert_load_meter(engine):
+    """The in-process worker's per-expert counter (worker/expert_load.py), None for a dense
+    model or workers in other processes."""
+    meter = getattr(getattr(engine.executor, "worker", None), "expert_load", None)
+    return meter if meter is not None and meter.num_layers else None
+
+
+def expert_load_summary(expert_tokens: list[int], num_layers: int, num_steps: int) -> dict:
+    """Tokens per expert per step (each layer's experts, averaged over the layers) and the
+    imbalance (busiest expert over the mean): what `ladle bench` reports for MoE models."""
+    if not expert_tokens or not num_steps or not num_layers:
+        return {}
+    per_step = [count / num_layers / num_steps for count in expert_tokens]
+    mean = sum(per_step) / len(per_step)
+    return {
+        "expert_tokens_per_step_mean": mean,
+        "expert_tokens_per_step_max": max(per_step),
+        "expert_tokens_per_step_min": min(per_step),
+        "expert_load_imbalance": max(per_step) / mean if mean else None,
+        "expert_tokens": expert_tokens,
     }
 
 
@@ -249,6 +280,15 @@ def run_bench(args: argparse.Namespace) -> int:
         "floor_tokens_per_s": best["generated_tokens"] / floor,
         "ratio_to_floor": best["seconds"] / floor,
     }
+    meter = _expert_load_meter(engine)
+    if meter is not None:
+        result.update(expert_load_summary(best["expert_tokens"], meter.num_layers,
+                                          best["num_steps"]))  # fmt: skip
+    fused_moe = info.fused_moe
+    if fused_moe is not None:
+        result["moe_tuning_s"] = fused_moe.tuning_seconds
+        result["moe_tiles_from_cache"] = fused_moe.from_cache
+        result["moe_plans"] = list(fused_moe.plans)
     if args.bench_command == "latency":
         result["floor_ms_per_token"] = floor * 1000 / max(1, best["generated_tokens"])
     if not args.no_busy:
@@ -285,6 +325,15 @@ def _print_table(result: dict) -> None:
     ]
     if "floor_ms_per_token" in result:
         rows.append(("floor ms/token", _fmt(result["floor_ms_per_token"])))
+    if "expert_load_imbalance" in result:
+        rows.append((
+            "MoE tokens/expert/step mean/max/min",
+            "/".join(_fmt(result[f"expert_tokens_per_step_{k}"]) for k in ("mean", "max", "min")),
+        ))  # fmt: skip
+        rows.append(("MoE load imbalance (max/mean)", _fmt(result["expert_load_imbalance"])))
+    if "moe_tuning_s" in result:
+        source = "cache" if result["moe_tiles_from_cache"] else "tuned"
+        rows.append(("MoE tile tuning (s)", f"{result['moe_tuning_s']:.1f} ({source})"))
     if "hf_peer" in result:
         peer = result["hf_peer"]
         rows.append(

@@ -105,6 +105,8 @@ class EngineCore:
             if print_budget:
                 report = describe_startup(self, num_steps, time.perf_counter() - started)
                 print(f"[ladle] {report}", file=sys.stderr, flush=True)
+        # The memory probes' and the warm-up's made-up tokens are no expert's load.
+        self.executor.reset_expert_load()
 
     # ----- requests ------------------------------------------------------------------------
 
@@ -382,4 +384,5 @@ class EngineCore:
             decode_step_seconds=meter.decode_step_seconds,
             num_graph_steps=self.executor.num_graph_steps,
             num_eager_steps=self.executor.num_eager_steps,
+            expert_token_counts=self.executor.expert_token_counts(),
         )

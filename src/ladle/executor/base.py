@@ -71,6 +71,16 @@ class Executor(ABC):
     def num_eager_steps(self) -> int:
         return 0
 
+    def expert_token_counts(self) -> tuple[int, ...]:
+        """Tokens routed to each expert since start-up, summed over MoE layers
+        (worker/expert_load.py); () for a dense model or where the workers are not in this
+        process."""
+        return ()
+
+    def reset_expert_load(self) -> None:
+        """Zero the per-expert counts (after the warm-up)."""
+        return None
+
     def shutdown(self) -> None:
         """Stop the workers (a no-op in-process)."""
         return None

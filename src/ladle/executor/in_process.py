@@ -64,6 +64,12 @@ class InProcessExecutor(Executor):
     def num_eager_steps(self) -> int:
         return self.worker.runner.num_eager_steps
 
+    def expert_token_counts(self) -> tuple[int, ...]:
+        return self.worker.expert_load.read()
+
+    def reset_expert_load(self) -> None:
+        self.worker.expert_load.reset()
+
     def submit(
         self,
         plan: StepPlan,

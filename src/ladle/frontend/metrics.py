@@ -122,6 +122,7 @@ class _EngineStatsCollector(Collector):
         )
         yield counter("ladle:graph_steps", "Engine steps replayed from a CUDA graph.",
                       stats.num_graph_steps)
+        yield from _expert_load(self.model_name, stats.expert_token_counts)
         yield counter("ladle:eager_steps", "Engine steps whose model ran eagerly (all of them "
                       "on the CPU and under --enforce-eager).", stats.num_eager_steps)
 
@@ -140,6 +141,31 @@ def _histogram(
     family = HistogramMetricFamily(name, documentation, labels=labels)
     family.add_metric(values, buckets, total)
     return family
+
+
+def _expert_load(model_name: str, counts: tuple[int, ...]) -> Iterator:
+    """Mixtures of experts only: tokens routed to each expert (one series per expert, summed
+    over the MoE layers, so num_experts series), and how uneven that is (the busiest expert's
+    count over the mean: 1.0 is perfectly balanced, num_experts / top_k the worst)."""
+    if not counts:
+        return
+    tokens = CounterMetricFamily(
+        "ladle:moe_expert_tokens",
+        "(token, expert) assignments routed to each expert since start-up, summed over the "
+        "MoE layers (rows a CUDA graph pads its batch with included).",
+        labels=["model_name", "expert"],
+    )
+    for expert, count in enumerate(counts):
+        tokens.add_metric([model_name, str(expert)], count)
+    yield tokens
+    mean = sum(counts) / len(counts)
+    imbalance = GaugeMetricFamily(
+        "ladle:moe_expert_load_imbalance",
+        "Busiest expert's routed tokens over the mean expert's, since start-up (1 = balanced).",
+        labels=["model_name"],
+    )
+    imbalance.add_metric([model_name], max(counts) / mean if mean else 0.0)
+    yield imbalance
 
 
 class _StreamTokenCollector(Collector):

@@ -22,6 +22,11 @@ def set_fused_kernels(enabled: bool) -> bool:
     return previous
 
 
+def fused_kernels_enabled() -> bool:
+    """The process-wide setting alone (a layer deciding before it has a tensor in hand)."""
+    return _enabled
+
+
 def use_fused_kernels(tensor: torch.Tensor) -> bool:
     """True when tensor lives on a CUDA device and the fused kernels are enabled."""
     return _enabled and tensor.is_cuda

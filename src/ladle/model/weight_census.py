@@ -39,11 +39,13 @@ def expert_weights(model: torch.nn.Module) -> ExpertWeights | None:
     blocks = [m for m in model.modules() if isinstance(m, SparseMoeBlock)]
     if not blocks:
         return None
+    # fp8 experts' scales are read with their codes (bytes) but are no parameters of the model.
+    stacks = [t for b in blocks for t in (b.experts.gate_up_proj, b.experts.down_proj)]
     tensors = [t for block in blocks for t in block.experts.parameters()]
     return ExpertWeights(
         num_experts=blocks[0].gate.num_experts,
         num_experts_per_token=blocks[0].gate.top_k,
-        num_params=sum(t.numel() for t in tensors),
+        num_params=sum(t.numel() for t in stacks),
         num_bytes=sum(t.numel() * t.element_size() for t in tensors),
     )
 

@@ -100,6 +100,9 @@ class SchedulerStats:
     decode_step_seconds: float = 0.0
     num_graph_steps: int = 0  # model runs replayed from a CUDA graph
     num_eager_steps: int = 0  # model runs launched eagerly
+    # Mixtures of experts: (token, expert) assignments per expert since start-up, summed over
+    # the MoE layers (worker/expert_load.py); () for a dense model.
+    expert_token_counts: tuple[int, ...] = ()
     # The engine-side inter-token gaps (engine/token_gap_meter.py): counts per
     # ENGINE_ITL_BOUNDS_S bucket and their total seconds, filled in by the engine-core loop.
     engine_itl_counts: tuple[int, ...] = ()

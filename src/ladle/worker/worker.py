@@ -30,7 +30,9 @@ from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker import kv_calibration
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
+from ladle.worker.expert_load import ExpertLoadMeter
 from ladle.worker.forward_step import ForwardStep
+from ladle.worker.fused_moe_setup import FusedMoeSetup, prepare_fused_moe
 from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.memory import MemoryBudget, module_bytes, size_kv_cache
 from ladle.worker.model_runner import LaunchedStep, ModelRunner
@@ -57,6 +59,8 @@ class WorkerInfo:
     memory_budget: MemoryBudget
     dtype: torch.dtype  # the weights' and activations'
     weights: WeightCensus  # this rank's
+    # What start-up did for the fused MoE path (tile tuning), None without one.
+    fused_moe: FusedMoeSetup | None = None
 
 
 class Worker:
@@ -113,8 +117,9 @@ class Worker:
         )
         if self.device.type == "cuda" and not self.model.can_capture_cuda_graphs:
             print(
-                "[ladle] CUDA graphs off: this model's forward cannot be captured (the mixture "
-                "of experts runs its torch path until the fused kernel lands)",
+                "[ladle] CUDA graphs off: this model's forward cannot be captured (its mixture "
+                "of experts runs the torch path: LADLE_FUSED_KERNELS=0, Triton missing, or fp8 "
+                "experts on a GPU older than Ada)",
                 file=sys.stderr,
                 flush=True,
             )
@@ -127,7 +132,16 @@ class Worker:
                 self.allocate_kv_caches,
                 self.dtype,
             )
+        self.expert_load = ExpertLoadMeter(self.model)
+        self.fused_moe: FusedMoeSetup | None = None
         if self.device.type == "cuda":
+            self.fused_moe = prepare_fused_moe(
+                self.model,
+                self.dtype,
+                max_tokens=min(config.scheduler.max_num_batched_tokens, self.max_model_len),
+            )
+            if self.fused_moe is not None:
+                print(f"[ladle] {self.fused_moe.describe()}", file=sys.stderr, flush=True)
             self._build_kernel_variants()
         self.memory_budget = size_kv_cache(
             config.cache,
@@ -170,6 +184,7 @@ class Worker:
             memory_budget=self.memory_budget,
             dtype=self.dtype,
             weights=take_census(self.model),
+            fused_moe=self.fused_moe,
         )
 
     @property

@@ -9,19 +9,29 @@ The experts' weights are stacked, one tensor per projection for all experts:
     gate_up_proj [num_experts, 2 * intermediate, hidden]   (gate rows first, then up)
     down_proj    [num_experts, hidden, intermediate]
 filled at load from a checkpoint's per-expert tensors, shard (expert, "gate" | "up" | "down").
-That is the layout a fused grouped kernel reads (one pointer and an expert stride per matrix),
-so the fused GPU path and expert parallelism can replace `StackedExperts.forward` (or the whole
-block's forward) without changing the block's call, its parameters or the loader.
+fp8 experts (layers/moe_fp8.py) keep the same stacks as e4m3 codes beside float32 scales,
+gate_up_scale / down_scale, loaded by the same shards.
+
+Two paths behind StackedExperts.forward: on CUDA with the fused kernels on
+(kernels/dispatch.py), the fused Triton path (kernels/fused_moe.py: alignment and two grouped
+GEMMs on the device, no host sync, so the layer is captured in CUDA graphs), with the tile plan
+of the step's token count from `tile_table` (tuned at start-up, kernels/moe_tuning.py); else
+the torch path below (the reference the kernel tests compare with, and the CPU's path).
 """
 
 from __future__ import annotations
 
+import functools
+import importlib.util
 from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.kernels.dispatch import fused_kernels_enabled, use_fused_kernels
+from ladle.kernels.moe_tiles import ExpertStacks, MoeTileTable, default_table
+from ladle.model.layers.quant.fp8 import FP8_DTYPE
 from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.load_errors import ModelLoadError
 
@@ -58,11 +68,26 @@ class TopKRouter(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor) -> Routing:
         logits = F.linear(hidden_states, self.weight)
+        return self.route(logits, hidden_states.dtype)
+
+    def route(self, logits: torch.Tensor, dtype: torch.dtype) -> Routing:
+        """The torch routing of router logits [T, E] (see the class docstring)."""
         probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
         weights, expert_ids = torch.topk(probabilities, self.top_k, dim=-1)
         if self.norm_topk_prob:
             weights = weights / weights.sum(dim=-1, keepdim=True)
-        return Routing(weights.to(hidden_states.dtype), expert_ids)
+        return Routing(weights.to(dtype), expert_ids)
+
+    def route_fused(self, hidden_states: torch.Tensor, expert_counts: torch.Tensor) -> Routing:
+        """The same routing as forward with softmax, top-k, renormalisation and the per-expert
+        count in one Triton launch (kernels/moe_routing.py), for the fused path."""
+        from ladle.kernels.moe_routing import topk_softmax
+
+        logits = F.linear(hidden_states, self.weight)
+        weights, expert_ids = topk_softmax(
+            logits, self.top_k, self.norm_topk_prob, hidden_states.dtype, expert_counts
+        )
+        return Routing(weights, expert_ids)
 
     @torch.no_grad()
     def weight_loader(self, param: nn.Parameter, loaded_weight: torch.Tensor) -> None:
@@ -98,22 +123,76 @@ class StackedExperts(nn.Module):
         self.down_proj = nn.Parameter(
             torch.empty(num_experts, hidden_size, intermediate_size), requires_grad=False
         )
+        # fp8 experts only (layers/moe_fp8.py): float32 scales, per output channel [E, N] or per
+        # row and group of scale_group inputs [E, N, G].
+        self.gate_up_scale: nn.Parameter | None = None
+        self.down_scale: nn.Parameter | None = None
+        self.scale_group = 0
+        # The fused path's tile plans per token-count bucket, set by the start-up tuner.
+        self.tile_table: MoeTileTable | None = None
+
+    @property
+    def is_fp8(self) -> bool:
+        return self.gate_up_proj.dtype == FP8_DTYPE
+
+    def stacks(self) -> ExpertStacks:
+        """What the fused kernels read."""
+        return ExpertStacks(
+            self.gate_up_proj, self.down_proj, self.gate_up_scale, self.down_scale,
+            self.scale_group,
+        )  # fmt: skip
+
+    def can_run_fused(self) -> bool:
+        """Whether forward takes the fused Triton path: CUDA, the fused kernels on, Triton
+        installed, and for fp8 codes a GPU that widens e4m3 in registers (Ada, sm_89, or newer).
+        Only that path runs inside a CUDA graph (the torch path reads counts on the host)."""
+        weight = self.gate_up_proj
+        if not (weight.is_cuda and fused_kernels_enabled() and _triton_is_installed()):
+            return False
+        return not self.is_fp8 or torch.cuda.get_device_capability(weight.device) >= (8, 9)
 
     def forward(self, hidden_states: torch.Tensor, routing: Routing) -> torch.Tensor:
+        if use_fused_kernels(hidden_states) and self.can_run_fused():
+            from ladle.kernels.fused_moe import fused_experts
+
+            table = self.tile_table or default_table(self.scale_group)
+            return fused_experts(
+                hidden_states.contiguous(),
+                routing.weights.contiguous(),
+                routing.expert_ids.contiguous(),
+                self.stacks(),
+                table.plan_for(hidden_states.shape[0]),
+            )
+        gate_up, down = self.float_stacks(hidden_states.dtype)
         return grouped_experts_forward(
-            hidden_states, routing.weights, routing.expert_ids, self.gate_up_proj, self.down_proj
+            hidden_states, routing.weights, routing.expert_ids, gate_up, down
+        )
+
+    def float_stacks(self, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
+        """The stacks as float matrices: themselves, or fp8 codes times their scales (the torch
+        path's reference for fp8 experts; the CPU dequantizes once at load instead)."""
+        if not self.is_fp8:
+            return self.gate_up_proj, self.down_proj
+        from ladle.model.layers.moe_fp8 import dequantize_stack
+
+        return (
+            dequantize_stack(self.gate_up_proj, self.gate_up_scale, self.scale_group, dtype),
+            dequantize_stack(self.down_proj, self.down_scale, self.scale_group, dtype),
         )
 
     def expected_shards(self, param: nn.Parameter) -> list[tuple[int, str]]:
-        """Every (expert, projection) shard a checkpoint must fill in `param`."""
-        projections = ("down",) if param is self.down_proj else ("gate", "up")
+        """Every (expert, projection) shard a checkpoint must fill in `param` (a stack or its
+        scales)."""
+        is_down = param is self.down_proj or param is self.down_scale
+        projections = ("down",) if is_down else ("gate", "up")
         return [(e, p) for e in range(self.num_experts) for p in projections]
 
     @torch.no_grad()
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: tuple[int, str]
     ) -> None:
-        """Copy one expert's gate, up or down matrix (HF's [out, in] layout) into the stack."""
+        """Copy one expert's gate, up or down matrix (HF's [out, in] layout), or its fp8 scales
+        (ladle's canonical per-row layout, one row per output), into the stack."""
         expert, projection = shard_id
         if not 0 <= expert < self.num_experts or projection not in EXPERT_PROJECTIONS:
             raise ModelLoadError(
@@ -124,19 +203,31 @@ class StackedExperts(nn.Module):
         else:
             first_row = 0 if projection == "gate" else self.intermediate_size
             target = param.data[expert].narrow(0, first_row, self.intermediate_size)
+        what = "scales" if param is self.gate_up_scale or param is self.down_scale else "projection"
         if tuple(loaded_weight.shape) != tuple(target.shape):
             raise ModelLoadError(
-                f"expert {expert}'s {projection} projection has shape "
+                f"expert {expert}'s {projection} {what} has shape "
                 f"{tuple(loaded_weight.shape)}; the config (hidden_size={self.hidden_size}, "
                 f"expert intermediate size={self.intermediate_size}) needs {tuple(target.shape)}"
+            )
+        if target.dtype == FP8_DTYPE and loaded_weight.dtype != FP8_DTYPE:
+            raise ModelLoadError(
+                f"expert {expert}'s {projection} projection is {loaded_weight.dtype}; this fp8 "
+                f"checkpoint's experts must be {FP8_DTYPE}"
             )
         target.copy_(loaded_weight)
 
     def extra_repr(self) -> str:
+        fp8 = ", fp8" + (f" groups of {self.scale_group}" if self.scale_group else "")
         return (
             f"experts={self.num_experts}, hidden={self.hidden_size}, "
-            f"intermediate={self.intermediate_size}"
+            f"intermediate={self.intermediate_size}{fp8 if self.is_fp8 else ''}"
         )
+
+
+@functools.cache
+def _triton_is_installed() -> bool:
+    return importlib.util.find_spec("triton") is not None
 
 
 class SparseMoeBlock(nn.Module):
@@ -144,10 +235,12 @@ class SparseMoeBlock(nn.Module):
     `gate` (TopKRouter) and the experts in `experts` (StackedExperts); checkpoint names
     ...mlp.gate.weight and ...mlp.experts.{gate_up_proj, down_proj} (per-expert shards).
 
-    The interface a fused kernel keeps: a fused MoE path (routing, token sorting and both
-    grouped GEMMs on the device) replaces this forward behind the same call and reads the same
-    parameters; expert parallelism would give each rank a slice of the stacked experts and
-    exchange tokens around the same call."""
+    It also counts the (token, expert) assignments of every forward in `expert_token_counts`
+    [num_experts] on the device (in the fused routing kernel, or one index_add on the torch
+    path; captured with the rest in a CUDA graph; rows a graph pads its batch with count too),
+    which worker/expert_load.py sums over layers for /metrics and `ladle bench`. Expert
+    parallelism would give each rank a slice of the stacked experts and exchange tokens around
+    the same call."""
 
     def __init__(
         self,
@@ -160,9 +253,25 @@ class SparseMoeBlock(nn.Module):
         super().__init__()
         self.gate = TopKRouter(hidden_size, num_experts, top_k, norm_topk_prob)
         self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
+        self.register_buffer(
+            "expert_token_counts", torch.zeros(num_experts, dtype=torch.int64), persistent=False
+        )
+        self.register_buffer("_one", torch.ones(1, dtype=torch.int64), persistent=False)
+
+    def init_buffers(self) -> None:
+        """Zero the counts and set the constant one (the loader builds on the meta device)."""
+        self.expert_token_counts.zero_()
+        self._one.fill_(1)
 
     def forward(self, hidden_states: torch.Tensor) -> torch.Tensor:
-        return self.experts(hidden_states, self.gate(hidden_states))
+        if use_fused_kernels(hidden_states) and self.experts.can_run_fused():
+            # Routing and counting in one launch; the experts then take the fused path too.
+            routing = self.gate.route_fused(hidden_states, self.expert_token_counts)
+            return self.experts(hidden_states, routing)
+        routing = self.gate(hidden_states)
+        expert_ids = routing.expert_ids.reshape(-1)
+        self.expert_token_counts.index_add_(0, expert_ids, self._one.expand(expert_ids.numel()))
+        return self.experts(hidden_states, routing)
 
 
 def grouped_experts_forward(
@@ -183,7 +292,8 @@ def grouped_experts_forward(
     if torch.cuda.is_available() and torch.cuda.is_current_stream_capturing():
         raise RuntimeError(
             "the torch MoE path reads per-expert token counts on the host and cannot run "
-            "inside a CUDA graph; run MoE models with enforce_eager until the fused kernel lands"
+            "inside a CUDA graph; the fused path (kernels/fused_moe.py) can: leave "
+            "LADLE_FUSED_KERNELS on, install Triton, or run with enforce_eager"
         )
     num_tokens, top_k = topk_ids.shape
     num_experts, double_intermediate, _ = gate_up_proj.shape

@@ -29,6 +29,12 @@ from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.cpu_native.build import native_library
 from ladle.model.arch_config import MOE_ARCHITECTURES, ModelArchConfig, UnsupportedModelError
+from ladle.model.layers.moe_fp8 import (
+    dequantize_experts_,
+    has_experts,
+    prepare_experts_for_fp8_checkpoint_,
+    quantize_experts_fp8_,
+)
 from ladle.model.layers.quant import (
     QUANT_METHODS,
     finalize_linears_,
@@ -97,6 +103,8 @@ def load_model(
     method = resolve_quantization(model_config, loaded.source, device)
     if method is not None and device.type == "cuda":
         quantize_linears_(loaded.model, method)
+        if method == "fp8" and has_experts(loaded.model):
+            quantize_experts_fp8_(loaded.model)  # per channel, as the dense fp8 layers
         return loaded
     if method == "gguf":
         kept, dequantized = adopt_native_weights_(loaded.model)
@@ -201,17 +209,20 @@ def _load_unquantized(
         _load_weights(model, weights, str(model_dir))
         return LoadedModel(model, arch_config, str(model_dir), "safetensors")
     _check_checkpoint_method(model_config, checkpoint_quant, str(model_dir))
-    if arch_config.architecture in MOE_ARCHITECTURES:
+    is_moe = arch_config.architecture in MOE_ARCHITECTURES
+    if is_moe and checkpoint_quant.method != "fp8":
         raise UnsupportedModelError(
             f"{str(model_dir)!r} is a {checkpoint_quant.method}-quantized "
-            f"{arch_config.architecture}; ladle loads mixtures of experts from float checkpoints "
-            "only for now (quantized experts: issue 35)"
+            f"{arch_config.architecture}; ladle loads mixtures of experts from float and fp8 "
+            "checkpoints only"
         )
     checkpoint_quant = with_matched_float_modules(checkpoint_quant, tensor_names)
     if checkpoint_quant.note:
         print(f"[ladle] {model_dir}: {checkpoint_quant.note}", flush=True)
     float_modules = _float_module_names(model, checkpoint_quant.float_modules, str(model_dir))
     prepare_linears_for_checkpoint_(model, checkpoint_quant.quant_method(), float_modules)
+    if is_moe:
+        prepare_experts_for_fp8_checkpoint_(model, checkpoint_quant.block_size)
     if checkpoint_quant.act_order:
         add_input_permutations_(model)
     _load_weights(model, convert_quantized_weights(weights, checkpoint_quant), str(model_dir))
@@ -219,6 +230,8 @@ def _load_unquantized(
         drop_identity_permutations_(model)
         fold_down_permutations_(model)
     finalize_linears_(model)
+    if is_moe and device.type != "cuda":
+        dequantize_experts_(model, dtype)  # the CPU's torch path runs float experts
     if checkpoint_quant.method == "fp8" and device.type != "cuda":
         print(
             "[ladle] fp8 checkpoint on the CPU: its e4m3 weights are dequantized to float32 at "

@@ -54,9 +54,10 @@ FORMATS = CHECKPOINT_FORMATS
 DEFAULT_FORMAT = {"fp8": "hf-fp8", "int8": "ladle", "int4": "gptq"}
 # The method each format holds (compressed-tensors holds any of the three).
 FORMAT_METHOD = {"hf-fp8": "fp8", "gptq": "int4", "awq": "int4", "ladle": "int8"}
-# A decoder layer's projection weight: the tensors the GPU methods quantize.
-LINEAR_WEIGHT = re.compile(r"\.layers\.\d+\..*_proj\.weight$")
-LINEAR_PREFIX = re.compile(r"\.layers\.\d+\..*_proj$")
+# A decoder layer's projection weight: the tensors the GPU methods quantize (Mixtral names its
+# experts' projections w1, w2, w3).
+LINEAR_WEIGHT = re.compile(r"\.layers\.\d+\..*(_proj|\.experts\.\d+\.w[123])\.weight$")
+LINEAR_PREFIX = re.compile(r"\.layers\.\d+\..*(_proj|\.experts\.\d+\.w[123])$")
 # AWQ packs output column ORDER[i] into nibble i of each word.
 AWQ_ORDER = (0, 2, 4, 6, 1, 3, 5, 7)
 SHARD_BYTES = 2 << 30

@@ -11,7 +11,10 @@ their checkpoint names:
                ...block_sparse_moe.experts.E.w1.weight (gate), w3 (up), w2 (down)
 
 Both load into ladle's names model.layers.N.mlp.gate.weight and
-model.layers.N.mlp.experts.{gate_up_proj, down_proj} (stacked), shard (E, "gate"/"up"/"down").
+model.layers.N.mlp.experts.{gate_up_proj, down_proj} (stacked), shard (E, "gate"/"up"/"down");
+an fp8 checkpoint's expert scales (ladle's canonical ...experts.E.gate_proj.weight_scale, made
+from weight_scale_inv by the checkpoint reader) into ...mlp.experts.{gate_up_scale, down_scale}
+by the same shards (layers/moe_fp8.py).
 """
 
 from __future__ import annotations
@@ -36,10 +39,6 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
 
     checkpoint_block = "mlp"
     checkpoint_projections = {"gate_proj": "gate", "up_proj": "up", "down_proj": "down"}
-    # The torch MoE path reads per-expert token counts on the host (layers/moe.py), which a CUDA
-    # graph cannot capture: on the GPU the model runs eagerly (enforce_eager) until the fused
-    # kernel lands (the Worker reads this).
-    can_capture_cuda_graphs = False
 
     def __init__(
         self,
@@ -58,10 +57,22 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
         block = re.escape(self.checkpoint_block)
         self._expert_pattern = re.compile(
             rf"^(?P<layer>.+)\.{block}\.experts\.(?P<expert>\d+)\.(?P<projection>{projections})"
-            r"\.weight$"
+            r"\.(?P<tensor>weight|weight_scale)$"
         )
         self._router_pattern = re.compile(rf"^(?P<layer>.+)\.{block}\.gate\.weight$")
         self._projection_names = {v: k for k, v in self.checkpoint_projections.items()}
+
+    @property
+    def can_capture_cuda_graphs(self) -> bool:
+        """True when every MoE layer runs the fused path (layers/moe.py,
+        StackedExperts.can_run_fused: CUDA, fused kernels on, Triton installed): the torch path
+        reads per-expert counts on the host, which a CUDA graph cannot capture, so then the
+        Worker runs the model eagerly."""
+        return all(
+            module.experts.can_run_fused()
+            for module in self.modules()
+            if isinstance(module, SparseMoeBlock)
+        )
 
     def build_mlp(self, layer_index: int) -> nn.Module:
         config = self.config
@@ -85,8 +96,9 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
                     f"config has num_experts={self.config.num_experts}"
                 )
             projection = self.checkpoint_projections[expert_match["projection"]]
-            stacked = "down_proj" if projection == "down" else "gate_up_proj"
-            return f"{expert_match['layer']}.mlp.experts.{stacked}", (expert, projection)
+            stacked = "down" if projection == "down" else "gate_up"
+            kind = "scale" if expert_match["tensor"] == "weight_scale" else "proj"
+            return f"{expert_match['layer']}.mlp.experts.{stacked}_{kind}", (expert, projection)
         router_match = self._router_pattern.match(checkpoint_name)
         if router_match is not None:
             return f"{router_match['layer']}.mlp.gate.weight", None
@@ -97,8 +109,9 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
             layer = param_name.rsplit(".mlp.experts.", 1)[0]
             expert, projection = shard_id
             checkpoint_projection = self._projection_names[projection]
+            tensor = "weight_scale" if param_name.endswith("_scale") else "weight"
             return (
-                f"{layer}.{self.checkpoint_block}.experts.{expert}.{checkpoint_projection}.weight"
+                f"{layer}.{self.checkpoint_block}.experts.{expert}.{checkpoint_projection}.{tensor}"
             )
         if param_name.endswith(".mlp.gate.weight"):
             return param_name.replace(".mlp.", f".{self.checkpoint_block}.")
