@@ -82,7 +82,8 @@ def test_an_idle_worker_leaves_once_its_engine_is_gone():
     inputs.bind("inproc://plans")
     outputs.bind("inproc://results")
     try:
-        loop = _WorkerLoop(SimpleNamespace(sends_results=True), inputs, outputs, parent_pid=os.getppid() + 1)
+        worker = SimpleNamespace(sends_results=True)
+        loop = _WorkerLoop(worker, inputs, outputs, parent_pid=os.getppid() + 1)
         started = time.monotonic()
         loop.run()  # returns instead of waiting for ever
         assert time.monotonic() - started < 3 * PARENT_CHECK_MS / 1000
