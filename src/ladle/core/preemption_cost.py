@@ -20,7 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-PREEMPTION_MODES = ("auto", "swap", "recompute")
+from ladle.config import PREEMPTION_MODES
 
 # A copy's fixed cost beyond its bytes: stream waits, launches, one step of delay before the
 # request's prefill can start (seconds; a few launches and a short step on an H100).

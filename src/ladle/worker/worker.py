@@ -31,8 +31,10 @@ from ladle.worker import kv_calibration
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.forward_step import ForwardStep
+from ladle.worker.host_kv_pool import allocate_host_kv_pool
 from ladle.worker.kv_cache_alloc import zeros_lazily
-from ladle.worker.memory import MemoryBudget, module_bytes, size_kv_cache
+from ladle.worker.kv_copier import KVCopier, measure_copy_bandwidth
+from ladle.worker.memory import MemoryBudget, host_tier_bytes, module_bytes, size_kv_cache
 from ladle.worker.model_runner import LaunchedStep, ModelRunner
 from ladle.worker.prefill_graphs import (
     graph_worthy_tokens,
@@ -135,6 +137,7 @@ class Worker:
                 kv_cache_bytes=num_blocks * self.memory_budget.block_bytes,
             )
         self.runner.kv_caches = self.allocate_kv_caches(self.memory_budget.num_blocks)
+        self._allocate_host_tier()
         # On CUDA a step that fits a graph bucket takes its graph's launches even when run
         # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
         if self.device.type == "cuda":
@@ -207,6 +210,28 @@ class Worker:
         shape = (2, num_blocks, block_size, self.num_kv_heads, self.arch.head_dim)
         dtype = dtype or self.kv_cache_dtype
         return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
+
+    def _allocate_host_tier(self) -> None:
+        """The KV cache's host tier, when configured (or by default on CUDA): its pool, the
+        copier the runner issues the plans' KV operations through, and the copy bandwidth the
+        swap-or-recompute rule uses. Nothing at all when it is off."""
+        budget = self.memory_budget
+        num_host_blocks = host_tier_bytes(self.config.cache, self.device) // budget.block_bytes
+        if num_host_blocks < 1 or not self.config.cache.enable_prefix_caching:
+            return
+        host_caches = allocate_host_kv_pool(
+            self.arch.num_hidden_layers,
+            num_host_blocks,
+            tuple(self.runner.kv_caches[0].shape[2:]),
+            self.kv_cache_dtype,
+            self.device,
+        )
+        self.runner.kv_copier = KVCopier(host_caches, self.device)
+        self.memory_budget = dataclasses.replace(
+            budget,
+            num_host_blocks=num_host_blocks,
+            copy_bytes_per_s=measure_copy_bandwidth(self.device),
+        )
 
     @torch.inference_mode()
     def _run_probe_step(self, num_tokens: int, num_reqs: int, forward_only: bool = False) -> None:
