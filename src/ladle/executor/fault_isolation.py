@@ -44,7 +44,8 @@ def run_isolating_faults(
     """run(plan), leaving out the requests that make it fail.
 
     Returns (the launched step; the plan that ran, with nothing scheduled when every request
-    failed; request id -> what failed). Re-raises when the failure cannot be attributed to a request."""
+    failed; request id -> what failed). Re-raises when the failure cannot be attributed to a
+    request."""
     try:
         return run(plan), plan, {}
     except Exception as error:
