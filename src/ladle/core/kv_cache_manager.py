@@ -54,7 +54,8 @@ class KVCacheManager:
         if num_host_blocks and enable_caching:
             self.host_tier = HostTier(num_host_blocks)
             self.transfers = KVTransfers(self.block_pool, self.host_tier)
-        # Tokens looked up on the host tier (those after the device hits) and found there.
+        # Tokens looked up on the host tier (those after the device hits), and those found there
+        # and loaded.
         self.host_cache_queries = 0
         self.host_cache_hits = 0
         self._blocks_by_request: dict[str, list[KVBlock]] = {}
@@ -141,7 +142,6 @@ class KVCacheManager:
                 break
             hits.append(block)
         self.host_cache_queries += request.num_tokens - num_device_hit_blocks * self.block_size
-        self.host_cache_hits += len(hits) * self.block_size
         return hits
 
     def start_load(
@@ -160,6 +160,8 @@ class KVCacheManager:
         self._blocks_by_request[request.request_id] = [*device_hits, *fresh]
         self._num_cached_blocks_by_request[request.request_id] = len(device_hits)
         self.transfers.load(request.request_id, fresh, host_hits)
+        # Counted when loaded, not when found: a lookup repeats while the pool has no room.
+        self.host_cache_hits += len(host_hits) * self.block_size
         return True
 
     def take_kv_operations(self) -> list[KVOperation]:
