@@ -20,29 +20,34 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 NUM_LAYERS, BLOCK_SHAPE = 4, (16, 8, 128)
 
 
+@pytest.mark.parametrize("stacked", [True, False])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float8_e4m3fn])
-def test_copies_on_the_side_stream_move_every_byte(dtype):
+def test_copies_on_the_side_stream_move_every_byte(dtype, stacked):
     device = torch.device("cuda")
-    device_caches = [
-        torch.randn((2, 64, *BLOCK_SHAPE), device=device).to(dtype) for _ in range(NUM_LAYERS)
-    ]
-    host_caches = allocate_host_kv_pool(NUM_LAYERS, 32, BLOCK_SHAPE, dtype, device)
-    assert host_caches[0].is_pinned()
-    copier = KVCopier(host_caches, device)
-    sources = [3, 4, 5, 6, 40, 41, 7]  # two runs and a single block
+    values = torch.randn((NUM_LAYERS, 2, 64, *BLOCK_SHAPE), device=device).to(dtype)
+    layers = values.unbind(0) if stacked else [layer.clone() for layer in values.unbind(0)]
+    device_caches = list(layers)
+    host_pool = allocate_host_kv_pool(NUM_LAYERS, 32, BLOCK_SHAPE, dtype, device)
+    assert host_pool.is_pinned()
+    block_bytes = host_pool[0].numel() * host_pool.element_size()
+    # A staging buffer of 3 blocks: the 7-block batches go through it in chunks.
+    copier = KVCopier(host_pool, device, staging_bytes=3 * block_bytes)
+    sources = [3, 4, 5, 6, 40, 41, 7]  # runs and a single block
     targets = [0, 1, 2, 3, 10, 11, 31]
     copier.wait_for_earlier_copies()
     done, failed = copier.run([KVOperation(KV_STORE, sources, targets, op_id=1)], device_caches)
     assert (done, failed) == ([1], {})
-    # The next "step" writes the stored blocks; the copy must have read them first.
+    # The next "step" overwrites the stored blocks; the copy must have read them first.
     copier.wait_for_earlier_copies()
     expected = [cache.view(torch.uint8)[:, sources].cpu() for cache in device_caches]
     for cache in device_caches:
         cache.view(torch.uint8)[:, sources] = 0
     torch.cuda.synchronize()
-    for host, reference in zip(host_caches, expected):
-        assert torch.equal(host.view(torch.uint8)[:, targets], reference)
-    # Load them back into other blocks; the following forward waits for the copy.
+    host_bytes = host_pool.view(torch.uint8)
+    for layer, reference in enumerate(expected):
+        for position, target in enumerate(targets):
+            assert torch.equal(host_bytes[target, layer], reference[:, position])
+    # Load them back into other blocks; the following "forward" waits for the copy.
     load_targets = [50, 51, 52, 53, 60, 61, 1]
     copier.run([KVOperation(KV_LOAD, targets, load_targets, op_id=2)], device_caches)
     copier.wait_for_earlier_copies()
@@ -52,7 +57,8 @@ def test_copies_on_the_side_stream_move_every_byte(dtype):
         assert torch.equal(got, reference)
     torch.cuda.synchronize()
     stats = copier.take_stats()
-    assert stats.copy_seconds > 0 and stats.bytes_to_host == stats.bytes_to_device
+    assert stats.copy_seconds > 0
+    assert stats.bytes_to_host == stats.bytes_to_device == 7 * block_bytes
 
 
 def test_pinned_copy_bandwidth_is_measured():
@@ -89,15 +95,14 @@ def model_path(tmp_path_factory):
     return str(save_tiny_model(tmp_path_factory.mktemp("tier"), "qwen3", **GPU_SHAPE))
 
 
-@pytest.mark.parametrize("kv_cache_dtype", ["auto", "fp8"])
-@pytest.mark.parametrize("enforce_eager", [False, True])
+@pytest.mark.parametrize(("kv_cache_dtype", "enforce_eager"), [("auto", False), ("fp8", True)])
 def test_greedy_tokens_with_the_tier_on_equal_those_with_it_off(
     model_path, kv_cache_dtype, enforce_eager
 ):
     """One request at a time, so each request's steps have the same shapes in both runs (bf16
     GEMMs are not batch-invariant): without the tier a large pool keeps every history as device
-    hits; with it, a 40-block pool evicts them and they come back from the host. Any byte a
-    copy gets wrong changes the tokens."""
+    hits; with it, a 64-block pool (about three histories of the eight) evicts them and they
+    come back from the host. Any byte a copy gets wrong changes the tokens."""
     options = dict(
         dtype="bfloat16", max_num_seqs=1, max_model_len=1024, kv_cache_dtype=kv_cache_dtype,
         enforce_eager=enforce_eager, seed=0,
@@ -106,7 +111,7 @@ def test_greedy_tokens_with_the_tier_on_equal_those_with_it_off(
     expected = _conversations(off)
     del off
     torch.cuda.empty_cache()
-    on = LLM(model_path, kv_offloading_size=0.25, num_kv_blocks=41, **options)
+    on = LLM(model_path, kv_offloading_size=0.25, num_kv_blocks=65, **options)
     assert _conversations(on) == expected
     stats = on.engine.get_stats()
     assert stats.host_cache_hits > 0 and stats.kv_bytes_to_device > 0

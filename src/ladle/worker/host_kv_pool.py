@@ -1,4 +1,5 @@
-"""The host tier's memory: one allocation holding, per layer, the device cache's block layout.
+"""The host tier's memory: one block-major allocation, [host blocks, layers, 2, block_size, kv
+heads, head dim], so a host block's KV for every layer is one contiguous span (one DMA).
 
 Pinned on CUDA, so device <-> host copies are asynchronous DMA that overlaps compute; on the CPU
 a plain (lazily zeroed) tensor, a second pool beside the device pool (core/host_tier.py keeps
@@ -18,14 +19,12 @@ def allocate_host_kv_pool(
     block_shape: tuple[int, ...],
     dtype: torch.dtype,
     device: torch.device,
-) -> list[torch.Tensor]:
-    """Per layer a [2, num_blocks, *block_shape] host tensor (views of one allocation), in the
-    KV cache's dtype (fp8 stays fp8: the copies move bytes)."""
+) -> torch.Tensor:
+    """The [num_blocks, num_layers, 2, *block_shape] host pool in the KV cache's dtype (fp8
+    stays fp8: the copies move bytes); pinned when the device is CUDA."""
     if num_blocks < 1:
         raise ValueError(f"the host KV pool needs num_blocks >= 1, got {num_blocks}")
-    shape = (num_layers, 2, num_blocks, *block_shape)
+    shape = (num_blocks, num_layers, 2, *block_shape)
     if device.type == "cuda":
-        pool = torch.empty(shape, dtype=dtype, pin_memory=True)
-    else:
-        pool = zeros_lazily(shape, dtype, torch.device("cpu"))
-    return list(pool.unbind(0))
+        return torch.empty(shape, dtype=dtype, pin_memory=True)
+    return zeros_lazily(shape, dtype, torch.device("cpu"))

@@ -12,13 +12,20 @@ so a step's copies overlap its own forward pass and the host never waits for the
 the copies are plain synchronous tensor copies into a second pool, which makes the whole path
 (scheduler, plan, copy, result) testable in CI.
 
-Layout: the device cache is one [2, blocks, block_size, kv heads, head dim] tensor per layer
-(what the attention kernels read), so one block's KV is 2 x num_layers separate chunks. The host
-pool has the same layout per layer (one allocation, layer-major), so a run of consecutive block
-ids (source and target both consecutive) is one contiguous chunk per layer and K/V: a run costs
-2 x num_layers copies whatever its length. Stores of a request's blocks and loads into fresh
-blocks are mostly such runs (the free queues hand blocks out in order). Copies move bytes (uint8
-views), so the fp8 KV cache and any other dtype copy alike.
+Layout, and how many copies. The attention kernels read one [2, blocks, block_size, kv heads,
+head dim] tensor per layer, so in the device cache one block's KV is 2 x num_layers separate
+chunks; copying those one by one would cost 2 x num_layers DMAs (56 for Qwen3-0.6B) per run of
+blocks, a few microseconds of host time each, every step. Instead:
+- with the host tier on, the Worker allocates every layer's cache as a view of one [layers, 2,
+  blocks, ...] tensor (the per-layer tensors the kernels see are unchanged), so one index_select
+  gathers a batch of blocks from every layer at once;
+- the host pool is block-major, [host blocks, layers, 2, block_size, kv heads, head dim]: a host
+  block is one contiguous span holding its KV for every layer;
+- a store gathers up to `staging_blocks` blocks into a block-major device staging buffer (one
+  gather, one transposing copy) and moves each run of consecutive host blocks with ONE DMA for
+  all layers; a load is the mirror image (a DMA per host run into staging, one scatter).
+So a batch costs a handful of launches plus one DMA per host-block run, whatever the number of
+layers. Copies move bytes (uint8 views), so the fp8 KV cache and every other dtype copy alike.
 """
 
 from __future__ import annotations
@@ -32,6 +39,9 @@ from ladle.protocol.step import KV_LOAD, KV_STORE, KVOperation, KVTransferStats
 
 # Bytes moved by the start-up bandwidth probe (each way).
 PROBE_BYTES = 64 * 1024 * 1024
+# The device staging buffer of a batch of copies (CUDA): its blocks are gathered or scattered
+# for all layers at once; larger batches go through it in chunks.
+STAGING_BYTES = 64 * 1024 * 1024
 
 
 @dataclass
@@ -72,16 +82,43 @@ def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
     return tensor.view(torch.uint8)
 
 
-class KVCopier:
-    """Copies blocks between the device KV caches and the host pool (one tensor per layer
-    each, the same [2, blocks, ...] layout)."""
+def stacked_layers(layers: list[torch.Tensor]) -> torch.Tensor | None:
+    """The [layers, ...] tensor the per-layer caches are consecutive views of; None when they
+    are separate allocations (then copies loop over the layers)."""
+    first = layers[0]
+    storage = first.untyped_storage().data_ptr()
+    step = first.numel()
+    for index, layer in enumerate(layers):
+        if (
+            not layer.is_contiguous()
+            or layer.shape != first.shape
+            or layer.untyped_storage().data_ptr() != storage
+            or layer.storage_offset() != first.storage_offset() + index * step
+        ):
+            return None
+    return first.as_strided((len(layers), *first.shape), (step, *first.stride()),
+                            first.storage_offset())
 
-    def __init__(self, host_caches: list[torch.Tensor], device: torch.device) -> None:
-        self.host_caches = [as_bytes(cache) for cache in host_caches]
-        self.num_host_blocks = host_caches[0].shape[1] if host_caches else 0
+
+class KVCopier:
+    """Copies blocks between the device KV caches (one [2, blocks, ...] tensor per layer) and
+    the block-major host pool ([host blocks, layers, 2, ...])."""
+
+    def __init__(
+        self, host_pool: torch.Tensor, device: torch.device, staging_bytes: int = STAGING_BYTES
+    ) -> None:
+        self.host_pool = as_bytes(host_pool)
+        self.num_host_blocks = host_pool.shape[0]
+        self.block_bytes = self.host_pool[0].numel()  # every layer, K and V
         self.device = device
         self.is_cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.is_cuda else None
+        self.staging: torch.Tensor | None = None
+        self.staging_blocks = max(1, staging_bytes // self.block_bytes)
+        if self.is_cuda:
+            self.staging = torch.empty(
+                (self.staging_blocks, *self.host_pool.shape[1:]), dtype=torch.uint8, device=device
+            )
         # The end of the latest copies that no forward has waited for yet.
         self._last_copies_end: torch.cuda.Event | None = None
         # (start, end) events of copies whose device time is not counted yet.
@@ -105,31 +142,38 @@ class KVCopier:
             return [], {}
         done: list[int] = []
         failed: dict[int, str] = {}
-        device_bytes = [as_bytes(cache) for cache in device_caches]
-        num_device_blocks = device_caches[0].shape[1]
+        layers = [as_bytes(cache) for cache in device_caches]
+        if tuple(layers[0][:, 0].shape) != tuple(self.host_pool.shape[2:]) or len(layers) != (
+            self.host_pool.shape[1]
+        ):
+            raise ValueError("the host KV pool does not match the device caches' block layout")
+        stacked = stacked_layers(layers)
+        num_device_blocks = layers[0].shape[1]
+        start = None
         if self.is_cuda:
             assert self.stream is not None
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
             start = torch.cuda.Event(enable_timing=True)
             start.record(self.stream)
         started = time.perf_counter()
-        for operation in operations:
-            try:
-                runs = self._checked_runs(operation, num_device_blocks)
+        with torch.cuda.stream(self.stream) if self.is_cuda else _no_stream():
+            for operation in operations:
+                try:
+                    self._check(operation, num_device_blocks)
+                except ValueError as error:  # a bad operation fails alone; the step goes on
+                    failed[operation.op_id] = f"{type(error).__name__}: {error}"
+                    continue
+                num_bytes = len(operation.source_block_ids) * self.block_bytes
                 if operation.kind == KV_STORE:
-                    self._copy(runs, device_bytes, self.host_caches)
+                    self._store(operation.source_block_ids, operation.target_block_ids,
+                                layers, stacked)
+                    self._stats.bytes_to_host += num_bytes
                 else:
-                    self._copy(runs, self.host_caches, device_bytes)
-            except Exception as error:  # a bad operation fails alone; the step goes on
-                failed[operation.op_id] = f"{type(error).__name__}: {error}"
-                continue
-            num_bytes = len(operation.source_block_ids) * self.block_bytes(device_caches)
-            if operation.kind == KV_STORE:
-                self._stats.bytes_to_host += num_bytes
-            else:
-                self._stats.bytes_to_device += num_bytes
-            done.append(operation.op_id)
-        if self.is_cuda:
+                    self._load(operation.source_block_ids, operation.target_block_ids,
+                               layers, stacked)
+                    self._stats.bytes_to_device += num_bytes
+                done.append(operation.op_id)
+        if start is not None:
             end = torch.cuda.Event(enable_timing=True)
             end.record(self.stream)
             self._last_copies_end = end
@@ -153,20 +197,20 @@ class KVCopier:
         self._stats = KVTransferStats()
         return stats
 
-    @staticmethod
-    def block_bytes(device_caches: list[torch.Tensor]) -> int:
-        """Bytes of one block over every layer, K and V."""
-        return sum(cache[:, 0].numel() * cache.element_size() for cache in device_caches)
+    # ----- the copies ----------------------------------------------------------------------
 
-    def _checked_runs(
-        self, operation: KVOperation, num_device_blocks: int
-    ) -> list[tuple[int, int, int]]:
+    def _check(self, operation: KVOperation, num_device_blocks: int) -> None:
         if operation.kind == KV_STORE:
             num_sources, num_targets = num_device_blocks, self.num_host_blocks
         elif operation.kind == KV_LOAD:
             num_sources, num_targets = self.num_host_blocks, num_device_blocks
         else:
             raise ValueError(f"KV operation kind {operation.kind!r} is not store or load")
+        if len(operation.source_block_ids) != len(operation.target_block_ids):
+            raise ValueError(
+                f"a KV copy needs as many target blocks as source blocks, got "
+                f"{len(operation.source_block_ids)} and {len(operation.target_block_ids)}"
+            )
         for name, ids, bound in (
             ("source_block_ids", operation.source_block_ids, num_sources),
             ("target_block_ids", operation.target_block_ids, num_targets),
@@ -176,33 +220,81 @@ class KVCopier:
                 raise ValueError(f"{name} {bad[:4]} outside [0, {bound}) for a {operation.kind}")
         if operation.kind == KV_LOAD and 0 in operation.target_block_ids:
             raise ValueError("target_block_ids: a load may not write the null block 0")
-        return block_runs(operation.source_block_ids, operation.target_block_ids)
 
-    def _copy(
-        self,
-        runs: list[tuple[int, int, int]],
-        sources: list[torch.Tensor],
-        targets: list[torch.Tensor],
-    ) -> None:
-        if self.is_cuda:
-            with torch.cuda.stream(self.stream):
-                for source_start, target_start, length in runs:
-                    for source, target in zip(sources, targets):
-                        for kv in (0, 1):  # K and V: each a contiguous chunk of the run
-                            target[kv, target_start : target_start + length].copy_(
-                                source[kv, source_start : source_start + length],
-                                non_blocking=True,
-                            )
+    def _index(self, block_ids: list[int]) -> torch.Tensor:
+        index = torch.tensor(block_ids, dtype=torch.long)
+        if not self.is_cuda:
+            return index
+        # Pinned, so the upload is asynchronous on the side stream.
+        return index.pin_memory().to(self.device, non_blocking=True)
+
+    def _store(self, device_ids: list[int], host_ids: list[int], layers: list[torch.Tensor],
+               stacked: torch.Tensor | None) -> None:
+        if not self.is_cuda:
+            source, target = self._index(device_ids), self._index(host_ids)
+            if stacked is not None:
+                gathered = stacked.index_select(2, source).permute(2, 0, 1, 3, 4, 5)
+                self.host_pool.index_copy_(0, target, gathered)
+                return
+            for number, layer in enumerate(layers):
+                self.host_pool[:, number].index_copy_(
+                    0, target, layer.index_select(1, source).transpose(0, 1)
+                )
             return
-        # The CPU: one gather-scatter per layer moves every block of the operation.
-        source_index = torch.tensor(
-            [s + i for s, _, n in runs for i in range(n)], dtype=torch.long
-        )
-        target_index = torch.tensor(
-            [t + i for _, t, n in runs for i in range(n)], dtype=torch.long
-        )
-        for source, target in zip(sources, targets):
-            target.index_copy_(1, target_index, source.index_select(1, source_index))
+        staging = self.staging
+        assert staging is not None
+        for first in range(0, len(device_ids), self.staging_blocks):
+            chunk_ids = device_ids[first : first + self.staging_blocks]
+            count = len(chunk_ids)
+            source = self._index(chunk_ids)
+            if stacked is not None:
+                staging[:count].copy_(stacked.index_select(2, source).permute(2, 0, 1, 3, 4, 5))
+            else:
+                for number, layer in enumerate(layers):
+                    staging[:count, number].copy_(layer.index_select(1, source).transpose(0, 1))
+            chunk_hosts = host_ids[first : first + count]
+            for staged, host, length in block_runs(list(range(count)), chunk_hosts):
+                # One DMA moves these blocks' KV of every layer.
+                self.host_pool[host : host + length].copy_(
+                    staging[staged : staged + length], non_blocking=True
+                )
+
+    def _load(self, host_ids: list[int], device_ids: list[int], layers: list[torch.Tensor],
+              stacked: torch.Tensor | None) -> None:
+        if not self.is_cuda:
+            source, target = self._index(host_ids), self._index(device_ids)
+            fetched = self.host_pool.index_select(0, source)  # [n, layers, 2, ...]
+            if stacked is not None:
+                stacked.index_copy_(2, target, fetched.permute(1, 2, 0, 3, 4, 5))
+                return
+            for number, layer in enumerate(layers):
+                layer.index_copy_(1, target, fetched[:, number].transpose(0, 1))
+            return
+        staging = self.staging
+        assert staging is not None
+        for first in range(0, len(host_ids), self.staging_blocks):
+            chunk_hosts = host_ids[first : first + self.staging_blocks]
+            count = len(chunk_hosts)
+            for staged, host, length in block_runs(list(range(count)), chunk_hosts):
+                staging[staged : staged + length].copy_(
+                    self.host_pool[host : host + length], non_blocking=True
+                )
+            target = self._index(device_ids[first : first + count])
+            if stacked is not None:
+                stacked.index_copy_(2, target, staging[:count].permute(1, 2, 0, 3, 4, 5))
+            else:
+                for number, layer in enumerate(layers):
+                    layer.index_copy_(1, target, staging[:count, number].transpose(0, 1))
+
+
+class _no_stream:
+    """A do-nothing context manager (the CPU has no streams)."""
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, *exc) -> None:
+        return None
 
 
 def measure_copy_bandwidth(device: torch.device, num_bytes: int = PROBE_BYTES) -> float:

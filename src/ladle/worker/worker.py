@@ -136,8 +136,20 @@ class Worker:
                 num_blocks=num_blocks,
                 kv_cache_bytes=num_blocks * self.memory_budget.block_bytes,
             )
-        self.runner.kv_caches = self.allocate_kv_caches(self.memory_budget.num_blocks)
-        self._allocate_host_tier()
+        num_host_blocks = 0
+        if config.cache.enable_prefix_caching:  # the host tier works through block hashes
+            num_host_blocks = (
+                host_tier_bytes(config.cache, self.device) // self.memory_budget.block_bytes
+            )
+        # The same host block ids on every rank (the plans name them).
+        num_host_blocks = self.tp.min_over_ranks(num_host_blocks)
+        # With a host tier the layers' caches are views of one tensor (kv_copier.py: one gather
+        # moves a batch of blocks of every layer); without one, nothing changes.
+        self.runner.kv_caches = self.allocate_kv_caches(
+            self.memory_budget.num_blocks, stacked=num_host_blocks > 0
+        )
+        if num_host_blocks > 0:
+            self._allocate_host_tier(num_host_blocks)
         # On CUDA a step that fits a graph bucket takes its graph's launches even when run
         # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
         if self.device.type == "cuda":
@@ -204,31 +216,31 @@ class Worker:
         return requested
 
     def allocate_kv_caches(
-        self, num_blocks: int, dtype: torch.dtype | None = None
+        self, num_blocks: int, dtype: torch.dtype | None = None, stacked: bool = False
     ) -> list[torch.Tensor]:
+        """One [2, num_blocks, block_size, kv heads, head dim] tensor per layer; stacked: views
+        of one [layers, 2, ...] allocation (the same per-layer tensors, one storage)."""
         block_size = self.config.cache.block_size
         shape = (2, num_blocks, block_size, self.num_kv_heads, self.arch.head_dim)
         dtype = dtype or self.kv_cache_dtype
-        return [zeros_lazily(shape, dtype, self.device) for _ in range(self.arch.num_hidden_layers)]
+        num_layers = self.arch.num_hidden_layers
+        if stacked:
+            return list(zeros_lazily((num_layers, *shape), dtype, self.device).unbind(0))
+        return [zeros_lazily(shape, dtype, self.device) for _ in range(num_layers)]
 
-    def _allocate_host_tier(self) -> None:
-        """The KV cache's host tier, when configured (or by default on CUDA): its pool, the
-        copier the runner issues the plans' KV operations through, and the copy bandwidth the
-        swap-or-recompute rule uses. Nothing at all when it is off."""
-        budget = self.memory_budget
-        num_host_blocks = host_tier_bytes(self.config.cache, self.device) // budget.block_bytes
-        if num_host_blocks < 1 or not self.config.cache.enable_prefix_caching:
-            return
-        host_caches = allocate_host_kv_pool(
+    def _allocate_host_tier(self, num_host_blocks: int) -> None:
+        """The KV cache's host tier: its pool, the copier the runner issues the plans' KV
+        operations through, and the copy bandwidth the swap-or-recompute rule uses."""
+        host_pool = allocate_host_kv_pool(
             self.arch.num_hidden_layers,
             num_host_blocks,
             tuple(self.runner.kv_caches[0].shape[2:]),
             self.kv_cache_dtype,
             self.device,
         )
-        self.runner.kv_copier = KVCopier(host_caches, self.device)
+        self.runner.kv_copier = KVCopier(host_pool, self.device)
         self.memory_budget = dataclasses.replace(
-            budget,
+            self.memory_budget,
             num_host_blocks=num_host_blocks,
             copy_bytes_per_s=measure_copy_bandwidth(self.device),
         )
