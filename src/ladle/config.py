@@ -232,7 +232,7 @@ class CacheConfig:
         metadata={"help": "GiB of host memory for the KV cache's host tier: full prefix blocks "
                   "are written back there and loaded again when a later prompt needs them "
                   "(0 turns it off; default: on CUDA a share of the free host memory, capped "
-                  "at 16 GiB; off on the CPU, whose KV is in host memory already)"},
+                  "at 4 GiB; off on the CPU, whose KV is in host memory already)"},
     )
     kv_cache_dtype: str = field(
         default="auto",

@@ -22,9 +22,11 @@ from ladle.model.arch_config import ModelArchConfig
 
 GIB = 1024**3
 # The default host tier on CUDA: this share of the host memory available at start-up, at most
-# the cap (pinning takes about a second per few GiB at start-up, and the host has other users).
-DEFAULT_HOST_TIER_SHARE = 0.4
-DEFAULT_HOST_TIER_CAP_GIB = 16.0
+# the cap. Pinning costs start-up time (cudaHostAlloc maps and locks every page, of the order of
+# a second per several GiB) on every engine start, and the host has other users: a larger tier
+# is one flag away (--kv-offloading-size), and the multi-turn benchmark sets one.
+DEFAULT_HOST_TIER_SHARE = 0.25
+DEFAULT_HOST_TIER_CAP_GIB = 4.0
 
 
 class InsufficientMemoryError(ValueError):
