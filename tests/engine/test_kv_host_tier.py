@@ -136,3 +136,24 @@ def test_the_budget_line_shows_both_tiers():
     assert "host tier" in line and "100 blocks, 400 tokens" in line
     off = make_llm().engine.info.memory_budget  # the CPU's default: no host tier
     assert off.num_host_blocks == 0 and "host tier off" in off.describe()
+
+
+def test_host_tier_size_defaults():
+    import torch
+
+    from ladle.config import CacheConfig
+    from ladle.worker.memory import (
+        DEFAULT_HOST_TIER_CAP_GIB,
+        GIB,
+        available_host_bytes,
+        host_tier_bytes,
+    )
+
+    assert host_tier_bytes(CacheConfig(), torch.device("cpu")) == 0  # the CPU: off
+    assert host_tier_bytes(CacheConfig(kv_offloading_size=0.5), torch.device("cpu")) == GIB // 2
+    on_cuda = host_tier_bytes(CacheConfig(), torch.device("cuda"))  # sizing only, no device
+    assert 0 < on_cuda <= DEFAULT_HOST_TIER_CAP_GIB * GIB
+    assert on_cuda <= available_host_bytes()
+    assert host_tier_bytes(CacheConfig(kv_offloading_size=0), torch.device("cuda")) == 0
+    with pytest.raises(ValueError, match="kv_offloading_size"):
+        CacheConfig(kv_offloading_size=-1)

@@ -14,7 +14,6 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import psutil
 import torch
 
 from ladle.config import CacheConfig
@@ -170,5 +169,24 @@ def host_tier_bytes(cache_config: CacheConfig, device: torch.device) -> int:
         return int(size_gib * GIB)
     if device.type != "cuda":
         return 0
-    available = psutil.virtual_memory().available
+    available = available_host_bytes()
     return int(min(DEFAULT_HOST_TIER_SHARE * available, DEFAULT_HOST_TIER_CAP_GIB * GIB))
+
+
+def available_host_bytes() -> int:
+    """Host memory available to new allocations (psutil's `available`; psutil is only a test
+    dependency, so read /proc/meminfo where it is missing). 0 when neither can tell."""
+    try:
+        import psutil
+    except ImportError:
+        pass
+    else:
+        return int(psutil.virtual_memory().available)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
