@@ -157,3 +157,16 @@ def test_host_tier_size_defaults():
     assert host_tier_bytes(CacheConfig(kv_offloading_size=0), torch.device("cuda")) == 0
     with pytest.raises(ValueError, match="kv_offloading_size"):
         CacheConfig(kv_offloading_size=-1)
+
+
+def test_copies_cross_to_a_worker_process(reference_replies):
+    """The plan's KV operations and the result's reports survive the multi-process executor's
+    wire (one worker process, msgspec over ZMQ)."""
+    llm = make_llm(kv_offloading_size=HOST_GIB, distributed_executor_backend="mp")
+    try:
+        assert run_conversations(llm, conversation_rounds()) == reference_replies
+        stats = llm.engine.get_stats()
+        assert stats.host_cache_hits > 0 and stats.kv_bytes_to_device > 0
+        assert_drained(llm.engine)
+    finally:
+        llm.engine.executor.shutdown()
