@@ -57,7 +57,7 @@ def test_copies_on_the_side_stream_move_every_byte(dtype, stacked):
         assert torch.equal(got, reference)
     torch.cuda.synchronize()
     stats = copier.take_stats()
-    assert stats.copy_seconds > 0
+    assert 0 < stats.load_seconds < stats.copy_seconds
     assert stats.bytes_to_host == stats.bytes_to_device == 7 * block_bytes
 
 

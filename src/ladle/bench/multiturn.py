@@ -171,6 +171,7 @@ def run_multiturn(engine, conversations: list[Conversation], workload: Multiturn
         "bytes_to_host": after.kv_bytes_to_host - before.kv_bytes_to_host,
         "bytes_to_device": after.kv_bytes_to_device - before.kv_bytes_to_device,
         "copy_seconds": after.kv_copy_seconds - before.kv_copy_seconds,
+        "load_seconds": after.kv_load_seconds - before.kv_load_seconds,
         "preemptions": after.num_preemptions - before.num_preemptions,
     }
 
@@ -196,7 +197,10 @@ def _run_one(model: str, options: dict, workload: MultiturnWorkload, multiple: f
     run_multiturn(engine, build_conversations(workload, 2)[:2], workload, tag="warm-up")
     engine.kv_cache_manager.reset_prefix_cache()
     result = run_multiturn(engine, conversations, workload)
+    load_seconds = result["load_seconds"]
     result.update(
+        # The loads' bandwidth (device time of their copies) against the start-up probe's.
+        load_gb_per_s=result["bytes_to_device"] / load_seconds / 1e9 if load_seconds else None,
         device_pool_tokens=budget.num_token_slots,
         host_tier_tokens=budget.num_host_token_slots,
         working_set_tokens=sum(c.num_working_set_tokens for c in conversations),
@@ -239,6 +243,10 @@ def run_bench_multiturn(args: argparse.Namespace) -> int:
     return 0
 
 
+def _fmt(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.1f}"
+
+
 def _ratio(numerator: float | None, denominator: float | None) -> float | None:
     if numerator is None or not denominator:
         return None
@@ -259,7 +267,8 @@ def _print(report: dict) -> None:
             f"p90 {run['ttft_ms_p90']:.1f} ms; prompt tokens from device "
             f"{run['device_hit_rate']:.1%}, host {run['host_hit_rate']:.1%}, computed "
             f"{run['computed_rate']:.1%}; {run['bytes_to_device'] / 1e9:.2f} GB loaded, "
-            f"{run['bytes_to_host'] / 1e9:.2f} GB written back; "
+            f"{run['bytes_to_host'] / 1e9:.2f} GB written back; loads at "
+            f"{_fmt(run['load_gb_per_s'])} GB/s (probe {run['copy_gb_per_s']:.1f}); "
             f"{run['preemptions']} preemptions"
         )
     if "tier_off" in report:

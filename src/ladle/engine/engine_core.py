@@ -284,6 +284,7 @@ class EngineCore:
             totals.bytes_to_host += stats.bytes_to_host
             totals.bytes_to_device += stats.bytes_to_device
             totals.copy_seconds += stats.copy_seconds
+            totals.load_seconds += stats.load_seconds
 
     def _grammar_fill(self):
         structured = self.structured_outputs
@@ -426,4 +427,5 @@ class EngineCore:
             kv_bytes_to_host=self.kv_transfer_totals.bytes_to_host,
             kv_bytes_to_device=self.kv_transfer_totals.bytes_to_device,
             kv_copy_seconds=self.kv_transfer_totals.copy_seconds,
+            kv_load_seconds=self.kv_transfer_totals.load_seconds,
         )

@@ -153,6 +153,8 @@ def _host_tier_metrics(stats: SchedulerStats, gauge, counter) -> Iterator:
     yield counter("ladle:kv_offload_copy_seconds",
                   "Device time of the host tier's copies (on the CPU: wall time).",
                   stats.kv_copy_seconds)
+    yield counter("ladle:kv_offload_load_seconds",
+                  "Of the copy time, the loads' (host -> device).", stats.kv_load_seconds)
     yield counter("ladle:kv_offload_stores_dropped",
                   "Write-backs a full host tier refused (the block was simply not kept).",
                   stats.num_host_stores_dropped)

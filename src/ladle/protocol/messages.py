@@ -115,4 +115,5 @@ class SchedulerStats:
     num_host_stores_dropped: int = 0  # write-backs a full host tier refused
     kv_bytes_to_host: int = 0
     kv_bytes_to_device: int = 0
-    kv_copy_seconds: float = 0.0
+    kv_copy_seconds: float = 0.0  # device time of the host tier's copies, both ways
+    kv_load_seconds: float = 0.0  # of which host -> device

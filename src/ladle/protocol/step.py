@@ -158,11 +158,12 @@ class PromptLogprobsChunk(msgspec.Struct, array_like=True, gc=False):
 
 class KVTransferStats(msgspec.Struct, array_like=True, gc=False):
     """Bytes the host tier's copies moved and the device time they took (seconds; for copies
-    whose end the worker has seen complete)."""
+    whose end the worker has seen complete): all copies, and of those the loads."""
 
     bytes_to_host: int = 0
     bytes_to_device: int = 0
     copy_seconds: float = 0.0
+    load_seconds: float = 0.0
 
 
 class StepResult(msgspec.Struct, gc=False):

@@ -121,8 +121,8 @@ class KVCopier:
             )
         # The end of the latest copies that no forward has waited for yet.
         self._last_copies_end: torch.cuda.Event | None = None
-        # (start, end) events of copies whose device time is not counted yet.
-        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event]] = []
+        # (start, end, is a load) events of copies whose device time is not counted yet.
+        self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event, bool]] = []
         self._stats = KVTransferStats()
 
     def wait_for_earlier_copies(self) -> None:
@@ -149,13 +149,9 @@ class KVCopier:
             raise ValueError("the host KV pool does not match the device caches' block layout")
         stacked = stacked_layers(layers)
         num_device_blocks = layers[0].shape[1]
-        start = None
         if self.is_cuda:
             assert self.stream is not None
             self.stream.wait_stream(torch.cuda.current_stream(self.device))
-            start = torch.cuda.Event(enable_timing=True)
-            start.record(self.stream)
-        started = time.perf_counter()
         with torch.cuda.stream(self.stream) if self.is_cuda else _no_stream():
             for operation in operations:
                 try:
@@ -163,33 +159,50 @@ class KVCopier:
                 except ValueError as error:  # a bad operation fails alone; the step goes on
                     failed[operation.op_id] = f"{type(error).__name__}: {error}"
                     continue
-                num_bytes = len(operation.source_block_ids) * self.block_bytes
-                if operation.kind == KV_STORE:
-                    self._store(operation.source_block_ids, operation.target_block_ids,
-                                layers, stacked)
-                    self._stats.bytes_to_host += num_bytes
-                else:
-                    self._load(operation.source_block_ids, operation.target_block_ids,
-                               layers, stacked)
-                    self._stats.bytes_to_device += num_bytes
+                self._timed_copy(operation, layers, stacked)
                 done.append(operation.op_id)
-        if start is not None:
-            end = torch.cuda.Event(enable_timing=True)
-            end.record(self.stream)
-            self._last_copies_end = end
-            self._timed.append((start, end))
-        else:
-            self._stats.copy_seconds += time.perf_counter() - started
         return done, failed
+
+    def _timed_copy(
+        self, operation: KVOperation, layers: list[torch.Tensor], stacked: torch.Tensor | None
+    ) -> None:
+        """One operation's copies, timed with events on the side stream (wall time on the
+        CPU, where they are synchronous)."""
+        is_load = operation.kind == KV_LOAD
+        num_bytes = len(operation.source_block_ids) * self.block_bytes
+        start = None
+        if self.is_cuda:
+            start = torch.cuda.Event(enable_timing=True)
+            start.record(self.stream)
+        started = time.perf_counter()
+        if is_load:
+            self._load(operation.source_block_ids, operation.target_block_ids, layers, stacked)
+            self._stats.bytes_to_device += num_bytes
+        else:
+            self._store(operation.source_block_ids, operation.target_block_ids, layers, stacked)
+            self._stats.bytes_to_host += num_bytes
+        if start is None:
+            seconds = time.perf_counter() - started
+            self._stats.copy_seconds += seconds
+            if is_load:
+                self._stats.load_seconds += seconds
+            return
+        end = torch.cuda.Event(enable_timing=True)
+        end.record(self.stream)
+        self._last_copies_end = end
+        self._timed.append((start, end, is_load))
 
     def take_stats(self) -> KVTransferStats | None:
         """What the copies moved since the last call (device time only of copies seen done)."""
         still_running = []
-        for start, end in self._timed:
+        for start, end, is_load in self._timed:
             if end.query():
-                self._stats.copy_seconds += start.elapsed_time(end) / 1000.0
+                seconds = start.elapsed_time(end) / 1000.0
+                self._stats.copy_seconds += seconds
+                if is_load:
+                    self._stats.load_seconds += seconds
             else:
-                still_running.append((start, end))
+                still_running.append((start, end, is_load))
         self._timed = still_running
         stats = self._stats
         if not (stats.bytes_to_host or stats.bytes_to_device or stats.copy_seconds):
