@@ -306,3 +306,27 @@ def test_host_tier_rejects_bad_sizes_and_unbalanced_pins():
     request = make_request("x", prompt(0, 1))
     extend_block_hashes(request, BLOCK_SIZE)
     assert tier.allocate_for_store(1) is None  # already there
+
+
+def test_pinned_count_follows_every_transition():
+    tier = HostTier(4)
+
+    def pinned_by_scan() -> int:
+        entries = [tier._by_hash[h] for h in tier.lru_hashes()]
+        return sum(1 for entry in entries if entry.ref_count or not entry.is_ready)
+
+    a, b, c = (tier.allocate_for_store(h) for h in (10, 11, 12))
+    assert tier.num_pinned_blocks == pinned_by_scan() == 3
+    tier.store_done(a)
+    tier.store_done(b)
+    tier.store_done(b)  # reported twice: counted once
+    assert tier.num_pinned_blocks == pinned_by_scan() == 1
+    tier.pin([a, a, b])
+    assert tier.num_pinned_blocks == pinned_by_scan() == 3
+    tier.unpin([a])
+    assert tier.num_pinned_blocks == pinned_by_scan() == 3
+    tier.unpin([a, b])
+    tier.drop(c)  # its store failed
+    assert tier.num_pinned_blocks == pinned_by_scan() == 0
+    assert tier.usage == 0.0 and tier.num_used_blocks == 2
+    assert tier.reset() and tier.num_used_blocks == 0

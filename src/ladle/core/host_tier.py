@@ -42,6 +42,9 @@ class HostTier:
         self.blocks = [HostBlock(block_id) for block_id in range(num_blocks)]
         self._free: deque[HostBlock] = deque(self.blocks)
         self._by_hash: OrderedDict[int, HostBlock] = OrderedDict()
+        # Blocks a copy is using (read by a load, or written by a store): kept as a count, since
+        # the engine reads the usage after every step.
+        self._num_pinned = 0
 
     @property
     def num_used_blocks(self) -> int:
@@ -51,7 +54,7 @@ class HostTier:
     @property
     def num_pinned_blocks(self) -> int:
         """Blocks no eviction may take now: read by a load, or written by a store."""
-        return sum(1 for b in self._by_hash.values() if b.ref_count or not b.is_ready)
+        return self._num_pinned
 
     @property
     def usage(self) -> float:
@@ -88,14 +91,21 @@ class HostTier:
         block.block_hash = block_hash
         block.is_ready = False
         self._by_hash[block_hash] = block
+        self._num_pinned += 1  # being written
         return block
 
     def store_done(self, block: HostBlock) -> None:
+        if block.is_ready:
+            return
         block.is_ready = True
+        if block.ref_count == 0:
+            self._num_pinned -= 1
 
     def pin(self, blocks: list[HostBlock]) -> None:
         """A load starts reading these blocks: they stay until unpin."""
         for block in blocks:
+            if block.ref_count == 0 and block.is_ready:
+                self._num_pinned += 1
             block.ref_count += 1
             if block.block_hash is not None:
                 self._by_hash.move_to_end(block.block_hash)
@@ -105,6 +115,8 @@ class HostTier:
             if block.ref_count <= 0:
                 raise ValueError(f"host block {block.block_id} unpinned more often than pinned")
             block.ref_count -= 1
+            if block.ref_count == 0 and block.is_ready:
+                self._num_pinned -= 1
 
     def drop(self, block: HostBlock) -> None:
         """Forget a block's KV (its copy failed): the block is free again. Unpin it first."""
@@ -113,6 +125,8 @@ class HostTier:
         if block.block_hash is not None:
             del self._by_hash[block.block_hash]
             block.block_hash = None
+            if not block.is_ready:
+                self._num_pinned -= 1  # its store never completed
         block.is_ready = False
         if block.ref_count == 0:
             self._free.append(block)
