@@ -104,7 +104,7 @@ def test_greedy_tokens_with_the_tier_on_equal_those_with_it_off(
     hits; with it, a 64-block pool (about three histories of the eight) evicts them and they
     come back from the host. Any byte a copy gets wrong changes the tokens."""
     options = dict(
-        dtype="bfloat16", max_num_seqs=1, max_model_len=1024, kv_cache_dtype=kv_cache_dtype,
+        dtype="bfloat16", max_num_seqs=1, max_model_len=512, kv_cache_dtype=kv_cache_dtype,
         enforce_eager=enforce_eager, seed=0,
     )
     off = LLM(model_path, kv_offloading_size=0, num_kv_blocks=2048, **options)
