@@ -330,3 +330,29 @@ def test_pinned_count_follows_every_transition():
     assert tier.num_pinned_blocks == pinned_by_scan() == 0
     assert tier.usage == 0.0 and tier.num_used_blocks == 2
     assert tier.reset() and tier.num_used_blocks == 0
+
+
+def test_loading_requests_hold_seats_so_no_load_outruns_the_batch():
+    # Two prefixes on the host only; one seat: the second loads only once the first has run,
+    # so its blocks are not loaded early and evicted before it could use them.
+    manager = KVCacheManager(9, BLOCK_SIZE, num_host_blocks=16)
+    scheduler = Scheduler(
+        SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=1),
+        CacheConfig(block_size=BLOCK_SIZE), manager, max_model_len=256,
+    )
+    for name, first in (("a", 0), ("b", 100)):
+        scheduler.add_request(make_request(name, prompt(first, 2), max_tokens=1))
+    scheduler.add_request(make_request("filler", prompt(500, 7), max_tokens=1))
+    run_to_completion(scheduler)
+    for name, first in (("a2", 0), ("b2", 100)):
+        scheduler.add_request(make_request(name, prompt(first, 2), max_tokens=1))
+    plan = scheduler.schedule()
+    assert [op.kind for op in plan.kv_operations] == [KV_LOAD]
+    assert list(scheduler.waiting_for_kv) == ["a2"]
+    result = one_token_each(plan, [])
+    result.kv_operations_done = [op.op_id for op in plan.kv_operations]
+    scheduler.update_from_output(plan, result)
+    plans = run_to_completion(scheduler)
+    assert [op.kind for p in plans for op in p.kv_operations] == [KV_LOAD]  # b2's, later
+    hits = {s.request_id: s.num_computed_before for p in plans for s in p.scheduled}
+    assert hits == {"a2": 2 * BLOCK_SIZE, "b2": 2 * BLOCK_SIZE}  # both ran on loaded prefixes

@@ -239,11 +239,14 @@ class Scheduler:
             index += 1
 
         # Then waiting requests, unless this step already had to preempt (the pool is tight).
+        # A request loading its prefix holds a seat (not a batch slot): loading requests that
+        # could not run next would only fill the pool with blocks evicted before they are used.
         while (
             not grants.preempted_request_ids
             and token_budget > 0
             and prefill_budget > 0
-            and len(self.running) - num_ending < self.config.max_num_seqs
+            and len(self.running) + len(self.waiting_for_kv) - num_ending
+            < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
             if request is None or request.num_pending_tokens:
