@@ -186,3 +186,52 @@ def test_loaded_prefixes_equal_device_hits_bit_for_bit():
     assert run_conversations(on, conversation_rounds()) == expected
     assert any(op.kind == KV_LOAD for op in operations)
     assert_drained(engine)
+
+
+def test_a_failed_load_recomputes_and_frees_both_tiers(reference_replies):
+    llm = make_llm(kv_offloading_size=HOST_GIB)
+    copier = llm.engine.executor.worker.runner.kv_copier
+    real_load = copier._load
+    failures = []
+
+    def failing_load(*args):
+        if not failures:  # the first load breaks mid-way, after its first copy
+            failures.append(args)
+            real_load(*args)
+            raise RuntimeError("host memory unreadable")
+        return real_load(*args)
+
+    copier._load = failing_load
+    assert run_conversations(llm, conversation_rounds()) == reference_replies
+    assert failures
+    assert llm.engine.kv_cache_manager.transfers.counts.num_failed_ops == 1
+    assert_drained(llm.engine)
+
+
+def test_abort_while_waiting_for_kv_frees_both_tiers():
+    from ladle.core.request import RequestStatus
+    from ladle.protocol.messages import EngineCoreRequest
+
+    # Overlapped: a step's result (its load done) is read only during the next step, so the
+    # abort lands while the copy is in flight.
+    llm = make_llm(kv_offloading_size=HOST_GIB, async_scheduling=True)
+    engine = llm.engine
+    run_conversations(llm, conversation_rounds())  # histories now on the host only, in part
+    first_history = [conversation[0] for conversation in conversation_rounds()]
+    params = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
+    for index, prompt in enumerate(first_history):
+        engine.add_request(EngineCoreRequest(f"again-{index}", prompt + [7], params))
+    waiting = []
+    for _ in range(20):
+        engine.step()
+        waiting = [
+            r.request_id for r in engine.scheduler.requests.values()
+            if r.status == RequestStatus.WAITING_FOR_KV
+        ]
+        if waiting:
+            break
+    assert waiting, "no request waited for its KV"
+    engine.abort_requests(waiting)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert_drained(engine)

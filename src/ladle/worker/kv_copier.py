@@ -137,7 +137,10 @@ class KVCopier:
     ) -> tuple[list[int], dict[int, str]]:
         """Issue the operations in order; returns (op ids issued, op id -> why it failed).
 
-        A failed operation copies nothing (its ids are checked before any copy starts)."""
+        An operation with bad ids copies nothing (they are checked before any copy starts); one
+        whose copy raises (say, out of memory for its staging) may have issued part of its
+        copies, which is harmless: the scheduler frees its blocks, and the ordering rule keeps
+        them from being reused under the copies still queued. A device failure is raised."""
         if not operations:
             return [], {}
         done: list[int] = []
@@ -156,10 +159,12 @@ class KVCopier:
             for operation in operations:
                 try:
                     self._check(operation, num_device_blocks)
-                except ValueError as error:  # a bad operation fails alone; the step goes on
+                    self._timed_copy(operation, layers, stacked)
+                except Exception as error:  # an operation fails alone; the step goes on
+                    if _is_device_failure(error):
+                        raise  # the device itself is in doubt: an engine fault
                     failed[operation.op_id] = f"{type(error).__name__}: {error}"
                     continue
-                self._timed_copy(operation, layers, stacked)
                 done.append(operation.op_id)
         return done, failed
 
@@ -298,6 +303,13 @@ class KVCopier:
             else:
                 for number, layer in enumerate(layers):
                     layer.index_copy_(1, target, staging[:count, number].transpose(0, 1))
+
+
+def _is_device_failure(error: BaseException) -> bool:
+    accelerator_error = getattr(torch, "AcceleratorError", None)
+    if accelerator_error is not None and isinstance(error, accelerator_error):
+        return True
+    return "CUDA error" in str(error) or "illegal memory" in str(error)
 
 
 class _no_stream:
