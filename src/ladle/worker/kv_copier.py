@@ -166,6 +166,12 @@ class KVCopier:
                     failed[operation.op_id] = f"{type(error).__name__}: {error}"
                     continue
                 done.append(operation.op_id)
+        if self.is_cuda:
+            # After every copy issued, a failed operation's partial ones included: the next
+            # forward waits for this.
+            end = torch.cuda.Event()
+            end.record(self.stream)
+            self._last_copies_end = end
         return done, failed
 
     def _timed_copy(
@@ -194,7 +200,6 @@ class KVCopier:
             return
         end = torch.cuda.Event(enable_timing=True)
         end.record(self.stream)
-        self._last_copies_end = end
         self._timed.append((start, end, is_load))
 
     def take_stats(self) -> KVTransferStats | None:
