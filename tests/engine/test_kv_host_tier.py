@@ -235,3 +235,24 @@ def test_abort_while_waiting_for_kv_frees_both_tiers():
     while engine.has_unfinished_requests():
         engine.step()
     assert_drained(engine)
+
+
+@pytest.mark.slow
+def test_two_ranks_copy_their_own_heads():
+    """Tensor parallel over gloo: each rank keeps its half of the KV heads in its own host pool
+    and runs every plan's copies; tokens equal the same two ranks' without the tier."""
+    options = dict(tensor_parallel_size=2)
+    off = make_llm(kv_offloading_size=0, **options)
+    try:
+        expected = run_conversations(off, conversation_rounds())
+    finally:
+        off.engine.executor.shutdown()
+    on = make_llm(kv_offloading_size=HOST_GIB, **options)
+    try:
+        assert on.engine.kv_cache_manager.host_tier.num_blocks == 200  # half the bytes a block
+        assert run_conversations(on, conversation_rounds()) == expected
+        stats = on.engine.get_stats()
+        assert stats.host_cache_hits > 0
+        assert_drained(on.engine)
+    finally:
+        on.engine.executor.shutdown()
