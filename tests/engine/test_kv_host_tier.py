@@ -172,12 +172,13 @@ def test_copies_cross_to_a_worker_process(reference_replies):
         llm.engine.executor.shutdown()
 
 
-def test_loaded_prefixes_equal_device_hits_bit_for_bit():
+@pytest.mark.parametrize("async_scheduling", [False, True])
+def test_loaded_prefixes_equal_device_hits_bit_for_bit(async_scheduling):
     """One request at a time in bfloat16, so each request's steps have the same shapes in both
     runs: without the tier a large pool keeps every history as device hits; with it a small pool
     evicts them and they come back from the host. The tokens match only if every loaded byte
     does and every prefix is used (the GPU test's recipe, tests/gpu/test_kv_host_tier_gpu.py)."""
-    options = dict(dtype="bfloat16", max_num_seqs=1)
+    options = dict(dtype="bfloat16", max_num_seqs=1, async_scheduling=async_scheduling)
     off = make_llm(kv_offloading_size=0, num_kv_blocks=512, **options)
     expected = run_conversations(off, conversation_rounds())
     on = make_llm(kv_offloading_size=HOST_GIB, **options)
