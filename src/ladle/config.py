@@ -62,6 +62,7 @@ QUANTIZATIONS = ("auto", "none", "int8", "fp8", "int4", "gguf", *CHECKPOINT_QUAN
 CHECKPOINT_FORMATS = ("hf-fp8", "gptq", "awq", "ladle", "compressed-tensors")
 # "auto": the model's dtype. fp8 and fp8_e4m3 are one format (vLLM's spellings).
 KV_CACHE_DTYPES = ("auto", "fp8", "fp8_e4m3")
+PREEMPTION_MODES = ("auto", "swap", "recompute")
 
 
 def resolve_device(device: str) -> torch.device:
@@ -226,6 +227,13 @@ class CacheConfig:
     enable_prefix_caching: bool = field(
         default=True, metadata={"help": "reuse the KV cache of shared prompt prefixes"}
     )
+    kv_offloading_size: float | None = field(
+        default=None,
+        metadata={"help": "GiB of host memory for the KV cache's host tier: full prefix blocks "
+                  "are written back there and loaded again when a later prompt needs them "
+                  "(0 turns it off; default: on CUDA a share of the free host memory, capped "
+                  "at 4 GiB; off on the CPU, whose KV is in host memory already)"},
+    )
     kv_cache_dtype: str = field(
         default="auto",
         metadata={"help": "KV cache storage: auto (the model's dtype) or fp8 / fp8_e4m3 (float8 "
@@ -249,6 +257,11 @@ class CacheConfig:
             )
         if self.cpu_kv_cache_gib <= 0:
             raise ValueError(f"cpu_kv_cache_gib must be > 0, got {self.cpu_kv_cache_gib}")
+        if self.kv_offloading_size is not None and not self.kv_offloading_size >= 0:
+            raise ValueError(
+                f"kv_offloading_size must be >= 0 GiB (0 turns the host tier off), got "
+                f"{self.kv_offloading_size}"
+            )
         # Block 0 is the reserved null block, so a usable pool needs at least two.
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
@@ -271,6 +284,13 @@ class SchedulerConfig:
                   "beside running decodes take only the prompt tokens that keep the measured "
                   "step time within it (decode-first)"},
     )
+    preemption_mode: str = field(
+        default="auto",
+        metadata={"help": "what a preempted request's KV becomes: swap (its full blocks come "
+                  "back from the KV cache's host tier), recompute (computed again), or auto "
+                  "(per request, whichever the measured copy bandwidth and prefill rate say is "
+                  "faster; recompute without a host tier)"},
+    )
     async_scheduling: bool | None = field(
         default=None,
         metadata={"help": "overlapped scheduling: build and launch each step while the device "
@@ -286,6 +306,11 @@ class SchedulerConfig:
             raise ValueError(f"max_num_seqs must be >= 1, got {self.max_num_seqs}")
         if self.itl_slo_ms is not None and not self.itl_slo_ms > 0:
             raise ValueError(f"itl_slo_ms must be > 0, got {self.itl_slo_ms}")
+        if self.preemption_mode not in PREEMPTION_MODES:
+            raise ValueError(
+                f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, got "
+                f"{self.preemption_mode!r}"
+            )
 
 
 EXECUTOR_BACKENDS = ("uni", "mp")

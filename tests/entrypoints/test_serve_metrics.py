@@ -150,3 +150,27 @@ def test_inter_token_histogram_matches_prometheus_clients_own():
     for name, value in expected.items():
         assert abs(ours[name] - value) < 1e-6, name
     assert parse_metrics(metrics.render().decode())["vllm:generation_tokens_total"] == 13
+
+
+def test_host_tier_metrics():
+    metrics = ServerMetrics("tiny")
+    metrics.record_engine_stats(SchedulerStats(
+        host_cache_queries=400, host_cache_hits=96, num_host_blocks=100,
+        num_host_cached_blocks=40, host_kv_usage=0.03, kv_bytes_to_host=8192,
+        kv_bytes_to_device=4096, kv_copy_seconds=0.25, kv_load_seconds=0.125, num_preemptions=4,
+        num_swapped_preemptions=3, num_waiting_for_kv=2, num_host_stores_dropped=5,
+    ))
+    values = parse_metrics(metrics.render().decode())
+    assert values["vllm:external_prefix_cache_queries_total"] == 400
+    assert values["vllm:external_prefix_cache_hits_total"] == 96
+    assert values["ladle:kv_offload_misses_total"] == 304
+    assert values["vllm:cpu_cache_usage_perc"] == 0.03
+    assert values["ladle:kv_offload_cached_blocks"] == 40
+    assert values["ladle:kv_offload_total_blocks"] == 100
+    assert values["ladle:kv_offload_bytes_to_host_total"] == 8192
+    assert values["ladle:kv_offload_bytes_to_device_total"] == 4096
+    assert values["ladle:kv_offload_copy_seconds_total"] == 0.25
+    assert values["ladle:kv_offload_load_seconds_total"] == 0.125
+    assert values["ladle:kv_offload_stores_dropped_total"] == 5
+    assert values["ladle:num_preemptions_swapped_total"] == 3
+    assert values["ladle:num_requests_waiting_for_kv"] == 2

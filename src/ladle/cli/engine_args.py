@@ -24,6 +24,7 @@ from ladle.config import (
     EXECUTOR_BACKENDS,
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
+    PREEMPTION_MODES,
     CacheConfig,
     ModelConfig,
     ParallelConfig,
@@ -56,6 +57,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "load_format": LOAD_FORMATS,
     "kv_cache_dtype": KV_CACHE_DTYPES,
     "distributed_executor_backend": EXECUTOR_BACKENDS,
+    "preemption_mode": PREEMPTION_MODES,
 }
 
 

@@ -8,6 +8,7 @@ import os
 import sys
 
 from ladle.bench.engine_bench import add_bench_parsers
+from ladle.bench.multiturn import add_bench_multiturn_parser
 from ladle.bench.serve import add_parser as add_bench_serve_parser
 from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
 from ladle.cli.quantize import add_quantize_parser
@@ -96,6 +97,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     bench_commands = bench.add_subparsers(dest="bench_command", required=True)
     add_bench_parsers(bench_commands)
+    add_bench_multiturn_parser(bench_commands)
     add_bench_serve_parser(bench_commands)
     add_quantize_parser(subparsers)
     if add_serve_parser is None:

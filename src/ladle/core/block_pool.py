@@ -120,6 +120,15 @@ class BlockPool:
                 self.cached_block_by_hash[block_hash] = block
                 block.block_hash = block_hash
 
+    def register_cached_block(self, block: KVBlock, block_hash: int) -> bool:
+        """Enter one block under a hash (its KV was loaded from the host tier). False, leaving
+        the block uncached, when the hash already has a block."""
+        if block_hash in self.cached_block_by_hash or block.block_hash is not None:
+            return False
+        self.cached_block_by_hash[block_hash] = block
+        block.block_hash = block_hash
+        return True
+
     def reset_prefix_cache(self) -> bool:
         """Forget every cached hash. Refused (False) while any block is in use.
 

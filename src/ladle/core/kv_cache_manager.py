@@ -9,6 +9,12 @@ supply the blocks, changing nothing, and the scheduler preempts or waits. The li
     manager.cache_computed_blocks(request)                        # full, computed blocks -> cache
     manager.allocate_slots(request, 1)                             # each later decode step
     manager.free(request)                                          # finished, aborted or preempted
+
+With a host tier (host_tier.py), cache_computed_blocks also writes each newly cached block back
+to the host, and a waiting request whose prefix continues on the host after its device hits is
+loaded first (find_host_hits, start_load); the scheduler parks it in WAITING_FOR_KV until the
+worker reports the copy done (finish_transfers), then looks it up again: its prefix is now a
+device hit. The copies travel in the plan (take_kv_operations).
 """
 
 from __future__ import annotations
@@ -17,6 +23,9 @@ from typing import TYPE_CHECKING
 
 from ladle.core.block_hash import extend_block_hashes
 from ladle.core.block_pool import BlockPool, KVBlock
+from ladle.core.host_tier import HostBlock, HostTier
+from ladle.core.kv_transfers import FinishedLoads, KVTransfers
+from ladle.protocol.step import KVOperation
 
 if TYPE_CHECKING:
     from ladle.core.request import Request
@@ -25,12 +34,30 @@ if TYPE_CHECKING:
 class KVCacheManager:
     """Per-request block tables over one BlockPool, with prefix caching."""
 
-    def __init__(self, num_blocks: int, block_size: int, enable_caching: bool = True) -> None:
+    def __init__(
+        self,
+        num_blocks: int,
+        block_size: int,
+        enable_caching: bool = True,
+        num_host_blocks: int = 0,
+    ) -> None:
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
+        if num_host_blocks < 0:
+            raise ValueError(f"num_host_blocks must be >= 0, got {num_host_blocks}")
         self.block_size = block_size
         self.enable_caching = enable_caching
         self.block_pool = BlockPool(num_blocks, enable_caching)
+        # The host tier works through the prefix cache's hashes: without caching it is off.
+        self.host_tier: HostTier | None = None
+        self.transfers: KVTransfers | None = None
+        if num_host_blocks and enable_caching:
+            self.host_tier = HostTier(num_host_blocks)
+            self.transfers = KVTransfers(self.block_pool, self.host_tier)
+        # Tokens looked up on the host tier (those after the device hits), and those found there
+        # and loaded.
+        self.host_cache_queries = 0
+        self.host_cache_hits = 0
         self._blocks_by_request: dict[str, list[KVBlock]] = {}
         # How many leading blocks of each request are already in the hash map, so that
         # cache_computed_blocks only looks at the blocks completed since its last call.
@@ -91,7 +118,71 @@ class KVCacheManager:
         num_tokens_hit = len(hit_blocks) * self.block_size
         self.prefix_cache_queries += request.num_tokens
         self.prefix_cache_hits += num_tokens_hit
+        if self.host_tier is not None:
+            # A device hit is a use of the hash in either tier: the host's LRU follows it.
+            for block in hit_blocks:
+                assert block.block_hash is not None
+                self.host_tier.touch(block.block_hash)
         return hit_blocks, num_tokens_hit
+
+    @property
+    def has_host_tier(self) -> bool:
+        return self.host_tier is not None
+
+    def find_host_hits(self, request: Request, num_device_hit_blocks: int) -> list[HostBlock]:
+        """The host blocks that continue the request's prefix after its device hits (call
+        after get_computed_blocks). Same cap: the last token is always computed."""
+        if self.host_tier is None or request.sampling_params.prompt_logprobs is not None:
+            return []
+        max_hit_blocks = max(0, (request.num_tokens - 1) // self.block_size)
+        hits: list[HostBlock] = []
+        for block_hash in request.block_hashes[num_device_hit_blocks:max_hit_blocks]:
+            block = self.host_tier.lookup(block_hash)
+            if block is None:
+                break
+            hits.append(block)
+        self.host_cache_queries += request.num_tokens - num_device_hit_blocks * self.block_size
+        return hits
+
+    def start_load(
+        self, request: Request, device_hits: list[KVBlock], host_hits: list[HostBlock]
+    ) -> bool:
+        """Give the request its device hits plus fresh blocks for its host hits and order the
+        load. False, changing nothing, when the pool lacks the fresh blocks."""
+        assert self.transfers is not None
+        if request.request_id in self._blocks_by_request:
+            raise ValueError(f"request {request.request_id} already holds blocks; no load")
+        num_revived = sum(1 for block in device_hits if block.ref_count == 0)
+        if len(host_hits) > self.block_pool.num_free_blocks - num_revived:
+            return False
+        self.block_pool.touch(device_hits)
+        fresh = self.block_pool.get_new_blocks(len(host_hits))
+        self._blocks_by_request[request.request_id] = [*device_hits, *fresh]
+        self._num_cached_blocks_by_request[request.request_id] = len(device_hits)
+        self.transfers.load(request.request_id, fresh, host_hits)
+        # Counted when loaded, not when found: a lookup repeats while the pool has no room.
+        self.host_cache_hits += len(host_hits) * self.block_size
+        return True
+
+    def take_kv_operations(self) -> list[KVOperation]:
+        """The copies ordered since the last plan (none without a host tier)."""
+        return self.transfers.take_operations() if self.transfers is not None else []
+
+    def finish_transfers(self, done_ids: list[int], failed: dict[int, str]) -> FinishedLoads:
+        """Settle the copies a step reports. A loaded request's blocks are released at once,
+        now cached on the device, so the scheduler can look it up again like any other."""
+        if self.transfers is None or not (done_ids or failed):
+            return FinishedLoads()
+        finished = self.transfers.finish(done_ids, failed)
+        for request_id in [*finished.loaded, *finished.failed]:
+            self._release_blocks(request_id)
+        return finished
+
+    def cancel_load(self, request: Request) -> None:
+        """An aborted request that waits for its load: unpin the host, free its blocks."""
+        if self.transfers is not None:
+            self.transfers.cancel_load(request.request_id)
+        self.free(request)
 
     def allocate_slots(
         self,
@@ -167,6 +258,12 @@ class KVCacheManager:
             request, request_blocks, num_cached_blocks, num_full_computed_blocks
         )
         self._num_cached_blocks_by_request[request.request_id] = num_full_computed_blocks
+        if self.transfers is not None:
+            # Write-back as soon as a block is cached, not when the device evicts it: by then
+            # its new owner writes it in the same step, and the copy could not overlap anything.
+            for block in request_blocks[num_cached_blocks:num_full_computed_blocks]:
+                if block.block_hash is not None:  # the hash map's entry (not a duplicate)
+                    self.transfers.store(block, block.block_hash)
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Free the blocks past the first num_tokens tokens' (drafts a step rejected). They
@@ -186,11 +283,24 @@ class KVCacheManager:
         Blocks are freed tail first: the tail is the least likely to be shared, so it should be
         the first to be evicted, while the shared prefix stays cached the longest.
         """
-        request_blocks = self._blocks_by_request.pop(request.request_id, None)
-        self._num_cached_blocks_by_request.pop(request.request_id, None)
+        self._release_blocks(request.request_id)
+
+    def _release_blocks(self, request_id: str) -> None:
+        request_blocks = self._blocks_by_request.pop(request_id, None)
+        self._num_cached_blocks_by_request.pop(request_id, None)
         if request_blocks:
             self.block_pool.free_blocks(reversed(request_blocks))
 
+    @property
+    def host_usage(self) -> float:
+        """Fraction of the host tier's blocks holding KV (0 without a host tier)."""
+        return self.host_tier.usage if self.host_tier is not None else 0.0
+
     def reset_prefix_cache(self) -> bool:
-        """Forget every cached block; False (nothing done) while any request holds blocks."""
-        return self.block_pool.reset_prefix_cache()
+        """Forget every cached block in both tiers; False (nothing done) while any request
+        holds blocks or a copy is in flight."""
+        if self.transfers is not None and self.transfers.num_in_flight:
+            return False
+        if not self.block_pool.reset_prefix_cache():
+            return False
+        return self.host_tier.reset() if self.host_tier is not None else True

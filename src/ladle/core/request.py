@@ -15,6 +15,9 @@ from ladle.sampling.params import SamplingParams
 
 class RequestStatus(enum.IntEnum):
     WAITING = enum.auto()
+    # Its prefix is being copied from the host tier into the device pool (a load): it holds
+    # blocks but no place in the batch; when the copy is done it waits again, now a device hit.
+    WAITING_FOR_KV = enum.auto()
     RUNNING = enum.auto()
     PREEMPTED = enum.auto()
     # Everything after this point is finished.
@@ -69,6 +72,10 @@ class Request:
         self.num_unverified_drafts = 0
         self.num_cached_tokens = -1  # prefix-cache hit on first schedule; -1 until then
         self.num_preemptions = 0
+        # Whether its next lookup may load from the host tier: off after a preemption that
+        # chose recompute, a failed load, or a load just done (its blocks are device hits now;
+        # looking again after an eviction would only repeat the copy).
+        self.may_load_from_host = True
         self.status = RequestStatus.WAITING
         self.stop_reason: int | str | None = None
         # Chained hashes of this request's full blocks, filled in by the KV cache manager.

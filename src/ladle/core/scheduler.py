@@ -5,6 +5,12 @@ num_tokens; a step grants each request some tokens of the budget. A long prompt 
 steps (chunked prefill) while the running requests keep decoding beside it; a prefix-cache hit
 simply starts num_computed_tokens further on. When the KV pool says no, the scheduler preempts
 (lowest priority, then newest) and the victim is later recomputed, reusing its cached blocks.
+
+With a host tier (core/host_tier.py), a waiting request whose prefix continues on the host after
+its device hits is not scheduled: its blocks are loaded (a KV operation in the plan) while it
+sits in WAITING_FOR_KV, outside the batch; when the result reports the copy done it waits again,
+and its prefix is now a device hit. A victim's KV is then either swapped (its full blocks come
+back from the host when it resumes) or recomputed, per victim by cost (preemption_cost.py).
 """
 
 from __future__ import annotations
@@ -17,6 +23,7 @@ from dataclasses import dataclass, field
 from ladle.config import CacheConfig, SchedulerConfig
 from ladle.core.draft_proposer import DraftProposer
 from ladle.core.kv_cache_manager import KVCacheManager
+from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.prefill_budget import ItlPrefillBudget
 from ladle.core.request import Request, RequestStatus
 from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
@@ -67,6 +74,11 @@ class WaitingQueue:
         self._order = itertools.count()
         self._num_live = 0
 
+    def readmit(self, request: Request) -> None:
+        """Push a request back that left the queue without being scheduled (it waited for its
+        KV): its (priority, arrival) key puts it back where it was."""
+        self.push(request)
+
     def push(self, request: Request) -> None:
         heapq.heappush(
             self._heap, (request.priority, request.arrival_time, next(self._order), request)
@@ -101,6 +113,7 @@ class Scheduler:
         kv_cache_manager: KVCacheManager,
         max_model_len: int,
         proposer: DraftProposer | None = None,
+        preemption: PreemptionPolicy | None = None,
     ) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
@@ -112,7 +125,11 @@ class Scheduler:
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
+        # Requests whose prefix is being loaded from the host tier (WAITING_FOR_KV).
+        self.waiting_for_kv: dict[str, Request] = {}
         self.num_preemptions = 0
+        self.num_swapped_preemptions = 0  # of num_preemptions, those that chose swap
+        self.preemption = preemption or PreemptionPolicy(block_size=self.block_size)
         # Requests the workers hold state for (sent in full once), and those that ended since
         # the last plan: the next plan tells the workers to forget them.
         self._on_workers: set[str] = set()
@@ -141,6 +158,11 @@ class Scheduler:
                 continue
             if request.status == RequestStatus.RUNNING:
                 self.running.remove(request)
+            elif request.status == RequestStatus.WAITING_FOR_KV:
+                # Its load may still be running: the workers' ordering (KVOperation) keeps the
+                # freed blocks from being rewritten under it.
+                del self.waiting_for_kv[request_id]
+                self.kv_cache_manager.cancel_load(request)
             else:
                 self.waiting.discard(request)
             request.status = status
@@ -217,16 +239,21 @@ class Scheduler:
             index += 1
 
         # Then waiting requests, unless this step already had to preempt (the pool is tight).
+        # A request loading its prefix holds a seat (not a batch slot): loading requests that
+        # could not run next would only fill the pool with blocks evicted before they are used.
         while (
             not grants.preempted_request_ids
             and token_budget > 0
             and prefill_budget > 0
-            and len(self.running) - num_ending < self.config.max_num_seqs
+            and len(self.running) + len(self.waiting_for_kv) - num_ending
+            < self.config.max_num_seqs
         ):
             request = self.waiting.peek()
             if request is None or request.num_pending_tokens:
                 break  # a request preempted while its last step runs resumes once it is read
             computed_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            if self._starts_load(request, computed_blocks):
+                continue  # it waits outside the batch; the next waiting request may run
             num_new_tokens = request.num_tokens - num_hit_tokens
             # Without chunked prefill a prompt waits for a step with room for all of it, unless
             # no step ever could (a resumed request's prompt + outputs): then it is chunked.
@@ -242,6 +269,7 @@ class Scheduler:
             if new_blocks is None:
                 break
             self.waiting.pop()
+            request.may_load_from_host = True
             self._record_new_blocks(grants, request, None)
             request.num_computed_tokens = num_hit_tokens
             if request.num_cached_tokens < 0:
@@ -254,6 +282,21 @@ class Scheduler:
             token_budget -= num_new_tokens
             prefill_budget -= num_new_tokens
         return self._plan(grants)
+
+    def _starts_load(self, request: Request, device_hits: list) -> bool:
+        """Start loading the request's prefix from the host tier when it continues there after
+        the device hits; the request leaves the waiting queue for WAITING_FOR_KV. False (it is
+        scheduled as usual) on no host hit, or when the pool lacks the blocks to load into."""
+        manager = self.kv_cache_manager
+        if not manager.has_host_tier or not request.may_load_from_host:
+            return False
+        host_hits = manager.find_host_hits(request, len(device_hits))
+        if not host_hits or not manager.start_load(request, device_hits, host_hits):
+            return False
+        self.waiting.pop()
+        request.status = RequestStatus.WAITING_FOR_KV
+        self.waiting_for_kv[request.request_id] = request
+        return True
 
     def _propose_drafts(self, request: Request, token_budget: int) -> list[int]:
         """Draft tokens to verify beside a decode's next token: only for a request whose tokens
@@ -290,6 +333,7 @@ class Scheduler:
         plan = StepPlan(
             preempted_request_ids=grants.preempted_request_ids,
             finished_request_ids=self._finished_on_workers,
+            kv_operations=self.kv_cache_manager.take_kv_operations(),
         )
         self._finished_on_workers = []
         for request in grants.requests:
@@ -342,7 +386,16 @@ class Scheduler:
 
     def _preempt(self, request: Request) -> None:
         self.running.remove(request)
-        self.kv_cache_manager.free(request)
+        manager = self.kv_cache_manager
+        if manager.has_host_tier:
+            # Its full blocks are (being) written back already; whether it resumes from them
+            # or recomputes is decided now, by cost, per victim.
+            swaps = self.preemption.swaps(
+                request.num_computed_tokens, self._num_blocks_on_host(request)
+            )
+            request.may_load_from_host = swaps
+            self.num_swapped_preemptions += swaps
+        manager.free(request)
         # The workers forget it (the plan names it); it is sent in full again when it resumes.
         self._on_workers.discard(request.request_id)
         request.status = RequestStatus.PREEMPTED
@@ -351,7 +404,30 @@ class Scheduler:
         self.num_preemptions += 1
         self.waiting.push(request)
 
+    def _num_blocks_on_host(self, request: Request) -> int:
+        host_tier = self.kv_cache_manager.host_tier
+        assert host_tier is not None
+        num_full = min(request.num_computed_tokens // self.block_size, len(request.block_hashes))
+        return sum(1 for h in request.block_hashes[:num_full] if host_tier.contains(h))
+
     # ----- results -------------------------------------------------------------------------
+
+    def _finish_kv_operations(self, result: StepResult) -> None:
+        """Settle the copies the step reports: a request whose load is done (or failed) waits
+        again, at its old place in the queue; after a failure it recomputes."""
+        finished = self.kv_cache_manager.finish_transfers(
+            result.kv_operations_done, result.kv_operations_failed
+        )
+        for request_id in [*finished.loaded, *finished.failed]:
+            request = self.waiting_for_kv.pop(request_id, None)
+            if request is None:
+                continue
+            # Loaded: its blocks are device hits now. Failed: the host copy is gone.
+            request.may_load_from_host = False
+            request.status = (
+                RequestStatus.PREEMPTED if request.num_preemptions else RequestStatus.WAITING
+            )
+            self.waiting.readmit(request)
 
     def update_from_output(self, plan: StepPlan, result: StepResult) -> list[EngineCoreOutput]:
         """Append each sampling request's accepted tokens and end finished requests.
@@ -367,6 +443,7 @@ class Scheduler:
         request preempted since is in the waiting queue and still takes its token."""
         outputs = []
         now = time.monotonic()
+        self._finish_kv_operations(result)
         for position, scheduled in enumerate(plan.scheduled):
             request = self.requests.get(scheduled.request_id)
             if request is None:
@@ -445,7 +522,14 @@ class Scheduler:
     # ----- introspection -------------------------------------------------------------------
 
     def has_unfinished_requests(self) -> bool:
-        return bool(self.running) or len(self.waiting) > 0
+        return bool(self.running) or len(self.waiting) > 0 or bool(self.waiting_for_kv)
+
+    @property
+    def has_kv_transfers(self) -> bool:
+        """Copies to or from the host tier not settled yet: the next plan, even an empty one,
+        issues or settles them (until then their blocks stay pinned)."""
+        transfers = self.kv_cache_manager.transfers
+        return transfers is not None and transfers.num_in_flight > 0
 
     @property
     def has_requests_to_forget(self) -> bool:
@@ -454,15 +538,25 @@ class Scheduler:
 
     def get_stats(self) -> SchedulerStats:
         manager = self.kv_cache_manager
+        host_tier = manager.host_tier
+        transfers = manager.transfers
         return SchedulerStats(
             num_running_reqs=len(self.running),
-            num_waiting_reqs=len(self.waiting),
+            num_waiting_reqs=len(self.waiting) + len(self.waiting_for_kv),
             kv_cache_usage=manager.usage,
             num_free_blocks=manager.num_free_blocks,
             num_total_blocks=manager.block_pool.num_usable_blocks,
             prefix_cache_queries=manager.prefix_cache_queries,
             prefix_cache_hits=manager.prefix_cache_hits,
             num_preemptions=self.num_preemptions,
+            num_swapped_preemptions=self.num_swapped_preemptions,
+            num_waiting_for_kv=len(self.waiting_for_kv),
+            host_cache_queries=manager.host_cache_queries,
+            host_cache_hits=manager.host_cache_hits,
+            num_host_blocks=host_tier.num_blocks if host_tier is not None else 0,
+            num_host_cached_blocks=host_tier.num_used_blocks if host_tier is not None else 0,
+            host_kv_usage=manager.host_usage,
+            num_host_stores_dropped=transfers.counts.num_stores_dropped if transfers else 0,
         )
 
 

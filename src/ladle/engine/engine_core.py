@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 from ladle.config import EngineConfig
 from ladle.core.kv_cache_manager import KVCacheManager
+from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
 from ladle.engine.overlap import overlap_enabled
@@ -32,7 +33,7 @@ from ladle.protocol.messages import (
     RequestRejectedError,
     SchedulerStats,
 )
-from ladle.protocol.step import StepPlan
+from ladle.protocol.step import KVTransferStats, StepPlan, StepResult
 from ladle.sampling.limits import check_field, check_top_k
 from ladle.structured.engine_side import build_structured_output_manager
 from ladle.structured.manager import PendingGrammarBitmask
@@ -80,10 +81,27 @@ class EngineCore:
             num_blocks=budget.num_blocks,
             block_size=config.cache.block_size,
             enable_caching=config.cache.enable_prefix_caching,
+            num_host_blocks=budget.num_host_blocks,
         )
+        if config.scheduler.preemption_mode == "swap" and not self.kv_cache_manager.host_tier:
+            raise ValueError(
+                "preemption_mode 'swap' needs the KV cache's host tier: set kv_offloading_size "
+                "> 0 (and keep prefix caching on), or use recompute / auto"
+            )
         self.scheduler = Scheduler(
-            config.scheduler, config.cache, self.kv_cache_manager, self.max_model_len
+            config.scheduler,
+            config.cache,
+            self.kv_cache_manager,
+            self.max_model_len,
+            preemption=PreemptionPolicy(
+                mode=config.scheduler.preemption_mode,
+                block_size=config.cache.block_size,
+                block_bytes=budget.block_bytes,
+                copy_bytes_per_s=budget.copy_bytes_per_s,
+            ),
         )
+        # What the host tier's copies moved, as the workers report it.
+        self.kv_transfer_totals = KVTransferStats()
         # Seeds for requests that bring none; drawn from the engine seed so runs repeat.
         self._seed_source = random.Random(config.model.seed)
         self.prompt_logprobs = PromptLogprobsCollector()
@@ -217,7 +235,12 @@ class EngineCore:
         workers what to forget). With a step in flight and rows that sample from host tokens,
         that step is read between this one's forward pass and its sampling."""
         self._graph_steps_before = self.executor.num_graph_steps
-        if not (plan.scheduled or plan.finished_request_ids or plan.preempted_request_ids):
+        if not (
+            plan.scheduled
+            or plan.finished_request_ids
+            or plan.preempted_request_ids
+            or plan.kv_operations
+        ):
             return None
         between = None
         if previous is not None and plan.samples_from_host_tokens:
@@ -242,13 +265,28 @@ class EngineCore:
         """With nothing left to run, tell the workers now to drop what they hold of ended
         requests (slots, penalty rows), instead of with the next request's first step."""
         scheduler = self.scheduler
-        if (
-            self._in_flight is None
-            and scheduler.has_requests_to_forget
-            and not scheduler.has_unfinished_requests()
-        ):
+        # Copies to the host tier still to issue or settle pin their blocks: settle them too
+        # (at most two rounds: the first plan issues them, its result settles them).
+        for _ in range(2):
+            if not (
+                self._in_flight is None
+                and (scheduler.has_requests_to_forget or scheduler.has_kv_transfers)
+                and not scheduler.has_unfinished_requests()
+            ):
+                return
             plan = scheduler.schedule()
-            self.executor.submit(plan).result()
+            result = self.executor.submit(plan).result()
+            self._count_kv_transfer(result)
+            scheduler.update_from_output(plan, result)
+
+    def _count_kv_transfer(self, result: StepResult) -> None:
+        stats = result.kv_transfer
+        if stats is not None:
+            totals = self.kv_transfer_totals
+            totals.bytes_to_host += stats.bytes_to_host
+            totals.bytes_to_device += stats.bytes_to_device
+            totals.copy_seconds += stats.copy_seconds
+            totals.load_seconds += stats.load_seconds
 
     def _grammar_fill(self):
         structured = self.structured_outputs
@@ -288,6 +326,9 @@ class EngineCore:
             log_slow_step(seconds, launch_seconds, graphed, plan, previous_plan)
         if self.scheduler.prefill_budget is not None:
             self.scheduler.prefill_budget.observe(num_prefill + num_decode, seconds)
+        if num_prefill:
+            # What `auto` preemption weighs a recompute with (core/preemption_cost.py).
+            self.scheduler.preemption.prefill_tokens_per_s = self.step_meter.prefill_tokens_per_s
 
     def _finish_in_flight(self) -> list[EngineCoreOutput]:
         in_flight, self._in_flight = self._in_flight, None
@@ -306,6 +347,7 @@ class EngineCore:
             return
         future = in_flight.future
         result = future.result()
+        self._count_kv_transfer(result)
         outputs = self._end_failed(result.failed)
         if self.structured_outputs is not None:
             self.structured_outputs.accept_tokens(result.request_ids, result.token_ids)
@@ -385,4 +427,8 @@ class EngineCore:
             num_graph_steps=self.executor.num_graph_steps,
             num_eager_steps=self.executor.num_eager_steps,
             expert_token_counts=self.executor.expert_token_counts(),
+            kv_bytes_to_host=self.kv_transfer_totals.bytes_to_host,
+            kv_bytes_to_device=self.kv_transfer_totals.bytes_to_device,
+            kv_copy_seconds=self.kv_transfer_totals.copy_seconds,
+            kv_load_seconds=self.kv_transfer_totals.load_seconds,
         )

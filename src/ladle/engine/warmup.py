@@ -133,8 +133,9 @@ def _warm_up_steps(engine: WarmableEngine) -> int:
         )
     num_steps += _run_to_completion(engine)
     manager = engine.kv_cache_manager
-    manager.reset_prefix_cache()
+    manager.reset_prefix_cache()  # both tiers: the idle flush settled the last copies
     manager.prefix_cache_queries = manager.prefix_cache_hits = 0
+    manager.host_cache_queries = manager.host_cache_hits = 0
     return num_steps
 
 

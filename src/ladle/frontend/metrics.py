@@ -120,11 +120,51 @@ class _EngineStatsCollector(Collector):
             labels, values, ENGINE_ITL_BOUNDS_S, stats.engine_itl_counts,
             stats.engine_itl_seconds,
         )
+        yield from _host_tier_metrics(stats, gauge, counter)
         yield counter("ladle:graph_steps", "Engine steps replayed from a CUDA graph.",
                       stats.num_graph_steps)
         yield from _expert_load(self.model_name, stats.expert_token_counts)
         yield counter("ladle:eager_steps", "Engine steps whose model ran eagerly (all of them "
                       "on the CPU and under --enforce-eager).", stats.num_eager_steps)
+
+
+def _host_tier_metrics(stats: SchedulerStats, gauge, counter) -> Iterator:
+    """The KV cache's host tier (core/host_tier.py): vLLM's external-prefix-cache and
+    KV-offload names where it has them, zeros when the tier is off."""
+    yield counter("vllm:external_prefix_cache_queries",
+                  "Prompt tokens looked up in the host tier (those after the device hits).",
+                  stats.host_cache_queries)
+    yield counter("vllm:external_prefix_cache_hits", "Prompt tokens found in the host tier.",
+                  stats.host_cache_hits)
+    yield counter("ladle:kv_offload_misses",
+                  "Prompt tokens looked up in the host tier and not found there.",
+                  stats.host_cache_queries - stats.host_cache_hits)
+    # vLLM v0's name for its CPU (swap) pool's usage.
+    yield gauge("vllm:cpu_cache_usage_perc",
+                "Fraction of the host tier's blocks a copy is using now (0 to 1; returns to 0 "
+                "when idle, like vllm:kv_cache_usage_perc).", stats.host_kv_usage)
+    yield gauge("ladle:kv_offload_cached_blocks", "Host-tier blocks holding a prefix's KV.",
+                stats.num_host_cached_blocks)
+    yield gauge("ladle:kv_offload_total_blocks", "Blocks in the host tier (0: off).",
+                stats.num_host_blocks)
+    yield counter("ladle:kv_offload_bytes_to_host", "KV bytes copied device -> host.",
+                  stats.kv_bytes_to_host)
+    yield counter("ladle:kv_offload_bytes_to_device", "KV bytes copied host -> device.",
+                  stats.kv_bytes_to_device)
+    yield counter("ladle:kv_offload_copy_seconds",
+                  "Device time of the host tier's copies (on the CPU: wall time).",
+                  stats.kv_copy_seconds)
+    yield counter("ladle:kv_offload_load_seconds",
+                  "Of the copy time, the loads' (host -> device).", stats.kv_load_seconds)
+    yield counter("ladle:kv_offload_stores_dropped",
+                  "Write-backs a full host tier refused (the block was simply not kept).",
+                  stats.num_host_stores_dropped)
+    yield counter("ladle:num_preemptions_swapped",
+                  "Preemptions whose request resumes from the host tier (the rest recompute).",
+                  stats.num_swapped_preemptions)
+    yield gauge("ladle:num_requests_waiting_for_kv",
+                "Requests waiting for their prefix to be loaded from the host tier.",
+                stats.num_waiting_for_kv)
 
 
 def _histogram(

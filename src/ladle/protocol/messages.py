@@ -107,3 +107,16 @@ class SchedulerStats:
     # ENGINE_ITL_BOUNDS_S bucket and their total seconds, filled in by the engine-core loop.
     engine_itl_counts: tuple[int, ...] = ()
     engine_itl_seconds: float = 0.0
+    # The host tier of the KV cache (core/host_tier.py); zeros when it is off.
+    num_swapped_preemptions: int = 0  # preemptions that resume from the host tier
+    num_waiting_for_kv: int = 0  # requests whose prefix is being loaded (in num_waiting_reqs)
+    host_cache_queries: int = 0  # tokens looked up on the host (after the device hits)
+    host_cache_hits: int = 0  # tokens found there
+    num_host_blocks: int = 0
+    num_host_cached_blocks: int = 0  # host blocks holding some prefix's KV
+    host_kv_usage: float = 0.0  # fraction of host blocks a copy is using now (0 when idle)
+    num_host_stores_dropped: int = 0  # write-backs a full host tier refused
+    kv_bytes_to_host: int = 0
+    kv_bytes_to_device: int = 0
+    kv_copy_seconds: float = 0.0  # device time of the host tier's copies, both ways
+    kv_load_seconds: float = 0.0  # of which host -> device

@@ -60,13 +60,27 @@ class ScheduledRequest(msgspec.Struct, array_like=True, gc=False):
         return self.output_index >= 0
 
 
+# KVOperation kinds: device pool -> host tier (a write-back), host tier -> device pool (a load).
+KV_STORE = "store"
+KV_LOAD = "load"
+
+
 class KVOperation(msgspec.Struct, array_like=True, gc=False):
-    """A copy of KV blocks between tiers or instances (offload, disaggregation): filled by the
-    issues that add them; no plan carries one yet."""
+    """A copy of KV blocks between the device pool and the host tier (core/host_tier.py).
+
+    source_block_ids[i] is copied to target_block_ids[i] in every layer (K and V): for a store
+    the sources are device block ids and the targets host block ids, for a load the reverse.
+    op_id names the operation in StepResult.kv_operations_done / kv_operations_failed.
+
+    Ordering, which the scheduler relies on: a worker issues a step's operations before that
+    step's forward pass, after every earlier step's forward (so a store reads finished KV),
+    and the next step's forward waits for them (so a load is in place, and a device block freed
+    meanwhile is not rewritten under a copy). Operations run in plan order on one stream."""
 
     kind: str
     source_block_ids: list[int]
     target_block_ids: list[int]
+    op_id: int = 0
 
 
 class StepPlan(msgspec.Struct, gc=False):
@@ -119,6 +133,7 @@ class StepPlan(msgspec.Struct, gc=False):
             new_requests=[r for r in self.new_requests if r.request_id == request_id],
             finished_request_ids=[],
             preempted_request_ids=[],
+            kv_operations=[],  # the probed step copies nothing: the full run did or will
         )
 
 
@@ -141,6 +156,16 @@ class PromptLogprobsChunk(msgspec.Struct, array_like=True, gc=False):
     entries: list[TokenLogprobs]
 
 
+class KVTransferStats(msgspec.Struct, array_like=True, gc=False):
+    """Bytes the host tier's copies moved and the device time they took (seconds; for copies
+    whose end the worker has seen complete): all copies, and of those the loads."""
+
+    bytes_to_host: int = 0
+    bytes_to_device: int = 0
+    copy_seconds: float = 0.0
+    load_seconds: float = 0.0
+
+
 class StepResult(msgspec.Struct, gc=False):
     """What the device produced for one step, per scheduled request in plan order."""
 
@@ -151,6 +176,11 @@ class StepResult(msgspec.Struct, gc=False):
     logprobs: list[list[TokenLogprobs] | None] | None = None
     # request id -> this step's prompt logprobs, for requests that asked.
     prompt_logprobs: dict[str, PromptLogprobsChunk] | None = None
-    kv_operations_done: list[KVOperation] = []
+    # The plan's KV operations that were issued (in order behind this step: see KVOperation)
+    # and those that failed (op_id -> why): a failed copy frees its blocks on both sides.
+    kv_operations_done: list[int] = []
+    kv_operations_failed: dict[int, str] = {}
+    # Copies the worker measured since its last result (bytes each way, device time).
+    kv_transfer: KVTransferStats | None = None
     # request id -> why the step failed on that request alone (it was left out of the step).
     failed: dict[str, str] = {}

@@ -14,6 +14,7 @@ import torch
 
 from ladle.protocol.step import PromptLogprobsChunk, StepPlan
 from ladle.sample.metadata import SamplingFlags
+from ladle.worker.kv_copier import KVReport
 from ladle.worker.penalty_history import PenaltyRows
 from ladle.worker.step_inputs import StepInputs
 
@@ -29,3 +30,4 @@ class ForwardStep:
     # Resolved at launch: a request the host ends before sampling still owns its row until then.
     penalty_rows: PenaltyRows | None
     sampling_flags: SamplingFlags | None  # of the sampling rows; None when none samples
+    kv_report: KVReport | None = None  # the plan's KV copies, issued before the forward

@@ -3,6 +3,10 @@
 CUDA: the pool gets what is left of gpu_memory_utilization x total memory after the weights, the
 CUDA context and the peak of a measured worst-case forward pass (max_num_batched_tokens tokens).
 CPU: a configured size (cpu_kv_cache_gib), since system memory is shared with everything else.
+
+The host tier (kv_offloading_size GiB of host memory, pinned on CUDA) holds prefix blocks the
+device pool wrote back: on CUDA it defaults to a share of the host memory free at start-up,
+capped; on the CPU it is off unless asked for (the CPU's KV is in host memory already).
 """
 
 from __future__ import annotations
@@ -16,6 +20,12 @@ from ladle.config import CacheConfig
 from ladle.model.arch_config import ModelArchConfig
 
 GIB = 1024**3
+# The default host tier on CUDA: this share of the host memory available at start-up, at most
+# the cap. Pinning costs start-up time (cudaHostAlloc maps and locks every page, of the order of
+# a second per several GiB) on every engine start, and the host has other users: a larger tier
+# is one flag away (--kv-offloading-size), and the multi-turn benchmark sets one.
+DEFAULT_HOST_TIER_SHARE = 0.25
+DEFAULT_HOST_TIER_CAP_GIB = 4.0
 
 
 class InsufficientMemoryError(ValueError):
@@ -33,6 +43,12 @@ class MemoryBudget:
     block_size: int
     graph_pool_bytes: int = 0  # CUDA graphs of decode steps, measured after capture
     kv_cache_dtype: torch.dtype | None = None  # what the cache is stored in
+    num_host_blocks: int = 0  # the host tier's blocks (0: no host tier)
+    copy_bytes_per_s: float = 0.0  # host <-> device copy bandwidth measured at start-up
+
+    @property
+    def num_host_token_slots(self) -> int:
+        return self.num_host_blocks * self.block_size
 
     @property
     def num_token_slots(self) -> int:
@@ -49,7 +65,16 @@ class MemoryBudget:
             f"KV cache {self.kv_cache_bytes / GIB:.3f} GiB{self._dtype_note()} = "
             f"{self.num_blocks - 1} blocks of "
             f"{self.block_size} tokens ({self.block_bytes / 1024:.1f} KiB each), "
-            f"{self.num_token_slots} tokens fit"
+            f"{self.num_token_slots} tokens fit; {self._host_tier_note()}"
+        )
+
+    def _host_tier_note(self) -> str:
+        if not self.num_host_blocks:
+            return "host tier off"
+        return (
+            f"host tier {self.num_host_blocks * self.block_bytes / GIB:.3f} GiB = "
+            f"{self.num_host_blocks} blocks, {self.num_host_token_slots} tokens "
+            f"(copies {self.copy_bytes_per_s / 1e9:.1f} GB/s)"
         )
 
 
@@ -135,3 +160,33 @@ def size_kv_cache(
         block_size=cache_config.block_size,
         kv_cache_dtype=dtype,
     )
+
+
+def host_tier_bytes(cache_config: CacheConfig, device: torch.device) -> int:
+    """Bytes of host memory for the KV cache's host tier (0: none)."""
+    size_gib = cache_config.kv_offloading_size
+    if size_gib is not None:
+        return int(size_gib * GIB)
+    if device.type != "cuda":
+        return 0
+    available = available_host_bytes()
+    return int(min(DEFAULT_HOST_TIER_SHARE * available, DEFAULT_HOST_TIER_CAP_GIB * GIB))
+
+
+def available_host_bytes() -> int:
+    """Host memory available to new allocations (psutil's `available`; psutil is only a test
+    dependency, so read /proc/meminfo where it is missing). 0 when neither can tell."""
+    try:
+        import psutil
+    except ImportError:
+        pass
+    else:
+        return int(psutil.virtual_memory().available)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0

@@ -38,6 +38,7 @@ from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.forward_step import ForwardStep
+from ladle.worker.kv_copier import KVCopier, KVReport
 from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.prompt_logprobs import compute_prompt_logprobs
@@ -62,6 +63,7 @@ class LaunchedStep:
     copied: torch.cuda.Event | None  # None on the CPU (the tensors are final already)
     states: RequestStates
     prompt_logprobs: dict | None = None
+    kv_report: KVReport | None = None
     _result: StepResult | None = None
 
     def is_ready(self) -> bool:
@@ -81,6 +83,8 @@ class LaunchedStep:
             token_ids=token_ids,
             prompt_logprobs=self.prompt_logprobs,
         )
+        if self.kv_report is not None:
+            self.kv_report.fill(result)
         if self.sampled_host is None:
             return result
         if self.copied is not None:
@@ -153,6 +157,8 @@ class ModelRunner:
         self.kv_caches: list[torch.Tensor] = []  # set by the Worker once the pool is sized
         # The graphs' buckets (CUDA only), set by the Worker; captured unless eager.
         self.graph_buckets: DecodeGraphs | None = None
+        # Copies to and from the KV cache's host tier, set by the Worker when it has one.
+        self.kv_copier: KVCopier | None = None
 
     @property
     def graphs(self) -> DecodeGraphs | None:
@@ -193,9 +199,10 @@ class ModelRunner:
     @torch.inference_mode()
     def launch_forward(self, plan: StepPlan) -> ForwardStep:
         """The first half of execute: inputs, forward pass and logits, queued on the device."""
+        kv_report = self._run_kv_operations(plan)
         self._take_plan(plan)
         if not plan.scheduled:
-            return ForwardStep(plan, [], [], None, None, None, None, None)
+            return ForwardStep(plan, [], [], None, None, None, None, None, kv_report)
         states = self.states
         scheduled = plan.scheduled
         sampling_rows = plan.sampling_rows()
@@ -267,6 +274,7 @@ class ModelRunner:
             prompt_logprobs=prompt_logprobs,
             penalty_rows=penalty_rows,
             sampling_flags=flags,
+            kv_report=kv_report,
         )
 
     def _run_stage(
@@ -286,6 +294,21 @@ class ModelRunner:
             return output
         stage.send_forward(list(output))
         return None
+
+    def _run_kv_operations(self, plan: StepPlan) -> KVReport | None:
+        """Issue the plan's copies to and from the host tier, after making this step's forward
+        wait (on the device) for the copies earlier steps issued (kv_copier.py)."""
+        copier = self.kv_copier
+        if copier is None:
+            if not plan.kv_operations:
+                return None
+            # A plan that copies with no host tier here: each copy fails, nothing else does.
+            return KVReport(
+                failed={op.op_id: "this worker has no host KV tier" for op in plan.kv_operations}
+            )
+        copier.wait_for_earlier_copies()
+        done, failed = copier.run(plan.kv_operations, self.kv_caches)
+        return KVReport(done, failed, copier.take_stats())
 
     def _penalty_history(self, vocab_size: int) -> PenaltyHistory:
         if self.penalty_history is None:
@@ -307,7 +330,15 @@ class ModelRunner:
             if forward.sampling_rows and not self.stage.is_last:
                 return self._take_shared_sample(forward, num_logprobs)
             return LaunchedStep(
-                plan, [], None, None, num_logprobs, None, states, forward.prompt_logprobs
+                plan,
+                [],
+                None,
+                None,
+                num_logprobs,
+                None,
+                states,
+                forward.prompt_logprobs,
+                forward.kv_report,
             )
         logits = forward.logits
         penalty_rows = forward.penalty_rows
@@ -367,6 +398,7 @@ class ModelRunner:
             copied,
             states,
             forward.prompt_logprobs,
+            forward.kv_report,
         )
 
     def _take_shared_sample(self, forward: ForwardStep, num_logprobs: list) -> LaunchedStep:
@@ -389,4 +421,5 @@ class ModelRunner:
             copied,
             self.states,
             forward.prompt_logprobs,
+            forward.kv_report,
         )

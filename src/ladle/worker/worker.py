@@ -33,8 +33,10 @@ from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.expert_load import ExpertLoadMeter
 from ladle.worker.forward_step import ForwardStep
 from ladle.worker.fused_moe_setup import FusedMoeSetup, prepare_fused_moe
+from ladle.worker.host_kv_pool import allocate_host_kv_pool
 from ladle.worker.kv_cache_alloc import zeros_lazily
-from ladle.worker.memory import MemoryBudget, module_bytes, size_kv_cache
+from ladle.worker.kv_copier import KVCopier, measure_copy_bandwidth
+from ladle.worker.memory import MemoryBudget, host_tier_bytes, module_bytes, size_kv_cache
 from ladle.worker.model_runner import LaunchedStep, ModelRunner
 from ladle.worker.prefill_graphs import (
     graph_worthy_tokens,
@@ -162,7 +164,20 @@ class Worker:
                 num_blocks=num_blocks,
                 kv_cache_bytes=num_blocks * self.memory_budget.block_bytes,
             )
-        self.runner.kv_caches = self.allocate_kv_caches(self.memory_budget.num_blocks)
+        num_host_blocks = 0
+        if config.cache.enable_prefix_caching:  # the host tier works through block hashes
+            num_host_blocks = (
+                host_tier_bytes(config.cache, self.device) // self.memory_budget.block_bytes
+            )
+        # The same host block ids on every rank (the plans name them).
+        num_host_blocks = self.tp.min_over_ranks(num_host_blocks)
+        # With a host tier the layers' caches are views of one tensor (kv_copier.py: one gather
+        # moves a batch of blocks of every layer); without one, nothing changes.
+        self.runner.kv_caches = self.allocate_kv_caches(
+            self.memory_budget.num_blocks, stacked=num_host_blocks > 0
+        )
+        if num_host_blocks > 0:
+            self._allocate_host_tier(num_host_blocks)
         # On CUDA a step that fits a graph bucket takes its graph's launches even when run
         # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
         if self.device.type == "cuda":
@@ -236,12 +251,33 @@ class Worker:
         return requested
 
     def allocate_kv_caches(
-        self, num_blocks: int, dtype: torch.dtype | None = None
+        self, num_blocks: int, dtype: torch.dtype | None = None, stacked: bool = False
     ) -> list[torch.Tensor]:
+        """One [2, num_blocks, block_size, kv heads, head dim] tensor per layer; stacked: views
+        of one [layers, 2, ...] allocation (the same per-layer tensors, one storage)."""
         block_size = self.config.cache.block_size
         shape = (2, num_blocks, block_size, self.num_kv_heads, self.arch.head_dim)
         dtype = dtype or self.kv_cache_dtype
+        if stacked:
+            return list(zeros_lazily((self.num_layers, *shape), dtype, self.device).unbind(0))
         return [zeros_lazily(shape, dtype, self.device) for _ in range(self.num_layers)]
+
+    def _allocate_host_tier(self, num_host_blocks: int) -> None:
+        """The KV cache's host tier: its pool, the copier the runner issues the plans' KV
+        operations through, and the copy bandwidth the swap-or-recompute rule uses."""
+        host_pool = allocate_host_kv_pool(
+            self.num_layers,
+            num_host_blocks,
+            tuple(self.runner.kv_caches[0].shape[2:]),
+            self.kv_cache_dtype,
+            self.device,
+        )
+        self.runner.kv_copier = KVCopier(host_pool, self.device)
+        self.memory_budget = dataclasses.replace(
+            self.memory_budget,
+            num_host_blocks=num_host_blocks,
+            copy_bytes_per_s=measure_copy_bandwidth(self.device),
+        )
 
     @torch.inference_mode()
     def _run_probe_step(self, num_tokens: int, num_reqs: int, forward_only: bool = False) -> None:
