@@ -170,7 +170,7 @@ class Worker:
                 host_tier_bytes(config.cache, self.device) // self.memory_budget.block_bytes
             )
         # The same host block ids on every rank (the plans name them).
-        num_host_blocks = self.tp.min_over_ranks(num_host_blocks)
+        num_host_blocks = min_over_world(num_host_blocks, self.device)
         # With a host tier the layers' caches are views of one tensor (kv_copier.py: one gather
         # moves a batch of blocks of every layer); without one, nothing changes.
         self.runner.kv_caches = self.allocate_kv_caches(
