@@ -146,9 +146,15 @@ def test_fused_routing_matches_the_torch_router(renormalize):
     expected = router.route(logits, torch.bfloat16)
     counts = torch.zeros(NUM_EXPERTS, dtype=torch.int64, device="cuda")
     weights, ids = topk_softmax(logits, TOP_K, renormalize, torch.bfloat16, counts)
-    # bf16 logits tie now and then; a tie may pick either expert (same weight).
-    same = (ids == expected.expert_ids).float().mean()
-    assert same > 0.99, same
+    # bf16 logits tie often (about 30% of these rows have equal values among their top 9), and
+    # torch's CUDA topk breaks ties in its own order: the fused picks must be a top-k in
+    # descending order (each pick's probability the k-th largest), distinct experts per row.
+    probabilities = torch.softmax(logits, dim=-1, dtype=torch.float32)
+    torch.testing.assert_close(
+        probabilities.gather(1, ids), probabilities.topk(TOP_K, dim=-1).values, rtol=0, atol=0
+    )
+    assert all(len(set(row)) == TOP_K for row in ids.tolist())
+    # Tied picks carry equal weights, so the weights compare slot by slot.
     torch.testing.assert_close(weights.float(), expected.weights.float(), rtol=1e-2, atol=1e-3)
     assert torch.equal(counts, torch.bincount(ids.reshape(-1), minlength=NUM_EXPERTS))
 
