@@ -313,7 +313,7 @@ class SchedulerConfig:
             )
 
 
-EXECUTOR_BACKENDS = ("uni", "mp")
+EXECUTOR_BACKENDS = ("uni", "mp", "ray")
 
 
 @dataclass(frozen=True)
@@ -336,8 +336,9 @@ class ParallelConfig:
     )
     distributed_executor_backend: str | None = field(
         default=None,
-        metadata={"help": "how workers run: 'uni' (in the engine process) or 'mp' (one process "
-                  "per rank); default 'uni' for one rank, 'mp' for several"},
+        metadata={"help": "how workers run: 'uni' (in the engine process), 'mp' (one process "
+                  "per rank) or 'ray' (one Ray actor per rank, on any host of a Ray cluster); "
+                  "default 'uni' for one rank, 'mp' for several"},
     )
 
     def __post_init__(self) -> None:

@@ -74,18 +74,21 @@ def leave() -> None:
         dist.destroy_process_group()
 
 
-def rank_device(device: torch.device, rank: int, world_size: int) -> torch.device:
-    """The device of rank `rank`: GPU `rank` of this host on CUDA (one process per GPU), the CPU
-    otherwise, where the ranks share the cores evenly instead of each taking all of them."""
+def rank_device(
+    device: torch.device, rank: int, world_size: int, device_index: int | None = None
+) -> torch.device:
+    """The device of rank `rank`: GPU `rank` of this host on CUDA (one process per GPU), or GPU
+    `device_index` where the process sees only its own (a Ray actor); the CPU otherwise, where
+    the ranks share the cores evenly instead of each taking all of them."""
     if world_size == 1:
         return device
     if device.type == "cuda":
         available = torch.cuda.device_count()
-        if available < world_size:
+        if device_index is None and available < world_size:
             raise ValueError(
                 f"{world_size} ranks need {world_size} GPUs; this host has {available}"
             )
-        device = torch.device("cuda", rank)
+        device = torch.device("cuda", rank if device_index is None else device_index)
         torch.cuda.set_device(device)
         return device
     torch.set_num_threads(max(1, (os.cpu_count() or 1) // world_size))

@@ -9,7 +9,12 @@ from ladle.executor.multiprocess import MultiprocessExecutor
 
 
 def build_executor(config: EngineConfig) -> Executor:
-    """'uni': the worker in this process; 'mp': one worker process per rank."""
+    """'uni': the worker in this process; 'mp': one worker process per rank; 'ray': one Ray
+    actor per rank (Ray is imported only then)."""
     if config.parallel.executor_backend == "mp":
         return MultiprocessExecutor(config)
+    if config.parallel.executor_backend == "ray":
+        from ladle.executor.ray_executor import RayExecutor
+
+        return RayExecutor(config)
     return InProcessExecutor(config)

@@ -22,6 +22,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from collections import deque
 from collections.abc import Callable
@@ -129,13 +130,18 @@ def run_worker(
     output_address: str,
     ready_address: str,
     rendezvous: str | None = None,
+    device_index: int | None = None,
+    watch_parent: bool = True,
 ) -> None:
-    """Build the Worker, report its WorkerInfo (or why it could not start), then run plans."""
+    """Build the Worker, report its WorkerInfo (or why it could not start), then run plans.
+    watch_parent: leave once the process that started this one is gone (a subprocess of the
+    engine; a Ray actor is stopped by Ray with its owner instead)."""
     # Ctrl-C and a supervisor's SIGTERM reach the whole process group; the engine decides how
     # its workers stop (StopWorker, else SIGKILL), and a worker whose engine is gone leaves.
-    signal.signal(signal.SIGINT, signal.SIG_IGN)
-    signal.signal(signal.SIGTERM, signal.SIG_IGN)
-    parent_pid = os.getppid()
+    if threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        signal.signal(signal.SIGTERM, signal.SIG_IGN)
+    parent_pid = os.getppid() if watch_parent else None
     context = zmq.Context()
     inputs = context.socket(zmq.PULL)
     inputs.connect(input_address)
@@ -146,7 +152,7 @@ def run_worker(
     ready.setsockopt(zmq.LINGER, 1000)
     ready.connect(ready_address)
     try:
-        worker = Worker(config, rank, rendezvous)
+        worker = Worker(config, rank, rendezvous, device_index)
     except Exception as error:
         ready.send_pyobj(("error", rank, f"{type(error).__name__}: {error}"))
         ready.close()
@@ -166,7 +172,7 @@ def run_worker(
 
 class _WorkerLoop:
     def __init__(
-        self, worker: Worker, inputs: zmq.Socket, outputs: zmq.Socket, parent_pid: int
+        self, worker: Worker, inputs: zmq.Socket, outputs: zmq.Socket, parent_pid: int | None
     ) -> None:
         self.worker = worker
         self.parent_pid = parent_pid
@@ -186,7 +192,7 @@ class _WorkerLoop:
                     self._send_result(plan, launched, failed)
                 continue
             if not self.inputs.poll(PARENT_CHECK_MS):
-                if os.getppid() != self.parent_pid:
+                if self.parent_pid is not None and os.getppid() != self.parent_pid:
                     return  # the engine is gone (killed): nothing will come
                 continue
             message = _to_worker.decode(self.inputs.recv())
@@ -272,33 +278,21 @@ class MultiprocessExecutor(Executor):
         self.world_size = config.parallel.world_size
         self._folder = tempfile.mkdtemp(prefix="ladle-workers-")
         self._context = zmq.Context()
-        output_address = f"ipc://{self._folder}/results"
         self._results = self._context.socket(zmq.PULL)
-        self._results.bind(output_address)
+        output_address = self._bind(self._results, "results")
         self._inputs: list[zmq.Socket] = []
-        ready_address = f"ipc://{self._folder}/ready"
         self._ready = self._context.socket(zmq.PULL)
-        self._ready.bind(ready_address)
-        # Plain subprocesses, not multiprocessing's: the server's engine-core process is a
-        # daemonic multiprocessing child, and those may not start children of their own.
-        self._processes: list[subprocess.Popen] = []
-        config_bytes = pickle.dumps(config)
-        rendezvous = f"file://{self._folder}/rendezvous"
+        ready_address = self._bind(self._ready, "ready")
+        self._processes = []
+        input_addresses = []
         for rank in range(self.world_size):
-            address = f"ipc://{self._folder}/rank{rank}"
             socket = self._context.socket(zmq.PUSH)
             socket.setsockopt(zmq.LINGER, 0)
-            socket.bind(address)
+            input_addresses.append(self._bind(socket, f"rank{rank}"))
             self._inputs.append(socket)
-            process = subprocess.Popen(
-                [sys.executable, "-m", "ladle.executor.multiprocess", str(rank), address,
-                 output_address, ready_address, rendezvous],
-                stdin=subprocess.PIPE,
-            )
-            assert process.stdin is not None
-            process.stdin.write(config_bytes)
-            process.stdin.close()
-            self._processes.append(process)
+        self._processes = self._start_workers(
+            config, input_addresses, output_address, ready_address
+        )
         # multiprocessing's finalizer, not weakref's: the engine-core process runs these before
         # its os._exit, so its workers stop and their sockets' folder goes on every exit.
         self._finalizer = multiprocessing.util.Finalize(
@@ -322,6 +316,37 @@ class MultiprocessExecutor(Executor):
         self._num_submitted = 0
         self._received: dict[int, StepResult] = {}
         self._num_received = 0
+
+    def _bind(self, socket: zmq.Socket, name: str) -> str:
+        """Bind one of the engine's sockets; the address the workers connect to."""
+        address = f"ipc://{self._folder}/{name}"
+        socket.bind(address)
+        return address
+
+    def _start_workers(
+        self,
+        config: EngineConfig,
+        input_addresses: list[str],
+        output_address: str,
+        ready_address: str,
+    ) -> list:
+        """One worker process per rank; each handle has poll(), wait(timeout) and kill()."""
+        # Plain subprocesses, not multiprocessing's: the server's engine-core process is a
+        # daemonic multiprocessing child, and those may not start children of their own.
+        config_bytes = pickle.dumps(config)
+        rendezvous = f"file://{self._folder}/rendezvous"
+        processes = []
+        for rank, address in enumerate(input_addresses):
+            process = subprocess.Popen(
+                [sys.executable, "-m", "ladle.executor.multiprocess", str(rank), address,
+                 output_address, ready_address, rendezvous],
+                stdin=subprocess.PIPE,
+            )
+            assert process.stdin is not None
+            process.stdin.write(config_bytes)
+            process.stdin.close()
+            processes.append(process)
+        return processes
 
     def _await_ready(self) -> list[WorkerInfo]:
         """Every rank's WorkerInfo, in rank order, once each has loaded and planned memory."""

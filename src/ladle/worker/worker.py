@@ -67,14 +67,21 @@ class WorkerInfo:
 
 class Worker:
     def __init__(
-        self, config: EngineConfig, rank: int = 0, init_method: str | None = None
+        self,
+        config: EngineConfig,
+        rank: int = 0,
+        init_method: str | None = None,
+        device_index: int | None = None,
     ) -> None:
         """init_method: where the ranks meet (torch.distributed's rendezvous) when there are
-        several; the multi-process executor chooses it."""
+        several; the multi-process executor chooses it. device_index: the GPU this process
+        uses where it sees only its own (a Ray actor); else GPU `rank`."""
         self.config = config
         self.rank = rank
         world_size = config.parallel.world_size
-        self.device = rank_device(resolve_device(config.model.device), rank, world_size)
+        self.device = rank_device(
+            resolve_device(config.model.device), rank, world_size, device_index
+        )
         self.dtype = resolve_dtype(config.model.dtype, self.device)
         block_size = config.cache.block_size
         # Every rank seeds alike: each samples the same tokens from the same gathered logits.
