@@ -141,8 +141,19 @@ class RowParallelLinear(Linear):
             if param is self.bias:
                 if self.tp.rank != 0:
                     loaded_weight = torch.zeros_like(loaded_weight)
-            else:
-                columns = self.input_size
+            elif param.dim() > 1 and not (param.shape[1] == 1 and loaded_weight.shape[-1] == 1):
+                # The weight, or a quantized form's tensor (codes, group scales, zeros): every
+                # one is laid out by output row with its columns in input order, so this rank's
+                # share of the columns is its share of the inputs. A per-row scale (one column)
+                # is every rank's.
+                columns = param.shape[1]
+                if loaded_weight.shape[-1] != columns * self.tp.size and columns != self.input_size:
+                    raise ModelLoadError(
+                        f"a quantized tensor of {loaded_weight.shape[-1]} columns cannot be split "
+                        f"over {self.tp.size} ranks of {self.input_size} inputs each (its groups "
+                        "would straddle ranks); use a tensor_parallel_size that splits the "
+                        "inputs into whole groups"
+                    )
                 loaded_weight = rank_slice(
                     loaded_weight, 1, self.tp.rank * columns, columns, columns * self.tp.size
                 )

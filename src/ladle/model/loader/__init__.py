@@ -193,12 +193,6 @@ def _load_unquantized(
     files = find_safetensors_files(model_dir)
     check_safetensors_files(files)
     checkpoint_quant = read_checkpoint_quantization(config, str(model_dir))
-    if checkpoint_quant is not None and num_ranks > 1:
-        raise ModelLoadError(
-            f"{str(model_dir)!r} is a {checkpoint_quant.method}-quantized checkpoint; "
-            f"{num_ranks} ranks (tensor or pipeline parallelism) load float checkpoints for now "
-            "(quantize at load with --quantization fp8 or int8 instead, or run it on one rank)"
-        )
     model = build_model(arch_config, device, dtype, attention_backend, tp, stage)
     tensor_names = safetensors_tensor_names(files)
     weights = with_progress(
