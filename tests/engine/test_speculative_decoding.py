@@ -169,7 +169,9 @@ def test_stop_strings_and_eos_inside_accepted_drafts(engines, engine_off, method
             (i for i in range(3, len(tokens)) if tokens[i] in seen and tokens[i] not in tokens[:i]),
             len(tokens) // 2,
         )
-        params.append(SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[tokens[stop_at]]))
+        params.append(
+            SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[tokens[stop_at]])
+        )
     text = reference[0].outputs[0].text
     params[0] = SamplingParams(temperature=0, max_tokens=32, stop=[text[len(text) // 2 :][:3]])
     expected = _details(engine_off.generate(prompts, params, use_tqdm=False))

@@ -60,7 +60,8 @@ def test_draft_probs_match_the_textbook_reference(vocab_size, num_drafts):
     draft_probs = torch.softmax(torch.randn(num_rows, vocab_size, generator=generator) * 3, -1)
     seeds = torch.randint(0, 2**31 - 1, (num_rows,), generator=generator)
     steps = torch.arange(num_rows) % (num_drafts + 1) + 40
-    row_tokens = rejection_sample(logits, _row_drafts(drafts_per_request), seeds, steps, draft_probs)
+    row_drafts = _row_drafts(drafts_per_request)
+    row_tokens = rejection_sample(logits, row_drafts, seeds, steps, draft_probs)
     emitted = emitted_tokens(row_tokens.tolist(), _rows(drafts_per_request), drafts_per_request)
     uniforms = counter_row_uniforms(seeds, steps)
     gumbels = counter_gumbels(seeds, steps, vocab_size)

@@ -35,8 +35,8 @@ from ladle.protocol.messages import (
     SchedulerStats,
 )
 from ladle.protocol.step import KVTransferStats, StepPlan, StepResult
-from ladle.spec_decode.speculator import Speculator
 from ladle.sampling.limits import check_field, check_top_k
+from ladle.spec_decode.speculator import Speculator
 from ladle.structured.engine_side import build_structured_output_manager
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.threads import ThreadGovernor

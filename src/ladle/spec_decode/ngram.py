@@ -59,7 +59,9 @@ class NgramProposer:
         self.max_n = max_n
         self.indexes: dict[str, NgramIndex] = {}
 
-    def propose_from(self, request_id: str, tokens: Sequence[int], max_num_tokens: int) -> list[int]:
+    def propose_from(
+        self, request_id: str, tokens: Sequence[int], max_num_tokens: int
+    ) -> list[int]:
         index = self.indexes.get(request_id)
         if index is None:
             index = self.indexes[request_id] = NgramIndex(self.min_n, self.max_n)

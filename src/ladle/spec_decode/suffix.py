@@ -112,7 +112,9 @@ class SuffixProposer:
         self.indexes: dict[str, NgramIndex] = {}
         self.table = GlobalSuffixTable(min_n, max_n, max_cached_requests)
 
-    def propose_from(self, request_id: str, tokens: Sequence[int], max_num_tokens: int) -> list[int]:
+    def propose_from(
+        self, request_id: str, tokens: Sequence[int], max_num_tokens: int
+    ) -> list[int]:
         index = self.indexes.get(request_id)
         if index is None:
             index = self.indexes[request_id] = NgramIndex(self.min_n, self.max_n)
