@@ -14,9 +14,10 @@ seen it. What the runner knows of a request it keeps itself (request_states.py),
 A request that verifies k draft tokens samples k + 1 rows (one after its last known token and one
 after each draft); result() accepts the drafts while each equals the token sampled before it and
 ends with the first token sampled after the accepted ones: for drafts without a distribution
-(n-gram, suffix) that is exact rejection sampling (sample/rejection.py says why). Every row samples exactly as a one-token
-step at that output index would (same random stream counter, same penalties, grammar mask and
-bad_words over the tokens before it), so a step with drafts gives the tokens one-token steps give.
+(n-gram, suffix) that is exact rejection sampling (sample/rejection.py says why). Every row
+samples exactly as a one-token step at that output index would (same random stream counter, same
+penalties, grammar mask and bad_words over the tokens before it), so a step with drafts gives the
+tokens one-token steps give.
 
 execute() is launch_forward() then sample(): the engine calls the two apart when a row's sampling
 needs the previous step's tokens on the host (a grammar, bad_words), so that step is read while
