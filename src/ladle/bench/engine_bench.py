@@ -262,7 +262,11 @@ def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | N
     the speculative runs."""
     speculator = engine.speculator
     before = copy.deepcopy(speculator.stats) if speculator is not None else None
-    runs = [run_engine(engine, requests, f"run{i}", show) for i in range(args.runs)]
+    runs = []
+    for index in range(args.runs):
+        if speculator is not None:
+            speculator.forget_history()  # each run drafts only from what it saw itself
+        runs.append(run_engine(engine, requests, f"run{index}", show))
     if speculator is None:
         return runs, None
     after = copy.deepcopy(speculator.stats)

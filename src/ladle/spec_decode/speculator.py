@@ -110,6 +110,13 @@ class Speculator:
         """A decode-only step of num_tokens tokens (drafts included) took seconds."""
         self.step_cost.observe(num_tokens, seconds)
 
+    def forget_history(self) -> None:
+        """Drop what was learned from ended requests (the suffix table): a benchmark that
+        repeats the same requests run after run must not draft from its own earlier answers."""
+        forget = getattr(self.proposer, "forget_history", None)
+        if forget is not None:
+            forget()
+
     def release(self, request: Request) -> None:
         self.acceptance.pop(request.request_id, None)
         self.proposer.release(request.request_id, request.output_token_ids)

@@ -123,6 +123,12 @@ class SuffixProposer:
         draft, match = (own, own_match) if own_match >= shared_match else (shared, shared_match)
         return draft[: max(1, int(self.max_spec_factor * match))] if draft else []
 
+    def forget_history(self) -> None:
+        """Empty the global table (benchmarks that repeat their requests)."""
+        self.table = GlobalSuffixTable(
+            self.table.min_n, self.table.max_n, self.table.max_cached_requests
+        )
+
     def release(self, request_id: str, output_token_ids: Sequence[int]) -> None:
         """A request ended: its index goes, its output joins the global table."""
         self.indexes.pop(request_id, None)
