@@ -257,25 +257,27 @@ def _edit_requests(llm, args: argparse.Namespace) -> list[WorkloadRequest]:
 
 
 def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | None]:
-    """The timed runs, and with speculation on the same runs without it (the proposer set
-    aside on the same engine: same weights, graphs and cache) plus the acceptance counters of
-    the speculative runs."""
+    """The timed runs, and with speculation on the same runs without it, interleaved (on, off,
+    on, off, ...: a shared machine's load drifts) on the same engine with the proposer set
+    aside (same weights, graphs and cache), plus the speculative runs' acceptance counters."""
     speculator = engine.speculator
-    before = copy.deepcopy(speculator.stats) if speculator is not None else None
-    runs = []
-    for index in range(args.runs):
-        if speculator is not None:
-            speculator.forget_history()  # each run drafts only from what it saw itself
-        runs.append(run_engine(engine, requests, f"run{index}", show))
     if speculator is None:
-        return runs, None
-    after = copy.deepcopy(speculator.stats)
+        return [run_engine(engine, requests, f"run{i}", show) for i in range(args.runs)], None
     scheduler = engine.scheduler
-    scheduler.proposer = None
-    try:
-        baseline = [run_engine(engine, requests, f"nospec{i}", show) for i in range(args.runs)]
-    finally:
-        scheduler.proposer = speculator
+    runs, baseline = [], []
+    drafted_before = copy.deepcopy(speculator.stats)
+    drafted_stats = copy.deepcopy(speculator.stats)  # accumulates the speculative runs only
+    for index in range(args.runs):
+        speculator.forget_history()  # each run drafts only from what it saw itself
+        before = copy.deepcopy(speculator.stats)
+        runs.append(run_engine(engine, requests, f"run{index}", show))
+        _add_stats(drafted_stats, before, speculator.stats)
+        scheduler.proposer = None
+        try:
+            baseline.append(run_engine(engine, requests, f"nospec{index}", show))
+        finally:
+            scheduler.proposer = speculator
+    before, after = drafted_before, drafted_stats
     num_drafts = after.num_drafts - before.num_drafts
     accepted = after.num_accepted_tokens - before.num_accepted_tokens
     drafted = after.num_draft_tokens - before.num_draft_tokens
@@ -288,7 +290,7 @@ def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | N
         "num_draft_tokens": drafted,
         "num_accepted_tokens": accepted,
         # Tokens per drafted request step (1 + accepted drafts), vLLM's "mean acceptance
-        # length"; and over every decode step, drafted or not (what the speed-up follows).
+        # length"; steps the adaptive rule left undrafted are not in it.
         "acceptance_length": 1 + accepted / num_drafts if num_drafts else None,
         "acceptance_rate": accepted / drafted if drafted else None,
         "drafting_ms_per_token": (after.drafting_seconds - before.drafting_seconds)
@@ -302,6 +304,14 @@ def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | N
         "speedup_decode_ms_per_token": base_ms / spec_ms if base_ms and spec_ms else None,
     }
     return runs, speculation
+
+
+def _add_stats(total, before, after) -> None:
+    """Add the counters' growth from before to after into total."""
+    total.num_drafts += after.num_drafts - before.num_drafts
+    total.num_draft_tokens += after.num_draft_tokens - before.num_draft_tokens
+    total.num_accepted_tokens += after.num_accepted_tokens - before.num_accepted_tokens
+    total.drafting_seconds += after.drafting_seconds - before.drafting_seconds
 
 
 def _median_of(runs: list[dict], key: str) -> float | None:
