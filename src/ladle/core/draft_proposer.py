@@ -28,6 +28,11 @@ class AdaptiveDraftProposer(DraftProposer, Protocol):
         """A step is being scheduled with this many running requests."""
         ...
 
+    def may_draft(self, request: Request) -> bool:
+        """Whether the request would get drafts in the step being scheduled (from what is
+        known without its tokens): when not, it runs as a plain decode, overlapped."""
+        ...
+
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         """A step verified num_drafted drafts of the request and accepted num_accepted."""
         ...

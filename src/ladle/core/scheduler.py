@@ -190,10 +190,12 @@ class Scheduler:
                 self.proposer is not None
                 and request.num_pending_tokens
                 and request.num_computed_tokens >= request.num_tokens
+                and (adaptive is None or adaptive.may_draft(request))
             ):
                 # How far it got depends on how many drafts its step in flight accepts; and a
-                # proposer reads every token, so with one a decode waits for its step to be
-                # read (speculation makes each request's steps synchronous, not the engine's).
+                # proposer reads every token, so a decode it will draft for waits for its step
+                # to be read (speculation makes that request's steps synchronous, not the
+                # engine's). One the adaptive rule would not draft for runs overlapped.
                 index += 1
                 continue
             num_known_tokens = request.num_tokens + request.num_pending_tokens

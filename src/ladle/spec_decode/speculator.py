@@ -62,6 +62,24 @@ class Speculator:
         self._num_step_tokens = num_decodes
         self._num_step_outputs = float(num_decodes)
 
+    def may_draft(self, request: Request) -> bool:
+        """Whether the adaptive rule gives the request drafts in this step (True when not
+        adaptive). A request it refuses drifts back towards the prior acceptance."""
+        if not self.config.adaptive:
+            return True
+        estimate = self.acceptance.get(request.request_id)
+        rate = estimate.rate if estimate is not None else AcceptanceEstimate().rate
+        length = choose_draft_length(
+            rate,
+            self.config.num_speculative_tokens,
+            max(self._num_step_tokens, 1),
+            max(self._num_step_outputs, 1.0),
+            self.step_cost.step_seconds,
+        )
+        if length == 0 and estimate is not None:
+            estimate.decay()
+        return length > 0
+
     def propose(self, request: Request, max_num_tokens: int) -> list[int]:
         """Drafts for one decode, no more than max_num_tokens nor the adaptive length."""
         limit = min(max_num_tokens, self.config.num_speculative_tokens)
