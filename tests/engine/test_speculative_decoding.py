@@ -215,3 +215,39 @@ def test_bad_speculative_configs_are_refused_by_field(config, message):
     with pytest.raises(ValueError) as error:
         LLM("tiny-llama", load_format="dummy", speculative_config=config)
     assert message in str(error.value)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_overlapped_steps_with_adaptive_speculation(model_path, engine_off, method):
+    """With overlapped scheduling, requests the adaptive rule does not draft for run with their
+    token in flight and drafted ones wait for theirs: the tokens are still those without
+    speculation, and both kinds of step happened."""
+    llm = LLM(
+        model_path,
+        async_scheduling=True,
+        speculative_config={"method": method, "num_speculative_tokens": 4},
+        **ENGINE_OPTIONS,
+    )
+    assert llm.engine.overlaps
+    prompts = _repetitive_prompts(48)
+    params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    builder = llm.engine.executor.worker.runner.input_builder
+    original = builder.build
+    device_reads = 0
+
+    def counting_build(*args, **kwargs):
+        nonlocal device_reads
+        inputs = original(*args, **kwargs)
+        device_reads += inputs.token_slots is not None
+        return inputs
+
+    builder.build = counting_build
+    try:
+        got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+        single = _tokens(llm.generate(prompts[:1], params, use_tqdm=False))
+    finally:
+        builder.build = original
+    assert got == expected and single == expected[:1]
+    assert device_reads > 0  # some decodes read their input id on the device (overlapped)
+    assert llm.engine.get_stats().spec_decode.num_drafts > 0  # and some steps verified drafts
