@@ -302,6 +302,13 @@ def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | N
         "speedup_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs)
         / statistics.median(r["tokens_per_s"] for r in baseline),
         "speedup_decode_ms_per_token": base_ms / spec_ms if base_ms and spec_ms else None,
+        # Each speculative run against the plain run right after it: on a loaded machine the
+        # ratio of neighbours is steadier than the ratio of medians.
+        "speedup_decode_ms_per_token_pairs": [
+            b["decode_ms_per_token"] / r["decode_ms_per_token"]
+            for r, b in zip(runs, baseline)
+            if r["decode_ms_per_token"] and b["decode_ms_per_token"]
+        ],
     }
     return runs, speculation
 
@@ -482,6 +489,9 @@ def _print_table(result: dict) -> None:
             ("speed-up (tok/s; decode ms/token)",
              f"{speculation['speedup_tokens_per_s']:.2f}x; "
              f"{_fmt(speculation['speedup_decode_ms_per_token'])}x"),
+            ("speed-up per pair of runs (decode)",
+             ", ".join(f"{ratio:.2f}x" for ratio in speculation[
+                 "speedup_decode_ms_per_token_pairs"])),
             ("drafting (host ms per token)", _fmt(speculation["drafting_ms_per_token"])),
         ]
     if "hf_peer" in result:
