@@ -251,3 +251,28 @@ def test_overlapped_steps_with_adaptive_speculation(model_path, engine_off, meth
     assert got == expected and single == expected[:1]
     assert device_reads > 0  # some decodes read their input id on the device (overlapped)
     assert llm.engine.get_stats().spec_decode.num_drafts > 0  # and some steps verified drafts
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(distributed_executor_backend="mp"), dict(tensor_parallel_size=2)],
+    ids=["worker-process", "tp2"],
+)
+def test_speculation_through_worker_processes(model_path, engine_off, options):
+    """Drafts cross to worker processes in the plan (one rank, then two tensor-parallel ranks
+    over gloo): the tokens are those of the one-process engine without speculation."""
+    llm = LLM(
+        model_path,
+        speculative_config={"method": "ngram", "num_speculative_tokens": 3, "adaptive": False},
+        **ENGINE_OPTIONS,
+        **options,
+    )
+    prompts = _repetitive_prompts(16)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    try:
+        got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+        assert got == expected
+        assert llm.engine.get_stats().spec_decode.num_accepted_tokens > 20
+    finally:
+        llm.engine.executor.shutdown()
