@@ -56,3 +56,33 @@ def test_edit_requests_quote_the_text_they_ask_to_change():
         assert request.text_tokens == len(text.split())
     assert requests[0].max_tokens > requests[0].text_tokens  # a rewrite may run a bit longer
     assert requests[2].max_tokens < requests[2].text_tokens  # a summary is shorter
+
+
+def test_the_edit_class_quotes_sharegpt_replies_of_the_lengths(tmp_path):
+    from ladle.bench.serve_workloads import WorkloadOptions, build_workload
+
+    class Words:
+        def encode(self, text):
+            return text.split()
+
+        def decode(self, ids):
+            return " ".join(ids)
+
+    replies = [" ".join(f"w{i}" for i in range(n)) for n in (10, 80, 200, 500, 120)]
+    entries = [
+        {"conversations": [{"from": "human", "value": "q"}, {"from": "gpt", "value": reply}]}
+        for reply in replies
+    ]
+    path = tmp_path / "sharegpt.json"
+    path.write_text(json.dumps(entries))
+    options = WorkloadOptions(num_requests=3, tokenizer=Words(), sharegpt_path=str(path))
+    requests = build_workload({"edit": 1}, options)
+    quoted = sorted(
+        next(len(r.split()) for r in replies if request.messages[0]["content"].endswith(r))
+        for request in requests
+    )
+    assert quoted == [80, 120, 200]  # 10 and 500 tokens are outside 64..400
+    assert all(request.workload == "edit" for request in requests)
+    options.num_requests = 4
+    with pytest.raises(ValueError, match="only 3 replies"):
+        build_workload({"edit": 1}, options)
