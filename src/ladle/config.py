@@ -401,6 +401,14 @@ class SpeculativeConfig:
         """Build from the user's dict (JSON), naming any key ladle does not know."""
         if not isinstance(options, dict):
             raise ValueError(f"speculative_config must be a JSON object, got {options!r}")
+        method = options.get("method")
+        if method in SPECULATIVE_METHODS_LATER:
+            # Before the keys: a draft model's config carries keys (model, ...) ladle does not
+            # know yet, and the method is what the user needs to hear about.
+            raise ValueError(
+                f"speculative_config.method={method!r} is not yet supported by ladle; "
+                f"supported: {', '.join(SPECULATIVE_METHODS)}"
+            )
         known = {f.name for f in dataclasses.fields(cls)}
         unknown = sorted(set(options) - known)
         if unknown:

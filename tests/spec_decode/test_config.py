@@ -32,6 +32,7 @@ def test_a_flag_that_is_not_json_is_refused(capsys):
     ("options", "field"),
     [
         ({"method": "eagle"}, "method='eagle' is not yet supported"),
+        ({"method": "eagle3", "model": "some/head"}, "method='eagle3' is not yet supported"),
         ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens"),
         ({"method": "ngram", "prompt_lookup_min": 0}, "prompt_lookup_min"),
         ({"method": "suffix", "suffix_max_cached_requests": -1}, "suffix_max_cached_requests"),
