@@ -296,6 +296,12 @@ class SchedulerConfig:
         metadata={"help": "overlapped scheduling: build and launch each step while the device "
                   "runs the one before (default: on for CUDA, off on the CPU)"},
     )
+    speculative_config: dict | None = field(
+        default=None,
+        metadata={"help": "speculative decoding, as JSON (vLLM's keys): "
+                  '\'{"method": "ngram"|"suffix", "num_speculative_tokens": 4, '
+                  '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\''},
+    )
 
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
@@ -311,6 +317,108 @@ class SchedulerConfig:
                 f"preemption_mode must be one of {', '.join(PREEMPTION_MODES)}, got "
                 f"{self.preemption_mode!r}"
             )
+        if self.speculative_config is not None:
+            self.speculative  # noqa: B018 -- validates now, at start-up
+
+    @property
+    def speculative(self) -> SpeculativeConfig | None:
+        """The parsed speculative_config; None when speculation is off."""
+        if self.speculative_config is None:
+            return None
+        return SpeculativeConfig.from_dict(self.speculative_config)
+
+
+SPECULATIVE_METHODS = ("ngram", "suffix")
+# vLLM's other methods: named so their users get "not yet supported", not "unknown".
+SPECULATIVE_METHODS_LATER = ("draft_model", "eagle", "eagle3", "mtp", "medusa", "auto")
+MAX_SPECULATIVE_TOKENS = 16
+
+
+@dataclass(frozen=True)
+class SpeculativeConfig:
+    """Speculative decoding (vLLM's --speculative-config keys): a proposer drafts up to
+    num_speculative_tokens tokens per request per step, and the step verifies them.
+
+    method: ngram (prompt lookup) or suffix (suffix matching over the request and earlier
+    outputs). prompt_lookup_min/max: the n-gram lengths ngram matches (and the shortest match suffix
+    trusts). suffix_max_cached_requests: earlier requests' outputs the
+    suffix index keeps. adaptive: choose each request's draft length per step from its measured
+    acceptance and the step's cost (spec_decode/adaptive.py); off: always the longest draft the
+    proposer has. synthetic_acceptance (benchmarks only): the verifier accepts each draft with
+    this probability instead of checking it, so outputs are NOT the model's.
+    """
+
+    method: str = "ngram"
+    num_speculative_tokens: int = 4
+    prompt_lookup_min: int = 2
+    prompt_lookup_max: int = 5
+    suffix_max_cached_requests: int = 1000
+    adaptive: bool = True
+    synthetic_acceptance: float | None = None
+
+    def __post_init__(self) -> None:
+        if self.method in SPECULATIVE_METHODS_LATER:
+            raise ValueError(
+                f"speculative_config.method={self.method!r} is not yet supported by ladle; "
+                f"supported: {', '.join(SPECULATIVE_METHODS)}"
+            )
+        if self.method not in SPECULATIVE_METHODS:
+            raise ValueError(
+                f"speculative_config.method must be one of {', '.join(SPECULATIVE_METHODS)}, "
+                f"got {self.method!r}"
+            )
+        k = self.num_speculative_tokens
+        if not isinstance(k, int) or isinstance(k, bool) or not 1 <= k <= MAX_SPECULATIVE_TOKENS:
+            raise ValueError(
+                f"speculative_config.num_speculative_tokens must be an integer in "
+                f"1..{MAX_SPECULATIVE_TOKENS}, got {k!r}"
+            )
+        for name in ("prompt_lookup_min", "prompt_lookup_max", "suffix_max_cached_requests"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise ValueError(
+                    f"speculative_config.{name} must be an integer >= 1, got {value!r}"
+                )
+        if self.prompt_lookup_min > self.prompt_lookup_max:
+            raise ValueError(
+                f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) is above "
+                f"prompt_lookup_max ({self.prompt_lookup_max})"
+            )
+        if not isinstance(self.adaptive, bool):
+            raise ValueError(
+                f"speculative_config.adaptive must be true or false, got {self.adaptive!r}"
+            )
+        rate = self.synthetic_acceptance
+        if rate is not None and (
+            isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1
+        ):
+            raise ValueError(
+                f"speculative_config.synthetic_acceptance must be a number in [0, 1], got {rate!r}"
+            )
+
+    @classmethod
+    def from_dict(cls, options: dict) -> SpeculativeConfig:
+        """Build from the user's dict (JSON), naming any key ladle does not know."""
+        if not isinstance(options, dict):
+            raise ValueError(f"speculative_config must be a JSON object, got {options!r}")
+        method = options.get("method")
+        if method in SPECULATIVE_METHODS_LATER:
+            # Before the keys: a draft model's config carries keys (model, ...) ladle does not
+            # know yet, and the method is what the user needs to hear about.
+            raise ValueError(
+                f"speculative_config.method={method!r} is not yet supported by ladle; "
+                f"supported: {', '.join(SPECULATIVE_METHODS)}"
+            )
+        known = {f.name for f in dataclasses.fields(cls)}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise ValueError(
+                f"speculative_config: unknown key(s) {', '.join(map(repr, unknown))}; "
+                f"known: {', '.join(sorted(known))}"
+            )
+        if "method" not in options:
+            raise ValueError("speculative_config.method is required (ngram or suffix)")
+        return cls(**options)
 
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")

@@ -174,3 +174,29 @@ def test_host_tier_metrics():
     assert values["ladle:kv_offload_stores_dropped_total"] == 5
     assert values["ladle:num_preemptions_swapped_total"] == 3
     assert values["ladle:num_requests_waiting_for_kv"] == 2
+
+
+def test_spec_decode_metrics_only_while_speculation_is_on():
+    from ladle.protocol.messages import SpecDecodeStats
+
+    metrics = ServerMetrics("tiny")
+    metrics.record_engine_stats(SchedulerStats())
+    assert "spec_decode" not in metrics.render().decode()
+    spec = SpecDecodeStats(
+        num_drafts=10, num_draft_tokens=30, num_accepted_tokens=14,
+        num_accepted_tokens_per_pos=[8, 4, 2], acceptance_length_counts=[2, 4, 2, 2],
+        drafting_seconds=0.25,
+    )
+    metrics.record_engine_stats(SchedulerStats(spec_decode=spec))
+    text = metrics.render().decode()
+    values = parse_metrics(text)
+    assert values["vllm:spec_decode_num_drafts_total"] == 10
+    assert values["vllm:spec_decode_num_draft_tokens_total"] == 30
+    assert values["vllm:spec_decode_num_accepted_tokens_total"] == 14
+    per_position = "vllm:spec_decode_num_accepted_tokens_per_pos_total"
+    assert f'{per_position}{{model_name="tiny",position="1"}} 4.0' in text
+    # Acceptance lengths 1, 2, 3, 4 seen 2, 4, 2, 2 times: cumulative buckets, sum 1*2+2*4+3*2+4*2.
+    assert 'ladle:spec_decode_acceptance_length_bucket{le="2.0",model_name="tiny"} 6.0' in text
+    assert values["ladle:spec_decode_acceptance_length_count"] == 10
+    assert values["ladle:spec_decode_acceptance_length_sum"] == 24
+    assert values["ladle:spec_decode_drafting_seconds_total"] == 0.25

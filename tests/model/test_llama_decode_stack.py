@@ -196,3 +196,110 @@ def test_engine_with_prefix_hits_and_preemption_matches_the_layer_path(
         assert (counted.count > 0) == enabled
         results[enabled] = [(o.outputs[0].token_ids, o.outputs[0].logprobs) for o in outputs]
     assert results[True] == results[False]
+
+
+@torch.no_grad()
+def test_verify_steps_run_as_decode_rows_and_match_hf(tiny_q4, monkeypatch) -> None:
+    """A step that brings several new tokens per request after cached context (speculative
+    decoding's verify step) takes the one C call, one decode row per token: every row's logits
+    match HF on the text up to that token, and the layer path's within the same tolerance."""
+    from helpers.tiny_models import PagedBatch, make_kv_caches
+
+    path, loaded, reference = tiny_q4
+    generator = torch.Generator().manual_seed(11)
+    sequences = [torch.randint(3, 200, (n,), generator=generator).tolist() for n in (6, 13, 2)]
+    news = [torch.randint(3, 200, (n,), generator=generator).tolist() for n in (3, 1, 5)]
+    model = loaded.model
+    results = {}
+    for enabled in (True, False):
+        counted = CountedCalls(monkeypatch)
+        batch = PagedBatch(len(sequences), block_size=4, num_blocks=64, seed=3)
+        caches = make_kv_caches(loaded.arch_config, 64, 4)
+        previous = llama_decode_stack.set_decode_stack(enabled)
+        try:
+            input_ids, positions, metadata = batch.step(sequences)
+            model(input_ids, positions, caches, metadata)
+            input_ids, positions, metadata = batch.step(news)
+            results[enabled] = model.compute_logits(model(input_ids, positions, caches, metadata))
+        finally:
+            llama_decode_stack.set_decode_stack(previous)
+        assert counted.count == (1 if enabled else 0)
+    torch.testing.assert_close(results[True], results[False], **HF_TOLERANCE)
+    row = 0
+    for sequence, new in zip(sequences, news):
+        for j in range(len(new)):
+            context = sequence + new[: j + 1]
+            expected = reference(torch.tensor([context])).logits[0, -1]
+            torch.testing.assert_close(results[True][row], expected, **HF_TOLERANCE)
+            row += 1
+
+
+def test_as_decode_rows_keeps_prompt_starts_and_long_chunks_on_the_layers() -> None:
+    from ladle.attention.metadata import AttentionMetadata
+
+    def metadata(query_lens, seq_lens):
+        starts = [0]
+        for length in query_lens:
+            starts.append(starts[-1] + length)
+        return AttentionMetadata(
+            slot_mapping=torch.arange(starts[-1]),
+            query_start_loc=torch.tensor(starts, dtype=torch.int32),
+            seq_lens=torch.tensor(seq_lens, dtype=torch.int32),
+            block_tables=torch.arange(len(seq_lens) * 4, dtype=torch.int32).view(-1, 4),
+            max_query_len=max(query_lens), max_seq_len=max(seq_lens), block_size=4,
+            query_start_loc_host=starts, seq_lens_host=seq_lens,
+        )
+
+    rows = llama_decode_stack.as_decode_rows(metadata([3, 1], [10, 7]), 4)
+    assert rows.seq_lens_host == [8, 9, 10, 7]
+    assert rows.block_tables[:, 0].tolist() == [0, 0, 0, 4]
+    assert llama_decode_stack.as_decode_rows(metadata([3, 1], [3, 7]), 4) is None  # a prompt
+    assert llama_decode_stack.as_decode_rows(metadata([18], [40]), 18) is None  # a long chunk
+
+
+def test_engine_with_speculation_gives_the_tokens_without(tiny_q4, monkeypatch) -> None:
+    """Greedy tokens with drafts verified through the one C call equal those of one-token steps
+    (the decode stack on in both). The drafts are the reference run's next tokens with every
+    fourth one wrong, so runs of them are accepted and some are rejected."""
+    from ladle import LLM, SamplingParams
+
+    path = tiny_q4[0]
+    generator = torch.Generator().manual_seed(5)
+    prompts = [torch.randint(3, 200, (n,), generator=generator).tolist() for n in (2, 7, 12)]
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    llm = LLM(path, block_size=4, async_scheduling=False)
+    quantize_projections_(llm.engine.executor.worker.model)
+    inputs = [{"prompt_token_ids": prompt} for prompt in prompts]
+    reference = [list(o.outputs[0].token_ids) for o in llm.generate(inputs, params, use_tqdm=False)]
+    known = {tuple(prompt): tokens for prompt, tokens in zip(prompts, reference)}
+
+    class KnownTokens:
+        num_proposed = 0
+
+        def propose(self, request, max_num_tokens):
+            start = request.num_output_tokens
+            drafts = known[tuple(request.prompt_token_ids)][start : start + min(4, max_num_tokens)]
+            if len(drafts) == 4:
+                drafts[3] = (drafts[3] + 1) % 200
+            self.num_proposed += len(drafts)
+            return drafts
+
+    proposer = llm.engine.scheduler.proposer = KnownTokens()
+    counted = CountedCalls(monkeypatch)
+    expanded = []
+    original = llama_decode_stack.as_decode_rows
+
+    def counting_as_decode_rows(metadata, num_rows):
+        rows = original(metadata, num_rows)
+        expanded.append(rows is not None)
+        return rows
+
+    monkeypatch.setattr(llama_decode_stack, "as_decode_rows", counting_as_decode_rows)
+    try:
+        outputs = llm.generate(inputs, params, use_tqdm=False)
+    finally:
+        llm.engine.scheduler.proposer = None
+    assert [list(o.outputs[0].token_ids) for o in outputs] == reference
+    assert proposer.num_proposed > 30
+    # Every verify step ran as decode rows through the C call (the prompts' steps did not).
+    assert sum(expanded) >= 5 and counted.count >= sum(expanded)

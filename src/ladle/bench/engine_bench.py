@@ -18,6 +18,7 @@ requests in the same process. Results: a table on screen, all numbers as JSON (-
 from __future__ import annotations
 
 import argparse
+import copy
 import json
 import statistics
 import sys
@@ -59,6 +60,10 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
     ttfts: list[float] = []
     itls: list[float] = []
     num_generated = 0
+    # Per request: tokens after its first and the time they took (decode ms per token).
+    num_decoded = 0
+    decode_seconds = 0.0
+    first_token: dict[str, float] = {}
     for index, request in enumerate(requests):
         request_id = f"{tag}-{index}"
         engine.add_request(request.core_request(request_id))
@@ -76,8 +81,11 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
             previous = last_token.get(output.request_id)
             if previous is None:
                 ttfts.append(now - arrival[output.request_id])
+                first_token[output.request_id] = now
+                num_decoded += count - 1
             else:
                 itls.append(now - previous)
+                num_decoded += count
             last_token[output.request_id] = now
             if output.finish_reason is not None:
                 progress.update(1)
@@ -86,6 +94,7 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
         )
     progress.close()
     elapsed = time.perf_counter() - started
+    decode_seconds = sum(last_token[r] - first_token[r] for r in first_token)
     engine.kv_cache_manager.reset_prefix_cache()  # the next run must not hit this one's blocks
     builds_after = compile_totals()
     experts_after = meter.read(wait=True) if meter is not None else ()
@@ -102,6 +111,9 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
         "tokens_per_s": num_generated / elapsed,
         "ttft_ms": [t * 1000 for t in ttfts],
         "itl_ms": [t * 1000 for t in itls],
+        # Decode time per token after each request's first (with several requests at once,
+        # their decode times overlap: a latency figure at batch 1 only).
+        "decode_ms_per_token": decode_seconds * 1000 / num_decoded if num_decoded else None,
     }
 
 
@@ -191,6 +203,18 @@ def run_hf_peer(llm, requests: list[WorkloadRequest]) -> dict:
     return {"max_new_tokens": max_new, "seconds": elapsed, "tokens_per_s": generated / elapsed}
 
 
+EDIT_WORKLOAD = "edit"
+EDIT_NUM_REQUESTS = 12
+
+
+def _edit_workload(args: argparse.Namespace) -> TokenWorkload:
+    """A TokenWorkload that only names the edit class (its requests come from text)."""
+    return TokenWorkload(
+        EDIT_WORKLOAD, "default", args.num_requests or EDIT_NUM_REQUESTS, (0, 0), (0, 0),
+        temperature=args.temperature or 0.0,
+    )
+
+
 def _workload_from_args(args: argparse.Namespace) -> TokenWorkload:
     workload = get_workload(args.workload)
     changes = {}
@@ -205,16 +229,126 @@ def _workload_from_args(args: argparse.Namespace) -> TokenWorkload:
     return replace(workload, **changes) if changes else workload
 
 
+def _edit_requests(llm, args: argparse.Namespace) -> list[WorkloadRequest]:
+    """The edit class (edit_workload.py) through the model's chat template, EOS on."""
+    from ladle.bench.edit_workload import edit_conversations
+    from ladle.bench.serve_workloads import edit_texts
+
+    tokenizer = llm.tokenizer
+    if tokenizer is None:
+        raise ValueError("--workload edit needs a model with a tokenizer (real weights)")
+    count = args.num_requests or EDIT_NUM_REQUESTS
+    texts = edit_texts(tokenizer, count, seed=0)
+    requests = []
+    for index, edit in enumerate(edit_conversations(texts, tokenizer.encode)):
+        _, token_ids, error = llm._encode_conversations([edit.messages], True, None)[0]
+        if error is not None:
+            raise ValueError(f"edit request {index}: {error}")
+        requests.append(
+            WorkloadRequest(
+                prompt_token_ids=list(token_ids),
+                max_tokens=edit.max_tokens,
+                temperature=args.temperature or 0.0,
+                seed=index,
+                ignore_eos=False,
+            )
+        )
+    return requests
+
+
+def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | None]:
+    """The timed runs, and with speculation on the same runs without it, interleaved (on, off,
+    on, off, ...: a shared machine's load drifts) on the same engine with the proposer set
+    aside (same weights, graphs and cache), plus the speculative runs' acceptance counters."""
+    speculator = engine.speculator
+    if speculator is None:
+        return [run_engine(engine, requests, f"run{i}", show) for i in range(args.runs)], None
+    scheduler = engine.scheduler
+    runs, baseline = [], []
+    drafted_before = copy.deepcopy(speculator.stats)
+    drafted_stats = copy.deepcopy(speculator.stats)  # accumulates the speculative runs only
+    for index in range(args.runs):
+        speculator.forget_history()  # each run drafts only from what it saw itself
+        before = copy.deepcopy(speculator.stats)
+        runs.append(run_engine(engine, requests, f"run{index}", show))
+        _add_stats(drafted_stats, before, speculator.stats)
+        scheduler.proposer = None
+        try:
+            baseline.append(run_engine(engine, requests, f"nospec{index}", show))
+        finally:
+            scheduler.proposer = speculator
+    before, after = drafted_before, drafted_stats
+    num_drafts = after.num_drafts - before.num_drafts
+    accepted = after.num_accepted_tokens - before.num_accepted_tokens
+    drafted = after.num_draft_tokens - before.num_draft_tokens
+    generated = sum(r["generated_tokens"] for r in runs)
+    spec_ms = _median_of(runs, "decode_ms_per_token")
+    base_ms = _median_of(baseline, "decode_ms_per_token")
+    speculation = {
+        "config": engine.config.scheduler.speculative_config,
+        "num_drafts": num_drafts,
+        "num_draft_tokens": drafted,
+        "num_accepted_tokens": accepted,
+        # Tokens per drafted request step (1 + accepted drafts), vLLM's "mean acceptance
+        # length"; steps the adaptive rule left undrafted are not in it.
+        "acceptance_length": 1 + accepted / num_drafts if num_drafts else None,
+        "acceptance_rate": accepted / drafted if drafted else None,
+        "drafting_ms_per_token": (after.drafting_seconds - before.drafting_seconds)
+        * 1000 / max(1, generated),
+        "no_spec_tokens_per_s": statistics.median(r["tokens_per_s"] for r in baseline),
+        "no_spec_tokens_per_s_runs": [r["tokens_per_s"] for r in baseline],
+        "no_spec_decode_ms_per_token": base_ms,
+        "no_spec_decode_ms_per_token_runs": [r["decode_ms_per_token"] for r in baseline],
+        "speedup_tokens_per_s": statistics.median(r["tokens_per_s"] for r in runs)
+        / statistics.median(r["tokens_per_s"] for r in baseline),
+        "speedup_decode_ms_per_token": base_ms / spec_ms if base_ms and spec_ms else None,
+        # Each speculative run against the plain run right after it: on a loaded machine the
+        # ratio of neighbours is steadier than the ratio of medians.
+        "speedup_decode_ms_per_token_pairs": [
+            b["decode_ms_per_token"] / r["decode_ms_per_token"]
+            for r, b in zip(runs, baseline)
+            if r["decode_ms_per_token"] and b["decode_ms_per_token"]
+        ],
+    }
+    return runs, speculation
+
+
+def _add_stats(total, before, after) -> None:
+    """Add the counters' growth from before to after into total."""
+    total.num_drafts += after.num_drafts - before.num_drafts
+    total.num_draft_tokens += after.num_draft_tokens - before.num_draft_tokens
+    total.num_accepted_tokens += after.num_accepted_tokens - before.num_accepted_tokens
+    total.drafting_seconds += after.drafting_seconds - before.drafting_seconds
+
+
+def _median_of(runs: list[dict], key: str) -> float | None:
+    values = [r[key] for r in runs if r[key] is not None]
+    return statistics.median(values) if values else None
+
+
+def _apply_synthetic_acceptance(args: argparse.Namespace, options: dict) -> None:
+    """--synthetic-acceptance A goes into the speculative config (which it needs)."""
+    rate = getattr(args, "synthetic_acceptance", None)
+    if rate is None:
+        return
+    if options.get("speculative_config") is None:
+        raise ValueError("--synthetic-acceptance needs --speculative-config (the drafts to accept)")
+    options["speculative_config"] = {**options["speculative_config"], "synthetic_acceptance": rate}
+
+
 def run_bench(args: argparse.Namespace) -> int:
     import torch
 
     from ladle import LLM
     from ladle.bench.device_floor import active_params, floor_seconds, measure_ceilings
 
-    workload = _workload_from_args(args)
-    model = args.model or workload.model_preset
+    is_edit = args.workload == EDIT_WORKLOAD
+    workload = _edit_workload(args) if is_edit else _workload_from_args(args)
+    # edit needs real text: the default model (real weights) unless --model names one.
+    model = args.model or (None if is_edit else workload.model_preset)
     options = engine_options_from_args(args)
-    if args.model is None:
+    _apply_synthetic_acceptance(args, options)
+    if args.model is None and not is_edit:
         options["load_format"] = "dummy"
     started = time.perf_counter()
     llm = LLM(model, **options)
@@ -224,16 +358,20 @@ def run_bench(args: argparse.Namespace) -> int:
     engine, info = llm.engine, llm.engine.executor.info
     device = torch.device(info.device_type)
     vocab = engine.vocab_size
-    requests = build_requests(workload)
-    requests = [
-        replace(r, prompt_token_ids=[t % vocab for t in r.prompt_token_ids]) for r in requests
-    ]
+    if is_edit:
+        requests = _edit_requests(llm, args)
+    else:
+        requests = build_requests(workload)
+        requests = [
+            replace(r, prompt_token_ids=[t % vocab for t in r.prompt_token_ids])
+            for r in requests
+        ]
     ceilings = measure_ceilings(device, info.dtype)
     show = not args.no_progress
     run_engine(engine, requests[: min(4, len(requests))], "warm-up", show_progress=False)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
-    runs = [run_engine(engine, requests, f"run{i}", show) for i in range(args.runs)]
+    runs, speculation = _spec_runs(engine, requests, args, show)
     best = sorted(runs, key=lambda r: r["tokens_per_s"])[len(runs) // 2]
     num_params = info.weights.num_params
     experts = info.weights.experts
@@ -251,7 +389,7 @@ def run_bench(args: argparse.Namespace) -> int:
     result = {
         "command": args.bench_command,
         "workload": workload.name,
-        "model": model,
+        "model": model or "default (SmolLM2-135M-Instruct)",
         "device": torch.cuda.get_device_name() if device.type == "cuda" else "cpu",
         "tensor_parallel_size": llm.config.parallel.tensor_parallel_size,
         "dtype": str(info.dtype),
@@ -268,6 +406,8 @@ def run_bench(args: argparse.Namespace) -> int:
         "itl_ms_p50": _percentile(best["itl_ms"], 50),
         "itl_ms_p90": _percentile(best["itl_ms"], 90),
         "itl_ms_p99": _percentile(best["itl_ms"], 99),
+        "decode_ms_per_token": _median_of(runs, "decode_ms_per_token"),
+        "decode_ms_per_token_runs": [r["decode_ms_per_token"] for r in runs],
         "peak_memory_gib": (
             torch.cuda.max_memory_allocated() / 1024**3
             if device.type == "cuda" and llm.config.parallel.world_size == 1
@@ -291,6 +431,8 @@ def run_bench(args: argparse.Namespace) -> int:
         result["moe_plans"] = list(fused_moe.plans)
     if args.bench_command == "latency":
         result["floor_ms_per_token"] = floor * 1000 / max(1, best["generated_tokens"])
+    if speculation is not None:
+        result["speculation"] = speculation
     if not args.no_busy:
         result["gpu_busy_fraction"] = gpu_busy_fraction(engine, requests)
     _report(result, args.json)  # ladle's numbers stand even if the peer fails or runs long
@@ -334,6 +476,24 @@ def _print_table(result: dict) -> None:
     if "moe_tuning_s" in result:
         source = "cache" if result["moe_tiles_from_cache"] else "tuned"
         rows.append(("MoE tile tuning (s)", f"{result['moe_tuning_s']:.1f} ({source})"))
+    rows.append(("decode ms/token (median)", _fmt(result.get("decode_ms_per_token"))))
+    speculation = result.get("speculation")
+    if speculation is not None:
+        rows += [
+            ("speculation", json.dumps(speculation["config"])),
+            ("acceptance length / rate", f"{_fmt(speculation['acceptance_length'])} / "
+             f"{_fmt(speculation['acceptance_rate'])}"),
+            ("without speculation: tok/s", f"{speculation['no_spec_tokens_per_s']:,.1f}"),
+            ("without speculation: decode ms/token",
+             _fmt(speculation["no_spec_decode_ms_per_token"])),
+            ("speed-up (tok/s; decode ms/token)",
+             f"{speculation['speedup_tokens_per_s']:.2f}x; "
+             f"{_fmt(speculation['speedup_decode_ms_per_token'])}x"),
+            ("speed-up per pair of runs (decode)",
+             ", ".join(f"{ratio:.2f}x" for ratio in speculation[
+                 "speedup_decode_ms_per_token_pairs"])),
+            ("drafting (host ms per token)", _fmt(speculation["drafting_ms_per_token"])),
+        ]
     if "hf_peer" in result:
         peer = result["hf_peer"]
         rows.append(
@@ -378,5 +538,10 @@ def add_bench_parsers(commands) -> None:
         sub.add_argument("--no-busy", action="store_true", help="skip the profiled busy fraction")
         sub.add_argument("--no-progress", action="store_true")
         sub.add_argument("--json", default=None, help="also write the results here")
+        sub.add_argument(
+            "--synthetic-acceptance", type=float, default=None, metavar="A",
+            help="with --speculative-config: accept each draft with probability A instead of "
+            "verifying it (speed on random weights; the outputs are then NOT the model's)",
+        )
         add_engine_arguments(sub)
         sub.set_defaults(handler=run_bench)

@@ -52,6 +52,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "default: ladle's default model when that is what is served",
     )
     target.add_argument("--request-timeout", type=float, default=600.0)
+    target.add_argument(
+        "--speculative-config", default=None,
+        help="refused here: bench serve measures a running server; start it with `ladle serve "
+        "--speculative-config ...` (synthetic acceptance: the config's synthetic_acceptance "
+        "key); the report then shows the acceptance the server measured",
+    )
+    target.add_argument("--synthetic-acceptance", default=None, help=argparse.SUPPRESS)
     load = parser.add_argument_group("load")
     load.add_argument(
         "--workload",
@@ -172,6 +179,14 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     from ladle.bench.serve_workloads import parse_mix
     from ladle.bench.workloads import WORKLOADS
 
+    for flag in ("speculative_config", "synthetic_acceptance"):
+        if getattr(args, flag) is not None:
+            raise ValueError(
+                f"--{flag.replace('_', '-')}: `ladle bench serve` measures a server that is "
+                "already running; start it with `ladle serve --speculative-config "
+                "'{\"method\": \"ngram\", \"num_speculative_tokens\": 4, "
+                "\"synthetic_acceptance\": A}'` and compare with a run against one without"
+            )
     mix = parse_mix(args.workload)
     rates = (
         [_parse_rate(r) for r in args.sweep.split(",")] if args.sweep else [_parse_rate(args.rate)]

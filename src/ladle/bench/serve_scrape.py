@@ -98,4 +98,21 @@ def server_report(
         "kv_cache_usage_max": max(kv) if kv else None,
         "kv_cache_usage_mean": sum(kv) / len(kv) if kv else None,
         "num_samples": len(samples),
+        **_speculation_report(before, after),
+    }
+
+
+def _speculation_report(before: dict[str, float], after: dict[str, float]) -> dict:
+    """Acceptance during the run, when the server speculates (its spec_decode counters)."""
+    if "vllm:spec_decode_num_drafts_total" not in after:
+        return {}
+    drafts = _delta(before, after, "vllm:spec_decode_num_drafts_total") or 0
+    drafted = _delta(before, after, "vllm:spec_decode_num_draft_tokens_total") or 0
+    accepted = _delta(before, after, "vllm:spec_decode_num_accepted_tokens_total") or 0
+    return {
+        "spec_decode_num_drafts": drafts,
+        "spec_decode_num_draft_tokens": drafted,
+        "spec_decode_num_accepted_tokens": accepted,
+        "spec_decode_acceptance_length": 1 + accepted / drafts if drafts else None,
+        "spec_decode_acceptance_rate": accepted / drafted if drafted else None,
     }

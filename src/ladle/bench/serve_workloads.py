@@ -11,6 +11,8 @@
                    refuses tools (see serve.py's preflight).
     shared-prefix  one 1536-token system prompt shared by every request, short questions.
     batch          offline batch: prompts of 256-1024 tokens, 512-1024 generated (EOS ignored).
+    edit           rewrite / edit / summarise a ShareGPT reply given in the prompt
+                   (edit_workload.py): input-grounded, where drafting from the prompt pays.
     token-ids      completions of random token ids, --input-len / --output-len ranges (EOS
                    ignored): the form `ladle bench throughput` uses.
     W1, W2, W3, S1 the standard token-id workloads of ladle.bench.workloads, request for request.
@@ -29,10 +31,13 @@ import random
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ladle.bench.edit_workload import edit_conversations
 from ladle.bench.serve_client import BenchRequest
 from ladle.bench.workloads import WORKLOADS, build_requests
 
-TEXT_CLASSES = ("sharegpt", "long-qa", "tool-calling", "shared-prefix", "batch", "token-ids")
+TEXT_CLASSES = (
+    "sharegpt", "long-qa", "tool-calling", "shared-prefix", "batch", "token-ids", "edit"
+)
 ALL_CLASSES = TEXT_CLASSES + tuple(WORKLOADS)
 SHARED_PREFIX_TOKENS = 1536
 
@@ -369,8 +374,52 @@ def _standard(name: str) -> Callable[[WorkloadOptions, int, random.Random], list
     return build
 
 
+# Lengths of the texts the edit class asks to rewrite (edit_workload.py).
+MIN_TEXT_TOKENS = 64
+MAX_TEXT_TOKENS = 400
+
+
+def edit_texts(
+    tokenizer: Tokenizer, count: int, seed: int = 0, sharegpt_path: str | None = None
+) -> list[str]:
+    """count texts of MIN_TEXT_TOKENS..MAX_TEXT_TOKENS tokens (ShareGPT replies, seeded)."""
+    path = sharegpt_path or sharegpt_file()
+    rng = random.Random(seed)
+    if path is None:
+        return [
+            _text_of_length(tokenizer, rng, rng.randint(MIN_TEXT_TOKENS, MAX_TEXT_TOKENS))
+            for _ in range(count)
+        ]
+    pairs = load_sharegpt_pairs(path)
+    rng.shuffle(pairs)
+    texts = []
+    for _, reply in pairs:
+        if len(texts) == count:
+            break
+        if MIN_TEXT_TOKENS <= len(tokenizer.encode(reply)) <= MAX_TEXT_TOKENS:
+            texts.append(reply.strip())
+    if len(texts) < count:
+        raise ValueError(f"the ShareGPT file {path} has only {len(texts)} replies of the lengths")
+    return texts
+
+
+def _edit(options: WorkloadOptions, count: int, rng: random.Random) -> list[BenchRequest]:
+    if options.token_ids:
+        return [
+            _text_or_ids("edit", options, rng, rng.randint(100, 450), rng.randint(30, 450))
+            for _ in range(count)
+        ]
+    requests = []
+    texts = edit_texts(options.tokenizer, count, rng.randrange(2**31), options.sharegpt_path)
+    for edit in edit_conversations(texts, options.tokenizer.encode):
+        prompt_len = len(options.tokenizer.encode(edit.messages[0]["content"]))
+        requests.append(BenchRequest("edit", prompt_len, edit.max_tokens, messages=edit.messages))
+    return requests
+
+
 _BUILDERS = {
     "sharegpt": _sample_sharegpt,
+    "edit": _edit,
     "long-qa": _long_qa,
     "tool-calling": _tool_calling,
     "shared-prefix": _shared_prefix,

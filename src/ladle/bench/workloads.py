@@ -49,6 +49,7 @@ class WorkloadRequest:
     max_tokens: int
     temperature: float
     seed: int
+    ignore_eos: bool = True  # token-id workloads run to max_tokens; text ones (edit) stop at EOS
 
     def core_request(self, request_id: str, max_tokens: int | None = None) -> EngineCoreRequest:
         """The engine-core request that runs it: EOS ignored, its own seed; max_tokens replaces
@@ -59,7 +60,7 @@ class WorkloadRequest:
             sampling_params=SamplingParams(
                 temperature=self.temperature,
                 max_tokens=self.max_tokens if max_tokens is None else max_tokens,
-                ignore_eos=True,
+                ignore_eos=self.ignore_eos,
                 seed=self.seed,
             ),
         )
@@ -140,7 +141,17 @@ def describe_workloads() -> str:
                       subsequent_indent=" " * (width + 4))
         for name in WORKLOADS
     ]
-    return "standard workloads (seeded token ids; EOS ignored):\n" + "\n".join(lines)
+    edit = textwrap.fill(
+        "rewrite / edit / summarise a ShareGPT reply given in the prompt, through the model's "
+        "chat template, greedy, EOS on; the default model (real weights) unless --model: "
+        "where speculative decoding pays (ladle bench latency --workload edit "
+        "--max-num-seqs 1 --speculative-config ...)",
+        79, initial_indent=f"  {'edit':<{width}}  ", subsequent_indent=" " * (width + 4),
+    )
+    return (
+        "standard workloads (seeded token ids; EOS ignored):\n" + "\n".join(lines)
+        + "\ntext workloads:\n" + edit
+    )
 
 
 def get_workload(name: str) -> TokenWorkload:

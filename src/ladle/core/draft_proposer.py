@@ -8,7 +8,7 @@ produce next. The workers verify them in the same step as the request's next tok
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Protocol
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
 
 if TYPE_CHECKING:
     from ladle.core.request import Request
@@ -17,4 +17,26 @@ if TYPE_CHECKING:
 class DraftProposer(Protocol):
     def propose(self, request: Request, max_num_tokens: int) -> Sequence[int]:
         """Up to max_num_tokens draft ids that follow request.all_token_ids ([]: none)."""
+        ...
+
+
+@runtime_checkable
+class AdaptiveDraftProposer(DraftProposer, Protocol):
+    """A proposer that also learns from what the steps verified (spec_decode/speculator.py)."""
+
+    def begin_step(self, num_decodes: int) -> None:
+        """A step is being scheduled with this many running requests."""
+        ...
+
+    def may_draft(self, request: Request) -> bool:
+        """Whether the request would get drafts in the step being scheduled (from what is
+        known without its tokens): when not, it runs as a plain decode, overlapped."""
+        ...
+
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        """A step verified num_drafted drafts of the request and accepted num_accepted."""
+        ...
+
+    def release(self, request: Request) -> None:
+        """The request ended (finished, aborted): forget it, learn from its output."""
         ...

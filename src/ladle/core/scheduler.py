@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ladle.config import CacheConfig, SchedulerConfig
-from ladle.core.draft_proposer import DraftProposer
+from ladle.core.draft_proposer import AdaptiveDraftProposer, DraftProposer
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.prefill_budget import ItlPrefillBudget
@@ -177,6 +177,9 @@ class Scheduler:
         token_budget = self.config.max_num_batched_tokens
         prefill_budget = self._prefill_allowance()
         now = time.monotonic()
+        adaptive = self._adaptive_proposer()
+        if adaptive is not None:
+            adaptive.begin_step(len(self.running))
 
         # Running requests first, in order; preemption victims come from the back.
         index = 0
@@ -187,10 +190,12 @@ class Scheduler:
                 self.proposer is not None
                 and request.num_pending_tokens
                 and request.num_computed_tokens >= request.num_tokens
+                and (adaptive is None or adaptive.may_draft(request))
             ):
                 # How far it got depends on how many drafts its step in flight accepts; and a
-                # proposer reads every token, so with one a decode waits for its step to be
-                # read (speculation makes each request's steps synchronous, not the engine's).
+                # proposer reads every token, so a decode it will draft for waits for its step
+                # to be read (speculation makes that request's steps synchronous, not the
+                # engine's). One the adaptive rule would not draft for runs overlapped.
                 index += 1
                 continue
             num_known_tokens = request.num_tokens + request.num_pending_tokens
@@ -457,6 +462,12 @@ class Scheduler:
             if not token_ids:
                 continue  # left out of the step (it failed): the engine ends it
             num_rejected = len(scheduled.draft_token_ids) - (len(token_ids) - 1)
+            if scheduled.draft_token_ids:
+                adaptive = self._adaptive_proposer()
+                if adaptive is not None:
+                    adaptive.observe(
+                        request.request_id, len(scheduled.draft_token_ids), len(token_ids) - 1
+                    )
             if num_rejected > 0 and request.status == RequestStatus.RUNNING:
                 request.num_computed_tokens -= num_rejected
             accepted: list[int] = []
@@ -511,7 +522,14 @@ class Scheduler:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
 
+    def _adaptive_proposer(self) -> AdaptiveDraftProposer | None:
+        proposer = self.proposer
+        return proposer if isinstance(proposer, AdaptiveDraftProposer) else None
+
     def _release(self, request: Request) -> None:
+        adaptive = self._adaptive_proposer()
+        if adaptive is not None:
+            adaptive.release(request)
         self.kv_cache_manager.free(request)
         request.timings.finished_time = time.monotonic()
         del self.requests[request.request_id]

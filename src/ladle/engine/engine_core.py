@@ -8,6 +8,7 @@ plain StepPlans and StepResults (protocol/step.py).
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import random
 import sys
@@ -35,6 +36,7 @@ from ladle.protocol.messages import (
 )
 from ladle.protocol.step import KVTransferStats, StepPlan, StepResult
 from ladle.sampling.limits import check_field, check_top_k
+from ladle.spec_decode.speculator import Speculator
 from ladle.structured.engine_side import build_structured_output_manager
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.threads import ThreadGovernor
@@ -88,6 +90,10 @@ class EngineCore:
                 "preemption_mode 'swap' needs the KV cache's host tier: set kv_offloading_size "
                 "> 0 (and keep prefix caching on), or use recompute / auto"
             )
+        speculative = config.scheduler.speculative
+        # Drafts for decodes (speculative decoding); None when the config has no
+        # speculative_config.
+        self.speculator = Speculator(speculative) if speculative is not None else None
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
@@ -99,6 +105,7 @@ class EngineCore:
                 block_bytes=budget.block_bytes,
                 copy_bytes_per_s=budget.copy_bytes_per_s,
             ),
+            proposer=self.speculator,
         )
         # What the host tier's copies moved, as the workers report it.
         self.kv_transfer_totals = KVTransferStats()
@@ -321,6 +328,8 @@ class EngineCore:
         num_prefill, num_decode = plan.num_prefill_tokens, plan.num_decode_tokens
         seconds = time.perf_counter() - started
         self.step_meter.record(num_prefill, num_decode, seconds)
+        if self.speculator is not None and num_prefill == 0:
+            self.speculator.observe_step(num_decode, seconds)
         if self.slow_step_s is not None and seconds > self.slow_step_s:
             previous_plan = previous.future.plan if previous is not None else None
             log_slow_step(seconds, launch_seconds, graphed, plan, previous_plan)
@@ -431,4 +440,7 @@ class EngineCore:
             kv_bytes_to_device=self.kv_transfer_totals.bytes_to_device,
             kv_copy_seconds=self.kv_transfer_totals.copy_seconds,
             kv_load_seconds=self.kv_transfer_totals.load_seconds,
+            spec_decode=(
+                copy.deepcopy(self.speculator.stats) if self.speculator is not None else None
+            ),
         )

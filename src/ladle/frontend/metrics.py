@@ -126,6 +126,38 @@ class _EngineStatsCollector(Collector):
         yield from _expert_load(self.model_name, stats.expert_token_counts)
         yield counter("ladle:eager_steps", "Engine steps whose model ran eagerly (all of them "
                       "on the CPU and under --enforce-eager).", stats.num_eager_steps)
+        if stats.spec_decode is not None:
+            yield from _spec_decode_metrics(stats.spec_decode, labels, values, counter)
+
+
+def _spec_decode_metrics(spec, labels, values, counter) -> Iterator:
+    """Speculative decoding (only while it is on): vLLM's four counters, the acceptance-length
+    histogram and the host time spent drafting."""
+    yield counter("vllm:spec_decode_num_drafts", "Request steps that verified drafts.",
+                  spec.num_drafts)
+    yield counter("vllm:spec_decode_num_draft_tokens", "Draft tokens verified.",
+                  spec.num_draft_tokens)
+    yield counter("vllm:spec_decode_num_accepted_tokens", "Draft tokens accepted.",
+                  spec.num_accepted_tokens)
+    per_position = CounterMetricFamily(
+        "vllm:spec_decode_num_accepted_tokens_per_pos",
+        "Draft tokens accepted, by their position in the draft (0: the first).",
+        labels=[*labels, "position"],
+    )
+    for position, count in enumerate(spec.num_accepted_tokens_per_pos):
+        per_position.add_metric([*values, str(position)], count)
+    yield per_position
+    # Tokens each drafted request step emitted: 1 + its accepted drafts, in 1 .. k + 1.
+    counts = tuple(spec.acceptance_length_counts)
+    lengths = tuple(float(length) for length in range(1, len(counts) + 1))
+    total = sum((index + 1) * count for index, count in enumerate(counts))
+    yield _histogram(
+        "ladle:spec_decode_acceptance_length",
+        "Tokens emitted per request step that verified drafts (accepted drafts + 1).",
+        labels, values, lengths[:-1], counts, float(total),
+    )
+    yield counter("ladle:spec_decode_drafting_seconds",
+                  "Host time the proposers took to draft.", spec.drafting_seconds)
 
 
 def _host_tier_metrics(stats: SchedulerStats, gauge, counter) -> Iterator:

@@ -11,7 +11,7 @@ on a 256-output frame: build 249 -> 86 us, encode 143 -> 34 us (engine process),
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import msgspec
 
@@ -77,6 +77,34 @@ STEP_TIME_BOUNDS_S = (0.0025, 0.005, 0.01, 0.02, 0.04, 0.08, 0.16, 0.32)
 
 
 @dataclass
+class SpecDecodeStats:
+    """Speculative decoding's counters since start (spec_decode/speculator.py): vLLM's
+    spec_decode metrics, the acceptance-length histogram and the host time spent drafting."""
+
+    num_drafts: int = 0  # requests' steps that verified at least one draft
+    num_draft_tokens: int = 0
+    num_accepted_tokens: int = 0
+    # [k]: how often the draft at each position was accepted.
+    num_accepted_tokens_per_pos: list[int] = field(default_factory=list)
+    # [k + 1]: drafted steps by number of drafts accepted (0..k); the acceptance length is that
+    # plus the one token every step samples.
+    acceptance_length_counts: list[int] = field(default_factory=list)
+    drafting_seconds: float = 0.0
+
+    @classmethod
+    def empty(cls, num_speculative_tokens: int) -> SpecDecodeStats:
+        return cls(
+            num_accepted_tokens_per_pos=[0] * num_speculative_tokens,
+            acceptance_length_counts=[0] * (num_speculative_tokens + 1),
+        )
+
+    @property
+    def mean_acceptance_length(self) -> float:
+        """Tokens per drafted request step: 1 + accepted drafts per drafted step (0: none)."""
+        return 1 + self.num_accepted_tokens / self.num_drafts if self.num_drafts else 0.0
+
+
+@dataclass
 class SchedulerStats:
     """A snapshot for metrics and for tests that check the pool drains."""
 
@@ -120,3 +148,4 @@ class SchedulerStats:
     kv_bytes_to_device: int = 0
     kv_copy_seconds: float = 0.0  # device time of the host tier's copies, both ways
     kv_load_seconds: float = 0.0  # of which host -> device
+    spec_decode: SpecDecodeStats | None = None  # None: speculation is off

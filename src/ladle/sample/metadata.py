@@ -137,6 +137,11 @@ class SamplingMetadata:
     output_token_ids: torch.Tensor | None = None  # penalties only
     banned_token_ids: torch.Tensor | None = None  # stop ids of requests short of min_tokens
     logit_edits: LogitEdits | None = None  # logit_bias / allowed_token_ids (logit_processing.py)
+    # Speculative rows whose drafts came with a distribution (a draft model): each row's draft id
+    # (-1 for a bonus row) and the draft's probabilities [num_reqs, vocab]. None for point-mass
+    # drafts, which the plain draw verifies (sample/rejection.py).
+    draft_token_ids: torch.Tensor | None = None
+    draft_probs: torch.Tensor | None = None
 
     @classmethod
     def from_rows(

@@ -89,3 +89,14 @@ def counter_gumbels(seeds: torch.Tensor, steps: torch.Tensor, vocab_size: int) -
     uniforms = counter_uniforms(seeds, steps, vocab_size)
     exponentials = torch.log1p(uniforms.neg_()).neg_()
     return exponentials.log_().neg_()
+
+
+# Keeps the acceptance stream apart from every (seed, step, token) noise draw of the same row.
+_ACCEPTANCE_SALT = 0x3C6EF372
+
+
+def counter_row_uniforms(seeds: torch.Tensor, steps: torch.Tensor) -> torch.Tensor:
+    """One uniform in (0, 1) per row, float32 [num_reqs], a pure function of (seed, step) and
+    independent of the row's token noise (speculative decoding's acceptance test)."""
+    keys = mix32(counter_row_keys(seeds, steps) ^ _ACCEPTANCE_SALT)
+    return ((keys.to(torch.float32) + 0.5) * 2.0**-32).clamp_(max=_MAX_UNIFORM)

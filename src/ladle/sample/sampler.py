@@ -26,6 +26,7 @@ from ladle.sample.logprobs import gather_logprobs
 from ladle.sample.metadata import SamplingMetadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.penalties import apply_bans_, apply_penalties_
+from ladle.sample.rejection import rejection_sample
 from ladle.sample.rng import counter_gumbels
 from ladle.sample.truncation import apply_min_p_, apply_top_k_top_p_
 from ladle.sampling.params import GREEDY_TEMPERATURE
@@ -113,7 +114,8 @@ class Sampler(nn.Module):
         # float32 also where the fused draw reads 16-bit logits (a bf16 0.6 would be 0.6016).
         temperature = torch.where(is_greedy, 1.0, metadata.temperature.to(torch.float32))
         may_truncate = not (flags.no_min_p and flags.no_top_k and flags.no_top_p)
-        if use_fused_kernels(logits) and not may_truncate:
+        has_draft_probs = metadata.draft_probs is not None
+        if use_fused_kernels(logits) and not may_truncate and not has_draft_probs:
             # One pass: divide, hash the counters, add the noise and take the argmax in registers.
             from ladle.kernels.gumbel_sample import gumbel_argmax
 
@@ -133,7 +135,17 @@ class Sampler(nn.Module):
                 apply_top_p=not flags.no_top_p,
                 max_top_k=flags.max_top_k,
             )
-        if use_fused_kernels(logits):
+        if has_draft_probs:
+            # Drafts from a model: accept each with min(1, p/q), else draw from the residual.
+            assert metadata.draft_token_ids is not None
+            random_ids = rejection_sample(
+                logits, metadata.draft_token_ids, metadata.seed, metadata.step,
+                metadata.draft_probs,
+            )
+        elif use_fused_kernels(logits):
+            # A point-mass draft (or none) needs nothing but the row's own race: the host
+            # accepts the draft iff the race picked it (sample/rejection.py says why that is
+            # exact rejection sampling).
             from ladle.kernels.gumbel_sample import gumbel_argmax
 
             random_ids = gumbel_argmax(logits, metadata.seed, metadata.step)

@@ -13,9 +13,11 @@ seen it. What the runner knows of a request it keeps itself (request_states.py),
 
 A request that verifies k draft tokens samples k + 1 rows (one after its last known token and one
 after each draft); result() accepts the drafts while each equals the token sampled before it and
-ends with the first token sampled after the accepted ones. Every row samples exactly as a one-token
-step at that output index would (same random stream counter, same penalties, grammar mask and
-bad_words over the tokens before it), so a step with drafts gives the tokens one-token steps give.
+ends with the first token sampled after the accepted ones: for drafts without a distribution
+(n-gram, suffix) that is exact rejection sampling (sample/rejection.py says why). Every row
+samples exactly as a one-token step at that output index would (same random stream counter, same
+penalties, grammar mask and bad_words over the tokens before it), so a step with drafts gives the
+tokens one-token steps give.
 
 execute() is launch_forward() then sample(): the engine calls the two apart when a row's sampling
 needs the previous step's tokens on the host (a grammar, bad_words), so that step is read while
@@ -34,6 +36,7 @@ from ladle.protocol.step import StepPlan, StepResult
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
+from ladle.sample.rejection import emitted_tokens, synthetic_emitted_tokens
 from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
@@ -64,6 +67,8 @@ class LaunchedStep:
     states: RequestStates
     prompt_logprobs: dict | None = None
     kv_report: KVReport | None = None
+    # Benchmarks only: accept each draft with this probability instead of checking it.
+    synthetic_acceptance: float | None = None
     _result: StepResult | None = None
 
     def is_ready(self) -> bool:
@@ -90,24 +95,24 @@ class LaunchedStep:
         if self.copied is not None:
             self.copied.synchronize()
         sampled = self.sampled_host.tolist()
-        row_logprobs = None
+        drafts = [scheduled.draft_token_ids for scheduled in plan.scheduled]
+        if self.synthetic_acceptance is None:
+            emitted = emitted_tokens(sampled, self.sampling_rows, drafts)
+        else:
+            emitted = synthetic_emitted_tokens(
+                sampled, self.sampling_rows, drafts, self.synthetic_acceptance
+            )
+        result.token_ids = token_ids = emitted
         if self.logprobs_host is not None:
             row_logprobs = logprobs_to_messages(self.logprobs_host, self.num_logprobs_per_row)
             result.logprobs = [None] * len(plan.scheduled)
-        rejected: set[int] = set()  # positions whose drafts stopped matching
-        for row, (position, offset) in enumerate(self.sampling_rows):
-            if position in rejected:
-                continue
-            accepted = token_ids[position]
-            accepted.append(sampled[row])
-            if row_logprobs is not None and row_logprobs[row] is not None:
+            for row, (position, offset) in enumerate(self.sampling_rows):
+                if offset >= len(emitted[position]) or row_logprobs[row] is None:
+                    continue
                 entries = result.logprobs[position]
                 if entries is None:
                     entries = result.logprobs[position] = []
                 entries.append(row_logprobs[row])
-            drafts = plan.scheduled[position].draft_token_ids
-            if offset < len(drafts) and sampled[row] != drafts[offset]:
-                rejected.add(position)
         for scheduled, accepted in zip(plan.scheduled, token_ids):
             if accepted:
                 self.states.append_tokens(scheduled.request_id, accepted)
@@ -159,6 +164,9 @@ class ModelRunner:
         self.graph_buckets: DecodeGraphs | None = None
         # Copies to and from the KV cache's host tier, set by the Worker when it has one.
         self.kv_copier: KVCopier | None = None
+        # Benchmarks of speculative decoding on random weights: each draft is accepted with
+        # this probability, whatever the model says (the outputs are then not the model's).
+        self.synthetic_acceptance: float | None = None
 
     @property
     def graphs(self) -> DecodeGraphs | None:
@@ -399,6 +407,7 @@ class ModelRunner:
             states,
             forward.prompt_logprobs,
             forward.kv_report,
+            synthetic_acceptance=self.synthetic_acceptance,
         )
 
     def _take_shared_sample(self, forward: ForwardStep, num_logprobs: list) -> LaunchedStep:
@@ -422,4 +431,5 @@ class ModelRunner:
             self.states,
             forward.prompt_logprobs,
             forward.kv_report,
+            synthetic_acceptance=self.synthetic_acceptance,
         )

@@ -116,6 +116,9 @@ class Worker:
             stage=self.stage,
             activation_dtype=self.dtype,
         )
+        speculative = config.scheduler.speculative
+        if speculative is not None:
+            self.runner.synthetic_acceptance = speculative.synthetic_acceptance
         # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only) or
         # the model's forward reads device values on the host (the torch MoE path).
         self.uses_graphs = (

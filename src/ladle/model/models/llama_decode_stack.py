@@ -1,7 +1,8 @@
 """The CPU's decode steps of a Llama-family model in one C call (kernels/cpu_native/decode_stack.c)
 where the model allows it: every projection a 4-bit group-32 weight kept from a GGUF (the
 default model's Q4_1), no per-head q/k norm, the CPU attention backend, a float32 KV cache, and
-a step of decode rows only (one new token per request, up to the norm kernels' 64 rows).
+a step of decode rows only (one new token per request, up to the norm kernels' 64 rows), or a
+speculative step that verifies drafts, run as one decode row per token (as_decode_rows).
 
 The C call chains the very kernels the layer-by-layer path calls (norms, 4-bit matmuls with
 the same activation bits, rotary and cache write, decode attention, SiLU-and-mul) on the same
@@ -128,6 +129,43 @@ def _weights(model: nn.Module) -> DecodeStackWeights | None:
     return None if cached is _NOT_APPLICABLE else cached
 
 
+# A step whose requests each bring at most this many new tokens after cached context (a decode
+# verifying up to 16 drafts) runs as one decode row per token (as_decode_rows).
+MAX_VERIFY_QUERY_LEN = 17
+
+
+def as_decode_rows(metadata: AttentionMetadata, num_rows: int) -> AttentionMetadata | None:
+    """A speculative step (requests with a few new tokens each, after context already in the
+    cache) as one decode row per token: row j of a request reads its context up to and
+    including its own token. Exact, because decode_stack.c writes every row's key and value
+    into the cache before any row attends (so a row sees the tokens before it in its request
+    and none after). None for other steps: a prompt's start (no context before its tokens),
+    long chunks, or a step that is decode rows already."""
+    starts = metadata.query_start_loc_host
+    if not 1 < metadata.max_query_len <= MAX_VERIFY_QUERY_LEN or starts[-1] != num_rows:
+        return None
+    seq_lens: list[int] = []
+    requests: list[int] = []
+    for request, seq_len in enumerate(metadata.seq_lens_host):
+        num_new = starts[request + 1] - starts[request]
+        if num_new >= seq_len:
+            return None
+        seq_lens += range(seq_len - num_new + 1, seq_len + 1)
+        requests += [request] * num_new
+    device = metadata.block_tables.device
+    return AttentionMetadata(
+        slot_mapping=metadata.slot_mapping,
+        query_start_loc=torch.arange(num_rows + 1, dtype=torch.int32, device=device),
+        seq_lens=torch.tensor(seq_lens, dtype=torch.int32, device=device),
+        block_tables=metadata.block_tables[torch.tensor(requests, device=device)],
+        max_query_len=1,
+        max_seq_len=max(seq_lens),
+        block_size=metadata.block_size,
+        query_start_loc_host=list(range(num_rows + 1)),
+        seq_lens_host=seq_lens,
+    )
+
+
 def _is_decode_step(metadata: AttentionMetadata, num_rows: int) -> bool:
     starts = metadata.query_start_loc_host
     return (
@@ -167,7 +205,9 @@ def cpu_decode_stack(
     if embedded.dtype != torch.float32 or embedded.requires_grad:
         return None
     if not _is_decode_step(metadata, num_rows):
-        return None
+        metadata = as_decode_rows(metadata, num_rows)
+        if metadata is None:
+            return None
     weights = _weights(model)
     if weights is None or not all(_is_float32_cache(c, weights.sizes) for c in kv_caches):
         return None

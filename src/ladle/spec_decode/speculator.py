@@ -1,0 +1,140 @@
+"""The Speculator: what the scheduler asks for drafts (core/draft_proposer.py's DraftProposer),
+with the adaptive draft length and the counters behind the spec-decode metrics.
+
+Per step the scheduler calls begin_step(number of running decodes), then propose() per decode it
+schedules, and after the step is read observe() per drafted request; release() when a request
+ends. The engine feeds each decode-only step's timing to observe_step() (the step cost model).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Protocol
+
+from ladle.config import SpeculativeConfig
+from ladle.protocol.messages import SpecDecodeStats
+from ladle.spec_decode.adaptive import (
+    AcceptanceEstimate,
+    choose_draft_length,
+    expected_extra_tokens,
+)
+from ladle.spec_decode.ngram import NgramProposer
+from ladle.spec_decode.step_cost import StepCostModel
+from ladle.spec_decode.suffix import SuffixProposer
+
+if TYPE_CHECKING:
+    from ladle.core.request import Request
+
+
+class TokenProposer(Protocol):
+    """A model-free proposer over one request's tokens (ngram.py, suffix.py)."""
+
+    def propose_from(
+        self, request_id: str, tokens: Sequence[int], max_num_tokens: int
+    ) -> list[int]: ...
+
+    def release(self, request_id: str, output_token_ids: Sequence[int]) -> None: ...
+
+
+def build_token_proposer(config: SpeculativeConfig) -> TokenProposer:
+    if config.method == "ngram":
+        return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
+    if config.method == "suffix":
+        return SuffixProposer(
+            config.prompt_lookup_min, config.prompt_lookup_max, config.suffix_max_cached_requests
+        )
+    raise ValueError(f"speculative_config.method {config.method!r} has no proposer")
+
+
+class Speculator:
+    def __init__(self, config: SpeculativeConfig, proposer: TokenProposer | None = None) -> None:
+        self.config = config
+        self.proposer = proposer if proposer is not None else build_token_proposer(config)
+        self.step_cost = StepCostModel()
+        self.acceptance: dict[str, AcceptanceEstimate] = {}
+        self.stats = SpecDecodeStats.empty(config.num_speculative_tokens)
+        self._num_step_tokens = 0
+        self._num_step_outputs = 0.0
+
+    def begin_step(self, num_decodes: int) -> None:
+        """A new step starts with this many running decodes, one token each before drafts."""
+        self._num_step_tokens = num_decodes
+        self._num_step_outputs = float(num_decodes)
+
+    def may_draft(self, request: Request) -> bool:
+        """Whether the adaptive rule gives the request drafts in this step (True when not
+        adaptive). A request it refuses drifts back towards the prior acceptance."""
+        if not self.config.adaptive:
+            return True
+        estimate = self.acceptance.get(request.request_id)
+        rate = estimate.rate if estimate is not None else AcceptanceEstimate().rate
+        length = choose_draft_length(
+            rate,
+            self.config.num_speculative_tokens,
+            max(self._num_step_tokens, 1),
+            max(self._num_step_outputs, 1.0),
+            self.step_cost.step_seconds,
+        )
+        if length == 0 and estimate is not None:
+            estimate.decay()
+        return length > 0
+
+    def propose(self, request: Request, max_num_tokens: int) -> list[int]:
+        """Drafts for one decode, no more than max_num_tokens nor the adaptive length."""
+        limit = min(max_num_tokens, self.config.num_speculative_tokens)
+        estimate = self.acceptance.get(request.request_id)
+        if estimate is None:
+            estimate = self.acceptance[request.request_id] = AcceptanceEstimate()
+        rate = estimate.rate
+        if self.config.adaptive:
+            limit = choose_draft_length(
+                rate,
+                limit,
+                max(self._num_step_tokens, 1),
+                max(self._num_step_outputs, 1.0),
+                self.step_cost.step_seconds,
+            )
+        if limit <= 0:
+            estimate.decay()  # back towards the prior: the request is tried again later
+            return []
+        started = time.perf_counter()
+        drafts = self.proposer.propose_from(request.request_id, request.all_token_ids, limit)
+        self.stats.drafting_seconds += time.perf_counter() - started
+        if self.config.synthetic_acceptance is not None and len(drafts) < limit:
+            # Benchmarks on random weights: prompts of random ids have nothing to look up, and
+            # the verifier accepts by coin anyway, so any tokens will do (the last one, again).
+            drafts = drafts + [request.all_token_ids[-1]] * (limit - len(drafts))
+        self._num_step_tokens += len(drafts)
+        self._num_step_outputs += expected_extra_tokens(rate, len(drafts))
+        return drafts[:limit]
+
+    def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
+        """A step verified num_drafted drafts of the request and accepted the first num_accepted."""
+        if num_drafted <= 0:
+            return
+        stats = self.stats
+        stats.num_drafts += 1
+        stats.num_draft_tokens += num_drafted
+        stats.num_accepted_tokens += num_accepted
+        for position in range(num_accepted):
+            stats.num_accepted_tokens_per_pos[position] += 1
+        stats.acceptance_length_counts[num_accepted] += 1
+        estimate = self.acceptance.get(request_id)
+        if estimate is not None:
+            estimate.observe(num_drafted, num_accepted)
+
+    def observe_step(self, num_tokens: int, seconds: float) -> None:
+        """A decode-only step of num_tokens tokens (drafts included) took seconds."""
+        self.step_cost.observe(num_tokens, seconds)
+
+    def forget_history(self) -> None:
+        """Drop what was learned from ended requests (the suffix table): a benchmark that
+        repeats the same requests run after run must not draft from its own earlier answers."""
+        forget = getattr(self.proposer, "forget_history", None)
+        if forget is not None:
+            forget()
+
+    def release(self, request: Request) -> None:
+        self.acceptance.pop(request.request_id, None)
+        self.proposer.release(request.request_id, request.output_token_ids)
