@@ -74,3 +74,35 @@ def test_stages_split_the_layers_contiguously(num_layers, num_stages, expected):
 def test_more_stages_than_layers_is_refused(tiny_model_path):
     with pytest.raises(ValueError, match="pipeline_parallel_size=3 exceeds the model's 2 layers"):
         LLM(tiny_model_path("llama"), pipeline_parallel_size=3, **OPTIONS)
+
+
+def test_a_stage_reads_only_its_own_tensors(tiny_model_path):
+    """The last of two stages of the tiny (2-layer, untied) model: layer 1, the final norm and
+    the LM head; never layer 0 or the embedding (the loader does not read those)."""
+    import torch
+
+    from ladle.attention.torch_backend import TorchAttentionBackend
+    from ladle.distributed.tensor_parallel import SINGLE
+    from ladle.model.arch_config import ModelArchConfig
+    from ladle.model.loader import build_model
+    from ladle.model.loader.safetensors import (
+        find_safetensors_files,
+        iter_safetensors_weights,
+        read_hf_config,
+    )
+
+    path = tiny_model_path("llama")
+    arch = ModelArchConfig.from_hf_dict(read_hf_config(path, {}))
+    model = build_model(
+        arch,
+        torch.device("cpu"),
+        torch.float32,
+        TorchAttentionBackend(),
+        SINGLE,
+        PipelineStage(index=1, size=2),
+    )
+    read = [name for name, _ in iter_safetensors_weights(find_safetensors_files(path), model.holds)]
+    assert read and all(
+        name.startswith(("model.layers.1.", "model.norm.", "lm_head.")) for name in read
+    ), read
+    model.load_weights(iter_safetensors_weights(find_safetensors_files(path), model.holds))

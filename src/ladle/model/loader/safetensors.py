@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import torch
@@ -79,13 +79,17 @@ def safetensors_tensor_names(files: list[Path]) -> list[str]:
     return names
 
 
-def iter_safetensors_weights(files: list[Path]) -> Iterator[tuple[str, torch.Tensor]]:
-    """Yield (checkpoint name, CPU tensor) for every tensor of every file, one at a time."""
+def iter_safetensors_weights(
+    files: list[Path], wanted: Callable[[str], bool] | None = None
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Yield (checkpoint name, CPU tensor) for every tensor of every file, one at a time; with
+    `wanted`, only the tensors it accepts are read (a pipeline stage skips the others' layers)."""
     for file in files:
         try:
             with safe_open(file, framework="pt", device="cpu") as reader:
                 for name in reader.keys():
-                    yield name, reader.get_tensor(name)
+                    if wanted is None or wanted(name):
+                        yield name, reader.get_tensor(name)
         except ModelLoadError:
             raise
         except Exception as error:  # noqa: BLE001

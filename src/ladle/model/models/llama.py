@@ -377,6 +377,13 @@ class LlamaForCausalLM(nn.Module):
             return self.model.embed_tokens.logits(hidden_states, float32)
         return self.lm_head(hidden_states, float32)
 
+    def holds(self, checkpoint_name: str) -> bool:
+        """Whether this pipeline stage loads checkpoint tensor `checkpoint_name` (the loader
+        does not even read the others)."""
+        if checkpoint_name.startswith("lm_head."):
+            return self.stage.is_last
+        return self.model.holds(checkpoint_name)
+
     @torch.no_grad()
     def load_weights(self, weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load Hugging Face-named tensors (any dtype, any device), merging q/k/v and gate/up.
@@ -390,9 +397,7 @@ class LlamaForCausalLM(nn.Module):
         for checkpoint_name, tensor in weights:
             if checkpoint_name.endswith(_IGNORED_SUFFIXES):
                 continue
-            if not self.model.holds(checkpoint_name) or (
-                checkpoint_name.startswith("lm_head.") and not self.stage.is_last
-            ):
+            if not self.holds(checkpoint_name):
                 continue  # another pipeline stage's
             if load_kv_scale(self, checkpoint_name, tensor):  # fp8 KV cache scales
                 continue
