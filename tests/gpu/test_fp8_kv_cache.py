@@ -8,6 +8,7 @@ import random
 
 import pytest
 import torch
+from helpers.tiny_models import GPU_SHAPE
 
 from ladle import LLM, SamplingParams
 from ladle.attention.kv_quant import FP8_E4M3_MAX, FP8_KV_DTYPE, dequantize_kv, quantize_kv
@@ -243,13 +244,6 @@ def test_cuda_graph_replay_reads_new_scales():
 
 # ----- the engine -------------------------------------------------------------------------
 
-GPU_SHAPE = dict(
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=512,
-)
 NUM_NEW_TOKENS = 16
 # Teacher-forced: each token the fp8-cache engine picks is within this fraction of the row's
 # logit range of the fp32 argmax (the bf16 cache's own parity test allows 0.02).

@@ -13,6 +13,7 @@ import random
 
 import pytest
 import torch
+from helpers.tiny_models import GPU_SHAPE
 
 from ladle import LLM, SamplingParams
 from ladle.attention.torch_backend import TorchAttentionBackend
@@ -21,13 +22,6 @@ pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUD
 
 ARCHITECTURES = ["llama", "qwen2", "qwen3"]
 # head_dim 64 as real models have; the tiny default (16) is below what the kernels target.
-GPU_SHAPE = dict(
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=512,
-)
 NUM_NEW_TOKENS = 16
 TOKEN_TOLERANCE = 0.02  # of (max logit - min logit) in the row
 # bf16 weights alone move logits ~2-2.5% (relative L2) from fp32 on these models, as on the CPU

@@ -10,18 +10,12 @@ import random
 
 import pytest
 import torch
+from helpers.tiny_models import GPU_SHAPE
 
 from ladle import LLM, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-GPU_SHAPE = dict(
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=512,
-)
 
 
 def _engine(path, async_scheduling: bool, enforce_eager: bool) -> LLM:

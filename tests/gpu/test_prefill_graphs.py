@@ -13,19 +13,13 @@ import random
 
 import pytest
 import torch
+from helpers.tiny_models import GPU_SHAPE
 
 from ladle import LLM, SamplingParams
 from ladle.protocol.messages import EngineCoreRequest
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-GPU_SHAPE = dict(
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=512,
-)
 # bf16 logprobs of the same model differ by GEMM tile choice (a padded step may pick another).
 LOGPROB_ATOL = 0.05
 

@@ -9,6 +9,7 @@ import random
 
 import pytest
 import torch
+from helpers.tiny_models import GPU_SHAPE
 
 from ladle import LLM, SamplingParams
 
@@ -16,13 +17,6 @@ pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
 )
 
-GPU_SHAPE = dict(
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=64,
-    intermediate_size=512,
-)
 
 
 @pytest.fixture(scope="module")

@@ -44,6 +44,14 @@ TINY_SHAPE = dict(
     rope_theta=10000.0,
 )
 TINY_VOCAB_SIZE = 512
+# The GPU tests' tiny shape: wide enough for the fused kernels' tiles and the graph buckets.
+GPU_SHAPE = dict(
+    hidden_size=256,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    head_dim=64,
+    intermediate_size=512,
+)
 SPECIAL_TOKENS = ["<|pad|>", "<|begin_of_text|>", "<|im_start|>", "<|im_end|>"]
 PAD_ID, BOS_ID, IM_START_ID, EOS_ID = range(4)
 CHATML_TEMPLATE = (

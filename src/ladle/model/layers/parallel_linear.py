@@ -26,6 +26,17 @@ def _refuse_input_permutation(layer: Linear, param: nn.Parameter, tp: TensorPara
         )
 
 
+def _rank_rows(
+    layer: Linear, param: nn.Parameter, loaded: torch.Tensor, start: int, rows: int, total: int
+) -> torch.Tensor:
+    """Rows [start, start + rows) of a column-parallel layer's checkpoint tensor of `total`
+    rows: this rank's (the whole tensor with one rank)."""
+    _refuse_input_permutation(layer, param, layer.tp)
+    if layer.tp.size == 1 or param is layer.input_permutation:
+        return loaded
+    return rank_slice(loaded, 0, start, rows, total)
+
+
 class ColumnParallelLinear(Linear):
     """Output features split over the ranks: this rank computes output_size / tp of them."""
 
@@ -39,12 +50,10 @@ class ColumnParallelLinear(Linear):
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        _refuse_input_permutation(self, param, self.tp)
-        if self.tp.size > 1 and param is not self.input_permutation:
-            rows = self.output_size
-            loaded_weight = rank_slice(
-                loaded_weight, 0, self.tp.rank * rows, rows, rows * self.tp.size
-            )
+        rows = self.output_size
+        loaded_weight = _rank_rows(
+            self, param, loaded_weight, self.tp.rank * rows, rows, rows * self.tp.size
+        )
         super().weight_loader(param, loaded_weight, shard_id)
 
 
@@ -67,12 +76,10 @@ class MergedColumnParallelLinear(MergedLinear):
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        _refuse_input_permutation(self, param, self.tp)
-        if self.tp.size > 1 and param is not self.input_permutation:
-            _, rows = self.shard_rows(shard_id)
-            loaded_weight = rank_slice(
-                loaded_weight, 0, self.tp.rank * rows, rows, rows * self.tp.size
-            )
+        _, rows = self.shard_rows(shard_id)
+        loaded_weight = _rank_rows(
+            self, param, loaded_weight, self.tp.rank * rows, rows, rows * self.tp.size
+        )
         super().weight_loader(param, loaded_weight, shard_id)
 
 
@@ -105,15 +112,12 @@ class QKVParallelLinear(QKVLinear):
     def weight_loader(
         self, param: nn.Parameter, loaded_weight: torch.Tensor, shard_id: str | int | None = None
     ) -> None:
-        _refuse_input_permutation(self, param, self.tp)
-        if self.tp.size > 1 and param is not self.input_permutation:
-            if shard_id == "q":
-                start, rows, total = self.tp.rank * self.q_size, self.q_size, self.q_size
-                total *= self.tp.size
-            else:
-                start = self.tp.first_kv_head(self.total_num_kv_heads) * self.head_dim
-                rows, total = self.kv_size, self.total_num_kv_heads * self.head_dim
-            loaded_weight = rank_slice(loaded_weight, 0, start, rows, total)
+        if shard_id == "q":
+            start, rows, total = self.tp.rank * self.q_size, self.q_size, self.q_size * self.tp.size
+        else:
+            start = self.tp.first_kv_head(self.total_num_kv_heads) * self.head_dim
+            rows, total = self.kv_size, self.total_num_kv_heads * self.head_dim
+        loaded_weight = _rank_rows(self, param, loaded_weight, start, rows, total)
         super().weight_loader(param, loaded_weight, shard_id)
 
 
