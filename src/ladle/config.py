@@ -459,8 +459,6 @@ class ParallelConfig:
                 f"data_parallel_size={self.data_parallel_size}: data parallelism inside one "
                 "engine is not implemented; run replicas (ladle serve --replicas N)"
             )
-        if self.enable_expert_parallel:
-            raise ValueError("enable_expert_parallel: expert parallelism is not implemented yet")
         backend = self.distributed_executor_backend
         if backend is not None and backend not in EXECUTOR_BACKENDS:
             raise ValueError(

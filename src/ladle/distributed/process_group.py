@@ -21,6 +21,7 @@ def join_ranks(
     pipeline_parallel_size: int,
     init_method: str | None,
     device: torch.device,
+    expert_parallel: bool = False,
 ) -> tuple[TensorParallel, PipelineStage]:
     """This process's tensor-parallel group and pipeline stage, once every rank has joined at
     `init_method` (a file:// or tcp:// rendezvous the executor chose). One rank: nothing to
@@ -49,7 +50,9 @@ def join_ranks(
             for s in range(pipeline_parallel_size)
         ]
         group = stage_groups[stage_index] if tensor_parallel_size > 1 else None
-    tp = TensorParallel(rank=tp_rank, size=tensor_parallel_size, group=group)
+    tp = TensorParallel(
+        rank=tp_rank, size=tensor_parallel_size, group=group, expert_parallel=expert_parallel
+    )
     stage = PipelineStage(
         index=stage_index,
         size=pipeline_parallel_size,

@@ -20,6 +20,9 @@ class TensorParallel:
     rank: int = 0
     size: int = 1
     group: Any = None  # the torch.distributed ProcessGroup of the ranks; None with one rank
+    # Mixture-of-experts layers give each rank whole experts (expert parallelism) instead of a
+    # slice of every expert's matrices.
+    expert_parallel: bool = False
 
     def divide(self, total: int, what: str) -> int:
         """This rank's share of `total` (heads, rows, an intermediate size); a clear error

@@ -93,6 +93,7 @@ class Worker:
             parallel.pipeline_parallel_size,
             init_method,
             self.device,
+            parallel.enable_expert_parallel,
         )
         self.attention_backend = get_attention_backend(self.device)
         loaded = load_model(

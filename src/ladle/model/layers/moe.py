@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.dispatch import fused_kernels_enabled, use_fused_kernels
 from ladle.kernels.moe_tiles import ExpertStacks, MoeTileTable, default_table
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
@@ -110,11 +111,25 @@ class TopKRouter(nn.Module):
 
 class StackedExperts(nn.Module):
     """num_experts SiLU-gated MLPs, down(silu(gate(x)) * up(x)), with their weights stacked
-    (see the module docstring), run on the tokens routed to each."""
+    (see the module docstring), run on the tokens routed to each.
 
-    def __init__(self, num_experts: int, hidden_size: int, intermediate_size: int) -> None:
+    On several ranks a rank holds either whole experts first_expert .. first_expert +
+    num_experts - 1 (expert parallelism; checkpoint shards name experts by their global index)
+    or every expert's slice `split` of the intermediate features (tensor parallelism:
+    intermediate_size is then the slice's; `split` = (rank, ranks))."""
+
+    def __init__(
+        self,
+        num_experts: int,
+        hidden_size: int,
+        intermediate_size: int,
+        first_expert: int = 0,
+        split: tuple[int, int] = (0, 1),
+    ) -> None:
         super().__init__()
         self.num_experts = num_experts
+        self.first_expert = first_expert
+        self.split = split
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
         self.gate_up_proj = nn.Parameter(
@@ -159,7 +174,8 @@ class StackedExperts(nn.Module):
             return fused_experts(
                 hidden_states.contiguous(),
                 routing.weights.contiguous(),
-                routing.expert_ids.contiguous(),
+                # Clamped: another expert-parallel rank's assignments (weight 0) add nothing.
+                routing.expert_ids.clamp(max=self.num_experts - 1).contiguous(),
                 self.stacks(),
                 table.plan_for(hidden_states.shape[0]),
             )
@@ -185,7 +201,8 @@ class StackedExperts(nn.Module):
         scales)."""
         is_down = param is self.down_proj or param is self.down_scale
         projections = ("down",) if is_down else ("gate", "up")
-        return [(e, p) for e in range(self.num_experts) for p in projections]
+        experts = range(self.first_expert, self.first_expert + self.num_experts)
+        return [(e, p) for e in experts for p in projections]
 
     @torch.no_grad()
     def weight_loader(
@@ -194,10 +211,12 @@ class StackedExperts(nn.Module):
         """Copy one expert's gate, up or down matrix (HF's [out, in] layout), or its fp8 scales
         (ladle's canonical per-row layout, one row per output), into the stack."""
         expert, projection = shard_id
+        expert -= self.first_expert  # this rank's stack holds its own experts only
         if not 0 <= expert < self.num_experts or projection not in EXPERT_PROJECTIONS:
             raise ModelLoadError(
                 f"no expert shard {shard_id!r}: the config has num_experts={self.num_experts}"
             )
+        loaded_weight = self._rank_slice(loaded_weight, projection)
         if projection == "down":
             target = param.data[expert]
         else:
@@ -216,6 +235,31 @@ class StackedExperts(nn.Module):
                 f"checkpoint's experts must be {FP8_DTYPE}"
             )
         target.copy_(loaded_weight)
+
+    def _rank_slice(self, loaded: torch.Tensor, projection: str) -> torch.Tensor:
+        """This rank's slice of one expert's tensor under tensor parallelism: the gate's or up's
+        rows (and their per-row scales), the down projection's columns (and its scale groups;
+        a per-row scale is every rank's)."""
+        rank, ranks = self.split
+        if ranks == 1:
+            return loaded
+        if projection != "down":
+            rows = self.intermediate_size
+            if loaded.shape[0] != rows * ranks:
+                raise ModelLoadError(
+                    f"an expert's {projection} has {loaded.shape[0]} rows; {ranks} ranks of "
+                    f"{rows} need {rows * ranks}"
+                )
+            return loaded.narrow(0, rank * rows, rows)
+        if loaded.dim() < 2:
+            return loaded
+        columns = loaded.shape[1] // ranks
+        if loaded.shape[1] != columns * ranks:
+            raise ModelLoadError(
+                f"an expert's down projection of {loaded.shape[1]} columns cannot be split over "
+                f"{ranks} ranks (its quantization groups would straddle them)"
+            )
+        return loaded.narrow(1, rank * columns, columns)
 
     def extra_repr(self) -> str:
         fp8 = ", fp8" + (f" groups of {self.scale_group}" if self.scale_group else "")
@@ -249,10 +293,21 @@ class SparseMoeBlock(nn.Module):
         top_k: int,
         intermediate_size: int,
         norm_topk_prob: bool,
+        tp: TensorParallel = SINGLE,
     ) -> None:
         super().__init__()
+        self.tp = tp
         self.gate = TopKRouter(hidden_size, num_experts, top_k, norm_topk_prob)
-        self.experts = StackedExperts(num_experts, hidden_size, intermediate_size)
+        if tp.size > 1 and tp.expert_parallel:
+            local = tp.divide(num_experts, "the number of experts")
+            self.experts = StackedExperts(
+                local, hidden_size, intermediate_size, first_expert=tp.rank * local
+            )
+        else:
+            local_intermediate = tp.divide(intermediate_size, "the experts' intermediate size")
+            self.experts = StackedExperts(
+                num_experts, hidden_size, local_intermediate, split=(tp.rank, tp.size)
+            )
         self.register_buffer(
             "expert_token_counts", torch.zeros(num_experts, dtype=torch.int64), persistent=False
         )
@@ -267,11 +322,32 @@ class SparseMoeBlock(nn.Module):
         if use_fused_kernels(hidden_states) and self.experts.can_run_fused():
             # Routing and counting in one launch; the experts then take the fused path too.
             routing = self.gate.route_fused(hidden_states, self.expert_token_counts)
+        else:
+            routing = self.gate(hidden_states)
+            expert_ids = routing.expert_ids.reshape(-1)
+            self.expert_token_counts.index_add_(
+                0, expert_ids, self._one.expand(expert_ids.numel())
+            )
+        if self.tp.size == 1:
             return self.experts(hidden_states, routing)
-        routing = self.gate(hidden_states)
-        expert_ids = routing.expert_ids.reshape(-1)
-        self.expert_token_counts.index_add_(0, expert_ids, self._one.expand(expert_ids.numel()))
-        return self.experts(hidden_states, routing)
+        # Every rank has every token (the attention's all-reduce replicated them) and the whole
+        # routing; each adds what its experts (or its slice of every expert) give, and the sum
+        # over ranks is the layer's output.
+        if self.tp.expert_parallel:
+            routing = local_routing(routing, self.experts.first_expert, self.experts.num_experts)
+        return self.tp.all_reduce(self.experts(hidden_states, routing))
+
+
+def local_routing(routing: Routing, first_expert: int, num_local: int) -> Routing:
+    """The routing as one expert-parallel rank runs it: ids shifted to its stack; assignments to
+    other ranks' experts get weight 0 and the id num_local (one past its stack: the torch path
+    skips them; the fused path clamps them to its last expert, whose rows then add nothing)."""
+    local_ids = routing.expert_ids - first_expert
+    mine = (local_ids >= 0) & (local_ids < num_local)
+    return Routing(
+        routing.weights * mine.to(routing.weights.dtype),
+        torch.where(mine, local_ids, torch.full_like(local_ids, num_local)),
+    )
 
 
 def grouped_experts_forward(
@@ -302,7 +378,8 @@ def grouped_experts_forward(
     order = torch.argsort(flat_ids, stable=True)
     token_of = order // top_k  # the token of each sorted assignment
     weight_of = topk_weights.reshape(-1, 1).index_select(0, order)
-    counts = torch.bincount(flat_ids, minlength=num_experts).tolist()
+    # Ids past the stack (another expert-parallel rank's experts) sort last and are skipped.
+    counts = torch.bincount(flat_ids, minlength=num_experts + 1)[:num_experts].tolist()
     start = 0
     for expert, count in enumerate(counts):
         if count == 0:

@@ -195,8 +195,8 @@ def _load_unquantized(
     checkpoint_quant = read_checkpoint_quantization(config, str(model_dir))
     model = build_model(arch_config, device, dtype, attention_backend, tp, stage)
     tensor_names = safetensors_tensor_names(files)
-    # A pipeline stage reads only its own tensors.
-    wanted = getattr(model, "holds", None) if stage.size > 1 else None
+    # A pipeline stage, or an expert-parallel rank, reads only its own tensors.
+    wanted = getattr(model, "holds", None) if num_ranks > 1 else None
     weights = with_progress(
         iter_safetensors_weights(files, wanted),
         sum(1 for name in tensor_names if wanted is None or wanted(name)),

@@ -47,11 +47,6 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
         tp: TensorParallel = SINGLE,
         stage: PipelineStage = SINGLE_STAGE,
     ) -> None:
-        if tp.size > 1 or stage.size > 1:
-            raise ValueError(
-                f"{config.architecture} on {tp.size * stage.size} ranks: mixtures of experts run "
-                "on one rank for now (expert and tensor parallelism for them: issue 35)"
-            )
         super().__init__(config, attention_backend, tp, stage)
         projections = "|".join(map(re.escape, self.checkpoint_projections))
         block = re.escape(self.checkpoint_block)
@@ -77,14 +72,28 @@ class SparseMoeForCausalLM(LlamaForCausalLM):
     def build_mlp(self, layer_index: int) -> nn.Module:
         config = self.config
         if not config.is_sparse_layer(layer_index):
-            return LlamaMLP(config.hidden_size, config.intermediate_size)
+            return LlamaMLP(config.hidden_size, config.intermediate_size, self.tp)
         return SparseMoeBlock(
             config.hidden_size,
             config.num_experts,
             config.num_experts_per_token,
             config.moe_intermediate_size,
             config.norm_topk_prob,
+            self.tp,
         )
+
+    def holds(self, checkpoint_name: str) -> bool:
+        """Besides the pipeline stage's parts: an expert-parallel rank loads (and reads) only
+        its own experts."""
+        if not super().holds(checkpoint_name):
+            return False
+        expert_match = self._expert_pattern.match(checkpoint_name)
+        if expert_match is None or not (self.tp.size > 1 and self.tp.expert_parallel):
+            return True
+        expert = int(expert_match["expert"])
+        if expert >= self.config.num_experts:
+            return True  # to_param_name names the error
+        return expert // (self.config.num_experts // self.tp.size) == self.tp.rank
 
     def to_param_name(self, checkpoint_name: str) -> tuple[str, ShardId]:
         expert_match = self._expert_pattern.match(checkpoint_name)
