@@ -3,6 +3,7 @@
 # the 8B shape at each TP size (one GPU first, for the same-call baseline). Results in $OUT.
 #   TP_SIZES="1 2" bash scripts/tp_round.sh          # nvidia-h100-x2; carry .whl (pyzmq, msgspec)
 #   TP_SIZES="1 2 4" WORKLOADS="W3-8b W1" bash scripts/tp_round.sh   # nvidia-h100-x4
+#   TP_SIZES="4" WORKLOADS="W3-70b W2-70b" bash scripts/tp_round.sh  # the 70B targets
 set -uo pipefail
 OUT=${OUT:-.device_out}
 TP_SIZES=${TP_SIZES:-1 2}

@@ -124,3 +124,26 @@ def test_a_misshapen_tensor_is_refused_before_it_is_sliced():
 def test_sizes_the_ranks_cannot_split_are_named(build, message):
     with pytest.raises(ValueError, match=message):
         build(TensorParallel(rank=0, size=4))
+
+
+@pytest.mark.parametrize("size", [2, 4, 8])
+def test_the_70b_shape_splits_into_even_shares(size):
+    """Llama-3.1-70B on `size` ranks (built on the meta device: no memory): every rank holds
+    1/size of the layers' weights and of the vocabulary, all of the norms."""
+    from ladle.attention.torch_backend import TorchAttentionBackend
+    from ladle.model.arch_config import ModelArchConfig
+    from ladle.model.loader.presets import get_preset
+    from ladle.model.models.llama import LlamaForCausalLM
+
+    arch = ModelArchConfig.from_hf_dict(get_preset("llama-3.1-70b"))
+    with torch.device("meta"):
+        whole = LlamaForCausalLM(arch, TorchAttentionBackend())
+        shares = [
+            LlamaForCausalLM(arch, TorchAttentionBackend(), tp) for tp in ranks(size)[:2]
+        ]
+    total = sum(p.numel() for p in whole.parameters())
+    norms = sum(p.numel() for n, p in whole.named_parameters() if "norm" in n)
+    assert 70.0e9 < total < 71.0e9
+    for share in shares:
+        held = sum(p.numel() for p in share.parameters())
+        assert held == (total - norms) // size + norms

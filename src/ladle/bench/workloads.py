@@ -78,6 +78,9 @@ W3_LARGE = TokenWorkload(
 W1_QWEN3_MOE = replace(W1, name="W1-30b-a3b", model_preset="qwen3-30b-a3b")
 W3_QWEN3_MOE = replace(W3_SMALL, name="W3-30b-a3b", model_preset="qwen3-30b-a3b")
 W3_MIXTRAL = replace(W3_SMALL, name="W3-mixtral", model_preset="mixtral-8x7b")
+# The tensor-parallel targets (issue 34): W2's and W3's recipes on the Llama-3.1-70B shape.
+W2_LLAMA_70B = replace(W2, name="W2-70b", model_preset="llama-3.1-70b")
+W3_LLAMA_70B = replace(W3_LARGE, name="W3-70b", model_preset="llama-3.1-70b")
 S1 = TokenWorkload(
     "S1", "qwen3-0.6b", 256, (100, 1024), (100, 512), temperature=0.6, concurrency=(32, 128, 256)
 )
@@ -90,6 +93,8 @@ WORKLOADS = {
     "W1-30b-a3b": W1_QWEN3_MOE,
     "W3-30b-a3b": W3_QWEN3_MOE,
     "W3-mixtral": W3_MIXTRAL,
+    "W2-70b": W2_LLAMA_70B,
+    "W3-70b": W3_LLAMA_70B,
     "S1": S1,
 }
 
@@ -127,6 +132,9 @@ WORKLOAD_SUMMARIES = {
     "W3-30b-a3b": "W3 on the Qwen3-30B-A3B shape (ladle bench latency --workload W3-30b-a3b)",
     "W3-mixtral": "W3 on the Mixtral-8x7B shape, 93 GB in bf16: two GPUs (ladle bench latency "
                   "--workload W3-mixtral -tp 2)",
+    "W2-70b": "W2 on the Llama-3.1-70B shape, 141 GB in bf16: several GPUs (ladle bench "
+              "throughput --workload W2-70b -tp 4)",
+    "W3-70b": "W3 on the Llama-3.1-70B shape (ladle bench latency --workload W3-70b -tp 4)",
     "S1": "served: Qwen3-0.6B shape behind `ladle serve`, 256 streamed completions (prompts "
           "100-1024, outputs 100-512 tokens) at 32, 128 and 256 in flight (ladle bench serve "
           "--workload S1)",

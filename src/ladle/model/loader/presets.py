@@ -114,6 +114,23 @@ PRESETS: dict[str, dict] = {
         bos_token_id=128000,
         eos_token_id=128001,
     ),
+    # Llama-3.1-70B (and 3.3-70B, the same shape): 141 GB in bf16, the tensor-parallel targets.
+    "llama-3.1-70b": _llama(
+        vocab_size=128256,
+        hidden_size=8192,
+        intermediate_size=28672,
+        num_hidden_layers=80,
+        num_attention_heads=64,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=dict(_LLAMA3_ROPE_SCALING),
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    ),
     "llama-3.2-1b": _llama(
         vocab_size=128256,
         hidden_size=2048,
