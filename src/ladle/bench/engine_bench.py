@@ -408,6 +408,16 @@ def run_bench(args: argparse.Namespace) -> int:
         "itl_ms_p99": _percentile(best["itl_ms"], 99),
         "decode_ms_per_token": _median_of(runs, "decode_ms_per_token"),
         "decode_ms_per_token_runs": [r["decode_ms_per_token"] for r in runs],
+        # Each rank's start-up budget: weights, activation peak, graphs, KV cache (GiB).
+        "rank_memory_gib": [
+            {
+                "weights": rank.memory_budget.weights_bytes / 2**30,
+                "activation_peak": rank.memory_budget.activation_peak_bytes / 2**30,
+                "cuda_graphs": rank.memory_budget.graph_pool_bytes / 2**30,
+                "kv_cache": rank.memory_budget.kv_cache_bytes / 2**30,
+            }
+            for rank in llm.engine.executor.rank_infos
+        ],
         "peak_memory_gib": (
             torch.cuda.max_memory_allocated() / 1024**3
             if device.type == "cuda" and llm.config.parallel.world_size == 1

@@ -42,6 +42,11 @@ class Executor(ABC):
     def info(self):
         """The workers' WorkerInfo (rank 0's)."""
 
+    @property
+    def rank_infos(self) -> list:
+        """Every rank's WorkerInfo, in rank order (one rank: [info])."""
+        return [self.info]
+
     @abstractmethod
     def submit(
         self,

@@ -313,6 +313,7 @@ class MultiprocessExecutor(Executor):
                 print(f"[ladle] rank {rank}: {info.memory_budget.describe()}", file=sys.stderr,
                       flush=True)
         self._info: WorkerInfo = infos[0]
+        self._rank_infos = infos
         self._num_submitted = 0
         self._received: dict[int, StepResult] = {}
         self._num_received = 0
@@ -369,6 +370,10 @@ class MultiprocessExecutor(Executor):
     @property
     def info(self) -> WorkerInfo:
         return self._info
+
+    @property
+    def rank_infos(self) -> list[WorkerInfo]:
+        return list(self._rank_infos)
 
     def submit(
         self,
