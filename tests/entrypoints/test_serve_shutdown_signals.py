@@ -49,8 +49,8 @@ def test_a_signal_to_the_process_group_stops_the_server_once(tiny_model_path, si
 @pytest.mark.slow  # a server of its own, ~10-20 s
 @pytest.mark.parametrize(
     ("executor_args", "num_workers"),
-    [(["--distributed-executor-backend", "mp"], 1), (["-tp", "2"], 2)],
-    ids=["mp", "tp2"],
+    [(["--distributed-executor-backend", "mp"], 1), (["-tp", "2"], 2), (["-pp", "2"], 2)],
+    ids=["mp", "tp2", "pp2"],
 )
 def test_the_multi_process_executor_serves_and_stops_with_the_group(
     tiny_model_path, executor_args, num_workers
