@@ -189,3 +189,41 @@ def test_a_model_that_cannot_load_is_one_clear_error(tmp_path):
     assert "does not exist" in result.stderr
     assert "Traceback" not in result.stderr + result.stdout
     assert "Uvicorn running" not in result.stderr + result.stdout  # no port was bound
+
+
+@pytest.mark.slow  # a two-rank server, killed and healed, 15-30 s
+def test_a_dead_rank_fails_its_requests_then_the_server_heals_with_new_ranks(long_model_path):
+    """`-tp 2`: SIGKILL to one worker rank. The streaming request fails promptly with the
+    engine named, /health says 503, the engine and its other rank go (no orphan), a new engine
+    with two new ranks starts and answers."""
+    import psutil
+
+    server = start_server(long_model_path, "-tp", "2")
+    try:
+        client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused",
+                               max_retries=0, timeout=30)
+        old_engine = server.engine_pid
+        old_ranks = psutil.Process(old_engine).children(recursive=True)
+        assert len(old_ranks) == 2, server.log()
+        stream = client.completions.create(
+            model=SERVED_NAME, prompt="hello", stream=True, max_tokens=8000,
+            extra_body={"ignore_eos": True},
+        )
+        chunks = iter(stream)
+        next(chunks)
+        os.kill(old_ranks[1].pid, signal.SIGKILL)
+        killed = time.monotonic()
+        with pytest.raises(openai.APIError, match="engine"):
+            for _ in chunks:
+                pass
+        assert time.monotonic() - killed < 10, "the stream did not fail promptly"
+        assert wait_until(lambda: not any(p.is_running() and p.status() != psutil.STATUS_ZOMBIE
+                                          for p in old_ranks), timeout_s=20), "orphan rank"
+        assert wait_until(lambda: is_healthy(server), timeout_s=120), server.log()
+        assert wait_until(lambda: server.engine_pid != old_engine, timeout_s=5)
+        new_ranks = psutil.Process(server.engine_pid).children(recursive=True)
+        assert len(new_ranks) == 2 and not {p.pid for p in new_ranks} & {p.pid for p in old_ranks}
+        completion = client.completions.create(model=SERVED_NAME, prompt="hi", max_tokens=2)
+        assert completion.choices[0].finish_reason == "length"
+    finally:
+        server.stop()
