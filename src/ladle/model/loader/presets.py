@@ -51,6 +51,24 @@ _LLAMA3_ROPE_SCALING = {
     "original_max_position_embeddings": 8192,
 }
 
+def _llama31(**values: object) -> dict:
+    """Llama 3.1's shared fields (vocabulary, grouped-query attention of 8 key/value heads of
+    128, rope scaling, context); `values` give the size."""
+    base = _llama(
+        vocab_size=128256,
+        num_key_value_heads=8,
+        head_dim=128,
+        rms_norm_eps=1e-5,
+        rope_theta=500000.0,
+        rope_scaling=dict(_LLAMA3_ROPE_SCALING),
+        max_position_embeddings=131072,
+        tie_word_embeddings=False,
+        bos_token_id=128000,
+        eos_token_id=128001,
+    )
+    return {**base, **values}
+
+
 # Preset name -> Hugging Face config.json dict (only the fields ModelArchConfig reads).
 PRESETS: dict[str, dict] = {
     "qwen3-0.6b": _qwen3(
@@ -98,38 +116,12 @@ PRESETS: dict[str, dict] = {
         "bos_token_id": 151643,
         "eos_token_id": 151643,
     },
-    "llama-3.1-8b": _llama(
-        vocab_size=128256,
-        hidden_size=4096,
-        intermediate_size=14336,
-        num_hidden_layers=32,
-        num_attention_heads=32,
-        num_key_value_heads=8,
-        head_dim=128,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling=dict(_LLAMA3_ROPE_SCALING),
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-        bos_token_id=128000,
-        eos_token_id=128001,
+    "llama-3.1-8b": _llama31(
+        hidden_size=4096, intermediate_size=14336, num_hidden_layers=32, num_attention_heads=32
     ),
     # Llama-3.1-70B (and 3.3-70B, the same shape): 141 GB in bf16, the tensor-parallel targets.
-    "llama-3.1-70b": _llama(
-        vocab_size=128256,
-        hidden_size=8192,
-        intermediate_size=28672,
-        num_hidden_layers=80,
-        num_attention_heads=64,
-        num_key_value_heads=8,
-        head_dim=128,
-        rms_norm_eps=1e-5,
-        rope_theta=500000.0,
-        rope_scaling=dict(_LLAMA3_ROPE_SCALING),
-        max_position_embeddings=131072,
-        tie_word_embeddings=False,
-        bos_token_id=128000,
-        eos_token_id=128001,
+    "llama-3.1-70b": _llama31(
+        hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64
     ),
     "llama-3.2-1b": _llama(
         vocab_size=128256,
