@@ -1,7 +1,8 @@
 """Pipeline parallelism over gloo on the CPU: two stages (and two stages of two tensor-parallel
 ranks) give the one-process engine's results exactly, for greedy, seeded-with-penalties,
 logprob, grammar and bad_words requests, with synchronous and overlapped steps; a tied LM head
-on the last stage; layer splits and sizes the model cannot take are refused by name."""
+on the last stage; layer splits and sizes the model cannot take are refused by name. Tensor
+parallelism alone, with overlap or the fp8 KV cache, gives the one-process tokens too."""
 
 from __future__ import annotations
 
@@ -106,3 +107,19 @@ def test_a_stage_reads_only_its_own_tensors(tiny_model_path):
         name.startswith(("model.layers.1.", "model.norm.", "lm_head.")) for name in read
     ), read
     model.load_weights(iter_safetensors_weights(find_safetensors_files(path), model.holds))
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    "options", [dict(async_scheduling=True), dict(kv_cache_dtype="fp8")], ids=["overlap", "fp8-kv"]
+)
+def test_tensor_parallel_ranks_give_the_one_process_results(tiny_model_path, options):
+    """Two tensor-parallel ranks (no stages) with overlapped steps, or with the fp8 KV cache,
+    whose calibrated scales are the largest over the ranks' heads: the one-GPU scales."""
+    path = tiny_model_path("qwen3")
+    expected = _results(LLM(path, **OPTIONS, **options))
+    split = LLM(path, **OPTIONS, **options, tensor_parallel_size=2)
+    try:
+        assert [tokens for tokens, *_ in _results(split)] == [t for t, *_ in expected]
+    finally:
+        split.engine.executor.shutdown()

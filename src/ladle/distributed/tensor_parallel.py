@@ -56,6 +56,13 @@ class TensorParallel:
         dist.all_reduce(partial, group=self.group)
         return partial
 
+    def all_reduce_max(self, values: torch.Tensor) -> torch.Tensor:
+        """The elementwise largest over ranks of `values` (in place where the backend allows)."""
+        if self.size == 1:
+            return values
+        dist.all_reduce(values, op=dist.ReduceOp.MAX, group=self.group)
+        return values
+
     def all_gather(self, shard: torch.Tensor) -> torch.Tensor:
         """The ranks' shards concatenated along the last dimension, in rank order."""
         if self.size == 1:

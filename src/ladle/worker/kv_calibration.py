@@ -108,11 +108,14 @@ def set_fp8_kv_scales(
     max_model_len: int,
     allocate_kv_caches: Callable[[int, torch.dtype], list[torch.Tensor]],
     dtype: torch.dtype,
+    combine_amax: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> None:
     """Give every attention layer of the runner's model its fp8 KV scales: those its checkpoint
     carried, else one calibration step through the real step path (ModelRunner.execute) over a
     temporary cache of `dtype` (the model's) from allocate_kv_caches(num_blocks, dtype). Runs
-    before the KV cache is sized; says what it did."""
+    before the KV cache is sized; says what it did. combine_amax: the largest over the
+    tensor-parallel ranks of each layer's [key, value] amax (each rank sees only its heads), so
+    every rank gets the one-GPU scales."""
     layers = attention_layers(runner.model)
     uncalibrated = [layer for layer in layers if layer.kv_scales_source != "checkpoint"]
     note = f"{len(layers) - len(uncalibrated)} layers' k/v scales from the checkpoint"
@@ -128,6 +131,9 @@ def set_fp8_kv_scales(
             runner.kv_caches = real_caches
             runner.forget(step.request_ids())
             runner.batch.clear_block_tables()
+        if combine_amax is not None:
+            combined = combine_amax(torch.stack([torch.stack(pair) for pair in amaxes]))
+            amaxes = [[combined[i, 0], combined[i, 1]] for i in range(len(amaxes))]
         set_scales_from_amax(uncalibrated, amaxes)
         note += (
             f", {len(uncalibrated)} calibrated on {NUM_PROMPTS} prompts x {prompt_len} seeded "

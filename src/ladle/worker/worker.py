@@ -144,6 +144,7 @@ class Worker:
                 self.max_model_len,
                 self.allocate_kv_caches,
                 self.dtype,
+                combine_amax=self.tp.all_reduce_max,
             )
         self.expert_load = ExpertLoadMeter(self.model)
         self.fused_moe: FusedMoeSetup | None = None
