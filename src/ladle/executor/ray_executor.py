@@ -112,9 +112,11 @@ class RayExecutor(MultiprocessExecutor):
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
 
-        from ladle.config import resolve_device
-
-        on_gpu = resolve_device(config.model.device).type == "cuda"
+        # The engine's host may have no GPU (a head node): 'auto' asks the cluster instead.
+        device = config.model.device
+        on_gpu = device.startswith("cuda") or (
+            device == "auto" and ray.cluster_resources().get("GPU", 0) >= len(input_addresses)
+        )
         bundle = {"GPU": 1, "CPU": 1} if on_gpu else {"CPU": 1}
         # PACK: ranks on as few hosts as fit (a tensor group wants NVLink, not the network).
         group = placement_group([dict(bundle) for _ in input_addresses], strategy="PACK")
