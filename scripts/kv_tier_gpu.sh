@@ -40,9 +40,10 @@ bench() {  # name, then the bench's arguments; the table to the log, the JSON un
 bench multiturn_0.6b multiturn --working-set 3.5 --num-gpu-blocks-override 2049 \
   --kv-offloading-size 14 --compare-tier-off
 # Nothing hits (every prompt distinct): the tier's write-back must cost nothing measurable.
-bench w1_tier_off throughput --workload W1 --num-requests 128 --runs 2 --no-busy --no-progress \
+# NOTHING_HITS=0 skips this pair (when the time is wanted for FULL's runs).
+[ "${NOTHING_HITS:-1}" = 1 ] && bench w1_tier_off throughput --workload W1 --num-requests 128 --runs 2 --no-busy --no-progress \
   --kv-offloading-size 0
-bench w1_tier_on throughput --workload W1 --num-requests 128 --runs 2 --no-busy --no-progress \
+[ "${NOTHING_HITS:-1}" = 1 ] && bench w1_tier_on throughput --workload W1 --num-requests 128 --runs 2 --no-busy --no-progress \
   --kv-offloading-size 4
 
 if [ "${FULL:-0}" = 1 ]; then
