@@ -1,23 +1,31 @@
 """`ladle bench multiturn`: conversations that come back with their whole history plus a new
 turn, the workload of the KV cache's host tier (core/host_tier.py).
 
-    ladle bench multiturn --working-set 3.5 --num-gpu-blocks-override 4096     # 0.6B shape
+    ladle bench multiturn --working-set 3.5 --num-gpu-blocks-override 2049   # 0.6B shape
     ladle bench multiturn --working-set 3.5 --compare-tier-off --json out.json  # same run, off
 
 Seeded: conversation i's turns (random token ids) and reply lengths come from one
-random.Random(seed), in order. Round r sends every conversation's turn r at once: its whole
-history (every earlier turn and the model's actual replies, EOS ignored) plus the new turn. So
-between two turns of one conversation every other conversation runs a turn: with a working set
-(the tokens of every conversation's final history) larger than the device pool, a history has
-been evicted from the device by the time it comes back, and only a host tier still has it.
+random.Random(seed), in order. The default recipe is multi-round QA over a long context (the
+regime LMCache's and vLLM's multi-turn benchmarks measure): a first turn of 2,000-4,000 tokens
+(a document, a code file, an agent's context), then short questions (50-200 tokens) with short
+answers (32-128 tokens); --first-turn-len / --turn-len / --reply-len change it.
+
+The client is a closed loop of --concurrency users: the queue holds every conversation's turn 1,
+then every turn 2, and so on; a user takes the next turn whose conversation is not still waiting
+for its previous reply, sends its whole history (every earlier turn and the model's actual
+replies, EOS ignored) plus the new turn, and waits for the reply. So between two turns of one
+conversation every other conversation runs a turn: with a working set (the tokens of every
+conversation's final history) larger than the device pool, a history has been evicted from the
+device by the time it comes back, and only a host tier still has it. Keep concurrency x the
+longest history below the device pool, or preemptions (not the tier) decide the result.
 
 --working-set X picks the number of conversations so that the working set is X times the device
 pool's tokens (after start-up sizes the pool; --num-gpu-blocks-override shrinks it honestly).
 
-Reported, over the timed rounds: generated tok/s over the wall time, TTFT p50 / p90 (from a
-round's start, when its requests arrive together), and which tier served the prompt tokens:
-device hits, host hits (loaded back), computed. --compare-tier-off runs the same conversations
-again in the same process with the host tier off (--kv-offloading-size 0) and prints the ratios.
+Reported, over the timed conversations: generated tok/s over the wall time, TTFT p50 / p90 (from
+the moment each request is sent), and which tier served the prompt tokens: device hits, host
+hits (loaded back), computed. --compare-tier-off runs the same conversations again in the same
+process with the host tier off (--kv-offloading-size 0) and prints the ratios.
 """
 
 from __future__ import annotations
@@ -28,6 +36,7 @@ import json
 import random
 import sys
 import time
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -41,16 +50,20 @@ class MultiturnWorkload:
     """A seeded recipe of conversations: turn and reply lengths, ids, sampling."""
 
     num_turns: int = 4
-    turn_len: tuple[int, int] = (200, 600)  # new tokens each turn adds
-    reply_len: tuple[int, int] = (64, 256)  # tokens the model generates per turn
+    first_turn_len: tuple[int, int] = (2000, 4000)  # the context the conversation opens with
+    turn_len: tuple[int, int] = (50, 200)  # new tokens each later turn adds
+    reply_len: tuple[int, int] = (32, 128)  # tokens the model generates per turn
     max_token_id: int = 10000
     temperature: float = 0.0
     seed: int = 0
+    concurrency: int = 6  # users in the closed loop: requests in flight at most
 
     def __post_init__(self) -> None:
         if self.num_turns < 1:
             raise ValueError(f"num_turns must be >= 1, got {self.num_turns}")
-        for name in ("turn_len", "reply_len"):
+        if self.concurrency < 1:
+            raise ValueError(f"concurrency must be >= 1, got {self.concurrency}")
+        for name in ("first_turn_len", "turn_len", "reply_len"):
             low, high = getattr(self, name)
             if not 1 <= low <= high:
                 raise ValueError(f"{name} must be 1 <= min <= max, got {low}, {high}")
@@ -77,8 +90,8 @@ def _conversations(workload: MultiturnWorkload) -> Iterator[Conversation]:
     rng = random.Random(workload.seed)
     while True:
         turns, reply_lens = [], []
-        for _ in range(workload.num_turns):
-            length = rng.randint(*workload.turn_len)
+        for turn in range(workload.num_turns):
+            length = rng.randint(*(workload.first_turn_len if turn == 0 else workload.turn_len))
             turns.append([rng.randint(0, workload.max_token_id) for _ in range(length)])
             reply_lens.append(rng.randint(*workload.reply_len))
         yield Conversation(turns, reply_lens)
@@ -110,23 +123,30 @@ def _percentile(values: list[float], q: float) -> float | None:
 
 def run_multiturn(engine, conversations: list[Conversation], workload: MultiturnWorkload,
                   tag: str = "mt") -> dict:
-    """Every round through EngineCore.step; the conversations' histories grow in place."""
+    """The closed loop of workload.concurrency users through EngineCore.step; the
+    conversations' histories grow in place."""
     for conversation in conversations:
         conversation.history = []
     vocab = engine.vocab_size
     before = engine.get_stats()
     ttfts: list[float] = []
     num_generated = num_prompt = num_cached = 0
+    queue = deque(
+        (turn, index) for turn in range(workload.num_turns) for index in range(len(conversations))
+    )
+    # request id -> (conversation index, time sent, reply so far)
+    in_flight: dict[str, tuple[int, float, list[int]]] = {}
+    max_in_flight = 0
     started = time.perf_counter()
-    for turn in range(workload.num_turns):
-        round_start = time.perf_counter()
-        pending: dict[str, Conversation] = {}
-        replies: dict[str, list[int]] = {}
-        for index, conversation in enumerate(conversations):
-            request_id = f"{tag}-{turn}-{index}"
+    while queue or in_flight:
+        busy = {index for index, _, _ in in_flight.values()}
+        while queue and len(in_flight) < workload.concurrency and queue[0][1] not in busy:
+            turn, index = queue.popleft()
+            conversation = conversations[index]
             prompt = conversation.history + [t % vocab for t in conversation.turns[turn]]
             conversation.history = prompt
             num_prompt += len(prompt)
+            request_id = f"{tag}-{turn}-{index}"
             engine.add_request(EngineCoreRequest(
                 request_id=request_id,
                 prompt_token_ids=prompt,
@@ -137,18 +157,19 @@ def run_multiturn(engine, conversations: list[Conversation], workload: Multiturn
                     seed=index,
                 ),
             ))
-            pending[request_id] = conversation
-            replies[request_id] = []
-        while engine.has_unfinished_requests():
-            for output in engine.step():
-                reply = replies[output.request_id]
-                if output.new_token_ids and not reply:
-                    ttfts.append(time.perf_counter() - round_start)
-                    num_cached += output.num_cached_tokens
-                reply.extend(output.new_token_ids)
-        for request_id, conversation in pending.items():
-            conversation.history = conversation.history + replies[request_id]
-            num_generated += len(replies[request_id])
+            in_flight[request_id] = (index, time.perf_counter(), [])
+            busy.add(index)
+        max_in_flight = max(max_in_flight, len(in_flight))
+        for output in engine.step():
+            index, sent, reply = in_flight[output.request_id]
+            if output.new_token_ids and not reply:
+                ttfts.append(time.perf_counter() - sent)
+                num_cached += output.num_cached_tokens
+            reply.extend(output.new_token_ids)
+            if output.finished:
+                del in_flight[output.request_id]
+                conversations[index].history = conversations[index].history + reply
+                num_generated += len(reply)
     seconds = time.perf_counter() - started
     after = engine.get_stats()
     num_host_hit = after.host_cache_hits - before.host_cache_hits
@@ -156,6 +177,7 @@ def run_multiturn(engine, conversations: list[Conversation], workload: Multiturn
         "num_conversations": len(conversations),
         "num_requests": len(conversations) * workload.num_turns,
         "seconds": seconds,
+        "max_in_flight": max_in_flight,
         "generated_tokens": num_generated,
         "tokens_per_s": num_generated / seconds,
         "ttft_ms_p50": _ms(_percentile(ttfts, 50)),
@@ -218,10 +240,12 @@ def _run_one(model: str, options: dict, workload: MultiturnWorkload, multiple: f
 def run_bench_multiturn(args: argparse.Namespace) -> int:
     workload = MultiturnWorkload(
         num_turns=args.turns,
+        first_turn_len=tuple(args.first_turn_len),
         turn_len=tuple(args.turn_len),
         reply_len=tuple(args.reply_len),
         temperature=args.temperature,
         seed=args.workload_seed,
+        concurrency=args.concurrency,
     )
     options = engine_options_from_args(args)
     model = args.model or "qwen3-0.6b"
@@ -262,7 +286,8 @@ def _print(report: dict) -> None:
         print(
             f"[{name}] {run['num_conversations']} conversations x {report['workload']['num_turns']}"
             f" turns, working set {run['working_set_tokens']:,} tokens "
-            f"({run['working_set_tokens'] / run['device_pool_tokens']:.2f}x the device pool): "
+            f"({run['working_set_tokens'] / run['device_pool_tokens']:.2f}x the device pool), "
+            f"{report['workload']['concurrency']} in flight: "
             f"{run['tokens_per_s']:,.0f} tok/s, TTFT p50 {run['ttft_ms_p50']:.1f} ms "
             f"p90 {run['ttft_ms_p90']:.1f} ms; prompt tokens from device "
             f"{run['device_hit_rate']:.1%}, host {run['host_hit_rate']:.1%}, computed "
@@ -285,8 +310,13 @@ def add_bench_multiturn_parser(commands) -> None:
     sub.add_argument("--working-set", type=float, default=3.5,
                      help="the conversations' tokens as a multiple of the device pool's")
     sub.add_argument("--turns", type=int, default=4)
-    sub.add_argument("--turn-len", type=int, nargs=2, default=[200, 600], metavar=("MIN", "MAX"))
-    sub.add_argument("--reply-len", type=int, nargs=2, default=[64, 256], metavar=("MIN", "MAX"))
+    sub.add_argument("--first-turn-len", type=int, nargs=2, default=[2000, 4000],
+                     metavar=("MIN", "MAX"), help="tokens of the context a conversation opens with")
+    sub.add_argument("--turn-len", type=int, nargs=2, default=[50, 200], metavar=("MIN", "MAX"),
+                     help="tokens each later turn adds")
+    sub.add_argument("--reply-len", type=int, nargs=2, default=[32, 128], metavar=("MIN", "MAX"))
+    sub.add_argument("--concurrency", type=int, default=6,
+                     help="users in the closed loop (requests in flight at most)")
     sub.add_argument("--temperature", type=float, default=0.0)
     sub.add_argument("--workload-seed", type=int, default=0, help="the conversations' seed")
     sub.add_argument("--compare-tier-off", action="store_true",
