@@ -100,14 +100,14 @@ def _build_head(
 
 def _safetensors_files(path: str) -> list[Path]:
     folder = Path(path).expanduser()
-    files = find_safetensors_files(folder) if folder.is_dir() else []
-    if files:
-        return files
+    has_safetensors = folder.is_dir() and any(folder.glob("*.safetensors"))
+    if has_safetensors:
+        return find_safetensors_files(folder)
     pickled = sorted(p.name for p in folder.glob("*") if p.suffix in _PICKLE_SUFFIXES)
     if pickled:
         raise ModelLoadError(
             f"{FIELD}={path!r} holds only pickled weights ({', '.join(pickled)}); ladle loads "
-            "safetensors only (pickle can run code): convert the head to model.safetensors"
+            "safetensors only (pickle can run code): convert them to model.safetensors"
         )
     raise ModelLoadError(f"{FIELD}={path!r} has no .safetensors weights")
 
@@ -121,7 +121,7 @@ def _load_draft_model(
     backend: AttentionBackend,
 ) -> DraftNetwork:
     folder = Path(path).expanduser()
-    if folder.is_dir() and not find_safetensors_files(folder):
+    if folder.is_dir() and not any(folder.glob("*.safetensors")):
         _safetensors_files(path)  # names the pickled files, if that is what is there
     draft_config = dataclasses.replace(
         target_config,
