@@ -36,7 +36,6 @@ def _rotate(x: torch.Tensor, positions: torch.Tensor, theta: float) -> torch.Ten
 
 def _reference(tensors, config, method, input_ids, features, embedding, target_logits):
     """One sequence from position 0: (draft ids as target ids, output, feature fed back)."""
-    hidden = config["hidden_size"]
     heads, kv_heads = config["num_attention_heads"], config["num_key_value_heads"]
     head_dim = config["head_dim"]
     prefix = "midlayer." if method == "eagle3" else "layers.0."

@@ -289,3 +289,18 @@ def test_random_head_on_dummy_weights_drafts(engine_off):
     assert all(len(o.outputs[0].token_ids) == 20 for o in outputs)
     assert llm.engine.get_stats().spec_decode.num_draft_tokens > 0
     assert math.isfinite(llm.engine.get_stats().spec_decode.drafting_seconds)
+
+
+def test_eagle3_target_runs_without_its_drafter(engines, engine_off):
+    """A benchmark's baseline sets the drafter aside: the target still appends its aux hidden
+    states, and the runner still splits them off (a bug once: logits of a 4h-wide row)."""
+    llm = engines["eagle3"]
+    runner = llm.engine.executor.worker.runner
+    proposer, llm.engine.scheduler.proposer = llm.engine.scheduler.proposer, None
+    drafter, runner.drafter = runner.drafter, None
+    try:
+        prompts = _prompts(8, seed=6)
+        got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
+    finally:
+        runner.drafter, llm.engine.scheduler.proposer = drafter, proposer
+    assert got == _tokens(engine_off.generate(prompts, GREEDY, use_tqdm=False))

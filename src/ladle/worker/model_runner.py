@@ -177,6 +177,11 @@ class ModelRunner:
         self.drafter: ModelDrafter | None = None
 
     @property
+    def _appends_aux_hidden(self) -> bool:
+        inner = getattr(self.model, "model", None)
+        return bool(getattr(inner, "aux_hidden_layers", ()))
+
+    @property
     def graphs(self) -> DecodeGraphs | None:
         """The captured graphs; None in eager mode, on the CPU and before the capture."""
         buckets = self.graph_buckets
@@ -252,12 +257,13 @@ class ModelRunner:
                 attn_metadata = self.graph_buckets.eager_metadata(attn_metadata, input_ids.shape[0])
             hidden = self._run_stage(input_ids.to(torch.int32), inputs.positions, attn_metadata)
         target_outputs = None
+        features = None
+        if hidden is not None and self.stage.is_last and self._appends_aux_hidden:
+            # The forward appended the EAGLE-3 layers' inputs to the final hidden states (also
+            # while a benchmark's baseline runs set the drafter aside).
+            width = self.model.config.hidden_size
+            hidden, features = hidden[:, :width], hidden[:, width:]
         if self.drafter is not None and hidden is not None:
-            features = None
-            if self.drafter.aux_layer_ids:
-                # The forward appended the EAGLE-3 layers' inputs to the final hidden states.
-                width = self.model.config.hidden_size
-                hidden, features = hidden[:, :width], hidden[:, width:]
             target_outputs = TargetOutputs(input_ids, hidden, features)
         prompt_logprobs = None
         # Only a step with prompt tokens can owe prompt logprobs: decode-only steps skip the scan.
