@@ -299,8 +299,9 @@ class SchedulerConfig:
     speculative_config: dict | None = field(
         default=None,
         metadata={"help": "speculative decoding, as JSON (vLLM's keys): "
-                  '\'{"method": "ngram"|"suffix", "num_speculative_tokens": 4, '
-                  '"prompt_lookup_min": 2, "prompt_lookup_max": 5}\''},
+                  '\'{"method": "ngram"|"suffix"|"draft_model"|"eagle"|"eagle3"|"auto", '
+                  '"num_speculative_tokens": 4, "prompt_lookup_min": 2, "prompt_lookup_max": 5, '
+                  '"model": DRAFT_MODEL_OR_HEAD}\''},
     )
 
     def __post_init__(self) -> None:
@@ -328,10 +329,16 @@ class SchedulerConfig:
         return SpeculativeConfig.from_dict(self.speculative_config)
 
 
-SPECULATIVE_METHODS = ("ngram", "suffix")
+SPECULATIVE_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "auto")
+# Methods whose drafts a network computes in the worker (`model` names it); auto uses one when
+# `model` is given.
+MODEL_DRAFT_METHODS = ("draft_model", "eagle", "eagle3")
 # vLLM's other methods: named so their users get "not yet supported", not "unknown".
-SPECULATIVE_METHODS_LATER = ("draft_model", "eagle", "eagle3", "mtp", "medusa", "auto")
+SPECULATIVE_METHODS_LATER = ("mtp", "medusa")
 MAX_SPECULATIVE_TOKENS = 16
+# `model` for an EAGLE-3 head of random weights in the target's shape (benchmarks on dummy
+# weights only: --load-format dummy).
+RANDOM_DRAFT_HEAD = "random"
 
 
 @dataclass(frozen=True)
@@ -339,13 +346,18 @@ class SpeculativeConfig:
     """Speculative decoding (vLLM's --speculative-config keys): a proposer drafts up to
     num_speculative_tokens tokens per request per step, and the step verifies them.
 
-    method: ngram (prompt lookup) or suffix (suffix matching over the request and earlier
-    outputs). prompt_lookup_min/max: the n-gram lengths ngram matches (and the shortest match suffix
-    trusts). suffix_max_cached_requests: earlier requests' outputs the
-    suffix index keeps. adaptive: choose each request's draft length per step from its measured
-    acceptance and the step's cost (spec_decode/adaptive.py); off: always the longest draft the
-    proposer has. synthetic_acceptance (benchmarks only): the verifier accepts each draft with
-    this probability instead of checking it, so outputs are NOT the model's.
+    method: ngram (prompt lookup), suffix (suffix matching over the request and earlier
+    outputs), draft_model (a smaller model of the same tokenizer, `model`), eagle / eagle3 (an
+    EAGLE-1 / EAGLE-3 head in vLLM's checkpoint layout, `model`), or auto (per request, suffix
+    drafts or the `model`'s, whichever measures better; suffix alone without `model`).
+    prompt_lookup_min/max: the n-gram lengths ngram matches (and the shortest match suffix
+    trusts). suffix_max_cached_requests: earlier requests' outputs the suffix index keeps.
+    model: the draft model or head (folder, preset name with --load-format dummy; for eagle3
+    also "random": a random head of the target's shape, dummy weights only). adaptive: choose
+    each request's draft length per step from its measured acceptance and the step's cost
+    (spec_decode/adaptive.py); off: always the longest draft the proposer has.
+    synthetic_acceptance (benchmarks only): the verifier accepts each draft with this
+    probability instead of checking it, so outputs are NOT the model's.
     """
 
     method: str = "ngram"
@@ -353,6 +365,7 @@ class SpeculativeConfig:
     prompt_lookup_min: int = 2
     prompt_lookup_max: int = 5
     suffix_max_cached_requests: int = 1000
+    model: str | None = None
     adaptive: bool = True
     synthetic_acceptance: float | None = None
 
@@ -384,6 +397,7 @@ class SpeculativeConfig:
                 f"speculative_config.prompt_lookup_min ({self.prompt_lookup_min}) is above "
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
+        self._check_model()
         if not isinstance(self.adaptive, bool):
             raise ValueError(
                 f"speculative_config.adaptive must be true or false, got {self.adaptive!r}"
@@ -396,6 +410,35 @@ class SpeculativeConfig:
                 f"speculative_config.synthetic_acceptance must be a number in [0, 1], got {rate!r}"
             )
 
+    def _check_model(self) -> None:
+        model = self.model
+        if model is not None and (not isinstance(model, str) or not model.strip()):
+            raise ValueError(
+                f"speculative_config.model must be a path or preset name, got {model!r}"
+            )
+        if self.method in MODEL_DRAFT_METHODS and model is None:
+            raise ValueError(
+                f"speculative_config.model is required for method {self.method!r} (the draft "
+                "model's or head's folder)"
+            )
+        if self.method in ("ngram", "suffix") and model is not None:
+            raise ValueError(
+                f"speculative_config.model is not used by method {self.method!r} (model-free "
+                "drafts); use draft_model, eagle, eagle3 or auto"
+            )
+        if model == RANDOM_DRAFT_HEAD and self.method not in ("eagle3", "auto"):
+            raise ValueError(
+                f"speculative_config.model={RANDOM_DRAFT_HEAD!r} (a random EAGLE-3 head) needs "
+                f"method eagle3 or auto, got {self.method!r}"
+            )
+
+    @property
+    def uses_model_drafts(self) -> bool:
+        """Whether a network drafts in the worker (its drafts come back with each step)."""
+        return self.method in MODEL_DRAFT_METHODS or (
+            self.method == "auto" and self.model is not None
+        )
+
     @classmethod
     def from_dict(cls, options: dict) -> SpeculativeConfig:
         """Build from the user's dict (JSON), naming any key ladle does not know."""
@@ -403,8 +446,8 @@ class SpeculativeConfig:
             raise ValueError(f"speculative_config must be a JSON object, got {options!r}")
         method = options.get("method")
         if method in SPECULATIVE_METHODS_LATER:
-            # Before the keys: a draft model's config carries keys (model, ...) ladle does not
-            # know yet, and the method is what the user needs to hear about.
+            # Before the keys: such a config carries keys ladle does not know yet, and the
+            # method is what the user needs to hear about.
             raise ValueError(
                 f"speculative_config.method={method!r} is not yet supported by ladle; "
                 f"supported: {', '.join(SPECULATIVE_METHODS)}"
@@ -417,7 +460,9 @@ class SpeculativeConfig:
                 f"known: {', '.join(sorted(known))}"
             )
         if "method" not in options:
-            raise ValueError("speculative_config.method is required (ngram or suffix)")
+            raise ValueError(
+                f"speculative_config.method is required ({', '.join(SPECULATIVE_METHODS)})"
+            )
         return cls(**options)
 
 

@@ -200,8 +200,9 @@ def test_stop_strings_and_eos_inside_accepted_drafts(engines, engine_off, method
 @pytest.mark.parametrize(
     ("config", "message"),
     [
-        ({"method": "eagle3", "num_speculative_tokens": 3}, "method='eagle3' is not yet supported"),
-        ({"method": "draft_model"}, "method='draft_model' is not yet supported"),
+        ({"method": "eagle3", "num_speculative_tokens": 3}, "speculative_config.model is required"),
+        ({"method": "draft_model"}, "speculative_config.model is required"),
+        ({"method": "mtp"}, "method='mtp' is not yet supported"),
         ({"method": "medusa2"}, "speculative_config.method must be one of"),
         ({"method": "ngram", "num_speculative_tokens": 0}, "num_speculative_tokens"),
         ({"method": "ngram", "num_speculative_tokens": 17}, "num_speculative_tokens"),

@@ -31,13 +31,16 @@ def test_a_flag_that_is_not_json_is_refused(capsys):
 @pytest.mark.parametrize(
     ("options", "field"),
     [
-        ({"method": "eagle"}, "method='eagle' is not yet supported"),
-        ({"method": "eagle3", "model": "some/head"}, "method='eagle3' is not yet supported"),
+        ({"method": "eagle"}, "speculative_config.model is required"),
+        ({"method": "medusa", "model": "some/head"}, "method='medusa' is not yet supported"),
+        ({"method": "draft_model", "model": ""}, "speculative_config.model must be a path"),
+        ({"method": "draft_model", "model": "random"}, "needs method eagle3 or auto"),
         ({"method": "ngram", "num_speculative_tokens": True}, "num_speculative_tokens"),
         ({"method": "ngram", "prompt_lookup_min": 0}, "prompt_lookup_min"),
         ({"method": "suffix", "suffix_max_cached_requests": -1}, "suffix_max_cached_requests"),
         ({"method": "ngram", "adaptive": "yes"}, "adaptive"),
-        ({"method": "ngram", "model": "x"}, "unknown key(s) 'model'"),
+        ({"method": "ngram", "model": "x"}, "model is not used by method 'ngram'"),
+        ({"method": "ngram", "draft_model": "x"}, "unknown key(s) 'draft_model'"),
     ],
 )
 def test_bad_values_name_their_field(options, field):

@@ -273,10 +273,18 @@ def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | N
         runs.append(run_engine(engine, requests, f"run{index}", show))
         _add_stats(drafted_stats, before, speculator.stats)
         scheduler.proposer = None
+        # A draft network in the worker (in-process) is set aside too: its pass over every
+        # step's tokens is speculation's cost, not the baseline's.
+        runner = getattr(getattr(engine.executor, "worker", None), "runner", None)
+        drafter = getattr(runner, "drafter", None)
+        if drafter is not None:
+            runner.drafter = None
         try:
             baseline.append(run_engine(engine, requests, f"nospec{index}", show))
         finally:
             scheduler.proposer = speculator
+            if drafter is not None:
+                runner.drafter = drafter
     before, after = drafted_before, drafted_stats
     num_drafts = after.num_drafts - before.num_drafts
     accepted = after.num_accepted_tokens - before.num_accepted_tokens

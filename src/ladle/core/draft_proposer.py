@@ -40,3 +40,23 @@ class AdaptiveDraftProposer(DraftProposer, Protocol):
     def release(self, request: Request) -> None:
         """The request ended (finished, aborted): forget it, learn from its output."""
         ...
+
+
+@runtime_checkable
+class WorkerDraftProposer(AdaptiveDraftProposer, Protocol):
+    """A proposer whose drafts a network computes in the worker after each step (a draft
+    model, an EAGLE head): the scheduler reserves lookahead KV slots for them, and the step's
+    result brings them back."""
+
+    @property
+    def drafts_in_worker(self) -> bool:
+        """Whether drafts do come from the worker (False: the proposer is model-free)."""
+        ...
+
+    def num_lookahead_tokens(self, request: Request) -> int:
+        """Tokens the worker should draft for the request after the step being scheduled."""
+        ...
+
+    def store_model_drafts(self, request: Request, draft_token_ids: list[int]) -> None:
+        """The worker's drafts that follow the request's current tokens."""
+        ...

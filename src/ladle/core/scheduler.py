@@ -21,7 +21,7 @@ import time
 from dataclasses import dataclass, field
 
 from ladle.config import CacheConfig, SchedulerConfig
-from ladle.core.draft_proposer import AdaptiveDraftProposer, DraftProposer
+from ladle.core.draft_proposer import AdaptiveDraftProposer, DraftProposer, WorkerDraftProposer
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.prefill_budget import ItlPrefillBudget
@@ -47,6 +47,8 @@ class _Grants:
     num_tokens: dict[str, int] = field(default_factory=dict)
     new_blocks: dict[str, BlockUpdate] = field(default_factory=dict)
     draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
+    # Model drafts: KV slots reserved past the granted tokens for the worker's drafting.
+    num_lookahead_tokens: dict[str, int] = field(default_factory=dict)
     preempted_request_ids: list[str] = field(default_factory=list)
 
     def add(self, request: Request, num_tokens: int) -> None:
@@ -58,6 +60,7 @@ class _Grants:
         request_id = request.request_id
         self.new_blocks.pop(request_id, None)
         self.draft_token_ids.pop(request_id, None)
+        self.num_lookahead_tokens.pop(request_id, None)
         if request in self.requests:
             self.requests.remove(request)
         return self.num_tokens.pop(request_id, 0)
@@ -214,9 +217,12 @@ class Scheduler:
                 index += 1
                 continue
             drafts = [] if takes_prefill else self._propose_drafts(request, token_budget)
+            lookahead = self._num_lookahead_tokens(request, num_new_tokens, len(drafts))
             num_new_tokens += len(drafts)
             while True:
-                new_blocks = self.kv_cache_manager.allocate_slots(request, num_new_tokens)
+                new_blocks = self.kv_cache_manager.allocate_slots(
+                    request, num_new_tokens + lookahead
+                )
                 if new_blocks is not None:
                     if new_blocks:
                         self._record_new_blocks(grants, request, len(new_blocks))
@@ -238,6 +244,8 @@ class Scheduler:
             grants.add(request, num_new_tokens)
             if drafts:
                 grants.draft_token_ids[request.request_id] = drafts
+            if lookahead:
+                grants.num_lookahead_tokens[request.request_id] = lookahead
             token_budget -= num_new_tokens
             if takes_prefill:
                 prefill_budget -= num_new_tokens
@@ -268,8 +276,9 @@ class Scheduler:
             ):
                 break
             num_new_tokens = min(num_new_tokens, token_budget, prefill_budget)
+            lookahead = self._num_lookahead_tokens(request, num_new_tokens, 0, num_hit_tokens)
             new_blocks = self.kv_cache_manager.allocate_slots(
-                request, num_new_tokens, computed_blocks, num_hit_tokens
+                request, num_new_tokens + lookahead, computed_blocks, num_hit_tokens
             )
             if new_blocks is None:
                 break
@@ -284,6 +293,8 @@ class Scheduler:
             request.status = RequestStatus.RUNNING
             self.running.append(request)
             grants.add(request, num_new_tokens)
+            if lookahead:
+                grants.num_lookahead_tokens[request.request_id] = lookahead
             token_budget -= num_new_tokens
             prefill_budget -= num_new_tokens
         return self._plan(grants)
@@ -317,6 +328,20 @@ class Scheduler:
         if room <= 0:
             return []
         return list(self.proposer.propose(request, room))[:room]
+
+    def _num_lookahead_tokens(
+        self, request: Request, num_new_tokens: int, num_drafts: int, num_hit_tokens: int = 0
+    ) -> int:
+        """KV slots to reserve past a grant for the worker's model drafts: only for a step that
+        samples (it reaches the request's last known token), within the model length."""
+        proposer = self.proposer
+        if not isinstance(proposer, WorkerDraftProposer) or not proposer.drafts_in_worker:
+            return 0
+        computed = request.num_computed_tokens + num_hit_tokens
+        if computed + num_new_tokens < request.num_tokens + request.num_pending_tokens:
+            return 0  # a prompt chunk short of the prompt's end samples nothing
+        room = self.max_model_len - (computed + num_new_tokens + num_drafts)
+        return max(0, min(proposer.num_lookahead_tokens(request), room))
 
     def _record_new_blocks(self, grants: _Grants, request: Request, num_new: int | None) -> None:
         """Note the last num_new blocks of the request's table (None: all of it) as new."""
@@ -361,6 +386,9 @@ class Scheduler:
                     output_index=num_outputs if samples else -1,
                     new_blocks=grants.new_blocks.get(request_id),
                     draft_token_ids=drafts,
+                    num_lookahead_tokens=(
+                        grants.num_lookahead_tokens.get(request_id, 0) if samples else 0
+                    ),
                 )
             )
             if request_id not in self._on_workers:
@@ -484,6 +512,9 @@ class Scheduler:
                 # Blocks that held only rejected drafts go back; the next step's token (the
                 # last accepted one) needs room for num_tokens tokens.
                 self.kv_cache_manager.trim(request, request.num_tokens)
+            model_drafts = result.draft_token_ids.get(request.request_id)
+            if model_drafts and finish_status is None:
+                self._store_model_drafts(request, model_drafts)
             # Before any release: a finished request's full blocks stay cached for others.
             self.kv_cache_manager.cache_computed_blocks(request)
             if finish_status is not None:
@@ -521,6 +552,11 @@ class Scheduler:
         if request.num_tokens >= self.max_model_len:
             return RequestStatus.FINISHED_LENGTH_CAPPED
         return None
+
+    def _store_model_drafts(self, request: Request, draft_token_ids: list[int]) -> None:
+        proposer = self.proposer
+        if isinstance(proposer, WorkerDraftProposer):
+            proposer.store_model_drafts(request, draft_token_ids)
 
     def _adaptive_proposer(self) -> AdaptiveDraftProposer | None:
         proposer = self.proposer

@@ -362,6 +362,8 @@ class EngineCore:
             self.structured_outputs.accept_tokens(result.request_ids, result.token_ids)
         self.prompt_logprobs.add(result.prompt_logprobs)
         step_outputs = self.scheduler.update_from_output(future.plan, result)
+        if result.drafting_seconds and self.speculator is not None:
+            self.speculator.add_drafting_seconds(result.drafting_seconds)
         self.prompt_logprobs.attach(step_outputs)
         outputs += step_outputs
         self._release_finished(outputs)

@@ -12,7 +12,8 @@ gained, and any draft tokens to verify.
 
 A StepResult holds, per scheduled request, a list of accepted token ids: empty for a prompt chunk
 short of the prompt's end, one for a plain decode, and up to k + 1 when k draft tokens were
-verified (the accepted drafts, then the token sampled after the last of them).
+verified (the accepted drafts, then the token sampled after the last of them). With a draft
+network in the worker (draft model, EAGLE head) it also carries the drafts for the next step.
 """
 
 from __future__ import annotations
@@ -54,6 +55,10 @@ class ScheduledRequest(msgspec.Struct, array_like=True, gc=False):
     new_blocks: BlockUpdate | None = None  # None: its table is unchanged
     # Proposed tokens to verify: they follow its last known token, and num_tokens counts them.
     draft_token_ids: list[int] = []
+    # Model drafts (a draft model or EAGLE head in the worker): after this step the worker
+    # drafts this many tokens past the request's accepted ones, writing the draft network's KV
+    # into as many slots reserved beyond the step's tokens (0: it drafts nothing for it).
+    num_lookahead_tokens: int = 0
 
     @property
     def samples(self) -> bool:
@@ -184,3 +189,7 @@ class StepResult(msgspec.Struct, gc=False):
     kv_transfer: KVTransferStats | None = None
     # request id -> why the step failed on that request alone (it was left out of the step).
     failed: dict[str, str] = {}
+    # Model drafts: request id -> the draft tokens that follow the tokens this step accepted
+    # (the next step verifies them), and the time the draft network took (seconds).
+    draft_token_ids: dict[str, list[int]] = {}
+    drafting_seconds: float = 0.0

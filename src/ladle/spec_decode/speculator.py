@@ -19,6 +19,7 @@ from ladle.spec_decode.adaptive import (
     choose_draft_length,
     expected_extra_tokens,
 )
+from ladle.spec_decode.model_drafts import AutoProposer, ModelDraftStore
 from ladle.spec_decode.ngram import NgramProposer
 from ladle.spec_decode.step_cost import StepCostModel
 from ladle.spec_decode.suffix import SuffixProposer
@@ -38,12 +39,19 @@ class TokenProposer(Protocol):
 
 
 def build_token_proposer(config: SpeculativeConfig) -> TokenProposer:
+    """The host-side proposer: model-free drafts, the store of the worker's model drafts, or
+    auto's choice between them (auto without a model: suffix drafts, adaptive as always)."""
     if config.method == "ngram":
         return NgramProposer(config.prompt_lookup_min, config.prompt_lookup_max)
-    if config.method == "suffix":
-        return SuffixProposer(
-            config.prompt_lookup_min, config.prompt_lookup_max, config.suffix_max_cached_requests
-        )
+    suffix = SuffixProposer(
+        config.prompt_lookup_min, config.prompt_lookup_max, config.suffix_max_cached_requests
+    )
+    if config.method == "suffix" or (config.method == "auto" and not config.uses_model_drafts):
+        return suffix
+    if config.method == "auto":
+        return AutoProposer(suffix, ModelDraftStore())
+    if config.uses_model_drafts:
+        return ModelDraftStore()
     raise ValueError(f"speculative_config.method {config.method!r} has no proposer")
 
 
@@ -109,10 +117,46 @@ class Speculator:
         self._num_step_outputs += expected_extra_tokens(rate, len(drafts))
         return drafts[:limit]
 
+    @property
+    def drafts_in_worker(self) -> bool:
+        """Whether a network in the worker drafts (its drafts come back with each step)."""
+        return getattr(self.proposer, "drafts_in_worker", False)
+
+    def num_lookahead_tokens(self, request: Request) -> int:
+        """How many tokens the worker's network should draft for the request after the step
+        being scheduled (the scheduler reserves as many KV slots): the adaptive length at the
+        request's acceptance (k when not adaptive), 0 when its drafts would not be used."""
+        if not self.drafts_in_worker or not self.proposer.wants_model_drafts(request.request_id):
+            return 0
+        k = self.config.num_speculative_tokens
+        if not self.config.adaptive:
+            return k
+        estimate = self.acceptance.get(request.request_id)
+        rate = estimate.rate if estimate is not None else AcceptanceEstimate().rate
+        return choose_draft_length(
+            rate,
+            k,
+            max(self._num_step_tokens, 1),
+            max(self._num_step_outputs, 1.0),
+            self.step_cost.step_seconds,
+        )
+
+    def store_model_drafts(self, request: Request, draft_token_ids: list[int]) -> None:
+        """The worker drafted these tokens to follow the request's current tokens."""
+        if self.drafts_in_worker:
+            self.proposer.store(request.request_id, request.num_tokens, draft_token_ids)
+
+    def add_drafting_seconds(self, seconds: float) -> None:
+        """Time the worker's draft network took (counted with the host proposers')."""
+        self.stats.drafting_seconds += seconds
+
     def observe(self, request_id: str, num_drafted: int, num_accepted: int) -> None:
         """A step verified num_drafted drafts of the request and accepted the first num_accepted."""
         if num_drafted <= 0:
             return
+        observe = getattr(self.proposer, "observe", None)
+        if observe is not None:
+            observe(request_id, num_drafted, num_accepted)
         stats = self.stats
         stats.num_drafts += 1
         stats.num_draft_tokens += num_drafted

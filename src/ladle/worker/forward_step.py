@@ -14,6 +14,7 @@ import torch
 
 from ladle.protocol.step import PromptLogprobsChunk, StepPlan
 from ladle.sample.metadata import SamplingFlags
+from ladle.worker.drafter import TargetOutputs
 from ladle.worker.kv_copier import KVReport
 from ladle.worker.penalty_history import PenaltyRows
 from ladle.worker.step_inputs import StepInputs
@@ -31,3 +32,5 @@ class ForwardStep:
     penalty_rows: PenaltyRows | None
     sampling_flags: SamplingFlags | None  # of the sampling rows; None when none samples
     kv_report: KVReport | None = None  # the plan's KV copies, issued before the forward
+    # With a draft network (worker/drafter.py): what the target gave it, for every row.
+    target_outputs: TargetOutputs | None = None

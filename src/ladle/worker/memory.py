@@ -99,6 +99,7 @@ def size_kv_cache(
     weights_bytes: int,
     run_peak_forward: Callable[[], None],
     run_graph_probe: Callable[[], None] | None = None,
+    extra_kv_bytes_per_token: int = 0,
 ) -> MemoryBudget:
     """Decide how many KV blocks to allocate (run_peak_forward is only called on CUDA); dtype is
     the cache's (float8 e4m3 for kv_cache_dtype fp8: half of bf16's bytes per token).
@@ -107,6 +108,8 @@ def size_kv_cache(
     peak is reserved for the graph pool (graphs keep their activations in a pool of their own,
     which the eager steps cannot reuse)."""
     block_bytes = kv_block_bytes(arch, cache_config.block_size, dtype)
+    # A draft network's pool (speculative decoding) has a block of its own per block id.
+    block_bytes += extra_kv_bytes_per_token * cache_config.block_size
     activation_peak = 0
     if cache_config.num_kv_blocks is not None:
         num_blocks = cache_config.num_kv_blocks

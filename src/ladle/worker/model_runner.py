@@ -40,6 +40,7 @@ from ladle.sample.rejection import emitted_tokens, synthetic_emitted_tokens
 from ladle.sample.sampler import Sampler
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
+from ladle.worker.drafter import DraftBatch, ModelDrafter, TargetOutputs
 from ladle.worker.forward_step import ForwardStep
 from ladle.worker.kv_copier import KVCopier, KVReport
 from ladle.worker.penalty_history import PenaltyHistory
@@ -69,6 +70,8 @@ class LaunchedStep:
     kv_report: KVReport | None = None
     # Benchmarks only: accept each draft with this probability instead of checking it.
     synthetic_acceptance: float | None = None
+    # The next step's model drafts, being computed (worker/drafter.py); None without.
+    draft_batch: DraftBatch | None = None
     _result: StepResult | None = None
 
     def is_ready(self) -> bool:
@@ -94,6 +97,8 @@ class LaunchedStep:
             return result
         if self.copied is not None:
             self.copied.synchronize()
+        if self.draft_batch is not None:
+            result.draft_token_ids, result.drafting_seconds = self.draft_batch.read()
         sampled = self.sampled_host.tolist()
         drafts = [scheduled.draft_token_ids for scheduled in plan.scheduled]
         if self.synthetic_acceptance is None:
@@ -167,6 +172,14 @@ class ModelRunner:
         # Benchmarks of speculative decoding on random weights: each draft is accepted with
         # this probability, whatever the model says (the outputs are then not the model's).
         self.synthetic_acceptance: float | None = None
+        # The draft network (draft model, EAGLE head), set by the Worker; None: drafts are
+        # model-free (proposed on the host) or speculation is off.
+        self.drafter: ModelDrafter | None = None
+
+    @property
+    def _appends_aux_hidden(self) -> bool:
+        inner = getattr(self.model, "model", None)
+        return bool(getattr(inner, "aux_hidden_layers", ()))
 
     @property
     def graphs(self) -> DecodeGraphs | None:
@@ -243,6 +256,15 @@ class ModelRunner:
             if self.graph_buckets is not None:
                 attn_metadata = self.graph_buckets.eager_metadata(attn_metadata, input_ids.shape[0])
             hidden = self._run_stage(input_ids.to(torch.int32), inputs.positions, attn_metadata)
+        target_outputs = None
+        features = None
+        if hidden is not None and self.stage.is_last and self._appends_aux_hidden:
+            # The forward appended the EAGLE-3 layers' inputs to the final hidden states (also
+            # while a benchmark's baseline runs set the drafter aside).
+            width = self.model.config.hidden_size
+            hidden, features = hidden[:, :width], hidden[:, width:]
+        if self.drafter is not None and hidden is not None:
+            target_outputs = TargetOutputs(input_ids, hidden, features)
         prompt_logprobs = None
         # Only a step with prompt tokens can owe prompt logprobs: decode-only steps skip the scan.
         if hidden is not None and plan.num_prefill_tokens and any(
@@ -283,6 +305,7 @@ class ModelRunner:
             penalty_rows=penalty_rows,
             sampling_flags=flags,
             kv_report=kv_report,
+            target_outputs=target_outputs,
         )
 
     def _run_stage(
@@ -337,6 +360,7 @@ class ModelRunner:
         if forward.logits is None:
             if forward.sampling_rows and not self.stage.is_last:
                 return self._take_shared_sample(forward, num_logprobs)
+            self._draft(forward, None)  # prompt chunks: the draft network's KV for them
             return LaunchedStep(
                 plan,
                 [],
@@ -383,8 +407,11 @@ class ModelRunner:
             self.penalty_history.record(penalty_rows, sampled)
         self.stage.share_sampled(sampled)  # to the earlier pipeline stages, if any
         self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
+        draft_batch = self._draft(forward, sampled)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         sampled_host = _to_host(sampled)
+        if draft_batch is not None:
+            draft_batch.drafts = _to_host(draft_batch.drafts)
         logprobs_host = None
         if metadata.flags.max_num_logprobs is not None:
             logprobs_host = SamplerOutput(
@@ -408,6 +435,20 @@ class ModelRunner:
             forward.prompt_logprobs,
             forward.kv_report,
             synthetic_acceptance=self.synthetic_acceptance,
+            draft_batch=draft_batch,
+        )
+
+    def _draft(self, forward: ForwardStep, sampled: torch.Tensor | None) -> DraftBatch | None:
+        """The draft network's pass over the step and the next step's drafts (drafter.py)."""
+        if self.drafter is None or forward.target_outputs is None or forward.inputs is None:
+            return None
+        return self.drafter.propose(
+            forward.plan,
+            forward.inputs,
+            forward.target_outputs,
+            sampled,
+            forward.sampling_rows,
+            self.states,
         )
 
     def _take_shared_sample(self, forward: ForwardStep, num_logprobs: list) -> LaunchedStep:

@@ -29,6 +29,7 @@ from ladle.protocol.step import StepPlan
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker import kv_calibration
 from ladle.worker.cuda_graphs import DecodeGraphs
+from ladle.worker.drafter_setup import drafter_bytes, load_drafter
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.expert_load import ExpertLoadMeter
 from ladle.worker.forward_step import ForwardStep
@@ -120,6 +121,12 @@ class Worker:
         speculative = config.scheduler.speculative
         if speculative is not None:
             self.runner.synthetic_acceptance = speculative.synthetic_acceptance
+            if speculative.uses_model_drafts:
+                self.runner.drafter = load_drafter(
+                    config, self.model, self.arch, self.device, self.dtype,
+                    self.attention_backend, self.max_model_len,
+                )
+        drafter = self.runner.drafter
         # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only) or
         # the model's forward reads device values on the host (the torch MoE path).
         self.uses_graphs = (
@@ -164,9 +171,13 @@ class Worker:
             ),
             self.kv_cache_dtype,
             self.device,
-            weights_bytes=module_bytes(self.model),
+            weights_bytes=module_bytes(self.model) + drafter_bytes(drafter),
             run_peak_forward=self._run_peak_forward,
             run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
+            # The draft network's pool shares the block ids: each block costs both.
+            extra_kv_bytes_per_token=(
+                drafter.kv_bytes_per_token(self.dtype) if drafter is not None else 0
+            ),
         )
         # One block table serves every rank: the rank with the least room sets the pool.
         num_blocks = min_over_world(self.memory_budget.num_blocks, self.device)
@@ -188,6 +199,8 @@ class Worker:
         self.runner.kv_caches = self.allocate_kv_caches(
             self.memory_budget.num_blocks, stacked=num_host_blocks > 0
         )
+        if drafter is not None:
+            drafter.kv_caches = self._allocate_draft_caches(self.memory_budget.num_blocks)
         if num_host_blocks > 0:
             self._allocate_host_tier(num_host_blocks)
         # On CUDA a step that fits a graph bucket takes its graph's launches even when run
@@ -274,6 +287,13 @@ class Worker:
             return list(zeros_lazily((self.num_layers, *shape), dtype, self.device).unbind(0))
         return [zeros_lazily(shape, dtype, self.device) for _ in range(self.num_layers)]
 
+    def _allocate_draft_caches(self, num_blocks: int) -> list[torch.Tensor]:
+        """The draft network's paged pool: the target's block ids, in the model's dtype."""
+        drafter = self.runner.drafter
+        assert drafter is not None
+        shape = drafter.cache_shape(num_blocks)
+        return [zeros_lazily(shape, self.dtype, self.device) for _ in range(drafter.num_layers)]
+
     def _allocate_host_tier(self, num_host_blocks: int) -> None:
         """The KV cache's host tier: its pool, the copier the runner issues the plans' KV
         operations through, and the copy bandwidth the swap-or-recompute rule uses."""
@@ -299,6 +319,10 @@ class Worker:
         runner = self.runner
         step = build_dummy_step(num_tokens, num_reqs, runner.block_size)
         real_caches, runner.kv_caches = runner.kv_caches, self.allocate_kv_caches(1)
+        drafter = runner.drafter
+        real_draft_caches = drafter.kv_caches if drafter is not None else []
+        if drafter is not None:
+            drafter.kv_caches = self._allocate_draft_caches(1)
         try:
             if forward_only:
                 runner.launch_forward(step)
@@ -306,6 +330,8 @@ class Worker:
                 runner.execute(step).result()
         finally:
             runner.kv_caches = real_caches
+            if drafter is not None:
+                drafter.kv_caches = real_draft_caches
             runner.forget(step.request_ids())
 
     def _build_kernel_variants(self) -> None:

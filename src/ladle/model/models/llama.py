@@ -61,11 +61,14 @@ class LlamaAttention(nn.Module):
         rotary: RotaryEmbedding,
         backend: AttentionBackend,
         tp: TensorParallel = SINGLE,
+        input_size: int | None = None,
     ) -> None:
+        """input_size: the width of the layer's input when it is not hidden_size (an EAGLE-3
+        head attends over the token embedding and the hidden state side by side)."""
         super().__init__()
         self.head_dim = config.head_dim
         self.qkv_proj = QKVParallelLinear(
-            config.hidden_size,
+            input_size or config.hidden_size,
             self.head_dim,
             config.num_attention_heads,
             config.num_key_value_heads,
@@ -258,6 +261,10 @@ class LlamaModel(nn.Module):
             for index in range(config.num_hidden_layers)
         )
         self.norm = RMSNorm(config.hidden_size, config.rms_norm_eps) if stage.is_last else None
+        # Layers whose inputs (hidden + residual) an EAGLE-3 draft head reads: when set, the
+        # forward returns them after the final hidden states, concatenated on the last axis
+        # ([num_tokens, (1 + len) * hidden]); () (the default) changes nothing.
+        self.aux_hidden_layers: tuple[int, ...] = ()
 
     def forward(
         self,
@@ -284,19 +291,25 @@ class LlamaModel(nn.Module):
         if not use_fused_kernels(hidden_states):
             rotary_tables = self.rotary_emb.step_tables(positions)
             # A CPU decode step of 4-bit GGUF weights: every layer in one C call, same result.
-            if self.stage.size == 1:
+            if self.stage.size == 1 and not self.aux_hidden_layers:
                 stacked = cpu_decode_stack(
                     self, hidden_states, rotary_tables, kv_caches, attn_metadata
                 )
                 if stacked is not None:
                     return stacked
-        for layer, kv_cache in zip(own_layers, kv_caches, strict=True):
+        aux_layers = self.aux_hidden_layers
+        aux: dict[int, torch.Tensor] = {}
+        for index, layer, kv_cache in zip(self.layer_range, own_layers, kv_caches, strict=True):
+            if aux_layers and index in aux_layers:
+                aux[index] = hidden_states if residual is None else hidden_states + residual
             hidden_states, residual = layer(
                 positions, hidden_states, residual, kv_cache, attn_metadata, rotary_tables
             )
         if not self.stage.is_last:
             return hidden_states, residual
         hidden_states, _ = self.norm(hidden_states, residual)
+        if aux:
+            return torch.cat([hidden_states, *(aux[index] for index in aux_layers)], dim=-1)
         return hidden_states
 
     def holds(self, checkpoint_name: str) -> bool:
