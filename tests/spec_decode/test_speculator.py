@@ -1,4 +1,4 @@
-"""The Speculator between the scheduler and the proposers: adaptive lengths from the step cost,
+"""The Speculator between the scheduler and the proposers: speculation on where it measures faster,
 the counters, and the overlap kept for requests the rule would not draft for."""
 
 from __future__ import annotations
@@ -8,6 +8,7 @@ from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.request import Request
 from ladle.core.scheduler import Scheduler
 from ladle.sampling.params import SamplingParams
+from ladle.spec_decode.governor import EPOCH_STEPS, EXPLORE_EVERY
 from ladle.spec_decode.speculator import Speculator
 
 
@@ -15,21 +16,47 @@ def _request(request_id: str, tokens: list[int]) -> Request:
     return Request(request_id, tokens, SamplingParams(max_tokens=50))
 
 
-def test_drafts_at_batch_1_and_none_when_tokens_cost_their_share():
+def _run_epochs(speculator: Speculator, num_running: int, steps: int, clock: list[float],
+                rate_on: float, rate_off: float) -> list[bool]:
+    """Steps on a made-up clock: each step yields 10 tokens in the time the mode's rate says."""
+    modes = []
+    for _ in range(steps):
+        speculator.begin_step(num_running)
+        modes.append(speculator.speculating)
+        clock[0] += 10 / (rate_on if speculator.speculating else rate_off)
+        speculator.observe_outputs(10)
+    return modes
+
+
+def test_the_governor_keeps_speculation_where_it_measures_faster(monkeypatch):
+    clock = [0.0]
+    monkeypatch.setattr("ladle.spec_decode.speculator.time.perf_counter", lambda: clock[0])
     speculator = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=4))
     request = _request("a", [1, 2, 3, 4, 5, 1, 2, 3])
-    # Memory-bound steps: 1 and 5 tokens cost about the same.
-    speculator.observe_step(1, 0.010)
-    speculator.observe_step(5, 0.0102)
+    # Batch 1: speculation doubles the rate; at 256 running it halves it.
+    small = _run_epochs(speculator, 1, 64 * EPOCH_STEPS, clock, rate_on=2000, rate_off=1000)
+    large = _run_epochs(speculator, 256, 64 * EPOCH_STEPS, clock, rate_on=500, rate_off=1000)
+    assert sum(small[4 * EPOCH_STEPS:]) / len(small[4 * EPOCH_STEPS:]) >= 1 - 1.5 / EXPLORE_EVERY
+    assert sum(large[4 * EPOCH_STEPS:]) / len(large[4 * EPOCH_STEPS:]) <= 1.5 / EXPLORE_EVERY
+    # Each level kept its own answer: back at batch 1 the step speculates, and drafts.
     speculator.begin_step(1)
-    assert speculator.may_draft(request)
-    assert speculator.propose(request, 10) == [4, 5, 1, 2]
-    # Compute-bound steps: 256 and 512 tokens, cost in proportion.
-    speculator.observe_step(256, 0.256)
-    speculator.observe_step(512, 0.512)
+    assert speculator.speculating and speculator.may_draft(request)
+    assert speculator.propose(request, 10) == [4, 5]  # the prior acceptance (0.5): 2 drafts
     speculator.begin_step(256)
-    assert not speculator.may_draft(request)
+    assert not speculator.speculating and not speculator.may_draft(request)
     assert speculator.propose(request, 10) == []
+    assert "<= 1 running" in speculator.governor.describe()
+
+
+def test_without_adaptive_every_step_drafts_the_full_length():
+    speculator = Speculator(
+        SpeculativeConfig(method="ngram", num_speculative_tokens=3, adaptive=False)
+    )
+    request = _request("a", [1, 2, 3, 4, 5, 1, 2, 3])
+    for num_running in (1, 512):
+        speculator.begin_step(num_running)
+        assert speculator.may_draft(request)
+        assert speculator.propose(request, 10) == [4, 5, 1]
 
 
 def test_counters_follow_what_the_steps_verified():

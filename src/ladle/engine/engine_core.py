@@ -264,6 +264,8 @@ class EngineCore:
     ) -> None:
         graphed = self.executor.num_graph_steps > self._graph_steps_before
         self._record_step(plan, previous, started, launch_seconds, graphed)
+        if self.speculator is not None:
+            self.speculator.observe_outputs(sum(len(o.new_token_ids) for o in outputs))
         if not plan.scheduled and not outputs:
             self._wait_for_grammars()
         self._forget_when_idle()
@@ -328,8 +330,6 @@ class EngineCore:
         num_prefill, num_decode = plan.num_prefill_tokens, plan.num_decode_tokens
         seconds = time.perf_counter() - started
         self.step_meter.record(num_prefill, num_decode, seconds)
-        if self.speculator is not None and num_prefill == 0:
-            self.speculator.observe_step(num_decode, seconds)
         if self.slow_step_s is not None and seconds > self.slow_step_s:
             previous_plan = previous.future.plan if previous is not None else None
             log_slow_step(seconds, launch_seconds, graphed, plan, previous_plan)

@@ -1,25 +1,20 @@
-"""Adaptive draft length: how many drafts a request gets this step, from its measured
-acceptance and from what tokens cost in a step of this size.
+"""Adaptive draft length: how many drafts a request gets in a step that speculates, from its
+measured acceptance (whether a step speculates at all is the governor's, governor.py).
 
-Speculation pays when a step is memory-bound (one more token in it costs almost nothing) and
-loses when it is compute-bound (each token costs its share): at batch 1 on a GPU four drafts
-are nearly free, at batch 256 they make every request's step slower for tokens that are often
-rejected. So the rule compares the step's output rate with and without a request's drafts:
-
-    rate(d) = (outputs + expected_extra_tokens(a, d)) / step_seconds(tokens + d)
-
-where `outputs` and `tokens` are the step's without this request's drafts, a is the request's
-per-draft acceptance and step_seconds the measured cost of a step of that many tokens
-(step_cost.py). The request gets the d in 0..max_k with the highest rate: the expected accepted
-tokens per unit of step cost. Drafts are modelled as accepted independently with probability a
-each, up to the first rejection, so d drafts yield a + a^2 + ... + a^d extra tokens.
+Drafts are modelled as accepted independently with probability a each, up to the first
+rejection, so the d-th draft is reached and accepted with probability a^d: the request gets
+every draft position whose chance is at least MIN_POSITION_CHANCE (a = 0.5, the prior: 2 drafts;
+0.6: 3; 0.8: 7, capped by num_speculative_tokens), none when its acceptance is below it. A
+verified position that is rejected costs a token of the step and gives nothing; the governor
+measures whether the positions that pass this rule pay at the current load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass
 
+# A draft position is verified when the chance that it is reached and accepted is at least this.
+MIN_POSITION_CHANCE = 0.2
 # Before a request has been drafted: a neutral acceptance, worth a few drafted positions.
 PRIOR_ACCEPTANCE = 0.5
 PRIOR_WEIGHT = 2.0
@@ -34,25 +29,16 @@ def expected_extra_tokens(acceptance: float, num_drafts: int) -> float:
     return sum(acceptance**position for position in range(1, num_drafts + 1))
 
 
-def choose_draft_length(
-    acceptance: float,
-    max_num_drafts: int,
-    num_step_tokens: int,
-    num_step_outputs: int,
-    step_seconds: Callable[[int], float],
-) -> int:
-    """The draft length in 0..max_num_drafts with the most expected output tokens per second of
-    step (ties go to fewer drafts). num_step_tokens / num_step_outputs: the step's tokens and
-    expected outputs without this request's drafts (its own next token included)."""
-    best_length = 0
-    best_rate = num_step_outputs / step_seconds(num_step_tokens)
-    for length in range(1, max_num_drafts + 1):
-        rate = (num_step_outputs + expected_extra_tokens(acceptance, length)) / step_seconds(
-            num_step_tokens + length
-        )
-        if rate > best_rate * (1 + 1e-9):
-            best_length, best_rate = length, rate
-    return best_length
+def draft_length(acceptance: float, max_num_drafts: int) -> int:
+    """The drafts worth verifying for a request with this per-draft acceptance: the positions
+    reached and accepted with probability >= MIN_POSITION_CHANCE, at most max_num_drafts."""
+    length, chance = 0, 1.0
+    while length < max_num_drafts:
+        chance *= acceptance
+        if chance < MIN_POSITION_CHANCE:
+            break
+        length += 1
+    return length
 
 
 @dataclass

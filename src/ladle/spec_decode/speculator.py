@@ -1,9 +1,10 @@
 """The Speculator: what the scheduler asks for drafts (core/draft_proposer.py's DraftProposer),
 with the adaptive draft length and the counters behind the spec-decode metrics.
 
-Per step the scheduler calls begin_step(number of running decodes), then propose() per decode it
-schedules, and after the step is read observe() per drafted request; release() when a request
-ends. The engine feeds each decode-only step's timing to observe_step() (the step cost model).
+Per step the scheduler calls begin_step(number of running requests), then propose() per decode
+it schedules, and after the step is read observe() per drafted request; release() when a request
+ends. The engine feeds each step call's new tokens to observe_outputs() (the governor's measure
+of whether speculation pays at this load).
 """
 
 from __future__ import annotations
@@ -14,14 +15,10 @@ from typing import TYPE_CHECKING, Protocol
 
 from ladle.config import SpeculativeConfig
 from ladle.protocol.messages import SpecDecodeStats
-from ladle.spec_decode.adaptive import (
-    AcceptanceEstimate,
-    choose_draft_length,
-    expected_extra_tokens,
-)
+from ladle.spec_decode.adaptive import AcceptanceEstimate, draft_length
+from ladle.spec_decode.governor import SpeculationGovernor
 from ladle.spec_decode.model_drafts import AutoProposer, ModelDraftStore
 from ladle.spec_decode.ngram import NgramProposer
-from ladle.spec_decode.step_cost import StepCostModel
 from ladle.spec_decode.suffix import SuffixProposer
 
 if TYPE_CHECKING:
@@ -59,52 +56,46 @@ class Speculator:
     def __init__(self, config: SpeculativeConfig, proposer: TokenProposer | None = None) -> None:
         self.config = config
         self.proposer = proposer if proposer is not None else build_token_proposer(config)
-        self.step_cost = StepCostModel()
+        self.governor = SpeculationGovernor()
         self.acceptance: dict[str, AcceptanceEstimate] = {}
         self.stats = SpecDecodeStats.empty(config.num_speculative_tokens)
-        self._num_step_tokens = 0
-        self._num_step_outputs = 0.0
+        self.speculating = True  # this step's: the governor's choice when adaptive
 
-    def begin_step(self, num_decodes: int) -> None:
-        """A new step starts with this many running decodes, one token each before drafts."""
-        self._num_step_tokens = num_decodes
-        self._num_step_outputs = float(num_decodes)
+    def begin_step(self, num_running: int) -> None:
+        """A new step is being scheduled with this many running requests."""
+        if self.config.adaptive:
+            self.speculating = self.governor.begin_step(num_running, time.perf_counter())
 
-    def may_draft(self, request: Request) -> bool:
-        """Whether the adaptive rule gives the request drafts in this step (True when not
-        adaptive). A request it refuses drifts back towards the prior acceptance."""
+    def observe_outputs(self, num_tokens: int) -> None:
+        """A step call returned num_tokens new tokens (the governor's measure)."""
+        self.governor.observe_outputs(num_tokens)
+
+    def _adaptive_length(self, request: Request, limit: int) -> int:
+        """The request's draft length in this step: 0 while the governor has speculation off,
+        else the positions its acceptance makes worth verifying (limit when not adaptive)."""
         if not self.config.adaptive:
-            return True
-        estimate = self.acceptance.get(request.request_id)
-        rate = estimate.rate if estimate is not None else AcceptanceEstimate().rate
-        length = choose_draft_length(
-            rate,
-            self.config.num_speculative_tokens,
-            max(self._num_step_tokens, 1),
-            max(self._num_step_outputs, 1.0),
-            self.step_cost.step_seconds,
-        )
-        if length == 0 and estimate is not None:
-            estimate.decay()
-        return length > 0
-
-    def propose(self, request: Request, max_num_tokens: int) -> list[int]:
-        """Drafts for one decode, no more than max_num_tokens nor the adaptive length."""
-        limit = min(max_num_tokens, self.config.num_speculative_tokens)
+            return limit
+        if not self.speculating:
+            return 0
         estimate = self.acceptance.get(request.request_id)
         if estimate is None:
             estimate = self.acceptance[request.request_id] = AcceptanceEstimate()
-        rate = estimate.rate
-        if self.config.adaptive:
-            limit = choose_draft_length(
-                rate,
-                limit,
-                max(self._num_step_tokens, 1),
-                max(self._num_step_outputs, 1.0),
-                self.step_cost.step_seconds,
-            )
-        if limit <= 0:
+        length = draft_length(estimate.rate, limit)
+        if length == 0:
             estimate.decay()  # back towards the prior: the request is tried again later
+        return length
+
+    def may_draft(self, request: Request) -> bool:
+        """Whether the request gets drafts in this step (from what is known without its
+        tokens): when not, it runs as a plain decode, overlapped."""
+        return self._adaptive_length(request, self.config.num_speculative_tokens) > 0
+
+    def propose(self, request: Request, max_num_tokens: int) -> list[int]:
+        """Drafts for one decode, no more than max_num_tokens nor the adaptive length."""
+        limit = self._adaptive_length(
+            request, min(max_num_tokens, self.config.num_speculative_tokens)
+        )
+        if limit <= 0:
             return []
         started = time.perf_counter()
         drafts = self.proposer.propose_from(request.request_id, request.all_token_ids, limit)
@@ -113,8 +104,6 @@ class Speculator:
             # Benchmarks on random weights: prompts of random ids have nothing to look up, and
             # the verifier accepts by coin anyway, so any tokens will do (the last one, again).
             drafts = drafts + [request.all_token_ids[-1]] * (limit - len(drafts))
-        self._num_step_tokens += len(drafts)
-        self._num_step_outputs += expected_extra_tokens(rate, len(drafts))
         return drafts[:limit]
 
     @property
@@ -128,18 +117,7 @@ class Speculator:
         request's acceptance (k when not adaptive), 0 when its drafts would not be used."""
         if not self.drafts_in_worker or not self.proposer.wants_model_drafts(request.request_id):
             return 0
-        k = self.config.num_speculative_tokens
-        if not self.config.adaptive:
-            return k
-        estimate = self.acceptance.get(request.request_id)
-        rate = estimate.rate if estimate is not None else AcceptanceEstimate().rate
-        return choose_draft_length(
-            rate,
-            k,
-            max(self._num_step_tokens, 1),
-            max(self._num_step_outputs, 1.0),
-            self.step_cost.step_seconds,
-        )
+        return self._adaptive_length(request, self.config.num_speculative_tokens)
 
     def store_model_drafts(self, request: Request, draft_token_ids: list[int]) -> None:
         """The worker drafted these tokens to follow the request's current tokens."""
@@ -167,10 +145,6 @@ class Speculator:
         estimate = self.acceptance.get(request_id)
         if estimate is not None:
             estimate.observe(num_drafted, num_accepted)
-
-    def observe_step(self, num_tokens: int, seconds: float) -> None:
-        """A decode-only step of num_tokens tokens (drafts included) took seconds."""
-        self.step_cost.observe(num_tokens, seconds)
 
     def forget_history(self) -> None:
         """Drop what was learned from ended requests (the suffix table): a benchmark that

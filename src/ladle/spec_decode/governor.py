@@ -1,0 +1,98 @@
+"""Whether speculation pays at the current load, decided by measuring it.
+
+A step with drafts costs more than one without: more tokens to verify, and a drafted request's
+step is synchronous (its proposer reads the tokens its last step produced), so the host's work
+per step is no longer hidden behind the device's. What that costs depends on the model, the
+GPU, the host and the batch; modelled from step timings it was wrong where it mattered (H200,
+S1 through `ladle serve`, synthetic acceptance 0.6: 0.56x of no speculation at 128 in flight on
+the 0.6B shape; at batch 1 the 8B shape never drafted after one slow step). So the governor
+measures the outcome instead: per load level (running requests, in power-of-two buckets) it
+runs epochs of EPOCH_STEPS steps with speculation on or off, keeps a moving average of the
+output tokens per second of each, and runs the better one, trying the other again every
+EXPLORE_EVERY epochs (so a level whose answer changes is noticed, at the cost of that share of
+epochs in the worse mode).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+EPOCH_STEPS = 16  # steps of one measurement (engine steps, drafted or not)
+MIN_EPOCH_STEPS = 4  # an epoch cut short by a change of load level counts from this many
+EXPLORE_EVERY = 16  # one epoch in this many runs the mode that measured worse
+SMOOTHING = 0.5  # weight of the newest epoch in a mode's average rate
+
+
+def load_level(num_running: int) -> int:
+    """The power-of-two bucket of a running count (1, 2, 4, 8, ...; 0 for none)."""
+    return 0 if num_running <= 0 else 1 << (num_running - 1).bit_length()
+
+
+@dataclass
+class _Level:
+    rate_on: float | None = None  # output tokens per second, moving average
+    rate_off: float | None = None
+    num_epochs: int = 0
+
+    def next_mode(self) -> bool:
+        """True: speculate in the next epoch."""
+        if self.rate_on is None:
+            return True
+        if self.rate_off is None:
+            return False
+        better = self.rate_on >= self.rate_off
+        explore = self.num_epochs % EXPLORE_EVERY == EXPLORE_EVERY - 1
+        return better != explore
+
+    def record(self, speculating: bool, rate: float) -> None:
+        name = "rate_on" if speculating else "rate_off"
+        previous = getattr(self, name)
+        setattr(self, name, rate if previous is None else previous + SMOOTHING * (rate - previous))
+        self.num_epochs += 1
+
+
+class SpeculationGovernor:
+    """Per load level, speculation on or off by the measured output rate of each.
+
+    The engine calls begin_step(running requests, now) before each step is scheduled and
+    observe_outputs(tokens) with each step's outputs; speculating says what the step does."""
+
+    def __init__(self) -> None:
+        self.levels: dict[int, _Level] = {}
+        self.speculating = True
+        self._level = -1
+        self._epoch_start = 0.0
+        self._epoch_steps = 0
+        self._epoch_tokens = 0
+
+    def begin_step(self, num_running: int, now: float) -> bool:
+        """Whether the step about to be scheduled speculates."""
+        level = load_level(num_running)
+        if level != self._level or self._epoch_steps >= EPOCH_STEPS:
+            self._end_epoch(now)
+            self._level = level
+            self.speculating = self.levels.setdefault(level, _Level()).next_mode()
+        self._epoch_steps += 1
+        return self.speculating
+
+    def observe_outputs(self, num_tokens: int) -> None:
+        self._epoch_tokens += num_tokens
+
+    def _end_epoch(self, now: float) -> None:
+        seconds = now - self._epoch_start
+        if self._level > 0 and self._epoch_steps >= MIN_EPOCH_STEPS and seconds > 0:
+            self.levels[self._level].record(self.speculating, self._epoch_tokens / seconds)
+        self._epoch_start = now
+        self._epoch_steps = 0
+        self._epoch_tokens = 0
+
+    def describe(self) -> str:
+        """One line per measured level: the two rates and the mode that wins."""
+        parts = []
+        for level in sorted(self.levels):
+            state = self.levels[level]
+            on, off = state.rate_on, state.rate_off
+            if on is None or off is None:
+                continue
+            parts.append(f"<= {level} running: on {on:,.0f} / off {off:,.0f} tok/s")
+        return "; ".join(parts)
