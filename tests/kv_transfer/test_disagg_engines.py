@@ -7,7 +7,10 @@ from __future__ import annotations
 import random
 
 import pytest
-from disagg_engines import (
+
+from ladle.protocol.messages import EngineCoreRequest, RequestRejectedError
+from ladle.sampling.params import SamplingParams
+from tests.kv_transfer.disagg_engines import (
     BLOCK_SIZE,
     aggregated_tokens,
     decode_request,
@@ -18,9 +21,6 @@ from disagg_engines import (
     run_until_done,
     tokens_of,
 )
-
-from ladle.protocol.messages import EngineCoreRequest, RequestRejectedError
-from ladle.sampling.params import SamplingParams
 
 GREEDY = SamplingParams(temperature=0, max_tokens=8, ignore_eos=True)
 SEEDED = SamplingParams(temperature=1.0, top_p=0.9, max_tokens=8, ignore_eos=True, seed=11,

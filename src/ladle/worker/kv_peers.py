@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import atexit
 import base64
-import contextlib
-import glob
 import json
 import os
 import pickle
@@ -29,11 +27,9 @@ import uuid
 
 import torch
 
+from ladle.kv_transfer.shm import pool_path, remove_pool
 from ladle.protocol.step import KVOperation
 from ladle.worker.kv_copier import block_runs, stacked_layers
-
-SHM_DIR = "/dev/shm"
-SHM_PREFIX = "ladle-kv-"
 
 
 def export_kv_pool(
@@ -46,10 +42,10 @@ def export_kv_pool(
         num_bytes *= size
     meta = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
     if device.type == "cpu":
-        path = os.path.join(SHM_DIR, f"{SHM_PREFIX}{os.getpid()}-{uuid.uuid4().hex[:8]}")
+        path = pool_path(os.getpid(), uuid.uuid4().hex[:8])
         with open(path, "wb") as file:
             file.truncate(num_bytes)  # sparse: zero pages until written
-        atexit.register(_unlink, path)
+        atexit.register(remove_pool, path)
         pool = torch.from_file(path, shared=True, size=num_bytes, dtype=torch.uint8)
         return pool.view(dtype).view(shape), json.dumps({"kind": "shm", "path": path, **meta})
     pool = torch.zeros(shape, dtype=dtype, device=device)
@@ -59,17 +55,6 @@ def export_kv_pool(
     payload = base64.b64encode(pickle.dumps((rebuild, args))).decode()
     return pool, json.dumps({"kind": "cuda_ipc", "device": device.index or 0, "ipc": payload,
                              "token": uuid.uuid4().hex, **meta})
-
-
-def remove_exported_pools(pid: int) -> None:
-    """Delete the shared-memory pools a (dead) engine process left (the CPU kind)."""
-    for path in glob.glob(os.path.join(SHM_DIR, f"{SHM_PREFIX}{pid}-*")):
-        _unlink(path)
-
-
-def _unlink(path: str) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        os.unlink(path)
 
 
 def _map(descriptor: str) -> torch.Tensor:
