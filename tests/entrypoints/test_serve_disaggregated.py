@@ -15,7 +15,12 @@ import pytest
 
 from ladle import SamplingParams
 from tests.entrypoints.conftest import API_KEY, SERVED_NAME, TINY_ENGINE_ARGS
-from tests.entrypoints.server_process import ServerProcess, read_metrics, wait_until
+from tests.entrypoints.server_process import (
+    ServerProcess,
+    engine_is_idle,
+    read_metrics,
+    wait_until,
+)
 
 PROMPTS = ["The quick brown fox", "Hello, world! Hello, world! Hello,", "abc def ghi jkl mno"]
 MAX_TOKENS = 12
@@ -86,6 +91,53 @@ def test_chat_and_stop_strings_equal_offline(client, offline_llm):
     )
     assert stopped.choices[0].message.content == expected.text.split(stop)[0]
     assert stopped.choices[0].finish_reason == "stop"
+
+
+def test_structured_output_and_seeded_samples(client, offline_llm):
+    grammar = 'root ::= "The answer is " [0-9] [0-9]? "."'
+    reply = client.completions.create(
+        model=SERVED_NAME, prompt="Two plus two:", max_tokens=16, temperature=1.0, n=2, seed=3,
+        extra_body={"structured_outputs": {"grammar": grammar}},
+    )
+    for choice in reply.choices:
+        assert re.fullmatch(r"The answer is [0-9][0-9]?\.", choice.text), choice.text
+    # Seeded sampling draws the same tokens as one engine (the decode engine continues the
+    # prefill engine's random stream).
+    params = SamplingParams(temperature=1.0, max_tokens=MAX_TOKENS, seed=5, ignore_eos=True)
+    expected = offline_llm.generate([PROMPTS[2]], params, use_tqdm=False)[0].outputs[0].text
+    reply = client.completions.create(model=SERVED_NAME, prompt=PROMPTS[2], max_tokens=MAX_TOKENS,
+                                      temperature=1.0, seed=5, extra_body={"ignore_eos": True})
+    assert reply.choices[0].text == expected
+
+
+def test_client_disconnect_frees_kv_on_both_engines(server, client):
+    stream = client.completions.create(
+        model=SERVED_NAME, prompt=PROMPTS[0] * 8, max_tokens=400, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    next(iter(stream))
+    stream.close()  # the client goes away mid-stream
+    assert wait_until(lambda: engine_is_idle(server), 20)
+
+
+def test_killed_prefill_engine_leaves_decoding_streams_whole(server, client, offline_llm):
+    prefill_pid, _ = engine_pids(server)
+    expected = offline_llm.generate(
+        [PROMPTS[1]], SamplingParams(temperature=0, max_tokens=60, ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0].text
+    stream = client.completions.create(
+        model=SERVED_NAME, prompt=PROMPTS[1], max_tokens=60, temperature=0, stream=True,
+        extra_body={"ignore_eos": True},
+    )
+    chunks = iter(stream)
+    text = next(chunks).choices[0].text
+    os.kill(prefill_pid, signal.SIGKILL)
+    text += "".join(chunk.choices[0].text for chunk in chunks)
+    assert text == expected  # its KV was on the decode engine already
+    assert wait_until(lambda: httpx.get(f"{server.base_url}/health").status_code == 200, 120)
+    assert engine_pids(server)[0] != prefill_pid
+    assert wait_until(lambda: engine_is_idle(server), 20)
 
 
 def test_killed_decode_engine_fails_clearly_and_heals(server, client):
