@@ -26,44 +26,62 @@ def count_cuda_devices() -> int:
     return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
 
 
-def instance_devices(disaggregation: Disaggregation, device: str) -> tuple[str, str] | None:
-    """The (prefill, decode) engines' devices; None: both on the CPU."""
+def instance_devices(num_instances: int, device: str) -> list[str] | None:
+    """Each engine's device (GPU i for instance i); None: all on the CPU."""
     if device.startswith("cpu"):
         return None
     num_gpus = count_cuda_devices()
     if device == "auto" and num_gpus == 0:
         return None
-    device_type = "cuda"
-    disaggregation.check_devices(device_type, num_gpus)
-    return ("cuda:0", "cuda:1")
+    if num_instances > num_gpus:
+        raise ValueError(
+            f"{num_instances} engines need {num_instances} GPUs (one each), this machine has "
+            f"{num_gpus}"
+        )
+    return [f"cuda:{index}" for index in range(num_instances)]
 
 
 def build_disaggregated_client(
-    text: str,
+    text: str | None,
+    num_local_replicas: int,
     engine_options: dict,
     metrics,
     admission,
     restart_policy,
     on_fatal: Callable[[str], None],
 ):
-    """The DisaggregatedClient for --disaggregate TEXT (a ValueError names what is wrong)."""
-    from ladle.frontend.disagg_client import DisaggregatedClient
-
-    disaggregation = Disaggregation.parse(text)
+    """The client for --disaggregate TEXT or --local-replicas N (a ValueError names what is
+    wrong)."""
+    if text is not None and num_local_replicas != 1:
+        raise ValueError("--disaggregate and --local-replicas exclude each other: pick one")
+    if num_local_replicas < 1:
+        raise ValueError(f"--local-replicas must be >= 1, got {num_local_replicas}")
     if engine_options.get("kv_transfer_config") is not None:
         raise ValueError(
-            "--disaggregate sets each engine's kv_transfer_config itself; drop "
+            "--disaggregate / --local-replicas set up the engines themselves; drop "
             "--kv-transfer-config (it configures one engine of a deployment you wire up)"
         )
     for name in ("tensor_parallel_size", "pipeline_parallel_size"):
         if (engine_options.get(name) or 1) > 1:
-            raise ValueError(f"--disaggregate with {name} > 1 is not supported yet")
-    devices = instance_devices(disaggregation, str(engine_options.get("device") or "auto"))
+            raise ValueError(f"--disaggregate / --local-replicas with {name} > 1: not supported")
+    device = str(engine_options.get("device") or "auto")
+    if text is None:
+        from ladle.frontend.local_replicas import LocalReplicasClient
+
+        return LocalReplicasClient(
+            engine_options, metrics, admission, num_local_replicas,
+            restart_policy=restart_policy, on_fatal=on_fatal,
+            devices=instance_devices(num_local_replicas, device),
+        )
+    from ladle.frontend.disagg_client import DisaggregatedClient
+
+    disaggregation = Disaggregation.parse(text)
+    devices = instance_devices(disaggregation.num_instances, device)
     return DisaggregatedClient(
         engine_options,
         metrics,
         admission,
         restart_policy=restart_policy,
         on_fatal=on_fatal,
-        devices=devices,
+        devices=None if devices is None else (devices[0], devices[1]),
     )

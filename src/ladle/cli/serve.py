@@ -220,7 +220,16 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="replica choice: prefix-aware (same prompt prefix, same replica, "
         "within a load margin) or round-robin",
     )
-    parser.add_argument_group("prefill/decode disaggregation (docs/serving.md)").add_argument(
+    disaggregation = parser.add_argument_group("prefill/decode disaggregation (docs/serving.md)")
+    disaggregation.add_argument(
+        "--local-replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N aggregated engine replicas behind this API process (one GPU each; no Ray): "
+        "the other side of `ladle bench serve --compare-disaggregation`",
+    )
+    disaggregation.add_argument(
         "--disaggregate",
         default=None,
         metavar="xPyD",
@@ -274,8 +283,10 @@ def run_serve(args: argparse.Namespace) -> int:
         served_name = args.served_model_name or model
     # Bad options fail here, before a process is spawned, with the field named.
     engine_config = EngineConfig.from_kwargs(model=model, **options)
-    if args.disaggregate is not None and args.replicas != 1:
-        raise ValueError("--disaggregate and --replicas do not combine yet: pick one")
+    if (args.disaggregate is not None or args.local_replicas != 1) and args.replicas != 1:
+        raise ValueError(
+            "--disaggregate / --local-replicas and --replicas do not combine: pick one"
+        )
     if args.replicas != 1 or args.ray_address or args.max_replicas is not None:
         if chat_template is not None:
             raise ValueError("--chat-template is not supported with --replicas / --ray-address")
@@ -310,12 +321,12 @@ def run_serve(args: argparse.Namespace) -> int:
         fatal_reasons.append(reason)
         server.should_exit = True
 
-    if args.disaggregate is not None:
+    if args.disaggregate is not None or args.local_replicas != 1:
         from ladle.cli.disagg import build_disaggregated_client
 
         client = build_disaggregated_client(
-            args.disaggregate, {"model": model, **options}, metrics, admission,
-            restart_policy, on_fatal,
+            args.disaggregate, args.local_replicas, {"model": model, **options}, metrics,
+            admission, restart_policy, on_fatal,
         )
     else:
         client = AsyncEngineClient(

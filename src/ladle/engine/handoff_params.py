@@ -60,9 +60,11 @@ def apply_transfer_params(
         )
     block_ids = params.get("remote_block_ids")
     num_blocks = -(-request.num_prompt_tokens // block_size)
+    # A producer may hold one block more than the prompt's (its overlapped next step had
+    # allocated it): only the prompt's are pulled.
     if (
         not isinstance(block_ids, list)
-        or len(block_ids) != num_blocks
+        or len(block_ids) < num_blocks
         or not all(isinstance(i, int) and i >= 0 for i in block_ids)
     ):
         raise RequestRejectedError(
@@ -85,7 +87,7 @@ def apply_transfer_params(
         request.sampling_seed = seed
     for token_id in first:
         request.append_output_token(token_id)
-    request.remote_prefill = RemotePrefill(peer, list(block_ids))
+    request.remote_prefill = RemotePrefill(peer, list(block_ids[:num_blocks]))
 
 
 def handoff_params(request_id: str, block_ids: list[int], peer: str, block_size: int,

@@ -167,6 +167,9 @@ class DisaggregatedClient(AsyncEngineClient):
             return
         self._shutting_down = self._is_stopping = True
         await asyncio.gather(*(i.shutdown(timeout_s) for i in self.instances.values()))
+        for instance in self.instances.values():
+            if instance.last_pid is not None:
+                remove_exported_pools(instance.last_pid)  # an engine that exited by os._exit
         self._fail_all("the server is shutting down")
 
     def _on_instance_live(self, instance: EngineInstance) -> None:

@@ -133,11 +133,3 @@ class Disaggregation:
                 "instance); more instances are not implemented yet"
             )
         return cls(num_prefill, num_decode)
-
-    def check_devices(self, device_type: str, num_devices: int) -> None:
-        """On CUDA each instance takes a GPU of its own; refuse more instances than GPUs."""
-        if device_type == "cuda" and self.num_instances > num_devices:
-            raise ValueError(
-                f"--disaggregate {self.num_prefill}P{self.num_decode}D needs "
-                f"{self.num_instances} GPUs (one per instance), this machine has {num_devices}"
-            )
