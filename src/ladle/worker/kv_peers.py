@@ -53,8 +53,16 @@ def export_kv_pool(
 
     rebuild, args = reduce_tensor(pool)
     payload = base64.b64encode(pickle.dumps((rebuild, args))).decode()
+    token = uuid.uuid4().hex
+    # CUDA cannot open an IPC handle in the process that made it: a consumer in this same
+    # process (tests, one-process benches) takes the tensor itself.
+    _LOCAL_EXPORTS[token] = pool
     return pool, json.dumps({"kind": "cuda_ipc", "device": device.index or 0, "ipc": payload,
-                             "token": uuid.uuid4().hex, **meta})
+                             "token": token, **meta})
+
+
+# Pools this process exported over CUDA IPC, by token.
+_LOCAL_EXPORTS: dict[str, torch.Tensor] = {}
 
 
 def _map(descriptor: str) -> torch.Tensor:
@@ -71,6 +79,9 @@ def _map(descriptor: str) -> torch.Tensor:
         pool = torch.from_file(info["path"], shared=True, size=num_bytes, dtype=torch.uint8)
         return pool.view(dtype).view(shape)
     if info["kind"] == "cuda_ipc":
+        local = _LOCAL_EXPORTS.get(info.get("token", ""))
+        if local is not None:
+            return local
         rebuild, args = pickle.loads(base64.b64decode(info["ipc"]))
         return rebuild(*args)
     raise RuntimeError(f"unknown KV pool kind {info['kind']!r}")
