@@ -66,7 +66,7 @@ def _worker(rank: int, args: argparse.Namespace, init_file: str, results) -> Non
         descriptor, checksum = message
         local = torch.zeros(shape, dtype=dtype, device=device)
         layers = list(local.unbind(0))
-        peers = PeerPools()
+        peers = PeerPools(args.strategy)
         targets = list(range(1, 1 + num_blocks))
         contiguous = KVOperation(KV_PULL, list(range(1, 1 + num_blocks)), targets, -1, descriptor)
         scattered_ids = random.Random(0).sample(range(1, pool_blocks), num_blocks)
@@ -85,6 +85,7 @@ def _worker(rank: int, args: argparse.Namespace, init_file: str, results) -> Non
             "blocks": num_blocks,
             "bytes": num_bytes,
             "kv_dtype": args.kv_dtype,
+            "strategy": args.strategy,
             "bytes_match": arrived == checksum,
             "contiguous_ms": seconds * 1000,
             "contiguous_GBps": num_bytes / seconds / 1e9,
@@ -117,6 +118,8 @@ def main() -> int:
     parser.add_argument("--block-size", type=int, default=16)
     parser.add_argument("--kv-dtype", choices=["bf16", "fp8"], default="bf16")
     parser.add_argument("--repeats", type=int, default=10)
+    parser.add_argument("--strategy", choices=["kernel", "memcpy"], default="kernel",
+                        help="how a run of blocks is copied (worker/kv_peers.py)")
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     if torch.cuda.device_count() < 2:

@@ -28,15 +28,18 @@ nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 timeout $(( $(left) < 240 ? $(left) : 240 )) python3 -m pytest -q -p no:cacheprovider -rfs \
   tests/gpu/test_disagg_gpu.py > "$OUT/tests.log" 2>&1
 tail -3 "$OUT/tests.log" | tee -a "$LOG"
-for dtype in bf16 fp8; do
+for run in "bf16 kernel" "bf16 memcpy" "fp8 kernel"; do
+  set -- $run; dtype=$1; strategy=$2
   [ "$(left)" -gt 60 ] || break
   timeout 120 python3 scripts/disagg_kv_bandwidth.py --tokens 8192 --kv-dtype $dtype \
-    --json "$OUT/kv_pull_$dtype.json" > "$OUT/kv_pull_$dtype.log" 2>&1
-  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); p=d['pull']; print('$dtype pull', \
+    --strategy $strategy --json "$OUT/kv_pull_${dtype}_$strategy.json" \
+    > "$OUT/kv_pull_${dtype}_$strategy.log" 2>&1
+  python3 -c "import json,sys; d=json.load(open(sys.argv[1])); p=d['pull']; print('$dtype $strategy pull', \
 round(p['contiguous_GBps'],1), 'GB/s', round(p['contiguous_ms'],2), 'ms; scattered', \
 round(p['scattered_GBps'],1), 'GB/s; nccl', round(d['nccl']['GBps'],1), 'GB/s; ratio', \
-round(d['contiguous_vs_nccl'],3), 'bytes ok', p['bytes_match'])" "$OUT/kv_pull_$dtype.json" \
-    2>/dev/null | tee -a "$LOG" || tail -5 "$OUT/kv_pull_$dtype.log" | tee -a "$LOG"
+round(d['contiguous_vs_nccl'],3), 'bytes ok', p['bytes_match'])" \
+    "$OUT/kv_pull_${dtype}_$strategy.json" 2>/dev/null | tee -a "$LOG" \
+    || tail -5 "$OUT/kv_pull_${dtype}_$strategy.log" | tee -a "$LOG"
 done
 SERVE_ARGS="llama-3.1-8b --load-format dummy --max-model-len 10240"
 compare() {  # name, then bench flags

@@ -87,12 +87,22 @@ def _map(descriptor: str) -> torch.Tensor:
     raise RuntimeError(f"unknown KV pool kind {info['kind']!r}")
 
 
+# How a GPU pull copies a run of consecutive blocks: "kernel", one strided copy over every layer
+# (torch runs it on the producer's GPU, writing over NVLink); "memcpy", one contiguous
+# peer-to-peer memcpy per layer and K/V (DMA engines, 2 x layers copies a run).
+PULL_STRATEGIES = ("kernel", "memcpy")
+
+
 class PeerPools:
     """A consumer worker's view of producers' pools: mapped once each, then pulled from."""
 
     MAX_MAPPED = 4  # producers restart with new pools; the oldest mappings go
 
-    def __init__(self) -> None:
+    def __init__(self, strategy: str | None = None) -> None:
+        strategy = strategy or os.environ.get("LADLE_KV_PULL", "kernel")
+        if strategy not in PULL_STRATEGIES:
+            raise ValueError(f"LADLE_KV_PULL must be one of {', '.join(PULL_STRATEGIES)}")
+        self.strategy = strategy
         self._mapped: dict[str, torch.Tensor] = {}
         self.bytes_pulled = 0
         self.pull_seconds = 0.0
@@ -156,18 +166,30 @@ class PeerPools:
                 for index, layer in enumerate(local_layers):
                     layer.view(torch.uint8).index_copy_(1, targets, gathered[index])
         else:
-            for source, target, length in block_runs(op.source_block_ids, op.target_block_ids):
-                chunk = remote_bytes[:, :, source : source + length]
-                if stacked is not None:
-                    stacked.view(torch.uint8)[:, :, target : target + length].copy_(
-                        chunk, non_blocking=True
-                    )
-                else:
-                    for index, layer in enumerate(local_layers):
-                        layer.view(torch.uint8)[:, target : target + length].copy_(
-                            chunk[index], non_blocking=True
-                        )
+            self._pull_runs(op, remote_bytes, local_layers, stacked)
         self.bytes_pulled += len(op.source_block_ids) * remote_bytes[0, :, 0].numel() * len(
             local_layers
         )
 
+    def _pull_runs(
+        self,
+        op: KVOperation,
+        remote_bytes: torch.Tensor,
+        local_layers: list[torch.Tensor],
+        stacked: torch.Tensor | None,
+    ) -> None:
+        """A GPU pull: a copy per run of blocks consecutive on both sides (see PULL_STRATEGIES)."""
+        for source, target, length in block_runs(op.source_block_ids, op.target_block_ids):
+            chunk = remote_bytes[:, :, source : source + length]
+            if stacked is not None and self.strategy == "kernel":
+                stacked.view(torch.uint8)[:, :, target : target + length].copy_(
+                    chunk, non_blocking=True
+                )
+                continue
+            for index, layer in enumerate(local_layers):
+                into = layer.view(torch.uint8)[:, target : target + length]
+                if self.strategy == "kernel":
+                    into.copy_(chunk[index], non_blocking=True)
+                else:
+                    for kv in range(2):  # each a contiguous span on both sides
+                        into[kv].copy_(chunk[index, kv], non_blocking=True)
