@@ -121,3 +121,19 @@ def test_bad_handoffs_are_refused_by_field(engines):
         single.add_request(EngineCoreRequest("b2", [3, 4], GREEDY,
                                              kv_transfer_params={"do_remote_decode": True}))
     assert not consumer.has_unfinished_requests()
+
+
+def test_overlapped_steps_on_both_engines():
+    """With overlapped scheduling (the CUDA default) a producer's next step is already running
+    when the first token is read: the handoff still holds the right blocks (perhaps one more),
+    and the consumer's first step of a pulled request is planned while another is in flight."""
+    single = make_engine()
+    producer = make_engine("kv_producer", async_scheduling=True)
+    consumer = make_engine("kv_consumer", async_scheduling=True)
+    start = free_blocks(producer), free_blocks(consumer)
+    batch = prompts(6, seed=21)
+    expected = aggregated_tokens(single, batch, GREEDY)
+    assert disaggregated_tokens(producer, consumer, batch, GREEDY, prefix="o") == expected
+    consumer.step()
+    producer.step()
+    assert (free_blocks(producer), free_blocks(consumer)) == start
