@@ -170,9 +170,6 @@ class KVTransferStats(msgspec.Struct, array_like=True, gc=False):
     bytes_to_device: int = 0
     copy_seconds: float = 0.0
     load_seconds: float = 0.0
-    # Pulls from a producer instance (disaggregation): bytes and host-measured seconds.
-    bytes_pulled: int = 0
-    pull_seconds: float = 0.0
 
 
 class StepResult(msgspec.Struct, gc=False):
