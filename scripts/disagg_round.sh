@@ -54,4 +54,8 @@ compare long_prompt --workload token-ids --input-len 4096:8192 --output-len 256:
   --ignore-eos --num-prompts 60 --rate "$LONG_RATE"
 compare short_chat --workload token-ids --input-len 100:1024 --output-len 100:512 \
   --ignore-eos --num-prompts 200 --rate "$CHAT_RATE"
+# The routed 1P1D: prompts under 2048 tokens run whole on either engine (the front's choice).
+compare short_chat_routed --workload token-ids --input-len 100:1024 --output-len 100:512 \
+  --ignore-eos --num-prompts 200 --rate "$CHAT_RATE" \
+  --disaggregate-args "--disaggregate-min-prompt 2048"
 echo "done in $((SECONDS - start)) s" | tee -a "$LOG"

@@ -121,3 +121,25 @@ def test_a_first_token_that_ends_the_request_never_reaches_the_decode_engine(cli
         assert all(not isinstance(m, wire.AbortRequests) for m in client.prefill.sent)
 
     asyncio.run(run())
+
+
+def test_short_prompts_run_whole_on_the_less_busy_engine(client):
+    async def run():
+        client.min_prompt_tokens = 3
+        client.add_request("long", None, [5, 6, 7], PARAMS)  # split: prefill engine first
+        for name in ("short1", "short2", "short3"):
+            client.add_request(name, None, [5, 6], PARAMS)
+        # Loads (prefill, decode): (1, 0) -> decode; (1, 1) -> decode on a tie; (1, 2) -> prefill.
+        assert [m.requests[0].request_id for m in client.decode.sent] == ["short1", "short2"]
+        sent_to_prefill = [m.requests[0] for m in client.prefill.sent]
+        assert [r.request_id for r in sent_to_prefill] == ["long", "short3"]
+        assert sent_to_prefill[1].kv_transfer_params is None  # whole, not split
+        # A whole request's outputs count from its own engine only.
+        client._on_step(client.decode, wire.EngineStep([EngineCoreOutput("short3", [1])]))
+        assert not client._routes["short3"].streamed
+        client._on_step(client.prefill, wire.EngineStep(
+            [EngineCoreOutput("short3", [4], finish_reason="length")]
+        ))
+        assert "short3" not in client._routes
+
+    asyncio.run(run())

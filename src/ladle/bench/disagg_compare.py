@@ -88,7 +88,7 @@ def _row(mode: str, run: dict) -> dict:
     }
 
 
-def run_comparison(plan, serve_args: str) -> int:
+def run_comparison(plan, serve_args: str, disaggregate_args: str = "") -> int:
     """Run `plan` (a BenchPlan; its base_url is ignored) against both modes."""
     from ladle.bench.serve_run import run_event_loop, run_plan
 
@@ -99,6 +99,8 @@ def run_comparison(plan, serve_args: str) -> int:
         )
     rows = []
     for mode, slug, flags in MODES:
+        if slug == "1p1d":
+            flags = [*flags, *shlex.split(disaggregate_args or "")]
         server = _Server([*shlex.split(serve_args), *flags],
                          plan.output_dir / slug / "server.log")
         try:

@@ -149,6 +149,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     compare.add_argument(
         "--serve-args", default=None, help='the servers\' shared arguments: "MODEL [flags]"'
     )
+    compare.add_argument(
+        "--disaggregate-args", default="",
+        help='more flags for the 1P1D server only, e.g. "--disaggregate-min-prompt 2048"',
+    )
     parser.set_defaults(handler=run_bench_serve)
 
 
@@ -254,7 +258,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     if args.compare_disaggregation:
         from ladle.bench.disagg_compare import run_comparison
 
-        return run_comparison(plan, args.serve_args)
+        return run_comparison(plan, args.serve_args, args.disaggregate_args)
     result = run_event_loop(run_plan(plan))
     if result is None:
         return 1

@@ -49,6 +49,7 @@ def build_disaggregated_client(
     admission,
     restart_policy,
     on_fatal: Callable[[str], None],
+    min_prompt_tokens: int = 0,
 ):
     """The client for --disaggregate TEXT or --local-replicas N (a ValueError names what is
     wrong)."""
@@ -65,6 +66,8 @@ def build_disaggregated_client(
         if (engine_options.get(name) or 1) > 1:
             raise ValueError(f"--disaggregate / --local-replicas with {name} > 1: not supported")
     device = str(engine_options.get("device") or "auto")
+    if min_prompt_tokens and text is None:
+        raise ValueError("--disaggregate-min-prompt goes with --disaggregate")
     if text is None:
         from ladle.frontend.local_replicas import LocalReplicasClient
 
@@ -84,4 +87,5 @@ def build_disaggregated_client(
         restart_policy=restart_policy,
         on_fatal=on_fatal,
         devices=None if devices is None else (devices[0], devices[1]),
+        min_prompt_tokens=min_prompt_tokens,
     )

@@ -237,6 +237,14 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         "GPU each): prompts are computed on the prefill engine, their KV moved to the decode "
         "engine, which streams the rest",
     )
+    disaggregation.add_argument(
+        "--disaggregate-min-prompt",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="with --disaggregate: prompts shorter than this run whole on the less busy engine "
+        "(the two then act as aggregated replicas); longer ones are split (default 0: all)",
+    )
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -326,7 +334,7 @@ def run_serve(args: argparse.Namespace) -> int:
 
         client = build_disaggregated_client(
             args.disaggregate, args.local_replicas, {"model": model, **options}, metrics,
-            admission, restart_policy, on_fatal,
+            admission, restart_policy, on_fatal, min_prompt_tokens=args.disaggregate_min_prompt,
         )
     else:
         client = AsyncEngineClient(

@@ -16,8 +16,14 @@ is the producer's and is emitted once: the consumer's request carries it as an o
 Faults. A dead prefill engine: requests still in their prefill are sent whole to the decode
 engine (nothing had streamed yet), and a consumer whose pull fails computes the prompt itself,
 so requests in flight survive. A dead decode engine: its requests fail with the reason and their
-held KV is released on the prefill engine. /health reports the server degraded (503) until
-the dead engine is restarted under the usual restart policy.
+held KV is released on the prefill engine (one that had streamed nothing yet is re-sent whole
+to the prefill engine). /health reports the server degraded (503) until the dead engine is
+restarted under the usual restart policy.
+
+Routing: with min_prompt_tokens, a shorter prompt is not split but runs whole on the less busy
+engine (both engines serve plain requests too), so short traffic gets two aggregated replicas
+and long prompts the split; `ladle bench serve --compare-disaggregation` says where the line
+pays.
 """
 
 from __future__ import annotations
@@ -37,6 +43,7 @@ from ladle.protocol import wire
 from ladle.protocol.messages import EngineCoreRequest, SchedulerStats
 
 PREFILL, DECODE = "prefill", "decode"
+WHOLE = "whole"  # a short prompt run start to end on one engine, as on an aggregated replica
 REMOTE_DECODE = "remote_decode"
 
 
@@ -89,6 +96,8 @@ class _Route:
     request: EngineCoreRequest
     phase: str = PREFILL
     awaits_release: bool = False  # the prefill engine holds its KV until the decode answers
+    engine: str = PREFILL  # the engine its outputs come from now
+    streamed: bool = False  # some output of it reached the output processor
 
 
 class DisaggregatedClient(AsyncEngineClient):
@@ -103,8 +112,14 @@ class DisaggregatedClient(AsyncEngineClient):
         restart_policy: RestartPolicy | None = None,
         on_fatal: Callable[[str], None] | None = None,
         devices: tuple[str, str] | None = None,
+        min_prompt_tokens: int = 0,
     ) -> None:
-        """devices: the (prefill, decode) engines' devices, e.g. ("cuda:0", "cuda:1")."""
+        """devices: the (prefill, decode) engines' devices, e.g. ("cuda:0", "cuda:1").
+        min_prompt_tokens: shorter prompts are not disaggregated: they run whole on the less
+        busy engine, the two then serving as aggregated replicas (0: every prompt is split)."""
+        if min_prompt_tokens < 0:
+            raise ValueError(f"min_prompt_tokens must be >= 0, got {min_prompt_tokens}")
+        self.min_prompt_tokens = min_prompt_tokens
         super().__init__(engine_options, metrics, admission, startup_timeout_s, restart_policy,
                          on_fatal)
         self.instances: dict[str, EngineInstance] = {}
@@ -182,28 +197,22 @@ class DisaggregatedClient(AsyncEngineClient):
             return
         self.dead_reason = f"degraded: the {instance.role} engine is down ({reason})"
         self.metrics.record_engine_dead()
-        if instance.role == PREFILL:
-            self._retry_prefills_on_decode()
-        else:
-            self._fail_decodes(f"the decode engine died ({reason})")
-
-    def _retry_prefills_on_decode(self) -> None:
-        """Sequences still in their prefill had streamed nothing: the decode engine runs them
-        whole (its pulls from the dead engine fail over to computing the prompt too)."""
+        survivor = self.decode if instance.role == PREFILL else self.prefill
         for child_id, route in list(self._routes.items()):
-            if route.phase != PREFILL:
-                route.awaits_release = False  # the dead engine's blocks are gone with it
+            if route.engine != instance.role:
+                if instance.role == PREFILL:
+                    route.awaits_release = False  # the dead engine's blocks are gone with it
                 continue
-            route.phase = DECODE
-            if self.decode.send(wire.AddRequests([route.request])):
+            if route.streamed:
+                self._fail_child(child_id, f"the {instance.role} engine died ({reason})")
+                continue
+            # Nothing of it streamed yet (a prompt still in its prefill, say): the survivor
+            # runs it whole (a decode engine whose pull fails computes the prompt too).
+            route.phase, route.engine, route.awaits_release = WHOLE, survivor.role, False
+            if survivor.send(wire.AddRequests([route.request])):
                 self.num_retried_on_decode += 1
             else:
                 self._fail_child(child_id, "both engines are down")
-
-    def _fail_decodes(self, reason: str) -> None:
-        for child_id, route in list(self._routes.items()):
-            if route.phase == DECODE:
-                self._fail_child(child_id, reason)
 
     def _fail_child(self, child_id: str, reason: str) -> None:
         parent_id = self._parent_of.get(child_id)
@@ -224,16 +233,26 @@ class DisaggregatedClient(AsyncEngineClient):
 
     def _send(self, message: wire.EngineInput) -> None:
         if isinstance(message, wire.AddRequests):
-            prefill_requests = []
-            for request in message.requests:
-                self._routes[request.request_id] = _Route(request)
-                prefill_requests.append(dataclasses.replace(
-                    request, kv_transfer_params={"do_remote_decode": True}
-                ))
-            if not self.prefill.send(wire.AddRequests(prefill_requests)):
-                for request in message.requests:
-                    self._routes.pop(request.request_id, None)
-                raise EngineDeadError(self.dead_reason or "the prefill engine is down")
+            limit = self.min_prompt_tokens
+            split = [r for r in message.requests if len(r.prompt_token_ids) >= limit]
+            whole = [r for r in message.requests if len(r.prompt_token_ids) < limit]
+            sends = []
+            if split:
+                sends.append((self.prefill, PREFILL, split, [
+                    dataclasses.replace(r, kv_transfer_params={"do_remote_decode": True})
+                    for r in split
+                ]))
+            if whole:
+                sends.append((self._less_busy(), WHOLE, whole, whole))
+            for engine, phase, requests, sent in sends:
+                for request in requests:  # as the client asked: a retry re-sends it whole
+                    self._routes[request.request_id] = _Route(
+                        request, phase=phase, engine=engine.role
+                    )
+                if not engine.send(wire.AddRequests(sent)):
+                    for request in message.requests:
+                        self._routes.pop(request.request_id, None)
+                    raise EngineDeadError(self.dead_reason or f"the {engine.role} engine is down")
         elif isinstance(message, wire.AbortRequests):
             # Both engines: the prefill engine aborts the request or frees its held blocks,
             # the decode engine aborts it (unknown ids are ignored on either side).
@@ -244,6 +263,13 @@ class DisaggregatedClient(AsyncEngineClient):
         else:
             for instance in self.instances.values():
                 instance.send(message)
+
+    def _less_busy(self) -> EngineInstance:
+        """The engine with fewer sequences on it now (the decode engine on a tie)."""
+        load = {PREFILL: 0, DECODE: 0}
+        for route in self._routes.values():
+            load[route.engine] += 1
+        return self.prefill if load[PREFILL] < load[DECODE] else self.decode
 
     def _forget(self, request_id: str) -> None:
         for child_id in self._children.get(request_id, ()):
@@ -262,11 +288,12 @@ class DisaggregatedClient(AsyncEngineClient):
         release: list[str] = []
         for output in step.outputs:
             route = self._routes.get(output.request_id)
-            if route is None:
-                continue  # aborted or ended here already
-            if instance.role == PREFILL:
-                if route.phase != PREFILL:
-                    continue  # retried on the decode engine: that one's outputs count
+            if route is None or route.engine != instance.role:
+                continue  # aborted or ended, or moved to the other engine: its outputs count
+            route.streamed = True
+            if route.phase == WHOLE:
+                pass
+            elif instance.role == PREFILL:
                 if output.finish_reason == REMOTE_DECODE:
                     handoffs.append((output.request_id, output.kv_transfer_params or {},
                                      list(output.new_token_ids)))
@@ -275,8 +302,6 @@ class DisaggregatedClient(AsyncEngineClient):
                     )
                     route.awaits_release = True
             else:
-                if route.phase != DECODE:
-                    continue
                 if route.awaits_release:
                     release.append(output.request_id)  # it has pulled (or given up pulling)
                     route.awaits_release = False
@@ -312,7 +337,7 @@ class DisaggregatedClient(AsyncEngineClient):
         route = self._routes.get(child_id)
         if route is None or child_id not in self._parent_of:
             return  # ended by its first token (a stop string) or aborted: already released
-        route.phase = DECODE
+        route.phase = route.engine = DECODE
         sampling_params = route.request.sampling_params
         if sampling_params.prompt_logprobs is not None:
             # The prefill engine sent them with the first token.

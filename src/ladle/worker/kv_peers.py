@@ -43,6 +43,15 @@ def export_kv_pool(
     meta = {"shape": list(shape), "dtype": str(dtype).removeprefix("torch.")}
     if device.type == "cpu":
         path = pool_path(os.getpid(), uuid.uuid4().hex[:8])
+        stats = os.statvfs(os.path.dirname(path))
+        if stats.f_bavail * stats.f_frsize < num_bytes:
+            # A sparse file larger than the tmpfs would die with SIGBUS on first touch instead.
+            raise ValueError(
+                f"the KV pool a producer exports needs {num_bytes / 2**30:.2f} GiB of "
+                f"{os.path.dirname(path)}, which has {stats.f_bavail * stats.f_frsize / 2**30:.2f}"
+                " GiB free: give the container more shared memory (docker --shm-size) or lower "
+                "--cpu-kv-cache-gib"
+            )
         with open(path, "wb") as file:
             file.truncate(num_bytes)  # sparse: zero pages until written
         atexit.register(remove_pool, path)
