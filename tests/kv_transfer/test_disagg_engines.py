@@ -137,3 +137,20 @@ def test_overlapped_steps_on_both_engines():
     consumer.step()
     producer.step()
     assert (free_blocks(producer), free_blocks(consumer)) == start
+
+
+def test_a_handoff_about_to_expire_is_computed_not_pulled(engines):
+    single, producer, consumer = engines
+    start = free_blocks(producer), free_blocks(consumer)
+    batch = prompts(1, seed=31)
+    handoffs = prefill(producer, batch, GREEDY, prefix="late")
+    request = decode_request("late0", batch[0], GREEDY, handoffs["late0"])
+    request.kv_transfer_params["expires_at"] = 0.0  # the producer frees it any moment now
+    pulled_before = consumer.scheduler.pulls.num_blocks_pulled
+    consumer.add_request(request)
+    outputs = run_until_done(consumer, {"late0"})
+    producer.abort_requests(["late0"])
+    assert consumer.scheduler.pulls.num_blocks_pulled == pulled_before
+    expected = aggregated_tokens(single, batch, GREEDY)[0]
+    assert list(handoffs["late0"].new_token_ids) + tokens_of(outputs["late0"]) == expected
+    assert (free_blocks(producer), free_blocks(consumer)) == start

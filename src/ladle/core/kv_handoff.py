@@ -24,6 +24,10 @@ from dataclasses import dataclass, field
 from ladle.core.block_pool import BlockPool, KVBlock
 from ladle.protocol.step import KV_PULL, KVOperation
 
+# A pull is ordered at least this long before the producer's hold expires (it runs in the
+# next step, milliseconds later); closer than that, the consumer computes the prompt itself.
+PULL_MARGIN_S = 2.0
+
 
 @dataclass
 class RemotePrefill:
@@ -31,6 +35,12 @@ class RemotePrefill:
 
     peer: str  # the producer's exported pool (descriptor)
     block_ids: list[int]  # the producer's block table for the prompt
+    # When the producer frees them unpulled (time.monotonic(), shared by the processes of one
+    # host): a pull ordered too close to it would read blocks that may be someone else's.
+    expires_at: float = float("inf")
+
+    def may_pull(self, now: float) -> bool:
+        return now < self.expires_at - PULL_MARGIN_S
 
 
 @dataclass
@@ -55,12 +65,13 @@ class HeldHandoffs:
         now = time.monotonic() if now is None else now
         self._held[request_id] = _Held(blocks, now + self.timeout_s, sampling_seed)
 
-    def describe(self, request_id: str) -> tuple[list[int], int] | None:
-        """(the held block ids, the request's sampling seed); None once released."""
+    def describe(self, request_id: str) -> tuple[list[int], int, float] | None:
+        """(the held block ids, the request's sampling seed, when the hold expires: this
+        host's monotonic clock); None once released."""
         held = self._held.get(request_id)
         if held is None:
             return None
-        return [block.block_id for block in held.blocks], held.sampling_seed
+        return [block.block_id for block in held.blocks], held.sampling_seed, held.deadline
 
     def release(self, request_ids: list[str]) -> int:
         """Free the blocks held for these requests (unknown ids are ignored); returns how many

@@ -226,6 +226,8 @@ class Scheduler:
             if request is None or request.num_pending_tokens:
                 break  # a request preempted while its last step runs resumes once it is read
             computed_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            if request.remote_prefill is not None and not request.remote_prefill.may_pull(now):
+                request.remote_prefill = None  # too late to pull: it computes its prompt here
             if request.remote_prefill is not None:
                 if not self._starts_pull(request, computed_blocks, num_hit_tokens, now):
                     break  # no room for its prompt's blocks yet

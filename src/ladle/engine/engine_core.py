@@ -395,13 +395,14 @@ class EngineCore:
                 continue
             held = handoffs.describe(output.request_id)
             if held is not None:
-                block_ids, seed = held
+                block_ids, seed, expires_at = held
                 output.kv_transfer_params = handoff_params(
                     output.request_id,
                     block_ids,
                     self.info.kv_export or "",
                     self.config.cache.block_size,
                     seed,
+                    expires_at,
                 )
 
     def _end_failed(self, failed: dict[str, str]) -> list[EngineCoreOutput]:

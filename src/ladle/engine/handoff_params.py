@@ -85,13 +85,16 @@ def apply_transfer_params(
         if not isinstance(seed, int):
             raise RequestRejectedError(f"{PARAMS}.sampling_seed must be an integer")
         request.sampling_seed = seed
+    expires_at = params.get("expires_at", float("inf"))
+    if not isinstance(expires_at, (int, float)) or isinstance(expires_at, bool):
+        raise RequestRejectedError(f"{PARAMS}.expires_at must be a number (monotonic seconds)")
     for token_id in first:
         request.append_output_token(token_id)
-    request.remote_prefill = RemotePrefill(peer, list(block_ids[:num_blocks]))
+    request.remote_prefill = RemotePrefill(peer, list(block_ids[:num_blocks]), expires_at)
 
 
 def handoff_params(request_id: str, block_ids: list[int], peer: str, block_size: int,
-                   sampling_seed: int) -> dict:
+                   sampling_seed: int, expires_at: float) -> dict:
     """What a producer's handoff output tells the API process (and through it the consumer)."""
     return {
         "do_remote_prefill": True,
@@ -100,4 +103,5 @@ def handoff_params(request_id: str, block_ids: list[int], peer: str, block_size:
         "remote_block_ids": block_ids,
         "block_size": block_size,
         "sampling_seed": sampling_seed,
+        "expires_at": expires_at,
     }
