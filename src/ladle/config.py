@@ -12,6 +12,7 @@ import sys
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ladle.kv_transfer.config import KVTransferConfig
 from ladle.sampling.limits import LIMITS
 
 if TYPE_CHECKING:
@@ -240,8 +241,17 @@ class CacheConfig:
                   "e4m3 with per-layer k/v scales from the checkpoint or a start-up "
                   "calibration: about twice the tokens of bf16)"},
     )
+    kv_transfer_config: dict | None = field(
+        default=None,
+        metadata={"help": "prefill/decode disaggregation, as JSON (vLLM's keys): "
+                  '\'{"kv_role": "kv_producer"|"kv_consumer"|"kv_both", "kv_connector": '
+                  '"LadleConnector"}\' (docs/serving.md; `ladle serve --disaggregate 1P1D` sets '
+                  "it up on one machine)"},
+    )
 
     def __post_init__(self) -> None:
+        if self.kv_transfer_config is not None:
+            self.kv_transfer  # noqa: B018 -- validates now, at start-up
         if self.kv_cache_dtype not in KV_CACHE_DTYPES:
             is_e5m2 = self.kv_cache_dtype == "fp8_e5m2"
             hint = "; e5m2 is not supported, use fp8_e4m3" if is_e5m2 else ""
@@ -265,6 +275,13 @@ class CacheConfig:
         # Block 0 is the reserved null block, so a usable pool needs at least two.
         if self.num_kv_blocks is not None and self.num_kv_blocks < 2:
             raise ValueError(f"num_kv_blocks must be >= 2, got {self.num_kv_blocks}")
+
+    @property
+    def kv_transfer(self) -> KVTransferConfig | None:
+        """The parsed kv_transfer_config; None for an engine that is not disaggregated."""
+        if self.kv_transfer_config is None:
+            return None
+        return KVTransferConfig.from_dict(self.kv_transfer_config)
 
 
 @dataclass(frozen=True)

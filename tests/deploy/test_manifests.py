@@ -13,8 +13,9 @@ import yaml
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy"
 
 
-def test_kserve_inference_service_is_well_formed():
-    manifest = yaml.safe_load((DEPLOY / "kserve-inferenceservice.yaml").read_text())
+@pytest.mark.parametrize("name", ["kserve-inferenceservice.yaml", "kserve-disaggregated.yaml"])
+def test_kserve_inference_service_is_well_formed(name):
+    manifest = yaml.safe_load((DEPLOY / name).read_text())
     assert manifest["apiVersion"] == "serving.kserve.io/v1beta1"
     assert manifest["kind"] == "InferenceService"
     assert manifest["metadata"]["name"]
@@ -35,6 +36,11 @@ def test_kserve_inference_service_is_well_formed():
         assert container[probe]["httpGet"] == {"path": "/health", "port": port}
     resources = container["resources"]
     assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"]
+    if parsed.disaggregate is not None:  # one GPU per engine
+        from ladle.kv_transfer.config import Disaggregation
+
+        instances = Disaggregation.parse(parsed.disaggregate).num_instances
+        assert int(resources["limits"]["nvidia.com/gpu"]) == instances
 
 
 def test_ray_serve_config_matches_build_app():

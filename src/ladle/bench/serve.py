@@ -138,6 +138,21 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     report.add_argument("--label", default=None, help="a name for this run in plots and JSON")
     report.add_argument("--no-plots", action="store_true")
     report.add_argument("--disable-tqdm", action="store_true")
+    compare = parser.add_argument_group("disaggregation (bench/disagg_compare.py)")
+    compare.add_argument(
+        "--compare-disaggregation",
+        action="store_true",
+        help="start `ladle serve --serve-args ... --disaggregate 1P1D`, then the same with "
+        "`--local-replicas 2`, run this workload against each, and report goodput under --slo "
+        "for both (--base-url is ignored)",
+    )
+    compare.add_argument(
+        "--serve-args", default=None, help='the servers\' shared arguments: "MODEL [flags]"'
+    )
+    compare.add_argument(
+        "--disaggregate-args", default="",
+        help='more flags for the 1P1D server only, e.g. "--disaggregate-min-prompt 2048"',
+    )
     parser.set_defaults(handler=run_bench_serve)
 
 
@@ -240,6 +255,10 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         progress=not args.disable_tqdm,
         request_timeout=args.request_timeout,
     )
+    if args.compare_disaggregation:
+        from ladle.bench.disagg_compare import run_comparison
+
+        return run_comparison(plan, args.serve_args, args.disaggregate_args)
     result = run_event_loop(run_plan(plan))
     if result is None:
         return 1

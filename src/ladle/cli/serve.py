@@ -220,6 +220,31 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="replica choice: prefix-aware (same prompt prefix, same replica, "
         "within a load margin) or round-robin",
     )
+    disaggregation = parser.add_argument_group("prefill/decode disaggregation (docs/serving.md)")
+    disaggregation.add_argument(
+        "--local-replicas",
+        type=int,
+        default=1,
+        metavar="N",
+        help="N aggregated engine replicas behind this API process (one GPU each; no Ray): "
+        "the other side of `ladle bench serve --compare-disaggregation`",
+    )
+    disaggregation.add_argument(
+        "--disaggregate",
+        default=None,
+        metavar="xPyD",
+        help="run x prefill and y decode engines behind this endpoint (1P1D today; on CUDA one "
+        "GPU each): prompts are computed on the prefill engine, their KV moved to the decode "
+        "engine, which streams the rest",
+    )
+    disaggregation.add_argument(
+        "--disaggregate-min-prompt",
+        type=int,
+        default=0,
+        metavar="TOKENS",
+        help="with --disaggregate: prompts shorter than this run whole on the less busy engine "
+        "(the two then act as aggregated replicas); longer ones are split (default 0: all)",
+    )
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
 
@@ -266,6 +291,10 @@ def run_serve(args: argparse.Namespace) -> int:
         served_name = args.served_model_name or model
     # Bad options fail here, before a process is spawned, with the field named.
     engine_config = EngineConfig.from_kwargs(model=model, **options)
+    if (args.disaggregate is not None or args.local_replicas != 1) and args.replicas != 1:
+        raise ValueError(
+            "--disaggregate / --local-replicas and --replicas do not combine: pick one"
+        )
     if args.replicas != 1 or args.ray_address or args.max_replicas is not None:
         if chat_template is not None:
             raise ValueError("--chat-template is not supported with --replicas / --ray-address")
@@ -300,13 +329,21 @@ def run_serve(args: argparse.Namespace) -> int:
         fatal_reasons.append(reason)
         server.should_exit = True
 
-    client = AsyncEngineClient(
-        {"model": model, **options},
-        metrics,
-        admission,
-        restart_policy=restart_policy,
-        on_fatal=on_fatal,
-    )
+    if args.disaggregate is not None or args.local_replicas != 1:
+        from ladle.cli.disagg import build_disaggregated_client
+
+        client = build_disaggregated_client(
+            args.disaggregate, args.local_replicas, {"model": model, **options}, metrics,
+            admission, restart_policy, on_fatal, min_prompt_tokens=args.disaggregate_min_prompt,
+        )
+    else:
+        client = AsyncEngineClient(
+            {"model": model, **options},
+            metrics,
+            admission,
+            restart_policy=restart_policy,
+            on_fatal=on_fatal,
+        )
     live_stats = LiveStatsLogger(lambda: client.stats, interval_s=args.stats_interval or 5.0)
     settings = ServerSettings(
         tool_call_parser=args.tool_call_parser,

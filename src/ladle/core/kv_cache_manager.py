@@ -277,6 +277,15 @@ class KVCacheManager:
             del request_blocks[keep:]
             self.block_pool.free_blocks(reversed(surplus))
 
+    def detach(self, request: Request) -> list[KVBlock]:
+        """Take the request's blocks away from it without freeing them (a producer holds them
+        for a consumer, core/kv_handoff.py); the caller frees them later."""
+        self._num_cached_blocks_by_request.pop(request.request_id, None)
+        return self._blocks_by_request.pop(request.request_id, [])
+
+    def blocks_of(self, request_id: str) -> list[KVBlock]:
+        return list(self._blocks_by_request.get(request_id, ()))
+
     def free(self, request: Request) -> None:
         """Release the request's blocks and forget it. A no-op for an unknown request.
 

@@ -9,8 +9,12 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from ladle.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from ladle.core.kv_handoff import RemotePrefill
 
 
 class RequestStatus(enum.IntEnum):
@@ -25,6 +29,8 @@ class RequestStatus(enum.IntEnum):
     FINISHED_LENGTH_CAPPED = enum.auto()
     FINISHED_ABORTED = enum.auto()
     FINISHED_REJECTED = enum.auto()
+    # A producer's request that handed its KV to a consumer after its first token.
+    FINISHED_REMOTE_DECODE = enum.auto()
 
     @property
     def is_finished(self) -> bool:
@@ -37,6 +43,7 @@ class RequestStatus(enum.IntEnum):
             RequestStatus.FINISHED_LENGTH_CAPPED: "length",
             RequestStatus.FINISHED_ABORTED: "abort",
             RequestStatus.FINISHED_REJECTED: "error",
+            RequestStatus.FINISHED_REMOTE_DECODE: "remote_decode",
         }.get(self)
 
 
@@ -84,6 +91,10 @@ class Request:
         # The sampler's random stream: a fixed per-request seed makes a seeded request's samples
         # independent of whatever else is in the batch.
         self.sampling_seed: int = 0
+        # Disaggregation (core/kv_handoff.py): a producer's request ends after its first token
+        # and holds its KV for a consumer; a consumer's request pulls its prompt's KV first.
+        self.remote_decode = False
+        self.remote_prefill: RemotePrefill | None = None
 
     @property
     def num_prompt_tokens(self) -> int:

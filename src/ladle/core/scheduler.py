@@ -15,17 +15,17 @@ back from the host when it resumes) or recomputed, per victim by cost (preemptio
 
 from __future__ import annotations
 
-import heapq
-import itertools
 import time
 from dataclasses import dataclass, field
 
 from ladle.config import CacheConfig, SchedulerConfig
 from ladle.core.draft_proposer import AdaptiveDraftProposer, DraftProposer, WorkerDraftProposer
 from ladle.core.kv_cache_manager import KVCacheManager
+from ladle.core.kv_handoff import HeldHandoffs, RemotePulls
 from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.prefill_budget import ItlPrefillBudget
 from ladle.core.request import Request, RequestStatus
+from ladle.core.waiting_queue import WaitingQueue
 from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
 from ladle.protocol.step import (
     BlockUpdate,
@@ -66,48 +66,6 @@ class _Grants:
         return self.num_tokens.pop(request_id, 0)
 
 
-class WaitingQueue:
-    """Waiting requests ordered by (priority, arrival time); lower priority values run first.
-
-    A heap with lazy deletion: an aborted request is only marked and skipped when it surfaces.
-    """
-
-    def __init__(self) -> None:
-        self._heap: list[tuple[int, float, int, Request]] = []
-        self._order = itertools.count()
-        self._num_live = 0
-
-    def readmit(self, request: Request) -> None:
-        """Push a request back that left the queue without being scheduled (it waited for its
-        KV): its (priority, arrival) key puts it back where it was."""
-        self.push(request)
-
-    def push(self, request: Request) -> None:
-        heapq.heappush(
-            self._heap, (request.priority, request.arrival_time, next(self._order), request)
-        )
-        self._num_live += 1
-
-    def peek(self) -> Request | None:
-        while self._heap and self._heap[0][3].is_finished:
-            heapq.heappop(self._heap)
-        return self._heap[0][3] if self._heap else None
-
-    def pop(self) -> Request:
-        request = self.peek()
-        assert request is not None
-        heapq.heappop(self._heap)
-        self._num_live -= 1
-        return request
-
-    def discard(self, request: Request) -> None:
-        """Called after the request was marked finished; the heap entry goes lazily."""
-        self._num_live -= 1
-
-    def __len__(self) -> int:
-        return self._num_live
-
-
 class Scheduler:
     def __init__(
         self,
@@ -139,6 +97,12 @@ class Scheduler:
         self._finished_on_workers: list[str] = []
         # Under an ITL SLO, how many prompt tokens a step may take beside running decodes.
         self.prefill_budget: ItlPrefillBudget | None = None
+        # Disaggregation: a producer's handed-off blocks, a consumer's pulls (kv_handoff.py).
+        kv_transfer = cache_config.kv_transfer
+        self.handoffs: HeldHandoffs | None = None
+        if kv_transfer is not None and kv_transfer.is_producer:
+            self.handoffs = HeldHandoffs(kv_cache_manager.block_pool, kv_transfer.hold_timeout_s)
+        self.pulls = RemotePulls()
         if scheduler_config.itl_slo_ms is not None:
             self.prefill_budget = ItlPrefillBudget(
                 scheduler_config.itl_slo_ms / 1000.0, scheduler_config.max_num_batched_tokens
@@ -165,7 +129,10 @@ class Scheduler:
                 # Its load may still be running: the workers' ordering (KVOperation) keeps the
                 # freed blocks from being rewritten under it.
                 del self.waiting_for_kv[request_id]
-                self.kv_cache_manager.cancel_load(request)
+                if request.remote_prefill is not None:
+                    self.pulls.cancel(request_id)
+                else:
+                    self.kv_cache_manager.cancel_load(request)
             else:
                 self.waiting.discard(request)
             request.status = status
@@ -224,7 +191,9 @@ class Scheduler:
                     request, num_new_tokens + lookahead
                 )
                 if new_blocks is not None:
-                    if new_blocks:
+                    if request.request_id not in self._on_workers:
+                        self._record_new_blocks(grants, request, None)  # pulled: all of it
+                    elif new_blocks:
                         self._record_new_blocks(grants, request, len(new_blocks))
                     scheduled = True
                     break
@@ -265,6 +234,12 @@ class Scheduler:
             if request is None or request.num_pending_tokens:
                 break  # a request preempted while its last step runs resumes once it is read
             computed_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
+            if request.remote_prefill is not None and not request.remote_prefill.may_pull(now):
+                request.remote_prefill = None  # too late to pull: it computes its prompt here
+            if request.remote_prefill is not None:
+                if not self._starts_pull(request, computed_blocks, num_hit_tokens, now):
+                    break  # no room for its prompt's blocks yet
+                continue
             if self._starts_load(request, computed_blocks):
                 continue  # it waits outside the batch; the next waiting request may run
             num_new_tokens = request.num_tokens - num_hit_tokens
@@ -313,6 +288,37 @@ class Scheduler:
         request.status = RequestStatus.WAITING_FOR_KV
         self.waiting_for_kv[request.request_id] = request
         return True
+
+    def _starts_pull(self, request: Request, hits: list, num_hit_tokens: int, now: float) -> bool:
+        """A consumer's request: take its prefix hits and fresh blocks for the rest of its
+        prompt, and pull only those blocks from the producer (kv_handoff.py). False, changing
+        nothing, when the pool lacks the blocks."""
+        manager = self.kv_cache_manager
+        num_new = request.num_prompt_tokens - num_hit_tokens
+        if manager.allocate_slots(request, num_new, hits, num_hit_tokens) is None:
+            return False
+        self.waiting.pop()
+        request.num_cached_tokens = num_hit_tokens
+        request.timings.first_scheduled_time = now
+        remote = request.remote_prefill
+        first = num_hit_tokens // self.block_size
+        targets = manager.get_block_ids_from(request.request_id, first)
+        request.status = RequestStatus.WAITING_FOR_KV
+        self.waiting_for_kv[request.request_id] = request
+        if targets:
+            self.pulls.start(request.request_id, remote.peer, remote.block_ids[first:], targets)
+        else:
+            self._pulled(request)  # every block of its prompt was a hit here
+        return True
+
+    def _pulled(self, request: Request) -> None:
+        """Its prompt's KV is in place: it runs from its first token on (it decodes)."""
+        del self.waiting_for_kv[request.request_id]
+        request.remote_prefill = None
+        request.num_computed_tokens = request.num_prompt_tokens
+        self.kv_cache_manager.cache_computed_blocks(request)
+        request.status = RequestStatus.RUNNING
+        self.running.append(request)
 
     def _propose_drafts(self, request: Request, token_budget: int) -> list[int]:
         """Draft tokens to verify beside a decode's next token: only for a request whose tokens
@@ -363,7 +369,8 @@ class Scheduler:
         plan = StepPlan(
             preempted_request_ids=grants.preempted_request_ids,
             finished_request_ids=self._finished_on_workers,
-            kv_operations=self.kv_cache_manager.take_kv_operations(),
+            kv_operations=self.kv_cache_manager.take_kv_operations()
+            + self.pulls.take_operations(),
         )
         self._finished_on_workers = []
         for request in grants.requests:
@@ -451,6 +458,16 @@ class Scheduler:
         finished = self.kv_cache_manager.finish_transfers(
             result.kv_operations_done, result.kv_operations_failed
         )
+        pulls = self.pulls.finish(result.kv_operations_done, result.kv_operations_failed)
+        for request_id in pulls.pulled:
+            self._pulled(self.waiting_for_kv[request_id])
+        for request_id in pulls.failed:
+            # The producer's KV is out of reach: compute the prompt here (the same tokens).
+            request = self.waiting_for_kv.pop(request_id)
+            request.remote_prefill = None
+            self.kv_cache_manager.free(request)
+            request.status = RequestStatus.WAITING
+            self.waiting.readmit(request)
         for request_id in [*finished.loaded, *finished.failed]:
             request = self.waiting_for_kv.pop(request_id, None)
             if request is None:
@@ -517,6 +534,8 @@ class Scheduler:
                 self._store_model_drafts(request, model_drafts)
             # Before any release: a finished request's full blocks stay cached for others.
             self.kv_cache_manager.cache_computed_blocks(request)
+            if finish_status is None and request.remote_decode:
+                finish_status = self._hand_off(request)
             if finish_status is not None:
                 if request.status == RequestStatus.RUNNING:
                     self.running.remove(request)
@@ -538,6 +557,17 @@ class Scheduler:
                 )
             )
         return outputs
+
+    def _hand_off(self, request: Request) -> RequestStatus | None:
+        """A producer's request after its first token: hold its blocks for the consumer."""
+        if request.status != RequestStatus.RUNNING or self.handoffs is None:
+            # Preempted while its step ran: its blocks are gone, nothing to hand over. It runs
+            # to its end here instead (the API process passes its outputs through).
+            request.remote_decode = False
+            return None
+        blocks = self.kv_cache_manager.detach(request)
+        self.handoffs.hold(request.request_id, blocks, request.sampling_seed)
+        return RequestStatus.FINISHED_REMOTE_DECODE
 
     def _check_stop(self, request: Request, token_id: int) -> RequestStatus | None:
         params = request.sampling_params

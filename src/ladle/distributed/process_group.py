@@ -84,6 +84,10 @@ def rank_device(
     `device_index` where the process sees only its own (a Ray actor); the CPU otherwise, where
     the ranks share the cores evenly instead of each taking all of them."""
     if world_size == 1:
+        if device.type == "cuda" and device.index is not None:
+            # An engine placed on one GPU of several (a disaggregated instance, a local
+            # replica): kernels that launch on the current device must find it there.
+            torch.cuda.set_device(device)
         return device
     if device.type == "cuda":
         available = torch.cuda.device_count()

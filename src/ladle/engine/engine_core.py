@@ -20,6 +20,7 @@ from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
+from ladle.engine.handoff_params import apply_transfer_params, handoff_params
 from ladle.engine.overlap import overlap_enabled
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
 from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
@@ -178,6 +179,14 @@ class EngineCore:
         request.sampling_seed = (
             params.seed if params.seed is not None else self._seed_source.getrandbits(31)
         )
+        if core_request.kv_transfer_params is not None:
+            apply_transfer_params(
+                request,
+                core_request.kv_transfer_params,
+                self.config.cache.kv_transfer,
+                self.config.cache.block_size,
+                self.vocab_size,
+            )
         if params.structured_outputs is not None:
             if self.structured_outputs is None:
                 raise RequestRejectedError(
@@ -207,6 +216,10 @@ class EngineCore:
     def abort_requests(self, request_ids: list[str]) -> list[EngineCoreOutput]:
         """End requests now and free their blocks; returns their final 'abort' outputs."""
         finished = self.scheduler.finish_requests(request_ids, RequestStatus.FINISHED_ABORTED)
+        if self.scheduler.handoffs is not None:
+            # An abort also releases a handed-off prompt's blocks: the consumer has them (or
+            # will never pull them).
+            self.scheduler.handoffs.release(request_ids)
         finished_ids = [r.request_id for r in finished]
         # Requests still waiting for their grammar were never scheduled: they end here too.
         finished_ids += self._forget(request_ids)
@@ -225,6 +238,7 @@ class EngineCore:
         started = time.perf_counter()
         if self.thread_governor is not None:
             self.thread_governor.maybe_adjust()
+        self.expire_handoffs()
         outputs = self._admit_compiled_requests()
         plan = self.scheduler.schedule()
         previous = self._in_flight
@@ -364,10 +378,34 @@ class EngineCore:
         step_outputs = self.scheduler.update_from_output(future.plan, result)
         if result.drafting_seconds and self.speculator is not None:
             self.speculator.add_drafting_seconds(result.drafting_seconds)
+        self._describe_handoffs(step_outputs)
         self.prompt_logprobs.attach(step_outputs)
         outputs += step_outputs
         self._release_finished(outputs)
         in_flight.outputs = outputs
+
+    def expire_handoffs(self) -> None:
+        """Free handed-off prompts no consumer pulled within the hold timeout."""
+        if self.scheduler.handoffs is not None:
+            self.scheduler.handoffs.expire()
+
+    def _describe_handoffs(self, outputs: list[EngineCoreOutput]) -> None:
+        """Tell the API process where each handed-off prompt's KV is (kv_handoff.py)."""
+        handoffs = self.scheduler.handoffs
+        for output in outputs:
+            if output.finish_reason != "remote_decode" or handoffs is None:
+                continue
+            held = handoffs.describe(output.request_id)
+            if held is not None:
+                block_ids, seed, expires_at = held
+                output.kv_transfer_params = handoff_params(
+                    output.request_id,
+                    block_ids,
+                    self.info.kv_export or "",
+                    self.config.cache.block_size,
+                    seed,
+                    expires_at,
+                )
 
     def _end_failed(self, failed: dict[str, str]) -> list[EngineCoreOutput]:
         """End the requests a step failed on (each alone: the rest of the step ran)."""

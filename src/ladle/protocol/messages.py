@@ -33,6 +33,10 @@ class EngineCoreRequest:
     eos_token_ids: tuple[int, ...] = ()
     arrival_time: float = 0.0
     priority: int = 0
+    # Prefill/decode disaggregation (vLLM's name): {"do_remote_decode": true} on a producer
+    # (compute the prompt and first token, hold the KV); on a consumer the handoff a producer
+    # returned, plus "first_token_ids" (core/kv_handoff.py).
+    kv_transfer_params: dict | None = None
 
 
 class TokenLogprobs(msgspec.Struct, array_like=True, gc=False):
@@ -65,6 +69,8 @@ class EngineCoreOutput(msgspec.Struct, array_like=True, omit_defaults=True, gc=F
     # With the first output of a request that asked for prompt_logprobs: one entry per prompt
     # token, None for the first (engine/prompt_logprobs.py).
     prompt_logprobs: list[TokenLogprobs | None] | None = None
+    # A producer's handoff (finish_reason 'remote_decode'): where a consumer pulls the KV from.
+    kv_transfer_params: dict | None = None
 
     @property
     def finished(self) -> bool:

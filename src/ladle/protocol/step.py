@@ -65,13 +65,16 @@ class ScheduledRequest(msgspec.Struct, array_like=True, gc=False):
         return self.output_index >= 0
 
 
-# KVOperation kinds: device pool -> host tier (a write-back), host tier -> device pool (a load).
+# KVOperation kinds: device pool -> host tier (a write-back), host tier -> device pool (a load),
+# and another engine instance's pool -> this device pool (a pull: prefill/decode disaggregation).
 KV_STORE = "store"
 KV_LOAD = "load"
+KV_PULL = "pull"
 
 
 class KVOperation(msgspec.Struct, array_like=True, gc=False):
-    """A copy of KV blocks between the device pool and the host tier (core/host_tier.py).
+    """A copy of KV blocks between the device pool and the host tier (core/host_tier.py), or
+    from a producer instance's pool into this one (a pull, core/kv_handoff.py).
 
     source_block_ids[i] is copied to target_block_ids[i] in every layer (K and V): for a store
     the sources are device block ids and the targets host block ids, for a load the reverse.
@@ -86,6 +89,9 @@ class KVOperation(msgspec.Struct, array_like=True, gc=False):
     source_block_ids: list[int]
     target_block_ids: list[int]
     op_id: int = 0
+    # For a pull: the producer instance's exported pool (worker/kv_peers.py descriptor);
+    # its source ids are the producer's block ids.
+    peer: str = ""
 
 
 class StepPlan(msgspec.Struct, gc=False):

@@ -101,11 +101,14 @@ class StructuredOutputManager:
     def _attach(self, request: Request, future: Future) -> None:
         params = request.sampling_params.structured_outputs
         assert params is not None
-        self._grammars[request.request_id] = RequestGrammar(
+        grammar = self._grammars[request.request_id] = RequestGrammar(
             future.result().deep_copy(), params.reasoning_end_token_ids
         )
-        # A resumed or recomputed request must not replay tokens it never had: fresh requests
-        # have none, so nothing to consume here.
+        # A fresh request has no outputs yet. A disaggregated consumer's request arrives with
+        # the producer's first token, which its grammar consumes now (a resumed request keeps
+        # its grammar and is never attached again).
+        for token_id in request.output_token_ids:
+            grammar.accept(token_id)
 
     def take_ready(self) -> tuple[list[Request], list[tuple[Request, str]]]:
         """Requests whose grammar finished compiling: (ready, [(failed, reason)])."""

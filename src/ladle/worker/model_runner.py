@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
-from ladle.protocol.step import StepPlan, StepResult
+from ladle.protocol.step import KV_PULL, StepPlan, StepResult
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
@@ -43,6 +43,7 @@ from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter import DraftBatch, ModelDrafter, TargetOutputs
 from ladle.worker.forward_step import ForwardStep
 from ladle.worker.kv_copier import KVCopier, KVReport
+from ladle.worker.kv_peers import PeerPools
 from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.prompt_logprobs import compute_prompt_logprobs
@@ -169,6 +170,8 @@ class ModelRunner:
         self.graph_buckets: DecodeGraphs | None = None
         # Copies to and from the KV cache's host tier, set by the Worker when it has one.
         self.kv_copier: KVCopier | None = None
+        # Pulls from producer instances (disaggregation); None unless this is a consumer.
+        self.kv_peers: PeerPools | None = None
         # Benchmarks of speculative decoding on random weights: each draft is accepted with
         # this probability, whatever the model says (the outputs are then not the model's).
         self.synthetic_acceptance: float | None = None
@@ -328,18 +331,29 @@ class ModelRunner:
 
     def _run_kv_operations(self, plan: StepPlan) -> KVReport | None:
         """Issue the plan's copies to and from the host tier, after making this step's forward
-        wait (on the device) for the copies earlier steps issued (kv_copier.py)."""
+        wait (on the device) for the copies earlier steps issued (kv_copier.py); then its
+        pulls from producer instances (worker/kv_peers.py), on the compute stream, so
+        this step's forward reads them."""
+        if not plan.kv_operations and self.kv_copier is None:
+            return None
+        pulls = [op for op in plan.kv_operations if op.kind == KV_PULL]
+        copies = [op for op in plan.kv_operations if op.kind != KV_PULL]
         copier = self.kv_copier
         if copier is None:
-            if not plan.kv_operations:
-                return None
             # A plan that copies with no host tier here: each copy fails, nothing else does.
-            return KVReport(
-                failed={op.op_id: "this worker has no host KV tier" for op in plan.kv_operations}
-            )
-        copier.wait_for_earlier_copies()
-        done, failed = copier.run(plan.kv_operations, self.kv_caches)
-        return KVReport(done, failed, copier.take_stats())
+            report = KVReport(failed={op.op_id: "this worker has no host KV tier" for op in copies})
+        else:
+            copier.wait_for_earlier_copies()
+            done, failed = copier.run(copies, self.kv_caches)
+            report = KVReport(done, failed, copier.take_stats())
+        if pulls:
+            if self.kv_peers is None:
+                report.failed.update({op.op_id: "this worker is no KV consumer" for op in pulls})
+            else:
+                done, failed = self.kv_peers.run(pulls, self.kv_caches)
+                report.done += done
+                report.failed.update(failed)
+        return report
 
     def _penalty_history(self, vocab_size: int) -> PenaltyHistory:
         if self.penalty_history is None:

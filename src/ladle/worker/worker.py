@@ -37,6 +37,7 @@ from ladle.worker.fused_moe_setup import FusedMoeSetup, prepare_fused_moe
 from ladle.worker.host_kv_pool import allocate_host_kv_pool
 from ladle.worker.kv_cache_alloc import zeros_lazily
 from ladle.worker.kv_copier import KVCopier, measure_copy_bandwidth
+from ladle.worker.kv_peers import PeerPools, export_kv_pool
 from ladle.worker.memory import MemoryBudget, host_tier_bytes, module_bytes, size_kv_cache
 from ladle.worker.model_runner import LaunchedStep, ModelRunner
 from ladle.worker.prefill_graphs import (
@@ -64,6 +65,8 @@ class WorkerInfo:
     weights: WeightCensus  # this rank's
     # What start-up did for the fused MoE path (tile tuning), None without one.
     fused_moe: FusedMoeSetup | None = None
+    # A producer's exported KV pool (worker/kv_peers.py), for consumers to pull from.
+    kv_export: str | None = None
 
 
 class Worker:
@@ -196,9 +199,30 @@ class Worker:
         num_host_blocks = min_over_world(num_host_blocks, self.device)
         # With a host tier the layers' caches are views of one tensor (kv_copier.py: one gather
         # moves a batch of blocks of every layer); without one, nothing changes.
-        self.runner.kv_caches = self.allocate_kv_caches(
-            self.memory_budget.num_blocks, stacked=num_host_blocks > 0
-        )
+        kv_transfer = config.cache.kv_transfer
+        self.kv_export: str | None = None
+        if kv_transfer is not None:
+            if world_size > 1:
+                raise ValueError(
+                    "kv_transfer_config with tensor or pipeline parallelism is not supported "
+                    "yet: run each disaggregated instance on one GPU"
+                )
+            self.runner.kv_peers = PeerPools()
+        if kv_transfer is not None and kv_transfer.is_producer:
+            # A pool consumers can map: its per-layer caches are views of one exported tensor.
+            shape = (
+                self.num_layers, 2, self.memory_budget.num_blocks, block_size,
+                self.num_kv_heads, self.arch.head_dim,
+            )
+            pool, self.kv_export = export_kv_pool(shape, self.kv_cache_dtype, self.device)
+            self.runner.kv_caches = list(pool.unbind(0))
+        else:
+            # Stacked with a host tier (kv_copier.py: one gather moves a batch of blocks of
+            # every layer) or as a consumer (a pull writes every layer at once).
+            self.runner.kv_caches = self.allocate_kv_caches(
+                self.memory_budget.num_blocks,
+                stacked=num_host_blocks > 0 or kv_transfer is not None,
+            )
         if drafter is not None:
             drafter.kv_caches = self._allocate_draft_caches(self.memory_budget.num_blocks)
         if num_host_blocks > 0:
@@ -225,6 +249,7 @@ class Worker:
             dtype=self.dtype,
             weights=take_census(self.model),
             fused_moe=self.fused_moe,
+            kv_export=self.kv_export,
         )
 
     @property

@@ -1,0 +1,91 @@
+"""`ladle serve MODEL --disaggregate 1P1D`: a prefill and a decode engine behind one endpoint.
+
+On CUDA each engine takes a GPU of its own (prefill GPU 0, decode GPU 1); on the CPU both run
+on the host's cores. The API process does not import torch, so GPUs are counted with
+nvidia-smi (none found: the CPU)."""
+
+from __future__ import annotations
+
+import shutil
+import subprocess
+from collections.abc import Callable
+
+from ladle.kv_transfer.config import Disaggregation
+
+
+def count_cuda_devices() -> int:
+    """GPUs nvidia-smi lists (CUDA_VISIBLE_DEVICES narrows what an engine sees, not this)."""
+    if shutil.which("nvidia-smi") is None:
+        return 0
+    try:
+        listing = subprocess.run(
+            ["nvidia-smi", "-L"], capture_output=True, text=True, timeout=30, check=False
+        ).stdout
+    except (OSError, subprocess.SubprocessError):
+        return 0
+    return sum(1 for line in listing.splitlines() if line.startswith("GPU "))
+
+
+def instance_devices(num_instances: int, device: str) -> list[str] | None:
+    """Each engine's device (GPU i for instance i); None: all on the CPU."""
+    if device.startswith("cpu"):
+        return None
+    num_gpus = count_cuda_devices()
+    if device == "auto" and num_gpus == 0:
+        return None
+    if num_instances > num_gpus:
+        raise ValueError(
+            f"{num_instances} engines need {num_instances} GPUs (one each), this machine has "
+            f"{num_gpus}"
+        )
+    return [f"cuda:{index}" for index in range(num_instances)]
+
+
+def build_disaggregated_client(
+    text: str | None,
+    num_local_replicas: int,
+    engine_options: dict,
+    metrics,
+    admission,
+    restart_policy,
+    on_fatal: Callable[[str], None],
+    min_prompt_tokens: int = 0,
+):
+    """The client for --disaggregate TEXT or --local-replicas N (a ValueError names what is
+    wrong)."""
+    if text is not None and num_local_replicas != 1:
+        raise ValueError("--disaggregate and --local-replicas exclude each other: pick one")
+    if num_local_replicas < 1:
+        raise ValueError(f"--local-replicas must be >= 1, got {num_local_replicas}")
+    if engine_options.get("kv_transfer_config") is not None:
+        raise ValueError(
+            "--disaggregate / --local-replicas set up the engines themselves; drop "
+            "--kv-transfer-config (it configures one engine of a deployment you wire up)"
+        )
+    for name in ("tensor_parallel_size", "pipeline_parallel_size"):
+        if (engine_options.get(name) or 1) > 1:
+            raise ValueError(f"--disaggregate / --local-replicas with {name} > 1: not supported")
+    device = str(engine_options.get("device") or "auto")
+    if min_prompt_tokens and text is None:
+        raise ValueError("--disaggregate-min-prompt goes with --disaggregate")
+    if text is None:
+        from ladle.frontend.local_replicas import LocalReplicasClient
+
+        return LocalReplicasClient(
+            engine_options, metrics, admission, num_local_replicas,
+            restart_policy=restart_policy, on_fatal=on_fatal,
+            devices=instance_devices(num_local_replicas, device),
+        )
+    from ladle.frontend.disagg_client import DisaggregatedClient
+
+    disaggregation = Disaggregation.parse(text)
+    devices = instance_devices(disaggregation.num_instances, device)
+    return DisaggregatedClient(
+        engine_options,
+        metrics,
+        admission,
+        restart_policy=restart_policy,
+        on_fatal=on_fatal,
+        devices=None if devices is None else (devices[0], devices[1]),
+        min_prompt_tokens=min_prompt_tokens,
+    )
