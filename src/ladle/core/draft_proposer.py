@@ -60,3 +60,40 @@ class WorkerDraftProposer(AdaptiveDraftProposer, Protocol):
     def store_model_drafts(self, request: Request, draft_token_ids: list[int]) -> None:
         """The worker's drafts that follow the request's current tokens."""
         ...
+
+
+def propose_drafts(
+    proposer: DraftProposer | None, request: Request, token_budget: int, max_model_len: int
+) -> list[int]:
+    """Draft tokens to verify beside a decode's next token: only for a request whose tokens
+    are all on the host (the proposer reads them), within the budget, the model length and
+    what max_tokens leaves (the token sampled after the drafts counts too)."""
+    if proposer is None or request.num_pending_tokens:
+        return []
+    room = min(
+        token_budget - 1,
+        max_model_len - request.num_tokens,
+        request.max_tokens - request.num_output_tokens - 1,
+    )
+    if room <= 0:
+        return []
+    return list(proposer.propose(request, room))[:room]
+
+
+def num_lookahead_tokens(
+    proposer: DraftProposer | None,
+    request: Request,
+    num_new_tokens: int,
+    num_drafts: int,
+    max_model_len: int,
+    num_hit_tokens: int = 0,
+) -> int:
+    """KV slots to reserve past a grant for the worker's model drafts: only for a step that
+    samples (it reaches the request's last known token), within the model length."""
+    if not isinstance(proposer, WorkerDraftProposer) or not proposer.drafts_in_worker:
+        return 0
+    computed = request.num_computed_tokens + num_hit_tokens
+    if computed + num_new_tokens < request.num_tokens + request.num_pending_tokens:
+        return 0  # a prompt chunk short of the prompt's end samples nothing
+    room = max_model_len - (computed + num_new_tokens + num_drafts)
+    return max(0, min(proposer.num_lookahead_tokens(request), room))

@@ -19,7 +19,13 @@ import time
 from dataclasses import dataclass, field
 
 from ladle.config import CacheConfig, SchedulerConfig
-from ladle.core.draft_proposer import AdaptiveDraftProposer, DraftProposer, WorkerDraftProposer
+from ladle.core.draft_proposer import (
+    AdaptiveDraftProposer,
+    DraftProposer,
+    WorkerDraftProposer,
+    num_lookahead_tokens,
+    propose_drafts,
+)
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.kv_handoff import HeldHandoffs, RemotePulls
 from ladle.core.preemption_cost import PreemptionPolicy
@@ -183,8 +189,12 @@ class Scheduler:
             if num_new_tokens <= 0:
                 index += 1
                 continue
-            drafts = [] if takes_prefill else self._propose_drafts(request, token_budget)
-            lookahead = self._num_lookahead_tokens(request, num_new_tokens, len(drafts))
+            drafts = [] if takes_prefill else propose_drafts(
+                self.proposer, request, token_budget, self.max_model_len
+            )
+            lookahead = num_lookahead_tokens(
+                self.proposer, request, num_new_tokens, len(drafts), self.max_model_len
+            )
             num_new_tokens += len(drafts)
             while True:
                 new_blocks = self.kv_cache_manager.allocate_slots(
@@ -251,7 +261,9 @@ class Scheduler:
             ):
                 break
             num_new_tokens = min(num_new_tokens, token_budget, prefill_budget)
-            lookahead = self._num_lookahead_tokens(request, num_new_tokens, 0, num_hit_tokens)
+            lookahead = num_lookahead_tokens(
+                self.proposer, request, num_new_tokens, 0, self.max_model_len, num_hit_tokens
+            )
             new_blocks = self.kv_cache_manager.allocate_slots(
                 request, num_new_tokens + lookahead, computed_blocks, num_hit_tokens
             )
@@ -319,35 +331,6 @@ class Scheduler:
         self.kv_cache_manager.cache_computed_blocks(request)
         request.status = RequestStatus.RUNNING
         self.running.append(request)
-
-    def _propose_drafts(self, request: Request, token_budget: int) -> list[int]:
-        """Draft tokens to verify beside a decode's next token: only for a request whose tokens
-        are all on the host (the proposer reads them), within the budget, the model length and
-        what max_tokens leaves (the token sampled after the drafts counts too)."""
-        if self.proposer is None or request.num_pending_tokens:
-            return []
-        room = min(
-            token_budget - 1,
-            self.max_model_len - request.num_tokens,
-            request.max_tokens - request.num_output_tokens - 1,
-        )
-        if room <= 0:
-            return []
-        return list(self.proposer.propose(request, room))[:room]
-
-    def _num_lookahead_tokens(
-        self, request: Request, num_new_tokens: int, num_drafts: int, num_hit_tokens: int = 0
-    ) -> int:
-        """KV slots to reserve past a grant for the worker's model drafts: only for a step that
-        samples (it reaches the request's last known token), within the model length."""
-        proposer = self.proposer
-        if not isinstance(proposer, WorkerDraftProposer) or not proposer.drafts_in_worker:
-            return 0
-        computed = request.num_computed_tokens + num_hit_tokens
-        if computed + num_new_tokens < request.num_tokens + request.num_pending_tokens:
-            return 0  # a prompt chunk short of the prompt's end samples nothing
-        room = self.max_model_len - (computed + num_new_tokens + num_drafts)
-        return max(0, min(proposer.num_lookahead_tokens(request), room))
 
     def _record_new_blocks(self, grants: _Grants, request: Request, num_new: int | None) -> None:
         """Note the last num_new blocks of the request's table (None: all of it) as new."""
