@@ -9,6 +9,7 @@
 # $OUT/kv_tier.log.
 #   DEADLINE_S=420 bash scripts/kv_tier_gpu.sh          # about 4 minutes
 #   FULL=1 DEADLINE_S=580 bash scripts/kv_tier_gpu.sh   # about 9 minutes
+# SERVE=1 adds S1 at 128 in flight through `ladle serve` with the tier off and on (carry .whl).
 set -uo pipefail
 DEADLINE_S=${DEADLINE_S:-420}
 OUT=${OUT:-.device_out}
@@ -51,9 +52,34 @@ if [ "${FULL:-0}" = 1 ]; then
   bench multiturn_8b multiturn --model llama-3.1-8b --load-format dummy --working-set 3.5 \
     --num-gpu-blocks-override 2049 --kv-offloading-size 16 --compare-tier-off
   # W1 keeps ~256 x 1,100 tokens in flight (~17,600 blocks): a quarter is 4,400 blocks.
-  for mode in auto swap recompute; do
+  for mode in ${PREEMPTION_MODES-auto swap recompute}; do
     bench "w1_preempt_$mode" throughput --workload W1 --runs 1 --no-busy --no-progress \
       --num-gpu-blocks-override 4400 --kv-offloading-size 16 --preemption-mode "$mode"
+  done
+fi
+if [ "${SERVE:-0}" = 1 ]; then
+  # Nothing hits, served: S1 at 128 in flight (distinct prompts) through `ladle serve` with the
+  # tier off and on, one server each; needs the server wheels (.whl/ carried, installed below).
+  if [ -d .whl ]; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
+  fi
+  for size in 0 4; do
+    [ "$(left)" -gt 80 ] || { echo "skipped S1 tier $size: out of time" | tee -a "$LOG"; continue; }
+    python3 -m ladle serve qwen3-0.6b --load-format dummy --kv-offloading-size "$size" \
+      --port 8124 > "$OUT/s1_tier_$size.server.log" 2>&1 &
+    server=$!
+    for _ in $(seq 120); do
+      python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8124/health')" \
+        >/dev/null 2>&1 && break
+      sleep 1
+    done
+    echo "== S1 at 128 in flight, --kv-offloading-size $size" | tee -a "$LOG"
+    timeout $(( $(left) - 10 )) python3 -m ladle bench serve --base-url http://127.0.0.1:8124 \
+      --workload S1 --token-ids --ignore-eos --temperature 0.6 --max-concurrency 128 \
+      --no-plots --disable-tqdm --output-dir "$OUT/s1_tier_$size" > "$OUT/s1_tier_$size.log" 2>&1
+    grep -hE "^throughput:|^ *(ITL|TTFT) ms|prefix_cache" "$OUT/s1_tier_$size.log" | tee -a "$LOG"
+    kill "$server"; wait "$server" 2>/dev/null
   done
 fi
 echo "elapsed $((SECONDS - start)) s" | tee -a "$LOG"
