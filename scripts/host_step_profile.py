@@ -1,6 +1,8 @@
 """The host's work per decode step at batch 1, measured on the CPU (issue 8, W3).
 
     python scripts/host_step_profile.py [--steps 200] [--no-async-scheduling] [--eager]
+        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+                                "adaptive": false, "synthetic_acceptance": 0.6}']
 
 W3 on the H100 is host-bound: the GPU waits for the Python that schedules, builds the inputs,
 launches the graph and the sampler and reads the sampled id. This runs that same step loop
@@ -154,6 +156,7 @@ def _generate(llm, timer: PhaseTimer, counter: OpCounter, args, count_ops: bool)
     timer.recording = counter.counting = False
     if profiler is not None:
         profiler.disable()
+    _generate.tokens_per_step = len(tokens) / max(num_steps, 1)
     return step_times, tokens, profiler
 
 
@@ -164,6 +167,11 @@ def main() -> None:
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--eager", action="store_true", help="the eager path, no emulated graphs")
     parser.add_argument("--cprofile", type=int, default=0, help="also print the N costliest calls")
+    parser.add_argument(
+        "--speculative-config", type=json.loads, default=None,
+        help="JSON, as `ladle serve`'s; with synthetic_acceptance the drafts are accepted by "
+        "coin (the host's work per verify step, issue 33)",
+    )
     args = parser.parse_args()
     torch.set_num_threads(1)
     llm = LLM(
@@ -173,10 +181,12 @@ def main() -> None:
         hf_overrides=TINY_LAYER,
         async_scheduling=args.async_scheduling,
         cpu_kv_cache_gib=0.25,
+        speculative_config=args.speculative_config,
     )
-    engine, runner = llm.engine, llm.engine.executor.worker
+    engine, worker = llm.engine, llm.engine.executor.worker
+    runner = worker.runner
     if not args.eager:
-        install_emulated_graphs(runner)
+        install_emulated_graphs(worker)
     counter = OpCounter()
     timer = PhaseTimer(counter)
     timer.wrap(engine.scheduler, "schedule", "schedule")
@@ -206,6 +216,7 @@ def main() -> None:
         json.dumps(
             {
                 "path": "eager" if args.eager else "emulated graphs",
+                "speculative_config": args.speculative_config,
                 "async_scheduling": args.async_scheduling,
                 "steps": len(step_times),
                 "step_us_median": round(statistics.median(step_times) * 1e6, 1),
@@ -217,6 +228,8 @@ def main() -> None:
                 "ops_by_name": {name: round(count, 2) for name, count in ops.items()},
                 "tokens_sha1": hashlib.sha1(repr(tokens).encode()).hexdigest()[:12],
                 "num_tokens": len(tokens),
+                # With drafts a step emits several tokens (and waits for its result).
+                "tokens_per_step": round(_generate.tokens_per_step, 2),
             },
             indent=1,
         )
