@@ -5,6 +5,7 @@ from __future__ import annotations
 from ladle.spec_decode.governor import (
     EPOCH_STEPS,
     EXPLORE_EVERY,
+    MAX_EXPLORE_EVERY,
     MIN_EPOCH_STEPS,
     SpeculationGovernor,
     load_level,
@@ -55,3 +56,20 @@ def test_a_change_of_load_ends_the_epoch_and_levels_learn_apart():
     modes, now = _drive(governor, 1, 40 * EPOCH_STEPS, now, lambda s: 0.004 if s else 0.002)
     last_epochs = modes[-10 * EPOCH_STEPS::EPOCH_STEPS]
     assert last_epochs.count(True) <= 1  # an exploration at most
+
+
+def test_retries_that_confirm_the_answer_come_ever_more_rarely():
+    governor = SpeculationGovernor()
+    num_epochs = 2000
+    modes, now = _drive(governor, 3, num_epochs * EPOCH_STEPS, 0.0,
+                        lambda s: 0.002 if s else 0.001)
+    epochs = modes[::EPOCH_STEPS]
+    retries = epochs[2:].count(True)
+    # Waits of 16, 32, ..., 256 epochs: about 2 + 2000 / 256 retries, not 2000 / 16 = 125.
+    assert 3 <= retries <= 2 + num_epochs // MAX_EXPLORE_EVERY + 5
+    assert governor.levels[4].explore_every == MAX_EXPLORE_EVERY
+    # Speculation starts to pay (the mode not running got better): the next retry notices and
+    # the level switches (the waits start over, then grow again as retries of "off" confirm).
+    modes, _ = _drive(governor, 3, (MAX_EXPLORE_EVERY + 40) * EPOCH_STEPS, now,
+                      lambda s: 0.0005 if s else 0.001)
+    assert modes[-20 * EPOCH_STEPS::EPOCH_STEPS].count(False) <= 1

@@ -8,9 +8,11 @@ S1 through `ladle serve`, synthetic acceptance 0.6: 0.56x of no speculation at 1
 the 0.6B shape; at batch 1 the 8B shape never drafted after one slow step). So the governor
 measures the outcome instead: per load level (running requests, in power-of-two buckets) it
 runs epochs of EPOCH_STEPS steps with speculation on or off, keeps a moving average of the
-output tokens per second of each, and runs the better one, trying the other again every
-EXPLORE_EVERY epochs (so a level whose answer changes is noticed, at the cost of that share of
-epochs in the worse mode).
+output tokens per second of each, and runs the better one, trying the other again after
+EXPLORE_EVERY epochs (so a level whose answer changes is noticed). Each retry that confirms the
+answer doubles the wait before the next, up to MAX_EXPLORE_EVERY, so where speculation never pays
+its cost falls from 1/16 of the epochs towards 1/256; a retry that finds the answer changed
+starts the waits over.
 """
 
 from __future__ import annotations
@@ -19,7 +21,8 @@ from dataclasses import dataclass
 
 EPOCH_STEPS = 16  # steps of one measurement (engine steps, drafted or not)
 MIN_EPOCH_STEPS = 4  # an epoch cut short by a change of load level counts from this many
-EXPLORE_EVERY = 16  # one epoch in this many runs the mode that measured worse
+EXPLORE_EVERY = 16  # epochs in the better mode before the worse one is tried again (at first)
+MAX_EXPLORE_EVERY = 256
 SMOOTHING = 0.5  # weight of the newest epoch in a mode's average rate
 
 
@@ -33,6 +36,13 @@ class _Level:
     rate_on: float | None = None  # output tokens per second, moving average
     rate_off: float | None = None
     num_epochs: int = 0
+    explore_every: int = EXPLORE_EVERY
+    epochs_since_explore: int = 0
+
+    def better_mode(self) -> bool | None:
+        if self.rate_on is None or self.rate_off is None:
+            return None
+        return self.rate_on >= self.rate_off
 
     def next_mode(self) -> bool:
         """True: speculate in the next epoch."""
@@ -40,15 +50,24 @@ class _Level:
             return True
         if self.rate_off is None:
             return False
-        better = self.rate_on >= self.rate_off
-        explore = self.num_epochs % EXPLORE_EVERY == EXPLORE_EVERY - 1
-        return better != explore
+        better = self.better_mode()
+        return better != (self.epochs_since_explore >= self.explore_every)
 
     def record(self, speculating: bool, rate: float) -> None:
+        was_better = self.better_mode()
         name = "rate_on" if speculating else "rate_off"
         previous = getattr(self, name)
         setattr(self, name, rate if previous is None else previous + SMOOTHING * (rate - previous))
         self.num_epochs += 1
+        if was_better is None or speculating == was_better:
+            self.epochs_since_explore += 1
+            return
+        # An exploration epoch: if the answer held, wait twice as long before the next one.
+        self.epochs_since_explore = 0
+        if self.better_mode() == was_better:
+            self.explore_every = min(2 * self.explore_every, MAX_EXPLORE_EVERY)
+        else:
+            self.explore_every = EXPLORE_EVERY
 
 
 class SpeculationGovernor:
