@@ -24,14 +24,21 @@ for workload in $WORKLOADS; do
   kind=latency; runs=3
   case $workload in W1*|W2*) kind=throughput; runs=1 ;; esac
   for tp in $TP_SIZES; do
-    name="$workload-tp$tp"
+   # With several ranks also NCCL alone (--disable-custom-all-reduce): the one-shot all-reduce's
+   # gain in the same call; its start-up choice is the "[ladle] all-reduce:" log line.
+   variants="default"; [ "$tp" -gt 1 ] && variants="default nccl"
+   for variant in $variants; do
+    name="$workload-tp$tp"; extra=()
+    [ "$variant" = nccl ] && { name="$name-nccl"; extra=(--disable-custom-all-reduce); }
     python3 -m ladle bench "$kind" --workload "$workload" --runs "$runs" --no-busy --no-progress \
-      -tp "$tp" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+      -tp "$tp" "${extra[@]}" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
+    grep -h "all-reduce:" "$OUT/$name.log" | head -1 | tee -a "$LOG"
     python3 - "$OUT/$name.json" "$name" <<'PY' 2>/dev/null | tee -a "$LOG" || tail -3 "$OUT/$name.log" | tee -a "$LOG"
 import json, sys
 data = json.load(open(sys.argv[1]))
 keys = ("tokens_per_s", "itl_ms_p50", "itl_ms_p90", "ttft_ms_p50", "startup_s")
 print(sys.argv[2], " ".join(f"{k}={data[k]}" for k in keys if k in data))
 PY
+   done
   done
 done

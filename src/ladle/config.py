@@ -504,6 +504,12 @@ class ParallelConfig:
     enable_expert_parallel: bool = field(
         default=False, metadata={"help": "spread a mixture of experts' experts over the ranks"}
     )
+    disable_custom_all_reduce: bool = field(
+        default=False,
+        metadata={"help": "keep NCCL for every tensor-parallel all-reduce (by default small ones "
+                  "take a one-shot all-reduce over symmetric memory where start-up measures it "
+                  "faster, on CUDA)"},
+    )
     distributed_executor_backend: str | None = field(
         default=None,
         metadata={"help": "how workers run: 'uni' (in the engine process), 'mp' (one process "

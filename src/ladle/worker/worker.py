@@ -19,6 +19,7 @@ import torch
 from ladle.attention.backend import get_attention_backend
 from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
+from ladle.distributed.fast_all_reduce import with_fast_all_reduce
 from ladle.distributed.process_group import join_ranks, min_over_world, rank_device
 from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
@@ -98,6 +99,9 @@ class Worker:
             init_method,
             self.device,
             parallel.enable_expert_parallel,
+        )
+        self.tp = with_fast_all_reduce(
+            self.tp, self.device, self.dtype, parallel.disable_custom_all_reduce
         )
         self.attention_backend = get_attention_backend(self.device)
         loaded = load_model(
