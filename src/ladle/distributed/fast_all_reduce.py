@@ -77,13 +77,25 @@ def choose(
 ) -> tuple[SymmetricMemoryAllReduce | None, str]:
     """The one-shot path with its size limit set where it measured faster, or None; and a line
     for the start-up log saying what was chosen and why. Collective: every rank calls it."""
+    # Every step below is collective: the ranks agree after each one, so a rank that failed
+    # alone does not leave the others waiting in a collective it will never join.
+    fast, reason = None, ""
     try:
         fast = build(group, device, dtype)
-        _check_sums(fast, group, device, dtype)
-        nccl_us, fast_us = _time_both(fast, group, device, dtype)
     except Exception as error:  # noqa: BLE001 -- any failure keeps NCCL, said in the log
         reason = f"{type(error).__name__}: {error}"
-        return None, f"all-reduce: NCCL (symmetric memory unavailable: {reason})"
+    if not _everyone(fast is not None, group, device):
+        return None, f"all-reduce: NCCL (symmetric memory unavailable: {reason or 'on a peer'})"
+    try:
+        sums_agree = _sums_agree(fast, group, device, dtype)
+    except Exception as error:  # noqa: BLE001
+        sums_agree, reason = False, f"{type(error).__name__}: {error}"
+    if not _everyone(sums_agree, group, device):
+        return None, f"all-reduce: NCCL (one-shot sums differ from NCCL's {reason})".strip()
+    try:
+        nccl_us, fast_us = _time_both(fast, group, device, dtype)
+    except Exception as error:  # noqa: BLE001
+        return None, f"all-reduce: NCCL (timing the one-shot path failed: {error})"
     timings = ", ".join(
         f"{size >> 10} KiB {a:.1f}/{b:.1f} us" for size, a, b in zip(PROBE_BYTES, nccl_us, fast_us)
     )
@@ -113,17 +125,23 @@ def _probe(size_bytes: int, dtype: torch.dtype, device: torch.device) -> torch.T
     return torch.randn(size_bytes // element_size, device=device).to(dtype)
 
 
-def _check_sums(fast, group, device, dtype) -> None:
-    """The one-shot sums equal NCCL's on random data (up to summation order)."""
+def _everyone(ok: bool, group: Any, device: torch.device) -> bool:
+    """Whether `ok` holds on every rank of the group (collective)."""
+    flag = torch.tensor([1 if ok else 0], dtype=torch.int32, device=device)
+    dist.all_reduce(flag, op=dist.ReduceOp.MIN, group=group)
+    return bool(flag.item())
+
+
+def _sums_agree(fast, group, device, dtype) -> bool:
+    """Whether the one-shot sums equal NCCL's on random data (up to summation order)."""
+    agree = True
     for size in PROBE_BYTES:
         data = _probe(size, dtype, device)
-        if not fast.takes(data):
-            continue
         want = data.clone()
         dist.all_reduce(want, group=group)
         got = fast(data.clone())
-        if not torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2):
-            raise RuntimeError(f"one-shot sums differ from NCCL's at {size} bytes")
+        agree &= torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+    return agree
 
 
 def _time_both(fast, group, device, dtype) -> tuple[list[float], list[float]]:
