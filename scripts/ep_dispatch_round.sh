@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# Expert parallelism's token dispatch on 2 GPUs in one call (issue 35 item 4): the layer-level
+# Expert parallelism's token dispatch on 2 GPUs in one call (issue 35 item 4): the 2-GPU parity
+# tests (tests/gpu/test_expert_dispatch_gpu.py), the layer-level
 # timing of each form at 1..8192 tokens (scripts/ep_dispatch_bench.py, Qwen3-30B-A3B shape),
 # then `ladle bench` W3-30b-a3b and W1-30b-a3b under `-tp 2 --enable-expert-parallel` with each
 # dispatch forced and with auto (whose start-up table is grepped from its log), most important
@@ -22,6 +23,10 @@ export LADLE_CACHE_DIR=${LADLE_CACHE_DIR:-/tmp/ladle_ep_cache}  # tiles tuned on
 LOG=$OUT/ep_dispatch_round.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$LOG"
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
+echo "== tests/gpu/test_expert_dispatch_gpu.py" | tee -a "$LOG"
+timeout 150 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_expert_dispatch_gpu.py \
+  > "$OUT/tests.log" 2>&1
+tail -3 "$OUT/tests.log" | tee -a "$LOG"
 echo "== layer: scripts/ep_dispatch_bench.py" | tee -a "$LOG"
 OUT=$OUT timeout 120 python3 scripts/ep_dispatch_bench.py 2>&1 | grep -v Warning | tee -a "$LOG"
 for workload in $WORKLOADS; do
