@@ -7,8 +7,9 @@ sizes: one line per size with each form's time (slowest rank's median) and the f
     SHAPE=tiny python3 scripts/ep_dispatch_bench.py            # no GPU: gloo smoke run
 
 SHAPE: qwen3-30b-a3b (hidden 2048, 128 experts, top-8, expert intermediate 768) or mixtral
-(4096, 8, top-2, 14336). SIZES="1 16 256" picks the step sizes. TUNE=1 tunes the fused tiles first (as start-up does; slower); else
-the default tiles. Random bf16 weights; results printed and written to $OUT/ep_dispatch.json.
+(4096, 8, top-2, 14336). SIZES="1 16 256" picks the step sizes. TUNE=1 tunes the fused tiles
+first (as start-up does; slower); else the default tiles. Random bf16 weights; results printed
+and written to $OUT/ep_dispatch.json.
 """
 
 from __future__ import annotations
