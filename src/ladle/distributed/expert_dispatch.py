@@ -21,9 +21,9 @@ dispatched row. With top-8 of 128 experts on 2 ranks p is about 1 (a token almos
 expert on the other rank), so alltoall moves more bytes; what it saves is compute: on the fused
 path the allreduce form runs every (token, expert) assignment on every rank (another rank's go
 to its last expert with weight 0), while alltoall runs only its own. The split sizes of the
-alltoall form are read on the host, so it is not captured in CUDA graphs: a graph takes the
-allreduce form (see SparseMoeBlock.forward). Which is faster depends on T, the shapes and the
-link, hence `auto`: worker/expert_dispatch_setup.py times both at start-up.
+alltoall form are read on the host (one sync a layer), so it is not captured in CUDA graphs: a
+graph takes the allreduce form (see SparseMoeBlock.forward). Which is faster depends on T, the
+shapes and the link, hence `auto`: worker/expert_dispatch_setup.py times both at start-up.
 """
 
 from __future__ import annotations
@@ -100,11 +100,14 @@ def alltoall_experts(
     # order, are the rows sent (a token once per rank, whatever its number of experts there).
     destinations = torch.arange(ranks, device=expert_ids.device)
     needs = (owner.unsqueeze(0) == destinations.view(ranks, 1, 1)).any(dim=-1)
-    send_rank, send_token = needs.nonzero(as_tuple=True)
     send_counts = needs.sum(dim=1)
     recv_counts = torch.empty_like(send_counts)
     dist.all_to_all_single(recv_counts, send_counts, group=tp.group)
-    send_splits, recv_splits = send_counts.tolist(), recv_counts.tolist()
+    # The one host sync: the split sizes (nonzero_static, sized from them, adds none).
+    splits = torch.cat([send_counts, recv_counts]).tolist()
+    send_splits, recv_splits = splits[:ranks], splits[ranks:]
+    positions = torch.nonzero_static(needs, size=sum(send_splits))
+    send_rank, send_token = positions[:, 0], positions[:, 1]
     # Each row's routing as its destination runs it: ids local to that rank's stack, others
     # past the stack with weight 0; sent as float32 (ids are exact there) beside the rows.
     local_ids = slice_ids.index_select(0, send_token) - (send_rank * num_local_experts).view(-1, 1)
