@@ -484,6 +484,8 @@ class SpeculativeConfig:
 
 
 EXECUTOR_BACKENDS = ("uni", "mp", "ray")
+# distributed/expert_dispatch.py implements the forms ("auto" times them at start-up).
+DISPATCH_MODES = ("auto", "allreduce", "alltoall")
 
 
 @dataclass(frozen=True)
@@ -510,6 +512,13 @@ class ParallelConfig:
                   "take a one-shot all-reduce over symmetric memory where start-up measures it "
                   "faster, on CUDA)"},
     )
+    expert_parallel_dispatch: str = field(
+        default="auto",
+        metadata={"help": "how expert parallelism moves tokens to their experts' ranks: "
+                  "'allreduce' (every rank runs its experts on every token, one all-reduce), "
+                  "'alltoall' (tokens sent to their experts' ranks and back, then an "
+                  "all-gather) or 'auto' (timed at start-up, chosen per step size)"},
+    )
     distributed_executor_backend: str | None = field(
         default=None,
         metadata={"help": "how workers run: 'uni' (in the engine process), 'mp' (one process "
@@ -526,6 +535,11 @@ class ParallelConfig:
             raise ValueError(
                 f"data_parallel_size={self.data_parallel_size}: data parallelism inside one "
                 "engine is not implemented; run replicas (ladle serve --replicas N)"
+            )
+        if self.expert_parallel_dispatch not in DISPATCH_MODES:
+            raise ValueError(
+                f"expert_parallel_dispatch must be one of {', '.join(DISPATCH_MODES)}, got "
+                f"{self.expert_parallel_dispatch!r}"
             )
         backend = self.distributed_executor_backend
         if backend is not None and backend not in EXECUTOR_BACKENDS:

@@ -1,6 +1,7 @@
 """Mixtures of experts on several ranks (gloo, CPU): tensor parallelism (every expert's
 intermediate features split), expert parallelism (`enable_expert_parallel`: whole experts per
-rank) and pipeline stages give HF transformers' greedy tokens on tiny Qwen3-MoE and Mixtral; the
+rank, under each token dispatch: distributed/expert_dispatch.py) and pipeline stages give HF
+transformers' greedy tokens on tiny Qwen3-MoE and Mixtral; the
 expert-parallel split of one layer sums, over its ranks, to the layer's output; experts the
 ranks cannot split evenly are refused by name."""
 
@@ -15,6 +16,7 @@ from ladle import LLM, SamplingParams
 from ladle.model.layers.moe import Routing, grouped_experts_forward, local_routing
 
 NUM_NEW_TOKENS = 8
+EP2 = dict(tensor_parallel_size=2, enable_expert_parallel=True)
 
 
 def _prompts(vocab_size: int) -> list[list[int]]:
@@ -30,8 +32,14 @@ def _prompts(vocab_size: int) -> list[list[int]]:
         ("qwen3_moe", dict(tensor_parallel_size=2, enable_expert_parallel=True)),
         ("mixtral", dict(tensor_parallel_size=2, enable_expert_parallel=True)),
         ("qwen3_moe_mixed", dict(pipeline_parallel_size=2)),
+        ("qwen3_moe", dict(EP2, expert_parallel_dispatch="alltoall")),
+        ("mixtral", dict(EP2, expert_parallel_dispatch="alltoall")),
+        ("qwen3_moe", dict(EP2, expert_parallel_dispatch="auto")),
     ],
-    ids=["qwen3-moe-tp2", "qwen3-moe-ep2", "mixtral-ep2", "qwen3-moe-mixed-pp2"],
+    ids=[
+        "qwen3-moe-tp2", "qwen3-moe-ep2", "mixtral-ep2", "qwen3-moe-mixed-pp2",
+        "qwen3-moe-ep2-alltoall", "mixtral-ep2-alltoall", "qwen3-moe-ep2-auto",
+    ],  # fmt: skip
 )
 def test_moe_on_two_ranks_gives_hf_greedy_tokens(tiny_model_path, architecture, layout):
     from helpers.tiny_models import hf_greedy, load_hf_reference

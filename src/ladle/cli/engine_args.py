@@ -21,6 +21,7 @@ import re
 from typing import Any
 
 from ladle.config import (
+    DISPATCH_MODES,
     EXECUTOR_BACKENDS,
     KV_CACHE_DTYPES,
     LOAD_FORMATS,
@@ -58,6 +59,7 @@ CHOICES: dict[str, tuple[str, ...]] = {
     "kv_cache_dtype": KV_CACHE_DTYPES,
     "distributed_executor_backend": EXECUTOR_BACKENDS,
     "preemption_mode": PREEMPTION_MODES,
+    "expert_parallel_dispatch": DISPATCH_MODES,
 }
 
 

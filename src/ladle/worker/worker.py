@@ -32,6 +32,7 @@ from ladle.worker import kv_calibration
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter_setup import drafter_bytes, load_drafter
 from ladle.worker.dummy_batch import build_dummy_step
+from ladle.worker.expert_dispatch_setup import prepare_expert_dispatch
 from ladle.worker.expert_load import ExpertLoadMeter
 from ladle.worker.forward_step import ForwardStep
 from ladle.worker.fused_moe_setup import FusedMoeSetup, prepare_fused_moe
@@ -171,6 +172,19 @@ class Worker:
             if self.fused_moe is not None:
                 print(f"[ladle] {self.fused_moe.describe()}", file=sys.stderr, flush=True)
             self._build_kernel_variants()
+        # After the tiles: the timed layer runs as it will serve. Before the memory probe: its
+        # steps take the dispatch they will serve with.
+        self.expert_dispatch = prepare_expert_dispatch(
+            self.model,
+            self.tp,
+            parallel.expert_parallel_dispatch,
+            min(config.scheduler.max_num_batched_tokens, self.max_model_len),
+            self.dtype,
+        )
+        if self.expert_dispatch is not None and self.tp.rank == 0:
+            how = parallel.expert_parallel_dispatch
+            print(f"[ladle] expert-parallel dispatch ({how}): {self.expert_dispatch.describe()}",
+                  file=sys.stderr, flush=True)  # fmt: skip
         self.memory_budget = size_kv_cache(
             config.cache,
             dataclasses.replace(

@@ -29,6 +29,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ladle.distributed.expert_dispatch import ALLTOALL, DEFAULT_TABLE, alltoall_experts
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.dispatch import fused_kernels_enabled, use_fused_kernels
 from ladle.kernels.moe_tiles import ExpertStacks, MoeTileTable, default_table
@@ -282,9 +283,9 @@ class SparseMoeBlock(nn.Module):
     It also counts the (token, expert) assignments of every forward in `expert_token_counts`
     [num_experts] on the device (in the fused routing kernel, or one index_add on the torch
     path; captured with the rest in a CUDA graph; rows a graph pads its batch with count too),
-    which worker/expert_load.py sums over layers for /metrics and `ladle bench`. Expert
-    parallelism would give each rank a slice of the stacked experts and exchange tokens around
-    the same call."""
+    which worker/expert_load.py sums over layers for /metrics and `ladle bench`. Under expert
+    parallelism `dispatch` (distributed/expert_dispatch.py, set at start-up) names, per step
+    size, how tokens reach the ranks holding their experts: one all-reduce or all-to-all."""
 
     def __init__(
         self,
@@ -312,6 +313,7 @@ class SparseMoeBlock(nn.Module):
             "expert_token_counts", torch.zeros(num_experts, dtype=torch.int64), persistent=False
         )
         self.register_buffer("_one", torch.ones(1, dtype=torch.int64), persistent=False)
+        self.dispatch = DEFAULT_TABLE
 
     def init_buffers(self) -> None:
         """Zero the counts and set the constant one (the loader builds on the meta device)."""
@@ -334,8 +336,25 @@ class SparseMoeBlock(nn.Module):
         # routing; each adds what its experts (or its slice of every expert) give, and the sum
         # over ranks is the layer's output.
         if self.tp.expert_parallel:
+            if self._takes_alltoall(hidden_states.shape[0]):
+                return alltoall_experts(
+                    hidden_states, routing.weights, routing.expert_ids, self.tp,
+                    self.experts.num_experts, self._run_local_experts,
+                )  # fmt: skip
             routing = local_routing(routing, self.experts.first_expert, self.experts.num_experts)
         return self.tp.all_reduce(self.experts(hidden_states, routing))
+
+    def _takes_alltoall(self, num_tokens: int) -> bool:
+        """Whether this step's size takes the all-to-all form; never inside a CUDA graph (its
+        split sizes are read on the host), where the all-reduce form is captured instead."""
+        if self.dispatch.form_for(num_tokens) != ALLTOALL:
+            return False
+        return not (torch.cuda.is_available() and torch.cuda.is_current_stream_capturing())
+
+    def _run_local_experts(
+        self, hidden_states: torch.Tensor, weights: torch.Tensor, local_ids: torch.Tensor
+    ) -> torch.Tensor:
+        return self.experts(hidden_states, Routing(weights, local_ids))
 
 
 def local_routing(routing: Routing, first_expert: int, num_local: int) -> Routing:
