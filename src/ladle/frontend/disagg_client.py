@@ -45,6 +45,10 @@ from ladle.protocol.messages import EngineCoreRequest, SchedulerStats
 PREFILL, DECODE = "prefill", "decode"
 WHOLE = "whole"  # a short prompt run start to end on one engine, as on an aggregated replica
 REMOTE_DECODE = "remote_decode"
+# Disaggregation counters of either engine (a consumer's pulls, a producer's holds), summed.
+_SUMMED = ("num_kv_pulls", "num_kv_pull_blocks", "kv_pull_bytes", "kv_pull_seconds",
+           "num_kv_pulls_failed", "num_kv_pulls_too_late", "num_kv_handoffs",
+           "num_kv_handoffs_held", "num_kv_handoff_blocks_held", "num_kv_handoffs_expired")
 
 
 class EngineInstance(AsyncEngineClient):
@@ -331,6 +335,7 @@ class DisaggregatedClient(AsyncEngineClient):
             num_total_blocks=total,
             kv_cache_usage=1.0 - free / total if total else 0.0,
             num_prefill_tokens=decode.num_prefill_tokens + prefill.num_prefill_tokens,
+            **{name: getattr(decode, name) + getattr(prefill, name) for name in _SUMMED},
         )
 
     def _hand_to_decode(self, child_id: str, params: dict, first_token_ids: list[int]) -> None:
