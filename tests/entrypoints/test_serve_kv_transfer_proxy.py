@@ -188,3 +188,15 @@ def test_stale_params_fall_back_to_computing_the_prompt(pair, offline_llm):
         "choices"][0]["text"] == expected
     assert read_metrics(decode)["ladle:kv_pulls_too_late_total"] >= 1
     assert wait_until(lambda: both_idle(pair), HOLD_TIMEOUT_S / 2)
+
+
+def test_one_token_decode_computes_and_releases(pair, offline_llm):
+    """max_tokens 1: the prefill's token is the whole answer; the decode server runs the
+    request itself (nothing to decode after a pull) and releases the hold at once."""
+    prefill, decode = pair
+    [expected] = offline_texts(offline_llm, [PROMPTS[0]], max_tokens=1)
+    body = {"model": SERVED_NAME, "prompt": PROMPTS[0], "max_tokens": 1, "temperature": 0}
+    answer = proxied(pair, "completions", body)
+    assert answer["choices"][0]["text"] == expected
+    assert answer["usage"]["completion_tokens"] == 1
+    assert wait_until(lambda: both_idle(pair), HOLD_TIMEOUT_S / 2)
