@@ -200,3 +200,16 @@ def test_one_token_decode_computes_and_releases(pair, offline_llm):
     assert answer["choices"][0]["text"] == expected
     assert answer["usage"]["completion_tokens"] == 1
     assert wait_until(lambda: both_idle(pair), HOLD_TIMEOUT_S / 2)
+
+
+def test_first_token_stop_string_returns_no_params(pair, offline_llm):
+    """A stop string in the first token ends the prefill request there: no params (its hold
+    is freed with it), so the proxy's decode leg is a plain request."""
+    prefill, _ = pair
+    [first] = offline_texts(offline_llm, [PROMPTS[1]], max_tokens=1)
+    body = {"model": SERVED_NAME, "prompt": PROMPTS[1], "max_tokens": 1, "temperature": 0,
+            "stop": [first.strip() or first], "kv_transfer_params": PREFILL_PARAMS}
+    answer = _post(prefill, "completions", body).json()
+    assert answer["choices"][0]["finish_reason"] == "stop"
+    assert answer["kv_transfer_params"] is None
+    assert wait_until(lambda: both_idle(pair), HOLD_TIMEOUT_S / 2)

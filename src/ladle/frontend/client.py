@@ -495,6 +495,17 @@ class AsyncEngineClient:
         self.metrics.record_accepted(len(prompt_token_ids), params.n)
         return RequestStream(self, request_id, buffer)
 
+    def _handoff_params(self, output: RequestOutput, handed_off: dict) -> dict | None:
+        """A prefill answer's kv_transfer_params; none when a stop string ended the request
+        here on its first token (its held KV is freed now: no decode leg will pull it)."""
+        params = handed_off.get(output.request_id)
+        if params is not None and output.outputs[0].finish_reason != "length":
+            held = self.external_handoffs.releasable([output.request_id])
+            if held:
+                self._send(wire.AbortRequests(held))
+            return None
+        return params
+
     def _engine_kv_params(self, request_id: str, kv_params: dict, params: SamplingParams):
         if kv_params.get("do_remote_decode"):
             return {"do_remote_decode": True}
@@ -590,7 +601,7 @@ class AsyncEngineClient:
             if output.metrics is not None and output.metrics.last_token_time is not None:
                 buffer.previous_token_time = output.metrics.last_token_time
             if handed_off:
-                output.kv_transfer_params = handed_off.get(output.request_id)
+                output.kv_transfer_params = self._handoff_params(output, handed_off)
             buffer.put(_snapshot(output))
             if output.finished:
                 self.metrics.record_finished(output)
