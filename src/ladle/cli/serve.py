@@ -239,11 +239,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     disaggregation.add_argument(
         "--disaggregate-min-prompt",
-        type=int,
-        default=0,
-        metavar="TOKENS",
+        default="0",
+        metavar="TOKENS|auto",
         help="with --disaggregate: prompts shorter than this run whole on the less busy engine "
-        "(the two then act as aggregated replicas); longer ones are split (default 0: all)",
+        "(the two then act as aggregated replicas); longer ones are split (default 0: all). "
+        "auto: the line follows the measured prompt rate, a prompt runs whole when its "
+        "prefill fits the --itl-slo budget (else 50 ms)",
     )
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
