@@ -69,6 +69,10 @@ compare short_chat --workload token-ids --input-len 100:1024 --output-len 100:51
 compare short_chat_routed --workload token-ids --input-len 100:1024 --output-len 100:512 \
   --ignore-eos --num-prompts 200 --rate "$CHAT_RATE" \
   --disaggregate-args "--disaggregate-min-prompt 2048"
+# The front's own line (measured prompt rate x the default 50 ms budget): does it pick the winner?
+compare short_chat_auto --workload token-ids --input-len 100:1024 --output-len 100:512 \
+  --ignore-eos --num-prompts 200 --rate "$CHAT_RATE" \
+  --disaggregate-args "--disaggregate-min-prompt auto"
 MODE=--compare-replicas compare replicas_short_chat --workload token-ids --input-len 64:256 \
   --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-16,32,64}" --duration 20
 echo "done in $((SECONDS - start)) s" | tee -a "$LOG"

@@ -58,3 +58,23 @@ def test_auto_routes_by_measured_rate(client):  # noqa: F811 -- the fixture
         assert (client.num_split, client.num_whole) == (3, 1)
 
     asyncio.run(run())
+
+
+def test_cli_builds_the_policy(monkeypatch):
+    from ladle.cli import disagg
+    from ladle.frontend.admission import AdmissionController
+    from ladle.frontend.metrics import ServerMetrics
+
+    monkeypatch.setattr(disagg, "count_cuda_devices", lambda: 0)
+
+    def build(value, text="1P1D", **options):
+        return disagg.build_disaggregated_client(
+            text, 1, {"model": "m", **options}, ServerMetrics("m"),
+            AdmissionController(None, None), None, lambda reason: None, min_prompt_tokens=value,
+        )
+
+    assert build("auto", itl_slo_ms=25.0).split_policy.itl_budget_s == pytest.approx(0.025)
+    assert build("auto").split_policy.itl_budget_s == DEFAULT_ITL_BUDGET_S
+    assert build("300").min_prompt_tokens == 300
+    with pytest.raises(ValueError, match="goes with --disaggregate"):
+        build("auto", text=None)
