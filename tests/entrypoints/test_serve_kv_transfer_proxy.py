@@ -213,3 +213,18 @@ def test_first_token_stop_string_returns_no_params(pair, offline_llm):
     assert answer["choices"][0]["finish_reason"] == "stop"
     assert answer["kv_transfer_params"] is None
     assert wait_until(lambda: both_idle(pair), HOLD_TIMEOUT_S / 2)
+
+
+def test_release_needs_the_handoffs_token(pair):
+    prefill, decode = pair
+    body = {"model": SERVED_NAME, "prompt": PROMPTS[1], "max_tokens": 4, "temperature": 0}
+    params = prefill_params(prefill, "completions", body)
+    url = f"{prefill.base_url}/v1/kv_transfer/release"
+    ids = [params["remote_request_id"]]
+    assert httpx.post(url, json={"request_ids": ids}).status_code == 400
+    wrong = httpx.post(url, json={"request_ids": ids, "release_token": "0" * 32})
+    assert wrong.json() == {"released": 0}
+    assert read_metrics(prefill)["ladle:kv_handoffs_held"] == 1
+    right = httpx.post(url, json={"request_ids": ids, "release_token": params["release_token"]})
+    assert right.json() == {"released": 1}  # no API key: the token is the credential
+    assert wait_until(lambda: both_idle(pair), HOLD_TIMEOUT_S / 2)

@@ -351,8 +351,7 @@ def run_serve(args: argparse.Namespace) -> int:
             from ladle.kv_transfer.config import KVTransferConfig
 
             client.external_handoffs = ExternalHandoffs(
-                KVTransferConfig.from_dict(options["kv_transfer_config"]), args.host, args.port,
-                api_key=args.api_key or None,
+                KVTransferConfig.from_dict(options["kv_transfer_config"]), args.host, args.port
             )
     live_stats = LiveStatsLogger(lambda: client.stats, interval_s=args.stats_interval or 5.0)
     settings = ServerSettings(

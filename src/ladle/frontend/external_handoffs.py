@@ -23,8 +23,10 @@ prompt on the decode engine: the same tokens, a slower first token (core/kv_hand
 from __future__ import annotations
 
 import asyncio
+import ipaddress
 import json
 import logging
+import secrets
 import time
 
 import msgspec
@@ -45,16 +47,16 @@ _REMOTE_DECODE = "remote_decode"
 class ExternalHandoffs:
     """One server's part in vLLM's proxy protocol (see the module docstring)."""
 
-    def __init__(self, config: KVTransferConfig, host: str, port: int,
-                 api_key: str | None = None) -> None:
+    def __init__(self, config: KVTransferConfig, host: str, port: int) -> None:
         self.config = config
         # The engines of a pair share a host (the transfer is shared memory or CUDA IPC), so a
         # wildcard bind address is reached through the loopback interface.
         self.host = "127.0.0.1" if host in ("", "0.0.0.0", "::") else host
         self.port = port
-        self.api_key = api_key
-        self._releasable: dict[str, float] = {}  # producer: handed-off id -> hold expiry
-        self._pending: dict[str, tuple[list[int], str, int, str]] = {}  # consumer, see below
+        # Producer: handed-off id -> (hold expiry, the token a release must show).
+        self._releasable: dict[str, tuple[float, str]] = {}
+        # Consumer: request id -> (held-back first token, the release's host, port, id, token).
+        self._pending: dict[str, tuple[list[int], str, int, str, str]] = {}
         self._used: dict[tuple[str, str], float] = {}  # consumer: (engine, remote id) -> when
         self._tasks: set[asyncio.Task] = set()
         self.num_releases_sent = 0
@@ -71,10 +73,12 @@ class ExternalHandoffs:
         """The kv_transfer_params a prefill response returns for this handoff: the engine's
         handoff (core/kv_handoff.py), its first token, and where to send the release."""
         now = time.monotonic()
-        self._releasable = {rid: t for rid, t in self._releasable.items() if t > now}
-        self._releasable[request_id] = float(params.get("expires_at", now + 600.0))
+        self._releasable = {rid: e for rid, e in self._releasable.items() if e[0] > now}
+        token = secrets.token_hex(16)
+        self._releasable[request_id] = (float(params.get("expires_at", now + 600.0)), token)
         return dict(
             params,
+            release_token=token,
             do_remote_decode=False,
             first_token_ids=first_token_ids,
             remote_engine_id=self.engine_id,
@@ -82,10 +86,17 @@ class ExternalHandoffs:
             remote_port=self.port,
         )
 
-    def releasable(self, request_ids: list[str]) -> list[str]:
-        """The ids among these that this server handed off and has not released: only those
-        are aborted (a release must never end someone's running request)."""
-        return [rid for rid in request_ids if self._releasable.pop(rid, None) is not None]
+    def releasable(self, request_ids: list[str], token: str | None = None) -> list[str]:
+        """The ids among these that this server handed off and has not released, and (token
+        given: a decode server's release) whose handoff's token this is: only those are
+        aborted, so a release never ends a running request nor a hold someone else uses."""
+        held = []
+        for rid in request_ids:
+            entry = self._releasable.get(rid)
+            if entry is not None and (token is None or secrets.compare_digest(entry[1], token)):
+                del self._releasable[rid]
+                held.append(rid)
+        return held
 
     # ----- consumer --------------------------------------------------------------------------
 
@@ -97,7 +108,7 @@ class ExternalHandoffs:
         token), so the engine has nothing to decode. The producer's hold is released then."""
         first = list(params["first_token_ids"])
         release = (params.get("remote_host"), params.get("remote_port"),
-                   params.get("remote_request_id"))
+                   params.get("remote_request_id"), params.get("release_token"))
         key = (str(params.get("remote_engine_id")), str(release[2]))
         now = time.monotonic()
         self._used = {k: t for k, t in self._used.items() if t > now - _USED_TTL_S}
@@ -140,8 +151,8 @@ class ExternalHandoffs:
                 )
             pending = self._pending.pop(output.request_id, None)
             if pending is not None:
-                first, host, port, remote_id = pending
-                self._send_release(host, port, remote_id)
+                first, *release = pending
+                self._send_release(*release)
                 if output.finish_reason not in ("error", "abort"):
                     output = msgspec.structs.replace(
                         output, new_token_ids=first + list(output.new_token_ids)
@@ -155,22 +166,35 @@ class ExternalHandoffs:
         if pending is not None:
             self._send_release(*pending[1:])
 
-    def _send_release(self, host, port, remote_id) -> None:
-        if not (isinstance(host, str) and isinstance(port, int) and isinstance(remote_id, str)):
+    def _send_release(self, host, port, remote_id, token) -> None:
+        if not (isinstance(host, str) and isinstance(port, int) and isinstance(remote_id, str)
+                and isinstance(token, str)):
             return  # nothing says where: the producer's hold times out instead
+        if not self._is_local(host):
+            # The pair shares a host (the KV moves through shared memory or CUDA IPC); a
+            # request must not make this server call out anywhere else.
+            logger.warning("not releasing KV on %s: not this host", host)
+            return
         try:
             task = asyncio.get_running_loop().create_task(
-                self._post_release(host, port, remote_id)
+                self._post_release(host, port, remote_id, token)
             )
         except RuntimeError:
             return  # no event loop (a unit test): the hold times out
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 
-    async def _post_release(self, host: str, port: int, remote_id: str) -> None:
-        body = json.dumps({"request_ids": [remote_id]}).encode()
-        auth = f"Authorization: Bearer {self.api_key}\r\n" if self.api_key else ""
-        head = (f"POST {RELEASE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n{auth}"
+    def _is_local(self, host: str) -> bool:
+        if host in ("localhost", self.host):
+            return True
+        try:
+            return ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            return False
+
+    async def _post_release(self, host: str, port: int, remote_id: str, token: str) -> None:
+        body = json.dumps({"request_ids": [remote_id], "release_token": token}).encode()
+        head = (f"POST {RELEASE_PATH} HTTP/1.1\r\nHost: {host}:{port}\r\n"
                 f"Content-Type: application/json\r\nContent-Length: {len(body)}\r\n"
                 "Connection: close\r\n\r\n").encode()
         try:

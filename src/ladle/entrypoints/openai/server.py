@@ -144,7 +144,8 @@ def build_app(
         _set_retry_key(request, body)
         return await handlers[0].chat.create(body, request)
 
-    @v1.post("/kv_transfer/release")
+    # Outside the API key: the handoff's own token authorizes it (kv_release.py).
+    @app.post("/v1/kv_transfer/release")
     async def release_kv(request: Request) -> JSONResponse:
         """A decode server's word that it has the KV of prompts handed off here
         (frontend/external_handoffs.py): their held blocks are freed now."""
