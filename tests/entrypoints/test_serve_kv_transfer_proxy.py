@@ -6,6 +6,7 @@ malformed params are 400s naming the field, stale ones fall back to computing th
 
 from __future__ import annotations
 
+import glob
 import json
 import time
 
@@ -47,8 +48,12 @@ def pair(tiny_model_path):
         prefill.stop()
         raise
     yield prefill, decode
+    pids = [server.engine_pid for server in (prefill, decode)]
     decode.stop()
     prefill.stop()
+    # Each engine exported its KV pool (a /dev/shm file on the CPU); none outlives the server.
+    left = [path for pid in pids for path in glob.glob(f"/dev/shm/ladle-kv-{pid}-*")]
+    assert pids[0] and not left
 
 
 def _post(server: ServerProcess, path: str, body: dict) -> httpx.Response:

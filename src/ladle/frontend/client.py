@@ -43,6 +43,7 @@ from ladle.frontend.metrics import ServerMetrics
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.restart_policy import RestartBudget, RestartPolicy
 from ladle.frontend.tokenizer_preload import TokenizerPreload
+from ladle.kv_transfer.shm import remove_exported_pools
 from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import RequestOutput
 from ladle.protocol import wire
@@ -347,6 +348,8 @@ class AsyncEngineClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._restart_task
         await self._stop_process(timeout_s)
+        if self._process is not None:
+            remove_exported_pools(self._process.pid)
         self._mark_dead("the server is shutting down")
         if self._reader_task is not None:
             self._reader_task.cancel()
@@ -382,6 +385,9 @@ class AsyncEngineClient:
     def _on_engine_exit(self) -> None:
         process = self._process
         asyncio.get_running_loop().remove_reader(process.sentinel)
+        # A KV producer's exported pool (a /dev/shm file on the CPU): the engine leaves by
+        # os._exit, which skips the exit hook that would remove it.
+        remove_exported_pools(process.pid)
         if self._shutting_down:
             self._mark_dead("the server is shutting down")
             return
