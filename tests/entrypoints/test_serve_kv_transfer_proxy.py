@@ -233,3 +233,17 @@ def test_release_needs_the_handoffs_token(pair):
     right = httpx.post(url, json={"request_ids": ids, "release_token": params["release_token"]})
     assert right.json() == {"released": 1}  # no API key: the token is the credential
     assert wait_until(lambda: both_idle(pair), HOLD_TIMEOUT_S / 2)
+
+
+def test_decode_client_disconnect_frees_both_sides(pair):
+    prefill, decode = pair
+    body = {"model": SERVED_NAME, "prompt": PROMPTS[0] * 2, "max_tokens": 300,
+            "temperature": 0, "ignore_eos": True}
+    params = prefill_params(prefill, "completions", body)
+    with httpx.stream("POST", f"{decode.base_url}/v1/completions", headers=HEADERS,
+                      json=dict(body, stream=True, kv_transfer_params=params),
+                      timeout=60) as response:
+        for line in response.iter_lines():
+            if line.startswith("data: {"):
+                break  # the client leaves after its first chunk
+    assert wait_until(lambda: both_idle(pair), HOLD_TIMEOUT_S / 2)
