@@ -68,3 +68,27 @@ def test_releases_go_only_to_this_host():
     assert consumer._is_local("127.0.0.1") and consumer._is_local("::1")
     assert consumer._is_local("localhost") and consumer._is_local("10.1.2.3")
     assert not consumer._is_local("10.9.9.9") and not consumer._is_local("example.com")
+
+
+def test_old_entries_are_dropped(monkeypatch):
+    from ladle.frontend import external_handoffs as module
+
+    clock = [1000.0]
+    monkeypatch.setattr(module.time, "monotonic", lambda: clock[0])
+    consumer = handoffs()
+    sampling = SamplingParams(max_tokens=8)
+    for index in range(3):
+        params = dict(ENGINE_HANDOFF, first_token_ids=[42], remote_request_id=f"r{index}")
+        consumer.engine_params(f"d{index}", params, sampling, (2,))
+        clock[0] += 1.0
+    assert len(consumer._used) == 3
+    clock[0] += module._USED_TTL_S - 1.5  # r0 is past the TTL, r1 and r2 are not
+    consumer.engine_params("d9", dict(ENGINE_HANDOFF, first_token_ids=[42],
+                                      remote_request_id="r9"), sampling, (2,))
+    assert [key[1] for key in consumer._used] == ["r1", "r2", "r9"]
+    producer = handoffs()
+    for index, expiry in enumerate((1010.0, 1020.0)):
+        producer.on_handoff(f"p{index}", dict(ENGINE_HANDOFF, expires_at=expiry), [1])
+    clock[0] = 1015.0
+    producer.on_handoff("p2", dict(ENGINE_HANDOFF, expires_at=1075.0), [1])
+    assert list(producer._releasable) == ["p1", "p2"]

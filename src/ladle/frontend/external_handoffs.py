@@ -73,7 +73,7 @@ class ExternalHandoffs:
         """The kv_transfer_params a prefill response returns for this handoff: the engine's
         handoff (core/kv_handoff.py), its first token, and where to send the release."""
         now = time.monotonic()
-        self._releasable = {rid: e for rid, e in self._releasable.items() if e[0] > now}
+        _drop_oldest(self._releasable, lambda entry: entry[0] <= now)
         token = secrets.token_hex(16)
         self._releasable[request_id] = (float(params.get("expires_at", now + 600.0)), token)
         return dict(
@@ -111,7 +111,7 @@ class ExternalHandoffs:
                    params.get("remote_request_id"), params.get("release_token"))
         key = (str(params.get("remote_engine_id")), str(release[2]))
         now = time.monotonic()
-        self._used = {k: t for k, t in self._used.items() if t > now - _USED_TTL_S}
+        _drop_oldest(self._used, lambda used_at: used_at <= now - _USED_TTL_S)
         ends_at_once = sampling.max_tokens is not None and sampling.max_tokens <= 1 or (
             sampling.min_tokens <= 1
             and (first[0] in sampling.stop_token_ids
@@ -211,3 +211,12 @@ class ExternalHandoffs:
             self.num_release_failures += 1
             logger.warning("releasing KV held on %s:%s failed: %s", host, port, error)
 
+
+def _drop_oldest(entries: dict, is_stale) -> None:
+    """Remove stale entries from the front of a dict whose values grow in insertion order
+    (expiry or use times): amortized O(1) a call, where a rebuild would cost the whole dict."""
+    while entries:
+        key = next(iter(entries))
+        if not is_stale(entries[key]):
+            return
+        del entries[key]
