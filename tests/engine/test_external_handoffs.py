@@ -82,7 +82,7 @@ def test_old_entries_are_dropped(monkeypatch):
         consumer.engine_params(f"d{index}", params, sampling, (2,))
         clock[0] += 1.0
     assert len(consumer._used) == 3
-    clock[0] += module._USED_TTL_S - 1.5  # r0 is past the TTL, r1 and r2 are not
+    clock[0] += module._USED_TTL_S - 2.5  # now 1600.5: r0 (used at 1000) is past the TTL
     consumer.engine_params("d9", dict(ENGINE_HANDOFF, first_token_ids=[42],
                                       remote_request_id="r9"), sampling, (2,))
     assert [key[1] for key in consumer._used] == ["r1", "r2", "r9"]
