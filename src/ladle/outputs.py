@@ -93,3 +93,6 @@ class RequestOutput:
     # SamplingParams.prompt_logprobs: None for the first prompt token, then one entry per token
     # (TokenLogprobs in the engine and the server; LLM returns vLLM's {token_id: Logprob}).
     prompt_logprobs: list | None = None
+    # Prefill/decode disaggregation behind an external proxy (vLLM's field): a prefill
+    # instance's answer says where the decode instance pulls the prompt's KV from.
+    kv_transfer_params: dict | None = None

@@ -110,6 +110,22 @@ def test_structured_output_and_seeded_samples(client, offline_llm):
     assert reply.choices[0].text == expected
 
 
+def test_handoffs_and_pulls_are_counted_in_metrics(server, client):
+    before = read_metrics(server)
+    prompt = PROMPTS[0] * 3  # a few blocks
+    client.completions.create(model=SERVED_NAME, prompt=prompt, max_tokens=3, temperature=0,
+                              extra_body={"ignore_eos": True})
+    assert wait_until(lambda: engine_is_idle(server), 20)
+    after = read_metrics(server)
+    assert after["ladle:kv_handoffs_total"] == before["ladle:kv_handoffs_total"] + 1
+    assert after["ladle:kv_pulls_total"] + after["ladle:kv_pulls_failed_total"] == (
+        before["ladle:kv_pulls_total"] + before["ladle:kv_pulls_failed_total"] + 1
+    )
+    assert after["ladle:kv_pull_blocks_total"] > before["ladle:kv_pull_blocks_total"]
+    assert after["ladle:kv_pull_bytes_total"] > before["ladle:kv_pull_bytes_total"]
+    assert after["ladle:kv_handoffs_held"] == 0 and after["ladle:kv_handoff_blocks_held"] == 0
+
+
 def test_client_disconnect_frees_kv_on_both_engines(server, client):
     stream = client.completions.create(
         model=SERVED_NAME, prompt=PROMPTS[0] * 8, max_tokens=400, temperature=0, stream=True,

@@ -428,6 +428,8 @@ HONOURED_ELSEWHERE = {
     "parallel_tool_calls": "one call at most under a forced choice: tests/entrypoints/"
     "test_serve_structured.py",
     "user": "no effect by design (OpenAI: an end-user id for abuse monitoring)",
+    "kv_transfer_params": "a prefill and a decode server behind a proxy: tests/entrypoints/"
+    "test_serve_kv_transfer_proxy.py",
 }
 
 

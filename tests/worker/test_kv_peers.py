@@ -26,11 +26,17 @@ def test_cpu_pull_through_shared_memory(dtype):
     pool.view(torch.uint8).random_(0, 255)
     local = torch.zeros(SHAPE, dtype=dtype)
     before = local.clone()
-    done, failed = PeerPools().run(
+    peers = PeerPools()
+    done, failed = peers.run(
         [KVOperation(KV_PULL, SOURCES, TARGETS, -1, descriptor)], list(local.unbind(0))
     )
     assert done == [-1] and not failed
     assert torch.equal(local.view(torch.uint8), _expected(pool, before).view(torch.uint8))
+    # /metrics' pull counters: one pull of 5 blocks, every layer's K and V, as bytes.
+    num_pulls, num_bytes, seconds = peers.take_stats()
+    block_bytes = SHAPE[3] * SHAPE[4] * SHAPE[5] * pool.element_size()
+    assert (num_pulls, num_bytes) == (1, len(SOURCES) * SHAPE[0] * 2 * block_bytes)
+    assert seconds > 0 and peers.take_stats() == (0, 0, 0.0)
 
 
 @pytest.mark.parametrize("strategy", ["kernel", "memcpy"])
@@ -57,6 +63,8 @@ def test_bad_pulls_fail_alone():
         KVOperation(KV_PULL, [1], [1], -2, descriptor.replace("ladle-kv-", "ladle-kv-gone-")),
         KVOperation(KV_PULL, [1], [2], -3, descriptor),
     ]
-    done, failed = PeerPools().run(operations, local)
+    peers = PeerPools()
+    done, failed = peers.run(operations, local)
     assert done == [-3]
+    assert peers.take_stats()[0] == 1  # the failed ones are not counted as pulls
     assert "outside a pool" in failed[-1] and "gone" in failed[-2]

@@ -1,12 +1,15 @@
-"""`ladle bench serve --compare-disaggregation --serve-args "MODEL [engine flags]"`.
+"""`ladle bench serve --compare-disaggregation | --compare-replicas --serve-args "MODEL [flags]"`.
 
 Runs the same workload (the same seeds, rates and SLOs) against two servers it starts in turn,
-each behind ladle's own front on this machine:
+each behind ladle's own front on this machine. --compare-disaggregation:
 - `ladle serve MODEL ... --disaggregate 1P1D` (a prefill and a decode engine, one GPU each);
 - `ladle serve MODEL ... --local-replicas 2` (two aggregated engines, one GPU each);
 and prints, per load point, goodput under --slo, request and output throughput, TTFT p99 and
-ITL p99 for both, with which mode wins. Each mode's full results.json and plots go to its own
-folder under --output-dir; compare.json holds the table.
+ITL p99 for both, with which mode wins. --compare-replicas (the scale-out check): two replicas
+(`--local-replicas 2`) against one (`ladle serve MODEL ...`), and how many times one replica's
+output throughput two give, per load point and at the TTFT p99 bound of --slo (the best
+throughput of each whose TTFT p99 stays within it; target 1.8x). Each mode's full results.json
+and plots go to its own folder under --output-dir; compare.json holds the table.
 """
 
 from __future__ import annotations
@@ -26,6 +29,12 @@ MODES = (
     ("disaggregated 1P1D", "1p1d", ["--disaggregate", "1P1D"]),
     ("2 aggregated replicas", "2replicas", ["--local-replicas", "2"]),
 )
+REPLICA_MODES = (
+    ("2 replicas", "2replicas", ["--local-replicas", "2"]),
+    ("1 replica", "1replica", []),
+)
+# Issue 13's target: two replicas give at least this many times one replica's throughput.
+SCALING_TARGET = 1.8
 STARTUP_TIMEOUT_S = 1800.0
 
 
@@ -88,17 +97,20 @@ def _row(mode: str, run: dict) -> dict:
     }
 
 
-def run_comparison(plan, serve_args: str, disaggregate_args: str = "") -> int:
-    """Run `plan` (a BenchPlan; its base_url is ignored) against both modes."""
+def run_comparison(plan, serve_args: str, disaggregate_args: str = "",
+                   replicas: bool = False) -> int:
+    """Run `plan` (a BenchPlan; its base_url is ignored) against both modes: 1P1D and two
+    replicas, or (replicas) two replicas and one."""
     from ladle.bench.serve_run import run_event_loop, run_plan
 
+    flag = "--compare-replicas" if replicas else "--compare-disaggregation"
     if not serve_args:
         raise ValueError(
-            "--compare-disaggregation starts the servers itself: give --serve-args "
+            f"{flag} starts the servers itself: give --serve-args "
             "\"MODEL [engine flags]\" (the flags both modes share)"
         )
     rows = []
-    for mode, slug, flags in MODES:
+    for mode, slug, flags in REPLICA_MODES if replicas else MODES:
         if slug == "1p1d":
             flags = [*flags, *shlex.split(disaggregate_args or "")]
         server = _Server([*shlex.split(serve_args), *flags],
@@ -117,10 +129,60 @@ def run_comparison(plan, serve_args: str, disaggregate_args: str = "") -> int:
             return 1
         rows += [_row(mode, run) for run in result["runs"]]
     _print_table(rows, plan.slo)
-    (plan.output_dir / "compare.json").write_text(json.dumps({"slo_s": plan.slo, "rows": rows},
-                                                             indent=2))
+    report = {"slo_s": plan.slo, "rows": rows}
+    if replicas:
+        report["scaling"] = replica_scaling(rows, plan.slo.get("ttft"))
+        _print_scaling(report["scaling"])
+    (plan.output_dir / "compare.json").write_text(json.dumps(report, indent=2))
     print(f"comparison: {plan.output_dir / 'compare.json'}")
     return 0
+
+
+def replica_scaling(rows: list[dict], ttft_bound_s: float | None) -> dict:
+    """Two replicas' output throughput over one's: per load point, and at the TTFT p99 bound
+    (each mode's best throughput among the points whose TTFT p99 is within it; every point
+    without a bound)."""
+    two = [row for row in rows if row["mode"] == REPLICA_MODES[0][0]]
+    one = [row for row in rows if row["mode"] == REPLICA_MODES[1][0]]
+
+    def within(row: dict) -> bool:
+        p99 = row["ttft_p99_ms"]
+        return ttft_bound_s is None or (p99 is not None and p99 <= ttft_bound_s * 1000)
+
+    def ratio(a: float, b: float) -> float | None:
+        return a / b if b else None
+
+    points = [
+        {"rate": a["rate"], "max_concurrency": a["max_concurrency"],
+         "ratio": ratio(a["output_throughput"], b["output_throughput"]),
+         "ttft_p99_ms": [a["ttft_p99_ms"], b["ttft_p99_ms"]]}
+        for a in two for b in one
+        if (a["rate"], a["max_concurrency"]) == (b["rate"], b["max_concurrency"])
+    ]
+    best_two = max((r["output_throughput"] for r in two if within(r)), default=0.0)
+    best_one = max((r["output_throughput"] for r in one if within(r)), default=0.0)
+    at_bound = ratio(best_two, best_one)
+    return {
+        "points": points,
+        "ttft_p99_bound_ms": ttft_bound_s * 1000 if ttft_bound_s is not None else None,
+        "best_output_throughput": {"2 replicas": best_two, "1 replica": best_one},
+        "ratio_at_bound": at_bound,
+        "target": SCALING_TARGET,
+        "meets_target": at_bound is not None and at_bound >= SCALING_TARGET,
+    }
+
+
+def _print_scaling(scaling: dict) -> None:
+    for point in scaling["points"]:
+        ratio = point["ratio"]
+        print(f"rate {point['rate']}, concurrency {point['max_concurrency']}: 2 replicas give "
+              f"{'-' if ratio is None else f'{ratio:.2f}x'} one replica's output throughput "
+              f"(TTFT p99 {point['ttft_p99_ms'][0]} vs {point['ttft_p99_ms'][1]} ms)")
+    bound = scaling["ttft_p99_bound_ms"]
+    ratio = scaling["ratio_at_bound"]
+    print(f"at TTFT p99 <= {'any' if bound is None else f'{bound:.0f} ms'}: "
+          f"{'-' if ratio is None else f'{ratio:.2f}x'} (target {scaling['target']}x: "
+          f"{'met' if scaling['meets_target'] else 'not met'})")
 
 
 def _print_table(rows: list[dict], slo: dict) -> None:

@@ -147,6 +147,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "for both (--base-url is ignored)",
     )
     compare.add_argument(
+        "--compare-replicas",
+        action="store_true",
+        help="start `ladle serve --serve-args ... --local-replicas 2`, then a single `ladle "
+        "serve --serve-args ...`, run this workload against each, and report how many times "
+        "one replica's throughput two give (per load point and at --slo's TTFT bound; target "
+        "1.8x) (--base-url is ignored)",
+    )
+    compare.add_argument(
         "--serve-args", default=None, help='the servers\' shared arguments: "MODEL [flags]"'
     )
     compare.add_argument(
@@ -255,10 +263,13 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         progress=not args.disable_tqdm,
         request_timeout=args.request_timeout,
     )
-    if args.compare_disaggregation:
+    if args.compare_disaggregation or args.compare_replicas:
         from ladle.bench.disagg_compare import run_comparison
 
-        return run_comparison(plan, args.serve_args, args.disaggregate_args)
+        if args.compare_disaggregation and args.compare_replicas:
+            raise SystemExit("--compare-disaggregation and --compare-replicas: pick one")
+        return run_comparison(plan, args.serve_args, args.disaggregate_args,
+                              replicas=args.compare_replicas)
     result = run_event_loop(run_plan(plan))
     if result is None:
         return 1

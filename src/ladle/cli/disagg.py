@@ -49,7 +49,7 @@ def build_disaggregated_client(
     admission,
     restart_policy,
     on_fatal: Callable[[str], None],
-    min_prompt_tokens: int = 0,
+    min_prompt_tokens: int | str = 0,
 ):
     """The client for --disaggregate TEXT or --local-replicas N (a ValueError names what is
     wrong)."""
@@ -66,7 +66,10 @@ def build_disaggregated_client(
         if (engine_options.get(name) or 1) > 1:
             raise ValueError(f"--disaggregate / --local-replicas with {name} > 1: not supported")
     device = str(engine_options.get("device") or "auto")
-    if min_prompt_tokens and text is None:
+    from ladle.frontend.disagg_routing import SplitPolicy
+
+    split_policy = SplitPolicy.parse(min_prompt_tokens, engine_options.get("itl_slo_ms"))
+    if (split_policy.min_prompt_tokens or split_policy.is_auto) and text is None:
         raise ValueError("--disaggregate-min-prompt goes with --disaggregate")
     if text is None:
         from ladle.frontend.local_replicas import LocalReplicasClient
@@ -87,5 +90,5 @@ def build_disaggregated_client(
         restart_policy=restart_policy,
         on_fatal=on_fatal,
         devices=None if devices is None else (devices[0], devices[1]),
-        min_prompt_tokens=min_prompt_tokens,
+        split_policy=split_policy,
     )

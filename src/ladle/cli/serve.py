@@ -239,11 +239,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     disaggregation.add_argument(
         "--disaggregate-min-prompt",
-        type=int,
-        default=0,
-        metavar="TOKENS",
+        default="0",
+        metavar="TOKENS|auto",
         help="with --disaggregate: prompts shorter than this run whole on the less busy engine "
-        "(the two then act as aggregated replicas); longer ones are split (default 0: all)",
+        "(the two then act as aggregated replicas); longer ones are split (default 0: all). "
+        "auto: the line follows the measured prompt rate, a prompt runs whole when its "
+        "prefill fits the --itl-slo budget (else 50 ms)",
     )
     add_engine_arguments(parser)
     parser.set_defaults(handler=run_serve)
@@ -344,6 +345,14 @@ def run_serve(args: argparse.Namespace) -> int:
             restart_policy=restart_policy,
             on_fatal=on_fatal,
         )
+        if options.get("kv_transfer_config") is not None:
+            # One instance of a deployment behind vLLM's proxy protocol.
+            from ladle.frontend.external_handoffs import ExternalHandoffs
+            from ladle.kv_transfer.config import KVTransferConfig
+
+            client.external_handoffs = ExternalHandoffs(
+                KVTransferConfig.from_dict(options["kv_transfer_config"]), args.host, args.port
+            )
     live_stats = LiveStatsLogger(lambda: client.stats, interval_s=args.stats_interval or 5.0)
     settings = ServerSettings(
         tool_call_parser=args.tool_call_parser,
@@ -359,7 +368,8 @@ def run_serve(args: argparse.Namespace) -> int:
     app = build_app(client, settings, on_refusal=live_stats.record_refusal)
     config = HttpServerOptions.from_args(args).uvicorn_config(app, host=args.host, port=args.port)
     server = _AnnouncingServer(
-        config, served_name, lambda: client.engine_pid, on_exit_signal=client.begin_shutdown
+        config, served_name, lambda: client.engine_pid, on_exit_signal=client.begin_shutdown,
+        on_listening=_tell_port(client),
     )
 
     async def serve() -> int:
@@ -396,6 +406,18 @@ def run_serve(args: argparse.Namespace) -> int:
         return 0
 
 
+def _tell_port(client) -> Callable[[int], None] | None:
+    """What tells a prefill instance's handoffs the port a decode server reaches it on."""
+    handoffs = getattr(client, "external_handoffs", None)
+    if handoffs is None:
+        return None
+
+    def tell(port: int) -> None:
+        handoffs.port = port
+
+    return tell
+
+
 class _AnnouncingServer(uvicorn.Server):
     """Prints the bound address (the real port when --port 0) once it listens, and tells the
     engine client the moment a SIGTERM / SIGINT starts the shutdown."""
@@ -406,8 +428,11 @@ class _AnnouncingServer(uvicorn.Server):
         served_name: str,
         engine_pid: Callable[[], int],
         on_exit_signal: Callable[[], None],
+        on_listening: Callable[[int], None] | None = None,
     ):
+        """on_listening(port): the port it listens on (the real one when --port 0)."""
         super().__init__(config)
+        self.on_listening = on_listening
         self.served_name = served_name
         self.engine_pid = engine_pid
         self.on_exit_signal = on_exit_signal
@@ -427,6 +452,8 @@ class _AnnouncingServer(uvicorn.Server):
         for listener in self.servers:
             for sock in listener.sockets:
                 host, port = sock.getsockname()[:2]
+                if self.on_listening is not None:
+                    self.on_listening(port)
                 shown = f"[{host}]" if ":" in host else host
                 print(
                     f"[ladle] serving {self.served_name} on http://{shown}:{port} "

@@ -57,6 +57,7 @@ class HeldHandoffs:
         self.block_pool = block_pool
         self.timeout_s = timeout_s
         self._held: dict[str, _Held] = {}
+        self.num_handed_off = 0
         self.num_expired = 0
 
     def hold(
@@ -64,6 +65,7 @@ class HeldHandoffs:
     ) -> None:
         now = time.monotonic() if now is None else now
         self._held[request_id] = _Held(blocks, now + self.timeout_s, sampling_seed)
+        self.num_handed_off += 1
 
     def describe(self, request_id: str) -> tuple[list[int], int, float] | None:
         """(the held block ids, the request's sampling seed, when the hold expires: this
@@ -118,8 +120,10 @@ class RemotePulls:
         self._request_of_op: dict[int, str] = {}
         self._op_of_request: dict[str, int] = {}
         self._num_blocks_of_op: dict[int, int] = {}
+        self.num_pulled = 0
         self.num_blocks_pulled = 0
         self.num_failed = 0
+        self.num_too_late = 0  # handoffs the scheduler computed instead: too close to expiry
 
     def start(self, request_id: str, peer: str, source_ids: list[int], targets: list[int]) -> None:
         if request_id in self._op_of_request:
@@ -143,6 +147,7 @@ class RemotePulls:
             request_id = self._settle(op_id)
             if request_id is not None and op_id not in failed:
                 finished.pulled.append(request_id)
+                self.num_pulled += 1
                 self.num_blocks_pulled += num_blocks
         for op_id, why in failed.items():
             self._num_blocks_of_op.pop(op_id, None)
@@ -172,3 +177,20 @@ class RemotePulls:
     @property
     def num_in_flight(self) -> int:
         return len(self._request_of_op)
+
+
+def disaggregation_stats(handoffs: HeldHandoffs | None, pulls: RemotePulls, transfers) -> dict:
+    """SchedulerStats' disaggregation fields: the producer's holds, the consumer's pulls
+    (transfers: the worker's KVTransferStats totals, for bytes and seconds)."""
+    return {
+        "num_kv_pulls": pulls.num_pulled,
+        "num_kv_pull_blocks": pulls.num_blocks_pulled,
+        "kv_pull_bytes": transfers.bytes_pulled,
+        "kv_pull_seconds": transfers.pull_seconds,
+        "num_kv_pulls_failed": pulls.num_failed,
+        "num_kv_pulls_too_late": pulls.num_too_late,
+        "num_kv_handoffs": handoffs.num_handed_off if handoffs is not None else 0,
+        "num_kv_handoffs_held": handoffs.num_held if handoffs is not None else 0,
+        "num_kv_handoff_blocks_held": handoffs.num_held_blocks if handoffs is not None else 0,
+        "num_kv_handoffs_expired": handoffs.num_expired if handoffs is not None else 0,
+    }

@@ -246,6 +246,7 @@ class Scheduler:
             computed_blocks, num_hit_tokens = self.kv_cache_manager.get_computed_blocks(request)
             if request.remote_prefill is not None and not request.remote_prefill.may_pull(now):
                 request.remote_prefill = None  # too late to pull: it computes its prompt here
+                self.pulls.num_too_late += 1
             if request.remote_prefill is not None:
                 if not self._starts_pull(request, computed_blocks, num_hit_tokens, now):
                     break  # no room for its prompt's blocks yet

@@ -172,6 +172,9 @@ class EngineCoreLoop:
                 return
             if self.engine.has_unfinished_requests():
                 outputs += self.engine.step()
+            else:
+                # A step expires them too; an idle engine still owes the hold timeout.
+                self.engine.expire_handoffs()
             now = time.monotonic()
             # Send after every step with outputs and after every input (so stats follow an
             # abort at once); otherwise only a heartbeat now and then.

@@ -17,6 +17,7 @@ from dataclasses import dataclass
 
 from ladle.config import EngineConfig
 from ladle.core.kv_cache_manager import KVCacheManager
+from ladle.core.kv_handoff import disaggregation_stats
 from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
@@ -310,6 +311,9 @@ class EngineCore:
             totals.bytes_to_device += stats.bytes_to_device
             totals.copy_seconds += stats.copy_seconds
             totals.load_seconds += stats.load_seconds
+            totals.num_pulls += stats.num_pulls
+            totals.bytes_pulled += stats.bytes_pulled
+            totals.pull_seconds += stats.pull_seconds
 
     def _grammar_fill(self):
         structured = self.structured_outputs
@@ -480,6 +484,9 @@ class EngineCore:
             kv_bytes_to_device=self.kv_transfer_totals.bytes_to_device,
             kv_copy_seconds=self.kv_transfer_totals.copy_seconds,
             kv_load_seconds=self.kv_transfer_totals.load_seconds,
+            **disaggregation_stats(
+                self.scheduler.handoffs, self.scheduler.pulls, self.kv_transfer_totals
+            ),
             spec_decode=(
                 copy.deepcopy(self.speculator.stats) if self.speculator is not None else None
             ),

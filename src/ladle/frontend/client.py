@@ -30,7 +30,7 @@ import shutil
 import tempfile
 import time
 from collections.abc import Callable
-from typing import TypeVar
+from typing import TYPE_CHECKING, TypeVar
 
 import zmq
 import zmq.asyncio
@@ -43,11 +43,15 @@ from ladle.frontend.metrics import ServerMetrics
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.restart_policy import RestartBudget, RestartPolicy
 from ladle.frontend.tokenizer_preload import TokenizerPreload
+from ladle.kv_transfer.shm import remove_exported_pools
 from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import RequestOutput
 from ladle.protocol import wire
 from ladle.protocol.messages import RequestRejectedError, SchedulerStats
 from ladle.sampling.params import SamplingParams
+
+if TYPE_CHECKING:
+    from ladle.frontend.external_handoffs import ExternalHandoffs
 
 STARTUP_POLL_MS = 200
 T = TypeVar("T")
@@ -227,6 +231,9 @@ class AsyncEngineClient:
         self._ipc_dir: str | None = None
         self._sync_context: zmq.Context | None = None
         self._async_context: zmq.asyncio.Context | None = None
+        # kv_transfer_params over HTTP, behind an external proxy (external_handoffs.py); set by
+        # `ladle serve --kv-transfer-config`.
+        self.external_handoffs: ExternalHandoffs | None = None
 
     # ----- life cycle ------------------------------------------------------------------------
 
@@ -341,6 +348,8 @@ class AsyncEngineClient:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._restart_task
         await self._stop_process(timeout_s)
+        if self._process is not None:
+            remove_exported_pools(self._process.pid)
         self._mark_dead("the server is shutting down")
         if self._reader_task is not None:
             self._reader_task.cancel()
@@ -376,6 +385,9 @@ class AsyncEngineClient:
     def _on_engine_exit(self) -> None:
         process = self._process
         asyncio.get_running_loop().remove_reader(process.sentinel)
+        # A KV producer's exported pool (a /dev/shm file on the CPU): the engine leaves by
+        # os._exit, which skips the exit hook that would remove it.
+        remove_exported_pools(process.pid)
         if self._shutting_down:
             self._mark_dead("the server is shutting down")
             return
@@ -448,14 +460,20 @@ class AsyncEngineClient:
         priority: int = 0,
         admission_checked: bool = False,
         stream: bool = False,
+        kv_transfer_params: dict | None = None,
     ) -> RequestStream:
         """Send a request to the engine now. Raises EngineDeadError, or QueueFullError /
         QueueLimitError when the admission bounds refuse it (nothing is sent then).
         admission_checked: the caller already checked a batch this request belongs to.
-        stream: the caller reads only each output's *_delta fields (no cumulative logprobs)."""
+        stream: the caller reads only each output's *_delta fields (no cumulative logprobs).
+        kv_transfer_params: vLLM's proxy protocol, checked by the caller (n == 1): a prefill
+        ({"do_remote_decode": true}) or a decode with a prefill server's params."""
         if self.dead_reason is not None:
             raise EngineDeadError(self.dead_reason)
         assert self.output_processor is not None, "start() first"
+        if kv_transfer_params is not None and kv_transfer_params.get("do_remote_decode"):
+            # A handoff happens after a first token that did not end the request.
+            params = dataclasses.replace(params, max_tokens=max(params.max_tokens or 2, 2))
         self.admission.admit(
             request_id, params.n, len(prompt_token_ids) * params.n, checked=admission_checked
         )
@@ -469,6 +487,10 @@ class AsyncEngineClient:
             self._children[request_id] = [r.request_id for r in core_requests]
             for core_request in core_requests:
                 self._parent_of[core_request.request_id] = request_id
+            if kv_transfer_params is not None:
+                core_requests[0].kv_transfer_params = self._engine_kv_params(
+                    request_id, kv_transfer_params, params
+                )
             self._send(wire.AddRequests(core_requests))
         except BaseException:
             # Nothing reached the engine (an encoding failure, say): undo every trace of the
@@ -478,6 +500,25 @@ class AsyncEngineClient:
             raise
         self.metrics.record_accepted(len(prompt_token_ids), params.n)
         return RequestStream(self, request_id, buffer)
+
+    def _handoff_params(self, output: RequestOutput, handed_off: dict) -> dict | None:
+        """A prefill answer's kv_transfer_params; none when a stop string ended the request
+        here on its first token (its held KV is freed now: no decode leg will pull it)."""
+        params = handed_off.get(output.request_id)
+        if params is not None and output.outputs[0].finish_reason != "length":
+            held = self.external_handoffs.releasable([output.request_id])
+            if held:
+                self._send(wire.AbortRequests(held))
+            return None
+        return params
+
+    def _engine_kv_params(self, request_id: str, kv_params: dict, params: SamplingParams):
+        if kv_params.get("do_remote_decode"):
+            return {"do_remote_decode": True}
+        assert self.external_handoffs is not None and self.output_processor is not None
+        return self.external_handoffs.engine_params(
+            request_id, kv_params, params, self.output_processor.eos_token_ids
+        )
 
     def abort(self, request_id: str) -> None:
         """Forget a request here and end its sequences in the engine at its next step."""
@@ -494,6 +535,8 @@ class AsyncEngineClient:
 
     def _forget(self, request_id: str) -> None:
         self._buffers.pop(request_id, None)
+        if self.external_handoffs is not None:
+            self.external_handoffs.forget(request_id)
         self.admission.release(request_id)
         for child_id in self._children.pop(request_id, ()):
             self._parent_of.pop(child_id, None)
@@ -549,7 +592,10 @@ class AsyncEngineClient:
                 buffer.fail(RequestRejectedError(rejection.message))
         if not step.outputs:
             return
-        request_outputs, to_abort = self.output_processor.process_outputs(step.outputs)
+        outputs, handed_off = step.outputs, {}
+        if self.external_handoffs is not None:
+            outputs, handed_off = self.external_handoffs.on_outputs(outputs)
+        request_outputs, to_abort = self.output_processor.process_outputs(outputs)
         if to_abort:
             self._send(wire.AbortRequests(to_abort))  # ended here by a stop string
         for output in request_outputs:
@@ -560,6 +606,8 @@ class AsyncEngineClient:
             self.metrics.record_step_output(output, buffer.previous_token_time)
             if output.metrics is not None and output.metrics.last_token_time is not None:
                 buffer.previous_token_time = output.metrics.last_token_time
+            if handed_off:
+                output.kv_transfer_params = self._handoff_params(output, handed_off)
             buffer.put(_snapshot(output))
             if output.finished:
                 self.metrics.record_finished(output)

@@ -23,7 +23,8 @@ restarted under the usual restart policy.
 Routing: with min_prompt_tokens, a shorter prompt is not split but runs whole on the less busy
 engine (both engines serve plain requests too), so short traffic gets two aggregated replicas
 and long prompts the split; `ladle bench serve --compare-disaggregation` says where the line
-pays.
+pays. With the `auto` policy (disagg_routing.py) the line follows the measured prompt rate: a
+prompt runs whole when its prefill would stall running streams by no more than the ITL budget.
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ import msgspec
 
 from ladle.frontend.admission import AdmissionController
 from ladle.frontend.client import AsyncEngineClient, EngineDeadError, EngineInfo
+from ladle.frontend.disagg_routing import SplitPolicy
 from ladle.frontend.metrics import ServerMetrics
 from ladle.frontend.restart_policy import RestartPolicy
 from ladle.kv_transfer.shm import remove_exported_pools
@@ -45,6 +47,10 @@ from ladle.protocol.messages import EngineCoreRequest, SchedulerStats
 PREFILL, DECODE = "prefill", "decode"
 WHOLE = "whole"  # a short prompt run start to end on one engine, as on an aggregated replica
 REMOTE_DECODE = "remote_decode"
+# Disaggregation counters of either engine (a consumer's pulls, a producer's holds), summed.
+_SUMMED = ("num_kv_pulls", "num_kv_pull_blocks", "kv_pull_bytes", "kv_pull_seconds",
+           "num_kv_pulls_failed", "num_kv_pulls_too_late", "num_kv_handoffs",
+           "num_kv_handoffs_held", "num_kv_handoff_blocks_held", "num_kv_handoffs_expired")
 
 
 class EngineInstance(AsyncEngineClient):
@@ -113,13 +119,14 @@ class DisaggregatedClient(AsyncEngineClient):
         on_fatal: Callable[[str], None] | None = None,
         devices: tuple[str, str] | None = None,
         min_prompt_tokens: int = 0,
+        split_policy: SplitPolicy | None = None,
     ) -> None:
         """devices: the (prefill, decode) engines' devices, e.g. ("cuda:0", "cuda:1").
         min_prompt_tokens: shorter prompts are not disaggregated: they run whole on the less
-        busy engine, the two then serving as aggregated replicas (0: every prompt is split)."""
-        if min_prompt_tokens < 0:
-            raise ValueError(f"min_prompt_tokens must be >= 0, got {min_prompt_tokens}")
-        self.min_prompt_tokens = min_prompt_tokens
+        busy engine, the two then serving as aggregated replicas (0: every prompt is split).
+        split_policy: instead, the line measured (disagg_routing.py, `auto`)."""
+        self.split_policy = split_policy or SplitPolicy.parse(min_prompt_tokens)
+        self.num_split = self.num_whole = 0  # prompts routed each way
         super().__init__(engine_options, metrics, admission, startup_timeout_s, restart_policy,
                          on_fatal)
         self.instances: dict[str, EngineInstance] = {}
@@ -131,6 +138,14 @@ class DisaggregatedClient(AsyncEngineClient):
         self._routes: dict[str, _Route] = {}
         self.instance_stats: dict[str, SchedulerStats] = {}
         self.num_retried_on_decode = 0
+
+    @property
+    def min_prompt_tokens(self) -> int:
+        return self.split_policy.min_prompt_tokens
+
+    @min_prompt_tokens.setter
+    def min_prompt_tokens(self, tokens: int) -> None:
+        self.split_policy = SplitPolicy.parse(tokens)
 
     @property
     def prefill(self) -> EngineInstance:
@@ -233,9 +248,14 @@ class DisaggregatedClient(AsyncEngineClient):
 
     def _send(self, message: wire.EngineInput) -> None:
         if isinstance(message, wire.AddRequests):
-            limit = self.min_prompt_tokens
+            whole_engine = self._less_busy()
+            limit = self.split_policy.line(
+                self.instance_stats.get(whole_engine.role), self.instance_stats.get(PREFILL)
+            )
             split = [r for r in message.requests if len(r.prompt_token_ids) >= limit]
             whole = [r for r in message.requests if len(r.prompt_token_ids) < limit]
+            self.num_split += len(split)
+            self.num_whole += len(whole)
             sends = []
             if split:
                 sends.append((self.prefill, PREFILL, split, [
@@ -243,7 +263,7 @@ class DisaggregatedClient(AsyncEngineClient):
                     for r in split
                 ]))
             if whole:
-                sends.append((self._less_busy(), WHOLE, whole, whole))
+                sends.append((whole_engine, WHOLE, whole, whole))
             for engine, phase, requests, sent in sends:
                 for request in requests:  # as the client asked: a retry re-sends it whole
                     self._routes[request.request_id] = _Route(
@@ -331,6 +351,7 @@ class DisaggregatedClient(AsyncEngineClient):
             num_total_blocks=total,
             kv_cache_usage=1.0 - free / total if total else 0.0,
             num_prefill_tokens=decode.num_prefill_tokens + prefill.num_prefill_tokens,
+            **{name: getattr(decode, name) + getattr(prefill, name) for name in _SUMMED},
         )
 
     def _hand_to_decode(self, child_id: str, params: dict, first_token_ids: list[int]) -> None:

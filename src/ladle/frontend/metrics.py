@@ -121,6 +121,7 @@ class _EngineStatsCollector(Collector):
             stats.engine_itl_seconds,
         )
         yield from _host_tier_metrics(stats, gauge, counter)
+        yield from _disaggregation_metrics(stats, gauge, counter)
         yield counter("ladle:graph_steps", "Engine steps replayed from a CUDA graph.",
                       stats.num_graph_steps)
         yield from _expert_load(self.model_name, stats.expert_token_counts)
@@ -158,6 +159,37 @@ def _spec_decode_metrics(spec, labels, values, counter) -> Iterator:
     )
     yield counter("ladle:spec_decode_drafting_seconds",
                   "Host time the proposers took to draft.", spec.drafting_seconds)
+
+
+def _disaggregation_metrics(stats: SchedulerStats, gauge, counter) -> Iterator:
+    """Prefill/decode disaggregation (core/kv_handoff.py): a consumer's pulls and a producer's
+    holds; zeros on an engine that is neither. vLLM's counterparts are its NIXL connector's
+    (vllm:nixl_xfer_time_seconds, vllm:nixl_bytes_transferred, vllm:nixl_num_failed_transfers,
+    vllm:nixl_num_kv_expired_reqs); ladle's transfer is not NIXL, so its names are its own."""
+    yield counter("ladle:kv_pulls", "KV pulls from a prefill instance that completed.",
+                  stats.num_kv_pulls)
+    yield counter("ladle:kv_pull_blocks", "KV blocks pulled from prefill instances.",
+                  stats.num_kv_pull_blocks)
+    yield counter("ladle:kv_pull_bytes", "KV bytes pulled from prefill instances.",
+                  stats.kv_pull_bytes)
+    yield counter("ladle:kv_pull_seconds",
+                  "Time the pulls took (host wall time; on CUDA the time to issue the copies).",
+                  stats.kv_pull_seconds)
+    yield counter("ladle:kv_pulls_failed",
+                  "KV pulls that failed (producer gone, bad pool): the prompt was computed "
+                  "here instead.", stats.num_kv_pulls_failed)
+    yield counter("ladle:kv_pulls_too_late",
+                  "Handoffs that reached the decode scheduler too close to their hold's expiry: "
+                  "the prompt was computed here instead of pulled.", stats.num_kv_pulls_too_late)
+    yield counter("ladle:kv_handoffs", "Prompts a prefill instance handed off to a decode "
+                  "instance (KV held until pulled).", stats.num_kv_handoffs)
+    yield gauge("ladle:kv_handoffs_held", "Handed-off prompts whose KV is held now.",
+                stats.num_kv_handoffs_held)
+    yield gauge("ladle:kv_handoff_blocks_held", "KV blocks held for decode instances now.",
+                stats.num_kv_handoff_blocks_held)
+    yield counter("ladle:kv_handoffs_expired",
+                  "Holds freed unpulled after the hold timeout (vllm:nixl_num_kv_expired_reqs).",
+                  stats.num_kv_handoffs_expired)
 
 
 def _host_tier_metrics(stats: SchedulerStats, gauge, counter) -> Iterator:

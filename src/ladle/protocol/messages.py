@@ -154,4 +154,15 @@ class SchedulerStats:
     kv_bytes_to_device: int = 0
     kv_copy_seconds: float = 0.0  # device time of the host tier's copies, both ways
     kv_load_seconds: float = 0.0  # of which host -> device
+    # Prefill/decode disaggregation (core/kv_handoff.py): a consumer's pulls, a producer's holds.
+    num_kv_pulls: int = 0  # pulls that completed
+    num_kv_pull_blocks: int = 0
+    kv_pull_bytes: int = 0
+    kv_pull_seconds: float = 0.0
+    num_kv_pulls_failed: int = 0  # pulls that failed: the prompt was computed here instead
+    num_kv_pulls_too_late: int = 0  # handoffs too close to their expiry: computed, not pulled
+    num_kv_handoffs: int = 0  # prompts handed off (a producer's), since start
+    num_kv_handoffs_held: int = 0  # of those, still held for a consumer now
+    num_kv_handoff_blocks_held: int = 0
+    num_kv_handoffs_expired: int = 0  # freed unpulled after the hold timeout
     spec_decode: SpecDecodeStats | None = None  # None: speculation is off

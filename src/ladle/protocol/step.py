@@ -169,12 +169,18 @@ class PromptLogprobsChunk(msgspec.Struct, array_like=True, gc=False):
 
 class KVTransferStats(msgspec.Struct, array_like=True, gc=False):
     """Bytes the host tier's copies moved and the device time they took (seconds; for copies
-    whose end the worker has seen complete): all copies, and of those the loads."""
+    whose end the worker has seen complete): all copies, and of those the loads; and the
+    pulls of a disaggregated consumer."""
 
     bytes_to_host: int = 0
     bytes_to_device: int = 0
     copy_seconds: float = 0.0
     load_seconds: float = 0.0
+    # Pulls from producer instances (worker/kv_peers.py): how many, their bytes and the time
+    # they took (host wall time around each pull; on CUDA the copies are queued, not waited).
+    num_pulls: int = 0
+    bytes_pulled: int = 0
+    pull_seconds: float = 0.0
 
 
 class StepResult(msgspec.Struct, gc=False):

@@ -113,6 +113,7 @@ class PeerPools:
             raise ValueError(f"LADLE_KV_PULL must be one of {', '.join(PULL_STRATEGIES)}")
         self.strategy = strategy
         self._mapped: dict[str, torch.Tensor] = {}
+        self.num_pulls = 0
         self.bytes_pulled = 0
         self.pull_seconds = 0.0
 
@@ -138,11 +139,18 @@ class PeerPools:
                 started = time.perf_counter()
                 self._pull(op, local_layers)
                 self.pull_seconds += time.perf_counter() - started
+                self.num_pulls += 1
                 done.append(op.op_id)
             except Exception as error:  # noqa: BLE001 - the pull fails, the engine goes on
                 self._mapped.pop(op.peer, None)
                 failed[op.op_id] = f"KV pull failed: {type(error).__name__}: {error}"
         return done, failed
+
+    def take_stats(self) -> tuple[int, int, float]:
+        """(pulls, bytes, seconds) since the last call."""
+        stats = (self.num_pulls, self.bytes_pulled, self.pull_seconds)
+        self.num_pulls, self.bytes_pulled, self.pull_seconds = 0, 0, 0.0
+        return stats
 
     def _pull(self, op: KVOperation, local_layers: list[torch.Tensor]) -> None:
         remote = self.pool(op.peer)

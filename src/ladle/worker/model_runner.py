@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
-from ladle.protocol.step import KV_PULL, StepPlan, StepResult
+from ladle.protocol.step import KV_PULL, KVTransferStats, StepPlan, StepResult
 from ladle.sample.logprobs import logprobs_to_messages
 from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
@@ -353,6 +353,12 @@ class ModelRunner:
                 done, failed = self.kv_peers.run(pulls, self.kv_caches)
                 report.done += done
                 report.failed.update(failed)
+                num_pulls, num_bytes, seconds = self.kv_peers.take_stats()
+                stats = report.stats if report.stats is not None else KVTransferStats()
+                stats.num_pulls += num_pulls
+                stats.bytes_pulled += num_bytes
+                stats.pull_seconds += seconds
+                report.stats = stats
         return report
 
     def _penalty_history(self, vocab_size: int) -> PenaltyHistory:

@@ -54,7 +54,6 @@ REFUSED: dict[str, str] = {
     "metadata": "stored completions are not supported",
     "service_tier": "service tiers are not supported",
     "verbosity": "verbosity is not supported",
-    "kv_transfer_params": "KV transfer is not supported",
     "vllm_xargs": "vllm_xargs is not supported",
     "request_id": "client-chosen request ids are not supported",
     "logits_processors": "custom logits processors are not supported",

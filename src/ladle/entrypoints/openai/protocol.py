@@ -111,6 +111,8 @@ class _SamplingFields(_Strict):
     bad_words: list[StrictStr] | None = None  # vLLM's: words never generated
     # vLLM's: the logprob of each prompt token (and its top k), not with stream
     prompt_logprobs: api_field("logprobs") | None = None
+    # vLLM's disaggregated-serving proxy protocol (kv_transfer_fields.py).
+    kv_transfer_params: dict[str, Any] | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -263,6 +265,7 @@ class CompletionResponse(BaseModel):
     model: str
     choices: list[CompletionChoice]
     usage: UsageInfo | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill's answer to a proxy
 
 
 class ChatTopLogprob(BaseModel):
@@ -333,6 +336,7 @@ class ChatCompletionResponse(BaseModel):
     model: str
     choices: list[ChatCompletionChoice]
     usage: UsageInfo | None = None
+    kv_transfer_params: dict[str, Any] | None = None  # a prefill's answer to a proxy
     prompt_logprobs: PromptLogprobs | None = None
 
 

@@ -7,6 +7,7 @@
     GET  /health                200 while the engine process is alive, else 503
     GET  /version
     GET  /metrics               Prometheus (metrics.py)
+    POST /v1/kv_transfer/release  a decode server frees KV held here (kv_release.py)
 
 Every error leaves as OpenAI's error body (errors.py); an unexpected exception is a 500 in the
 same format, logged with its traceback.
@@ -37,6 +38,7 @@ from ladle.entrypoints.openai.errors import (
     ServiceUnavailableError,
     error_body,
 )
+from ladle.entrypoints.openai.kv_release import release_handoffs
 from ladle.entrypoints.openai.protocol import ModelCard, ModelList
 from ladle.entrypoints.openai.request_log import RequestLogMiddleware
 from ladle.entrypoints.openai.serving_chat import OpenAIServingChat
@@ -141,6 +143,14 @@ def build_app(
         body = await read_body(request, settings.max_request_bytes)
         _set_retry_key(request, body)
         return await handlers[0].chat.create(body, request)
+
+    # Outside the API key: the handoff's own token authorizes it (kv_release.py).
+    @app.post("/v1/kv_transfer/release")
+    async def release_kv(request: Request) -> JSONResponse:
+        """A decode server's word that it has the KV of prompts handed off here
+        (frontend/external_handoffs.py): their held blocks are freed now."""
+        body = await read_body(request, settings.max_request_bytes)
+        return JSONResponse({"released": release_handoffs(client, body)})
 
     app.include_router(v1)
     add_api_docs(app, api_key_check)

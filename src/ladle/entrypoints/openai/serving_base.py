@@ -107,6 +107,7 @@ class OpenAIServing:
     def add_request(
         self, prefix: str, prompt: str | None, prompt_token_ids: list[int], params: SamplingParams,
         priority: int, admission_checked: bool = False, stream: bool = False,
+        kv_transfer_params: dict | None = None,
     ) -> RequestStream:
         """admission_checked: admit_batch() already admitted the batch this request is part of
         (so a batch is admitted whole or not at all). stream: the response streams deltas."""
@@ -114,6 +115,7 @@ class OpenAIServing:
             request_stream = self.client.add_request(
                 self.client.new_request_id(prefix), prompt, prompt_token_ids, params, priority,
                 admission_checked=admission_checked, stream=stream,
+                kv_transfer_params=kv_transfer_params,
             )
         except QueueFullError as error:
             raise self.queue_full(error) from error

@@ -12,6 +12,7 @@ from fastapi.responses import JSONResponse, Response
 
 from ladle.entrypoints.openai.chat_reply import ChoiceStream, ReplyShaper
 from ladle.entrypoints.openai.errors import BadRequestError
+from ladle.entrypoints.openai.kv_transfer_fields import check_kv_transfer_params
 from ladle.entrypoints.openai.logprobs import chat_logprobs
 from ladle.entrypoints.openai.prompt_options import (
     chat_echo_text,
@@ -115,9 +116,13 @@ class OpenAIServingChat(OpenAIServing):
             request, max_tokens, num_top if request.logprobs else None, structured,
             defaults=self.client.sampling_defaults, vocab_size=info.vocab_size,
         )
+        kv_params = check_kv_transfer_params(
+            request.kv_transfer_params, self.client, n=request.n, stream=request.stream,
+            wants_logprobs=bool(request.logprobs) or request.prompt_logprobs is not None,
+        )
         stream = self.add_request(
             "chatcmpl", None, prompt_token_ids, params, request.priority,
-            stream=bool(request.stream),
+            stream=bool(request.stream), kv_transfer_params=kv_params,
         )
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         if request.stream:
@@ -229,6 +234,7 @@ class OpenAIServingChat(OpenAIServing):
             model=self.served_model_name,
             choices=choices,
             usage=self.usage([num_prompt_tokens], [output]),
+            kv_transfer_params=output.kv_transfer_params,
             prompt_logprobs=prompt_logprobs_json(output.prompt_logprobs, self.token_texts),
         )
 

@@ -15,6 +15,7 @@ from fastapi import Request
 from fastapi.responses import JSONResponse, Response
 
 from ladle.entrypoints.openai.errors import BadRequestError
+from ladle.entrypoints.openai.kv_transfer_fields import check_kv_transfer_params
 from ladle.entrypoints.openai.logprobs import completion_logprobs, completion_logprobs_fields
 from ladle.entrypoints.openai.prompt_options import (
     check_prompt_logprobs,
@@ -59,6 +60,11 @@ class OpenAIServingCompletion(OpenAIServing):
             request, self._tokenize(request.prompt, request.add_special_tokens)
         )
         params_list = [self._params(request, token_ids) for _, token_ids in prompts]
+        kv_params = check_kv_transfer_params(
+            request.kv_transfer_params, self.client, n=request.n, stream=request.stream,
+            wants_logprobs=request.logprobs is not None or request.prompt_logprobs is not None,
+            num_prompts=len(prompts),
+        )
         self.admit_batch(
             len(prompts) * request.n, sum(len(ids) for _, ids in prompts) * request.n
         )
@@ -67,7 +73,8 @@ class OpenAIServingCompletion(OpenAIServing):
             for (text, token_ids), params in zip(prompts, params_list, strict=True):
                 streams.append(
                     self.add_request("cmpl", text, token_ids, params, request.priority,
-                                     admission_checked=True, stream=bool(request.stream))
+                                     admission_checked=True, stream=bool(request.stream),
+                                     kv_transfer_params=kv_params)
                 )
         except BaseException:
             for stream in streams:
@@ -219,6 +226,7 @@ class OpenAIServingCompletion(OpenAIServing):
             model=self.served_model_name,
             choices=choices,
             usage=self.usage(prompt_lengths, outputs),
+            kv_transfer_params=outputs[0].kv_transfer_params if len(outputs) == 1 else None,
         )
 
     async def _stream(
