@@ -28,8 +28,11 @@ def add_train_draft_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("out", help="output folder (created; must be empty unless --overwrite)")
     sub.add_argument("--num-prompts", type=int, default=512, help="training prompts")
     sub.add_argument(
-        "--held-out", type=int, default=32, help="further prompts kept out of training, on "
-        "which the acceptance length is measured (0: none)"
+        "--held-out",
+        type=int,
+        default=32,
+        help="further prompts kept out of training, on "
+        "which the acceptance length is measured (0: none)",
     )
     sub.add_argument("--max-new-tokens", type=int, default=256, help="answer length cap")
     sub.add_argument(
@@ -39,38 +42,47 @@ def add_train_draft_parser(subparsers: argparse._SubParsersAction) -> None:
     sub.add_argument("--lr", type=float, default=3e-4, help="AdamW peak learning rate")
     sub.add_argument("--batch-size", type=int, default=4, help="sequences per step")
     sub.add_argument(
-        "--max-seq-len", type=int, default=1024, help="prompt + answer tokens; longer prompts "
-        "are dropped"
+        "--max-seq-len",
+        type=int,
+        default=1024,
+        help="prompt + answer tokens; longer prompts are dropped",
     )
     sub.add_argument(
-        "--ttt-steps", type=int, default=5, help="draft steps unrolled per training position "
-        "(EAGLE-3's training-time test)"
+        "--ttt-steps",
+        type=int,
+        default=5,
+        help="draft steps unrolled per training position (EAGLE-3's training-time test)",
     )
     sub.add_argument(
-        "--draft-vocab-size", type=int, default=None,
+        "--draft-vocab-size",
+        type=int,
+        default=None,
         help="tokens the head drafts (the answers' most frequent); default min(vocab, 32000)",
     )
     sub.add_argument(
         "--num-speculative-tokens", type=int, default=4, help="k of the held-out measurement"
     )
     sub.add_argument(
-        "--aux-layer-ids", default=None, help="three comma-separated target layers to fuse "
+        "--aux-layer-ids",
+        default=None,
+        help="three comma-separated target layers to fuse "
         "(vLLM's ids: the stream entering layer i); default 2,L/2,L-3",
     )
     sub.add_argument("--device", default="auto", help="auto, cpu or cuda[:N]")
     sub.add_argument("--seed", type=int, default=0)
     sub.add_argument(
-        "--prompts-file", default=None, help="JSONL prompts (a string or {\"prompt\": ...} a "
-        "line) instead of ShareGPT"
+        "--prompts-file",
+        default=None,
+        help='JSONL prompts (a string or {"prompt": ...} a line) instead of ShareGPT',
     )
     sub.add_argument(
-        "--load-format", default="auto", choices=["auto", "dummy", "gguf", "safetensors"],
+        "--load-format",
+        default="auto",
+        choices=["auto", "dummy", "gguf", "safetensors"],
         help="dummy: random weights of a preset (shape tests)",
     )
     sub.add_argument("--tokenizer", default=None, help="tokenizer, if not the model's")
-    sub.add_argument(
-        "--save-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"]
-    )
+    sub.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
     sub.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT")
     sub.set_defaults(handler=run_train_draft)
 

@@ -62,7 +62,7 @@ def read_prompts_file(path: str | Path) -> list[str]:
         text = record.get("prompt") if isinstance(record, dict) else record
         if not isinstance(text, str) or not text:
             raise ValueError(
-                f"prompts_file line {number}: expected a string or {{\"prompt\": string}}"
+                f'prompts_file line {number}: expected a string or {{"prompt": string}}'
             )
         prompts.append(text)
     if not prompts:

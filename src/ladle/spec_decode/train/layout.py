@@ -89,6 +89,10 @@ def load_head(folder: Path, device: str | torch.device = "cpu") -> Eagle3Head:
     tensors = load_file(str(folder / WEIGHTS_FILE), device=str(device))
     draft_ids = tensors["d2t"] + torch.arange(len(tensors["d2t"]), device=tensors["d2t"].device)
     head = Eagle3Head(config, draft_ids).to(device)
-    head.load_state_dict({name: tensor.float() if tensor.is_floating_point() else tensor
-                          for name, tensor in tensors.items()})
+    head.load_state_dict(
+        {
+            name: tensor.float() if tensor.is_floating_point() else tensor
+            for name, tensor in tensors.items()
+        }
+    )
     return head.eval()

@@ -5,9 +5,9 @@ as inference will run it.
 At step j, position t of a sequence x: the input token is x[t+1+j] (the target's, teacher
 forced: a draft the verifier accepts equals it), the rotary position t+j, and the label is the
 target's next-token distribution at position t+1+j (restricted to the draft vocabulary), for
-answer positions whose target argmax is in the draft vocabulary. Loss: cross-entropy against
-that distribution, step j weighted 0.8^j (EAGLE-3's choice: later steps matter less, as their
-tokens are reached less often).
+answer positions whose target argmax is in the draft vocabulary. Loss: KL divergence from
+that distribution (cross-entropy less its entropy), step j weighted 0.8^j (EAGLE-3's choice:
+later steps matter less, as their tokens are reached less often).
 """
 
 from __future__ import annotations
@@ -102,7 +102,9 @@ def unrolled_loss(
             target_logits = shifted(batch.final_hidden, 1 + step).to(target_head_rows.dtype)
             target_probs = torch.softmax((target_logits @ target_head_rows.t()).float(), dim=-1)
         log_probs = F.log_softmax(logits.float(), dim=-1)
-        per_token = -(target_probs * log_probs).sum(dim=-1)
+        # KL(target || head): cross-entropy less the target's entropy (the same gradient), so
+        # the loss reads as the gap left, 0 when the head matches the target.
+        per_token = (torch.xlogy(target_probs, target_probs) - target_probs * log_probs).sum(-1)
         count = mask.sum().clamp(min=1)
         total = total + STEP_WEIGHT_DECAY**step * (per_token * mask).sum() / count
         with torch.no_grad():
