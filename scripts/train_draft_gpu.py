@@ -32,9 +32,13 @@ def time_training_steps(
     steps: int,
     warmup: int,
     seed: int = 0,
+    device_name: str = "cuda",
 ) -> dict:
-    device = torch.device("cuda")
-    target = load_target(model, device, torch.bfloat16, load_format="dummy", seed=seed)
+    """Median seconds of `train_step` over `steps` steps after `warmup`, and what it ran on."""
+    device = torch.device(device_name)
+    on_cuda = device.type == "cuda"
+    dtype = torch.bfloat16 if on_cuda else torch.float32
+    target = load_target(model, device, dtype, load_format="dummy", seed=seed)
     arch = target.arch
     generator = torch.Generator(device="cpu").manual_seed(seed)
     draft_ids = (
@@ -50,12 +54,8 @@ def time_training_steps(
             SequenceFeatures(
                 token_ids=tokens.to(device),
                 prompt_length=seq_len // 4,
-                aux_hidden=torch.randn(
-                    seq_len, 3 * arch.hidden_size, device=device, dtype=torch.bfloat16
-                ),
-                final_hidden=torch.randn(
-                    seq_len, arch.hidden_size, device=device, dtype=torch.bfloat16
-                ),
+                aux_hidden=torch.randn(seq_len, 3 * arch.hidden_size, device=device, dtype=dtype),
+                final_hidden=torch.randn(seq_len, arch.hidden_size, device=device, dtype=dtype),
                 target_argmax=draft_ids[
                     torch.randint(0, draft_vocab_size, (seq_len,), generator=generator)
                 ].to(device),
@@ -63,19 +63,21 @@ def time_training_steps(
         )
     batch = make_batch(items, head.t2d, device)
     rows = target.lm_head_weight[head.draft_token_ids]
-    torch.cuda.reset_peak_memory_stats()
+    synchronize = torch.cuda.synchronize if on_cuda else (lambda: None)
+    if on_cuda:
+        torch.cuda.reset_peak_memory_stats()
     durations = []
     for index in range(warmup + steps):
-        torch.cuda.synchronize()
+        synchronize()
         started = time.perf_counter()
         result = train_step(head, optimizer, batch, target.embedding, rows, ttt_steps)
-        torch.cuda.synchronize()
+        synchronize()
         if index >= warmup:
             durations.append(time.perf_counter() - started)
     median = statistics.median(durations)
     return {
         "model": model,
-        "device": torch.cuda.get_device_name(),
+        "device": torch.cuda.get_device_name() if on_cuda else "cpu",
         "batch_size": batch_size,
         "seq_len": seq_len,
         "ttt_steps": ttt_steps,
@@ -84,7 +86,9 @@ def time_training_steps(
         "median_step_s": round(median, 4),
         "min_step_s": round(min(durations), 4),
         "tokens_per_s": round(batch_size * seq_len / median, 1),
-        "peak_memory_gib": round(torch.cuda.max_memory_allocated() / 2**30, 2),
+        "peak_memory_gib": (
+            round(torch.cuda.max_memory_allocated() / 2**30, 2) if on_cuda else None
+        ),
         "last_loss": result.loss,
     }
 
@@ -98,9 +102,10 @@ def main() -> None:
     parser.add_argument("--draft-vocab-size", type=int, default=32000)
     parser.add_argument("--steps", type=int, default=10)
     parser.add_argument("--warmup", type=int, default=3)
+    parser.add_argument("--device", default="cuda", help="cuda, or cpu for a smoke run")
     args = parser.parse_args()
-    if not torch.cuda.is_available():
-        raise SystemExit("train_draft_gpu.py needs CUDA")
+    if args.device.startswith("cuda") and not torch.cuda.is_available():
+        raise SystemExit("train_draft_gpu.py: CUDA is not available (--device cpu to smoke-test)")
     print(
         json.dumps(
             time_training_steps(
@@ -111,6 +116,7 @@ def main() -> None:
                 args.draft_vocab_size,
                 args.steps,
                 args.warmup,
+                device_name=args.device,
             ),
             indent=2,
         )

@@ -253,6 +253,8 @@ def test_bad_options_name_the_field(tmp_path):
         TrainDraftOptions(model=None, out=tmp_path / "a", num_prompts=0).validate()
     with pytest.raises(ValueError, match="ttt_steps"):
         TrainDraftOptions(model=None, out=tmp_path / "a", ttt_steps=0).validate()
+    with pytest.raises(ValueError, match="train_threads"):
+        TrainDraftOptions(model=None, out=tmp_path / "a", train_threads=0).validate()
     with pytest.raises(ValueError, match="lr"):
         TrainDraftOptions(model=None, out=tmp_path / "a", lr=0).validate()
     (tmp_path / "full").mkdir()

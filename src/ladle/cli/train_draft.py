@@ -83,6 +83,13 @@ def add_train_draft_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     sub.add_argument("--tokenizer", default=None, help="tokenizer, if not the model's")
     sub.add_argument("--save-dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    sub.add_argument(
+        "--train-threads",
+        type=int,
+        default=None,
+        help="CPU threads for the feature pass and training (default: torch's); 1 is much "
+        "faster on a CPU busy with other work",
+    )
     sub.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT")
     sub.set_defaults(handler=run_train_draft)
 
@@ -123,6 +130,7 @@ def run_train_draft(args: argparse.Namespace) -> int:
         tokenizer=args.tokenizer,
         prompts_file=args.prompts_file,
         save_dtype=args.save_dtype,
+        train_threads=args.train_threads,
         overwrite=args.overwrite,
     )
     summary = train_draft(options)
