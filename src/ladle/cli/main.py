@@ -1,5 +1,5 @@
 """`ladle`: one entry point. `ladle generate`, `ladle chat`, `ladle serve`, `ladle bench`,
-`ladle quantize`."""
+`ladle quantize`, `ladle train-draft`."""
 
 from __future__ import annotations
 
@@ -12,6 +12,7 @@ from ladle.bench.multiturn import add_bench_multiturn_parser
 from ladle.bench.serve import add_parser as add_bench_serve_parser
 from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
 from ladle.cli.quantize import add_quantize_parser
+from ladle.cli.train_draft import add_train_draft_parser
 
 try:
     from ladle.cli.serve import add_serve_parser
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_multiturn_parser(bench_commands)
     add_bench_serve_parser(bench_commands)
     add_quantize_parser(subparsers)
+    add_train_draft_parser(subparsers)
     if add_serve_parser is None:
         _add_unavailable_serve_parser(subparsers, SERVE_IMPORT_ERROR)
     else:

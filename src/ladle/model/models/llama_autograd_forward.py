@@ -26,6 +26,22 @@ def sequence_logits(
     model: nn.Module, token_ids: torch.Tensor, overrides: Overrides | None = None
 ) -> torch.Tensor:
     """float32 logits [T, vocab] of the causal sequence `token_ids` [T] (positions 0..T-1)."""
+    _, final_hidden = sequence_hidden_states(model, token_ids, (), overrides)
+    decoder = model.model
+    head = decoder.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
+    return (final_hidden @ head.t()).float()
+
+
+def sequence_hidden_states(
+    model: nn.Module,
+    token_ids: torch.Tensor,
+    layer_ids: tuple[int, ...],
+    overrides: Overrides | None = None,
+) -> tuple[list[torch.Tensor], torch.Tensor]:
+    """(the residual stream entering each decoder layer of `layer_ids` [T, hidden], in that
+    order; the final normed hidden state [T, hidden] the LM head reads) of the causal sequence
+    `token_ids` [T]. The stream entering layer i is Hugging Face's hidden_states[i] and what
+    vLLM's EAGLE-3 calls auxiliary layer i (i = 0 is the embedding)."""
     overrides = overrides or {}
     config, decoder = model.config, model.model
 
@@ -46,7 +62,10 @@ def sequence_logits(
     )
     tables = decoder.rotary_emb.step_tables(torch.arange(num_tokens, device=token_ids.device))
     x = decoder.embed_tokens.weight[token_ids]
+    captured: dict[int, torch.Tensor] = {}
     for index, layer in enumerate(decoder.layers):
+        if index in layer_ids:
+            captured[index] = x
         prefix = f"model.layers.{index}."
         attention = layer.self_attn
         h = norm(prefix + "input_layernorm", layer.input_layernorm, x)
@@ -71,6 +90,7 @@ def sequence_logits(
         h = norm(prefix + "post_attention_layernorm", layer.post_attention_layernorm, x)
         gate, up = linear(prefix + "mlp.gate_up_proj", layer.mlp.gate_up_proj, h).chunk(2, dim=-1)
         x = x + linear(prefix + "mlp.down_proj", layer.mlp.down_proj, F.silu(gate) * up)
-    x = norm("model.norm", decoder.norm, x)
-    head = decoder.embed_tokens.weight if model.lm_head is None else model.lm_head.weight
-    return (x @ head.t()).float()
+    missing = [index for index in layer_ids if index not in captured]
+    if missing:
+        raise ValueError(f"layer ids {missing} are not decoder layers 0..{len(decoder.layers) - 1}")
+    return [captured[index] for index in layer_ids], norm("model.norm", decoder.norm, x)
