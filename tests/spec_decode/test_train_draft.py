@@ -307,3 +307,25 @@ def test_cli_reports_an_unknown_model(tmp_path, capsys):
     status = main(["train-draft", str(tmp_path / "m"), str(tmp_path / "out"), "--num-prompts", "0"])
     assert status == 2
     assert "num_prompts" in capsys.readouterr().err
+
+
+def test_the_trained_folder_drafts_in_the_engine(trained, tiny_deep_model):
+    """What train-draft writes is what `--speculative-config '{"method": "eagle3", ...}'` loads:
+    the engine takes the head's drafts, verifies them, and greedy output is unchanged."""
+    from ladle import LLM, SamplingParams
+
+    out, summary = trained
+    params = SamplingParams(temperature=0.0, max_tokens=24, ignore_eos=True)
+    prompts = [{"prompt_token_ids": [5 + 3 * i + j for j in range(12)]} for i in range(6)]
+    plain = LLM(tiny_deep_model, dtype="float32")
+    want = [list(o.outputs[0].token_ids) for o in plain.generate(prompts, params, use_tqdm=False)]
+    del plain
+    llm = LLM(tiny_deep_model, dtype="float32", speculative_config={
+        "method": "eagle3", "model": str(out), "num_speculative_tokens": 4, "adaptive": False,
+    })
+    got = [list(o.outputs[0].token_ids) for o in llm.generate(prompts, params, use_tqdm=False)]
+    spec = llm.engine.get_stats().spec_decode
+    assert got == want
+    assert spec.num_draft_tokens > 0
+    # The head was trained on this model's own answers: some drafts are right.
+    assert spec.num_accepted_tokens > 0, (spec.num_draft_tokens, summary["held_out_acceptance"])
