@@ -273,6 +273,8 @@ def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | N
         runs.append(run_engine(engine, requests, f"run{index}", show))
         _add_stats(drafted_stats, before, speculator.stats)
         scheduler.proposer = None
+        # The speculator's governor must not count the baseline's tokens as its own epochs.
+        engine.speculator = None
         # A draft network in the worker (in-process) is set aside too: its pass over every
         # step's tokens is speculation's cost, not the baseline's.
         runner = getattr(getattr(engine.executor, "worker", None), "runner", None)
@@ -283,6 +285,7 @@ def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | N
             baseline.append(run_engine(engine, requests, f"nospec{index}", show))
         finally:
             scheduler.proposer = speculator
+            engine.speculator = speculator
             if drafter is not None:
                 runner.drafter = drafter
     before, after = drafted_before, drafted_stats
