@@ -51,3 +51,18 @@ def test_no_fast_path_off_cuda_or_when_disabled():
     assert with_fast_all_reduce(tp, torch.device("cuda"), torch.bfloat16, disabled=True) is tp
     one = TensorParallel()
     assert with_fast_all_reduce(one, torch.device("cuda"), torch.bfloat16) is one
+
+
+def test_peers_must_share_a_host_and_reach_each_other():
+    from ladle.distributed.fast_all_reduce import peers_reachable
+
+    def always(mine: int, theirs: int) -> bool:
+        return True
+
+    def never(mine: int, theirs: int) -> bool:
+        return False
+
+    assert peers_reachable([("a", 0), ("a", 1)], 0, always)
+    assert not peers_reachable([("a", 0), ("a", 1)], 0, never)  # PCIe without P2P
+    assert not peers_reachable([("a", 0), ("b", 0)], 0, always)  # two hosts
+    assert peers_reachable([("a", 3)], 3, never)  # only itself

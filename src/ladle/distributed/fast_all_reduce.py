@@ -81,6 +81,16 @@ def choose(
     # alone does not leave the others waiting in a collective it will never join.
     fast, reason = None, ""
     try:
+        reachable = peers_reachable(_rank_places(group, device), _device_index(device),
+                                    torch.cuda.can_device_access_peer)
+    except Exception as error:  # noqa: BLE001
+        reachable, reason = False, f"{type(error).__name__}: {error}"
+    if not _everyone(reachable, group, device):
+        # Another host, or no peer access (PCIe without P2P): the one-shot kernel's peer loads
+        # would fail or hang, so it is not even tried.
+        why = f": {reason}" if reason else ""
+        return None, f"all-reduce: NCCL (ranks not all peer-reachable GPUs of one host{why})"
+    try:
         fast = build(group, device, dtype)
     except Exception as error:  # noqa: BLE001 -- any failure keeps NCCL, said in the log
         reason = f"{type(error).__name__}: {error}"
@@ -107,6 +117,31 @@ def choose(
         f"all-reduce: one-shot over symmetric memory up to {limit >> 10} KiB, NCCL above "
         f"(NCCL/one-shot {timings})"
     )
+
+
+def peers_reachable(
+    places: list[tuple[str, int]], my_index: int, can_access: Any
+) -> bool:
+    """Whether every rank's GPU (places: (host, device index) per rank) is on this rank's host
+    and reachable from this rank's GPU by peer access (can_access(mine, theirs))."""
+    host = places[0][0]
+    return all(
+        place_host == host and (index == my_index or can_access(my_index, index))
+        for place_host, index in places
+    )
+
+
+def _rank_places(group: Any, device: torch.device) -> list[tuple[str, int]]:
+    """(host name, device index) of every rank of the group (collective)."""
+    import socket
+
+    places: list[Any] = [None] * dist.get_world_size(group)
+    dist.all_gather_object(places, (socket.gethostname(), _device_index(device)), group=group)
+    return [tuple(place) for place in places]
+
+
+def _device_index(device: torch.device) -> int:
+    return device.index if device.index is not None else torch.cuda.current_device()
 
 
 def size_limit(sizes: tuple[int, ...], nccl_us: list[float], fast_us: list[float]) -> int:
