@@ -55,7 +55,7 @@ def capture_graph(
     """run() captured into a new graph that allocates from pool; returns it and its output."""
     if not (run_eagerly_first or _always_run_eagerly()):
         try:
-            return _capture(run, pool, times, refuse_builds=True)
+            return _capture(run, pool, device, times, refuse_builds=True)
         except TritonBuildNeeded:
             times.num_retries += 1
             torch.cuda.synchronize(device)
@@ -64,14 +64,31 @@ def capture_graph(
     torch.cuda.synchronize(device)
     times.eager_seconds += time.perf_counter() - started
     times.num_eager_runs += 1
-    return _capture(run, pool, times, refuse_builds=False)
+    return _capture(run, pool, device, times, refuse_builds=False)
 
 
-def _capture(run, pool, times: CaptureTimes, refuse_builds: bool):
+# torch.cuda.graph's default capture stream is one per process, made on whichever GPU was
+# current at the first capture; an engine on another GPU of the same process (a disaggregated
+# pair, two replicas in one test) would capture on a stream of the wrong device. One per device.
+_capture_streams: dict[torch.device, torch.cuda.Stream] = {}
+
+
+def capture_stream(device: torch.device) -> torch.cuda.Stream:
+    """The side stream graphs on `device` are captured on."""
+    device = torch.device("cuda", device.index if device.index is not None
+                          else torch.cuda.current_device())
+    stream = _capture_streams.get(device)
+    if stream is None:
+        stream = _capture_streams[device] = torch.cuda.Stream(device)
+    return stream
+
+
+def _capture(run, pool, device: torch.device, times: CaptureTimes, refuse_builds: bool):
     started = time.perf_counter()
     graph = torch.cuda.CUDAGraph()
     try:
-        with torch.cuda.graph(graph, pool=pool):
+        with torch.cuda.device(device), torch.cuda.graph(graph, pool=pool,
+                                                         stream=capture_stream(device)):
             if refuse_builds:
                 with no_builds():
                     output = run()

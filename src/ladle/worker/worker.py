@@ -47,6 +47,7 @@ from ladle.worker.prefill_graphs import (
     largest_prefill_bucket,
     request_buckets_for,
 )
+from ladle.worker.step_profiler import StepProfiler
 
 # Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
 MAX_GRAPH_BATCH_SIZE = 512
@@ -89,6 +90,7 @@ class Worker:
             resolve_device(config.model.device), rank, world_size, device_index
         )
         self.dtype = resolve_dtype(config.model.dtype, self.device)
+        self.step_profiler = StepProfiler.from_env(rank, self.device)
         block_size = config.cache.block_size
         # Every rank seeds alike: each samples the same tokens from the same gathered logits.
         torch.manual_seed(config.model.seed)
@@ -295,9 +297,13 @@ class Worker:
     def execute(
         self, plan: StepPlan, grammar_bitmask: PendingGrammarBitmask | None = None
     ) -> LaunchedStep:
+        if self.step_profiler is not None:
+            self.step_profiler.step_starts()
         return self.runner.execute(plan, grammar_bitmask)
 
     def launch_forward(self, plan: StepPlan) -> ForwardStep:
+        if self.step_profiler is not None:
+            self.step_profiler.step_starts()
         return self.runner.launch_forward(plan)
 
     def sample(

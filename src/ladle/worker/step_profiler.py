@@ -1,0 +1,124 @@
+"""A torch-profiler window over a worker's steps, switched on from the environment (vLLM's
+VLLM_TORCH_PROFILER_DIR does the same): where a rank's GPU time goes and how long it idles
+between kernels, in every rank's own process, which a profiler around the engine cannot see.
+
+    LADLE_TORCH_PROFILER_DIR=/tmp/prof LADLE_PROFILE_STEPS=100:50 ladle bench latency ... -tp 2
+
+skips the first 100 steps of each rank, profiles the next 50 and writes, per rank,
+`rank{R}.json` (wall and kernel-busy ms per step, idle gaps, the kernels by GPU time) and
+`rank{R}.trace.json` (a Chrome trace). The window ends with a device synchronisation, so the
+steps after it are not timed by anything here.
+"""
+
+from __future__ import annotations
+
+import collections
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ladle.bench.gpu_timing import busy_and_gaps
+
+DIRECTORY_ENV = "LADLE_TORCH_PROFILER_DIR"
+WINDOW_ENV = "LADLE_PROFILE_STEPS"
+DEFAULT_WINDOW = (100, 50)
+TOP_KERNELS = 25
+
+
+class StepProfiler:
+    """Counts a rank's steps; profiles steps [skip, skip + count) and writes the summary."""
+
+    def __init__(self, directory: Path, rank: int, device: torch.device, skip: int, count: int):
+        self.directory, self.rank, self.device = directory, rank, device
+        self.skip, self.count = skip, count
+        self.steps = 0
+        self._profile = None
+        self._started = 0.0
+
+    @classmethod
+    def from_env(cls, rank: int, device: torch.device) -> StepProfiler | None:
+        directory = os.environ.get(DIRECTORY_ENV)
+        if not directory:
+            return None
+        skip, count = DEFAULT_WINDOW
+        window = os.environ.get(WINDOW_ENV)
+        if window:
+            try:
+                skip, count = (int(part) for part in window.split(":"))
+            except ValueError:
+                raise ValueError(
+                    f"{WINDOW_ENV} must be SKIP:COUNT (steps), e.g. 100:50; got {window!r}"
+                ) from None
+        if skip < 0 or count < 1:
+            raise ValueError(f"{WINDOW_ENV} needs SKIP >= 0 and COUNT >= 1; got {window!r}")
+        return cls(Path(directory), rank, device, skip, count)
+
+    def step_starts(self) -> None:
+        """Called as each step is launched."""
+        if self.steps == self.skip:
+            self._start()
+        elif self.steps == self.skip + self.count and self._profile is not None:
+            self._finish()
+        self.steps += 1
+
+    def _start(self) -> None:
+        from torch.profiler import ProfilerActivity, profile
+
+        activities = [ProfilerActivity.CPU]
+        if self.device.type == "cuda":
+            activities.append(ProfilerActivity.CUDA)
+            torch.cuda.synchronize(self.device)
+        self._profile = profile(activities=activities)
+        self._profile.__enter__()
+        self._started = time.perf_counter()
+
+    def _finish(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+        wall = time.perf_counter() - self._started
+        profile, self._profile = self._profile, None
+        profile.__exit__(None, None, None)
+        self.directory.mkdir(parents=True, exist_ok=True)
+        profile.export_chrome_trace(str(self.directory / f"rank{self.rank}.trace.json"))
+        summary = summarize(profile.events(), self.count, wall)
+        (self.directory / f"rank{self.rank}.json").write_text(json.dumps(summary, indent=1))
+        print(
+            f"[ladle] rank {self.rank} profiled {self.count} steps: wall "
+            f"{summary['wall_ms_per_step']} ms/step, kernels busy "
+            f"{summary['kernel_busy_ms_per_step']} ms/step -> {self.directory}",
+            file=sys.stderr, flush=True,
+        )
+
+
+def summarize(events, steps: int, wall_seconds: float) -> dict:
+    """Per step: wall, kernel-busy and idle-gap milliseconds, and the kernels by GPU time."""
+    kernels = [
+        (event.time_range.start, event.time_range.end, event.name)
+        for event in events
+        if event.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    by_name: dict[str, list[float]] = collections.defaultdict(list)
+    for start, end, name in kernels:
+        by_name[name].append(end - start)
+    busy_us, gaps = busy_and_gaps((start, end) for start, end, _ in kernels)
+    table = sorted(
+        (
+            {"kernel": name[:110], "us_per_step": round(sum(times) / steps, 1),
+             "per_step": round(len(times) / steps, 2)}
+            for name, times in by_name.items()
+        ),
+        key=lambda row: -row["us_per_step"],
+    )
+    return {
+        "steps": steps,
+        "wall_ms_per_step": round(wall_seconds * 1000 / steps, 3),
+        "kernel_busy_ms_per_step": round(busy_us / 1000 / steps, 3),
+        "busy_fraction": round(busy_us / 1e6 / wall_seconds, 3) if wall_seconds else None,
+        "gaps_per_step": round(len(gaps) / steps, 1),
+        "gap_ms_per_step": round(sum(gaps) / 1000 / steps, 3),
+        "kernels": table[:TOP_KERNELS],
+    }

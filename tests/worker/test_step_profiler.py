@@ -1,0 +1,35 @@
+"""The environment-switched step profiler (worker/step_profiler.py): the window it profiles is
+the one asked for, its summary is written per rank, and a malformed window is a clear error."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from ladle import LLM, SamplingParams
+from ladle.worker.step_profiler import StepProfiler
+
+
+def test_a_malformed_window_names_the_variable(monkeypatch, tmp_path):
+    monkeypatch.setenv("LADLE_TORCH_PROFILER_DIR", str(tmp_path))
+    monkeypatch.setenv("LADLE_PROFILE_STEPS", "ten")
+    with pytest.raises(ValueError, match="LADLE_PROFILE_STEPS"):
+        StepProfiler.from_env(0, torch.device("cpu"))
+    monkeypatch.delenv("LADLE_TORCH_PROFILER_DIR")
+    assert StepProfiler.from_env(0, torch.device("cpu")) is None
+
+
+def test_the_window_profiles_the_steps_asked_for(monkeypatch, tmp_path):
+    monkeypatch.setenv("LADLE_TORCH_PROFILER_DIR", str(tmp_path))
+    monkeypatch.setenv("LADLE_PROFILE_STEPS", "2:3")
+    llm = LLM("tiny-llama", load_format="dummy", max_num_seqs=4)
+    steps = llm.engine.executor.worker.step_profiler
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=12, ignore_eos=True),
+                 use_tqdm=False)  # fmt: skip
+    summary = json.loads((tmp_path / "rank0.json").read_text())
+    assert summary["steps"] == 3
+    assert summary["wall_ms_per_step"] > 0
+    assert (tmp_path / "rank0.trace.json").stat().st_size > 0
+    assert steps.steps >= 2 + 3
