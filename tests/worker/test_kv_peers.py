@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from ladle.protocol.step import KV_PULL, KVOperation
-from ladle.worker.kv_peers import PeerPools, export_kv_pool
+from ladle.worker.kv_copier import block_runs
+from ladle.worker.kv_peers import PeerPools, export_kv_pool, pull_gathered
 
 SHAPE = (3, 2, 10, 4, 2, 8)  # layers, K/V, blocks, block size, heads, head dim
 SOURCES, TARGETS = [2, 3, 4, 7, 1], [5, 6, 7, 1, 9]
@@ -39,18 +40,22 @@ def test_cpu_pull_through_shared_memory(dtype):
     assert seconds > 0 and peers.take_stats() == (0, 0, 0.0)
 
 
-@pytest.mark.parametrize("strategy", ["kernel", "memcpy"])
+@pytest.mark.parametrize("strategy", ["kernel", "memcpy", "gathered"])
 @pytest.mark.parametrize("stacked", [True, False])
 def test_gpu_strategies_copy_the_same_bytes(strategy, stacked):
+    """The GPU pull's forms (a copy per run in either strategy, or the gather that scattered
+    blocks take), run on CPU tensors, move the same bytes."""
     as_bytes = (*SHAPE[:-1], 2 * SHAPE[-1])
     pool = torch.randint(0, 255, as_bytes, dtype=torch.uint8).view(torch.bfloat16)
     local = torch.zeros(SHAPE, dtype=torch.bfloat16)
     layers = list(local.unbind(0)) if stacked else [layer.clone() for layer in local.unbind(0)]
     before = local.clone()
     op = KVOperation(KV_PULL, SOURCES, TARGETS, -1, "")
-    peers = PeerPools(strategy)
-    peers._pull_runs(op, pool.view(torch.uint8), layers,
-                     local if stacked else None)
+    if strategy == "gathered":
+        pull_gathered(op, pool.view(torch.uint8), layers, local if stacked else None)
+    else:
+        PeerPools(strategy)._pull_runs(block_runs(SOURCES, TARGETS), pool.view(torch.uint8),
+                                       layers, local if stacked else None)  # fmt: skip
     got = torch.stack(layers)
     assert torch.equal(got.view(torch.uint8), _expected(pool, before).view(torch.uint8))
 
