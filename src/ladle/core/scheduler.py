@@ -23,6 +23,7 @@ from ladle.core.draft_proposer import (
     AdaptiveDraftProposer,
     DraftProposer,
     WorkerDraftProposer,
+    implements,
     num_lookahead_tokens,
     propose_drafts,
 )
@@ -569,12 +570,12 @@ class Scheduler:
 
     def _store_model_drafts(self, request: Request, draft_token_ids: list[int]) -> None:
         proposer = self.proposer
-        if isinstance(proposer, WorkerDraftProposer):
+        if implements(proposer, WorkerDraftProposer):
             proposer.store_model_drafts(request, draft_token_ids)
 
     def _adaptive_proposer(self) -> AdaptiveDraftProposer | None:
         proposer = self.proposer
-        return proposer if isinstance(proposer, AdaptiveDraftProposer) else None
+        return proposer if implements(proposer, AdaptiveDraftProposer) else None
 
     def _release(self, request: Request) -> None:
         adaptive = self._adaptive_proposer()

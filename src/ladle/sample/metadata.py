@@ -73,7 +73,12 @@ def pack_sampling_rows(
 
 def unpack_sampling_rows(packed: torch.Tensor) -> dict[str, torch.Tensor]:
     """pack_sampling_rows' inverse: contiguous [num_reqs] rows, on packed's device."""
-    columns = packed.t().contiguous()
+    return unpack_sampling_columns(packed.t().contiguous())
+
+
+def unpack_sampling_columns(columns: torch.Tensor) -> dict[str, torch.Tensor]:
+    """[len(ROW_DTYPES), num_reqs] contiguous int32 -> the [num_reqs] rows, as views (no
+    launch: the persistent batch's gather gives this layout)."""
     return {
         name: columns[index].view(dtype) for index, (name, dtype) in enumerate(ROW_DTYPES.items())
     }

@@ -109,10 +109,14 @@ class Sampler(nn.Module):
             return _argmax(logits)
         greedy_ids = None if flags.all_random else _argmax(logits)
 
-        is_greedy = metadata.temperature < GREEDY_TEMPERATURE
-        # Greedy rows divide by 1 instead of ~0: their draw is thrown away, but no inf may appear.
         # float32 also where the fused draw reads 16-bit logits (a bf16 0.6 would be 0.6016).
-        temperature = torch.where(is_greedy, 1.0, metadata.temperature.to(torch.float32))
+        temperature = metadata.temperature.to(torch.float32)
+        is_greedy = None
+        if not flags.all_random:
+            # Greedy rows divide by 1 instead of ~0: their draw is thrown away, but no inf may
+            # appear. (With no greedy row this is the temperature itself: two launches saved.)
+            is_greedy = temperature < GREEDY_TEMPERATURE
+            temperature = torch.where(is_greedy, 1.0, temperature)
         may_truncate = not (flags.no_min_p and flags.no_top_k and flags.no_top_p)
         has_draft_probs = metadata.draft_probs is not None
         if use_fused_kernels(logits) and not may_truncate and not has_draft_probs:

@@ -32,6 +32,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from ladle.attention.metadata import AttentionMetadata
@@ -64,6 +65,37 @@ class _StaticInputs:
     query_start_loc: torch.Tensor  # [max_bs + 1] int32, always 0..max_bs: one token a request
     seq_lens: torch.Tensor  # [max_bs] int32
     block_tables: torch.Tensor  # [max_bs, max_blocks_per_seq] int32
+    # positions, slot_mapping and seq_lens are views into this one int32 buffer (int64 values
+    # as word pairs), so a step's host can write all three, padding included, with one copy
+    # (pack_decode_words) instead of three device-to-device copies and two fills.
+    words: torch.Tensor  # [5 * max_bs] int32
+
+
+def decode_words_layout(max_bs: int) -> dict[str, tuple[int, int]]:
+    """(first word, number of words) of each part of _StaticInputs.words."""
+    return {
+        "positions": (0, 2 * max_bs),
+        "slot_mapping": (2 * max_bs, 2 * max_bs),
+        "seq_lens": (4 * max_bs, max_bs),
+    }
+
+
+def pack_decode_words(
+    max_bs: int, positions: np.ndarray, slot_mapping: np.ndarray, seq_lens: np.ndarray
+) -> np.ndarray:
+    """The host image of _StaticInputs.words for a decode step of len(positions) requests:
+    the padding rows (up to max_bs) write one token at slot 0 of the null block, with a
+    context of one, as DecodeGraphs.run's padding does."""
+    words = np.zeros(5 * max_bs, dtype=np.int32)
+    num_reqs = len(positions)
+    layout = decode_words_layout(max_bs)
+    for name, values in (("positions", positions), ("slot_mapping", slot_mapping)):
+        start, _ = layout[name]
+        words[start : start + 2 * num_reqs] = values.astype(np.int64, copy=False).view(np.int32)
+    start, count = layout["seq_lens"]
+    words[start : start + count] = 1
+    words[start : start + num_reqs] = seq_lens
+    return words
 
 
 ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
@@ -111,13 +143,21 @@ class DecodeGraphs:
         device, max_blocks_per_seq = self.device, self.max_blocks_per_seq
         max_bs = self.batch_sizes[-1]
         zeros = dict(device=device)
+        words = torch.from_numpy(
+            pack_decode_words(max_bs, *(np.zeros(0, dtype=np.int64),) * 3)
+        ).to(device)
+        views = {
+            name: words[start : start + count]
+            for name, (start, count) in decode_words_layout(max_bs).items()
+        }
         return _StaticInputs(
             input_ids=torch.zeros(max_bs, dtype=torch.int32, **zeros),
-            positions=torch.zeros(max_bs, dtype=torch.long, **zeros),
-            slot_mapping=torch.zeros(max_bs, dtype=torch.long, **zeros),
+            positions=views["positions"].view(torch.long),
+            slot_mapping=views["slot_mapping"].view(torch.long),
             query_start_loc=torch.arange(max_bs + 1, dtype=torch.int32, device=device),
-            seq_lens=torch.ones(max_bs, dtype=torch.int32, **zeros),
+            seq_lens=views["seq_lens"],
             block_tables=torch.zeros((max_bs, max_blocks_per_seq), dtype=torch.int32, **zeros),
+            words=words,
         )
 
     def _metadata(self, batch_size: int) -> AttentionMetadata:
@@ -196,6 +236,18 @@ class DecodeGraphs:
             and self.prefill.bucket_for(num_reqs, num_tokens, width) is not None
         )
 
+    def decode_batch_size(
+        self, num_reqs: int, num_tokens: int, max_query_len: int, width: int
+    ) -> int | None:
+        """The bucket a captured decode graph replays this step at, or None (not a decode
+        step, no bucket holds it, or nothing captured): the step's builder then writes the
+        graph's inputs straight into its static buffers (StepInputBuilder)."""
+        if not self.captured or not self._is_decode_step(
+            num_reqs, num_tokens, max_query_len, width
+        ):
+            return None
+        return padded_batch_size(num_reqs, self.batch_sizes)
+
     def eager_metadata(self, metadata: AttentionMetadata, num_tokens: int) -> AttentionMetadata:
         """metadata marked with the launches that this step's graph bucket takes (if it fits
         one): the eager run of a step then gives the same numbers as its graph's replay, so
@@ -209,11 +261,17 @@ class DecodeGraphs:
         return metadata
 
     def run(
-        self, input_ids: torch.Tensor, positions: torch.Tensor, metadata: AttentionMetadata
+        self,
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+        inputs_written: bool = False,
     ) -> torch.Tensor:
         """Replay the bucket that holds this step (can_run said one does); returns
         [num_tokens, hidden] states (a view into the graph's output, valid until the next
-        replay)."""
+        replay). inputs_written: a decode step whose builder already wrote the positions,
+        cache slots, context lengths (padding rows included) and block-table rows into the
+        static buffers (StepInputBuilder); only the input ids are copied then."""
         num_reqs = metadata.num_reqs
         num_tokens = input_ids.shape[0]
         width = metadata.block_tables.shape[1]
@@ -227,14 +285,17 @@ class DecodeGraphs:
         static = self.static
         assert static is not None, "run before capture"
         static.input_ids[:num_reqs].copy_(input_ids, non_blocking=True)
-        static.positions[:num_reqs].copy_(positions, non_blocking=True)
-        static.slot_mapping[:num_reqs].copy_(metadata.slot_mapping, non_blocking=True)
-        static.seq_lens[:num_reqs].copy_(metadata.seq_lens, non_blocking=True)
-        static.block_tables[:num_reqs, :width].copy_(metadata.block_tables, non_blocking=True)
+        if not inputs_written:
+            static.positions[:num_reqs].copy_(positions, non_blocking=True)
+            static.slot_mapping[:num_reqs].copy_(metadata.slot_mapping, non_blocking=True)
+            static.seq_lens[:num_reqs].copy_(metadata.seq_lens, non_blocking=True)
+            static.block_tables[:num_reqs, :width].copy_(metadata.block_tables, non_blocking=True)
         if batch_size > num_reqs:
-            # Padding requests: one token at slot 0 of the null block, a context of one.
-            static.slot_mapping[num_reqs:batch_size].zero_()
-            static.seq_lens[num_reqs:batch_size].fill_(1)
+            # Padding requests: one token at slot 0 of the null block, a context of one (the
+            # builder's words hold the first two already).
+            if not inputs_written:
+                static.slot_mapping[num_reqs:batch_size].zero_()
+                static.seq_lens[num_reqs:batch_size].fill_(1)
             static.block_tables[num_reqs:batch_size, 0].zero_()
         self._graphs[batch_size].replay()
         return self._outputs[batch_size][:num_reqs]

@@ -233,8 +233,9 @@ class ModelRunner:
         row_output_index = [
             scheduled[position].output_index + offset for position, offset in sampling_rows
         ]
+        graphs = self.graphs
         inputs = self.input_builder.build(
-            plan, states, sampling_rows, row_output_index, self.batch
+            plan, states, sampling_rows, row_output_index, self.batch, graphs
         )
         input_ids = inputs.input_ids
         if inputs.token_slots is not None:
@@ -246,14 +247,16 @@ class ModelRunner:
             else:
                 input_ids = torch.where(input_ids < 0, from_device, input_ids)
         attn_metadata = inputs.attn_metadata
-        if self.graphs is not None and self.graphs.can_run(
+        if graphs is not None and graphs.can_run(
             attn_metadata.num_reqs,
             input_ids.shape[0],
             attn_metadata.max_query_len,
             attn_metadata.block_tables.shape[1],
         ):
             self.num_graph_steps += 1
-            hidden = self.graphs.run(input_ids, inputs.positions, attn_metadata)
+            hidden = graphs.run(
+                input_ids, inputs.positions, attn_metadata, inputs.graph_inputs_written
+            )
         else:
             self.num_eager_steps += 1
             if self.graph_buckets is not None:

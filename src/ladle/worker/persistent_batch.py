@@ -10,7 +10,9 @@ slot holds stays where the step reads it and changes only where the scheduler ch
   there while the host has not seen it yet (overlapped scheduling);
 - its sampling row (temperature, top-k/p, min-p, penalties, seed: sample/metadata.py's
   ROW_DTYPES packed as int32), written on the device once when the request takes the slot; a
-  step gathers its sampling rows' values and ships only each row's step counter.
+  step gathers its sampling rows' values and ships only each row's step counter. The rows are
+  kept column by column ([len(ROW_DTYPES), slots]), so a step's gather is one launch that
+  gives each value's row contiguous (the sampler's tensors, with no transpose copy).
 """
 
 from __future__ import annotations
@@ -35,7 +37,10 @@ class PersistentBatch:
         self.block_table = torch.zeros((0, max_blocks_per_seq), dtype=torch.int32, device=device)
         # int64, as the sampler returns ids: recording a step's ids is one scatter, no cast.
         self.last_sampled = torch.zeros(0, dtype=torch.int64, device=device)
-        self.sampling_rows = torch.zeros((0, len(ROW_DTYPES)), dtype=torch.int32, device=device)
+        # Column-major: [len(ROW_DTYPES), num_slots] (see the module docstring).
+        self.sampling_columns = torch.zeros(
+            (len(ROW_DTYPES), 0), dtype=torch.int32, device=device
+        )
 
     def slots_for(self, request_ids: list[str]) -> tuple[np.ndarray, list[int]]:
         """Each request's slot, assigning free ones to requests new to the batch; and the
@@ -61,11 +66,12 @@ class PersistentBatch:
         """Store new requests' packed sampling rows ([n, len(ROW_DTYPES)] int32, on the device)
         in their slots (int64, on the device)."""
         if slots.numel():
-            self.sampling_rows.index_copy_(0, slots, packed_rows)
+            self.sampling_columns.index_copy_(1, slots, packed_rows.t())
 
-    def gather_sampling_rows(self, slots: torch.Tensor) -> torch.Tensor:
-        """The packed sampling rows of the given slots (int64), [n, len(ROW_DTYPES)] int32."""
-        return self.sampling_rows[slots]
+    def gather_sampling_columns(self, slots: torch.Tensor) -> torch.Tensor:
+        """The packed sampling values of the given slots (int64) as contiguous
+        [len(ROW_DTYPES), n] int32: one row per ROW_DTYPES entry (unpack_sampling_columns)."""
+        return torch.index_select(self.sampling_columns, 1, slots)
 
     def release(self, request_ids: list[str]) -> None:
         """Free the slots of requests that ended or were preempted (unknown ids are ignored):
@@ -128,8 +134,8 @@ class PersistentBatch:
         last_sampled = torch.zeros(new, dtype=torch.int64, device=self.device)
         last_sampled[:old] = self.last_sampled
         self.last_sampled = last_sampled
-        rows = torch.zeros((new, len(ROW_DTYPES)), dtype=torch.int32, device=self.device)
-        rows[:old] = self.sampling_rows
-        self.sampling_rows = rows
+        columns = torch.zeros((len(ROW_DTYPES), new), dtype=torch.int32, device=self.device)
+        columns[:, :old] = self.sampling_columns
+        self.sampling_columns = columns
         self.num_slots = new
         self._free_slots.extend(reversed(range(old, new)))

@@ -11,6 +11,13 @@ kernel launch per part and step, and at batch 1 the step is bound by its launche
 
 Block tables and sampling rows live in the persistent batch (persistent_batch.py): only what the
 scheduler changed is shipped, and the step's rows are gathered on the device.
+
+A decode step that a captured graph replays (DecodeGraphs.decode_batch_size) also writes the
+graph's own inputs: the positions, cache slots and context lengths of the padded bucket travel
+as one more host-to-device copy straight into the graph's static buffer (cuda_graphs.py,
+pack_decode_words), and the block-table rows are gathered into the graph's table. Otherwise the
+replay would copy each of them there again (three device-to-device copies, a table copy and
+two fills for the padding rows, each a launch of the host's).
 Numpy builds the per-token arrays so the host cost grows with the number of requests, not with
 Python work per token.
 
@@ -29,7 +36,8 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.protocol.step import StepPlan
-from ladle.sample.metadata import ROW_DTYPES, pack_sampling_rows, unpack_sampling_rows
+from ladle.sample.metadata import ROW_DTYPES, pack_sampling_rows, unpack_sampling_columns
+from ladle.worker.cuda_graphs import DecodeGraphs, pack_decode_words
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
 
@@ -64,6 +72,8 @@ class StepInputs:
     # Every input id is -1 (a decode step whose tokens are all still on the device): the ids
     # are the gather at token_slots alone, no merge with the shipped ones.
     reads_only_device_ids: bool = False
+    # A decode step whose graph inputs (but the ids) are in the graph's static buffers already.
+    graph_inputs_written: bool = False
 
 
 class StepInputBuilder:
@@ -85,12 +95,15 @@ class StepInputBuilder:
         sampling_rows: list[tuple[int, int]],
         sampling_steps: list[int],
         batch: PersistentBatch,
+        graphs: DecodeGraphs | None = None,
     ) -> StepInputs:
         """The step's device tensors. A step has at least one request (EngineCore.step returns
         early otherwise), and every scheduled request holds at least one block.
 
         sampling_rows: (position of the request in the plan, drafts before the row) per row
-        that samples (StepPlan.sampling_rows); sampling_steps: each row's output index."""
+        that samples (StepPlan.sampling_rows); sampling_steps: each row's output index.
+        graphs: the captured decode graphs (None: eager, the CPU); a decode step one replays
+        gets its graph inputs written here (the module docstring)."""
         scheduled = plan.scheduled
         request_ids = [s.request_id for s in scheduled]
         slots, new_positions = batch.slots_for(request_ids)
@@ -167,25 +180,43 @@ class StepInputBuilder:
         }
         if num_device_ids:
             int_parts["token_slots"] = slots[request_of_token]
-        device_views = self._ship(int_parts)
+        max_query_len = int(query_lens.max())
+        graph_batch = None
+        if graphs is not None:
+            graph_batch = graphs.decode_batch_size(num_reqs, num_tokens, max_query_len, max_blocks)
+        graph_words = None
+        if graph_batch is not None:
+            assert graphs is not None and graphs.static is not None
+            max_bs = graphs.static.input_ids.shape[0]
+            words = pack_decode_words(max_bs, positions, slot_mapping, seq_lens)
+            graph_words = (words, graphs.static.words)
+        device_views = self._ship(int_parts, graph_words)
         batch.write_sampling_rows(
             device_views["new_row_slots"], device_views["new_rows"].view(new_rows.shape)
         )
-        sampling_rows = unpack_sampling_rows(
-            batch.gather_sampling_rows(device_views["sampling_slots"])
+        sampling_rows = unpack_sampling_columns(
+            batch.gather_sampling_columns(device_views["sampling_slots"])
         )
         sampling_rows["step"] = device_views["sampling_steps"]
         batch.apply_block_updates(
             device_views["block_update_indices"], device_views["block_update_ids"]
         )
-        block_tables = batch.block_table[device_views["request_slots"], :max_blocks]
+        if graph_batch is not None:
+            assert graphs is not None and graphs.static is not None
+            # Whole rows (the graph's table is as wide as the batch's), straight into the
+            # graph's buffer: one launch, no copy at the replay.
+            graph_rows = graphs.static.block_tables[:num_reqs]
+            torch.index_select(batch.block_table, 0, device_views["request_slots"], out=graph_rows)
+            block_tables = graph_rows[:, :max_blocks]
+        else:
+            block_tables = batch.block_table[device_views["request_slots"], :max_blocks]
 
         attn_metadata = AttentionMetadata(
             slot_mapping=device_views["slot_mapping"],
             query_start_loc=device_views["query_start_loc"],
             seq_lens=device_views["seq_lens"],
             block_tables=block_tables,
-            max_query_len=int(query_lens.max()),
+            max_query_len=max_query_len,
             max_seq_len=int(seq_lens.max()),
             block_size=self.block_size,
             query_start_loc_host=query_start_loc.tolist(),
@@ -200,12 +231,19 @@ class StepInputBuilder:
             token_slots=device_views.get("token_slots"),
             sampling_slots=device_views["sampling_slots"],
             reads_only_device_ids=num_device_ids == num_tokens,
+            graph_inputs_written=graph_batch is not None,
         )
 
-    def _ship(self, int_parts: dict[str, np.ndarray]) -> dict[str, torch.Tensor]:
+    def _ship(
+        self,
+        int_parts: dict[str, np.ndarray],
+        graph_words: tuple[np.ndarray, torch.Tensor] | None = None,
+    ) -> dict[str, torch.Tensor]:
         """Pack every part into one int32 buffer, copy it once, and return views per part: the
         _INT64_PARTS first, as int32 pairs, so each starts at an even offset and views back as
-        int64 (viewing 4-byte words as 8-byte ones needs an even offset and length)."""
+        int64 (viewing 4-byte words as 8-byte ones needs an even offset and length).
+        graph_words: (host words, the graph's static words buffer): staged after the parts and
+        copied into that buffer with one more copy."""
         order = sorted(int_parts, key=lambda name: name not in _INT64_PARTS)  # stable
         pieces: list[tuple[str, torch.Tensor, bool]] = []
         for name in order:
@@ -216,6 +254,8 @@ class StepInputBuilder:
         total = sum(piece.numel() for _, piece, _ in pieces)
         if self.device.type == "cpu":
             on_device = torch.cat([piece for _, piece, _ in pieces])  # already where it is used
+            if graph_words is not None:
+                graph_words[1].copy_(torch.from_numpy(graph_words[0]))
         else:
             turn = self._turn
             self._turn = 1 - turn
@@ -223,12 +263,19 @@ class StepInputBuilder:
             if copy_done is not None:
                 copy_done.synchronize()
             staging = self._staging[turn]
-            if staging.numel() < total:
+            num_graph_words = 0 if graph_words is None else graph_words[0].size
+            if staging.numel() < total + num_graph_words:
                 staging = self._staging[turn] = torch.empty(
-                    max(total, 2 * staging.numel()), dtype=torch.int32, pin_memory=True
+                    max(total + num_graph_words, 2 * staging.numel()),
+                    dtype=torch.int32,
+                    pin_memory=True,
                 )
             torch.cat([piece for _, piece, _ in pieces], out=staging[:total])
             on_device = staging[:total].to(self.device, non_blocking=True)
+            if graph_words is not None:
+                host_words = staging[total : total + num_graph_words]
+                host_words.numpy()[:] = graph_words[0]
+                graph_words[1].copy_(host_words, non_blocking=True)
             copy_done = self._copy_done[turn] = torch.cuda.Event()
             copy_done.record()
         views = {}

@@ -1,0 +1,203 @@
+"""The host's per-step work while 128 short requests decode: aten ops by issuing line, host us
+by phase (issue 38: the GPU was busy 73.4% of W1's decode, 482 copies in 96 steps).
+
+    python scripts/step_host_ops.py [--requests 128] [--steps 32] [--prompt-len 32]
+        [--device cpu|cuda] [--eager] [--json PATH]
+
+Runs the engine (LLM's loop: engine.step, then output processing) on --requests greedy requests
+of --prompt-len tokens, and over --steps steady decode steps (every request past its prompt):
+
+- pass 1 times each phase per step (thread CPU time; a phase's nested phases leave its time):
+  schedule, build inputs, launch forward (the rest: device ids, graph inputs, logits), sample,
+  read the sampled ids, update from output, output processing; the model forward and graph
+  replays are the GPU's work and are timed apart;
+- pass 2 counts the aten ops the host dispatches outside the model forward and outside graph
+  replays (a TorchDispatchMode), by op and by the first src/ladle line on the stack. On CUDA
+  each is about one launch: a kernel, a cudaMemcpyAsync or a memset.
+
+On the CPU (the default) the model is W1's 0.6B shape shrunk to one small layer and a 4,096-id
+vocabulary, so the forward is small; the decode graph path is emulated (tests/helpers), so a
+step takes the graph path's code as on the GPU. Two launches of the GPU step do not show as ops
+on the CPU: the pinned host-to-device copy of the step's inputs and the device-to-host copy of
+the sampled ids (one each per step). --device cuda runs the same on the GPU with real graphs
+(the op counts are then the GPU's launches; the phase times include the launches' host cost).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from ladle import LLM, SamplingParams
+from ladle.worker.model_runner import LaunchedStep
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
+from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
+from helpers.host_ops import PhaseTimer, SiteOpCounter  # noqa: E402
+
+TINY_LAYER = {
+    "vocab_size": 4096,
+    "num_hidden_layers": 1,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+FORWARD_PHASE = "model forward / graph replay (GPU work)"
+WARM_UP_STEPS = 4
+
+
+def _build_llm(args) -> LLM:
+    # Overlapped scheduling, as on CUDA by default (the CPU default is off).
+    options = dict(
+        load_format="dummy",
+        device=args.device,
+        max_num_seqs=max(256, args.requests),
+        async_scheduling=True,
+    )
+    if args.device == "cpu":
+        options.update(hf_overrides=TINY_LAYER, cpu_kv_cache_gib=0.5)
+    if args.eager:
+        options["enforce_eager"] = True
+    llm = LLM("qwen3-0.6b", **options)
+    if args.device == "cpu" and not args.eager:
+        install_emulated_graphs(llm.engine.executor.worker)
+    return llm
+
+
+def _steady(scheduler) -> bool:
+    return not scheduler.waiting and all(
+        r.num_computed_tokens >= r.num_prompt_tokens for r in scheduler.running
+    )
+
+
+def _run(llm: LLM, args, tag: str, on_step) -> list[float]:
+    """The requests through LLM's loop; on_step(True/False) before each step says whether it
+    is measured. Returns each measured step's host seconds (thread time)."""
+    engine = llm.engine
+    params = SamplingParams(
+        temperature=args.temperature, max_tokens=args.steps + WARM_UP_STEPS + 8, ignore_eos=True
+    )
+    vocab = engine.vocab_size
+    for index in range(args.requests):
+        prompt = [(7 * index + 3 * i) % (vocab - 10) + 5 for i in range(args.prompt_len)]
+        llm._submit(f"{tag}-{index}", None, prompt, params, time.monotonic(), 0)
+    steady_steps = 0
+    step_seconds = []
+    while engine.has_unfinished_requests():
+        steady = _steady(engine.scheduler)
+        measured = steady and WARM_UP_STEPS <= steady_steps < WARM_UP_STEPS + args.steps
+        steady_steps += steady
+        on_step(measured)
+        started = time.thread_time()
+        llm.output_processor.process_outputs(engine.step())
+        if measured:
+            step_seconds.append(time.thread_time() - started)
+    on_step(False)
+    return step_seconds
+
+
+def _time_phases(llm: LLM, args) -> dict:
+    engine = llm.engine
+    runner = engine.executor.worker.runner
+    timer = PhaseTimer()
+    timer.wrap(engine.scheduler, "schedule", "schedule")
+    timer.wrap(runner.input_builder, "build", "build inputs")
+    timer.wrap(runner, "launch_forward", "launch forward (rest: device ids, graph inputs)")
+    timer.wrap(runner.model, "forward", FORWARD_PHASE)
+    timer.wrap(EmulatedGraph, "replay", FORWARD_PHASE)
+    timer.wrap(runner.model, "compute_logits", "logits (GPU work)")
+    timer.wrap(runner, "sample", "sample (metadata, sampler, id copy)")
+    timer.wrap(LaunchedStep, "result", "read sampled ids")
+    timer.wrap(engine.scheduler, "update_from_output", "update from output")
+    timer.wrap(llm.output_processor, "process_outputs", "output processing")
+    timer.wrap(engine, "step", "engine step (rest)")
+
+    def on_step(measured: bool) -> None:
+        timer.recording = measured
+
+    step_seconds = _run(llm, args, "time", on_step)
+    num_steps = max(len(step_seconds), 1)
+    phases = {name: seconds / num_steps * 1e6 for name, seconds in timer.seconds.items()}
+    gpu_us = sum(us for name, us in phases.items() if "GPU work" in name)
+    return {
+        "steps_timed": len(step_seconds),
+        "host_us_per_step": sum(step_seconds) / num_steps * 1e6 - gpu_us,
+        "phase_us_per_step": dict(sorted(phases.items(), key=lambda item: -item[1])),
+    }
+
+
+def _count_ops(llm: LLM, args) -> dict:
+    runner = llm.engine.executor.worker.runner
+    counter = SiteOpCounter()
+    counter.excluded(runner.model, "forward")
+    counter.excluded(EmulatedGraph, "replay")
+    counted = [0]
+
+    def on_step(measured: bool) -> None:
+        counter.counting = measured
+        counted[0] += measured
+
+    with counter:
+        _run(llm, args, "count", on_step)
+    num_steps = max(counted[0], 1)
+    by_site: dict[str, dict[str, float]] = {}
+    for (op, site), count in sorted(counter.counts.items(), key=lambda item: -item[1]):
+        by_site.setdefault(site, {})[op] = count / num_steps
+    return {
+        "steps_counted": counted[0],
+        "ops_per_step": counter.total() / num_steps,
+        "ops_by_name": {op: count / num_steps for op, count in counter.by_op().most_common()},
+        "ops_by_site": by_site,
+    }
+
+
+def _print_table(result: dict) -> None:
+    print(f"device {result['device']}, {result['requests']} requests, path {result['path']}")
+    print(f"host us per step (GPU work left out): {result['host_us_per_step']:.0f}")
+    for phase, us in result["phase_us_per_step"].items():
+        print(f"  {us:9.1f} us  {phase}")
+    print(f"aten ops per step outside the forward: {result['ops_per_step']:.2f}")
+    for op, count in result["ops_by_name"].items():
+        print(f"  {count:7.2f}  {op}")
+    print("by issuing line:")
+    for site, ops in result["ops_by_site"].items():
+        described = ", ".join(f"{op} {count:.2f}" for op, count in ops.items())
+        print(f"  {site}: {described}")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--requests", type=int, default=128)
+    parser.add_argument("--steps", type=int, default=32, help="steady decode steps measured")
+    parser.add_argument("--prompt-len", type=int, default=32)
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--device", default="cpu")
+    parser.add_argument("--eager", action="store_true", help="no (emulated) graphs")
+    parser.add_argument("--json", type=Path, default=None, help="also write the result here")
+    args = parser.parse_args()
+    if args.device == "cpu":
+        torch.set_num_threads(1)
+    llm = _build_llm(args)
+    result = {
+        "device": args.device,
+        "requests": args.requests,
+        "temperature": args.temperature,
+        "path": "eager" if args.eager else "graphs",
+    }
+    # Timing first: the dispatch mode of the count slows every op down.
+    result.update(_time_phases(llm, args))
+    result.update(_count_ops(llm, args))
+    _print_table(result)
+    if args.json is not None:
+        args.json.write_text(json.dumps(result, indent=1))
+
+
+if __name__ == "__main__":
+    main()
