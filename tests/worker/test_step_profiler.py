@@ -33,3 +33,27 @@ def test_the_window_profiles_the_steps_asked_for(monkeypatch, tmp_path):
     assert summary["wall_ms_per_step"] > 0
     assert (tmp_path / "rank0.trace.json").stat().st_size > 0
     assert steps.steps >= 2 + 3
+
+
+def test_each_rank_reports_its_time_in_collectives(monkeypatch):
+    """Two tensor-parallel ranks over gloo: `ladle bench --profile-ranks`' folder holds both
+    ranks' summaries, each with time in the c10d collectives (every layer all-reduces) that
+    is part of, and less than, the step's wall time."""
+    from ladle.bench import rank_profiles
+    from ladle.worker.step_profiler import DIRECTORY_ENV, WINDOW_ENV
+
+    monkeypatch.setenv(DIRECTORY_ENV, "")  # restored (unset) after the test
+    monkeypatch.setenv(WINDOW_ENV, "")
+    directory = rank_profiles.switch_on("3:5")
+    llm = LLM("tiny-llama", load_format="dummy", max_num_seqs=4, tensor_parallel_size=2)
+    try:
+        llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=16,
+                     ignore_eos=True), use_tqdm=False)  # fmt: skip
+    finally:
+        llm.engine.executor.shutdown()
+    summaries = rank_profiles.read(directory, 2)
+    assert all(summary is not None for summary in summaries)
+    for summary in summaries:
+        assert 0 < summary["collective_ms_per_step"] < summary["wall_ms_per_step"]
+    rows = dict(rank_profiles.table_rows(summaries))
+    assert "rank 1 step wall/busy/collectives (ms)" in rows

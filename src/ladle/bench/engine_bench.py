@@ -30,6 +30,7 @@ from tqdm import tqdm
 # torch (and device_floor, which needs it) is imported inside the functions that run a
 # benchmark: `ladle` builds this module's parser for every command, `ladle serve` included,
 # whose API process must not wait 1.5-3 s for torch before spawning the engine.
+from ladle.bench import rank_profiles
 from ladle.bench.workloads import (
     TokenWorkload,
     WorkloadRequest,
@@ -361,6 +362,7 @@ def run_bench(args: argparse.Namespace) -> int:
     _apply_synthetic_acceptance(args, options)
     if args.model is None and not is_edit:
         options["load_format"] = "dummy"
+    profiles = rank_profiles.switch_on(args.profile_ranks) if args.profile_ranks else None
     started = time.perf_counter()
     llm = LLM(model, **options)
     startup_s = time.perf_counter() - started
@@ -454,6 +456,8 @@ def run_bench(args: argparse.Namespace) -> int:
         result["floor_ms_per_token"] = floor * 1000 / max(1, best["generated_tokens"])
     if speculation is not None:
         result["speculation"] = speculation
+    if profiles is not None:
+        result["rank_profiles"] = rank_profiles.read(profiles, llm.config.parallel.world_size)
     if not args.no_busy:
         result["gpu_busy_fraction"] = gpu_busy_fraction(engine, requests)
     _report(result, args.json)  # ladle's numbers stand even if the peer fails or runs long
@@ -498,6 +502,8 @@ def _print_table(result: dict) -> None:
         source = "cache" if result["moe_tiles_from_cache"] else "tuned"
         rows.append(("MoE tile tuning (s)", f"{result['moe_tuning_s']:.1f} ({source})"))
     rows.append(("decode ms/token (median)", _fmt(result.get("decode_ms_per_token"))))
+    if "rank_profiles" in result:
+        rows += rank_profiles.table_rows(result["rank_profiles"])
     speculation = result.get("speculation")
     if speculation is not None:
         rows += [
@@ -558,6 +564,13 @@ def add_bench_parsers(commands) -> None:
         sub.add_argument("--peer-requests", type=int, default=None, help="HF on the first N only")
         sub.add_argument("--no-busy", action="store_true", help="skip the profiled busy fraction")
         sub.add_argument("--no-progress", action="store_true")
+        sub.add_argument(
+            "--profile-ranks", nargs="?", const=rank_profiles.DEFAULT_WINDOW, default=None,
+            metavar="SKIP:COUNT",
+            help="each rank profiles steps SKIP..SKIP+COUNT of its own (default "
+            f"{rank_profiles.DEFAULT_WINDOW}); reports per rank the step's wall, kernel-busy "
+            "and collective time",
+        )
         sub.add_argument("--json", default=None, help="also write the results here")
         sub.add_argument(
             "--synthetic-acceptance", type=float, default=None, metavar="A",

@@ -15,6 +15,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 import sys
 import time
 from pathlib import Path
@@ -27,6 +28,10 @@ DIRECTORY_ENV = "LADLE_TORCH_PROFILER_DIR"
 WINDOW_ENV = "LADLE_PROFILE_STEPS"
 DEFAULT_WINDOW = (100, 50)
 TOP_KERNELS = 25
+# What a collective is called in a profile: NCCL's and the one-shot all-reduce's kernels on CUDA,
+# the c10d ops (gloo runs them on the host) on the CPU.
+COLLECTIVE = re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?all|^c10d::",
+                        re.IGNORECASE)
 
 
 class StepProfiler:
@@ -95,12 +100,24 @@ class StepProfiler:
 
 
 def summarize(events, steps: int, wall_seconds: float) -> dict:
-    """Per step: wall, kernel-busy and idle-gap milliseconds, and the kernels by GPU time."""
+    """Per step: wall, kernel-busy and idle-gap milliseconds, the time in collectives (their
+    kernels' busy time on CUDA, their host time on the CPU), and the kernels by GPU time."""
+    events = list(events)
     kernels = [
         (event.time_range.start, event.time_range.end, event.name)
         for event in events
         if event.device_type == torch.autograd.DeviceType.CUDA
     ]
+    if kernels:
+        collective_us, _ = busy_and_gaps(
+            (start, end) for start, end, name in kernels if COLLECTIVE.search(name)
+        )
+    else:
+        collective_us, _ = busy_and_gaps(
+            (event.time_range.start, event.time_range.end)
+            for event in events
+            if event.device_type == torch.autograd.DeviceType.CPU and COLLECTIVE.search(event.name)
+        )
     by_name: dict[str, list[float]] = collections.defaultdict(list)
     for start, end, name in kernels:
         by_name[name].append(end - start)
@@ -120,5 +137,6 @@ def summarize(events, steps: int, wall_seconds: float) -> dict:
         "busy_fraction": round(busy_us / 1e6 / wall_seconds, 3) if wall_seconds else None,
         "gaps_per_step": round(len(gaps) / steps, 1),
         "gap_ms_per_step": round(sum(gaps) / 1000 / steps, 3),
+        "collective_ms_per_step": round(collective_us / 1000 / steps, 3),
         "kernels": table[:TOP_KERNELS],
     }
