@@ -26,7 +26,6 @@ CPU numbers: compare them with each other (before/after a change), not with the 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import cProfile
 import hashlib
@@ -35,98 +34,23 @@ import pstats
 import statistics
 import sys
 import time
-from collections.abc import Callable
 from pathlib import Path
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
 from ladle import LLM, SamplingParams
 from ladle.worker.model_runner import LaunchedStep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
-
-# W3's model with one small layer and a small vocabulary: the host's work per step depends on
-# neither, and the CPU's logits matmul and argmax over 151,936 ids would drown it.
-TINY_LAYER = {
-    "vocab_size": 4096,
-    "num_hidden_layers": 1,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-}
-
-
-class OpCounter(TorchDispatchMode):
-    """Counts the aten ops dispatched while `counting` is set, views left out."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.counting = False
-        self.counts: collections.Counter[str] = collections.Counter()
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        result = func(*args, **(kwargs or {}))
-        if self.counting and (not func.is_view or not _aliases_an_input(result, args)):
-            self.counts[str(func.overloadpacket.__name__)] += 1
-        return result
-
-
-def _aliases_an_input(result, args) -> bool:
-    """Whether a view-like op (aten.to is one: it may return its input) returned a view."""
-    if not isinstance(result, torch.Tensor):
-        return True
-    storage = result.untyped_storage().data_ptr()
-    return any(
-        isinstance(arg, torch.Tensor) and arg.untyped_storage().data_ptr() == storage
-        for arg in args
-    )
-
-
-class PhaseTimer:
-    """Host seconds per phase; a phase's nested phases are taken out of its own time."""
-
-    def __init__(self, counter: OpCounter) -> None:
-        self.counter = counter
-        self.recording = False
-        self.seconds: collections.defaultdict[str, float] = collections.defaultdict(float)
-        self._stack: list[float] = []  # time spent in nested phases, per open phase
-
-    def wrap(self, owner: object, attribute: str, phase: str, counts_ops: bool = True) -> None:
-        inner: Callable = getattr(owner, attribute)
-
-        def timed(*args, **kwargs):
-            if not self.recording:
-                if not self.counter.counting or counts_ops:
-                    return inner(*args, **kwargs)
-                self.counter.counting = False
-                try:
-                    return inner(*args, **kwargs)
-                finally:
-                    self.counter.counting = True
-            self._stack.append(0.0)
-            started = time.thread_time()
-            try:
-                return inner(*args, **kwargs)
-            finally:
-                elapsed = time.thread_time() - started
-                nested = self._stack.pop()
-                self.seconds[phase] += elapsed - nested
-                if self._stack:
-                    self._stack[-1] += elapsed
-
-        setattr(owner, attribute, timed)
-
+from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter  # noqa: E402
 
 FORWARD_PHASE = "model forward (device work on the GPU)"
 LOGITS_PHASE = "logits matmul (device work on the GPU)"
 WARM_UP_STEPS = 8
 
 
-def _generate(llm, timer: PhaseTimer, counter: OpCounter, args, count_ops: bool):
+def _generate(llm, timer: PhaseTimer, counter: SiteOpCounter, args, count_ops: bool):
     """One W3-like request through LLM._drive's loop; times (or counts the ops of) the decode
     steps after WARM_UP_STEPS. Returns the step times, the tokens and the cProfile, if any."""
     engine = llm.engine
@@ -187,13 +111,15 @@ def main() -> None:
     runner = worker.runner
     if not args.eager:
         install_emulated_graphs(worker)
-    counter = OpCounter()
-    timer = PhaseTimer(counter)
+    counter = SiteOpCounter()
+    timer = PhaseTimer()
     timer.wrap(engine.scheduler, "schedule", "schedule")
     timer.wrap(runner.input_builder, "build", "build inputs")
     timer.wrap(runner, "launch_forward", "launch forward (rest: ids, copies, logits)")
-    timer.wrap(runner.model, "forward", FORWARD_PHASE, counts_ops=False)
-    timer.wrap(EmulatedGraph, "replay", FORWARD_PHASE, counts_ops=False)
+    timer.wrap(runner.model, "forward", FORWARD_PHASE)
+    timer.wrap(EmulatedGraph, "replay", FORWARD_PHASE)
+    counter.excluded(runner.model, "forward")  # the GPU's own work there
+    counter.excluded(EmulatedGraph, "replay")
     # Its ops count (they are launches on the GPU too); its time is the GPU's there.
     timer.wrap(runner.model, "compute_logits", LOGITS_PHASE)
     timer.wrap(runner, "sample", "sample (metadata, sampler, id copy)")
@@ -211,7 +137,7 @@ def main() -> None:
         phase: round(seconds / len(step_times) * 1e6, 1) for phase, seconds in timer.seconds.items()
     }
     model_us = per_step_us.get(FORWARD_PHASE, 0.0) + per_step_us.get(LOGITS_PHASE, 0.0)
-    ops = {name: count / len(step_times) for name, count in counter.counts.most_common()}
+    ops = {name: count / len(step_times) for name, count in counter.by_op().most_common()}
     print(
         json.dumps(
             {

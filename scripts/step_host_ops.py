@@ -38,17 +38,8 @@ from ladle.worker.model_runner import LaunchedStep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
-from helpers.host_ops import PhaseTimer, SiteOpCounter  # noqa: E402
+from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter  # noqa: E402
 
-TINY_LAYER = {
-    "vocab_size": 4096,
-    "num_hidden_layers": 1,
-    "hidden_size": 64,
-    "intermediate_size": 128,
-    "num_attention_heads": 4,
-    "num_key_value_heads": 2,
-    "head_dim": 16,
-}
 FORWARD_PHASE = "model forward / graph replay (GPU work)"
 WARM_UP_STEPS = 4
 

@@ -25,6 +25,18 @@ from pathlib import Path
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
+# W3's model with one small layer and a small vocabulary: the host's work per step depends on
+# neither, and the CPU's logits matmul and argmax over 151,936 ids would drown it.
+TINY_LAYER = {
+    "vocab_size": 4096,
+    "num_hidden_layers": 1,
+    "hidden_size": 64,
+    "intermediate_size": 128,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "head_dim": 16,
+}
+
 _LADLE_ROOT = str(Path(__file__).resolve().parents[2] / "src" / "ladle") + "/"
 _THIS_FILE = str(Path(__file__).resolve())
 
