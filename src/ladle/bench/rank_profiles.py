@@ -11,13 +11,14 @@ import os
 import tempfile
 from pathlib import Path
 
-from ladle.worker.step_profiler import DIRECTORY_ENV, WINDOW_ENV
-
 DEFAULT_WINDOW = "100:50"
 
 
 def switch_on(window: str) -> Path:
     """Ask every rank started after this call to profile steps SKIP:COUNT; their folder."""
+    # Imported here: `ladle serve`'s parser reads DEFAULT_WINDOW and must not import torch.
+    from ladle.worker.step_profiler import DIRECTORY_ENV, WINDOW_ENV
+
     directory = Path(tempfile.mkdtemp(prefix="ladle-rank-profiles-"))
     os.environ[DIRECTORY_ENV] = str(directory)
     os.environ[WINDOW_ENV] = window
