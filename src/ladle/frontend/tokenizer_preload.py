@@ -58,6 +58,23 @@ class TokenizerPreload:
 def _source_known_before_loading(model_config: ModelConfig) -> str | None:
     if model_config.tokenizer:
         return model_config.tokenizer
-    if model_config.load_format == "dummy" or not model_config.model:
+    if model_config.load_format == "dummy":
+        return _dummy_tokenizer_source(model_config.model)
+    if not model_config.model:
         return None
     return model_config.model if Path(model_config.model).expanduser().exists() else None
+
+
+def _dummy_tokenizer_source(model: str | None) -> str | None:
+    """Random weights of a local config.json folder use that folder's tokenizer; of a preset,
+    the default model's, known before loading when that model is cached (a fetch is left to
+    resolve_tokenizer_source, after the load). The preset table is not consulted: it lives in
+    the loader package, which imports torch, and the API process must not (a name that is no
+    preset fails the load, which cancels this preload)."""
+    from ladle.model.default_model import default_model_if_cached
+
+    path = Path(model).expanduser() if model else None
+    if path is not None and path.is_dir():
+        return str(path)
+    cached = default_model_if_cached()
+    return str(cached) if cached is not None else None

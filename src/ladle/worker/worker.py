@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +22,7 @@ from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.distributed.fast_all_reduce import with_fast_all_reduce
 from ladle.distributed.process_group import join_ranks, min_over_world, rank_device
+from ladle.engine.startup_phases import StartupClock
 from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.load_errors import ModelLoadError
@@ -69,6 +71,8 @@ class WorkerInfo:
     fused_moe: FusedMoeSetup | None = None
     # A producer's exported KV pool (worker/kv_peers.py), for consumers to pull from.
     kv_export: str | None = None
+    # (phase, seconds) of this rank's start-up, in order (engine/startup_phases.py).
+    startup_phases: tuple[tuple[str, float], ...] = ()
 
 
 class Worker:
@@ -89,6 +93,10 @@ class Worker:
             resolve_device(config.model.device), rank, world_size, device_index
         )
         self.dtype = resolve_dtype(config.model.dtype, self.device)
+        on_cuda = self.device.type == "cuda"
+        self.startup = StartupClock(
+            settle=(lambda: torch.cuda.synchronize(self.device)) if on_cuda else None
+        )
         block_size = config.cache.block_size
         # Every rank seeds alike: each samples the same tokens from the same gathered logits.
         torch.manual_seed(config.model.seed)
@@ -105,9 +113,10 @@ class Worker:
             self.tp, self.device, self.dtype, parallel.disable_custom_all_reduce
         )
         self.attention_backend = get_attention_backend(self.device)
-        loaded = load_model(
-            config.model, self.device, self.dtype, self.attention_backend, self.tp, self.stage
-        )
+        with self.startup.phase("model load"):
+            loaded = load_model(
+                config.model, self.device, self.dtype, self.attention_backend, self.tp, self.stage
+            )
         self.model = loaded.model
         self.arch = loaded.arch_config
         self.model_path = loaded.model_path
@@ -171,7 +180,8 @@ class Worker:
             )
             if self.fused_moe is not None:
                 print(f"[ladle] {self.fused_moe.describe()}", file=sys.stderr, flush=True)
-            self._build_kernel_variants()
+            with self.startup.phase("kernel builds"):
+                self._build_kernel_variants()
         # After the tiles: the timed layer runs as it will serve. Before the memory probe: its
         # steps take the dispatch they will serve with.
         self.expert_dispatch = prepare_expert_dispatch(
@@ -185,21 +195,24 @@ class Worker:
             how = parallel.expert_parallel_dispatch
             print(f"[ladle] expert-parallel dispatch ({how}): {self.expert_dispatch.describe()}",
                   file=sys.stderr, flush=True)  # fmt: skip
-        self.memory_budget = size_kv_cache(
-            config.cache,
-            dataclasses.replace(
-                self.arch, num_key_value_heads=self.num_kv_heads, num_hidden_layers=self.num_layers
-            ),
-            self.kv_cache_dtype,
-            self.device,
-            weights_bytes=module_bytes(self.model) + drafter_bytes(drafter),
-            run_peak_forward=self._run_peak_forward,
-            run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
-            # The draft network's pool shares the block ids: each block costs both.
-            extra_kv_bytes_per_token=(
-                drafter.kv_bytes_per_token(self.dtype) if drafter is not None else 0
-            ),
-        )
+        with self.startup.phase("memory probe"):
+            self.memory_budget = size_kv_cache(
+                config.cache,
+                dataclasses.replace(
+                    self.arch,
+                    num_key_value_heads=self.num_kv_heads,
+                    num_hidden_layers=self.num_layers,
+                ),
+                self.kv_cache_dtype,
+                self.device,
+                weights_bytes=module_bytes(self.model) + drafter_bytes(drafter),
+                run_peak_forward=self._run_peak_forward,
+                run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
+                # The draft network's pool shares the block ids: each block costs both.
+                extra_kv_bytes_per_token=(
+                    drafter.kv_bytes_per_token(self.dtype) if drafter is not None else 0
+                ),
+            )
         # One block table serves every rank: the rank with the least room sets the pool.
         num_blocks = min_over_world(self.memory_budget.num_blocks, self.device)
         if num_blocks != self.memory_budget.num_blocks:
@@ -208,6 +221,7 @@ class Worker:
                 num_blocks=num_blocks,
                 kv_cache_bytes=num_blocks * self.memory_budget.block_bytes,
             )
+        kv_started = time.perf_counter()
         num_host_blocks = 0
         if config.cache.enable_prefix_caching:  # the host tier works through block hashes
             num_host_blocks = (
@@ -245,12 +259,14 @@ class Worker:
             drafter.kv_caches = self._allocate_draft_caches(self.memory_budget.num_blocks)
         if num_host_blocks > 0:
             self._allocate_host_tier(num_host_blocks)
+        self.startup.add("KV cache", time.perf_counter() - kv_started)
         # On CUDA a step that fits a graph bucket takes its graph's launches even when run
         # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
         if self.device.type == "cuda":
             graphs = self.runner.graph_buckets = self._graph_buckets()
             if self.uses_graphs:
-                graphs.capture()
+                with self.startup.phase("graph capture"):
+                    graphs.capture()
                 self.memory_budget = dataclasses.replace(
                     self.memory_budget, graph_pool_bytes=graphs.pool_bytes
                 )
@@ -268,6 +284,7 @@ class Worker:
             weights=take_census(self.model),
             fused_moe=self.fused_moe,
             kv_export=self.kv_export,
+            startup_phases=tuple(self.startup.phases),
         )
 
     @property
