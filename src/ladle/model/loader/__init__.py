@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -66,6 +66,7 @@ from ladle.model.loader.safetensors import (
     read_hf_config,
     safetensors_tensor_names,
 )
+from ladle.model.loader.safetensors_direct import iter_safetensors_on_device
 from ladle.model.models.registry import get_model_class
 
 __all__ = ["LoadedModel", "ModelLoadError", "build_model", "load_model"]
@@ -198,7 +199,7 @@ def _load_unquantized(
     # A pipeline stage, or an expert-parallel rank, reads only its own tensors.
     wanted = getattr(model, "holds", None) if num_ranks > 1 else None
     weights = with_progress(
-        iter_safetensors_weights(files, wanted),
+        _safetensors_reader(files, wanted, device, tp, float_checkpoint=checkpoint_quant is None),
         sum(1 for name in tensor_names if wanted is None or wanted(name)),
         "Loading safetensors",
     )
@@ -238,6 +239,31 @@ def _load_unquantized(
             flush=True,
         )
     return LoadedModel(model, arch_config, str(model_dir), "safetensors", checkpoint_quant.method)
+
+
+def _safetensors_reader(
+    files: list[Path],
+    wanted: Callable[[str], bool] | None,
+    device: torch.device,
+    tp: TensorParallel,
+    float_checkpoint: bool,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Float checkpoints on one CUDA rank are read straight onto the GPU (safetensors_direct.py:
+    reader threads, pinned pieces, copies that do not block). Tensor-parallel ranks keep the
+    memory-mapped reader, through which each reads only the rows it holds; quantized formats
+    keep it too (their conversions run on host tensors). LADLE_DIRECT_SAFETENSORS=0 turns the
+    direct reader off."""
+    direct = (
+        float_checkpoint
+        and device.type == "cuda"
+        and tp.size == 1
+        and os.environ.get("LADLE_DIRECT_SAFETENSORS", "1") != "0"
+    )
+    if not direct:
+        return iter_safetensors_weights(files, wanted)
+    return iter_safetensors_on_device(
+        files, device, wanted, fallback=lambda file: iter_safetensors_weights([file], wanted)
+    )
 
 
 def _float_module_names(model: nn.Module, checkpoint_modules: tuple[str, ...], where: str) -> set:
