@@ -11,6 +11,7 @@ step path (dummy_batch.py), so the memory plan measures what serving allocates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
 import time
 from dataclasses import dataclass
@@ -31,6 +32,7 @@ from ladle.model.weight_census import WeightCensus, take_census
 from ladle.protocol.step import StepPlan
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker import kv_calibration
+from ladle.worker.builds_beside_loading import builds_beside_loading
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter_setup import drafter_bytes, load_drafter
 from ladle.worker.dummy_batch import build_dummy_step
@@ -113,28 +115,26 @@ class Worker:
             self.tp, self.device, self.dtype, parallel.disable_custom_all_reduce
         )
         self.attention_backend = get_attention_backend(self.device)
-        with self.startup.phase("model load"):
-            loaded = load_model(
-                config.model, self.device, self.dtype, self.attention_backend, self.tp, self.stage
-            )
-        self.model = loaded.model
-        self.arch = loaded.arch_config
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
+        # Where the modules are final before their weights, the Triton build pass runs beside
+        # the load (builds_beside_loading.py), which then adopts the model early.
+        self.model: torch.nn.Module | None = None
+        self.built_beside_loading = False
+        self.builds_beside_load_s = 0.0
+        self.startup.add("model load", 0.0)  # first in the log, though the builds end first
+        load_started = time.perf_counter()
+        loaded = load_model(
+            config.model, self.device, self.dtype, self.attention_backend, self.tp, self.stage,
+            while_loading=functools.partial(builds_beside_loading, self),
+        )  # fmt: skip
+        if on_cuda:
+            torch.cuda.synchronize(self.device)
+        load_seconds = time.perf_counter() - load_started - self.builds_beside_load_s
+        self.startup.add("model load", load_seconds)
+        if loaded.model is not self.model:
+            self.adopt_model(loaded.model, loaded.arch_config)
         self.model_path = loaded.model_path
         self.load_source = loaded.source
-        self.max_model_len = self._resolve_max_model_len()
-        # This rank's share of the key/value heads, for its stage's layers: its KV cache holds
-        # only those.
-        self.num_kv_heads = self.tp.kv_heads_per_rank(self.arch.num_key_value_heads)
-        self.num_layers = len(self.stage.layer_range(self.arch.num_hidden_layers))
-        self.runner = ModelRunner(
-            self.model,
-            self.device,
-            block_size,
-            max_blocks_per_seq=-(-self.max_model_len // block_size),
-            initial_slots=config.scheduler.max_num_seqs + 8,
-            stage=self.stage,
-            activation_dtype=self.dtype,
-        )
         speculative = config.scheduler.speculative
         if speculative is not None:
             self.runner.synthetic_acceptance = speculative.synthetic_acceptance
@@ -144,14 +144,6 @@ class Worker:
                     self.attention_backend, self.max_model_len,
                 )
         drafter = self.runner.drafter
-        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only) or
-        # the model's forward reads device values on the host (the torch MoE path).
-        self.uses_graphs = (
-            self.device.type == "cuda"
-            and not config.model.enforce_eager
-            and self.model.can_capture_cuda_graphs
-            and self.stage.size == 1  # a stage's hand-offs run eagerly for now
-        )
         if self.device.type == "cuda" and not self.model.can_capture_cuda_graphs:
             print(
                 "[ladle] CUDA graphs off: this model's forward cannot be captured (its mixture "
@@ -160,7 +152,6 @@ class Worker:
                 file=sys.stderr,
                 flush=True,
             )
-        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             kv_calibration.set_fp8_kv_scales(
                 self.runner,
@@ -180,8 +171,9 @@ class Worker:
             )
             if self.fused_moe is not None:
                 print(f"[ladle] {self.fused_moe.describe()}", file=sys.stderr, flush=True)
-            with self.startup.phase("kernel builds"):
-                self._build_kernel_variants()
+            if not self.built_beside_loading:
+                with self.startup.phase("kernel builds"):
+                    self._build_kernel_variants()
         # After the tiles: the timed layer runs as it will serve. Before the memory probe: its
         # steps take the dispatch they will serve with.
         self.expert_dispatch = prepare_expert_dispatch(
@@ -324,6 +316,36 @@ class Worker:
 
     # ----- start-up ------------------------------------------------------------------------
 
+    def adopt_model(self, model: torch.nn.Module, arch_config: ModelArchConfig) -> None:
+        """Take the model (its weights may still be loading) and build what needs only its
+        shapes: the length limit, this rank's KV shape, the runner, whether graphs are used."""
+        config = self.config
+        self.model = model
+        self.arch = arch_config
+        self.max_model_len = self._resolve_max_model_len()
+        # This rank's share of the key/value heads, for its stage's layers: its KV cache holds
+        # only those.
+        self.num_kv_heads = self.tp.kv_heads_per_rank(self.arch.num_key_value_heads)
+        self.num_layers = len(self.stage.layer_range(self.arch.num_hidden_layers))
+        block_size = config.cache.block_size
+        self.runner = ModelRunner(
+            model,
+            self.device,
+            block_size,
+            max_blocks_per_seq=-(-self.max_model_len // block_size),
+            initial_slots=config.scheduler.max_num_seqs + 8,
+            stage=self.stage,
+            activation_dtype=self.dtype,
+        )
+        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only) or
+        # the model's forward reads device values on the host (the torch MoE path).
+        self.uses_graphs = (
+            self.device.type == "cuda"
+            and not config.model.enforce_eager
+            and model.can_capture_cuda_graphs
+            and self.stage.size == 1  # a stage's hand-offs run eagerly for now
+        )
+
     def _resolve_max_model_len(self) -> int:
         limit = self.arch.max_position_embeddings
         requested = self.config.model.max_model_len
@@ -400,6 +422,13 @@ class Worker:
         them runs: one dry pass submits every build, then they build side by side instead of
         one at a time on first use (kernels/parallel_builds.py). The sampler's few variants
         still build on first use (its host side reads what its kernels write)."""
+        with builds_only() as active:
+            if active:
+                self.submit_kernel_builds()
+        torch.cuda.synchronize(self.device)
+
+    def submit_kernel_builds(self) -> None:
+        """The build pass's dry steps; inside builds_only, so they only submit builds."""
         scheduler_config = self.config.scheduler
         peak_tokens = min(scheduler_config.max_num_batched_tokens, self.max_model_len)
         shapes = [(peak_tokens, scheduler_config.max_num_seqs), (1, 1)]
@@ -412,12 +441,8 @@ class Worker:
             )
             if bucket is not None:
                 shapes.append(bucket)
-        with builds_only() as active:
-            if not active:
-                return
-            for num_tokens, num_reqs in shapes:
-                self._run_probe_step(num_tokens, num_reqs, forward_only=True)
-        torch.cuda.synchronize(self.device)
+        for num_tokens, num_reqs in shapes:
+            self._run_probe_step(num_tokens, num_reqs, forward_only=True)
 
     def _run_peak_forward(self) -> None:
         """The worst-case step for memory: a full token budget of prompt tokens, as many rows

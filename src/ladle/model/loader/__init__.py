@@ -13,6 +13,7 @@ Every failure is a ModelLoadError (a ValueError) that names the path and the pro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 from collections.abc import Callable, Iterable, Iterator
@@ -72,6 +73,9 @@ from ladle.model.models.registry import get_model_class
 __all__ = ["LoadedModel", "ModelLoadError", "build_model", "load_model"]
 
 ModelSource = Literal["safetensors", "gguf", "dummy"]
+# Given the built model (its weights not yet filled) and its config: a context the weights fill
+# inside (load_model's while_loading).
+WhileLoading = Callable[[nn.Module, ModelArchConfig], contextlib.AbstractContextManager]
 
 
 @dataclass
@@ -93,12 +97,20 @@ def load_model(
     attention_backend: AttentionBackend,
     tp: TensorParallel = SINGLE,
     stage: PipelineStage = SINGLE_STAGE,
+    while_loading: WhileLoading | None = None,
 ) -> LoadedModel:
     """Load the model `model_config` names onto `device` in `dtype`, in eval mode, then quantize
     its weights when model_config.quantization asks for it (see resolve_quantization). With
     tensor parallelism (tp) the model holds, and loads, only this rank's slices; on a pipeline
-    stage, only that stage's layers."""
-    loaded = _load_unquantized(model_config, device, dtype, attention_backend, tp, stage)
+    stage, only that stage's layers.
+
+    while_loading(model, arch_config): a context manager the weights are filled inside, given
+    the built model before they are; called only where the modules it sees are final (dummy
+    weights or a float safetensors folder, no quantization after), so work that needs the
+    model's shapes and not its values (start-up's Triton build pass) can run beside the load."""
+    loaded = _load_unquantized(
+        model_config, device, dtype, attention_backend, tp, stage, while_loading
+    )
     if loaded.checkpoint_quantization is not None:
         return loaded
     method = resolve_quantization(model_config, loaded.source, device)
@@ -161,6 +173,7 @@ def _load_unquantized(
     attention_backend: AttentionBackend,
     tp: TensorParallel,
     stage: PipelineStage,
+    while_loading: WhileLoading | None = None,
 ) -> LoadedModel:
     name = model_config.model
     num_ranks = tp.size * stage.size
@@ -171,7 +184,8 @@ def _load_unquantized(
         arch_config, model_path = _dummy_arch_config(name, overrides)
         _check_max_model_len(arch_config, model_config, model_path or name)
         model = build_model(arch_config, device, dtype, attention_backend, tp, stage)
-        fill_dummy_weights(model, model_config.seed)
+        with _beside_weights(while_loading, model_config, "dummy", device, model, arch_config):
+            fill_dummy_weights(model, model_config.seed)
         return LoadedModel(model, arch_config, model_path, "dummy")
     if name is None:
         raise ModelLoadError(
@@ -205,8 +219,10 @@ def _load_unquantized(
     )
     if checkpoint_quant is None:
         _refuse_checkpoint_format_names(model_config, str(model_dir))
-        _load_weights(model, weights, str(model_dir))
-        return LoadedModel(model, arch_config, str(model_dir), "safetensors")
+        source = "safetensors"
+        with _beside_weights(while_loading, model_config, source, device, model, arch_config):
+            _load_weights(model, weights, str(model_dir))
+        return LoadedModel(model, arch_config, str(model_dir), source)
     _check_checkpoint_method(model_config, checkpoint_quant, str(model_dir))
     is_moe = arch_config.architecture in MOE_ARCHITECTURES
     if is_moe and checkpoint_quant.method != "fp8":
@@ -239,6 +255,20 @@ def _load_unquantized(
             flush=True,
         )
     return LoadedModel(model, arch_config, str(model_dir), "safetensors", checkpoint_quant.method)
+
+
+def _beside_weights(
+    while_loading: WhileLoading | None,
+    model_config: ModelConfig,
+    source: ModelSource,
+    device: torch.device,
+    model: nn.Module,
+    arch_config: ModelArchConfig,
+) -> contextlib.AbstractContextManager:
+    """while_loading's context where no quantization will change the modules after the load."""
+    if while_loading is None or resolve_quantization(model_config, source, device) is not None:
+        return contextlib.nullcontext()
+    return while_loading(model, arch_config)
 
 
 def _safetensors_reader(
