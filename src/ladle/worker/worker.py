@@ -24,6 +24,7 @@ from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.distributed.fast_all_reduce import with_fast_all_reduce
 from ladle.distributed.process_group import join_ranks, min_over_world, rank_device
 from ladle.engine.startup_phases import StartupClock
+from ladle.kernels.cpu_native.build import build_in_background
 from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.load_errors import ModelLoadError
@@ -114,6 +115,8 @@ class Worker:
         self.tp = with_fast_all_reduce(
             self.tp, self.device, self.dtype, parallel.disable_custom_all_reduce
         )
+        if self.device.type == "cpu":
+            build_in_background()  # the C kernels build beside the load, not at the first step
         self.attention_backend = get_attention_backend(self.device)
         self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         # Where the modules are final before their weights, the Triton build pass runs beside
