@@ -44,7 +44,7 @@ bench() {  # name tree args...: one `ladle bench startup` invocation, its summar
     --json "$RESULTS/$name-$tree.json" > "$RESULTS/$name-$tree.log" 2>&1
   echo "$name-$tree ($SECONDS s) $(grep -h -m1 'first token:' "$RESULTS/$name-$tree.log" \
     || tail -3 "$RESULTS/$name-$tree.log")" | tee -a "$LOG"
-  grep -h "engine phases" "$RESULTS/$name-$tree.log" | tee -a "$LOG"
+  grep -h "engine phases\|  engine:" "$RESULTS/$name-$tree.log" | tee -a "$LOG"
 }
 for tree in "${trees[@]}"; do bench 8b-dummy-cold "$tree" llama-3.1-8b --triton-cache cold; done
 for tree in "${trees[@]}"; do bench 8b-dummy-warm "$tree" llama-3.1-8b --triton-cache warm; done

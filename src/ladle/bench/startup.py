@@ -243,4 +243,6 @@ def format_report(result: dict) -> str:
     if median["phases"]:
         phases = ", ".join(f"{name} {seconds:.2f} s" for name, seconds in median["phases"].items())
         lines.append(f"  engine phases: {phases}")
+    if median["warmup_report"]:
+        lines.append(f"  engine: {median['warmup_report']}")
     return "\n".join(lines)

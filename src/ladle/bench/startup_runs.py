@@ -45,6 +45,8 @@ class StartupRun:
     ready_s: float | None = None  # serve: /health answered 200
     child: dict = field(default_factory=dict)  # offline: the child's own clock
     phases: dict[str, float] = field(default_factory=dict)  # the engine's start-up phases
+    # The engine's warm-up line on CUDA: steps, graphs captured, Triton builds and disk hits.
+    warmup_report: str = ""
 
     def as_dict(self) -> dict:
         return {
@@ -54,7 +56,16 @@ class StartupRun:
             "first_text": self.first_text,
             "child": self.child,
             "phases": self.phases,
+            "warmup_report": self.warmup_report,
         }
+
+
+WARMUP_PREFIX = "[ladle] warm-up: "
+
+
+def _warmup_report(text: str) -> str:
+    lines = [line for line in text.splitlines() if line.startswith(WARMUP_PREFIX)]
+    return lines[-1][len("[ladle] ") :] if lines else ""
 
 
 def _stderr_tail(path: Path, num_lines: int = 25) -> str:
@@ -103,13 +114,14 @@ def run_offline_once(
                 f"the offline child exited with status {child.returncode} before its first "
                 f"token:\n{_stderr_tail(stderr_path)}"
             )
-        phases = parse_startup_phases(stderr_path.read_text(errors="replace"))
+        log = stderr_path.read_text(errors="replace")
     return StartupRun(
         total_s=total,
         first_token_ids=result["first_token_ids"],
         first_text=result["first_text"],
         child=result,
-        phases=phases,
+        phases=parse_startup_phases(log),
+        warmup_report=_warmup_report(log),
     )
 
 
@@ -157,8 +169,14 @@ def run_serve_once(
                 raise StartupRunError(f"{error}:\n{_stderr_tail(stderr_path)}") from None
             finally:
                 _stop(server)
-        phases = parse_startup_phases(stderr_path.read_text(errors="replace"))
-    return StartupRun(total_s=total, first_text=first_text, ready_s=ready, phases=phases)
+        log = stderr_path.read_text(errors="replace")
+    return StartupRun(
+        total_s=total,
+        first_text=first_text,
+        ready_s=ready,
+        phases=parse_startup_phases(log),
+        warmup_report=_warmup_report(log),
+    )
 
 
 def _wait_healthy(server: subprocess.Popen, base_url: str, deadline: float) -> float:
