@@ -99,3 +99,31 @@ def test_bad_runs_count_is_refused():
 
     with pytest.raises(ValueError, match="--runs"):
         startup_bench.run_bench_startup(argparse.Namespace(runs=0))
+
+
+def test_cli_writes_a_checkpoint_and_times_its_load(tmp_path, capsys):
+    """`--write-checkpoint`: random weights of the preset written as a safetensors folder, then
+    loaded by the child as users load one; its first token is the folder's in this process."""
+    import json
+
+    from ladle import LLM, SamplingParams
+    from ladle.cli.main import main
+
+    folder, report = tmp_path / "ckpt", tmp_path / "report.json"
+    status = main(
+        ["bench", "startup", "tiny-llama", "--write-checkpoint", str(folder),
+         "--triton-cache", "asis", "--json", str(report)]
+    )  # fmt: skip
+    assert status == 0
+    result = json.loads(report.read_text())
+    assert result["model"] == str(folder)
+    assert result["engine_flags"][:2] == ["--load-format", "auto"]
+    assert "process start to first token" in capsys.readouterr().out
+    llm = LLM(str(folder))
+    assert llm.engine.info.load_source == "safetensors"
+    expected = llm.generate(
+        [{"prompt_token_ids": PROMPT_TOKEN_IDS}],
+        SamplingParams(max_tokens=1, temperature=0.0, ignore_eos=True),
+        use_tqdm=False,
+    )[0].outputs[0]
+    assert result["median_run"]["first_token_ids"] == list(expected.token_ids)

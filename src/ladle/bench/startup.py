@@ -166,6 +166,7 @@ def evict_from_page_cache(files: list[Path]) -> None:
     for file in files:
         fd = os.open(file, os.O_RDONLY)
         try:
+            os.fsync(fd)  # pages still waiting to be written back cannot be dropped
             os.posix_fadvise(fd, 0, 0, os.POSIX_FADV_DONTNEED)
         finally:
             os.close(fd)
