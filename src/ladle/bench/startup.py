@@ -69,7 +69,10 @@ def add_bench_startup_parser(commands) -> None:
         help="drop the model files from the OS page cache before each run (read from disk)",
     )
     sub.add_argument(
-        "--engine-args", default="", help="more engine flags, one quoted string (shell syntax)"
+        "--engine-args",
+        default="",
+        help="more engine flags, one quoted string in shell syntax (a single flag: "
+        "--engine-args=--enforce-eager)",
     )
     sub.add_argument(
         "--child-pythonpath",
