@@ -6,7 +6,9 @@
 #   2. llama-3.1-8b as a safetensors folder written to local disk first (/tmp/ckpt, not timed),
 #      empty caches, then warm caches, then warm Triton cache with the files out of the page cache
 #   3. qwen3-0.6b random weights, empty caches, then warm caches
-#   4. llama-3.1-8b through `ladle serve` (warm caches), to the first streamed token
+#   4. this tree with one change turned off at a time (LADLE_DIRECT_SAFETENSORS=0,
+#      LADLE_BUILDS_BESIDE_LOADING=0), then the folder read with the page cache dropped
+#   5. llama-3.1-8b through `ladle serve` (warm caches), to the first streamed token
 # "Empty caches": a fresh TRITON_CACHE_DIR and LADLE_CACHE_DIR per run; "warm": one pair per
 # invocation, filled by a first run that is not reported. Each step is skipped once DEADLINE_S
 # seconds have passed (default 500: the call's limit is 600). Results: one line a run in
@@ -61,6 +63,10 @@ for tree in "${trees[@]}"; do bench 8b-ckpt-cold "$tree" "$CKPT" --triton-cache 
 for tree in "${trees[@]}"; do bench 8b-ckpt-warm "$tree" "$CKPT" --triton-cache warm; done
 for tree in "${trees[@]}"; do bench 0.6b-dummy-cold "$tree" qwen3-0.6b --triton-cache cold; done
 for tree in "${trees[@]}"; do bench 0.6b-dummy-warm "$tree" qwen3-0.6b --triton-cache warm; done
+# Each change alone, this tree only: the memory-mapped reader, and the build pass after the load.
+LADLE_DIRECT_SAFETENSORS=0 bench 8b-ckpt-warm-mapped-reader after "$CKPT" --triton-cache warm
+LADLE_BUILDS_BESIDE_LOADING=0 bench 8b-ckpt-cold-builds-after-load after "$CKPT" \
+  --triton-cache cold
 for tree in "${trees[@]}"; do
   bench 8b-ckpt-evicted "$tree" "$CKPT" --triton-cache warm --evict-page-cache
 done
