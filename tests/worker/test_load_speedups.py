@@ -35,5 +35,26 @@ def test_preloaded_tokenizer_matches_one_loaded_after_the_model(tiny_model_path)
     reference = load_tokenizer(path, arch)
     assert preloaded.eos_token_ids == reference.eos_token_ids
     assert preloaded.encode("the lazy dog") == reference.encode("the lazy dog")
-    # A source other than the one guessed (here none guessed: random weights) loads after.
-    assert TokenizerPreload(ModelConfig(model="qwen3-0.6b", load_format="dummy"))._future is None
+
+
+def test_random_weights_of_a_preset_preload_the_default_tokenizer(tmp_path) -> None:
+    """A preset borrows the default model's tokenizer: the thread resolves (fetches, when not
+    cached) and loads the same one resolve_tokenizer_source names after the load; a folder of
+    random weights preloads the folder's."""
+    from ladle.frontend.tokenizer_preload import DEFAULT_MODEL_SOURCE, _source_known_before_loading
+    from ladle.frontend.tokenizer_source import resolve_tokenizer_source
+    from ladle.model.default_model import default_model_if_cached
+    from ladle.model.loader.presets import get_preset
+
+    config = ModelConfig(model="tiny-llama", load_format="dummy")
+    assert _source_known_before_loading(config) == DEFAULT_MODEL_SOURCE
+    folder = ModelConfig(model=str(tmp_path), load_format="dummy")
+    assert _source_known_before_loading(folder) == str(tmp_path)
+    if default_model_if_cached() is None:
+        pytest.skip("the default model is not cached (the test does not fetch it)")
+    arch = ModelArchConfig.from_hf_dict(get_preset("tiny-llama"))
+    preload = TokenizerPreload(config)
+    preloaded = preload.result(None, arch)
+    reference = load_tokenizer(resolve_tokenizer_source(config, None), arch)
+    assert preloaded.eos_token_ids == reference.eos_token_ids
+    assert preloaded.encode("the lazy dog") == reference.encode("the lazy dog")

@@ -10,6 +10,7 @@ import sys
 from ladle.bench.engine_bench import add_bench_parsers
 from ladle.bench.multiturn import add_bench_multiturn_parser
 from ladle.bench.serve import add_parser as add_bench_serve_parser
+from ladle.bench.startup import add_bench_startup_parser
 from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
 from ladle.cli.quantize import add_quantize_parser
 from ladle.cli.train_draft import add_train_draft_parser
@@ -100,6 +101,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_bench_parsers(bench_commands)
     add_bench_multiturn_parser(bench_commands)
     add_bench_serve_parser(bench_commands)
+    add_bench_startup_parser(bench_commands)
     add_quantize_parser(subparsers)
     add_train_draft_parser(subparsers)
     if add_serve_parser is None:

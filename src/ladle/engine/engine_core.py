@@ -25,6 +25,7 @@ from ladle.engine.handoff_params import apply_transfer_params, handoff_params
 from ladle.engine.overlap import overlap_enabled
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
 from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
+from ladle.engine.startup_phases import describe_startup_phases
 from ladle.engine.step_meter import StepMeter
 from ladle.engine.warmup import describe_startup, warm_up
 from ladle.executor.base import Executor, StepFuture
@@ -60,9 +61,14 @@ class EngineCore:
         self, config: EngineConfig, print_budget: bool = True, executor: Executor | None = None
     ) -> None:
         start_compile_log()  # start-up reports the Triton kernels it built
+        started = time.perf_counter()
         self.config = config
         self.executor = executor if executor is not None else build_executor(config)
         info = self.info = self.executor.info
+        # Where start-up's seconds went (rank 0's phases; `ladle bench startup` reads the line).
+        self.startup_phases = list(info.startup_phases)
+        timed = sum(seconds for _, seconds in info.startup_phases)
+        self.startup_phases.append(("worker set-up", time.perf_counter() - started - timed))
         self.vocab_size = info.arch.vocab_size
         budget = info.memory_budget
         # A sequence longer than the pool could never run: the pool caps the model length, so
@@ -127,13 +133,18 @@ class EngineCore:
         # Last: the warm-up runs real steps, which need everything above.
         if info.device_type == "cuda":
             # Compile every kernel variant now, through the real step, not under a first user.
-            started = time.perf_counter()
+            warmup_started = time.perf_counter()
             num_steps = warm_up(self)
+            warmup_seconds = time.perf_counter() - warmup_started
+            self.startup_phases.append(("warm-up", warmup_seconds))
             if print_budget:
-                report = describe_startup(self, num_steps, time.perf_counter() - started)
+                report = describe_startup(self, num_steps, warmup_seconds)
                 print(f"[ladle] {report}", file=sys.stderr, flush=True)
         # The memory probes' and the warm-up's made-up tokens are no expert's load.
         self.executor.reset_expert_load()
+        self.startup_phases.append(("engine total", time.perf_counter() - started))
+        if print_budget:
+            print(describe_startup_phases(self.startup_phases), file=sys.stderr, flush=True)
 
     # ----- requests ------------------------------------------------------------------------
 

@@ -42,6 +42,13 @@ def default_cache_dir() -> Path:
     return Path.home() / ".cache" / "ladle"
 
 
+def default_model_if_cached(cache_dir: str | None = None) -> Path | None:
+    """The default model's GGUF file if it is in the cache already, else None (never fetches)."""
+    cache = Path(cache_dir).expanduser() if cache_dir else default_cache_dir()
+    target = cache / GGUF_FILENAME
+    return target if target.is_file() and target.stat().st_size == GGUF_SIZE else None
+
+
 def resolve_default_model(cache_dir: str | None = None, show_progress: bool = True) -> Path:
     """Return the path of the default model's GGUF file, fetching it on first use.
 

@@ -11,7 +11,9 @@ step path (dummy_batch.py), so the memory plan measures what serving allocates.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import sys
+import time
 from dataclasses import dataclass
 
 import torch
@@ -21,6 +23,8 @@ from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.distributed.fast_all_reduce import with_fast_all_reduce
 from ladle.distributed.process_group import join_ranks, min_over_world, rank_device
+from ladle.engine.startup_phases import StartupClock
+from ladle.kernels.cpu_native.build import build_in_background
 from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
 from ladle.model.load_errors import ModelLoadError
@@ -29,6 +33,7 @@ from ladle.model.weight_census import WeightCensus, take_census
 from ladle.protocol.step import StepPlan
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker import kv_calibration
+from ladle.worker.builds_beside_loading import builds_beside_loading
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter_setup import drafter_bytes, load_drafter
 from ladle.worker.dummy_batch import build_dummy_step
@@ -70,6 +75,8 @@ class WorkerInfo:
     fused_moe: FusedMoeSetup | None = None
     # A producer's exported KV pool (worker/kv_peers.py), for consumers to pull from.
     kv_export: str | None = None
+    # (phase, seconds) of this rank's start-up, in order (engine/startup_phases.py).
+    startup_phases: tuple[tuple[str, float], ...] = ()
 
 
 class Worker:
@@ -91,6 +98,10 @@ class Worker:
         )
         self.dtype = resolve_dtype(config.model.dtype, self.device)
         self.step_profiler = StepProfiler.from_env(rank, self.device)
+        on_cuda = self.device.type == "cuda"
+        self.startup = StartupClock(
+            settle=(lambda: torch.cuda.synchronize(self.device)) if on_cuda else None
+        )
         block_size = config.cache.block_size
         # Every rank seeds alike: each samples the same tokens from the same gathered logits.
         torch.manual_seed(config.model.seed)
@@ -106,28 +117,29 @@ class Worker:
         self.tp = with_fast_all_reduce(
             self.tp, self.device, self.dtype, parallel.disable_custom_all_reduce
         )
+        if self.device.type == "cpu":
+            build_in_background()  # the C kernels build beside the load, not at the first step
         self.attention_backend = get_attention_backend(self.device)
+        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
+        # Where the modules are final before their weights, the Triton build pass runs beside
+        # the load (builds_beside_loading.py), which then adopts the model early.
+        self.model: torch.nn.Module | None = None
+        self.built_beside_loading = False
+        self.builds_beside_load_s = 0.0
+        self.startup.add("model load", 0.0)  # first in the log, though the builds end first
+        load_started = time.perf_counter()
         loaded = load_model(
-            config.model, self.device, self.dtype, self.attention_backend, self.tp, self.stage
-        )
-        self.model = loaded.model
-        self.arch = loaded.arch_config
+            config.model, self.device, self.dtype, self.attention_backend, self.tp, self.stage,
+            while_loading=functools.partial(builds_beside_loading, self),
+        )  # fmt: skip
+        if on_cuda:
+            torch.cuda.synchronize(self.device)
+        load_seconds = time.perf_counter() - load_started - self.builds_beside_load_s
+        self.startup.add("model load", load_seconds)
+        if loaded.model is not self.model:
+            self.adopt_model(loaded.model, loaded.arch_config)
         self.model_path = loaded.model_path
         self.load_source = loaded.source
-        self.max_model_len = self._resolve_max_model_len()
-        # This rank's share of the key/value heads, for its stage's layers: its KV cache holds
-        # only those.
-        self.num_kv_heads = self.tp.kv_heads_per_rank(self.arch.num_key_value_heads)
-        self.num_layers = len(self.stage.layer_range(self.arch.num_hidden_layers))
-        self.runner = ModelRunner(
-            self.model,
-            self.device,
-            block_size,
-            max_blocks_per_seq=-(-self.max_model_len // block_size),
-            initial_slots=config.scheduler.max_num_seqs + 8,
-            stage=self.stage,
-            activation_dtype=self.dtype,
-        )
         speculative = config.scheduler.speculative
         if speculative is not None:
             self.runner.synthetic_acceptance = speculative.synthetic_acceptance
@@ -137,14 +149,6 @@ class Worker:
                     self.attention_backend, self.max_model_len,
                 )
         drafter = self.runner.drafter
-        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only) or
-        # the model's forward reads device values on the host (the torch MoE path).
-        self.uses_graphs = (
-            self.device.type == "cuda"
-            and not config.model.enforce_eager
-            and self.model.can_capture_cuda_graphs
-            and self.stage.size == 1  # a stage's hand-offs run eagerly for now
-        )
         if self.device.type == "cuda" and not self.model.can_capture_cuda_graphs:
             print(
                 "[ladle] CUDA graphs off: this model's forward cannot be captured (its mixture "
@@ -153,7 +157,6 @@ class Worker:
                 file=sys.stderr,
                 flush=True,
             )
-        self.kv_cache_dtype = resolve_kv_cache_dtype(config.cache.kv_cache_dtype, self.dtype)
         if self.kv_cache_dtype == FP8_KV_DTYPE:
             kv_calibration.set_fp8_kv_scales(
                 self.runner,
@@ -173,7 +176,9 @@ class Worker:
             )
             if self.fused_moe is not None:
                 print(f"[ladle] {self.fused_moe.describe()}", file=sys.stderr, flush=True)
-            self._build_kernel_variants()
+            if not self.built_beside_loading:
+                with self.startup.phase("kernel builds"):
+                    self._build_kernel_variants()
         # After the tiles: the timed layer runs as it will serve. Before the memory probe: its
         # steps take the dispatch they will serve with.
         self.expert_dispatch = prepare_expert_dispatch(
@@ -187,21 +192,24 @@ class Worker:
             how = parallel.expert_parallel_dispatch
             print(f"[ladle] expert-parallel dispatch ({how}): {self.expert_dispatch.describe()}",
                   file=sys.stderr, flush=True)  # fmt: skip
-        self.memory_budget = size_kv_cache(
-            config.cache,
-            dataclasses.replace(
-                self.arch, num_key_value_heads=self.num_kv_heads, num_hidden_layers=self.num_layers
-            ),
-            self.kv_cache_dtype,
-            self.device,
-            weights_bytes=module_bytes(self.model) + drafter_bytes(drafter),
-            run_peak_forward=self._run_peak_forward,
-            run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
-            # The draft network's pool shares the block ids: each block costs both.
-            extra_kv_bytes_per_token=(
-                drafter.kv_bytes_per_token(self.dtype) if drafter is not None else 0
-            ),
-        )
+        with self.startup.phase("memory probe"):
+            self.memory_budget = size_kv_cache(
+                config.cache,
+                dataclasses.replace(
+                    self.arch,
+                    num_key_value_heads=self.num_kv_heads,
+                    num_hidden_layers=self.num_layers,
+                ),
+                self.kv_cache_dtype,
+                self.device,
+                weights_bytes=module_bytes(self.model) + drafter_bytes(drafter),
+                run_peak_forward=self._run_peak_forward,
+                run_graph_probe=self._run_graph_probe if self.uses_graphs else None,
+                # The draft network's pool shares the block ids: each block costs both.
+                extra_kv_bytes_per_token=(
+                    drafter.kv_bytes_per_token(self.dtype) if drafter is not None else 0
+                ),
+            )
         # One block table serves every rank: the rank with the least room sets the pool.
         num_blocks = min_over_world(self.memory_budget.num_blocks, self.device)
         if num_blocks != self.memory_budget.num_blocks:
@@ -210,6 +218,7 @@ class Worker:
                 num_blocks=num_blocks,
                 kv_cache_bytes=num_blocks * self.memory_budget.block_bytes,
             )
+        kv_started = time.perf_counter()
         num_host_blocks = 0
         if config.cache.enable_prefix_caching:  # the host tier works through block hashes
             num_host_blocks = (
@@ -247,12 +256,14 @@ class Worker:
             drafter.kv_caches = self._allocate_draft_caches(self.memory_budget.num_blocks)
         if num_host_blocks > 0:
             self._allocate_host_tier(num_host_blocks)
+        self.startup.add("KV cache", time.perf_counter() - kv_started)
         # On CUDA a step that fits a graph bucket takes its graph's launches even when run
         # eagerly (enforce_eager, or the rare step that misses), so graphs never change results.
         if self.device.type == "cuda":
             graphs = self.runner.graph_buckets = self._graph_buckets()
             if self.uses_graphs:
-                graphs.capture()
+                with self.startup.phase("graph capture"):
+                    graphs.capture()
                 self.memory_budget = dataclasses.replace(
                     self.memory_budget, graph_pool_bytes=graphs.pool_bytes
                 )
@@ -270,6 +281,7 @@ class Worker:
             weights=take_census(self.model),
             fused_moe=self.fused_moe,
             kv_export=self.kv_export,
+            startup_phases=tuple(self.startup.phases),
         )
 
     @property
@@ -312,6 +324,36 @@ class Worker:
         return self.runner.sample(forward, grammar_bitmask)
 
     # ----- start-up ------------------------------------------------------------------------
+
+    def adopt_model(self, model: torch.nn.Module, arch_config: ModelArchConfig) -> None:
+        """Take the model (its weights may still be loading) and build what needs only its
+        shapes: the length limit, this rank's KV shape, the runner, whether graphs are used."""
+        config = self.config
+        self.model = model
+        self.arch = arch_config
+        self.max_model_len = self._resolve_max_model_len()
+        # This rank's share of the key/value heads, for its stage's layers: its KV cache holds
+        # only those.
+        self.num_kv_heads = self.tp.kv_heads_per_rank(self.arch.num_key_value_heads)
+        self.num_layers = len(self.stage.layer_range(self.arch.num_hidden_layers))
+        block_size = config.cache.block_size
+        self.runner = ModelRunner(
+            model,
+            self.device,
+            block_size,
+            max_blocks_per_seq=-(-self.max_model_len // block_size),
+            initial_slots=config.scheduler.max_num_seqs + 8,
+            stage=self.stage,
+            activation_dtype=self.dtype,
+        )
+        # Decode steps replay CUDA graphs unless the user asked for eager mode (CUDA only) or
+        # the model's forward reads device values on the host (the torch MoE path).
+        self.uses_graphs = (
+            self.device.type == "cuda"
+            and not config.model.enforce_eager
+            and model.can_capture_cuda_graphs
+            and self.stage.size == 1  # a stage's hand-offs run eagerly for now
+        )
 
     def _resolve_max_model_len(self) -> int:
         limit = self.arch.max_position_embeddings
@@ -389,6 +431,13 @@ class Worker:
         them runs: one dry pass submits every build, then they build side by side instead of
         one at a time on first use (kernels/parallel_builds.py). The sampler's few variants
         still build on first use (its host side reads what its kernels write)."""
+        with builds_only() as active:
+            if active:
+                self.submit_kernel_builds()
+        torch.cuda.synchronize(self.device)
+
+    def submit_kernel_builds(self) -> None:
+        """The build pass's dry steps; inside builds_only, so they only submit builds."""
         scheduler_config = self.config.scheduler
         peak_tokens = min(scheduler_config.max_num_batched_tokens, self.max_model_len)
         shapes = [(peak_tokens, scheduler_config.max_num_seqs), (1, 1)]
@@ -401,12 +450,8 @@ class Worker:
             )
             if bucket is not None:
                 shapes.append(bucket)
-        with builds_only() as active:
-            if not active:
-                return
-            for num_tokens, num_reqs in shapes:
-                self._run_probe_step(num_tokens, num_reqs, forward_only=True)
-        torch.cuda.synchronize(self.device)
+        for num_tokens, num_reqs in shapes:
+            self._run_probe_step(num_tokens, num_reqs, forward_only=True)
 
     def _run_peak_forward(self) -> None:
         """The worst-case step for memory: a full token budget of prompt tokens, as many rows

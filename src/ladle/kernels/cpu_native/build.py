@@ -28,6 +28,7 @@ import shutil
 import subprocess
 import sys
 import tempfile
+import threading
 from pathlib import Path
 
 DISABLE_ENV = "LADLE_CPU_KERNELS"
@@ -133,7 +134,24 @@ def kernel_threads() -> int:
 def native_library() -> ctypes.CDLL | None:
     """The loaded kernel library, building it on first use; None (logged once) where it cannot
     be had or is turned off, so that callers fall back to torch."""
-    return _load_library() if _enabled else None
+    if not _enabled:
+        return None
+    if _load_library.cache_info().currsize:  # loaded (or refused): no lock on the hot path
+        return _load_library()
+    with _first_load:  # one build, whichever thread asks first (build_in_background)
+        return _load_library()
+
+
+# Held while the library is first loaded: a second thread waits for that build, not a second.
+_first_load = threading.Lock()
+
+
+def build_in_background() -> None:
+    """Start building (or loading) the library on a thread: the compiler runs in a subprocess,
+    so a cold cache's build (seconds) overlaps the model's load instead of delaying the first
+    step. Nothing happens where the kernels are off or already loaded."""
+    if _enabled and not _load_library.cache_info().currsize:
+        threading.Thread(target=native_library, name="ladle-cpu-kernels", daemon=True).start()
 
 
 @functools.cache

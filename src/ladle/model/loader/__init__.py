@@ -13,9 +13,10 @@ Every failure is a ModelLoadError (a ValueError) that names the path and the pro
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
@@ -66,11 +67,15 @@ from ladle.model.loader.safetensors import (
     read_hf_config,
     safetensors_tensor_names,
 )
+from ladle.model.loader.safetensors_direct import iter_safetensors_on_device
 from ladle.model.models.registry import get_model_class
 
 __all__ = ["LoadedModel", "ModelLoadError", "build_model", "load_model"]
 
 ModelSource = Literal["safetensors", "gguf", "dummy"]
+# Given the built model (its weights not yet filled) and its config: a context the weights fill
+# inside (load_model's while_loading).
+WhileLoading = Callable[[nn.Module, ModelArchConfig], contextlib.AbstractContextManager]
 
 
 @dataclass
@@ -92,12 +97,20 @@ def load_model(
     attention_backend: AttentionBackend,
     tp: TensorParallel = SINGLE,
     stage: PipelineStage = SINGLE_STAGE,
+    while_loading: WhileLoading | None = None,
 ) -> LoadedModel:
     """Load the model `model_config` names onto `device` in `dtype`, in eval mode, then quantize
     its weights when model_config.quantization asks for it (see resolve_quantization). With
     tensor parallelism (tp) the model holds, and loads, only this rank's slices; on a pipeline
-    stage, only that stage's layers."""
-    loaded = _load_unquantized(model_config, device, dtype, attention_backend, tp, stage)
+    stage, only that stage's layers.
+
+    while_loading(model, arch_config): a context manager the weights are filled inside, given
+    the built model before they are; called only where the modules it sees are final (dummy
+    weights or a float safetensors folder, no quantization after), so work that needs the
+    model's shapes and not its values (start-up's Triton build pass) can run beside the load."""
+    loaded = _load_unquantized(
+        model_config, device, dtype, attention_backend, tp, stage, while_loading
+    )
     if loaded.checkpoint_quantization is not None:
         return loaded
     method = resolve_quantization(model_config, loaded.source, device)
@@ -160,6 +173,7 @@ def _load_unquantized(
     attention_backend: AttentionBackend,
     tp: TensorParallel,
     stage: PipelineStage,
+    while_loading: WhileLoading | None = None,
 ) -> LoadedModel:
     name = model_config.model
     num_ranks = tp.size * stage.size
@@ -170,7 +184,8 @@ def _load_unquantized(
         arch_config, model_path = _dummy_arch_config(name, overrides)
         _check_max_model_len(arch_config, model_config, model_path or name)
         model = build_model(arch_config, device, dtype, attention_backend, tp, stage)
-        fill_dummy_weights(model, model_config.seed)
+        with _beside_weights(while_loading, model_config, "dummy", device, model, arch_config):
+            fill_dummy_weights(model, model_config.seed)
         return LoadedModel(model, arch_config, model_path, "dummy")
     if name is None:
         raise ModelLoadError(
@@ -198,14 +213,16 @@ def _load_unquantized(
     # A pipeline stage, or an expert-parallel rank, reads only its own tensors.
     wanted = getattr(model, "holds", None) if num_ranks > 1 else None
     weights = with_progress(
-        iter_safetensors_weights(files, wanted),
+        _safetensors_reader(files, wanted, device, tp, float_checkpoint=checkpoint_quant is None),
         sum(1 for name in tensor_names if wanted is None or wanted(name)),
         "Loading safetensors",
     )
     if checkpoint_quant is None:
         _refuse_checkpoint_format_names(model_config, str(model_dir))
-        _load_weights(model, weights, str(model_dir))
-        return LoadedModel(model, arch_config, str(model_dir), "safetensors")
+        source = "safetensors"
+        with _beside_weights(while_loading, model_config, source, device, model, arch_config):
+            _load_weights(model, weights, str(model_dir))
+        return LoadedModel(model, arch_config, str(model_dir), source)
     _check_checkpoint_method(model_config, checkpoint_quant, str(model_dir))
     is_moe = arch_config.architecture in MOE_ARCHITECTURES
     if is_moe and checkpoint_quant.method != "fp8":
@@ -238,6 +255,45 @@ def _load_unquantized(
             flush=True,
         )
     return LoadedModel(model, arch_config, str(model_dir), "safetensors", checkpoint_quant.method)
+
+
+def _beside_weights(
+    while_loading: WhileLoading | None,
+    model_config: ModelConfig,
+    source: ModelSource,
+    device: torch.device,
+    model: nn.Module,
+    arch_config: ModelArchConfig,
+) -> contextlib.AbstractContextManager:
+    """while_loading's context where no quantization will change the modules after the load."""
+    if while_loading is None or resolve_quantization(model_config, source, device) is not None:
+        return contextlib.nullcontext()
+    return while_loading(model, arch_config)
+
+
+def _safetensors_reader(
+    files: list[Path],
+    wanted: Callable[[str], bool] | None,
+    device: torch.device,
+    tp: TensorParallel,
+    float_checkpoint: bool,
+) -> Iterator[tuple[str, torch.Tensor]]:
+    """Float checkpoints on one CUDA rank are read straight onto the GPU (safetensors_direct.py:
+    reader threads, pinned pieces, copies that do not block). Tensor-parallel ranks keep the
+    memory-mapped reader, through which each reads only the rows it holds; quantized formats
+    keep it too (their conversions run on host tensors). LADLE_DIRECT_SAFETENSORS=0 turns the
+    direct reader off."""
+    direct = (
+        float_checkpoint
+        and device.type == "cuda"
+        and tp.size == 1
+        and os.environ.get("LADLE_DIRECT_SAFETENSORS", "1") != "0"
+    )
+    if not direct:
+        return iter_safetensors_weights(files, wanted)
+    return iter_safetensors_on_device(
+        files, device, wanted, fallback=lambda file: iter_safetensors_weights([file], wanted)
+    )
 
 
 def _float_module_names(model: nn.Module, checkpoint_modules: tuple[str, ...], where: str) -> set:
