@@ -42,7 +42,7 @@ bench() {  # name tree args...: one `ladle bench startup` invocation, its summar
   fi
   local src=$PWD/src
   [ "$tree" = before ] && src=$(cd "$BEFORE" && pwd)/src
-  PYTHONPATH=$PWD/src python3 -m ladle bench startup "$@" --child-pythonpath "$src" \
+  PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} python3 -m ladle bench startup "$@" --child-pythonpath "$src" \
     --json "$RESULTS/$name-$tree.json" > "$RESULTS/$name-$tree.log" 2>&1
   echo "$name-$tree ($SECONDS s) $(grep -h -m1 'first token:' "$RESULTS/$name-$tree.log" \
     || tail -3 "$RESULTS/$name-$tree.log")" | tee -a "$LOG"
@@ -51,7 +51,7 @@ bench() {  # name tree args...: one `ladle bench startup` invocation, its summar
 for tree in "${trees[@]}"; do bench 8b-dummy-cold "$tree" llama-3.1-8b --triton-cache cold; done
 for tree in "${trees[@]}"; do bench 8b-dummy-warm "$tree" llama-3.1-8b --triton-cache warm; done
 # Written once (kept by later calls): not part of any figure.
-PYTHONPATH=$PWD/src python3 - "$CKPT" <<'EOF' 2>&1 | tail -1 | tee -a "$LOG"
+PYTHONPATH=$PWD/src${PYTHONPATH:+:$PYTHONPATH} python3 - "$CKPT" <<'EOF' 2>&1 | tail -1 | tee -a "$LOG"
 import sys, time, torch
 from ladle.model.loader.random_checkpoint import write_random_checkpoint
 started = time.perf_counter()

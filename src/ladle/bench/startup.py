@@ -196,7 +196,10 @@ def measure_startup(
         for index in range(runs + (triton_cache == "warm")):
             env = dict(os.environ)
             if child_pythonpath:
-                env["PYTHONPATH"] = child_pythonpath
+                # First on the path (its ladle shadows this one); what was there stays after
+                # it (packages installed to a folder, as on the device machines).
+                inherited = env.get("PYTHONPATH")
+                env["PYTHONPATH"] = os.pathsep.join(filter(None, [child_pythonpath, inherited]))
             if triton_cache != "asis":
                 # cold: a fresh pair per run; warm: one pair for every run.
                 caches = Path(root) / (f"run{index}" if triton_cache == "cold" else "shared")
