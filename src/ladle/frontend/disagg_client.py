@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import asyncio
 import dataclasses
+from collections import Counter
 from collections.abc import Callable, Sequence
 
 import msgspec
@@ -121,6 +122,7 @@ class DisaggregatedClient(AsyncEngineClient):
         self.instance_stats: dict[str, SchedulerStats] = {}  # by role, live engines only
         self.degraded_reason: str | None = None
         self.num_retried_on_decode = 0  # requests re-sent whole after their engine died
+        self.num_routed: Counter[str] = Counter()  # sequences sent to each engine, by role
         metrics.registry.register(InstanceStatsCollector(metrics.model_name, self._view))
 
     @property
@@ -159,8 +161,16 @@ class DisaggregatedClient(AsyncEngineClient):
     def health_problem(self) -> str | None:
         return super().health_problem or self.degraded_reason
 
-    def _view(self) -> list[tuple[str, bool, SchedulerStats | None]]:
-        return [(i.role, i.is_alive, self.instance_stats.get(i.role)) for i in self.instances]
+    def _view(self) -> list[tuple[str, bool, int, SchedulerStats | None]]:
+        return [(i.role, i.is_alive, self.num_routed[i.role], self.instance_stats.get(i.role))
+                for i in self.instances]
+
+    def _route_to(self, engine: EngineInstance, requests: list[EngineCoreRequest]) -> bool:
+        """Send requests to one engine, counted; False when it is down (nothing sent)."""
+        if not engine.send(wire.AddRequests(requests)):
+            return False
+        self.num_routed[engine.role] += len(requests)
+        return True
 
     # ----- life cycle ------------------------------------------------------------------------
 
@@ -230,7 +240,7 @@ class DisaggregatedClient(AsyncEngineClient):
                 r.engine for r in self._routes.values()
             ))
             route.phase, route.holder = WHOLE, None
-            if survivor is not None and survivor.send(wire.AddRequests([route.request])):
+            if survivor is not None and self._route_to(survivor, [route.request]):
                 route.engine = survivor
                 self.num_retried_on_decode += 1
             else:
@@ -292,7 +302,7 @@ class DisaggregatedClient(AsyncEngineClient):
         for engine, phase, originals, sent in sends:
             for request in originals:  # as the client asked: a retry re-sends it whole
                 self._routes[request.request_id] = _Route(request, engine, phase=phase)
-            if not engine.send(wire.AddRequests(sent)):
+            if not self._route_to(engine, sent):
                 for request in requests:
                     self._routes.pop(request.request_id, None)
                 raise EngineDeadError(self.dead_reason or f"the {engine.role} engine is down")
@@ -378,5 +388,5 @@ class DisaggregatedClient(AsyncEngineClient):
             sampling_params=sampling_params,
             kv_transfer_params=dict(params, first_token_ids=first_token_ids),
         )
-        if not decode.send(wire.AddRequests([request])):
+        if not self._route_to(decode, [request]):
             self._fail_child(child_id, self.degraded_reason or f"the {decode.role} is down")

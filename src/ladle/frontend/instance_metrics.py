@@ -6,13 +6,14 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 
-from prometheus_client.core import GaugeMetricFamily
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily
 from prometheus_client.registry import Collector
 
 from ladle.protocol.messages import SchedulerStats
 
-# (role, alive, the latest stats of its current process or None before its first step)
-InstanceView = tuple[str, bool, SchedulerStats | None]
+# (role, alive, sequences routed to it since the server started, the latest stats of its
+# current process or None before its first step)
+InstanceView = tuple[str, bool, int, SchedulerStats | None]
 
 
 class InstanceStatsCollector(Collector):
@@ -34,11 +35,17 @@ class InstanceStatsCollector(Collector):
             "total": GaugeMetricFamily("ladle:engine_kv_total_blocks",
                                        "KV blocks of this engine's pool.", labels=labels),
         }
-        for role, alive, stats in self.view():
+        routed = CounterMetricFamily(
+            "ladle:engine_requests_routed", "Sequences sent to this engine (a split prompt "
+            "counts on its prefill and its decode engine).", labels=labels,
+        )
+        for role, alive, num_routed, stats in self.view():
             values = [self.model_name, role]
             families["up"].add_metric(values, 1.0 if alive else 0.0)
+            routed.add_metric(values, num_routed)
             if stats is not None:
                 families["running"].add_metric(values, stats.num_running_reqs)
                 families["free"].add_metric(values, stats.num_free_blocks)
                 families["total"].add_metric(values, stats.num_total_blocks)
         yield from families.values()
+        yield routed
