@@ -17,7 +17,12 @@ import pytest
 
 from ladle import SamplingParams
 from tests.entrypoints.conftest import API_KEY, SERVED_NAME, TINY_ENGINE_ARGS
-from tests.entrypoints.server_process import ServerProcess, engine_is_idle, wait_until
+from tests.entrypoints.server_process import (
+    ServerProcess,
+    engine_is_idle,
+    read_metrics,
+    wait_until,
+)
 
 PROMPTS = ["The quick brown fox", "Hello, world! Hello, world! Hello,", "abc def ghi jkl mno",
            "One two three four five six", "a b c d e f g h i j k l m n o p"]
@@ -114,6 +119,8 @@ def test_2p1d_killed_prefill_engine_others_keep_serving(server, offline_llm):
     restarted = engine_pids(server)
     assert restarted["prefill 0"] != pids["prefill 0"]
     assert restarted["prefill 1"] == pids["prefill 1"]
+    assert per_engine(server, "ladle:engine_up") == {"prefill 0": 1, "prefill 1": 1, "decode 2": 1}
+    assert read_metrics(server)["ladle:engine_alive"] == 1
     assert stream_together(client, PROMPTS[:2]) == expected[:2]
     # No block held anywhere once the requests end: each engine's pool is whole again.
     def pools_whole() -> bool:

@@ -211,9 +211,16 @@ class DisaggregatedClient(AsyncEngineClient):
         self._fail_all("the server is shutting down")
 
     def _on_instance_live(self, instance: EngineInstance) -> None:
-        if self.info is not None and all(i.is_alive for i in self.instances):
+        if self.info is None:
+            return  # start() announces
+        # A restart resets the server's engine gauges: the other engines' stats stand again.
+        if self.instance_stats:
+            self.metrics.record_engine_stats(self._combined_stats())
+        if all(i.is_alive for i in self.instances):
             self.dead_reason = self.degraded_reason = None
             self._announce()
+        else:
+            self.metrics.record_engine_dead()  # ladle:engine_alive: 1 only with every engine up
 
     def _on_instance_dead(self, instance: EngineInstance, reason: str) -> None:
         if self._shutting_down:
