@@ -11,7 +11,7 @@ import asyncio
 import pytest
 
 from ladle.frontend.admission import AdmissionController
-from ladle.frontend.client import EngineInfo
+from ladle.frontend.client import EngineDeadError, EngineInfo
 from ladle.frontend.disagg_client import DECODE, PREFILL, DisaggregatedClient
 from ladle.frontend.instance_picking import least_loaded, role_name
 from ladle.frontend.metrics import ServerMetrics
@@ -121,3 +121,32 @@ def test_least_loaded_prefers_live_then_decode_then_index():
     assert least_loaded(engines[:2], Counter({id(engines[0]): 5})) is engines[0]
     engines[0].is_alive = False
     assert least_loaded(engines[:2], Counter()) is None
+
+
+def test_a_dead_decode_engine_fails_only_its_streams_and_frees_their_kv():
+    async def run():
+        client = DisaggregatedClient({"model": "m"}, ServerMetrics("m"),
+                                     AdmissionController(None, None), num_prefill=1, num_decode=2)
+        client.instances = [FakeInstance(role_name(i, 1)[0], i) for i in range(3)]
+        client.output_processor = OutputProcessor(None, (2,))
+        client.info = EngineInfo(max_model_len=128, memory_budget="", vocab_size=100)
+        client.dead_reason = None
+        p0, d1, d2 = client.instances
+        streams = {name: client.add_request(name, None, [5, 6, 7], PARAMS) for name in "ab"}
+        client._on_step(p0, wire.EngineStep([*handoff("a", 8).outputs, *handoff("b", 9).outputs]))
+        assert added_ids(d1) == ["a"] and added_ids(d2) == ["b"]  # one each
+        for stream in streams.values():
+            await stream.__anext__()
+        d1.is_alive = False
+        client._on_instance_dead(d1, "killed")
+        with pytest.raises(EngineDeadError, match="decode 1 engine died"):
+            await streams["a"].__anext__()
+        assert wire.AbortRequests(["a"]) in p0.sent  # its KV released on its prefill engine
+        assert "b" in client._routes and client.dead_reason is None
+        client._on_step(d2, wire.EngineStep([EngineCoreOutput("b", [10], finish_reason="length")]))
+        assert p0.sent[-1] == wire.AbortRequests(["b"])  # released at its first decode output
+        client.add_request("c", None, [5, 6, 7], PARAMS)
+        client._on_step(p0, handoff("c", 7))
+        assert added_ids(d2) == ["b", "c"]  # the live decode engine takes the handoff
+
+    asyncio.run(run())
