@@ -23,8 +23,9 @@ PARAMS = SamplingParams(temperature=0, max_tokens=4, ignore_eos=True)
 
 
 class FakeInstance:
-    def __init__(self, role: str) -> None:
-        self.role = role
+    def __init__(self, kind: str, index: int) -> None:
+        self.kind = kind
+        self.role = f"{kind} {index}"
         self.sent: list = []
         self.is_alive = True
 
@@ -39,7 +40,7 @@ class FakeInstance:
 def client():
     admission = AdmissionController(None, None)
     client = DisaggregatedClient({"model": "m"}, ServerMetrics("m"), admission)
-    client.instances = {PREFILL: FakeInstance(PREFILL), DECODE: FakeInstance(DECODE)}
+    client.instances = [FakeInstance(PREFILL, 0), FakeInstance(DECODE, 1)]
     client.output_processor = OutputProcessor(None, (2,))
     client.info = EngineInfo(max_model_len=128, memory_budget="", vocab_size=100)
     client.dead_reason = None
@@ -80,14 +81,20 @@ def test_prefill_then_decode_then_release(client):
 def test_dead_prefill_engine_resends_prefills_whole(client):
     async def run():
         client.add_request("a", None, [5, 6, 7], PARAMS)
-        client.instances[PREFILL].is_alive = False
+        client.prefill.is_alive = False
         client._on_instance_dead(client.prefill, "killed")
-        assert "degraded" in client.dead_reason
+        assert "degraded" in client.health_problem and client.dead_reason is None
         [resent] = client.decode.sent
         assert resent.requests[0].kv_transfer_params is None
         assert client.num_retried_on_decode == 1
-        with pytest.raises(EngineDeadError):
-            client.add_request("b", None, [5], PARAMS)
+        # While it is down, new requests run whole on the decode engine; with none left, the
+        # server refuses them.
+        client.add_request("b", None, [5, 6, 7], PARAMS)
+        assert client.decode.sent[-1].requests[0].kv_transfer_params is None
+        client.decode.is_alive = False
+        client._on_instance_dead(client.decode, "killed")
+        with pytest.raises(EngineDeadError, match="every engine is down"):
+            client.add_request("c", None, [5], PARAMS)
 
     asyncio.run(run())
 
@@ -97,9 +104,9 @@ def test_dead_decode_engine_fails_its_requests_and_releases(client):
         stream = client.add_request("a", None, [5, 6, 7], PARAMS)
         client._on_step(client.prefill, handoff("a", 9))
         await stream.__anext__()
-        client.instances[DECODE].is_alive = False
+        client.decode.is_alive = False
         client._on_instance_dead(client.decode, "killed")
-        with pytest.raises(EngineDeadError, match="decode engine died"):
+        with pytest.raises(EngineDeadError, match="decode 1 engine died"):
             await stream.__anext__()
         assert wire.AbortRequests(["a"]) in client.prefill.sent
         assert not client._routes

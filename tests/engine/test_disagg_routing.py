@@ -9,7 +9,6 @@ import asyncio
 
 import pytest
 
-from ladle.frontend.disagg_client import DECODE, PREFILL
 from ladle.frontend.disagg_routing import DEFAULT_ITL_BUDGET_S, SplitPolicy
 from ladle.protocol.messages import SchedulerStats
 from tests.engine.test_disagg_client import PARAMS, client  # noqa: F401 -- the fixture
@@ -44,11 +43,11 @@ def test_auto_routes_by_measured_rate(client):  # noqa: F811 -- the fixture
         client.split_policy = SplitPolicy.parse("auto", itl_slo_ms=10.0)
         client.add_request("early", None, [5] * 30, PARAMS)  # nothing measured yet: split
         # 2,000 prompt tokens/s on the prefill engine: a 10 ms budget is a 20-token line.
-        client.instance_stats[PREFILL] = stats(2000.0)
+        client.instance_stats[client.prefill.role] = stats(2000.0)
         client.add_request("short", None, [5] * 19, PARAMS)
         client.add_request("long", None, [5] * 21, PARAMS)
         # The decode engine measured a slower prompt rate of its own: the line drops to 5.
-        client.instance_stats[DECODE] = stats(500.0)
+        client.instance_stats[client.decode.role] = stats(500.0)
         client.add_request("short2", None, [5] * 6, PARAMS)
         split = [m.requests[0] for m in client.prefill.sent
                  if m.requests[0].kv_transfer_params is not None]

@@ -24,7 +24,7 @@ from tests.entrypoints.server_process import (
 
 PROMPTS = ["The quick brown fox", "Hello, world! Hello, world! Hello,", "abc def ghi jkl mno"]
 MAX_TOKENS = 12
-PIDS = re.compile(r"prefill engine in process (\d+), decode engine in process (\d+)")
+PIDS = re.compile(r"disaggregated 1P1D: prefill 0 in process (\d+), decode 1 in process (\d+)")
 
 
 @pytest.fixture(scope="module")

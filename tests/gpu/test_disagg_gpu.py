@@ -3,12 +3,14 @@
 In one process: a producer engine on GPU 0 and a consumer on GPU 1 (the pull is a peer-to-peer
 copy between the GPUs) give the one-engine tokens, in float32 and with the fp8 KV cache (which
 moves as fp8 bytes). Served: `ladle serve --disaggregate 1P1D` (two engine processes, the pull
-through CUDA IPC) streams the offline engine's greedy text."""
+through CUDA IPC) streams the offline engine's greedy text; so do 2P1D and 1P2D on 3 GPUs."""
 
 from __future__ import annotations
 
 import random
+import re
 
+import httpx
 import openai
 import pytest
 import torch
@@ -69,7 +71,12 @@ def test_two_gpu_parity(kv_cache_dtype):
     assert producer.kv_cache_manager.num_free_blocks == single.kv_cache_manager.num_free_blocks
 
 
-def test_served_1p1d_equals_offline(tmp_path):
+@pytest.mark.parametrize("layout", ["1P1D", "2P1D", "1P2D"])
+def test_served_xpyd_equals_offline(tmp_path, layout):
+    """Each engine on its own GPU (prefill engines first); requests sent together spread over
+    the engines of each kind and stream the offline engine's text."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from helpers.tiny_models import GPU_SHAPE, save_tiny_model
 
     from ladle import LLM
@@ -82,10 +89,14 @@ def test_served_1p1d_equals_offline(tmp_path):
     expected = [o.outputs[0].text for o in llm.generate(prompts, params, use_tqdm=False)]
     del llm
     torch.cuda.empty_cache()
+    num_prefill, num_decode = (int(n) for n in layout[:-1].split("P"))
+    if torch.cuda.device_count() < num_prefill + num_decode:
+        pytest.skip(f"{layout} needs {num_prefill + num_decode} GPUs")
     with ServerProcess([path, "--served-model-name", "m", "--dtype", "float32",
-                        "--num-kv-blocks", "512", "--disaggregate", "1P1D"]) as server:
+                        "--num-kv-blocks", "512", "--disaggregate", layout]) as server:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="x", max_retries=0)
-        for prompt, text in zip(prompts, expected):
+
+        def stream_one(prompt: str) -> tuple[str, int]:
             stream = client.completions.create(
                 model="m", prompt=prompt, max_tokens=24, temperature=0, stream=True,
                 stream_options={"include_usage": True}, extra_body={"ignore_eos": True},
@@ -94,5 +105,21 @@ def test_served_1p1d_equals_offline(tmp_path):
             for chunk in stream:
                 usage = chunk.usage or usage
                 got += "".join(choice.text or "" for choice in chunk.choices)
-            assert got == text
-            assert usage.completion_tokens == 24
+            return got, usage.completion_tokens
+
+        for prompt, text in zip(prompts, expected):  # one at a time
+            assert stream_one(prompt) == (text, 24)
+        with ThreadPoolExecutor(len(prompts)) as pool:  # together: they spread
+            assert list(pool.map(stream_one, prompts)) == [(text, 24) for text in expected]
+        metrics = httpx.get(f"{server.base_url}/metrics").text
+        routed = dict(re.findall(r'^ladle:engine_requests_routed_total\{[^}]*engine="([^"]+)"'
+                                 r"[^}]*\} (\S+)$", metrics, re.M))
+        assert len(routed) == num_prefill + num_decode
+        # Streams stay on their decode engine for 24 tokens, so those spread; a tiny prompt's
+        # prefill on a GPU may end before the next request arrives (then prefill 0 is idle
+        # again and takes it): the CPU test checks the prefill engines' spread.
+        decodes = [count for role, count in routed.items() if role.startswith("decode")]
+        assert all(float(count) > 0 for count in decodes), routed
+        assert sum(float(c) for r, c in routed.items() if r.startswith("prefill")) >= 2 * len(
+            prompts
+        ), routed

@@ -42,7 +42,18 @@ def test_disaggregate_spelling():
     assert Disaggregation.parse("1p1d") == Disaggregation(1, 1)
     with pytest.raises(ValueError, match="xPyD"):
         Disaggregation.parse("P1D1")
-    with pytest.raises(ValueError, match="1P1D today"):
-        Disaggregation.parse("2P1D")
+    assert Disaggregation.parse(" 2P3D ") == Disaggregation(2, 3)
+    assert Disaggregation.parse("2P3D").num_instances == 5
     with pytest.raises(ValueError, match="at least 1"):
         Disaggregation.parse("0P1D")
+
+
+def test_more_engines_than_gpus_is_refused(monkeypatch):
+    from ladle.cli import disagg
+
+    monkeypatch.setattr(disagg, "count_cuda_devices", lambda: 2)
+    # Prefill engines first (GPUs 0..x-1), then the decode engines.
+    assert disagg.instance_devices(2, "cuda") == ["cuda:0", "cuda:1"]
+    assert disagg.instance_devices(3, "cpu") is None
+    with pytest.raises(ValueError, match="3 engines need 3 GPUs .* has 2"):
+        disagg.instance_devices(3, "auto")

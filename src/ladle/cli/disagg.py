@@ -1,7 +1,8 @@
-"""`ladle serve MODEL --disaggregate 1P1D`: a prefill and a decode engine behind one endpoint.
+"""`ladle serve MODEL --disaggregate xPyD`: x prefill and y decode engines behind one endpoint.
 
-On CUDA each engine takes a GPU of its own (prefill GPU 0, decode GPU 1); on the CPU both run
-on the host's cores. The API process does not import torch, so GPUs are counted with
+On CUDA each engine takes a GPU of its own (the prefill engines GPUs 0..x-1, the decode
+engines GPUs x..x+y-1; more engines than GPUs is refused); on the CPU all run on the host's
+cores. The API process does not import torch, so GPUs are counted with
 nvidia-smi (none found: the CPU)."""
 
 from __future__ import annotations
@@ -89,6 +90,8 @@ def build_disaggregated_client(
         admission,
         restart_policy=restart_policy,
         on_fatal=on_fatal,
-        devices=None if devices is None else (devices[0], devices[1]),
+        devices=devices,
         split_policy=split_policy,
+        num_prefill=disaggregation.num_prefill,
+        num_decode=disaggregation.num_decode,
     )

@@ -233,16 +233,18 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         "--disaggregate",
         default=None,
         metavar="xPyD",
-        help="run x prefill and y decode engines behind this endpoint (1P1D today; on CUDA one "
-        "GPU each): prompts are computed on the prefill engine, their KV moved to the decode "
-        "engine, which streams the rest",
+        help="run x prefill and y decode engines behind this endpoint, e.g. 1P1D, 2P1D (on "
+        "CUDA one GPU each: prefill engines GPUs 0..x-1, decode engines GPUs x..x+y-1): a "
+        "prompt is computed on the least loaded prefill engine, its KV moved to the least "
+        "loaded decode engine, which streams the rest",
     )
     disaggregation.add_argument(
         "--disaggregate-min-prompt",
         default="0",
         metavar="TOKENS|auto",
-        help="with --disaggregate: prompts shorter than this run whole on the less busy engine "
-        "(the two then act as aggregated replicas); longer ones are split (default 0: all). "
+        help="with --disaggregate: prompts shorter than this run whole on the least loaded "
+        "engine (the engines then act as aggregated replicas); longer ones are split "
+        "(default 0: all). "
         "auto: the line follows the measured prompt rate, a prompt runs whole when its "
         "prefill fits the --itl-slo budget (else 50 ms)",
     )

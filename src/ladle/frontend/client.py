@@ -249,6 +249,14 @@ class AsyncEngineClient:
     def is_alive(self) -> bool:
         return self.dead_reason is None and self.info is not None
 
+    @property
+    def health_problem(self) -> str | None:
+        """Why /health answers 503 now; None when healthy. A multi-engine client adds its
+        degraded state (an engine down while the others serve)."""
+        if self.is_alive:
+            return None
+        return self.dead_reason or "the engine is not ready"
+
     async def start(self) -> None:
         """Spawn the engine core, wait until it is ready, load the tokenizer (meanwhile, when
         its source is known before the model loads)."""

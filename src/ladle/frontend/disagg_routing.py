@@ -1,5 +1,5 @@
-"""When a 1P1D front splits a prompt (prefill engine, then decode engine) and when it runs it
-whole on the less busy engine, as an aggregated replica would (`--disaggregate-min-prompt`).
+"""When an xPyD front splits a prompt (prefill engine, then decode engine) and when it runs it
+whole on the least loaded engine, as an aggregated replica would (`--disaggregate-min-prompt`).
 
 Splitting pays by keeping prompt work out of the steps of running streams: a prompt run whole
 on an engine that is decoding stalls each of its streams for about the prompt's prefill time.

@@ -14,7 +14,7 @@ from collections.abc import Callable
 
 from ladle.frontend.admission import AdmissionController
 from ladle.frontend.client import AsyncEngineClient, EngineDeadError, EngineInfo
-from ladle.frontend.disagg_client import EngineInstance
+from ladle.frontend.engine_instance import EngineInstance
 from ladle.frontend.metrics import ServerMetrics
 from ladle.frontend.restart_policy import RestartPolicy
 from ladle.protocol import wire

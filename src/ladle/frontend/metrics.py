@@ -304,7 +304,7 @@ class ServerMetrics:
         self._engine = _EngineStatsCollector(model_name)
         self.registry.register(self._engine)
         labels = ["model_name"]
-        self._model_name = model_name
+        self._model_name = self.model_name = model_name
         self.prompt_tokens = Counter(
             "vllm:prompt_tokens", "Prompt tokens of accepted sequences.", labels,
             registry=self.registry,

@@ -127,9 +127,4 @@ class Disaggregation:
         num_prefill, num_decode = int(match.group(1)), int(match.group(2))
         if num_prefill < 1 or num_decode < 1:
             raise ValueError(f"--disaggregate {text}: needs at least 1 prefill and 1 decode")
-        if (num_prefill, num_decode) != (1, 1):
-            raise ValueError(
-                f"--disaggregate {text}: ladle runs 1P1D today (one prefill and one decode "
-                "instance); more instances are not implemented yet"
-            )
         return cls(num_prefill, num_decode)

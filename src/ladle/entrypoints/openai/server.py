@@ -157,10 +157,9 @@ def build_app(
 
     @app.get("/health")
     async def health() -> Response:
-        if not client.is_alive:
-            raise ServiceUnavailableError(
-                client.dead_reason or "the engine is not ready", code="engine_unavailable"
-            )
+        problem = client.health_problem
+        if problem is not None:
+            raise ServiceUnavailableError(problem, code="engine_unavailable")
         return Response(status_code=200)
 
     @app.get("/version")
