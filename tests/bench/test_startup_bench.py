@@ -12,7 +12,7 @@ import pytest
 from ladle.bench import startup as startup_bench
 from ladle.bench.startup import PROMPT_TOKEN_IDS, measure_startup, summarize
 from ladle.bench.startup_runs import StartupRun
-from ladle.engine.startup_phases import (
+from ladle.startup_phases import (
     StartupClock,
     describe_startup_phases,
     parse_startup_phases,

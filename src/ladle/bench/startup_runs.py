@@ -5,7 +5,7 @@ Offline: `python -m ladle.bench.startup_child` builds LLM(...) and generates one
 stops when its result line is read. Serve: `python -m ladle serve` on a free port; /health is
 polled until it answers 200, then one streamed completion of one token is sent; the clock stops
 at the first streamed chunk that carries a choice. Either way the child's stderr is kept, and the
-engine's start-up phases line in it (engine/startup_phases.py) says where the seconds went.
+engine's start-up phases line in it (startup_phases.py) says where the seconds went.
 """
 
 from __future__ import annotations
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ladle.bench.startup_child import RESULT_PREFIX
-from ladle.engine.startup_phases import parse_startup_phases
+from ladle.startup_phases import parse_startup_phases
 
 # Polling /health this often adds at most this much to a serve measurement.
 HEALTH_POLL_S = 0.05

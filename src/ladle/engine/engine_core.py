@@ -25,7 +25,6 @@ from ladle.engine.handoff_params import apply_transfer_params, handoff_params
 from ladle.engine.overlap import overlap_enabled
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
 from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
-from ladle.engine.startup_phases import describe_startup_phases
 from ladle.engine.step_meter import StepMeter
 from ladle.engine.warmup import describe_startup, warm_up
 from ladle.executor.base import Executor, StepFuture
@@ -40,6 +39,7 @@ from ladle.protocol.messages import (
 from ladle.protocol.step import KVTransferStats, StepPlan, StepResult
 from ladle.sampling.limits import check_field, check_top_k
 from ladle.spec_decode.speculator import Speculator
+from ladle.startup_phases import describe_startup_phases
 from ladle.structured.engine_side import build_structured_output_manager
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.threads import ThreadGovernor

@@ -36,12 +36,10 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.protocol.step import StepPlan
-from ladle.sample.metadata import ROW_DTYPES, pack_sampling_rows, unpack_sampling_columns
+from ladle.sample.metadata import pack_sampling_rows, unpack_sampling_columns
 from ladle.worker.cuda_graphs import DecodeGraphs, pack_decode_words
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
-
-_NO_ROWS = torch.zeros((0, len(ROW_DTYPES)), dtype=torch.int32)
 
 # The parts shipped as int64 (see the module docstring); the others go as int32.
 _INT64_PARTS = frozenset(
@@ -107,7 +105,7 @@ class StepInputBuilder:
         scheduled = plan.scheduled
         request_ids = [s.request_id for s in scheduled]
         slots, new_positions = batch.slots_for(request_ids)
-        new_rows = _NO_ROWS
+        new_rows = None
         if new_positions:  # a step of running requests only packs nothing
             new_states = [states[request_ids[i]] for i in new_positions]
             new_rows = pack_sampling_rows(
@@ -172,12 +170,13 @@ class StepInputBuilder:
             "block_update_indices": update_indices,
             "block_update_ids": update_block_ids,
             "request_slots": slots,
-            "new_row_slots": slots[new_positions],
-            "new_rows": new_rows.numpy().reshape(-1),
             "sampling_steps": np.asarray(sampling_steps, dtype=np.int64),
             "logits_indices": np.asarray(logits_indices, dtype=np.int64),
             "sampling_slots": slots[row_positions],
         }
+        if new_positions:
+            int_parts["new_row_slots"] = slots[new_positions]
+            int_parts["new_rows"] = new_rows.numpy().reshape(-1)
         if num_device_ids:
             int_parts["token_slots"] = slots[request_of_token]
         max_query_len = int(query_lens.max())
@@ -191,9 +190,10 @@ class StepInputBuilder:
             words = pack_decode_words(max_bs, positions, slot_mapping, seq_lens)
             graph_words = (words, graphs.static.words)
         device_views = self._ship(int_parts, graph_words)
-        batch.write_sampling_rows(
-            device_views["new_row_slots"], device_views["new_rows"].view(new_rows.shape)
-        )
+        if new_positions:
+            batch.write_sampling_rows(
+                device_views["new_row_slots"], device_views["new_rows"].view(new_rows.shape)
+            )
         sampling_rows = unpack_sampling_columns(
             batch.gather_sampling_columns(device_views["sampling_slots"])
         )
@@ -244,16 +244,19 @@ class StepInputBuilder:
         int64 (viewing 4-byte words as 8-byte ones needs an even offset and length).
         graph_words: (host words, the graph's static words buffer): staged after the parts and
         copied into that buffer with one more copy."""
-        order = sorted(int_parts, key=lambda name: name not in _INT64_PARTS)  # stable
-        pieces: list[tuple[str, torch.Tensor, bool]] = []
-        for name in order:
-            wide = name in _INT64_PARTS
-            array = int_parts[name].astype(np.int64 if wide else np.int32, copy=False)
-            words = array.view(np.int32) if wide else array  # little-endian: (low, high) pairs
-            pieces.append((name, torch.from_numpy(words), wide))
-        total = sum(piece.numel() for _, piece, _ in pieces)
+        # Packed on the numpy side and split back into views with one call per width: at
+        # batch 1 a step's host time is mostly per-op overhead, and torch's per-tensor calls
+        # (from_numpy, cat, slicing, a view per part) cost several times numpy's.
+        wide_names = [name for name in int_parts if name in _INT64_PARTS]
+        narrow_names = [name for name in int_parts if name not in _INT64_PARTS]
+        words = [int_parts[name].astype(np.int64, copy=False).view(np.int32) for name in wide_names]
+        words += [int_parts[name].astype(np.int32, copy=False) for name in narrow_names]
+        sizes = [piece.size for piece in words]
+        total = sum(sizes)
+        num_wide_words = sum(sizes[: len(wide_names)])
         if self.device.type == "cpu":
-            on_device = torch.cat([piece for _, piece, _ in pieces])  # already where it is used
+            # Already where it is used.
+            on_device = torch.from_numpy(np.concatenate(words) if words else np.empty(0, np.int32))
             if graph_words is not None:
                 graph_words[1].copy_(torch.from_numpy(graph_words[0]))
         else:
@@ -270,18 +273,17 @@ class StepInputBuilder:
                     dtype=torch.int32,
                     pin_memory=True,
                 )
-            torch.cat([piece for _, piece, _ in pieces], out=staging[:total])
+            host = staging.numpy()
+            np.concatenate(words, out=host[:total])
             on_device = staging[:total].to(self.device, non_blocking=True)
             if graph_words is not None:
-                host_words = staging[total : total + num_graph_words]
-                host_words.numpy()[:] = graph_words[0]
-                graph_words[1].copy_(host_words, non_blocking=True)
+                host[total : total + num_graph_words] = graph_words[0]
+                graph_words[1].copy_(staging[total : total + num_graph_words], non_blocking=True)
             copy_done = self._copy_done[turn] = torch.cuda.Event()
             copy_done.record()
-        views = {}
-        offset = 0
-        for name, piece, wide in pieces:
-            view = on_device[offset : offset + piece.numel()]
-            views[name] = view.view(torch.int64) if wide else view
-            offset += piece.numel()
-        return views
+        wide_views = torch.split(
+            on_device[:num_wide_words].view(torch.int64),
+            [size // 2 for size in sizes[: len(wide_names)]],
+        )
+        narrow_views = torch.split(on_device[num_wide_words:], sizes[len(wide_names) :])
+        return dict(zip(wide_names + narrow_names, wide_views + narrow_views, strict=True))
