@@ -14,8 +14,8 @@ from dataclasses import dataclass, field
 import msgspec
 
 from ladle.frontend.detokenizer import IncrementalDetokenizer
-from ladle.frontend.tokenizer_required import ABSENT_REASON, needs_tokenizer
 from ladle.frontend.stop_checker import StopChecker
+from ladle.frontend.tokenizer_required import ABSENT_REASON, needs_tokenizer
 from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.protocol.messages import EngineCoreOutput, EngineCoreRequest
