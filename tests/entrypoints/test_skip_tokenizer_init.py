@@ -152,3 +152,20 @@ def test_cli_flag_reaches_the_engine_options():
     assert engine_options_from_args(parser.parse_args(["--skip-tokenizer-init"]))[
         "skip_tokenizer_init"
     ] is True
+
+
+@pytest.mark.parametrize(
+    "flag", ["--tokenizer", "--chat-template", "--tool-call-parser", "--reasoning-parser"]
+)
+def test_serve_refuses_tokenizer_flags_at_start_up(flag):
+    import argparse
+
+    from ladle.cli.serve import _check_no_tokenizer_flags
+
+    values = {"tokenizer": None, "chat_template": None, "tool_call_parser": None,
+              "reasoning_parser": None}
+    values[flag.removeprefix("--").replace("-", "_")] = "x"
+    with pytest.raises(ValueError, match=f"{flag} needs a tokenizer.*--skip-tokenizer-init"):
+        _check_no_tokenizer_flags(argparse.Namespace(**values))
+    values[flag.removeprefix("--").replace("-", "_")] = None
+    _check_no_tokenizer_flags(argparse.Namespace(**values))  # none given: starts
