@@ -131,6 +131,14 @@ class ModelConfig:
     )
     seed: int = field(default=0, metadata={"help": "seed of random weights and unseeded sampling"})
     tokenizer: str | os.PathLike | None = None
+    skip_tokenizer_init: bool = field(
+        default=False,
+        metadata={
+            "help": "load no tokenizer (vLLM's option): prompts are token ids, outputs carry "
+            "token ids and empty text; text prompts, chat, stop strings, bad_words, structured "
+            "output, tool and reasoning parsers and /tokenize are refused"
+        },
+    )
     hf_overrides: dict = field(
         default_factory=dict,
         metadata={

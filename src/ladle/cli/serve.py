@@ -294,6 +294,8 @@ def run_serve(args: argparse.Namespace) -> int:
         served_name = args.served_model_name or model
     # Bad options fail here, before a process is spawned, with the field named.
     engine_config = EngineConfig.from_kwargs(model=model, **options)
+    if engine_config.model.skip_tokenizer_init:
+        _check_no_tokenizer_flags(args)
     if (args.disaggregate is not None or args.local_replicas != 1) and args.replicas != 1:
         raise ValueError(
             "--disaggregate / --local-replicas and --replicas do not combine: pick one"
@@ -462,3 +464,17 @@ class _AnnouncingServer(uvicorn.Server):
                     "(OpenAI API under /v1; ready: GET /health -> 200)",
                     flush=True,
                 )
+
+
+def _check_no_tokenizer_flags(args: argparse.Namespace) -> None:
+    """--skip-tokenizer-init loads no tokenizer: refuse at start-up the flags that need one,
+    rather than serve without what they ask for."""
+    needing = {
+        "--tokenizer": args.tokenizer,
+        "--chat-template": args.chat_template,
+        "--tool-call-parser": args.tool_call_parser,
+        "--reasoning-parser": args.reasoning_parser,
+    }
+    for flag, value in needing.items():
+        if value is not None:
+            raise ValueError(f"{flag} needs a tokenizer, and --skip-tokenizer-init loads none")

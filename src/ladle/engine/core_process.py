@@ -112,6 +112,7 @@ def _start(
     from ladle.engine.engine_core import EngineCore
     from ladle.engine.gc_policy import freeze_startup_objects
     from ladle.frontend.tokenizer_source import resolve_tokenizer_source
+    from ladle.model.end_tokens import model_end_token_ids
     from ladle.model.generation_defaults import sampling_defaults_of
 
     options = json.loads(engine_options_json)
@@ -125,6 +126,7 @@ def _start(
         arch=info.arch,
         memory_budget=info.memory_budget.describe(),
         sampling_defaults=sampling_defaults_of(info.model_path, config.model.generation_config),
+        end_token_ids=list(model_end_token_ids(info.arch, info.model_path)),
     )
     if not _try_send(output_socket, ready, parent_pid):
         return None

@@ -21,6 +21,8 @@ from ladle.entrypoints.prompt_inputs import (
 from ladle.entrypoints.vllm_outputs import finish_offline_output
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.tokenizer_preload import TokenizerPreload
+from ladle.frontend.tokenizer_required import needs_tokenizer, no_tokenizer_reason
+from ladle.model.end_tokens import model_end_token_ids
 from ladle.model.generation_defaults import sampling_defaults_of
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.sampling.params import SamplingParams
@@ -44,6 +46,8 @@ class LLM:
     LLM() runs the embedded default model (SmolLM2-135M-Instruct, Q4_1 GGUF); LLM(model=path)
     a Hugging Face folder or a .gguf file; LLM(model='qwen3-0.6b', load_format='dummy') random
     weights of a named shape, with the default model's tokenizer unless tokenizer= names one.
+    skip_tokenizer_init=True (vLLM's) loads no tokenizer: prompts are token ids and outputs
+    carry token ids with empty text.
     Engine options (dtype, block_size, max_num_batched_tokens,
     max_num_seqs, gpu_memory_utilization, max_model_len, num_kv_blocks, ...) go as keywords.
     """
@@ -67,15 +71,22 @@ class LLM:
         eos_token_ids = (
             self.tokenizer.eos_token_ids
             if self.tokenizer
-            else self.engine.info.arch.eos_token_ids
+            else model_end_token_ids(self.engine.info.arch, self.engine.info.model_path)
         )
-        self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids, stream_text=False)
+        self._no_tokenizer_reason = no_tokenizer_reason(self.config.model.skip_tokenizer_init)
+        self.output_processor = OutputProcessor(
+            self.tokenizer, eos_token_ids, stream_text=False,
+            no_tokenizer_reason=self._no_tokenizer_reason,
+        )
         self.sampling_defaults = sampling_defaults_of(
             self.engine.info.model_path, self.config.model.generation_config
         )
 
         # stream() decodes text at every step; generate() only once per finished sample.
-        self._stream_processor = OutputProcessor(self.tokenizer, eos_token_ids, stream_text=True)
+        self._stream_processor = OutputProcessor(
+            self.tokenizer, eos_token_ids, stream_text=True,
+            no_tokenizer_reason=self._no_tokenizer_reason,
+        )
         self._request_counter = itertools.count()
 
     def get_default_sampling_params(self) -> SamplingParams:
@@ -191,7 +202,9 @@ class LLM:
         chat_template_kwargs: dict | None,
     ) -> list[tuple[str | None, list[int] | None, str | None]]:
         if self.tokenizer is None:
-            raise ValueError("chat needs a tokenizer; this model was loaded without one")
+            raise ValueError(
+                needs_tokenizer("chat (its chat template)", self._no_tokenizer_reason)
+            )
         if isinstance(messages, list) and messages and isinstance(messages[0], dict):
             conversations = [messages]
         else:
@@ -222,7 +235,10 @@ class LLM:
         if token_ids is not None:
             return text, token_ids, None
         if self.tokenizer is None:
-            return text, None, "this model has no tokenizer; pass token-id lists"
+            reason = self._no_tokenizer_reason
+            return text, None, needs_tokenizer("text prompts", reason) + (
+                '; pass {"prompt_token_ids": [...]}'
+            )
         return text, self.tokenizer.encode(text), None
 
     def _run(

@@ -43,6 +43,7 @@ from ladle.frontend.metrics import ServerMetrics
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.restart_policy import RestartBudget, RestartPolicy
 from ladle.frontend.tokenizer_preload import TokenizerPreload
+from ladle.frontend.tokenizer_required import no_tokenizer_reason
 from ladle.kv_transfer.shm import remove_exported_pools
 from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import RequestOutput
@@ -305,8 +306,14 @@ class AsyncEngineClient:
     def _go_live(self, ready: wire.EngineReady) -> None:
         """Start serving from the engine process that just reported ready."""
         self.sampling_defaults = dict(ready.sampling_defaults)
-        eos_token_ids = self.tokenizer.eos_token_ids if self.tokenizer else ready.arch.eos_token_ids
-        self.output_processor = OutputProcessor(self.tokenizer, eos_token_ids)
+        eos_token_ids = (
+            self.tokenizer.eos_token_ids
+            if self.tokenizer
+            else tuple(ready.end_token_ids) or ready.arch.eos_token_ids
+        )
+        self.output_processor = OutputProcessor(
+            self.tokenizer, eos_token_ids, no_tokenizer_reason=self.no_tokenizer_reason
+        )
         self.stats = SchedulerStats()
         self.dead_reason = None
         loop = asyncio.get_running_loop()
@@ -314,6 +321,11 @@ class AsyncEngineClient:
         loop.add_reader(self._process.sentinel, self._on_engine_exit)
         self._reader_task = asyncio.create_task(self._read_outputs(), name="ladle-engine-reader")
         freeze_startup_objects()  # the tokenizer and the web stack: never rescanned per step
+
+    @property
+    def no_tokenizer_reason(self) -> str:
+        """Why a request that needs the tokenizer is refused, naming the option if it is set."""
+        return no_tokenizer_reason(bool(self.engine_options.get("skip_tokenizer_init")))
 
     def _vocab_size(self, arch) -> int:
         """The ids a token-id prompt may hold: the tokenizer's, except on random weights,

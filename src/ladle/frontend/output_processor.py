@@ -15,6 +15,7 @@ import msgspec
 
 from ladle.frontend.detokenizer import IncrementalDetokenizer
 from ladle.frontend.stop_checker import StopChecker
+from ladle.frontend.tokenizer_required import ABSENT_REASON, needs_tokenizer
 from ladle.model.tokenizer import TextTokenizer
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
 from ladle.protocol.messages import EngineCoreOutput, EngineCoreRequest
@@ -59,12 +60,15 @@ class OutputProcessor:
         tokenizer: TextTokenizer | None,
         eos_token_ids: tuple[int, ...] = (),
         stream_text: bool = True,
+        no_tokenizer_reason: str = ABSENT_REASON,
     ) -> None:
         """stream_text=False (offline generation): a sample without stop strings is detokenized
         once when it finishes instead of at every step; its text is the same, and the host work
-        between GPU steps shrinks."""
+        between GPU steps shrinks. no_tokenizer_reason: why tokenizer is None, for the errors
+        of requests that need one (tokenizer_required.py)."""
         self.stream_text = stream_text
         self.tokenizer = tokenizer
+        self.no_tokenizer_reason = no_tokenizer_reason
         self.eos_token_ids = tuple(eos_token_ids) or (tokenizer.eos_token_ids if tokenizer else ())
         self._requests: dict[str, _RequestState] = {}
         self._child_to_parent: dict[str, tuple[str, int]] = {}
@@ -84,9 +88,9 @@ class OutputProcessor:
         (a stream), so completion.logprobs stays empty."""
         if request_id in self._requests:
             raise ValueError(f"request id {request_id!r} is already in use")
+        if self.tokenizer is None:
+            self._check_needs_no_tokenizer(params)
         if params.bad_words and params.bad_words_token_ids is None:
-            if self.tokenizer is None:
-                raise ValueError("bad_words needs a tokenizer, and this model has none")
             params = dataclasses.replace(
                 params, bad_words_token_ids=bad_words_token_ids(params.bad_words, self.tokenizer)
             )
@@ -99,7 +103,8 @@ class OutputProcessor:
                 params if params.n == 1 else params.with_seed(child_seed(params.seed, index))
             )
             detokenizer = None
-            if self.tokenizer is not None:
+            # detokenize=False: token ids only, and no decoding work at all (vLLM's option).
+            if self.tokenizer is not None and params.detokenize:
                 detokenizer = IncrementalDetokenizer(
                     self.tokenizer.hf_tokenizer, prompt_token_ids, params.skip_special_tokens
                 )
@@ -138,6 +143,17 @@ class OutputProcessor:
             deltas_only=deltas_only,
         )
         return core_requests
+
+    def _check_needs_no_tokenizer(self, params: SamplingParams) -> None:
+        """Refuse, naming the field, what only a tokenizer can do (rather than ignore it)."""
+        needing = [
+            ("stop (stop strings)", bool(params.stop)),
+            ("bad_words", bool(params.bad_words) and params.bad_words_token_ids is None),
+            ("structured_outputs (and response_format)", params.structured_outputs is not None),
+        ]
+        for feature, asked in needing:
+            if asked:
+                raise ValueError(needs_tokenizer(feature, self.no_tokenizer_reason))
 
     def process_outputs(
         self, core_outputs: list[EngineCoreOutput]

@@ -78,6 +78,8 @@ def _load(source: str) -> tuple[str | None, TextTokenizer | None]:
 
 
 def _source_known_before_loading(model_config: ModelConfig) -> str | None:
+    if model_config.skip_tokenizer_init:
+        return None
     if model_config.tokenizer:
         return model_config.tokenizer
     if model_config.load_format == "dummy":

@@ -16,6 +16,8 @@ from ladle.config import ModelConfig
 
 def resolve_tokenizer_source(model_config: ModelConfig, model_path: str | None) -> str | None:
     """The folder, hub id or .gguf file to load the tokenizer from (None: run without one)."""
+    if model_config.skip_tokenizer_init:
+        return None  # asked for: token ids in and out, nothing to load
     if model_config.tokenizer:
         return model_config.tokenizer
     if model_path is not None:

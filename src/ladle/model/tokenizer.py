@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ladle.model.arch_config import ModelArchConfig
+from ladle.model.end_tokens import folder_eos_token_ids
 from ladle.model.load_errors import ModelLoadError
 
 CHAT_ROLES = frozenset({"system", "developer", "user", "assistant", "tool"})
@@ -175,20 +176,8 @@ def load_tokenizer(
         ) from error
     config_eos = list(arch_config.eos_token_ids) if arch_config is not None else []
     if path.is_dir():
-        config_eos += _folder_eos_token_ids(path)
+        config_eos += folder_eos_token_ids(path)
     return TextTokenizer(hf_tokenizer, config_eos)
-
-
-def _folder_eos_token_ids(folder: Path) -> list[int]:
-    # generation_config.json often lists more end ids than config.json (chat models' end of turn).
-    ids: list[int] = []
-    for name in ("generation_config.json", "config.json"):
-        try:
-            value = json.loads((folder / name).read_text()).get("eos_token_id")
-        except (OSError, ValueError, AttributeError):
-            continue
-        ids += value if isinstance(value, list) else ([] if value is None else [value])
-    return [int(token_id) for token_id in ids]
 
 
 def gguf_tokenizer_cache_folder(gguf_path: Path, cache_dir: str | os.PathLike | None) -> Path:

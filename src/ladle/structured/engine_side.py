@@ -23,6 +23,8 @@ def build_structured_output_manager(
 ) -> StructuredOutputManager | None:
     """The grammar side of the engine core; device: where its masks are applied (the host's
     CPU when the workers run in other processes, which receive them as plain data)."""
+    if config.model.skip_tokenizer_init:
+        return None  # the front end refuses structured output before it gets here
     source = config.model.tokenizer or info.model_path
     if source is None:
         return None  # dummy weights of a preset: no tokenizer, so no grammar over its tokens

@@ -126,6 +126,9 @@ class CompletionRequest(_SamplingFields):
     best_of: api_field("best_of") | None = None
     suffix: StrictStr | None = None
     add_special_tokens: StrictBool = True  # vLLM's: a bos (if the model has one) before text
+    # vLLM's (>= 0.10.2): each choice carries prompt_token_ids and the generated token_ids
+    # (streamed: the prompt's with a choice's first chunk, each chunk's new ids).
+    return_token_ids: StrictBool = False
 
 
 class ContentPart(_Strict):
@@ -256,6 +259,17 @@ class CompletionChoice(BaseModel):
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
+    # Only with return_token_ids (absent otherwise, so other responses keep their bytes).
+    prompt_token_ids: list[int] | None = None
+    token_ids: list[int] | None = None
+
+    @model_serializer(mode="wrap")
+    def _token_ids_when_asked(self, handler: Any) -> dict:
+        fields = handler(self)
+        for key in ("prompt_token_ids", "token_ids"):
+            if fields.get(key) is None:
+                fields.pop(key, None)
+        return fields
 
 
 class CompletionResponse(BaseModel):

@@ -18,6 +18,7 @@ from ladle.entrypoints.openai.errors import (
     RateLimitError,
     ServiceUnavailableError,
     from_validation_error,
+    from_value_error,
 )
 from ladle.entrypoints.openai.field_policy import check_request_fields
 from ladle.entrypoints.openai.logprobs import TokenTexts
@@ -123,6 +124,8 @@ class OpenAIServing:
             raise BadRequestError(str(error), code="queue_limit_exceeded") from error
         except EngineDeadError as error:
             raise ServiceUnavailableError(str(error), code="engine_unavailable") from error
+        except ValueError as error:  # the request itself (a field needing the tokenizer, ...)
+            raise from_value_error(error) from error
         record_engine_request(len(prompt_token_ids), request_stream)
         return request_stream
 

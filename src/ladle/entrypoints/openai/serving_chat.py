@@ -47,6 +47,7 @@ from ladle.entrypoints.openai.tool_calling import (
 )
 from ladle.entrypoints.openai.tool_parsers import select_tool_parser
 from ladle.frontend.client import AsyncEngineClient, RequestStream
+from ladle.frontend.tokenizer_required import needs_tokenizer
 from ladle.outputs import RequestOutput
 from ladle.sampling.params import MAX_LOGPROBS
 
@@ -153,8 +154,11 @@ class OpenAIServingChat(OpenAIServing):
         """The prompt's text and token ids."""
         tokenizer = self.client.tokenizer
         if tokenizer is None:
-            raise BadRequestError("this model has no tokenizer, so no chat template; use "
-                                  "/v1/completions with token ids")
+            raise BadRequestError(
+                needs_tokenizer("chat completions (a chat template)",
+                                self.client.no_tokenizer_reason)
+                + "; use /v1/completions with token ids"
+            )
         template_kwargs = dict(request.chat_template_kwargs or {})
         reserved = RESERVED_TEMPLATE_KWARGS.intersection(template_kwargs)
         if reserved:

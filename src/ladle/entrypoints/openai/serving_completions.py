@@ -47,6 +47,7 @@ from ladle.entrypoints.openai.streaming import (
 )
 from ladle.entrypoints.openai.structured_fields import structured_outputs_of
 from ladle.frontend.client import RequestStream
+from ladle.frontend.tokenizer_required import needs_tokenizer
 from ladle.outputs import RequestOutput
 from ladle.sampling.params import SamplingParams
 
@@ -126,7 +127,9 @@ class OpenAIServingCompletion(OpenAIServing):
             if isinstance(item, str):
                 if tokenizer is None:
                     raise BadRequestError(
-                        "this model has no tokenizer; send token ids as the prompt", param="prompt"
+                        needs_tokenizer("text prompts", self.client.no_tokenizer_reason)
+                        + "; send token ids as the prompt",
+                        param="prompt",
                     )
                 result.append((item, tokenizer.encode(item, add_special_tokens)))
             else:
@@ -219,6 +222,10 @@ class OpenAIServingCompletion(OpenAIServing):
                         )
                         if request.prompt_logprobs is not None
                         else None,
+                        prompt_token_ids=list(output.prompt_token_ids)
+                        if request.return_token_ids
+                        else None,
+                        token_ids=list(completion.token_ids) if request.return_token_ids else None,
                     )
                 )
         return CompletionResponse(
@@ -244,6 +251,8 @@ class OpenAIServingCompletion(OpenAIServing):
         text_offsets = [0] * num_choices
         echo_pending = [bool(echo_texts[i // n]) for i in range(num_choices)]
         finish_sent = [False] * num_choices
+        # return_token_ids: a choice's first chunk carries the prompt's ids.
+        prompt_ids_pending = [request.return_token_ids] * num_choices
         finals: list[RequestOutput | None] = [None] * len(streams)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         continuous_usage = wants_continuous_usage(request.stream_options)
@@ -275,9 +284,14 @@ class OpenAIServingCompletion(OpenAIServing):
                         ).model_dump()
                     text_offsets[index] += len(text if echoed is None else completion.text_delta)
                     finishing = completion.finish_reason is not None and not finish_sent[index]
-                    if not text and logprobs is None and not finishing:
+                    new_ids = completion.token_ids_delta if request.return_token_ids else []
+                    if not text and logprobs is None and not finishing and not new_ids:
                         continue
                     finish_sent[index] = finish_sent[index] or finishing
+                    prompt_ids = None
+                    if prompt_ids_pending[index]:
+                        prompt_ids = list(output.prompt_token_ids)
+                        prompt_ids_pending[index] = False
                     choices.append(
                         completion_choice(
                             index,
@@ -285,6 +299,8 @@ class OpenAIServingCompletion(OpenAIServing):
                             logprobs,
                             completion.finish_reason if finishing else None,
                             completion.stop_reason if finishing else None,
+                            prompt_ids,
+                            list(new_ids) if request.return_token_ids else None,
                         )
                     )
                 if output.finished:

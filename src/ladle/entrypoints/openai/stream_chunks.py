@@ -44,9 +44,12 @@ def completion_choice(
     logprobs: dict[str, list] | None,
     finish_reason: str | None,
     stop_reason: int | str | None,
+    prompt_token_ids: list[int] | None = None,
+    token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
-    """A streamed CompletionChoice's fields, in its order (prompt_logprobs is never streamed)."""
-    return {
+    """A streamed CompletionChoice's fields, in its order (prompt_logprobs is never streamed;
+    the token-id fields only when given, as the model dumps them)."""
+    choice = {
         "index": index,
         "text": text,
         "logprobs": logprobs,
@@ -54,6 +57,11 @@ def completion_choice(
         "stop_reason": stop_reason,
         "prompt_logprobs": None,
     }
+    if prompt_token_ids is not None:
+        choice["prompt_token_ids"] = prompt_token_ids
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
 
 
 def chat_choice(
