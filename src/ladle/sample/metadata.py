@@ -79,11 +79,9 @@ def unpack_sampling_rows(packed: torch.Tensor) -> dict[str, torch.Tensor]:
 def unpack_sampling_columns(columns: torch.Tensor) -> dict[str, torch.Tensor]:
     """[len(ROW_DTYPES), num_reqs] contiguous int32 -> the [num_reqs] rows, as views (no
     launch: the persistent batch's gather gives this layout)."""
-    # Two unbinds instead of a select and a view per row: this runs every step, and at batch 1
-    # the host's per-op overhead is the step's cost.
-    floats = columns.view(torch.float32)
-    by_dtype = {torch.int32: columns.unbind(0), torch.float32: floats.unbind(0)}
-    return {name: by_dtype[dtype][index] for index, (name, dtype) in enumerate(ROW_DTYPES.items())}
+    return {
+        name: columns[index].view(dtype) for index, (name, dtype) in enumerate(ROW_DTYPES.items())
+    }
 
 
 @dataclass(frozen=True)
