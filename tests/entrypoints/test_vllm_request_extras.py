@@ -430,6 +430,8 @@ HONOURED_ELSEWHERE = {
     "user": "no effect by design (OpenAI: an end-user id for abuse monitoring)",
     "kv_transfer_params": "a prefill and a decode server behind a proxy: tests/entrypoints/"
     "test_serve_kv_transfer_proxy.py",
+    "return_token_ids": "the choices' prompt_token_ids and token_ids, streamed and not: tests/"
+    "entrypoints/test_serve_skip_tokenizer_init.py",
 }
 
 
