@@ -10,7 +10,8 @@
 #      TTFT p99 <= 2 s and ITL p99 <= 30 ms;
 #   4. `ladle bench serve --compare-replicas` (2 replicas vs 1, issue 13's check): short chat
 #      (64-256 in, 64-128 out) swept past one replica's saturation, output throughput at
-#      TTFT p99 <= 2 s (target 1.8x). REPLICAS_ONLY=1 runs only this step.
+#      TTFT p99 <= 2 s (target 1.8x). REPLICAS_ONLY=1 runs only this step; CHAT_ONLY=1 runs
+#      only the short-chat steps (1P1D and the front's own choice vs two replicas, then 4).
 #   DEADLINE_S=580 bash scripts/disagg_round.sh     # nvidia-h200-x2; carry .whl (server stack)
 set -uo pipefail
 OUT=${OUT:-.device_out}
@@ -29,11 +30,11 @@ LOG=$OUT/disagg_round.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee -a "$LOG"
 nvidia-smi topo -m > "$OUT/topology.txt" 2>&1
 ONLY=${REPLICAS_ONLY:-0}
-[ "$ONLY" = 1 ] || timeout $(( $(left) < 240 ? $(left) : 240 )) python3 -m pytest -q -p no:cacheprovider -rfs \
+[ "$ONLY" = 1 ] || [ "${CHAT_ONLY:-0}" = 1 ] || timeout $(( $(left) < 240 ? $(left) : 240 )) python3 -m pytest -q -p no:cacheprovider -rfs \
   tests/gpu/test_disagg_gpu.py > "$OUT/tests.log" 2>&1
-[ "$ONLY" = 1 ] || tail -3 "$OUT/tests.log" | tee -a "$LOG"
+[ "$ONLY" = 1 ] || [ "${CHAT_ONLY:-0}" = 1 ] || tail -3 "$OUT/tests.log" | tee -a "$LOG"
 for run in "bf16 kernel" "bf16 memcpy" "fp8 kernel"; do
-  [ "$ONLY" = 1 ] && break
+  [ "$ONLY" = 1 ] || [ "${CHAT_ONLY:-0}" = 1 ] && break
   set -- $run; dtype=$1; strategy=$2
   [ "$(left)" -gt 60 ] || break
   timeout 120 python3 scripts/disagg_kv_bandwidth.py --tokens 8192 --kv-dtype $dtype \
@@ -55,9 +56,17 @@ compare() {  # name, then bench flags (MODE=--compare-replicas for two replicas 
     --output-dir "$OUT/$name" "$@" > "$OUT/$name.log" 2>&1
   grep -A12 "goodput under SLO" "$OUT/$name.log" | tee -a "$LOG" || tail -5 "$OUT/$name.log" | tee -a "$LOG"
 }
+if [ "${CHAT_ONLY:-0}" = 1 ]; then
+  compare short_chat --workload token-ids --input-len 100:1024 --output-len 100:512 \
+    --ignore-eos --num-prompts 200 --rate "$CHAT_RATE"
+  compare short_chat_auto --workload token-ids --input-len 100:1024 --output-len 100:512 \
+    --ignore-eos --num-prompts 200 --rate "$CHAT_RATE" \
+    --disaggregate-args "--disaggregate-min-prompt auto"
+  ONLY=1
+fi
 if [ "$ONLY" = 1 ]; then
   MODE=--compare-replicas compare replicas_short_chat --workload token-ids --input-len 64:256 \
-    --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-16,32,64}" --duration 20
+    --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-16,32,64}" --duration ${REPLICA_DURATION:-20}
   echo "done in $((SECONDS - start)) s" | tee -a "$LOG"
   exit 0
 fi
@@ -74,5 +83,5 @@ compare short_chat_auto --workload token-ids --input-len 100:1024 --output-len 1
   --ignore-eos --num-prompts 200 --rate "$CHAT_RATE" \
   --disaggregate-args "--disaggregate-min-prompt auto"
 MODE=--compare-replicas compare replicas_short_chat --workload token-ids --input-len 64:256 \
-  --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-16,32,64}" --duration 20
+  --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-16,32,64}" --duration ${REPLICA_DURATION:-20}
 echo "done in $((SECONDS - start)) s" | tee -a "$LOG"

@@ -1,6 +1,8 @@
-"""One-row matmuls (batch-1 decode) of the 8B shape: cuBLAS against a Triton GEMV, in TB/s.
+"""One-row matmuls (batch-1 decode): cuBLAS against the Triton GEMV's tiles, in TB/s, at the
+shapes one rank of a tensor-parallel group reads (column-parallel qkv / gate_up / LM head keep
+K and split N; row-parallel o / down split K).
 
-    python scripts/gemv_bench.py [--json out.json]
+    python scripts/gemv_bench.py [--model llama-3.1-8b|llama-3.1-70b] [--tp 1 2 4] [--json out.json]
 
 Each case runs 24 calls back to back inside one CUDA graph (as a decode graph runs them), each
 on its own weight (a ring larger than the 50 MB L2, so every call reads HBM), random bf16
@@ -20,13 +22,31 @@ import triton
 from ladle.bench.gpu_timing import calls_in_graph_us
 from ladle.kernels.gemv import _gemv_kernel
 
-SHAPES = {  # name: (N, K) of the weight, Llama-3.1-8B
-    "qkv": (6144, 4096),
-    "o": (4096, 4096),
-    "gate_up": (28672, 4096),
-    "down": (4096, 14336),
-    "lm_head": (128256, 4096),
+MODELS = {  # name: (N, K) of each weight at one GPU
+    "llama-3.1-8b": {
+        "qkv": (6144, 4096),
+        "o": (4096, 4096),
+        "gate_up": (28672, 4096),
+        "down": (4096, 14336),
+        "lm_head": (128256, 4096),
+    },
+    "llama-3.1-70b": {
+        "qkv": (10240, 8192),
+        "o": (8192, 8192),
+        "gate_up": (57344, 8192),
+        "down": (8192, 28672),
+        "lm_head": (128256, 8192),
+    },
 }
+ROW_PARALLEL = ("o", "down")  # split along K; the others along N
+
+
+def rank_shapes(model: str, tp: int) -> dict[str, tuple[int, int]]:
+    """Each weight's (N, K) on one rank of a TP group of size tp."""
+    shapes = {}
+    for name, (n, k) in MODELS[model].items():
+        shapes[name] = (n, k // tp) if name in ROW_PARALLEL else (n // tp, k)
+    return shapes
 
 
 def triton_gemv(x, w, out, block_n, block_k, warps, stages):
@@ -48,16 +68,22 @@ def triton_gemv(x, w, out, block_n, block_k, warps, stages):
 
 def main() -> None:
     parser = argparse.ArgumentParser()
+    parser.add_argument("--model", default="llama-3.1-8b", choices=sorted(MODELS))
+    parser.add_argument("--tp", type=int, nargs="+", default=[1])
     parser.add_argument("--json", default=None)
     args = parser.parse_args()
     torch.manual_seed(0)
     configs = [
         (block_n, block_k, warps, stages)
-        for block_n, block_k in ((1, 1024), (1, 2048), (2, 1024), (2, 2048), (4, 1024), (4, 2048))
+        for block_n in (1, 2, 4, 8)
+        for block_k in (512, 1024, 2048)
         for warps, stages in ((4, 3), (4, 4), (8, 3), (8, 4))
     ]
+    cases = [
+        (tp, name, n, k) for tp in args.tp for name, (n, k) in rank_shapes(args.model, tp).items()
+    ]
     rows = []
-    for name, (n, k) in SHAPES.items():
+    for tp, name, n, k in cases:
         ring = max(2, -(-120_000_000 // (n * k * 2)))
         calls_per_graph = 24 if n * k < 100_000_000 else 8
         weights = [torch.randn(n, k, device="cuda", dtype=torch.bfloat16) / 64 for _ in range(ring)]
@@ -99,6 +125,8 @@ def main() -> None:
                 best = (us, [block_n, block_k, warps, stages], error)
         gb = n * k * 2 / 1e9
         row = {
+            "model": args.model,
+            "tp": tp,
             "shape": name,
             "N": n,
             "K": k,

@@ -19,12 +19,14 @@ import triton.language as tl
 
 from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
 
-# Two rows per program, 2048-wide K tiles, 8 warps: the best of 24 configurations summed over
-# the 8B's decode step (qkv, o, gate_up, down x 32 layers and the LM head; each shape within
-# 0.2 us of its own best; scripts/gemv_bench.py on an H100).
-BLOCK_N = 2
+# Four rows per program, 2048-wide K tiles, 4 warps: the best of 48 configurations summed over
+# the decode steps of the 8B at TP=1, 2 and 4 and the 70B at TP=2 (each rank's halved or
+# quartered shapes), within 0.4% of every shape taking its own best, so one tile serves every
+# shape (scripts/gemv_bench.py --tp 1 2 4 on an H200, 2026-11-28; the earlier 2 rows x 8 warps
+# was 1.2% slower summed, 2.9% on the 8B's o projection at TP=2).
+BLOCK_N = 4
 MAX_BLOCK_K = 2048
-NUM_WARPS = 8
+NUM_WARPS = 4
 NUM_STAGES = 3
 
 
