@@ -66,7 +66,7 @@ if [ "${CHAT_ONLY:-0}" = 1 ]; then
 fi
 if [ "$ONLY" = 1 ]; then
   MODE=--compare-replicas compare replicas_short_chat --workload token-ids --input-len 64:256 \
-    --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-16,32,64}" --duration ${REPLICA_DURATION:-20}
+    --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-120,160,200,240}" --duration ${REPLICA_DURATION:-12}
   echo "done in $((SECONDS - start)) s" | tee -a "$LOG"
   exit 0
 fi
@@ -83,5 +83,5 @@ compare short_chat_auto --workload token-ids --input-len 100:1024 --output-len 1
   --ignore-eos --num-prompts 200 --rate "$CHAT_RATE" \
   --disaggregate-args "--disaggregate-min-prompt auto"
 MODE=--compare-replicas compare replicas_short_chat --workload token-ids --input-len 64:256 \
-  --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-16,32,64}" --duration ${REPLICA_DURATION:-20}
+  --output-len 64:128 --ignore-eos --sweep "${REPLICA_RATES:-120,160,200,240}" --duration ${REPLICA_DURATION:-12}
 echo "done in $((SECONDS - start)) s" | tee -a "$LOG"
