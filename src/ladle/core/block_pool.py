@@ -7,7 +7,7 @@ and "evicting" a cached block costs nothing beyond forgetting its hash.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ladle.core.free_block_queue import FreeBlockQueue, KVBlock
@@ -36,6 +36,9 @@ class BlockPool:
         # One block per hash: duplicates of a cached block (two requests computing the same prefix
         # in one step) simply stay unregistered and are recycled like any uncached block.
         self.cached_block_by_hash: dict[int, KVBlock] = {}
+        # Called with (block, its hash) as get_new_blocks evicts a cached block, before its KV
+        # is overwritten (the KV host tier's last chance to write it back); None: no one cares.
+        self.on_evict: Callable[[KVBlock, int], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -145,6 +148,8 @@ class BlockPool:
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             return
+        if self.on_evict is not None:
+            self.on_evict(block, block.block_hash)
         # The invariant (block_hash set only on the map's own entry) makes this a plain delete.
         del self.cached_block_by_hash[block.block_hash]
         block.block_hash = None

@@ -413,8 +413,9 @@ class Scheduler:
         self.running.remove(request)
         manager = self.kv_cache_manager
         if manager.has_host_tier:
-            # Its full blocks are (being) written back already; whether it resumes from them
-            # or recomputes is decided now, by cost, per victim.
+            # Its freed blocks are written back as they near eviction (those on the host
+            # already cost no copy out); whether it resumes from them or recomputes is decided
+            # now, by cost, per victim.
             swaps = self.preemption.swaps(
                 request.num_computed_tokens, self._num_blocks_on_host(request)
             )

@@ -8,7 +8,9 @@ A plan's KV operations (protocol/step.py) run at the start of its step, before i
     copier.run(plan.kv_operations)     # this step's copies, on a side stream that first waits
                                        # for every forward already queued (stores read final KV)
 
-so a step's copies overlap its own forward pass and the host never waits for them. On the CPU
+so a step's copies overlap its own forward pass and the host never waits for them; only an
+operation marked before_forward (a store of blocks the step itself rewrites) makes this step's
+forward wait for it, on the device. On the CPU
 the copies are plain synchronous tensor copies into a second pool, which makes the whole path
 (scheduler, plan, copy, result) testable in CI.
 
@@ -124,6 +126,10 @@ class KVCopier:
         # (start, end, is a load) events of copies whose device time is not counted yet.
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event, bool]] = []
         self._stats = KVTransferStats()
+        # The device caches' byte views and their stacked view, made once per caches list (the
+        # worker keeps one for its life): 2 x num_layers views a step cost ~100 us of host.
+        self._layers_of: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor | None] | None
+        self._layers_of = None
 
     def wait_for_earlier_copies(self) -> None:
         """Make the current (compute) stream wait for every copy issued so far: call before a
@@ -145,16 +151,13 @@ class KVCopier:
             return [], {}
         done: list[int] = []
         failed: dict[int, str] = {}
-        layers = [as_bytes(cache) for cache in device_caches]
-        if tuple(layers[0][:, 0].shape) != tuple(self.host_pool.shape[2:]) or len(layers) != (
-            self.host_pool.shape[1]
-        ):
-            raise ValueError("the host KV pool does not match the device caches' block layout")
-        stacked = stacked_layers(layers)
+        layers, stacked = self._byte_views(device_caches)
         num_device_blocks = layers[0].shape[1]
+        compute = None
         if self.is_cuda:
             assert self.stream is not None
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            compute = torch.cuda.current_stream(self.device)
+            self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream) if self.is_cuda else _no_stream():
             for operation in operations:
                 try:
@@ -166,6 +169,10 @@ class KVCopier:
                     failed[operation.op_id] = f"{type(error).__name__}: {error}"
                     continue
                 done.append(operation.op_id)
+                if operation.before_forward and compute is not None:
+                    # This step rewrites the blocks: its forward waits for this copy (and
+                    # those issued before it on the side stream).
+                    compute.wait_stream(self.stream)
         if self.is_cuda:
             # After every copy issued, a failed operation's partial ones included: the next
             # forward waits for this.
@@ -173,6 +180,28 @@ class KVCopier:
             end.record(self.stream)
             self._last_copies_end = end
         return done, failed
+
+    def _byte_views(
+        self, device_caches: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The caches as bytes per layer, and as one [layers, ...] tensor when they are views of
+        one; checked against the host pool's layout once per caches list."""
+        made = self._layers_of
+        if (
+            made is not None
+            and made[0] is device_caches
+            and len(made[1]) == len(device_caches)
+            and made[1][0].data_ptr() == device_caches[0].data_ptr()
+        ):
+            return made[1], made[2]
+        layers = [as_bytes(cache) for cache in device_caches]
+        if tuple(layers[0][:, 0].shape) != tuple(self.host_pool.shape[2:]) or len(layers) != (
+            self.host_pool.shape[1]
+        ):
+            raise ValueError("the host KV pool does not match the device caches' block layout")
+        stacked = stacked_layers(layers)
+        self._layers_of = (device_caches, layers, stacked)
+        return layers, stacked
 
     def _timed_copy(
         self, operation: KVOperation, layers: list[torch.Tensor], stacked: torch.Tensor | None
