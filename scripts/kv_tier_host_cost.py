@@ -54,7 +54,7 @@ def _build_llm(args, size: float) -> LLM:
         async_scheduling=True,
         enable_prefix_caching=True,
         hf_overrides=TINY_LAYER,
-        cpu_kv_cache_gib=0.5,
+        cpu_kv_cache_gib=args.cpu_kv_cache_gib,
     )
     if size:
         options["kv_offloading_size"] = size
@@ -63,20 +63,28 @@ def _build_llm(args, size: float) -> LLM:
     return llm
 
 
+def _wrap(timer: PhaseTimer, owner: object, attribute: str, phase: str) -> None:
+    """Time the phase, if this tree has it (the script also measures older trees)."""
+    if hasattr(owner, attribute):
+        timer.wrap(owner, attribute, phase)
+
+
 def _wrap_phases(llm: LLM, timer: PhaseTimer) -> None:
     engine = llm.engine
     runner = engine.executor.worker.runner
     timer.wrap(runner.model, "forward", GPU_PHASES[0])
     timer.wrap(EmulatedGraph, "replay", GPU_PHASES[0])
     timer.wrap(runner.model, "compute_logits", GPU_PHASES[1])
-    timer.wrap(KVCopier, "_store", GPU_PHASES[2])
-    timer.wrap(KVCopier, "_load", GPU_PHASES[2])
-    timer.wrap(KVCopier, "run", "tier: issue copies (worker)")
-    timer.wrap(KVCopier, "take_stats", "tier: copy stats (worker)")
-    timer.wrap(KVCopier, "wait_for_earlier_copies", "tier: wait for earlier copies (worker)")
-    timer.wrap(KVTransfers, "store", "tier: order stores (scheduler)")
-    timer.wrap(KVTransfers, "take_operations", "tier: take operations (scheduler)")
-    timer.wrap(KVCacheManager, "finish_transfers", "tier: settle copies (scheduler)")
+    _wrap(timer, KVCopier, "_store", GPU_PHASES[2])
+    _wrap(timer, KVCopier, "_load", GPU_PHASES[2])
+    _wrap(timer, KVCopier, "run", "tier: issue copies (worker)")
+    _wrap(timer, KVCopier, "take_stats", "tier: copy stats (worker)")
+    _wrap(timer, KVCopier, "wait_for_earlier_copies", "tier: wait for earlier copies (worker)")
+    _wrap(timer, KVTransfers, "_store", "tier: order stores (scheduler)")
+    _wrap(timer, KVTransfers, "store", "tier: order stores (scheduler)")
+    _wrap(timer, KVTransfers, "write_back_ahead", "tier: look ahead in the free queue (scheduler)")
+    _wrap(timer, KVTransfers, "take_operations", "tier: take operations (scheduler)")
+    _wrap(timer, KVCacheManager, "finish_transfers", "tier: settle copies (scheduler)")
     timer.wrap(engine, "step", "engine step (everything else)")
     timer.wrap(llm.output_processor, "process_outputs", "output processing")
 
@@ -121,6 +129,7 @@ def _run(llm: LLM, args, profile: cProfile.Profile | None) -> dict:
         "tier_us_per_step": sum(us for name, us in phases.items() if name.startswith("tier:")),
         "blocks_stored_per_step": stored / steps,
         "stores_dropped": counts.num_stores_dropped if counts is not None else 0,
+        "blocks_stored_at_eviction": getattr(counts, "num_blocks_stored_at_eviction", 0),
         "mib_stored_per_step_at_0.6b": stored / steps * BLOCK_BYTES_0_6B / 2**20,
         "phase_us_per_step": dict(sorted(phases.items(), key=lambda item: -item[1])),
     }
@@ -154,6 +163,11 @@ def main() -> None:
     parser.add_argument("--max-num-seqs", type=int, default=128)
     parser.add_argument("--kv-offloading-size", type=float, default=0.008)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--cpu-kv-cache-gib", type=float, default=0.5,
+        help="the device pool (0.5: ~131k one-layer blocks, never full, as S1 on an H200; "
+        "0.12: ~31k, full and evicting within the run, as a long-running server)",
+    )
     parser.add_argument("--pairs", type=int, default=1, help="off/on pairs, alternating")
     parser.add_argument(
         "--cprofile", type=int, default=0,
@@ -179,7 +193,9 @@ def main() -> None:
               f"/step (GPU work left out), tier {figures['tier_us_per_step']:.1f} us/step, "
               f"{figures['blocks_stored_per_step']:.1f} blocks stored/step "
               f"({figures['mib_stored_per_step_at_0.6b']:.1f} MiB at the 0.6B), "
-              f"{figures['stores_dropped']} dropped, wall {figures['wall_s']:.1f} s")
+              f"{figures['stores_dropped']} dropped, "
+              f"{figures['blocks_stored_at_eviction']} stored at eviction, "
+              f"wall {figures['wall_s']:.1f} s")
         for phase, us in figures["phase_us_per_step"].items():
             print(f"  {us:9.1f} us  {phase}")
     if len(profiles) >= 2:

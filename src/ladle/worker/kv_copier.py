@@ -131,6 +131,14 @@ class KVCopier:
         self._layers_of: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor | None] | None
         self._layers_of = None
 
+    @property
+    def is_idle(self) -> bool:
+        """No copy issued that a forward has not waited for, and none whose time or bytes are
+        still to report: a step without KV operations may skip the copier."""
+        return self._last_copies_end is None and not self._timed and not (
+            self._stats.bytes_to_host or self._stats.bytes_to_device or self._stats.copy_seconds
+        )
+
     def wait_for_earlier_copies(self) -> None:
         """Make the current (compute) stream wait for every copy issued so far: call before a
         step's forward, before that step's own copies are issued."""
