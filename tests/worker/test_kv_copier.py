@@ -107,3 +107,18 @@ def test_the_byte_views_are_made_once_and_an_idle_copier_is_skippable():
     assert copier._byte_views(other)[1] is None
     with pytest.raises(ValueError, match="block layout"):
         copier._byte_views(random_caches(10, torch.float32, stacked=True)[:2])
+
+
+def test_copies_move_the_widest_words_the_head_allows():
+    from ladle.worker.kv_copier import as_words
+
+    assert as_words(torch.zeros((2, 4, 8), dtype=torch.bfloat16)).dtype == torch.int64
+    assert as_words(torch.zeros((2, 4, 6), dtype=torch.float8_e4m3fn)).dtype == torch.int16
+    assert as_words(torch.zeros((2, 4, 3), dtype=torch.uint8)).dtype == torch.uint8
+    # An address that is not 8-aligned takes a narrower word.
+    odd = torch.zeros(64, dtype=torch.bfloat16)[1:9].view(1, 8)
+    assert as_words(odd).dtype == torch.int16
+    pool = allocate_host_kv_pool(NUM_LAYERS, 6, BLOCK_SHAPE, torch.bfloat16, CPU)
+    copier = KVCopier(pool, CPU)
+    assert copier.host_pool.dtype == torch.int64
+    assert copier.block_bytes == NUM_LAYERS * 2 * 4 * 2 * 8 * 2
