@@ -438,13 +438,14 @@ class Scheduler:
 
     # ----- results -------------------------------------------------------------------------
 
-    def _finish_kv_operations(self, result: StepResult) -> None:
-        """Settle the copies the step reports: a request whose load is done (or failed) waits
-        again, at its old place in the queue; after a failure it recomputes."""
-        finished = self.kv_cache_manager.finish_transfers(
-            result.kv_operations_done, result.kv_operations_failed
-        )
-        pulls = self.pulls.finish(result.kv_operations_done, result.kv_operations_failed)
+    def settle_kv_operations(self, done: list[int], failed: dict[int, str]) -> None:
+        """Settle the copies a step reports (with its result, or at its launch: settling twice
+        is harmless, known ids are settled once): a request whose load is done (or failed)
+        waits again, at its old place in the queue; after a failure it recomputes."""
+        if not (done or failed):
+            return
+        finished = self.kv_cache_manager.finish_transfers(done, failed)
+        pulls = self.pulls.finish(done, failed)
         for request_id in pulls.pulled:
             self._pulled(self.waiting_for_kv[request_id])
         for request_id in pulls.failed:
@@ -479,7 +480,7 @@ class Scheduler:
         request preempted since is in the waiting queue and still takes its token."""
         outputs = []
         now = time.monotonic()
-        self._finish_kv_operations(result)
+        self.settle_kv_operations(result.kv_operations_done, result.kv_operations_failed)
         for position, scheduled in enumerate(plan.scheduled):
             request = self.requests.get(scheduled.request_id)
             if request is None:

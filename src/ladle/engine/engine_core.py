@@ -261,6 +261,12 @@ class EngineCore:
         plan = self.scheduler.schedule()
         previous = self._in_flight
         self._in_flight = self._submit(plan, previous)
+        if self._in_flight is not None and plan.kv_operations:
+            # Loads settled now run in the next plan, not the one after (overlapped
+            # scheduling reads this step's result only after planning the next).
+            launched = self._in_flight.future.kv_operations_at_launch()
+            if launched is not None:
+                self.scheduler.settle_kv_operations(*launched)
         launch_seconds = time.perf_counter() - started
         if previous is not None:
             outputs += self._read(previous)  # the device runs this step meanwhile
