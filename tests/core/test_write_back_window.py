@@ -125,3 +125,51 @@ def test_the_window_covers_one_step_of_allocations():
     # 8192 tokens in 16-token blocks, plus a partial and a lookahead block per sequence.
     assert write_back_window(8192, 256, 16) == 512 + 512
     assert write_back_window(10, 1, 4) == 3 + 2
+
+
+def test_blocks_freed_without_write_back_are_never_stored_until_used_again():
+    manager = KVCacheManager(5, BLOCK_SIZE, num_host_blocks=8, write_back_window=0)
+
+    def step(name: str, first: int, num_blocks: int, write_back: bool = True) -> list:
+        """A request through one plan: prefilled, its copies taken, then freed."""
+        request = make_request(name, prompt(first, num_blocks))
+        schedule_prefill(manager, request)
+        operations = manager.take_kv_operations()
+        manager.finish_transfers([op.op_id for op in operations], {})
+        manager.free(request, write_back=write_back)
+        return operations
+
+    step("victim", 0, 2, write_back=False)  # a preempted request that recomputes
+    assert step("filler", 500, 3) == []  # hands out the victim's blocks: nothing stored
+    # The filler's blocks are evicted next, with a copy; a prefix hit makes a skipped block
+    # worth one again.
+    (store,) = step("again", 900, 2, write_back=False)
+    assert len(store.source_block_ids) == 2  # two of the filler's three
+    (store,) = step("reuse", 900, 2)  # revives "again"'s skipped blocks (device hits)
+    assert len(store.source_block_ids) == 1  # the filler's last block, evicted for "reuse"
+    (store,) = step("filler2", 700, 3)
+    assert store.before_forward and len(store.source_block_ids) == 2  # "again"'s blocks
+
+
+def test_a_recomputing_victims_blocks_are_skipped_a_swapping_ones_kept():
+    from ladle.core.preemption_cost import PreemptionPolicy
+
+    for mode in ("swap", "recompute"):
+        # 6 usable blocks: two requests growing past two blocks each make the newer a victim.
+        manager = KVCacheManager(7, BLOCK_SIZE, num_host_blocks=16, write_back_window=0)
+        scheduler = Scheduler(
+            SchedulerConfig(max_num_batched_tokens=64, max_num_seqs=8),
+            CacheConfig(block_size=BLOCK_SIZE),
+            manager,
+            max_model_len=256,
+            preemption=PreemptionPolicy(mode=mode, block_size=BLOCK_SIZE),
+        )
+        scheduler.add_request(make_request("old", prompt(0, 2), max_tokens=10))
+        scheduler.add_request(make_request("new", prompt(100, 2), max_tokens=10))
+        while scheduler.num_preemptions == 0:
+            plan = scheduler.schedule()
+            scheduler.update_from_output(plan, one_token_each(plan, [7] * len(plan.scheduled)))
+        victim = scheduler.requests["new"]
+        freed = [manager.block_pool.get_cached_block(h) for h in victim.block_hashes[:2]]
+        assert all(block is not None and block.ref_count == 0 for block in freed)
+        assert [block.skip_write_back for block in freed] == [mode == "recompute"] * 2

@@ -81,6 +81,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_count == 0:
                 self.free_block_queue.remove(block)
+                block.skip_write_back = False  # used again: worth keeping after all
             block.ref_count += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVBlock]) -> None:
@@ -148,8 +149,9 @@ class BlockPool:
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             return
-        if self.on_evict is not None:
+        if self.on_evict is not None and not block.skip_write_back:
             self.on_evict(block, block.block_hash)
+        block.skip_write_back = False
         # The invariant (block_hash set only on the map's own entry) makes this a plain delete.
         del self.cached_block_by_hash[block.block_hash]
         block.block_hash = None

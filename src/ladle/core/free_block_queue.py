@@ -34,6 +34,9 @@ class KVBlock:
     next_free: KVBlock | None = field(default=None, repr=False)
     # Whether the look-ahead cursor has passed this block since it joined the free queue.
     looked_ahead: bool = field(default=False, repr=False)
+    # Freed by a preempted request that recomputes: its KV is not worth a host copy (the KV
+    # host tier skips it) until a prefix hit uses it again or it is handed out.
+    skip_write_back: bool = field(default=False, repr=False)
 
 
 class FreeBlockQueue:

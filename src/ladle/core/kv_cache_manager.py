@@ -285,13 +285,20 @@ class KVCacheManager:
     def blocks_of(self, request_id: str) -> list[KVBlock]:
         return list(self._blocks_by_request.get(request_id, ()))
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, write_back: bool = True) -> None:
         """Release the request's blocks and forget it. A no-op for an unknown request.
 
         Blocks are freed tail first: the tail is the least likely to be shared, so it should be
         the first to be evicted, while the shared prefix stays cached the longest.
+        write_back=False (a preempted request that recomputes): the blocks this frees are not
+        written to the host tier as they are evicted; they stay device prefix hits meanwhile.
         """
+        request_blocks = self._blocks_by_request.get(request.request_id, ())
         self._release_blocks(request.request_id)
+        if not write_back and self.transfers is not None:
+            for block in request_blocks:
+                if block.ref_count == 0 and block.block_hash is not None:
+                    block.skip_write_back = True
 
     def _release_blocks(self, request_id: str) -> None:
         request_blocks = self._blocks_by_request.pop(request_id, None)

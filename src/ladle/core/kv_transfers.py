@@ -114,7 +114,7 @@ class KVTransfers:
         """Store the cached free blocks that came within the window of the free queue's head
         since the last call (O(1) a block, nothing when none did)."""
         for block in self.block_pool.free_block_queue.look_ahead(self.window):
-            if block.block_hash is not None:
+            if block.block_hash is not None and not block.skip_write_back:
                 self._store(block.block_id, block.block_hash, self._stores_to_issue)
 
     def store_evicted(self, block: KVBlock, block_hash: int) -> None:

@@ -421,7 +421,9 @@ class Scheduler:
             )
             request.may_load_from_host = swaps
             self.num_swapped_preemptions += swaps
-        manager.free(request)
+        # A victim that recomputes has no use for host copies of its blocks (and the step that
+        # reuses them would wait for the copies): only a swapping one's are written back.
+        manager.free(request, write_back=request.may_load_from_host)
         # The workers forget it (the plan names it); it is sent in full again when it resumes.
         self._on_workers.discard(request.request_id)
         request.status = RequestStatus.PREEMPTED
