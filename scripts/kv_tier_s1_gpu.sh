@@ -69,7 +69,7 @@ serve_and_measure() {  # name, then the server's extra arguments
   grep -hE "^throughput:|^ *(ITL|TTFT) ms" "$WORK/${name}_pass2.log" | tee -a "$LOG"
   python3 -c "import urllib.request; print(urllib.request.urlopen(
     'http://127.0.0.1:$PORT/metrics').read().decode())" 2>/dev/null \
-    | grep -E "^(ladle:kv_offload_(bytes|copy|stores)|vllm:external_prefix_cache_hits|ladle:num_preemptions)" \
+    | grep -E "^(ladle:kv_offload_(bytes|copy|stores)|vllm:external_prefix_cache_hits|ladle:num_pre)" \
     > "$WORK/$name.metrics"
   sed "s/^/[$name] /" "$WORK/$name.metrics" | tee -a "$LOG"
   kill "$server"; wait "$server" 2>/dev/null

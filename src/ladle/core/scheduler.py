@@ -630,6 +630,9 @@ class Scheduler:
             num_host_cached_blocks=host_tier.num_used_blocks if host_tier is not None else 0,
             host_kv_usage=manager.host_usage,
             num_host_stores_dropped=transfers.counts.num_stores_dropped if transfers else 0,
+            num_host_blocks_stored_at_eviction=(
+                transfers.counts.num_blocks_stored_at_eviction if transfers else 0
+            ),
         )
 
 
