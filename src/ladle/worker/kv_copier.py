@@ -301,11 +301,11 @@ class KVCopier:
             raise ValueError("target_block_ids: a load may not write the null block 0")
 
     def _index(self, block_ids: list[int]) -> torch.Tensor:
-        index = torch.tensor(block_ids, dtype=torch.long)
         if not self.is_cuda:
-            return index
-        # Pinned, so the upload is asynchronous on the side stream.
-        return index.pin_memory().to(self.device, non_blocking=True)
+            return torch.tensor(block_ids, dtype=torch.long)
+        # Made pinned (not pinned after), so the upload is asynchronous on the side stream.
+        index = torch.tensor(block_ids, dtype=torch.long, pin_memory=True)
+        return index.to(self.device, non_blocking=True)
 
     def _store(self, device_ids: list[int], host_ids: list[int], layers: list[torch.Tensor],
                stacked: torch.Tensor | None) -> None:
