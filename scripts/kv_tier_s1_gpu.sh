@@ -22,7 +22,7 @@ OUT=${OUT:-.device_out}
 mkdir -p "$OUT"
 start=$SECONDS
 left() { echo $(( DEADLINE_S - (SECONDS - start) )); }
-export PYTHONPATH=$PWD/src:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
+export PYTHONPATH=$PWD/src:$PWD/tests:$PWD:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
     --target /tmp/site .whl/*.whl && export PYTHONPATH=/tmp/site:$PYTHONPATH
@@ -32,6 +32,13 @@ WORK=/tmp/kv_tier_s1
 rm -rf "$WORK" && mkdir -p "$WORK"
 nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv,noheader | tee "$LOG"
 git log -1 --format='tree %h %s' 2>/dev/null | tee -a "$LOG"
+# The copier's CUDA tests first (no engine, seconds): the copies this branch changed (int64
+# words, a store the same step's forward waits for) must move every byte.
+if [ "${COPY_TESTS:-1}" = 1 ]; then
+  echo "== tests/gpu/test_kv_host_tier_gpu.py (copies only)" | tee -a "$LOG"
+  timeout 90 python3 -m pytest -q -p no:cacheprovider -rfs tests/gpu/test_kv_host_tier_gpu.py \
+    -k "side_stream or before_the_forward or bandwidth" 2>&1 | tail -4 | tee -a "$LOG"
+fi
 PORT=${PORT:-8124}
 MODEL=${MODEL:-qwen3-0.6b}
 # A CPU smoke test of this script: NUM_PROMPTS=8 CONCURRENCY=4 SMALL_BLOCKS=600 TIER_GIB=0.05
