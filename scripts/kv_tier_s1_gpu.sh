@@ -62,6 +62,8 @@ serve_and_measure() {  # name, then the server's extra arguments
   for _ in $(seq 150); do
     python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:$PORT/health')" \
       >/dev/null 2>&1 && break
+    kill -0 "$server" 2>/dev/null || { echo "[$name] server exited:" | tee -a "$LOG"
+      tail -5 "$WORK/$name.server.log" | tee -a "$LOG"; return; }
     sleep 1
   done
   grep -h "memory budget" "$WORK/$name.server.log" | sed "s/^/[$name] /" | tee -a "$LOG"
