@@ -9,7 +9,10 @@
 # $OUT/kv_tier.log.
 #   DEADLINE_S=420 bash scripts/kv_tier_gpu.sh          # about 4 minutes
 #   FULL=1 DEADLINE_S=580 bash scripts/kv_tier_gpu.sh   # about 9 minutes
-# SERVE=1 adds S1 at 128 in flight through `ladle serve` with the tier off and on (carry .whl).
+# SERVE=1 adds S1 at 128 in flight through `ladle serve` with the tier off and on (carry .whl;
+# scripts/kv_tier_s1_gpu.sh measures that case in full). WIDE=1 adds the 8B multi-turn run at
+# 24 users (a 6,144-block pool), to test whether the 6-user recipe's 2x throughput target is
+# bounded by its batch-6 decode (docs/benchmarks.md, issue 36, helper kvtier2).
 set -uo pipefail
 DEADLINE_S=${DEADLINE_S:-420}
 OUT=${OUT:-.device_out}
@@ -56,6 +59,12 @@ if [ "${FULL:-0}" = 1 ]; then
     bench "w1_preempt_$mode" throughput --workload W1 --runs 1 --no-busy --no-progress \
       --num-gpu-blocks-override 4400 --kv-offloading-size 16 --preemption-mode "$mode"
   done
+fi
+if [ "${WIDE:-0}" = 1 ]; then
+  # 24 users x ~3,800 tokens of history (~240 blocks) fit a 6,144-block pool (12 GiB at the
+  # 8B's 2 MiB a block); a working set of 3x the pool is ~36 GiB: a 38 GiB host tier.
+  bench multiturn_8b_wide multiturn --model llama-3.1-8b --load-format dummy --working-set 3 \
+    --concurrency 24 --num-gpu-blocks-override 6145 --kv-offloading-size 38 --compare-tier-off
 fi
 if [ "${SERVE:-0}" = 1 ]; then
   # Nothing hits, served: S1 at 128 in flight (distinct prompts) through `ladle serve` with the

@@ -56,6 +56,8 @@ def _build_llm(args) -> LLM:
         options.update(hf_overrides=TINY_LAYER, cpu_kv_cache_gib=0.5)
     if args.eager:
         options["enforce_eager"] = True
+    if args.kv_offloading_size:
+        options["kv_offloading_size"] = args.kv_offloading_size
     llm = LLM("qwen3-0.6b", **options)
     if args.device == "cpu" and not args.eager:
         install_emulated_graphs(llm.engine.executor.worker)
@@ -171,6 +173,10 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=0.0)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--eager", action="store_true", help="no (emulated) graphs")
+    parser.add_argument(
+        "--kv-offloading-size", type=float, default=0.0,
+        help="GiB of KV host tier (0: off); with it on, every block that fills is stored",
+    )
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
     if args.device == "cpu":

@@ -1,6 +1,7 @@
-"""The host tier of the KV cache without a model: write-back as blocks are cached, LRU order
-across both tiers, loads after device eviction, salts, pins and faults (core/host_tier.py,
-core/kv_transfers.py, the KV-manager and scheduler parts)."""
+"""The host tier of the KV cache without a model: write-back of freed blocks as they near
+eviction (a look-ahead over the free queue, or at eviction), LRU order across both tiers, loads
+after device eviction, salts, pins and faults (core/host_tier.py, core/kv_transfers.py, the
+KV-manager and scheduler parts)."""
 
 from __future__ import annotations
 
@@ -47,27 +48,35 @@ def test_host_tier_off_without_blocks_or_caching():
         KVCacheManager(8, BLOCK_SIZE, num_host_blocks=-1)
 
 
-def test_cached_blocks_are_written_back_in_one_batched_store():
+def test_freed_blocks_are_written_back_in_one_batched_store():
     manager = KVCacheManager(16, BLOCK_SIZE, num_host_blocks=8)
     request = make_request("a", prompt(0, 3))
     schedule_prefill(manager, request)
     device_ids = manager.get_block_ids("a")[:3]
-    # Held by the request and by the store until it is done.
-    assert [manager.block_pool.blocks[i].ref_count for i in device_ids] == [2, 2, 2]
+    # Blocks a request holds are not written back: they cannot be evicted.
+    assert manager.take_kv_operations() == []
+    assert [manager.block_pool.blocks[i].ref_count for i in device_ids] == [1, 1, 1]
+    manager.free(request)
+    # The window (the whole pool here) sees them now: one store, no reference taken.
     (store,) = manager.take_kv_operations()
-    assert store.kind == KV_STORE
-    assert store.source_block_ids == device_ids
+    assert store.kind == KV_STORE and not store.before_forward
+    assert store.source_block_ids == device_ids[::-1]  # freed tail first, as evicted
     assert store.target_block_ids == [0, 1, 2]
+    assert manager.block_pool.num_free_blocks == manager.block_pool.num_usable_blocks
     # Not a hit until the copy is done.
     assert all(manager.host_tier.lookup(h) is None for h in request.block_hashes)
     manager.finish_transfers([store.op_id], {})
-    assert host_ids_of(manager, request.block_hashes) == [0, 1, 2]
-    assert [manager.block_pool.blocks[i].ref_count for i in device_ids] == [1, 1, 1]
+    assert host_ids_of(manager, request.block_hashes) == [2, 1, 0]
     # A block the host already holds is not stored again.
-    manager.free(request)
     again = make_request("b", prompt(0, 3))
     schedule_prefill(manager, again)
+    manager.free(again)
     assert manager.take_kv_operations() == []
+
+
+def free_and_settle(manager: KVCacheManager, request) -> list:
+    manager.free(request)
+    return settle(manager)
 
 
 def test_exact_lru_order_across_tiers():
@@ -75,21 +84,20 @@ def test_exact_lru_order_across_tiers():
     a, b = make_request("a", prompt(0, 2)), make_request("b", prompt(100, 2))
     for request in (a, b):
         schedule_prefill(manager, request)
-        settle(manager)
-        manager.free(request)
+        free_and_settle(manager, request)
     tier = manager.host_tier
-    assert tier.lru_hashes() == [*a.block_hashes, *b.block_hashes]
+    # Stored as freed: tail first.
+    assert tier.lru_hashes() == [*a.block_hashes[::-1], *b.block_hashes[::-1]]
     # A device hit on a's prefix uses those hashes: they become the host's most recent.
     reuse = make_request("a2", prompt(0, 2))
     assert schedule_prefill(manager, reuse) == 2 * BLOCK_SIZE
-    assert tier.lru_hashes() == [*b.block_hashes, *a.block_hashes]
+    assert tier.lru_hashes() == [*b.block_hashes[::-1], *a.block_hashes]
     # The host is full: two new blocks evict b's two, least recently used first.
     c = make_request("c", prompt(200, 2))
     schedule_prefill(manager, c)
-    (store,) = manager.take_kv_operations()
-    assert store.target_block_ids == [2, 3]  # b's host blocks
-    manager.finish_transfers([store.op_id], {})
-    assert tier.lru_hashes() == [*a.block_hashes, *c.block_hashes]
+    (store,) = free_and_settle(manager, c)
+    assert sorted(store.target_block_ids) == [2, 3]  # b's host blocks
+    assert tier.lru_hashes() == [*a.block_hashes, *c.block_hashes[::-1]]
     assert all(not tier.contains(h) for h in b.block_hashes)
 
 
@@ -98,12 +106,10 @@ def test_prefix_evicted_from_the_device_is_loaded_back_from_the_host():
     manager = KVCacheManager(5, BLOCK_SIZE, num_host_blocks=8)
     first = make_request("first", prompt(0, 2))
     schedule_prefill(manager, first)
-    settle(manager)
-    manager.free(first)
+    free_and_settle(manager, first)
     filler = make_request("filler", prompt(500, 3))
     schedule_prefill(manager, filler)
-    settle(manager)
-    manager.free(filler)
+    free_and_settle(manager, filler)
     again = make_request("again", prompt(0, 2))
     device_hits, num_hit = manager.get_computed_blocks(again)
     assert (device_hits, num_hit) == ([], 0)  # evicted from the device
@@ -130,12 +136,10 @@ def test_salted_blocks_never_hit_another_salt_on_the_host():
     manager = KVCacheManager(5, BLOCK_SIZE, num_host_blocks=8)
     salted = make_request("salted", prompt(0, 2), cache_salt="tenant-a")
     schedule_prefill(manager, salted)
-    settle(manager)
-    manager.free(salted)
+    free_and_settle(manager, salted)
     filler = make_request("filler", prompt(500, 3))
     schedule_prefill(manager, filler)
-    settle(manager)
-    manager.free(filler)
+    free_and_settle(manager, filler)
     for salt, expected in ((None, 0), ("tenant-b", 0), ("tenant-a", 2)):
         probe = make_request(f"probe-{salt}", prompt(0, 2), cache_salt=salt)
         device_hits, _ = manager.get_computed_blocks(probe)
@@ -146,23 +150,25 @@ def test_full_host_tier_drops_write_backs_without_error():
     manager = KVCacheManager(32, BLOCK_SIZE, num_host_blocks=2)
     a = make_request("a", prompt(0, 2))
     schedule_prefill(manager, a)
-    # Both host blocks are being written (not evictable): the next stores are dropped.
+    manager.free(a)
+    (store,) = manager.take_kv_operations()
+    # Both host blocks are being written (not evictable): b's stores are dropped.
     b = make_request("b", prompt(100, 2))
     schedule_prefill(manager, b)
+    manager.free(b)
+    assert manager.take_kv_operations() == []
     assert manager.transfers.counts.num_stores_dropped == 2
-    (store,) = manager.take_kv_operations()
-    assert len(store.source_block_ids) == 2
     manager.finish_transfers([store.op_id], {})
-    # b's blocks were not pinned for a store that never happened.
-    assert [manager.block_pool.blocks[i].ref_count for i in manager.get_block_ids("b")] == [1, 1, 1]
+    assert sorted(manager.host_tier.lru_hashes()) == sorted(a.block_hashes)
+    assert manager.block_pool.num_free_blocks == manager.block_pool.num_usable_blocks
 
 
 def test_failed_store_frees_both_sides():
     manager = KVCacheManager(16, BLOCK_SIZE, num_host_blocks=4)
     request = make_request("a", prompt(0, 2))
     schedule_prefill(manager, request)
-    settle(manager, failed=True)
     manager.free(request)
+    settle(manager, failed=True)
     assert manager.block_pool.num_free_blocks == manager.block_pool.num_usable_blocks
     assert manager.host_tier.num_used_blocks == 0
     assert manager.transfers.counts.num_failed_ops == 1
@@ -172,12 +178,10 @@ def test_failed_load_frees_both_sides_and_forgets_the_host_copy():
     manager = KVCacheManager(5, BLOCK_SIZE, num_host_blocks=8)
     first = make_request("first", prompt(0, 2))
     schedule_prefill(manager, first)
-    settle(manager)
-    manager.free(first)
+    free_and_settle(manager, first)
     filler = make_request("filler", prompt(500, 3))
     schedule_prefill(manager, filler)
-    settle(manager)
-    manager.free(filler)
+    free_and_settle(manager, filler)
     again = make_request("again", prompt(0, 2))
     device_hits, _ = manager.get_computed_blocks(again)
     assert manager.start_load(again, device_hits, manager.find_host_hits(again, 0))
@@ -219,13 +223,27 @@ def run_to_completion(scheduler: Scheduler, max_steps: int = 200) -> list:
     raise AssertionError("requests did not finish")
 
 
+def flush_write_backs(scheduler: Scheduler) -> list:
+    """One plan with nothing to run: it writes back the blocks freed since the last one."""
+    plan = scheduler.schedule()
+    result = one_token_each(plan, [])
+    result.kv_operations_done = [op.op_id for op in plan.kv_operations]
+    scheduler.update_from_output(plan, result)
+    return plan.kv_operations
+
+
 def evicted_prefix_scheduler() -> Scheduler:
     """A scheduler whose host tier holds prompt(0, 3) after the device evicted it."""
     scheduler = make_scheduler(num_blocks=9, num_host_blocks=16)
     scheduler.add_request(make_request("first", prompt(0, 3), max_tokens=1))
     run_to_completion(scheduler)
     scheduler.add_request(make_request("filler", prompt(500, 7), max_tokens=1))
-    run_to_completion(scheduler)
+    plans = run_to_completion(scheduler)
+    # The filler evicted first's blocks, freed when no plan followed: stored at eviction,
+    # before the forward that rewrote them.
+    (store,) = plans[0].kv_operations
+    assert store.kind == KV_STORE and store.before_forward and len(store.source_block_ids) == 3
+    flush_write_backs(scheduler)  # the filler's blocks, so later plans carry only loads
     return scheduler
 
 
@@ -344,6 +362,7 @@ def test_loading_requests_hold_seats_so_no_load_outruns_the_batch():
         scheduler.add_request(make_request(name, prompt(first, 2), max_tokens=1))
     scheduler.add_request(make_request("filler", prompt(500, 7), max_tokens=1))
     run_to_completion(scheduler)
+    flush_write_backs(scheduler)
     for name, first in (("a2", 0), ("b2", 100)):
         scheduler.add_request(make_request(name, prompt(first, 2), max_tokens=1))
     plan = scheduler.schedule()

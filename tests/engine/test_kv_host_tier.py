@@ -205,12 +205,15 @@ def test_a_failed_load_recomputes_and_frees_both_tiers(reference_replies):
     assert_drained(llm.engine)
 
 
-def test_abort_while_waiting_for_kv_frees_both_tiers():
+def test_abort_while_waiting_for_kv_frees_both_tiers(monkeypatch):
     from ladle.core.request import RequestStatus
+    from ladle.executor.in_process import LocalStepFuture
     from ladle.protocol.messages import EngineCoreRequest
 
-    # Overlapped: a step's result (its load done) is read only during the next step, so the
-    # abort lands while the copy is in flight.
+    # Overlapped, and the loads' outcome known only from the step's result (a worker in
+    # another process): the result is read during the next step, so the abort lands while the
+    # copy is in flight.
+    monkeypatch.setattr(LocalStepFuture, "kv_operations_at_launch", lambda self: None)
     llm = make_llm(kv_offloading_size=HOST_GIB, async_scheduling=True)
     engine = llm.engine
     run_conversations(llm, conversation_rounds())  # histories now on the host only, in part
@@ -232,6 +235,46 @@ def test_abort_while_waiting_for_kv_frees_both_tiers():
     while engine.has_unfinished_requests():
         engine.step()
     assert_drained(engine)
+
+
+def steps_to_first_token(llm: LLM) -> int:
+    """Engine steps from a returning turn's arrival to its first token, a neighbour decoding;
+    the turn's prefix was evicted from the device (to the host tier, when there is one)."""
+    import time
+
+    engine = llm.engine
+    first = [(7 * i) % 400 + 3 for i in range(60)]
+    history = first + list(llm.generate([{"prompt_token_ids": first}], GREEDY,
+                                        use_tqdm=False)[0].outputs[0].token_ids)
+    filler = [(11 * i) % 400 + 5 for i in range(90)]  # 23 of the 24 blocks: evicts `first`
+    llm.generate([{"prompt_token_ids": filler}], GREEDY, use_tqdm=False)
+    decoding = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    llm._submit("neighbour", None, [5, 6, 7, 8], decoding, time.monotonic(), 0)
+    for _ in range(3):
+        llm.output_processor.process_outputs(engine.step())
+    llm._submit("again", None, history + [9] * 5, GREEDY, time.monotonic(), 0)
+    steps = 0
+    for count in range(1, 20):
+        outputs = engine.step()
+        llm.output_processor.process_outputs(outputs)
+        if any(o.request_id == "again" and o.new_token_ids for o in outputs):
+            steps = count
+            break
+    while engine.has_unfinished_requests():
+        llm.output_processor.process_outputs(engine.step())
+    return steps
+
+
+def test_a_loaded_turn_runs_in_the_plan_after_its_load():
+    # Overlapped scheduling reads a step's result after planning the next one; the load's
+    # outcome is known at launch, so the turn runs one plan after the load, not two: its first
+    # token comes a step after the tier-off run's (which computes the prefix in one step).
+    off = steps_to_first_token(make_llm(kv_offloading_size=0, async_scheduling=True))
+    on_llm = make_llm(kv_offloading_size=HOST_GIB, async_scheduling=True)
+    on = steps_to_first_token(on_llm)
+    assert on_llm.engine.kv_cache_manager.host_cache_hits > 0
+    assert (off, on) == (2, 3)
+    assert_drained(on_llm.engine)
 
 
 @pytest.mark.slow

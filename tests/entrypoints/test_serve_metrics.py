@@ -159,6 +159,7 @@ def test_host_tier_metrics():
         num_host_cached_blocks=40, host_kv_usage=0.03, kv_bytes_to_host=8192,
         kv_bytes_to_device=4096, kv_copy_seconds=0.25, kv_load_seconds=0.125, num_preemptions=4,
         num_swapped_preemptions=3, num_waiting_for_kv=2, num_host_stores_dropped=5,
+        num_host_blocks_stored_at_eviction=6,
     ))
     values = parse_metrics(metrics.render().decode())
     assert values["vllm:external_prefix_cache_queries_total"] == 400
@@ -172,6 +173,7 @@ def test_host_tier_metrics():
     assert values["ladle:kv_offload_copy_seconds_total"] == 0.25
     assert values["ladle:kv_offload_load_seconds_total"] == 0.125
     assert values["ladle:kv_offload_stores_dropped_total"] == 5
+    assert values["ladle:kv_offload_stores_at_eviction_total"] == 6
     assert values["ladle:num_preemptions_swapped_total"] == 3
     assert values["ladle:num_requests_waiting_for_kv"] == 2
 

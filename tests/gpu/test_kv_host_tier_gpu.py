@@ -116,3 +116,30 @@ def test_greedy_tokens_with_the_tier_on_equal_those_with_it_off(
     stats = on.engine.get_stats()
     assert stats.host_cache_hits > 0 and stats.kv_bytes_to_device > 0
     assert stats.num_free_blocks == stats.num_total_blocks and stats.host_kv_usage == 0.0
+
+
+def test_a_store_before_the_forward_reads_the_blocks_before_that_forward_rewrites_them():
+    # A store at eviction (core/kv_transfers.py): the same step hands its blocks out again, so
+    # that step's forward, queued right after the copy is issued, must wait for it.
+    device = torch.device("cuda")
+    values = torch.randn((NUM_LAYERS, 2, 64, *BLOCK_SHAPE), device=device).to(torch.bfloat16)
+    device_caches = list(values.unbind(0))
+    host_pool = allocate_host_kv_pool(NUM_LAYERS, 32, BLOCK_SHAPE, torch.bfloat16, device)
+    copier = KVCopier(host_pool, device)
+    sources = list(range(1, 33))
+    expected = [cache.view(torch.uint8)[:, sources].cpu() for cache in device_caches]
+    torch.cuda.synchronize()
+    # A long kernel on the compute stream first, so the copy starts late.
+    busy = torch.randn(4096, 4096, device=device)
+    for _ in range(20):
+        busy = busy @ busy / 64
+    copier.wait_for_earlier_copies()
+    operation = KVOperation(KV_STORE, sources, list(range(32)), op_id=1, before_forward=True)
+    assert copier.run([operation], device_caches) == ([1], {})
+    for cache in device_caches:  # this step's "forward" rewrites the blocks at once
+        cache.view(torch.uint8)[:, sources] = 0
+    torch.cuda.synchronize()
+    host_bytes = host_pool.view(torch.uint8)
+    for layer, reference in enumerate(expected):
+        for position in range(32):
+            assert torch.equal(host_bytes[position, layer], reference[:, position])

@@ -88,3 +88,37 @@ def test_a_bad_operation_fails_alone_and_copies_nothing():
     assert torch.equal(host_pool[:3], host_before[:3])  # op 1 wrote nothing
     for layer, device in enumerate(device_caches):
         assert torch.equal(host_pool[3, layer], device[:, 5])
+
+
+def test_the_byte_views_are_made_once_and_an_idle_copier_is_skippable():
+    device_caches = random_caches(10, torch.float32, stacked=True)
+    copier = KVCopier(allocate_host_kv_pool(NUM_LAYERS, 6, BLOCK_SHAPE, torch.float32, CPU), CPU)
+    assert copier.is_idle
+    first = copier._byte_views(device_caches)
+    assert copier._byte_views(device_caches) is not None
+    assert copier._byte_views(device_caches)[0] is first[0]  # not made again
+    store = KVOperation(KV_STORE, [3], [1], op_id=1)
+    assert copier.run([store], device_caches) == ([1], {})
+    assert not copier.is_idle  # bytes to report
+    assert copier.take_stats().bytes_to_host > 0
+    assert copier.is_idle
+    # Other caches (a new list): new views, checked against the host pool again.
+    other = random_caches(10, torch.float32, stacked=False)
+    assert copier._byte_views(other)[1] is None
+    with pytest.raises(ValueError, match="block layout"):
+        copier._byte_views(random_caches(10, torch.float32, stacked=True)[:2])
+
+
+def test_copies_move_the_widest_words_the_head_allows():
+    from ladle.worker.kv_copier import as_words
+
+    assert as_words(torch.zeros((2, 4, 8), dtype=torch.bfloat16)).dtype == torch.int64
+    assert as_words(torch.zeros((2, 4, 6), dtype=torch.float8_e4m3fn)).dtype == torch.int16
+    assert as_words(torch.zeros((2, 4, 3), dtype=torch.uint8)).dtype == torch.uint8
+    # An address that is not 8-aligned takes a narrower word.
+    odd = torch.zeros(64, dtype=torch.bfloat16)[1:9].view(1, 8)
+    assert as_words(odd).dtype == torch.int16
+    pool = allocate_host_kv_pool(NUM_LAYERS, 6, BLOCK_SHAPE, torch.bfloat16, CPU)
+    copier = KVCopier(pool, CPU)
+    assert copier.host_pool.dtype == torch.int64
+    assert copier.block_bytes == NUM_LAYERS * 2 * 4 * 2 * 8 * 2

@@ -7,7 +7,7 @@ and "evicting" a cached block costs nothing beyond forgetting its hash.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from typing import TYPE_CHECKING
 
 from ladle.core.free_block_queue import FreeBlockQueue, KVBlock
@@ -36,6 +36,9 @@ class BlockPool:
         # One block per hash: duplicates of a cached block (two requests computing the same prefix
         # in one step) simply stay unregistered and are recycled like any uncached block.
         self.cached_block_by_hash: dict[int, KVBlock] = {}
+        # Called with (block, its hash) as get_new_blocks evicts a cached block, before its KV
+        # is overwritten (the KV host tier's last chance to write it back); None: no one cares.
+        self.on_evict: Callable[[KVBlock, int], None] | None = None
 
     @property
     def num_free_blocks(self) -> int:
@@ -78,6 +81,7 @@ class BlockPool:
         for block in blocks:
             if block.ref_count == 0:
                 self.free_block_queue.remove(block)
+                block.skip_write_back = False  # used again: worth keeping after all
             block.ref_count += 1
 
     def free_blocks(self, ordered_blocks: Iterable[KVBlock]) -> None:
@@ -145,6 +149,9 @@ class BlockPool:
     def _evict(self, block: KVBlock) -> None:
         if block.block_hash is None:
             return
+        if self.on_evict is not None and not block.skip_write_back:
+            self.on_evict(block, block.block_hash)
+        block.skip_write_back = False
         # The invariant (block_hash set only on the map's own entry) makes this a plain delete.
         del self.cached_block_by_hash[block.block_hash]
         block.block_hash = None

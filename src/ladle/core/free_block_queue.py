@@ -3,6 +3,11 @@
 The head is the least recently freed block, the next to be handed out (and so to lose its cached
 hash). A prefix-cache hit on a free block must pull it out of the middle of the queue, which a
 deque cannot do in O(1); links stored on the blocks themselves can.
+
+A look-ahead cursor walks the queue from the head (look_ahead): the KV host tier writes back
+the cached blocks that come within a window of the head, so their copies overlap earlier steps
+instead of the step that reuses them. The cursor only moves over blocks it has not seen, so the
+walk costs O(1) per block that joins the window, nothing per step when none does.
 """
 
 from __future__ import annotations
@@ -27,6 +32,11 @@ class KVBlock:
     # walk the whole list.
     prev_free: KVBlock | None = field(default=None, repr=False)
     next_free: KVBlock | None = field(default=None, repr=False)
+    # Whether the look-ahead cursor has passed this block since it joined the free queue.
+    looked_ahead: bool = field(default=False, repr=False)
+    # Freed by a preempted request that recomputes: its KV is not worth a host copy (the KV
+    # host tier skips it) until a prefix hit uses it again or it is handed out.
+    skip_write_back: bool = field(default=False, repr=False)
 
 
 class FreeBlockQueue:
@@ -39,6 +49,10 @@ class FreeBlockQueue:
         self._head.next_free = self._tail
         self._tail.prev_free = self._head
         self.num_free_blocks = 0
+        # The last block look_ahead returned (the head sentinel: none), and how many blocks lie
+        # from the head through it: exactly the free blocks with looked_ahead set.
+        self._cursor = self._head
+        self.num_looked_ahead = 0
         self.append_n(blocks)
 
     def popleft(self) -> KVBlock:
@@ -63,6 +77,11 @@ class FreeBlockQueue:
         prev_block, next_block = block.prev_free, block.next_free
         if prev_block is None or next_block is None:
             raise ValueError(f"KV block {block.block_id} is not in the free queue")
+        if block.looked_ahead:
+            block.looked_ahead = False
+            self.num_looked_ahead -= 1
+            if block is self._cursor:
+                self._cursor = prev_block
         prev_block.next_free = next_block
         next_block.prev_free = prev_block
         block.prev_free = block.next_free = None
@@ -84,6 +103,23 @@ class FreeBlockQueue:
         """Append blocks at the tail in the given order."""
         for block in blocks:
             self.append(block)
+
+    def look_ahead(self, window: int) -> list[KVBlock]:
+        """The free blocks that came within `window` blocks of the head since the last call,
+        head first: those the next window allocations would hand out, not returned before
+        (unless they left the queue and came back)."""
+        joined = []
+        cursor = self._cursor
+        while self.num_looked_ahead < window:
+            block = cursor.next_free
+            if block is self._tail or block is None:
+                break
+            block.looked_ahead = True
+            self.num_looked_ahead += 1
+            joined.append(block)
+            cursor = block
+        self._cursor = cursor
+        return joined
 
     def get_all_free_blocks(self) -> list[KVBlock]:
         """Every free block, head first. O(n): for tests and debugging."""

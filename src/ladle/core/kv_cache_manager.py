@@ -10,11 +10,12 @@ supply the blocks, changing nothing, and the scheduler preempts or waits. The li
     manager.allocate_slots(request, 1)                             # each later decode step
     manager.free(request)                                          # finished, aborted or preempted
 
-With a host tier (host_tier.py), cache_computed_blocks also writes each newly cached block back
-to the host, and a waiting request whose prefix continues on the host after its device hits is
-loaded first (find_host_hits, start_load); the scheduler parks it in WAITING_FOR_KV until the
-worker reports the copy done (finish_transfers), then looks it up again: its prefix is now a
-device hit. The copies travel in the plan (take_kv_operations).
+With a host tier (host_tier.py), cached blocks are written back to the host as they near
+eviction from the device pool (kv_transfers.py: a look-ahead over the free queue, so nothing is
+copied while nothing is evicted), and a waiting request whose prefix continues on the host after
+its device hits is loaded first (find_host_hits, start_load); the scheduler parks it in
+WAITING_FOR_KV until the worker reports the copy done (finish_transfers), then looks it up
+again: its prefix is now a device hit. The copies travel in the plan (take_kv_operations).
 """
 
 from __future__ import annotations
@@ -40,7 +41,11 @@ class KVCacheManager:
         block_size: int,
         enable_caching: bool = True,
         num_host_blocks: int = 0,
+        write_back_window: int | None = None,
     ) -> None:
+        """write_back_window: blocks ahead of the free queue's head whose cached KV is written
+        to the host tier (kv_transfers.py); at least what one step may allocate. None: the
+        whole pool (every freed cached block is written back at the next plan)."""
         if block_size < 1:
             raise ValueError(f"block_size must be >= 1, got {block_size}")
         if num_host_blocks < 0:
@@ -53,7 +58,7 @@ class KVCacheManager:
         self.transfers: KVTransfers | None = None
         if num_host_blocks and enable_caching:
             self.host_tier = HostTier(num_host_blocks)
-            self.transfers = KVTransfers(self.block_pool, self.host_tier)
+            self.transfers = KVTransfers(self.block_pool, self.host_tier, write_back_window)
         # Tokens looked up on the host tier (those after the device hits), and those found there
         # and loaded.
         self.host_cache_queries = 0
@@ -258,12 +263,6 @@ class KVCacheManager:
             request, request_blocks, num_cached_blocks, num_full_computed_blocks
         )
         self._num_cached_blocks_by_request[request.request_id] = num_full_computed_blocks
-        if self.transfers is not None:
-            # Write-back as soon as a block is cached, not when the device evicts it: by then
-            # its new owner writes it in the same step, and the copy could not overlap anything.
-            for block in request_blocks[num_cached_blocks:num_full_computed_blocks]:
-                if block.block_hash is not None:  # the hash map's entry (not a duplicate)
-                    self.transfers.store(block, block.block_hash)
 
     def trim(self, request: Request, num_tokens: int) -> None:
         """Free the blocks past the first num_tokens tokens' (drafts a step rejected). They
@@ -286,13 +285,20 @@ class KVCacheManager:
     def blocks_of(self, request_id: str) -> list[KVBlock]:
         return list(self._blocks_by_request.get(request_id, ()))
 
-    def free(self, request: Request) -> None:
+    def free(self, request: Request, write_back: bool = True) -> None:
         """Release the request's blocks and forget it. A no-op for an unknown request.
 
         Blocks are freed tail first: the tail is the least likely to be shared, so it should be
         the first to be evicted, while the shared prefix stays cached the longest.
+        write_back=False (a preempted request that recomputes): the blocks this frees are not
+        written to the host tier as they are evicted; they stay device prefix hits meanwhile.
         """
+        request_blocks = self._blocks_by_request.get(request.request_id, ())
         self._release_blocks(request.request_id)
+        if not write_back and self.transfers is not None:
+            for block in request_blocks:
+                if block.ref_count == 0 and block.block_hash is not None:
+                    block.skip_write_back = True
 
     def _release_blocks(self, request_id: str) -> None:
         request_blocks = self._blocks_by_request.pop(request_id, None)

@@ -413,14 +413,17 @@ class Scheduler:
         self.running.remove(request)
         manager = self.kv_cache_manager
         if manager.has_host_tier:
-            # Its full blocks are (being) written back already; whether it resumes from them
-            # or recomputes is decided now, by cost, per victim.
+            # Its freed blocks are written back as they near eviction (those on the host
+            # already cost no copy out); whether it resumes from them or recomputes is decided
+            # now, by cost, per victim.
             swaps = self.preemption.swaps(
                 request.num_computed_tokens, self._num_blocks_on_host(request)
             )
             request.may_load_from_host = swaps
             self.num_swapped_preemptions += swaps
-        manager.free(request)
+        # A victim that recomputes has no use for host copies of its blocks (and the step that
+        # reuses them would wait for the copies): only a swapping one's are written back.
+        manager.free(request, write_back=request.may_load_from_host)
         # The workers forget it (the plan names it); it is sent in full again when it resumes.
         self._on_workers.discard(request.request_id)
         request.status = RequestStatus.PREEMPTED
@@ -437,13 +440,14 @@ class Scheduler:
 
     # ----- results -------------------------------------------------------------------------
 
-    def _finish_kv_operations(self, result: StepResult) -> None:
-        """Settle the copies the step reports: a request whose load is done (or failed) waits
-        again, at its old place in the queue; after a failure it recomputes."""
-        finished = self.kv_cache_manager.finish_transfers(
-            result.kv_operations_done, result.kv_operations_failed
-        )
-        pulls = self.pulls.finish(result.kv_operations_done, result.kv_operations_failed)
+    def settle_kv_operations(self, done: list[int], failed: dict[int, str]) -> None:
+        """Settle the copies a step reports (with its result, or at its launch: settling twice
+        is harmless, known ids are settled once): a request whose load is done (or failed)
+        waits again, at its old place in the queue; after a failure it recomputes."""
+        if not (done or failed):
+            return
+        finished = self.kv_cache_manager.finish_transfers(done, failed)
+        pulls = self.pulls.finish(done, failed)
         for request_id in pulls.pulled:
             self._pulled(self.waiting_for_kv[request_id])
         for request_id in pulls.failed:
@@ -478,7 +482,7 @@ class Scheduler:
         request preempted since is in the waiting queue and still takes its token."""
         outputs = []
         now = time.monotonic()
-        self._finish_kv_operations(result)
+        self.settle_kv_operations(result.kv_operations_done, result.kv_operations_failed)
         for position, scheduled in enumerate(plan.scheduled):
             request = self.requests.get(scheduled.request_id)
             if request is None:
@@ -626,6 +630,9 @@ class Scheduler:
             num_host_cached_blocks=host_tier.num_used_blocks if host_tier is not None else 0,
             host_kv_usage=manager.host_usage,
             num_host_stores_dropped=transfers.counts.num_stores_dropped if transfers else 0,
+            num_host_blocks_stored_at_eviction=(
+                transfers.counts.num_blocks_stored_at_eviction if transfers else 0
+            ),
         )
 
 

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from ladle.config import EngineConfig
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.kv_handoff import disaggregation_stats
+from ladle.core.kv_transfers import write_back_window
 from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
@@ -92,6 +93,11 @@ class EngineCore:
             block_size=config.cache.block_size,
             enable_caching=config.cache.enable_prefix_caching,
             num_host_blocks=budget.num_host_blocks,
+            write_back_window=write_back_window(
+                config.scheduler.max_num_batched_tokens,
+                config.scheduler.max_num_seqs,
+                config.cache.block_size,
+            ),
         )
         if config.scheduler.preemption_mode == "swap" and not self.kv_cache_manager.host_tier:
             raise ValueError(
@@ -255,6 +261,12 @@ class EngineCore:
         plan = self.scheduler.schedule()
         previous = self._in_flight
         self._in_flight = self._submit(plan, previous)
+        if self._in_flight is not None and plan.kv_operations:
+            # Loads settled now run in the next plan, not the one after (overlapped
+            # scheduling reads this step's result only after planning the next).
+            launched = self._in_flight.future.kv_operations_at_launch()
+            if launched is not None:
+                self.scheduler.settle_kv_operations(*launched)
         launch_seconds = time.perf_counter() - started
         if previous is not None:
             outputs += self._read(previous)  # the device runs this step meanwhile

@@ -35,6 +35,14 @@ class StepFuture(ABC):
     def result(self) -> StepResult:
         """Wait for the step's accepted tokens (once; later calls return the same result)."""
 
+    def kv_operations_at_launch(self) -> tuple[list[int], dict[int, str]] | None:
+        """The plan's KV operations issued and failed, known as soon as the step is launched
+        (the worker issues them before its forward), or None where only result() tells (a
+        worker in another process). The engine settles them at once, so a request whose
+        prefix is being loaded from the host tier can run in the very next plan: that plan's
+        forward waits for this step's copies on the device (worker/kv_copier.py)."""
+        return None
+
 
 class Executor(ABC):
     @property

@@ -23,6 +23,10 @@ class LocalStepFuture(StepFuture):
         self._launched = launched
         self._failed = failed
 
+    def kv_operations_at_launch(self) -> tuple[list[int], dict[int, str]] | None:
+        report = self._launched.kv_report if self._launched is not None else None
+        return (report.done, report.failed) if report is not None else None
+
     def result(self) -> StepResult:
         if self._launched is None:  # every request failed
             result = StepResult(

@@ -223,6 +223,10 @@ def _host_tier_metrics(stats: SchedulerStats, gauge, counter) -> Iterator:
     yield counter("ladle:kv_offload_stores_dropped",
                   "Write-backs a full host tier refused (the block was simply not kept).",
                   stats.num_host_stores_dropped)
+    yield counter("ladle:kv_offload_stores_at_eviction",
+                  "Blocks written back only as the device evicted them, so the step reusing "
+                  "them waited for the copy (the look-ahead window missed them).",
+                  stats.num_host_blocks_stored_at_eviction)
     yield counter("ladle:num_preemptions_swapped",
                   "Preemptions whose request resumes from the host tier (the rest recompute).",
                   stats.num_swapped_preemptions)

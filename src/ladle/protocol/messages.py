@@ -150,6 +150,8 @@ class SchedulerStats:
     num_host_cached_blocks: int = 0  # host blocks holding some prefix's KV
     host_kv_usage: float = 0.0  # fraction of host blocks a copy is using now (0 when idle)
     num_host_stores_dropped: int = 0  # write-backs a full host tier refused
+    # Blocks written back as they were evicted (the step reusing them waited for the copy).
+    num_host_blocks_stored_at_eviction: int = 0
     kv_bytes_to_host: int = 0
     kv_bytes_to_device: int = 0
     kv_copy_seconds: float = 0.0  # device time of the host tier's copies, both ways

@@ -92,6 +92,7 @@ class KVOperation(msgspec.Struct, array_like=True, gc=False):
     # For a pull: the producer instance's exported pool (worker/kv_peers.py descriptor);
     # its source ids are the producer's block ids.
     peer: str = ""
+    before_forward: bool = False
 
 
 class StepPlan(msgspec.Struct, gc=False):

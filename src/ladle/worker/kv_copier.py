@@ -8,7 +8,9 @@ A plan's KV operations (protocol/step.py) run at the start of its step, before i
     copier.run(plan.kv_operations)     # this step's copies, on a side stream that first waits
                                        # for every forward already queued (stores read final KV)
 
-so a step's copies overlap its own forward pass and the host never waits for them. On the CPU
+so a step's copies overlap its own forward pass and the host never waits for them; only an
+operation marked before_forward (a store of blocks the step itself rewrites) makes this step's
+forward wait for it, on the device. On the CPU
 the copies are plain synchronous tensor copies into a second pool, which makes the whole path
 (scheduler, plan, copy, result) testable in CI.
 
@@ -25,7 +27,11 @@ blocks, a few microseconds of host time each, every step. Instead:
   gather, one transposing copy) and moves each run of consecutive host blocks with ONE DMA for
   all layers; a load is the mirror image (a DMA per host run into staging, one scatter).
 So a batch costs a handful of launches plus one DMA per host-block run, whatever the number of
-layers. Copies move bytes (uint8 views), so the fp8 KV cache and every other dtype copy alike.
+layers. Copies move raw words (integer views of the caches, 8 bytes wide where the head's
+bytes allow), so the fp8 KV cache and every other dtype copy alike. Not bytes: the gather and
+the block-major copy are elementwise kernels with per-element index arithmetic, and a uint8 view
+has 8x the elements of an int64 one (on the CPU a 15-block gather of the 0.6B shape took 24.8 ms
+as uint8, 5.8 ms as int64); on CUDA they run beside the forward, on the same SMs.
 """
 
 from __future__ import annotations
@@ -77,8 +83,20 @@ def block_runs(source_ids: list[int], target_ids: list[int]) -> list[tuple[int, 
     return runs
 
 
-def as_bytes(tensor: torch.Tensor) -> torch.Tensor:
-    """The same memory as uint8 (the last dimension scaled by the element size)."""
+# Widest first: a view of the KV memory as the widest integer its last dimension and its
+# address divide into.
+_WORD_DTYPES = (torch.int64, torch.int32, torch.int16, torch.uint8)
+
+
+def as_words(tensor: torch.Tensor) -> torch.Tensor:
+    """The same memory as the widest integer dtype that tiles the last dimension exactly (int64
+    for a bf16 head of 128: 32 words), so copies move fewer, wider elements."""
+    row_bytes = tensor.shape[-1] * tensor.element_size()
+    address = tensor.data_ptr()
+    for dtype in _WORD_DTYPES:
+        width = torch.empty((), dtype=dtype).element_size()
+        if row_bytes % width == 0 and address % width == 0:
+            return tensor.view(dtype)
     return tensor.view(torch.uint8)
 
 
@@ -107,9 +125,10 @@ class KVCopier:
     def __init__(
         self, host_pool: torch.Tensor, device: torch.device, staging_bytes: int = STAGING_BYTES
     ) -> None:
-        self.host_pool = as_bytes(host_pool)
+        self.host_pool = as_words(host_pool)
         self.num_host_blocks = host_pool.shape[0]
-        self.block_bytes = self.host_pool[0].numel()  # every layer, K and V
+        # Every layer, K and V.
+        self.block_bytes = self.host_pool[0].numel() * self.host_pool.element_size()
         self.device = device
         self.is_cuda = device.type == "cuda"
         self.stream = torch.cuda.Stream(device) if self.is_cuda else None
@@ -117,13 +136,27 @@ class KVCopier:
         self.staging_blocks = max(1, staging_bytes // self.block_bytes)
         if self.is_cuda:
             self.staging = torch.empty(
-                (self.staging_blocks, *self.host_pool.shape[1:]), dtype=torch.uint8, device=device
+                (self.staging_blocks, *self.host_pool.shape[1:]),
+                dtype=self.host_pool.dtype,
+                device=device,
             )
         # The end of the latest copies that no forward has waited for yet.
         self._last_copies_end: torch.cuda.Event | None = None
         # (start, end, is a load) events of copies whose device time is not counted yet.
         self._timed: list[tuple[torch.cuda.Event, torch.cuda.Event, bool]] = []
         self._stats = KVTransferStats()
+        # The device caches' byte views and their stacked view, made once per caches list (the
+        # worker keeps one for its life): 2 x num_layers views a step cost ~100 us of host.
+        self._layers_of: tuple[list[torch.Tensor], list[torch.Tensor], torch.Tensor | None] | None
+        self._layers_of = None
+
+    @property
+    def is_idle(self) -> bool:
+        """No copy issued that a forward has not waited for, and none whose time or bytes are
+        still to report: a step without KV operations may skip the copier."""
+        return self._last_copies_end is None and not self._timed and not (
+            self._stats.bytes_to_host or self._stats.bytes_to_device or self._stats.copy_seconds
+        )
 
     def wait_for_earlier_copies(self) -> None:
         """Make the current (compute) stream wait for every copy issued so far: call before a
@@ -145,16 +178,13 @@ class KVCopier:
             return [], {}
         done: list[int] = []
         failed: dict[int, str] = {}
-        layers = [as_bytes(cache) for cache in device_caches]
-        if tuple(layers[0][:, 0].shape) != tuple(self.host_pool.shape[2:]) or len(layers) != (
-            self.host_pool.shape[1]
-        ):
-            raise ValueError("the host KV pool does not match the device caches' block layout")
-        stacked = stacked_layers(layers)
+        layers, stacked = self._byte_views(device_caches)
         num_device_blocks = layers[0].shape[1]
+        compute = None
         if self.is_cuda:
             assert self.stream is not None
-            self.stream.wait_stream(torch.cuda.current_stream(self.device))
+            compute = torch.cuda.current_stream(self.device)
+            self.stream.wait_stream(compute)
         with torch.cuda.stream(self.stream) if self.is_cuda else _no_stream():
             for operation in operations:
                 try:
@@ -166,6 +196,10 @@ class KVCopier:
                     failed[operation.op_id] = f"{type(error).__name__}: {error}"
                     continue
                 done.append(operation.op_id)
+                if operation.before_forward and compute is not None:
+                    # This step rewrites the blocks: its forward waits for this copy (and
+                    # those issued before it on the side stream).
+                    compute.wait_stream(self.stream)
         if self.is_cuda:
             # After every copy issued, a failed operation's partial ones included: the next
             # forward waits for this.
@@ -173,6 +207,28 @@ class KVCopier:
             end.record(self.stream)
             self._last_copies_end = end
         return done, failed
+
+    def _byte_views(
+        self, device_caches: list[torch.Tensor]
+    ) -> tuple[list[torch.Tensor], torch.Tensor | None]:
+        """The caches as bytes per layer, and as one [layers, ...] tensor when they are views of
+        one; checked against the host pool's layout once per caches list."""
+        made = self._layers_of
+        if (
+            made is not None
+            and made[0] is device_caches
+            and len(made[1]) == len(device_caches)
+            and made[1][0].data_ptr() == device_caches[0].data_ptr()
+        ):
+            return made[1], made[2]
+        layers = [cache.view(self.host_pool.dtype) for cache in device_caches]
+        if tuple(layers[0][:, 0].shape) != tuple(self.host_pool.shape[2:]) or len(layers) != (
+            self.host_pool.shape[1]
+        ):
+            raise ValueError("the host KV pool does not match the device caches' block layout")
+        stacked = stacked_layers(layers)
+        self._layers_of = (device_caches, layers, stacked)
+        return layers, stacked
 
     def _timed_copy(
         self, operation: KVOperation, layers: list[torch.Tensor], stacked: torch.Tensor | None
@@ -245,11 +301,11 @@ class KVCopier:
             raise ValueError("target_block_ids: a load may not write the null block 0")
 
     def _index(self, block_ids: list[int]) -> torch.Tensor:
-        index = torch.tensor(block_ids, dtype=torch.long)
         if not self.is_cuda:
-            return index
-        # Pinned, so the upload is asynchronous on the side stream.
-        return index.pin_memory().to(self.device, non_blocking=True)
+            return torch.tensor(block_ids, dtype=torch.long)
+        # Made pinned (not pinned after), so the upload is asynchronous on the side stream.
+        index = torch.tensor(block_ids, dtype=torch.long, pin_memory=True)
+        return index.to(self.device, non_blocking=True)
 
     def _store(self, device_ids: list[int], host_ids: list[int], layers: list[torch.Tensor],
                stacked: torch.Tensor | None) -> None:

@@ -337,8 +337,8 @@ class ModelRunner:
         wait (on the device) for the copies earlier steps issued (kv_copier.py); then its
         pulls from producer instances (worker/kv_peers.py), on the compute stream, so
         this step's forward reads them."""
-        if not plan.kv_operations and self.kv_copier is None:
-            return None
+        if not plan.kv_operations and (self.kv_copier is None or self.kv_copier.is_idle):
+            return None  # most steps: nothing to copy, wait for or report
         pulls = [op for op in plan.kv_operations if op.kind == KV_PULL]
         copies = [op for op in plan.kv_operations if op.kind != KV_PULL]
         copier = self.kv_copier
