@@ -41,8 +41,8 @@ def check_chat_chunks(chunks: list[dict], body: dict) -> None:
     for position, chunk in enumerate(chunks):
         opening = [c for c in chunk["choices"] if c["delta"].get("role")]
         # return_token_ids: the prompt's ids ride on each choice's opening chunk, only there
-        expected_fields = CHUNK_FIELDS | ({"prompt_token_ids"} if returns_ids and opening else set())
-        assert set(chunk) == expected_fields, chunk
+        id_fields = {"prompt_token_ids"} if returns_ids and opening else set()
+        assert set(chunk) == CHUNK_FIELDS | id_fields, chunk
         for choice in chunk["choices"]:
             assert ("token_ids" in choice) == (returns_ids and not opening), choice
         assert chunk["object"] == "chat.completion.chunk"
