@@ -31,13 +31,20 @@ def read_chat_stream(base_url: str, body: dict, headers: dict | None = None) -> 
 def check_chat_chunks(chunks: list[dict], body: dict) -> None:
     """Every chunk: the same id, one entry per choice index, only delta fields; each choice
     opens with its role, ends with one finish_reason and sends nothing after it; usage only
-    in a last chunk without choices when include_usage is asked for."""
+    in a last chunk without choices when include_usage is asked for; return_token_ids' fields
+    where vLLM puts them and nowhere else."""
     num_choices = body.get("n", 1)
     include_usage = (body.get("stream_options") or {}).get("include_usage", False)
     finished: set[int] = set()
     opened: set[int] = set()
+    returns_ids = body.get("return_token_ids", False)
     for position, chunk in enumerate(chunks):
-        assert set(chunk) == CHUNK_FIELDS, chunk
+        opening = [c for c in chunk["choices"] if c["delta"].get("role")]
+        # return_token_ids: the prompt's ids ride on each choice's opening chunk, only there
+        id_fields = {"prompt_token_ids"} if returns_ids and opening else set()
+        assert set(chunk) == CHUNK_FIELDS | id_fields, chunk
+        for choice in chunk["choices"]:
+            assert ("token_ids" in choice) == (returns_ids and not opening), choice
         assert chunk["object"] == "chat.completion.chunk"
         assert chunk["id"] == chunks[0]["id"] and chunk["created"] == chunks[0]["created"]
         indices = [choice["index"] for choice in chunk["choices"]]
@@ -70,9 +77,10 @@ def check_chat_chunks(chunks: list[dict], body: dict) -> None:
 
 def reassemble(chunks: list[dict], index: int = 0) -> dict:
     """One choice's message, put together as clients do: content and reasoning appended, tool
-    calls by their index (id, type and name from the first fragment, arguments appended)."""
+    calls by their index (id, type and name from the first fragment, arguments appended),
+    return_token_ids' ids appended."""
     message = {"content": "", "reasoning_content": "", "tool_calls": {}, "finish_reason": None,
-               "logprobs": []}
+               "logprobs": [], "token_ids": []}
     for chunk in chunks:
         for choice in chunk["choices"]:
             if choice["index"] != index:
@@ -89,6 +97,7 @@ def reassemble(chunks: list[dict], index: int = 0) -> dict:
                 assert "id" in entry, "a call's first fragment carries its id and name"
                 entry["arguments"] += call["function"].get("arguments") or ""
             message["logprobs"] += (choice.get("logprobs") or {}).get("content") or []
+            message["token_ids"] += choice.get("token_ids") or []
             message["finish_reason"] = choice["finish_reason"] or message["finish_reason"]
     message["tool_calls"] = [message["tool_calls"][i] for i in sorted(message["tool_calls"])]
     return message

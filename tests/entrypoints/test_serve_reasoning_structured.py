@@ -1,6 +1,7 @@
 """A reasoning model served by `ladle serve`, through the openai client: the <think> parser is
 chosen from the chat template, `chat_template_kwargs={"enable_thinking": false}` reaches the
-template, and a JSON schema constrains the answer, never the reasoning.
+template, and a JSON schema constrains the answer, never the reasoning; return_token_ids gives
+the raw generated ids whatever the parser made of their text.
 
 A tiny random Qwen3 whose ChatML template thinks like Qwen3's (the generation prompt opens a
 <think> block, or writes an empty closed one when enable_thinking is false). Random weights
@@ -36,13 +37,20 @@ MESSAGES = [{"role": "user", "content": "Answer in JSON."}]
 
 
 @pytest.fixture(scope="module")
-def client(tmp_path_factory):
+def thinking_tokenizer(tmp_path_factory):
+    """The tiny thinking model's tokenizer, saved with its model."""
     from transformers import AutoTokenizer
 
     path = save_tiny_model(tmp_path_factory.mktemp("thinking"), "qwen3")
     tokenizer = AutoTokenizer.from_pretrained(path)
     tokenizer.chat_template = THINKING_TEMPLATE
     tokenizer.save_pretrained(path)
+    return tokenizer
+
+
+@pytest.fixture(scope="module")
+def client(thinking_tokenizer):
+    path = thinking_tokenizer.name_or_path
     server = ServerProcess([path, "--served-model-name", "tiny"]).start()
     try:
         yield openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="unused", max_retries=0,
@@ -106,3 +114,23 @@ def test_streamed_reasoning_and_tool_calls_keep_one_entry_per_chunk(client):
     assert call["name"] == "get_weather" and "city" in json.loads(call["arguments"])
     assert sum(1 for chunk in chunks for choice in chunk["choices"]
                if choice["delta"].get("tool_calls")) >= 3
+
+
+def test_return_token_ids_are_the_raw_ids_whatever_the_parser_made(client, thinking_tokenizer):
+    """vLLM's return_token_ids under the <think> parser: the ids decode to the reasoning the
+    parser split off (the whole reply: no </think> came), the prompt's are the template's own
+    rendering, and a stream's ids add up to the whole reply's."""
+    from tests.entrypoints.sse_reader import read_chat_stream, reassemble
+
+    reply = _chat(client, extra_body={"return_token_ids": True})
+    [choice] = reply.choices
+    assert reply.prompt_token_ids == list(thinking_tokenizer.apply_chat_template(
+        MESSAGES, add_generation_prompt=True, tokenize=True, return_dict=False
+    ))
+    assert choice.message.content is None and len(choice.token_ids) == 24
+    assert thinking_tokenizer.decode(choice.token_ids) == choice.message.reasoning_content
+    assert reply.usage.completion_tokens == len(choice.token_ids)
+    base_url = str(client.base_url).removesuffix("/v1/")
+    body = {"model": "tiny", "messages": MESSAGES, "temperature": 0, "max_tokens": 24,
+            "response_format": RESPONSE_FORMAT, "return_token_ids": True}
+    assert reassemble(read_chat_stream(base_url, body))["token_ids"] == choice.token_ids

@@ -140,3 +140,33 @@ def test_huge_floats_differ_in_spelling_only():
         CompletionChoice(index=0, text="a", logprobs=CompletionLogprobs(**logprobs))
     ]).model_dump_json()
     assert json.loads(ours.removeprefix(b"data: ")) == json.loads(reference)
+
+
+def test_return_token_ids_fields_are_the_pydantic_models_bytes():
+    """chat's return_token_ids: the opening chunk's prompt_token_ids (after usage), each
+    choice's token_ids (plain dicts and models alike); completions' on the choice."""
+    encoder = ChunkEncoder("chatcmpl-1", "chat.completion.chunk", 1, "m")
+    usage = {"prompt_tokens": 3, "completion_tokens": 0, "total_tokens": 3}
+    for prompt_ids, token_ids, chunk_usage in [
+        ([5, 0, 70000], None, None), ([1], [], usage), (None, [2, 3], None), (None, None, usage)
+    ]:
+        plain = chat_choice(0, {"content": "a"}, "stop", None, token_ids)
+        model = ChatStreamChoice(index=0, delta=ChatDelta(content="a"), finish_reason="stop",
+                                 token_ids=token_ids)
+        rare = ChatStreamChoice(index=1, delta=ChatDelta(reasoning_content="b"),
+                                token_ids=token_ids)
+        reference = ChatCompletionChunk(
+            id="chatcmpl-1", created=1, model="m", choices=[model, rare],
+            usage=UsageInfo(**chunk_usage) if chunk_usage else None,
+            prompt_token_ids=prompt_ids,
+        )
+        ours = encoder.event([plain, rare], chunk_usage, prompt_ids)
+        assert ours == sse_event(reference.model_dump_json()).encode()
+        assert ("token_ids" in json.loads(ours[6:])["choices"][0]) == (token_ids is not None)
+    completion = ChunkEncoder("cmpl-1", "text_completion", 1, "m")
+    reference = CompletionChunk(id="cmpl-1", created=1, model="m", choices=[
+        CompletionChoice(index=0, text="a", prompt_token_ids=[4, 5], token_ids=[6])
+    ])
+    assert completion.event([completion_choice(0, "a", None, None, None, [4, 5], [6])]) == (
+        sse_event(reference.model_dump_json()).encode()
+    )

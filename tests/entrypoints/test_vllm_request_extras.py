@@ -420,6 +420,8 @@ HONOURED_ROWS = {
     ),
     "chat.echo": ("chat", {"messages": CONVERSATION}, True),
     "chat.add_special_tokens": ("chat", {}, True),
+    "return_token_ids": ("completions", {}, True),
+    "chat.return_token_ids": ("chat", {}, True),
 }
 # Fields whose effect one request cannot show, and where it is checked instead.
 HONOURED_ELSEWHERE = {
@@ -430,8 +432,9 @@ HONOURED_ELSEWHERE = {
     "user": "no effect by design (OpenAI: an end-user id for abuse monitoring)",
     "kv_transfer_params": "a prefill and a decode server behind a proxy: tests/entrypoints/"
     "test_serve_kv_transfer_proxy.py",
-    "return_token_ids": "the choices' prompt_token_ids and token_ids, streamed and not: tests/"
-    "entrypoints/test_serve_skip_tokenizer_init.py",
+    "return_token_ids": "the ids equal the tokenizer's and the offline LLM's, streamed and not: "
+    "tests/entrypoints/test_serve_skip_tokenizer_init.py (completions), tests/entrypoints/"
+    "test_serve_chat_token_ids.py (chat)",
 }
 
 

@@ -10,8 +10,8 @@ runs with --allow-unknown-fields), so no field is silently ignored.
 
 Beyond OpenAI's fields, both requests take vLLM's sampling extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
-include_stop_str_in_output, priority, allowed_token_ids, structured_outputs; and chat takes
-tools, tool_choice, parallel_tool_calls and chat_template_kwargs.
+include_stop_str_in_output, priority, allowed_token_ids, structured_outputs, return_token_ids;
+and chat takes tools, tool_choice, parallel_tool_calls and chat_template_kwargs.
 """
 
 from __future__ import annotations
@@ -223,6 +223,10 @@ class ChatCompletionRequest(_SamplingFields):
     continue_final_message: StrictBool = False
     # vLLM's: the reply's content starts with the last message's, when that is the assistant's.
     echo: StrictBool = False
+    # vLLM's (>= 0.10.2): the response carries the rendered template's prompt_token_ids and
+    # each choice the generated token_ids (streamed: the prompt's on each choice's opening
+    # chunk, each chunk's new ids on its choice).
+    return_token_ids: StrictBool = False
 
 
 def parse_request(model_class: type[ModelT], body: bytes) -> ModelT:
@@ -252,24 +256,29 @@ class CompletionLogprobs(BaseModel):
 PromptLogprobs = list[dict[str, dict[str, Any]] | None]
 
 
-class CompletionChoice(BaseModel):
+class _TokenIdsWhenAsked(BaseModel):
+    """A body with return_token_ids' fields: they are written only when set (a request with
+    return_token_ids), so every other response keeps its bytes."""
+
+    @model_serializer(mode="wrap")
+    def _token_ids_when_asked(self, handler: Any) -> dict:
+        fields = handler(self)
+        for key in ("prompt_token_ids", "token_ids"):
+            if key in fields and fields[key] is None:
+                del fields[key]
+        return fields
+
+
+class CompletionChoice(_TokenIdsWhenAsked):
     index: int
     text: str
     logprobs: CompletionLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
     prompt_logprobs: PromptLogprobs | None = None
-    # Only with return_token_ids (absent otherwise, so other responses keep their bytes).
+    # Only with return_token_ids.
     prompt_token_ids: list[int] | None = None
     token_ids: list[int] | None = None
-
-    @model_serializer(mode="wrap")
-    def _token_ids_when_asked(self, handler: Any) -> dict:
-        fields = handler(self)
-        for key in ("prompt_token_ids", "token_ids"):
-            if fields.get(key) is None:
-                fields.pop(key, None)
-        return fields
 
 
 class CompletionResponse(BaseModel):
@@ -335,15 +344,16 @@ class DeltaToolCall(_WithoutNones):
     function: DeltaFunctionCall | None = None
 
 
-class ChatCompletionChoice(BaseModel):
+class ChatCompletionChoice(_TokenIdsWhenAsked):
     index: int
     message: ChatResponseMessage
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # only with return_token_ids: the generated ids
 
 
-class ChatCompletionResponse(BaseModel):
+class ChatCompletionResponse(_TokenIdsWhenAsked):
     id: str
     object: Literal["chat.completion"] = "chat.completion"
     created: int = Field(default_factory=lambda: int(time.time()))
@@ -352,6 +362,9 @@ class ChatCompletionResponse(BaseModel):
     usage: UsageInfo | None = None
     kv_transfer_params: dict[str, Any] | None = None  # a prefill's answer to a proxy
     prompt_logprobs: PromptLogprobs | None = None
+    # Only with return_token_ids: the rendered chat template's ids (vLLM puts them here, on
+    # the response, where completions put them on each choice).
+    prompt_token_ids: list[int] | None = None
 
 
 class ChatDelta(BaseModel):
@@ -367,21 +380,23 @@ class ChatDelta(BaseModel):
         return {key: value for key, value in handler(self).items() if value is not None}
 
 
-class ChatStreamChoice(BaseModel):
+class ChatStreamChoice(_TokenIdsWhenAsked):
     index: int
     delta: ChatDelta
     logprobs: ChatChoiceLogprobs | None = None
     finish_reason: str | None = None
     stop_reason: int | str | None = None
+    token_ids: list[int] | None = None  # only with return_token_ids: this chunk's new ids
 
 
-class ChatCompletionChunk(BaseModel):
+class ChatCompletionChunk(_TokenIdsWhenAsked):
     id: str
     object: Literal["chat.completion.chunk"] = "chat.completion.chunk"
     created: int
     model: str
     choices: list[ChatStreamChoice]
     usage: UsageInfo | None = None
+    prompt_token_ids: list[int] | None = None  # return_token_ids: on the opening chunks
 
 
 class CompletionChunk(BaseModel):

@@ -128,14 +128,12 @@ class OpenAIServingChat(OpenAIServing):
         response_id = f"chatcmpl-{uuid.uuid4().hex}"
         if request.stream:
             return DisconnectAwareStreamingResponse(
-                self._stream(request, response_id, stream, len(prompt_token_ids), shaper),
+                self._stream(request, response_id, stream, prompt_token_ids, shaper),
                 on_close=stream.close,
             )
         output = await self.collect(raw_request, self._collect(stream), stream.close)
         return JSONResponse(
-            self._response(
-                request, response_id, output, len(prompt_token_ids), shaper
-            ).model_dump()
+            self._response(request, response_id, output, prompt_token_ids, shaper).model_dump()
         )
 
     # ----- request -----------------------------------------------------------------------------
@@ -210,9 +208,11 @@ class OpenAIServingChat(OpenAIServing):
         request: ChatCompletionRequest,
         response_id: str,
         output: RequestOutput,
-        num_prompt_tokens: int,
+        prompt_token_ids: list[int],
         shaper: ReplyShaper,
     ) -> ChatCompletionResponse:
+        """return_token_ids: the generated ids are the raw ones, whatever the reasoning and
+        tool parsers made of their text (echo's text has no ids: it is the prompt's)."""
         num_top = request.top_logprobs or 0
         echo = chat_echo_text(request)
         choices = []
@@ -232,14 +232,16 @@ class OpenAIServingChat(OpenAIServing):
                 ),
                 finish_reason=finish_reason,
                 stop_reason=completion.stop_reason,
+                token_ids=list(completion.token_ids) if request.return_token_ids else None,
             ))
         return ChatCompletionResponse(
             id=response_id,
             model=self.served_model_name,
             choices=choices,
-            usage=self.usage([num_prompt_tokens], [output]),
+            usage=self.usage([len(prompt_token_ids)], [output]),
             kv_transfer_params=output.kv_transfer_params,
             prompt_logprobs=prompt_logprobs_json(output.prompt_logprobs, self.token_texts),
+            prompt_token_ids=list(prompt_token_ids) if request.return_token_ids else None,
         )
 
     async def _stream(
@@ -247,10 +249,16 @@ class OpenAIServingChat(OpenAIServing):
         request: ChatCompletionRequest,
         response_id: str,
         stream: RequestStream,
-        num_prompt_tokens: int,
+        prompt_token_ids: list[int],
         shaper: ReplyShaper,
     ) -> AsyncIterator[bytes | str]:
+        """return_token_ids: as vLLM, each choice's opening chunk carries the prompt's ids
+        (once with n = 1), and every step that adds ids sends them on its choice, even when the
+        parsers hold the text back (an empty delta), so a stream's ids add up to the whole
+        reply's."""
         created = self.created()
+        num_prompt_tokens = len(prompt_token_ids)
+        return_ids = request.return_token_ids
         num_top = request.top_logprobs or 0
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         continuous_usage = wants_continuous_usage(request.stream_options)
@@ -260,17 +268,22 @@ class OpenAIServingChat(OpenAIServing):
             response_id, "chat.completion.chunk", created, self.served_model_name
         )
 
-        def chunk(choices: list[dict | ChatStreamChoice]) -> bytes:
+        def chunk(
+            choices: list[dict | ChatStreamChoice], prompt_ids: list[int] | None = None
+        ) -> bytes:
             usage = None
             if continuous_usage:
                 usage = usage_so_far(num_prompt_tokens, num_completion_tokens).model_dump()
-            return chunks.event(choices, usage)
+            return chunks.event(choices, usage, prompt_ids)
 
         try:
             # OpenAI opens each choice with the role and empty content (echo: the echoed text).
             echo = chat_echo_text(request)
+            opening_ids = list(prompt_token_ids) if return_ids else None
             for index in range(request.n):
-                yield chunk([chat_choice(index, {"role": "assistant", "content": echo})])
+                yield chunk(
+                    [chat_choice(index, {"role": "assistant", "content": echo})], opening_ids
+                )
             finish_sent = [False] * request.n
             shaped = None if shaper.is_plain else [shaper.stream() for _ in range(request.n)]
             final = None
@@ -286,12 +299,14 @@ class OpenAIServingChat(OpenAIServing):
                     finishing = (
                         completion.finish_reason is not None and not finish_sent[completion.index]
                     )
-                    if not completion.text_delta and logprobs is None and not finishing:
+                    new_ids = list(completion.token_ids_delta) if return_ids else None
+                    if (not completion.text_delta and logprobs is None and not finishing
+                            and not new_ids):
                         continue
                     finish_sent[completion.index] = finish_sent[completion.index] or finishing
                     if shaped is not None:
                         shaped_choice = self._shaped_choice(
-                            shaped[completion.index], completion, logprobs, finishing
+                            shaped[completion.index], completion, logprobs, finishing, new_ids
                         )
                         if shaped_choice is not None:
                             choices.append(shaped_choice)
@@ -305,6 +320,7 @@ class OpenAIServingChat(OpenAIServing):
                                 {"content": completion.text_delta},
                                 finish_reason,
                                 stop_reason,
+                                new_ids,
                             )
                         )
                         continue
@@ -315,6 +331,7 @@ class OpenAIServingChat(OpenAIServing):
                             logprobs=logprobs,
                             finish_reason=finish_reason,
                             stop_reason=stop_reason,
+                            token_ids=new_ids,
                         )
                     )
                 if choices:
@@ -334,16 +351,20 @@ class OpenAIServingChat(OpenAIServing):
 
     @staticmethod
     def _shaped_choice(
-        choice_stream: ChoiceStream, completion, logprobs, finishing: bool
+        choice_stream: ChoiceStream, completion, logprobs, finishing: bool,
+        token_ids: list[int] | None,
     ) -> ChatStreamChoice | None:
         """This step's entry of one choice under reasoning / tool rules: one delta (reasoning,
-        content and tool-call fragments merged), so a chunk never holds an index twice."""
+        content and tool-call fragments merged), so a chunk never holds an index twice. The
+        step's ids go out even while the text is held (return_token_ids)."""
         delta = choice_stream.feed(completion.text_delta, final=finishing)
         if delta is None:
-            if not finishing and logprobs is None:
+            if not finishing and logprobs is None and not token_ids:
                 return None
             delta = ChatDelta()
-        choice = ChatStreamChoice(index=completion.index, delta=delta, logprobs=logprobs)
+        choice = ChatStreamChoice(
+            index=completion.index, delta=delta, logprobs=logprobs, token_ids=token_ids
+        )
         if finishing:
             choice.finish_reason = choice_stream.finish_reason(completion.finish_reason)
             choice.stop_reason = completion.stop_reason

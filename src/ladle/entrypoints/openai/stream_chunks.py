@@ -30,11 +30,20 @@ class ChunkEncoder:
         self._head = b"data: " + head[:-1] + b',"choices":'
 
     def event(
-        self, choices: list[dict[str, Any] | BaseModel], usage: dict[str, int] | None = None
+        self,
+        choices: list[dict[str, Any] | BaseModel],
+        usage: dict[str, int] | None = None,
+        prompt_token_ids: list[int] | None = None,
     ) -> bytes:
+        """prompt_token_ids (chat's return_token_ids) is written after usage, only when given,
+        as ChatCompletionChunk dumps it."""
         plain = [c.model_dump() if isinstance(c, BaseModel) else c for c in choices]
+        tail = b""
+        if prompt_token_ids is not None:
+            tail = b',"prompt_token_ids":' + _encoder.encode(prompt_token_ids)
         return (
-            self._head + _encoder.encode(plain) + b',"usage":' + _encoder.encode(usage) + b"}\n\n"
+            self._head + _encoder.encode(plain) + b',"usage":' + _encoder.encode(usage) + tail
+            + b"}\n\n"
         )
 
 
@@ -69,13 +78,18 @@ def chat_choice(
     delta: dict[str, str],
     finish_reason: str | None = None,
     stop_reason: int | str | None = None,
+    token_ids: list[int] | None = None,
 ) -> dict[str, Any]:
     """A ChatStreamChoice's fields, in its order, without logprobs; delta holds ChatDelta's
-    fields that are not None (role, content), as ChatDelta dumps itself."""
-    return {
+    fields that are not None (role, content), as ChatDelta dumps itself; token_ids only when
+    given."""
+    choice = {
         "index": index,
         "delta": delta,
         "logprobs": None,
         "finish_reason": finish_reason,
         "stop_reason": stop_reason,
     }
+    if token_ids is not None:
+        choice["token_ids"] = token_ids
+    return choice
