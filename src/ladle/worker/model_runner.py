@@ -38,6 +38,7 @@ from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.rejection import emitted_tokens, synthetic_emitted_tokens
 from ladle.sample.sampler import Sampler
+from ladle.sampling.params import SamplingParams
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter import DraftBatch, ModelDrafter, TargetOutputs
@@ -178,6 +179,11 @@ class ModelRunner:
         # The draft network (draft model, EAGLE head), set by the Worker; None: drafts are
         # model-free (proposed on the host) or speculation is off.
         self.drafter: ModelDrafter | None = None
+        # The last step's sampling rows' params and their flags (_sampling_flags).
+        self._last_sampling_flags: tuple[list[SamplingParams], SamplingFlags] = (
+            [],
+            SamplingFlags.from_params([]),
+        )
 
     @property
     def _appends_aux_hidden(self) -> bool:
@@ -290,7 +296,7 @@ class ModelRunner:
             # else every row samples its one token: the rows are hidden's own, in order.
             # In the model's dtype: the sampler widens to float32 only where it must.
             logits = self.model.compute_logits(hidden, float32=False)
-            flags = SamplingFlags.from_params([state.sampling_params for state in row_states])
+            flags = self._sampling_flags([state.sampling_params for state in row_states])
             if not flags.no_penalties:
                 # Rows taken now, while every request of the step is live (see ForwardStep).
                 history = self._penalty_history(logits.shape[-1])
@@ -363,6 +369,17 @@ class ModelRunner:
                 stats.pull_seconds += seconds
                 report.stats = stats
         return report
+
+    def _sampling_flags(self, params: list[SamplingParams]) -> SamplingFlags:
+        """The sampling rows' flags. A decode batch samples the same requests step after step,
+        so the last step's flags are reused while the rows' params are the same objects (or
+        equal ones): SamplingParams do not change once a request runs (its sampling row in
+        the persistent batch is written once, too)."""
+        last_params, last_flags = self._last_sampling_flags
+        if params != last_params:
+            last_flags = SamplingFlags.from_params(params)
+            self._last_sampling_flags = (params, last_flags)
+        return last_flags
 
     def _penalty_history(self, vocab_size: int) -> PenaltyHistory:
         if self.penalty_history is None:
