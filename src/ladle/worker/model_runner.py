@@ -279,12 +279,8 @@ class ModelRunner:
             target_outputs = TargetOutputs(input_ids, hidden, features)
         prompt_logprobs = None
         # Only a step with prompt tokens can owe prompt logprobs: decode-only steps skip the scan.
-        if (
-            hidden is not None
-            and plan.num_prefill_tokens
-            and any(
-                states[s.request_id].sampling_params.prompt_logprobs is not None for s in scheduled
-            )
+        if hidden is not None and plan.num_prefill_tokens and any(
+            states[s.request_id].sampling_params.prompt_logprobs is not None for s in scheduled
         ):
             # Rare, and read on the host at once: such steps give up their overlap.
             prompt_logprobs = compute_prompt_logprobs(
