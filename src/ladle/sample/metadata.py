@@ -102,6 +102,11 @@ class SamplingFlags:
     # Largest top_k of the random rows that set one (0: none): top-k alone then needs a top-k
     # selection of this width instead of a sort of the whole vocabulary.
     max_top_k: int = 0
+    # No row has min_tokens (so none bans its stop ids), nor logit_bias, allowed_token_ids or
+    # bad_words (so the batch has no LogitEdits): building either is then skipped per step.
+    # False: not known, build them (their builders return None when nothing applies).
+    no_min_tokens: bool = False
+    no_logit_edits: bool = False
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams]) -> SamplingFlags:
@@ -116,6 +121,10 @@ class SamplingFlags:
             no_penalties=not any(p.uses_penalties for p in params),
             max_num_logprobs=max(requested_logprobs) if requested_logprobs else None,
             max_top_k=max((p.top_k for p in random_params if p.top_k > 0), default=0),
+            no_min_tokens=all(p.min_tokens <= 0 for p in params),
+            no_logit_edits=not any(
+                p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids for p in params
+            ),
         )
 
 
@@ -272,8 +281,10 @@ def build_sampling_metadata(
             name: row.to(device)
             for name, row in build_sampling_rows(params, seeds, num_output_tokens).items()
         }
-    banned = build_banned_token_ids(params, num_output_tokens, eos_token_ids, vocab_size)
-    edits = build_logit_edits(params, vocab_size, output_token_ids)
+    banned = None
+    if not flags.no_min_tokens:
+        banned = build_banned_token_ids(params, num_output_tokens, eos_token_ids, vocab_size)
+    edits = None if flags.no_logit_edits else build_logit_edits(params, vocab_size, output_token_ids)
     # Only what was built here on the host moves: the runner's rows (and penalty ids) are on
     # the device already, and a move of the whole metadata costs a batch-1 step ~40 us.
     return SamplingMetadata.from_rows(

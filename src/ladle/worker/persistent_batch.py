@@ -68,10 +68,13 @@ class PersistentBatch:
         if slots.numel():
             self.sampling_columns.index_copy_(1, slots, packed_rows.t())
 
-    def gather_sampling_columns(self, slots: torch.Tensor) -> torch.Tensor:
+    def gather_sampling_columns(
+        self, slots: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The packed sampling values of the given slots (int64) as contiguous
-        [len(ROW_DTYPES), n] int32: one row per ROW_DTYPES entry (unpack_sampling_columns)."""
-        return torch.index_select(self.sampling_columns, 1, slots)
+        [len(ROW_DTYPES), n] int32: one row per ROW_DTYPES entry (unpack_sampling_columns).
+        out: a [len(ROW_DTYPES), n] buffer to gather into."""
+        return torch.index_select(self.sampling_columns, 1, slots, out=out)
 
     def release(self, request_ids: list[str]) -> None:
         """Free the slots of requests that ended or were preempted (unknown ids are ignored):

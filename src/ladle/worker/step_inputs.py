@@ -36,7 +36,7 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.protocol.step import StepPlan
-from ladle.sample.metadata import pack_sampling_rows, unpack_sampling_columns
+from ladle.sample.metadata import ROW_DTYPES, pack_sampling_rows, unpack_sampling_columns
 from ladle.worker.cuda_graphs import DecodeGraphs, pack_decode_words
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
@@ -92,6 +92,11 @@ class StepInputBuilder:
         # buffer itself is used), and the views last cut from it: ((names, sizes), views).
         self._device_buffers = [torch.empty(0, dtype=torch.int32, device=device) for _ in range(2)]
         self._views: list[tuple[tuple, dict[str, torch.Tensor]] | None] = [None, None]
+        # Per turn: the gathered sampling columns and their views (_gather_sampling_rows).
+        self._sampling_gathers: list[tuple[torch.Tensor, dict[str, torch.Tensor]] | None] = [
+            None,
+            None,
+        ]
 
     def build(
         self,
@@ -210,9 +215,7 @@ class StepInputBuilder:
             batch.write_sampling_rows(
                 device_views["new_row_slots"], device_views["new_rows"].view(new_rows.shape)
             )
-        sampling_rows = unpack_sampling_columns(
-            batch.gather_sampling_columns(device_views["sampling_slots"])
-        )
+        sampling_rows = self._gather_sampling_rows(batch, device_views["sampling_slots"])
         sampling_rows["step"] = device_views["sampling_steps"]
         batch.apply_block_updates(
             device_views["block_update_indices"], device_views["block_update_ids"]
@@ -250,6 +253,22 @@ class StepInputBuilder:
             reads_only_device_ids=num_device_ids == num_tokens,
             graph_inputs_written=graph_batch is not None,
         )
+
+    def _gather_sampling_rows(
+        self, batch: PersistentBatch, slots: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The sampling rows of the step's slots, gathered from the persistent batch (one
+        launch) into a buffer of the step's turn that is kept while the number of rows stays
+        the same, with its per-value views (unpack_sampling_columns: 18 calls to cut)."""
+        turn = 1 - self._turn  # the turn _ship took
+        gathered = self._sampling_gathers[turn]
+        if gathered is None or gathered[0].shape[1] != slots.shape[0]:
+            columns = torch.empty(
+                (len(ROW_DTYPES), slots.shape[0]), dtype=torch.int32, device=self.device
+            )
+            gathered = self._sampling_gathers[turn] = (columns, unpack_sampling_columns(columns))
+        batch.gather_sampling_columns(slots, out=gathered[0])
+        return dict(gathered[1])
 
     def _ship(
         self,
