@@ -284,7 +284,9 @@ def build_sampling_metadata(
     banned = None
     if not flags.no_min_tokens:
         banned = build_banned_token_ids(params, num_output_tokens, eos_token_ids, vocab_size)
-    edits = None if flags.no_logit_edits else build_logit_edits(params, vocab_size, output_token_ids)
+    edits = None
+    if not flags.no_logit_edits:
+        edits = build_logit_edits(params, vocab_size, output_token_ids)
     # Only what was built here on the host moves: the runner's rows (and penalty ids) are on
     # the device already, and a move of the whole metadata costs a batch-1 step ~40 us.
     return SamplingMetadata.from_rows(
