@@ -43,7 +43,7 @@ from ladle.worker.model_runner import LaunchedStep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
-from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter  # noqa: E402
+from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter, step_halves  # noqa: E402
 
 FORWARD_PHASE = "model forward (device work on the GPU)"
 LOGITS_PHASE = "logits matmul (device work on the GPU)"
@@ -115,14 +115,14 @@ def main() -> None:
     timer = PhaseTimer()
     timer.wrap(engine.scheduler, "schedule", "schedule")
     timer.wrap(runner.input_builder, "build", "build inputs")
-    timer.wrap(runner, "launch_forward", "launch forward (rest: ids, copies, logits)")
+    timer.wrap(runner, step_halves(runner)[0], "launch forward (rest: ids, copies, logits)")
     timer.wrap(runner.model, "forward", FORWARD_PHASE)
     timer.wrap(EmulatedGraph, "replay", FORWARD_PHASE)
     counter.excluded(runner.model, "forward")  # the GPU's own work there
     counter.excluded(EmulatedGraph, "replay")
     # Its ops count (they are launches on the GPU too); its time is the GPU's there.
     timer.wrap(runner.model, "compute_logits", LOGITS_PHASE)
-    timer.wrap(runner, "sample", "sample (metadata, sampler, id copy)")
+    timer.wrap(runner, step_halves(runner)[1], "sample (metadata, sampler, id copy)")
     timer.wrap(LaunchedStep, "result", "read sampled ids")
     timer.wrap(engine.scheduler, "update_from_output", "update from output")
     timer.wrap(llm.output_processor, "process_outputs", "output processing")
