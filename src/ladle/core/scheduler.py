@@ -440,6 +440,8 @@ class Scheduler:
     def _finish_kv_operations(self, result: StepResult) -> None:
         """Settle the copies the step reports: a request whose load is done (or failed) waits
         again, at its old place in the queue; after a failure it recomputes."""
+        if not (result.kv_operations_done or result.kv_operations_failed):
+            return  # most steps report none
         finished = self.kv_cache_manager.finish_transfers(
             result.kv_operations_done, result.kv_operations_failed
         )
