@@ -91,12 +91,10 @@ class StepInputBuilder:
         # The device buffer each staging buffer is copied into (CUDA; on the CPU the staging
         # buffer itself is used), and the views last cut from it: ((names, sizes), views).
         self._device_buffers = [torch.empty(0, dtype=torch.int32, device=device) for _ in range(2)]
-        self._views: list[tuple[tuple, dict[str, torch.Tensor]] | None] = [None, None]
-        # Per turn: the gathered sampling columns and their views (_gather_sampling_rows).
-        self._sampling_gathers: list[tuple[torch.Tensor, dict[str, torch.Tensor]] | None] = [
-            None,
-            None,
-        ]
+        # Per turn, bounded (_remember): (names, sizes) of a layout -> its views, and number of
+        # sampling rows -> (gathered columns, their views). Steps with drafts vary both.
+        self._views: list[dict[tuple, dict[str, torch.Tensor]]] = [{}, {}]
+        self._sampling_gathers: list[dict[int, tuple[torch.Tensor, dict]]] = [{}, {}]
 
     def build(
         self,
@@ -261,12 +259,14 @@ class StepInputBuilder:
         launch) into a buffer of the step's turn that is kept while the number of rows stays
         the same, with its per-value views (unpack_sampling_columns: 18 calls to cut)."""
         turn = 1 - self._turn  # the turn _ship took
-        gathered = self._sampling_gathers[turn]
-        if gathered is None or gathered[0].shape[1] != slots.shape[0]:
+        num_rows = slots.shape[0]
+        gathered = self._sampling_gathers[turn].get(num_rows)
+        if gathered is None:
             columns = torch.empty(
-                (len(ROW_DTYPES), slots.shape[0]), dtype=torch.int32, device=self.device
+                (len(ROW_DTYPES), num_rows), dtype=torch.int32, device=self.device
             )
-            gathered = self._sampling_gathers[turn] = (columns, unpack_sampling_columns(columns))
+            gathered = (columns, unpack_sampling_columns(columns))
+            _remember(self._sampling_gathers[turn], num_rows, gathered)
         batch.gather_sampling_columns(slots, out=gathered[0])
         return dict(gathered[1])
 
@@ -281,8 +281,8 @@ class StepInputBuilder:
         graph_words: (host words, the graph's static words buffer): staged after the parts and
         copied into that buffer with one more copy.
 
-        The views are cached per staging turn and layout (the parts' names and sizes): a
-        decode batch ships the same layout step after step, and at batch 1 a step's host time
+        The views are kept per staging turn and layout (the parts' names and sizes): a
+        decode batch ships the same few layouts step after step, and at batch 1 a step's host time
         is mostly per-call overhead (torch's split and view calls cost more than the copy).
         The returned dict is shared with later steps of the same turn and layout: read only."""
         names = tuple(int_parts)
@@ -305,7 +305,7 @@ class StepInputBuilder:
                 pin_memory=self.device.type == "cuda",
             )
             self._staging_host[turn] = staging.numpy()
-            self._views[turn] = None
+            self._views[turn] = {}
         # Two casting concatenates straight into the staging buffer: the wide parts through an
         # int64 view of its front, the narrow ones (int64 on the host) narrowed as they land.
         host = self._staging_host[turn]
@@ -321,7 +321,7 @@ class StepInputBuilder:
                 on_device = self._device_buffers[turn] = torch.empty(
                     staging.numel(), dtype=torch.int32, device=self.device
                 )
-                self._views[turn] = None
+                self._views[turn] = {}
             on_device[:total].copy_(staging[:total], non_blocking=True)
         if graph_words is not None:
             host[total : total + num_graph_words] = graph_words[0]
@@ -329,12 +329,22 @@ class StepInputBuilder:
         if self.device.type == "cuda":
             copy_done = self._copy_done[turn] = torch.cuda.Event()
             copy_done.record()
-        cached = self._views[turn]
-        if cached is not None and cached[0] == (names, sizes):
-            return cached[1]
-        views = _split_views(on_device, names, sizes, num_wide_words)
-        self._views[turn] = ((names, sizes), views)
+        views = self._views[turn].get((names, sizes))
+        if views is None:
+            views = _split_views(on_device, names, sizes, num_wide_words)
+            _remember(self._views[turn], (names, sizes), views)
         return views
+
+
+_MAX_REMEMBERED = 64
+
+
+def _remember(cache: dict, key, value) -> None:
+    """cache[key] = value, the cache emptied first once it holds _MAX_REMEMBERED entries (a
+    steady batch uses a few; bursts of varied layouts must not grow it without bound)."""
+    if len(cache) >= _MAX_REMEMBERED:
+        cache.clear()
+    cache[key] = value
 
 
 def _split_views(
