@@ -297,7 +297,7 @@ class ModelRunner:
         row_states = [states[scheduled[position].request_id] for position, _ in sampling_rows]
         if sampling_rows and hidden is not None:
             if len(sampling_rows) < hidden.shape[0]:
-                hidden = hidden[inputs.logits_indices]
+                hidden = torch.index_select(hidden, 0, inputs.logits_indices)
             # else every row samples its one token: the rows are hidden's own, in order.
             # In the model's dtype: the sampler widens to float32 only where it must.
             logits = self.model.compute_logits(hidden, float32=False)
