@@ -78,16 +78,19 @@ def _check_step(builder, batch, states, tables, plan: StepPlan) -> None:
     assert metadata.seq_lens.tolist() == expected["seq_lens"] == metadata.seq_lens_host
     assert metadata.max_seq_len == max(expected["seq_lens"])
     assert metadata.max_query_len == max(s.num_tokens for s in plan.scheduled)
+    # Each row starts with its request's blocks (past them a reused slot may hold an earlier
+    # request's ids: no token of this step reads there).
     widest = max(len(tables[s.request_id]) for s in plan.scheduled)
-    assert metadata.block_tables.tolist() == [
-        tables[s.request_id] + [0] * (widest - len(tables[s.request_id])) for s in plan.scheduled
-    ]
+    assert metadata.block_tables.shape == (len(plan.scheduled), widest)
+    for row, scheduled in zip(metadata.block_tables.tolist(), plan.scheduled):
+        assert row[: len(tables[scheduled.request_id])] == tables[scheduled.request_id]
     assert inputs.logits_indices.tolist() == expected["logits_indices"]
     assert inputs.sampling_rows["step"].tolist() == steps
     temperatures = [
         states[plan.scheduled[p].request_id].sampling_params.temperature for p, _ in rows
     ]
-    assert inputs.sampling_rows["temperature"].tolist() == temperatures
+    expected_temperatures = torch.tensor(temperatures, dtype=torch.float32)
+    assert torch.equal(inputs.sampling_rows["temperature"], expected_temperatures)
 
 
 def test_steps_match_the_per_token_reference():
@@ -184,5 +187,24 @@ def test_steps_match_the_per_token_reference():
                 ScheduledRequest("a", 1, 10, 6),
                 ScheduledRequest("b", 1, 11, 9),
             ]
+        ),
+    )
+    # "a" ends; a new request under the same id takes a slot with its own sampling row, in a
+    # step of the same ids as the last one.
+    batch.release(["a"])
+    states.forget(["a"])
+    renewed = NewRequest("a", [71, 72], SamplingParams(temperature=0.9), 3, [0])
+    states.append_tokens("b", [64])
+    _check_step(
+        builder,
+        batch,
+        states,
+        tables,
+        StepPlan(
+            scheduled=[
+                ScheduledRequest("a", 2, 0, 0, BlockUpdate(0, [10])),
+                ScheduledRequest("b", 1, 12, 10, BlockUpdate(3, [11])),
+            ],
+            new_requests=[renewed],
         ),
     )

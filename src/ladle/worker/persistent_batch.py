@@ -24,12 +24,24 @@ from ladle.protocol.step import BlockUpdate
 from ladle.sample.metadata import ROW_DTYPES
 
 
+def _read_only_empty() -> np.ndarray:
+    empty = np.zeros(0, dtype=np.int64)
+    empty.flags.writeable = False
+    return empty
+
+
+# update_block_tables' answer when nothing changed: (flat indices, block ids), both empty.
+_NO_UPDATES = (_read_only_empty(), _read_only_empty())
+
+
 class PersistentBatch:
     def __init__(self, max_blocks_per_seq: int, device: torch.device, initial_slots: int) -> None:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = device
         self._initial_slots = initial_slots
         self._slot_of: dict[str, int] = {}
+        # The last slots_for call's request ids and slots.
+        self._last_slots: tuple[list[str] | None, np.ndarray | None] = (None, None)
         self._free_slots: list[int] = []
         self.num_slots = 0
         self.block_table_host = np.zeros((0, max_blocks_per_seq), dtype=np.int32)
@@ -44,7 +56,12 @@ class PersistentBatch:
 
     def slots_for(self, request_ids: list[str]) -> tuple[np.ndarray, list[int]]:
         """Each request's slot, assigning free ones to requests new to the batch; and the
-        positions (in request_ids) of those new ones, whose sampling rows must be written."""
+        positions (in request_ids) of those new ones, whose sampling rows must be written.
+        The slots array is read-only: a step of the last step's requests (a decode batch)
+        gets the same array back."""
+        last_ids, last_slots = self._last_slots
+        if request_ids == last_ids:
+            return last_slots, []  # every one holds the slot it held then (release clears this)
         slot_of = self._slot_of
         new_positions = []
         for position, request_id in enumerate(request_ids):
@@ -60,6 +77,8 @@ class PersistentBatch:
             dtype=np.int64,
             count=len(request_ids),
         )
+        slots.flags.writeable = False
+        self._last_slots = (request_ids, slots)
         return slots, new_positions
 
     def write_sampling_rows(self, slots: torch.Tensor, packed_rows: torch.Tensor) -> None:
@@ -79,6 +98,7 @@ class PersistentBatch:
     def release(self, request_ids: list[str]) -> None:
         """Free the slots of requests that ended or were preempted (unknown ids are ignored):
         a preempted request resumes with its whole block table, in whatever slot is free then."""
+        self._last_slots = (None, None)
         for request_id in request_ids:
             slot = self._slot_of.pop(request_id, None)
             if slot is not None:
@@ -96,6 +116,8 @@ class PersistentBatch:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Write the updates into the host tables; returns (flat indices, block ids) for the
         device table (apply_block_updates). Rewriting an update already applied is harmless."""
+        if all(update is None for update in updates):
+            return _NO_UPDATES  # most decode steps: a block fills once every block_size tokens
         indices: list[np.ndarray] = []
         values: list[list[int]] = []
         width = self.max_blocks_per_seq
@@ -111,7 +133,7 @@ class PersistentBatch:
             indices.append(np.arange(slot * width + start, slot * width + end))
             values.append(block_ids)
         if not indices:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            return _NO_UPDATES
         return np.concatenate(indices), np.fromiter(
             (block for ids in values for block in ids), dtype=np.int64
         )

@@ -95,6 +95,8 @@ class StepInputBuilder:
         # sampling rows -> (gathered columns, their views). Steps with drafts vary both.
         self._views: list[dict[tuple, dict[str, torch.Tensor]]] = [{}, {}]
         self._sampling_gathers: list[dict[int, tuple[torch.Tensor, dict]]] = [{}, {}]
+        # (num_reqs, max_blocks) -> (the graph's table, its rows, their columns): _graph_tables.
+        self._graph_table_views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def build(
         self,
@@ -222,9 +224,10 @@ class StepInputBuilder:
             assert graphs is not None and graphs.static is not None
             # Whole rows (the graph's table is as wide as the batch's), straight into the
             # graph's buffer: one launch, no copy at the replay.
-            graph_rows = graphs.static.block_tables[:num_reqs]
+            graph_rows, block_tables = self._graph_tables(
+                graphs.static.block_tables, num_reqs, max_blocks
+            )
             torch.index_select(batch.block_table, 0, device_views["request_slots"], out=graph_rows)
-            block_tables = graph_rows[:, :max_blocks]
         else:
             block_tables = batch.block_table[device_views["request_slots"], :max_blocks]
 
@@ -251,6 +254,20 @@ class StepInputBuilder:
             reads_only_device_ids=num_device_ids == num_tokens,
             graph_inputs_written=graph_batch is not None,
         )
+
+    def _graph_tables(
+        self, static_tables: torch.Tensor, num_reqs: int, max_blocks: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The graph's table rows of a step of num_reqs requests, and their first max_blocks
+        columns (the step's block tables): two views, kept per shape (a decode batch asks for
+        the same ones until a request's table grows)."""
+        key = (num_reqs, max_blocks)
+        kept = self._graph_table_views.get(key)
+        if kept is None or kept[0] is not static_tables:  # a new capture: new buffers
+            rows = static_tables[:num_reqs]
+            kept = (static_tables, rows, rows[:, :max_blocks])
+            _remember(self._graph_table_views, key, kept)
+        return kept[1], kept[2]
 
     def _gather_sampling_rows(
         self, batch: PersistentBatch, slots: torch.Tensor
