@@ -82,6 +82,7 @@ class StepInputBuilder:
 
     def __init__(self, device: torch.device, block_size: int) -> None:
         self.device = device
+        self._on_cpu = device.type == "cpu"  # asked twice a step; torch.device's type is slow
         self.block_size = block_size
         self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(2)]
         self._staging_host = [staging.numpy() for staging in self._staging]  # the same memory
@@ -319,7 +320,7 @@ class StepInputBuilder:
             staging = self._staging[turn] = torch.empty(
                 max(total + num_graph_words, 2 * staging.numel()),
                 dtype=torch.int32,
-                pin_memory=self.device.type == "cuda",
+                pin_memory=not self._on_cpu,
             )
             self._staging_host[turn] = staging.numpy()
             self._views[turn] = {}
@@ -330,7 +331,7 @@ class StepInputBuilder:
             np.concatenate(wide, out=host[:num_wide_words].view(np.int64), casting="unsafe")
         if narrow:
             np.concatenate(narrow, out=host[num_wide_words:total], casting="unsafe")
-        if self.device.type == "cpu":
+        if self._on_cpu:
             on_device = staging  # already where it is used
         else:
             on_device = self._device_buffers[turn]
@@ -343,7 +344,7 @@ class StepInputBuilder:
         if graph_words is not None:
             host[total : total + num_graph_words] = graph_words[0]
             graph_words[1].copy_(staging[total : total + num_graph_words], non_blocking=True)
-        if self.device.type == "cuda":
+        if not self._on_cpu:
             copy_done = self._copy_done[turn] = torch.cuda.Event()
             copy_done.record()
         views = self._views[turn].get((names, sizes))
