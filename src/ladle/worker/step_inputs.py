@@ -345,7 +345,9 @@ class StepInputBuilder:
             host[total : total + num_graph_words] = graph_words[0]
             graph_words[1].copy_(staging[total : total + num_graph_words], non_blocking=True)
         if not self._on_cpu:
-            copy_done = self._copy_done[turn] = torch.cuda.Event()
+            # One event per staging buffer, recorded again each time (waited for above).
+            if copy_done is None:
+                copy_done = self._copy_done[turn] = torch.cuda.Event()
             copy_done.record()
         views = self._views[turn].get((names, sizes))
         if views is None:
