@@ -9,10 +9,12 @@ each step here is checked against the per-token definition, over steps whose lay
 
 from __future__ import annotations
 
+import numpy as np
 import torch
 
 from ladle.protocol.step import BlockUpdate, NewRequest, ScheduledRequest, StepPlan
 from ladle.sampling.params import SamplingParams
+from ladle.worker.cuda_graphs import decode_words_layout, pack_decode_words
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
 from ladle.worker.step_inputs import StepInputBuilder
@@ -208,3 +210,22 @@ def test_steps_match_the_per_token_reference():
             new_requests=[renewed],
         ),
     )
+
+
+def test_decode_words_follow_their_layout():
+    """pack_decode_words writes each part where decode_words_layout (the graph's views) reads
+    it, the padding rows at slot 0 with a context of one."""
+    max_bs = 4
+    words = pack_decode_words(
+        max_bs,
+        np.array([7, 2**40 + 3], dtype=np.int64),
+        np.array([17, 2**33], dtype=np.int64),
+        np.array([8, 9], dtype=np.int64),
+    )
+    layout = decode_words_layout(max_bs)
+    start, count = layout["positions"]
+    assert words[start : start + count].view(np.int64).tolist() == [7, 2**40 + 3, 0, 0]
+    start, count = layout["slot_mapping"]
+    assert words[start : start + count].view(np.int64).tolist() == [17, 2**33, 0, 0]
+    start, count = layout["seq_lens"]
+    assert words[start : start + count].tolist() == [8, 9, 1, 1]
