@@ -40,8 +40,10 @@ class PersistentBatch:
         self.device = device
         self._initial_slots = initial_slots
         self._slot_of: dict[str, int] = {}
-        # The last slots_for call's request ids and slots.
+        # The last slots_for call's request ids and slots; the slots max_num_blocks was last
+        # asked for and its answer.
         self._last_slots: tuple[list[str] | None, np.ndarray | None] = (None, None)
+        self._max_num_blocks: tuple[np.ndarray | None, int] = (None, 0)
         self._free_slots: list[int] = []
         self.num_slots = 0
         self.block_table_host = np.zeros((0, max_blocks_per_seq), dtype=np.int32)
@@ -80,6 +82,15 @@ class PersistentBatch:
         slots.flags.writeable = False
         self._last_slots = (request_ids, slots)
         return slots, new_positions
+
+    def max_num_blocks(self, slots: np.ndarray) -> int:
+        """The most blocks any of these slots' tables holds. Kept for the slots array asked
+        last (a decode batch asks with the same array, slots_for) until a table changes."""
+        kept_slots, kept_max = self._max_num_blocks
+        if slots is not kept_slots:
+            kept_max = int(self.num_blocks[slots].max())
+            self._max_num_blocks = (slots, kept_max)
+        return kept_max
 
     def write_sampling_rows(self, slots: torch.Tensor, packed_rows: torch.Tensor) -> None:
         """Store new requests' packed sampling rows ([n, len(ROW_DTYPES)] int32, on the device)
@@ -130,6 +141,7 @@ class PersistentBatch:
                 raise ValueError(f"a block table of {end} blocks exceeds the {width} per sequence")
             self.block_table_host[slot, start:end] = block_ids
             self.num_blocks[slot] = end
+            self._max_num_blocks = (None, 0)
             indices.append(np.arange(slot * width + start, slot * width + end))
             values.append(block_ids)
         if not indices:

@@ -169,7 +169,7 @@ class StepInputBuilder:
             itertools.chain.from_iterable(chunks), dtype=np.int64, count=num_tokens
         )
 
-        max_blocks = int(batch.num_blocks[slots].max())
+        max_blocks = batch.max_num_blocks(slots)
         block_size = self.block_size
         block_of_token = batch.block_table_host[token_requests_slots, positions // block_size]
         slot_mapping = block_of_token.astype(np.int64) * block_size + positions % block_size
