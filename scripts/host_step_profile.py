@@ -1,7 +1,7 @@
 """The host's work per decode step at batch 1, measured on the CPU (issue 8, W3).
 
     python scripts/host_step_profile.py [--steps 200] [--no-async-scheduling] [--eager]
-        [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+        [--no-phases] [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
                                 "adaptive": false, "synthetic_acceptance": 0.6}']
 
 W3 on the H100 is host-bound: the GPU waits for the Python that schedules, builds the inputs,
@@ -43,7 +43,7 @@ from ladle.worker.model_runner import LaunchedStep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
-from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter  # noqa: E402
+from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter, step_halves  # noqa: E402
 
 FORWARD_PHASE = "model forward (device work on the GPU)"
 LOGITS_PHASE = "logits matmul (device work on the GPU)"
@@ -92,6 +92,13 @@ def main() -> None:
     parser.add_argument("--eager", action="store_true", help="the eager path, no emulated graphs")
     parser.add_argument("--cprofile", type=int, default=0, help="also print the N costliest calls")
     parser.add_argument(
+        "--phases",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="time each phase (--no-phases: only the model's, which the host figure leaves "
+        "out; the phase timer's own ~2 us a phase and call are then not in the step)",
+    )
+    parser.add_argument(
         "--speculative-config", type=json.loads, default=None,
         help="JSON, as `ladle serve`'s; with synthetic_acceptance the drafts are accepted by "
         "coin (the host's work per verify step, issue 33)",
@@ -113,20 +120,22 @@ def main() -> None:
         install_emulated_graphs(worker)
     counter = SiteOpCounter()
     timer = PhaseTimer()
-    timer.wrap(engine.scheduler, "schedule", "schedule")
-    timer.wrap(runner.input_builder, "build", "build inputs")
-    timer.wrap(runner, "launch_forward", "launch forward (rest: ids, copies, logits)")
+    if args.phases:
+        timer.wrap(engine.scheduler, "schedule", "schedule")
+        timer.wrap(runner.input_builder, "build", "build inputs")
+        timer.wrap(runner, step_halves(runner)[0], "launch forward (rest: ids, copies, logits)")
     timer.wrap(runner.model, "forward", FORWARD_PHASE)
     timer.wrap(EmulatedGraph, "replay", FORWARD_PHASE)
     counter.excluded(runner.model, "forward")  # the GPU's own work there
     counter.excluded(EmulatedGraph, "replay")
     # Its ops count (they are launches on the GPU too); its time is the GPU's there.
     timer.wrap(runner.model, "compute_logits", LOGITS_PHASE)
-    timer.wrap(runner, "sample", "sample (metadata, sampler, id copy)")
-    timer.wrap(LaunchedStep, "result", "read sampled ids")
-    timer.wrap(engine.scheduler, "update_from_output", "update from output")
-    timer.wrap(llm.output_processor, "process_outputs", "output processing")
-    timer.wrap(engine, "step", "engine step (rest)")
+    if args.phases:
+        timer.wrap(runner, step_halves(runner)[1], "sample (metadata, sampler, id copy)")
+        timer.wrap(LaunchedStep, "result", "read sampled ids")
+        timer.wrap(engine.scheduler, "update_from_output", "update from output")
+        timer.wrap(llm.output_processor, "process_outputs", "output processing")
+        timer.wrap(engine, "step", "engine step (rest)")
 
     # Pass 1 times the steps; pass 2 counts their ops (the dispatch mode slows every op down).
     step_times, tokens, profiler = _generate(llm, timer, counter, args, count_ops=False)

@@ -38,7 +38,7 @@ from ladle.worker.model_runner import LaunchedStep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
 from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
-from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter  # noqa: E402
+from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter, step_halves  # noqa: E402
 
 FORWARD_PHASE = "model forward / graph replay (GPU work)"
 WARM_UP_STEPS = 4
@@ -102,11 +102,11 @@ def _time_phases(llm: LLM, args) -> dict:
     timer = PhaseTimer()
     timer.wrap(engine.scheduler, "schedule", "schedule")
     timer.wrap(runner.input_builder, "build", "build inputs")
-    timer.wrap(runner, "launch_forward", "launch forward (rest: device ids, graph inputs)")
+    timer.wrap(runner, step_halves(runner)[0], "launch forward (rest: device ids, graph inputs)")
     timer.wrap(runner.model, "forward", FORWARD_PHASE)
     timer.wrap(EmulatedGraph, "replay", FORWARD_PHASE)
     timer.wrap(runner.model, "compute_logits", "logits (GPU work)")
-    timer.wrap(runner, "sample", "sample (metadata, sampler, id copy)")
+    timer.wrap(runner, step_halves(runner)[1], "sample (metadata, sampler, id copy)")
     timer.wrap(LaunchedStep, "result", "read sampled ids")
     timer.wrap(engine.scheduler, "update_from_output", "update from output")
     timer.wrap(llm.output_processor, "process_outputs", "output processing")

@@ -103,6 +103,14 @@ class SiteOpCounter(TorchDispatchMode):
         setattr(owner, attribute, uncounted)
 
 
+def step_halves(runner) -> tuple[str, str]:
+    """The names of the runner's launch and sample halves that its execute calls, to time them
+    (the undecorated ones; a tree before they were split off has only the decorated ones)."""
+    if hasattr(runner, "_launch_forward"):
+        return "_launch_forward", "_sample"
+    return "launch_forward", "sample"
+
+
 class PhaseTimer:
     """Host seconds per named phase while `recording`; nested phases leave their callers'."""
 

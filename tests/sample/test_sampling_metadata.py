@@ -55,7 +55,8 @@ def test_flags() -> None:
     flags = SamplingFlags.from_params([greedy, plain])
     # Truncation on greedy rows changes nothing, so it sets no flag.
     assert flags == SamplingFlags(all_greedy=False, all_random=False, no_top_k=True, no_top_p=True,
-                                  no_min_p=True, no_penalties=True, max_num_logprobs=None)
+                                  no_min_p=True, no_penalties=True, max_num_logprobs=None,
+                                  no_min_tokens=True, no_logit_edits=True)
     flags = SamplingFlags.from_params([greedy, SamplingParams(temperature=0.0, logprobs=3,
                                                               presence_penalty=0.1)])
     assert flags.all_greedy and not flags.all_random and not flags.no_penalties
@@ -65,6 +66,22 @@ def test_flags() -> None:
     assert flags.all_random and not flags.all_greedy
     assert not flags.no_top_k and not flags.no_top_p and not flags.no_min_p
     assert flags.max_num_logprobs == 2
+    # What makes a batch build its stop-id bans and its logit edits each step.
+    assert not SamplingFlags.from_params([plain, SamplingParams(min_tokens=2)]).no_min_tokens
+    for edits in ({"logit_bias": {1: 2.0}}, {"allowed_token_ids": [1]},
+                  {"bad_words_token_ids": [[1, 2]]}):
+        assert not SamplingFlags.from_params([plain, SamplingParams(**edits)]).no_logit_edits
+
+
+def test_flags_skip_only_what_no_row_needs() -> None:
+    """With the flags that skip them, bans and edits still come when some row needs them."""
+    params = [SamplingParams(), SamplingParams(min_tokens=3, logit_bias={2: 1.5})]
+    metadata = build_sampling_metadata(params, [0, 0], [0, 0], vocab_size=8,
+                                       eos_token_ids=[[3], [3]], output_token_ids=[[], []])
+    assert metadata.banned_token_ids.tolist() == [[8], [3]]
+    assert metadata.logit_edits.bias_token_ids.tolist() == [2]
+    plain = build_sampling_metadata(params[:1], [0], [0], vocab_size=8, eos_token_ids=[[3]])
+    assert plain.banned_token_ids is None and plain.logit_edits is None
 
 
 def test_penalties_need_token_ids() -> None:

@@ -57,6 +57,8 @@ def extend_block_hashes(request: Request, block_size: int) -> None:
     """
     num_full_blocks = request.num_tokens // block_size
     hashes = request.block_hashes
+    if len(hashes) >= num_full_blocks:
+        return  # asked every step; a block fills once every block_size tokens
     extra_keys = request_extra_keys(request)
     parent_hash = hashes[-1] if hashes else None
     for block_index in range(len(hashes), num_full_blocks):

@@ -231,7 +231,10 @@ class KVCacheManager:
 
         # Touch before allocating: otherwise get_new_blocks could evict the very blocks just hit.
         self.block_pool.touch(new_computed_blocks)
-        new_blocks = self.block_pool.get_new_blocks(num_blocks_to_allocate)
+        # Most decode steps need no new block: nothing to take from the free queue then.
+        new_blocks = (
+            self.block_pool.get_new_blocks(num_blocks_to_allocate) if num_blocks_to_allocate else []
+        )
         request_blocks = self._blocks_by_request.setdefault(request.request_id, [])
         request_blocks.extend(new_computed_blocks)
         request_blocks.extend(new_blocks)

@@ -38,13 +38,17 @@ class RequestStatus(enum.IntEnum):
 
     @property
     def finish_reason(self) -> str | None:
-        return {
-            RequestStatus.FINISHED_STOPPED: "stop",
-            RequestStatus.FINISHED_LENGTH_CAPPED: "length",
-            RequestStatus.FINISHED_ABORTED: "abort",
-            RequestStatus.FINISHED_REJECTED: "error",
-            RequestStatus.FINISHED_REMOTE_DECODE: "remote_decode",
-        }.get(self)
+        return _FINISH_REASONS.get(self)
+
+
+# Asked for every request's output every step: one table, not a dict built per call.
+_FINISH_REASONS = {
+    RequestStatus.FINISHED_STOPPED: "stop",
+    RequestStatus.FINISHED_LENGTH_CAPPED: "length",
+    RequestStatus.FINISHED_ABORTED: "abort",
+    RequestStatus.FINISHED_REJECTED: "error",
+    RequestStatus.FINISHED_REMOTE_DECODE: "remote_decode",
+}
 
 
 @dataclass

@@ -102,6 +102,11 @@ class SamplingFlags:
     # Largest top_k of the random rows that set one (0: none): top-k alone then needs a top-k
     # selection of this width instead of a sort of the whole vocabulary.
     max_top_k: int = 0
+    # No row has min_tokens (so none bans its stop ids), nor logit_bias, allowed_token_ids or
+    # bad_words (so the batch has no LogitEdits): building either is then skipped per step.
+    # False: not known, build them (their builders return None when nothing applies).
+    no_min_tokens: bool = False
+    no_logit_edits: bool = False
 
     @classmethod
     def from_params(cls, params: Sequence[SamplingParams]) -> SamplingFlags:
@@ -116,6 +121,10 @@ class SamplingFlags:
             no_penalties=not any(p.uses_penalties for p in params),
             max_num_logprobs=max(requested_logprobs) if requested_logprobs else None,
             max_top_k=max((p.top_k for p in random_params if p.top_k > 0), default=0),
+            no_min_tokens=all(p.min_tokens <= 0 for p in params),
+            no_logit_edits=not any(
+                p.logit_bias or p.allowed_token_ids or p.bad_words_token_ids for p in params
+            ),
         )
 
 
@@ -249,8 +258,9 @@ def build_sampling_metadata(
 
     Token ids are only read when some request needs them: prompt and output ids for penalties,
     eos ids (default none) for min_tokens; those tensors then take their own copy to the device.
-    rows: the row tensors when the caller already shipped them (the model runner packs them
-    into its one host-to-device copy); built from params, seeds and num_output_tokens if None.
+    rows: the row tensors, on device, when the caller already shipped them (the model runner
+    packs them into its one host-to-device copy); built from params, seeds and
+    num_output_tokens if None.
     penalty_token_ids: the padded (prompt, output) ids when the caller keeps them on the device
     (the model runner's PenaltyHistory); built from the host lists if None.
     flags: SamplingFlags.from_params(params) when the caller computed them already.
@@ -266,13 +276,29 @@ def build_sampling_metadata(
         penalty_ids = build_penalty_token_ids(prompt_token_ids, output_token_ids, vocab_size)
     if eos_token_ids is None:
         eos_token_ids = [()] * len(params)
-    banned = build_banned_token_ids(params, num_output_tokens, eos_token_ids, vocab_size)
-    metadata = SamplingMetadata.from_rows(
-        rows if rows is not None else build_sampling_rows(params, seeds, num_output_tokens),
+    if rows is None:
+        rows = {
+            name: row.to(device)
+            for name, row in build_sampling_rows(params, seeds, num_output_tokens).items()
+        }
+    banned = None
+    if not flags.no_min_tokens:
+        banned = build_banned_token_ids(params, num_output_tokens, eos_token_ids, vocab_size)
+    edits = None
+    if not flags.no_logit_edits:
+        edits = build_logit_edits(params, vocab_size, output_token_ids)
+    # Only what was built here on the host moves: the runner's rows (and penalty ids) are on
+    # the device already, and a move of the whole metadata costs a batch-1 step ~40 us.
+    return SamplingMetadata.from_rows(
+        rows,
         flags,
-        prompt_token_ids=penalty_ids[0],
-        output_token_ids=penalty_ids[1],
-        banned_token_ids=banned,
-        logit_edits=build_logit_edits(params, vocab_size, output_token_ids),
+        prompt_token_ids=_to_device(penalty_ids[0], device),
+        output_token_ids=_to_device(penalty_ids[1], device),
+        banned_token_ids=_to_device(banned, device),
+        logit_edits=_to_device(edits, device),
     )
-    return metadata.to(device)
+
+
+def _to_device(value, device: torch.device | str):
+    """A host-built tensor (or LogitEdits) on device; None stays None."""
+    return None if value is None else value.to(device)

@@ -88,13 +88,14 @@ def pack_decode_words(
     context of one, as DecodeGraphs.run's padding does."""
     words = np.zeros(5 * max_bs, dtype=np.int32)
     num_reqs = len(positions)
-    layout = decode_words_layout(max_bs)
-    for name, values in (("positions", positions), ("slot_mapping", slot_mapping)):
-        start, _ = layout[name]
-        words[start : start + 2 * num_reqs] = values.astype(np.int64, copy=False).view(np.int32)
-    start, count = layout["seq_lens"]
-    words[start : start + count] = 1
-    words[start : start + num_reqs] = seq_lens
+    # decode_words_layout's order, written through an int64 view of the first 4 * max_bs words
+    # (positions, then slot_mapping): a step's host time is per call, so few calls.
+    pairs = words[: 4 * max_bs].view(np.int64)
+    pairs[:num_reqs] = positions
+    pairs[max_bs : max_bs + num_reqs] = slot_mapping
+    lengths = words[4 * max_bs :]
+    lengths.fill(1)
+    lengths[:num_reqs] = seq_lens
     return words
 
 

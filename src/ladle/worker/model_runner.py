@@ -38,6 +38,7 @@ from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.rejection import emitted_tokens, synthetic_emitted_tokens
 from ladle.sample.sampler import Sampler
+from ladle.sampling.params import SamplingParams
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter import DraftBatch, ModelDrafter, TargetOutputs
@@ -178,6 +179,11 @@ class ModelRunner:
         # The draft network (draft model, EAGLE head), set by the Worker; None: drafts are
         # model-free (proposed on the host) or speculation is off.
         self.drafter: ModelDrafter | None = None
+        # The last step's sampling rows' params and their flags (_sampling_flags).
+        self._last_sampling_flags: tuple[list[SamplingParams], SamplingFlags] = (
+            [],
+            SamplingFlags.from_params([]),
+        )
 
     @property
     def _appends_aux_hidden(self) -> bool:
@@ -217,12 +223,16 @@ class ModelRunner:
         grammar_bitmask: the masks of the step's grammar rows being filled on another thread
         (started just before this call, so on the CPU it overlaps the forward pass computed in
         this thread), waited for once the logits and the sampling metadata exist."""
-        forward = self.launch_forward(plan)
-        return self.sample(forward, grammar_bitmask)
+        # The undecorated halves: each inference_mode entry costs the host a few us a step.
+        forward = self._launch_forward(plan)
+        return self._sample(forward, grammar_bitmask)
 
     @torch.inference_mode()
     def launch_forward(self, plan: StepPlan) -> ForwardStep:
         """The first half of execute: inputs, forward pass and logits, queued on the device."""
+        return self._launch_forward(plan)
+
+    def _launch_forward(self, plan: StepPlan) -> ForwardStep:
         kv_report = self._run_kv_operations(plan)
         self._take_plan(plan)
         if not plan.scheduled:
@@ -241,7 +251,8 @@ class ModelRunner:
         if inputs.token_slots is not None:
             # Decode rows whose last token the previous step sampled: read it on the device.
             # These ids are int64 (last_sampled's); a graph's int32 buffer converts on its copy.
-            from_device = self.batch.last_sampled[inputs.token_slots]
+            # index_select, not indexing: the same gather with less host work per launch.
+            from_device = torch.index_select(self.batch.last_sampled, 0, inputs.token_slots)
             if inputs.reads_only_device_ids:
                 input_ids = from_device
             else:
@@ -286,11 +297,11 @@ class ModelRunner:
         row_states = [states[scheduled[position].request_id] for position, _ in sampling_rows]
         if sampling_rows and hidden is not None:
             if len(sampling_rows) < hidden.shape[0]:
-                hidden = hidden[inputs.logits_indices]
+                hidden = torch.index_select(hidden, 0, inputs.logits_indices)
             # else every row samples its one token: the rows are hidden's own, in order.
             # In the model's dtype: the sampler widens to float32 only where it must.
             logits = self.model.compute_logits(hidden, float32=False)
-            flags = SamplingFlags.from_params([state.sampling_params for state in row_states])
+            flags = self._sampling_flags([state.sampling_params for state in row_states])
             if not flags.no_penalties:
                 # Rows taken now, while every request of the step is live (see ForwardStep).
                 history = self._penalty_history(logits.shape[-1])
@@ -364,6 +375,17 @@ class ModelRunner:
                 report.stats = stats
         return report
 
+    def _sampling_flags(self, params: list[SamplingParams]) -> SamplingFlags:
+        """The sampling rows' flags. A decode batch samples the same requests step after step,
+        so the last step's flags are reused while the rows' params are the same objects (or
+        equal ones): SamplingParams do not change once a request runs (its sampling row in
+        the persistent batch is written once, too)."""
+        last_params, last_flags = self._last_sampling_flags
+        if params != last_params:
+            last_flags = SamplingFlags.from_params(params)
+            self._last_sampling_flags = (params, last_flags)
+        return last_flags
+
     def _penalty_history(self, vocab_size: int) -> PenaltyHistory:
         if self.penalty_history is None:
             self.penalty_history = PenaltyHistory(vocab_size, self.device)
@@ -375,6 +397,11 @@ class ModelRunner:
     ) -> LaunchedStep:
         """The second half of execute: sample the launched forward's logits and start the copy
         of the sampled ids. grammar_bitmask: the step's grammar masks, waited for here."""
+        return self._sample(forward, grammar_bitmask)
+
+    def _sample(
+        self, forward: ForwardStep, grammar_bitmask: PendingGrammarBitmask | None = None
+    ) -> LaunchedStep:
         plan = forward.plan
         scheduled = plan.scheduled
         states = self.states

@@ -24,12 +24,26 @@ from ladle.protocol.step import BlockUpdate
 from ladle.sample.metadata import ROW_DTYPES
 
 
+def _read_only_empty() -> np.ndarray:
+    empty = np.zeros(0, dtype=np.int64)
+    empty.flags.writeable = False
+    return empty
+
+
+# update_block_tables' answer when nothing changed: (flat indices, block ids), both empty.
+_NO_UPDATES = (_read_only_empty(), _read_only_empty())
+
+
 class PersistentBatch:
     def __init__(self, max_blocks_per_seq: int, device: torch.device, initial_slots: int) -> None:
         self.max_blocks_per_seq = max_blocks_per_seq
         self.device = device
         self._initial_slots = initial_slots
         self._slot_of: dict[str, int] = {}
+        # The last slots_for call's request ids and slots; the slots max_num_blocks was last
+        # asked for and its answer.
+        self._last_slots: tuple[list[str] | None, np.ndarray | None] = (None, None)
+        self._max_num_blocks: tuple[np.ndarray | None, int] = (None, 0)
         self._free_slots: list[int] = []
         self.num_slots = 0
         self.block_table_host = np.zeros((0, max_blocks_per_seq), dtype=np.int32)
@@ -44,7 +58,12 @@ class PersistentBatch:
 
     def slots_for(self, request_ids: list[str]) -> tuple[np.ndarray, list[int]]:
         """Each request's slot, assigning free ones to requests new to the batch; and the
-        positions (in request_ids) of those new ones, whose sampling rows must be written."""
+        positions (in request_ids) of those new ones, whose sampling rows must be written.
+        The slots array is read-only: a step of the last step's requests (a decode batch)
+        gets the same array back."""
+        last_ids, last_slots = self._last_slots
+        if request_ids == last_ids:
+            return last_slots, []  # every one holds the slot it held then (release clears this)
         slot_of = self._slot_of
         new_positions = []
         for position, request_id in enumerate(request_ids):
@@ -60,7 +79,18 @@ class PersistentBatch:
             dtype=np.int64,
             count=len(request_ids),
         )
+        slots.flags.writeable = False
+        self._last_slots = (request_ids, slots)
         return slots, new_positions
+
+    def max_num_blocks(self, slots: np.ndarray) -> int:
+        """The most blocks any of these slots' tables holds. Kept for the slots array asked
+        last (a decode batch asks with the same array, slots_for) until a table changes."""
+        kept_slots, kept_max = self._max_num_blocks
+        if slots is not kept_slots:
+            kept_max = int(self.num_blocks[slots].max())
+            self._max_num_blocks = (slots, kept_max)
+        return kept_max
 
     def write_sampling_rows(self, slots: torch.Tensor, packed_rows: torch.Tensor) -> None:
         """Store new requests' packed sampling rows ([n, len(ROW_DTYPES)] int32, on the device)
@@ -68,14 +98,18 @@ class PersistentBatch:
         if slots.numel():
             self.sampling_columns.index_copy_(1, slots, packed_rows.t())
 
-    def gather_sampling_columns(self, slots: torch.Tensor) -> torch.Tensor:
+    def gather_sampling_columns(
+        self, slots: torch.Tensor, out: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The packed sampling values of the given slots (int64) as contiguous
-        [len(ROW_DTYPES), n] int32: one row per ROW_DTYPES entry (unpack_sampling_columns)."""
-        return torch.index_select(self.sampling_columns, 1, slots)
+        [len(ROW_DTYPES), n] int32: one row per ROW_DTYPES entry (unpack_sampling_columns).
+        out: a [len(ROW_DTYPES), n] buffer to gather into."""
+        return torch.index_select(self.sampling_columns, 1, slots, out=out)
 
     def release(self, request_ids: list[str]) -> None:
         """Free the slots of requests that ended or were preempted (unknown ids are ignored):
         a preempted request resumes with its whole block table, in whatever slot is free then."""
+        self._last_slots = (None, None)
         for request_id in request_ids:
             slot = self._slot_of.pop(request_id, None)
             if slot is not None:
@@ -93,6 +127,8 @@ class PersistentBatch:
     ) -> tuple[np.ndarray, np.ndarray]:
         """Write the updates into the host tables; returns (flat indices, block ids) for the
         device table (apply_block_updates). Rewriting an update already applied is harmless."""
+        if all(update is None for update in updates):
+            return _NO_UPDATES  # most decode steps: a block fills once every block_size tokens
         indices: list[np.ndarray] = []
         values: list[list[int]] = []
         width = self.max_blocks_per_seq
@@ -105,10 +141,11 @@ class PersistentBatch:
                 raise ValueError(f"a block table of {end} blocks exceeds the {width} per sequence")
             self.block_table_host[slot, start:end] = block_ids
             self.num_blocks[slot] = end
+            self._max_num_blocks = (None, 0)
             indices.append(np.arange(slot * width + start, slot * width + end))
             values.append(block_ids)
         if not indices:
-            return np.zeros(0, dtype=np.int64), np.zeros(0, dtype=np.int64)
+            return _NO_UPDATES
         return np.concatenate(indices), np.fromiter(
             (block for ids in values for block in ids), dtype=np.int64
         )

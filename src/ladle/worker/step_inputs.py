@@ -36,7 +36,7 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.protocol.step import StepPlan
-from ladle.sample.metadata import pack_sampling_rows, unpack_sampling_columns
+from ladle.sample.metadata import ROW_DTYPES, pack_sampling_rows, unpack_sampling_columns
 from ladle.worker.cuda_graphs import DecodeGraphs, pack_decode_words
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
@@ -76,15 +76,28 @@ class StepInputs:
 
 class StepInputBuilder:
     """Keeps two pinned staging buffers, used in turn, that grow to the largest step seen:
-    while one step's copy may still be queued on the device, the next step fills the other."""
+    while one step's copy may still be queued on the device, the next step fills the other.
+    Each is copied into a device buffer of its own, so a step's device tensors stay valid
+    until the step after next is built (nothing reads them later)."""
 
     def __init__(self, device: torch.device, block_size: int) -> None:
         self.device = device
+        self._on_cpu = device.type == "cpu"  # asked twice a step; torch.device's type is slow
         self.block_size = block_size
         self._staging = [torch.empty(0, dtype=torch.int32) for _ in range(2)]
+        self._staging_host = [staging.numpy() for staging in self._staging]  # the same memory
         # The last copy out of each staging buffer: the host waits for it before refilling.
         self._copy_done: list[torch.cuda.Event | None] = [None, None]
         self._turn = 0
+        # The device buffer each staging buffer is copied into (CUDA; on the CPU the staging
+        # buffer itself is used), and the views last cut from it: ((names, sizes), views).
+        self._device_buffers = [torch.empty(0, dtype=torch.int32, device=device) for _ in range(2)]
+        # Per turn, bounded (_remember): (names, sizes) of a layout -> its views, and number of
+        # sampling rows -> (gathered columns, their views). Steps with drafts vary both.
+        self._views: list[dict[tuple, dict[str, torch.Tensor]]] = [{}, {}]
+        self._sampling_gathers: list[dict[int, tuple[torch.Tensor, dict]]] = [{}, {}]
+        # (num_reqs, max_blocks) -> (the graph's table, its rows, their columns): _graph_tables.
+        self._graph_table_views: dict[tuple[int, int], tuple[torch.Tensor, ...]] = {}
 
     def build(
         self,
@@ -117,19 +130,30 @@ class StepInputBuilder:
             slots, [s.new_blocks for s in scheduled]
         )
         num_reqs = len(scheduled)
-        query_lens = np.fromiter((s.num_tokens for s in scheduled), dtype=np.int64, count=num_reqs)
-        computed = np.fromiter(
-            (s.num_computed_before for s in scheduled), dtype=np.int64, count=num_reqs
-        )
-        query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
-        np.cumsum(query_lens, out=query_start_loc[1:])
-        num_tokens = int(query_start_loc[-1])
-        seq_lens = computed + query_lens
-
-        # Position of every token: its request's first new position plus its offset in the chunk.
-        request_of_token = np.repeat(np.arange(num_reqs), query_lens)
-        offsets = np.arange(num_tokens) - query_start_loc[:-1][request_of_token]
-        positions = computed[request_of_token] + offsets
+        query_lens_host = [s.num_tokens for s in scheduled]
+        num_tokens = sum(query_lens_host)
+        computed = np.array([s.num_computed_before for s in scheduled], dtype=np.int64)
+        if num_tokens == num_reqs:
+            # A decode step (one token a request, no drafts): each token is its request's
+            # next position, and the general layout below reduces to this (at batch 1 the host
+            # time of a step is per call, so the calls that would compute it are skipped).
+            query_start_loc = np.arange(num_reqs + 1, dtype=np.int64)
+            positions = computed
+            seq_lens = computed + 1
+            token_requests_slots = slots
+            max_query_len = 1
+        else:
+            query_lens = np.array(query_lens_host, dtype=np.int64)
+            query_start_loc = np.zeros(num_reqs + 1, dtype=np.int64)
+            np.cumsum(query_lens, out=query_start_loc[1:])
+            seq_lens = computed + query_lens
+            # Each token's position: its request's first new position plus its offset in the
+            # chunk.
+            request_of_token = np.repeat(np.arange(num_reqs), query_lens)
+            offsets = np.arange(num_tokens) - query_start_loc[:-1][request_of_token]
+            positions = computed[request_of_token] + offsets
+            token_requests_slots = slots[request_of_token]
+            max_query_len = max(query_lens_host)
 
         chunks = []
         num_device_ids = 0
@@ -145,21 +169,20 @@ class StepInputBuilder:
             itertools.chain.from_iterable(chunks), dtype=np.int64, count=num_tokens
         )
 
-        max_blocks = int(batch.num_blocks[slots].max())
+        max_blocks = batch.max_num_blocks(slots)
         block_size = self.block_size
-        block_of_token = batch.block_table_host[slots[request_of_token], positions // block_size]
+        block_of_token = batch.block_table_host[token_requests_slots, positions // block_size]
         slot_mapping = block_of_token.astype(np.int64) * block_size + positions % block_size
-        row_positions = np.fromiter(
-            (position for position, _ in sampling_rows), dtype=np.int64, count=len(sampling_rows)
-        )
-        # A row with j drafts before it reads the hidden state of the chunk's token that the
-        # last of those j drafts (or, for j = 0, the last known token) occupies.
-        rows_after = np.fromiter(
-            (len(scheduled[p].draft_token_ids) - j for p, j in sampling_rows),
-            dtype=np.int64,
-            count=len(sampling_rows),
-        )
-        logits_indices = query_start_loc[1:][row_positions] - 1 - rows_after
+        row_positions = np.array([position for position, _ in sampling_rows], dtype=np.int64)
+        if num_tokens == num_reqs:
+            logits_indices = row_positions  # each request's one token
+        else:
+            # A row with j drafts before it reads the hidden state of the chunk's token that
+            # the last of those j drafts (or, for j = 0, the last known token) occupies.
+            rows_after = np.array(
+                [len(scheduled[p].draft_token_ids) - j for p, j in sampling_rows], dtype=np.int64
+            )
+            logits_indices = query_start_loc[1:][row_positions] - 1 - rows_after
 
         int_parts = {
             "input_ids": input_ids,
@@ -171,15 +194,14 @@ class StepInputBuilder:
             "block_update_ids": update_block_ids,
             "request_slots": slots,
             "sampling_steps": np.asarray(sampling_steps, dtype=np.int64),
-            "logits_indices": np.asarray(logits_indices, dtype=np.int64),
+            "logits_indices": logits_indices,
             "sampling_slots": slots[row_positions],
         }
         if new_positions:
             int_parts["new_row_slots"] = slots[new_positions]
             int_parts["new_rows"] = new_rows.numpy().reshape(-1)
         if num_device_ids:
-            int_parts["token_slots"] = slots[request_of_token]
-        max_query_len = int(query_lens.max())
+            int_parts["token_slots"] = token_requests_slots
         graph_batch = None
         if graphs is not None:
             graph_batch = graphs.decode_batch_size(num_reqs, num_tokens, max_query_len, max_blocks)
@@ -194,9 +216,7 @@ class StepInputBuilder:
             batch.write_sampling_rows(
                 device_views["new_row_slots"], device_views["new_rows"].view(new_rows.shape)
             )
-        sampling_rows = unpack_sampling_columns(
-            batch.gather_sampling_columns(device_views["sampling_slots"])
-        )
+        sampling_rows = self._gather_sampling_rows(batch, device_views["sampling_slots"])
         sampling_rows["step"] = device_views["sampling_steps"]
         batch.apply_block_updates(
             device_views["block_update_indices"], device_views["block_update_ids"]
@@ -205,22 +225,24 @@ class StepInputBuilder:
             assert graphs is not None and graphs.static is not None
             # Whole rows (the graph's table is as wide as the batch's), straight into the
             # graph's buffer: one launch, no copy at the replay.
-            graph_rows = graphs.static.block_tables[:num_reqs]
+            graph_rows, block_tables = self._graph_tables(
+                graphs.static.block_tables, num_reqs, max_blocks
+            )
             torch.index_select(batch.block_table, 0, device_views["request_slots"], out=graph_rows)
-            block_tables = graph_rows[:, :max_blocks]
         else:
             block_tables = batch.block_table[device_views["request_slots"], :max_blocks]
 
+        seq_lens_host = seq_lens.tolist()
         attn_metadata = AttentionMetadata(
             slot_mapping=device_views["slot_mapping"],
             query_start_loc=device_views["query_start_loc"],
             seq_lens=device_views["seq_lens"],
             block_tables=block_tables,
             max_query_len=max_query_len,
-            max_seq_len=int(seq_lens.max()),
+            max_seq_len=max(seq_lens_host),
             block_size=self.block_size,
             query_start_loc_host=query_start_loc.tolist(),
-            seq_lens_host=seq_lens.tolist(),
+            seq_lens_host=seq_lens_host,
         )
         return StepInputs(
             input_ids=device_views["input_ids"],
@@ -234,6 +256,38 @@ class StepInputBuilder:
             graph_inputs_written=graph_batch is not None,
         )
 
+    def _graph_tables(
+        self, static_tables: torch.Tensor, num_reqs: int, max_blocks: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The graph's table rows of a step of num_reqs requests, and their first max_blocks
+        columns (the step's block tables): two views, kept per shape (a decode batch asks for
+        the same ones until a request's table grows)."""
+        key = (num_reqs, max_blocks)
+        kept = self._graph_table_views.get(key)
+        if kept is None or kept[0] is not static_tables:  # a new capture: new buffers
+            rows = static_tables[:num_reqs]
+            kept = (static_tables, rows, rows[:, :max_blocks])
+            _remember(self._graph_table_views, key, kept)
+        return kept[1], kept[2]
+
+    def _gather_sampling_rows(
+        self, batch: PersistentBatch, slots: torch.Tensor
+    ) -> dict[str, torch.Tensor]:
+        """The sampling rows of the step's slots, gathered from the persistent batch (one
+        launch) into a buffer of the step's turn that is kept while the number of rows stays
+        the same, with its per-value views (unpack_sampling_columns: 18 calls to cut)."""
+        turn = 1 - self._turn  # the turn _ship took
+        num_rows = slots.shape[0]
+        gathered = self._sampling_gathers[turn].get(num_rows)
+        if gathered is None:
+            columns = torch.empty(
+                (len(ROW_DTYPES), num_rows), dtype=torch.int32, device=self.device
+            )
+            gathered = (columns, unpack_sampling_columns(columns))
+            _remember(self._sampling_gathers[turn], num_rows, gathered)
+        batch.gather_sampling_columns(slots, out=gathered[0])
+        return dict(gathered[1])
+
     def _ship(
         self,
         int_parts: dict[str, np.ndarray],
@@ -243,47 +297,88 @@ class StepInputBuilder:
         _INT64_PARTS first, as int32 pairs, so each starts at an even offset and views back as
         int64 (viewing 4-byte words as 8-byte ones needs an even offset and length).
         graph_words: (host words, the graph's static words buffer): staged after the parts and
-        copied into that buffer with one more copy."""
-        # Packed on the numpy side and split back into views with one call per width: at
-        # batch 1 a step's host time is mostly per-op overhead, and torch's per-tensor calls
-        # (from_numpy, cat, slicing, a view per part) cost several times numpy's.
-        wide_names = [name for name in int_parts if name in _INT64_PARTS]
-        narrow_names = [name for name in int_parts if name not in _INT64_PARTS]
-        words = [int_parts[name].astype(np.int64, copy=False).view(np.int32) for name in wide_names]
-        words += [int_parts[name].astype(np.int32, copy=False) for name in narrow_names]
-        sizes = [piece.size for piece in words]
-        total = sum(sizes)
-        num_wide_words = sum(sizes[: len(wide_names)])
-        if self.device.type == "cpu":
-            # Already where it is used.
-            on_device = torch.from_numpy(np.concatenate(words) if words else np.empty(0, np.int32))
-            if graph_words is not None:
-                graph_words[1].copy_(torch.from_numpy(graph_words[0]))
+        copied into that buffer with one more copy.
+
+        The views are kept per staging turn and layout (the parts' names and sizes): a
+        decode batch ships the same few layouts step after step, and at batch 1 a step's host time
+        is mostly per-call overhead (torch's split and view calls cost more than the copy).
+        The returned dict is shared with later steps of the same turn and layout: read only."""
+        names = tuple(int_parts)
+        sizes = tuple([part.size for part in int_parts.values()])
+        wide = [int_parts[name] for name in names if name in _INT64_PARTS]
+        narrow = [int_parts[name] for name in names if name not in _INT64_PARTS]
+        num_wide_words = 2 * sum(part.size for part in wide)
+        total = num_wide_words + sum(part.size for part in narrow)
+        num_graph_words = 0 if graph_words is None else graph_words[0].size
+        turn = self._turn
+        self._turn = 1 - turn
+        copy_done = self._copy_done[turn]
+        if copy_done is not None:
+            copy_done.synchronize()  # the copy out of this staging buffer two steps ago
+        staging = self._staging[turn]
+        if staging.numel() < total + num_graph_words:
+            staging = self._staging[turn] = torch.empty(
+                max(total + num_graph_words, 2 * staging.numel()),
+                dtype=torch.int32,
+                pin_memory=not self._on_cpu,
+            )
+            self._staging_host[turn] = staging.numpy()
+            self._views[turn] = {}
+        # Two casting concatenates straight into the staging buffer: the wide parts through an
+        # int64 view of its front, the narrow ones (int64 on the host) narrowed as they land.
+        host = self._staging_host[turn]
+        if wide:
+            np.concatenate(wide, out=host[:num_wide_words].view(np.int64), casting="unsafe")
+        if narrow:
+            np.concatenate(narrow, out=host[num_wide_words:total], casting="unsafe")
+        if self._on_cpu:
+            on_device = staging  # already where it is used
         else:
-            turn = self._turn
-            self._turn = 1 - turn
-            copy_done = self._copy_done[turn]
-            if copy_done is not None:
-                copy_done.synchronize()
-            staging = self._staging[turn]
-            num_graph_words = 0 if graph_words is None else graph_words[0].size
-            if staging.numel() < total + num_graph_words:
-                staging = self._staging[turn] = torch.empty(
-                    max(total + num_graph_words, 2 * staging.numel()),
-                    dtype=torch.int32,
-                    pin_memory=True,
+            on_device = self._device_buffers[turn]
+            if on_device.numel() < total:
+                on_device = self._device_buffers[turn] = torch.empty(
+                    staging.numel(), dtype=torch.int32, device=self.device
                 )
-            host = staging.numpy()
-            np.concatenate(words, out=host[:total])
-            on_device = staging[:total].to(self.device, non_blocking=True)
-            if graph_words is not None:
-                host[total : total + num_graph_words] = graph_words[0]
-                graph_words[1].copy_(staging[total : total + num_graph_words], non_blocking=True)
-            copy_done = self._copy_done[turn] = torch.cuda.Event()
+                self._views[turn] = {}
+            on_device[:total].copy_(staging[:total], non_blocking=True)
+        if graph_words is not None:
+            host[total : total + num_graph_words] = graph_words[0]
+            graph_words[1].copy_(staging[total : total + num_graph_words], non_blocking=True)
+        if not self._on_cpu:
+            # One event per staging buffer, recorded again each time (waited for above).
+            if copy_done is None:
+                copy_done = self._copy_done[turn] = torch.cuda.Event()
             copy_done.record()
-        wide_views = torch.split(
-            on_device[:num_wide_words].view(torch.int64),
-            [size // 2 for size in sizes[: len(wide_names)]],
-        )
-        narrow_views = torch.split(on_device[num_wide_words:], sizes[len(wide_names) :])
-        return dict(zip(wide_names + narrow_names, wide_views + narrow_views, strict=True))
+        views = self._views[turn].get((names, sizes))
+        if views is None:
+            views = _split_views(on_device, names, sizes, num_wide_words)
+            _remember(self._views[turn], (names, sizes), views)
+        return views
+
+
+_MAX_REMEMBERED = 64
+
+
+def _remember(cache: dict, key, value) -> None:
+    """cache[key] = value, the cache emptied first once it holds _MAX_REMEMBERED entries (a
+    steady batch uses a few; bursts of varied layouts must not grow it without bound)."""
+    if len(cache) >= _MAX_REMEMBERED:
+        cache.clear()
+    cache[key] = value
+
+
+def _split_views(
+    buffer: torch.Tensor, names: tuple[str, ...], sizes: tuple[int, ...], num_wide_words: int
+) -> dict[str, torch.Tensor]:
+    """Each part's view into the shipped buffer (layout: StepInputBuilder._ship)."""
+    wide_names = [name for name in names if name in _INT64_PARTS]
+    narrow_names = [name for name in names if name not in _INT64_PARTS]
+    size_of = dict(zip(names, sizes, strict=True))
+    wide_views = torch.split(
+        buffer[:num_wide_words].view(torch.int64), [size_of[name] for name in wide_names]
+    )
+    narrow_sizes = [size_of[name] for name in narrow_names]
+    narrow_views = torch.split(
+        buffer[num_wide_words : num_wide_words + sum(narrow_sizes)], narrow_sizes
+    )
+    return dict(zip(wide_names + narrow_names, wide_views + narrow_views, strict=True))
