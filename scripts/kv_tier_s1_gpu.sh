@@ -87,8 +87,10 @@ serve_and_measure() {  # name, then the server's extra arguments
 
 serve_and_measure off --kv-offloading-size 0
 serve_and_measure on --kv-offloading-size "$TIER_GIB"
-serve_and_measure off_small --kv-offloading-size 0 --num-gpu-blocks-override "$SMALL_BLOCKS"
-serve_and_measure on_small --kv-offloading-size "$TIER_GIB" --num-gpu-blocks-override "$SMALL_BLOCKS"
+if [ "${SMALL:-1}" = 1 ]; then  # SMALL=0: the default pool's pair only
+  serve_and_measure off_small --kv-offloading-size 0 --num-gpu-blocks-override "$SMALL_BLOCKS"
+  serve_and_measure on_small --kv-offloading-size "$TIER_GIB" --num-gpu-blocks-override "$SMALL_BLOCKS"
+fi
 
 python3 - "$WORK" "$OUT/kv_tier_s1.json" <<'EOF' | tee -a "$LOG"
 """Every run's figures in one JSON, and the on/off ratios of each pass."""
