@@ -240,8 +240,8 @@ class CacheConfig:
         default=None,
         metadata={"help": "GiB of host memory for the KV cache's host tier: full prefix blocks "
                   "are written back there and loaded again when a later prompt needs them "
-                  "(default 0: off; measured not yet free where nothing hits, docs/serving.md; "
-                  "on the CPU, whose KV is in host memory already, it only emulates a tier)"},
+                  "(0 turns it off; default: on CUDA a share of the free host memory, capped "
+                  "at 4 GiB; off on the CPU, whose KV is in host memory already)"},
     )
     kv_cache_dtype: str = field(
         default="auto",

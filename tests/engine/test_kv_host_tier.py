@@ -142,15 +142,19 @@ def test_host_tier_size_defaults():
     import torch
 
     from ladle.config import CacheConfig
-    from ladle.worker.memory import GIB, host_tier_bytes
+    from ladle.worker.memory import (
+        DEFAULT_HOST_TIER_CAP_GIB,
+        GIB,
+        available_host_bytes,
+        host_tier_bytes,
+    )
 
-    # Off unless asked for, on either device (sizing only: no device is touched).
-    for device in ("cpu", "cuda"):
-        assert host_tier_bytes(CacheConfig(), torch.device(device)) == 0
-        assert host_tier_bytes(CacheConfig(kv_offloading_size=0), torch.device(device)) == 0
-        assert host_tier_bytes(
-            CacheConfig(kv_offloading_size=0.5), torch.device(device)
-        ) == GIB // 2
+    assert host_tier_bytes(CacheConfig(), torch.device("cpu")) == 0  # the CPU: off
+    assert host_tier_bytes(CacheConfig(kv_offloading_size=0.5), torch.device("cpu")) == GIB // 2
+    on_cuda = host_tier_bytes(CacheConfig(), torch.device("cuda"))  # sizing only, no device
+    assert 0 < on_cuda <= DEFAULT_HOST_TIER_CAP_GIB * GIB
+    assert on_cuda <= available_host_bytes()
+    assert host_tier_bytes(CacheConfig(kv_offloading_size=0), torch.device("cuda")) == 0
     with pytest.raises(ValueError, match="kv_offloading_size"):
         CacheConfig(kv_offloading_size=-1)
 

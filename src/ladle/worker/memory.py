@@ -24,6 +24,8 @@ GIB = 1024**3
 # the cap. Pinning costs start-up time (cudaHostAlloc maps and locks every page, of the order of
 # a second per several GiB) on every engine start, and the host has other users: a larger tier
 # is one flag away (--kv-offloading-size), and the multi-turn benchmark sets one.
+DEFAULT_HOST_TIER_SHARE = 0.25
+DEFAULT_HOST_TIER_CAP_GIB = 4.0
 
 
 class InsufficientMemoryError(ValueError):
@@ -165,10 +167,29 @@ def size_kv_cache(
 
 def host_tier_bytes(cache_config: CacheConfig, device: torch.device) -> int:
     """Bytes of host memory for the KV cache's host tier (0: none)."""
-    # Off unless asked for: on an H200 (2026-11-28) S1 through `ladle serve` at 128 in flight,
-    # where nothing hits, ran at 0.84x with a 4 GiB tier (one pair of runs), against the
-    # issue's "free when nothing hits" bound of 0.98x; until that is fixed and measured, users
-    # with returning conversations turn it on (it gave 3.7x lower TTFT on the 8B's multi-turn).
     size_gib = cache_config.kv_offloading_size
-    return int(size_gib * GIB) if size_gib is not None else 0
+    if size_gib is not None:
+        return int(size_gib * GIB)
+    if device.type != "cuda":
+        return 0
+    available = available_host_bytes()
+    return int(min(DEFAULT_HOST_TIER_SHARE * available, DEFAULT_HOST_TIER_CAP_GIB * GIB))
 
+
+def available_host_bytes() -> int:
+    """Host memory available to new allocations (psutil's `available`; psutil is only a test
+    dependency, so read /proc/meminfo where it is missing). 0 when neither can tell."""
+    try:
+        import psutil
+    except ImportError:
+        pass
+    else:
+        return int(psutil.virtual_memory().available)
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
