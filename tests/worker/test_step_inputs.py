@@ -105,12 +105,12 @@ def test_steps_match_the_per_token_reference():
         NewRequest(name, prompt, SamplingParams(temperature=t), 7, [0])
         for (name, prompt), t in zip(prompts.items(), (0.0, 0.5))
     ]
+
+    def check(plan: StepPlan) -> None:
+        _check_step(builder, batch, states, tables, plan)
+
     # A prompt chunk of "a" (no sample) and the whole prompt of "b".
-    _check_step(
-        builder,
-        batch,
-        states,
-        tables,
+    check(
         StepPlan(
             scheduled=[
                 ScheduledRequest("a", 4, 0, -1, BlockUpdate(0, [3])),
@@ -121,11 +121,7 @@ def test_steps_match_the_per_token_reference():
     )
     # "a" ends its prompt (a one-token chunk that samples) while "b" decodes: decode layout.
     states.append_tokens("b", [24])
-    _check_step(
-        builder,
-        batch,
-        states,
-        tables,
+    check(
         StepPlan(
             scheduled=[
                 ScheduledRequest("a", 1, 4, 0, BlockUpdate(1, [6])),
@@ -138,11 +134,7 @@ def test_steps_match_the_per_token_reference():
     # gives "a" a block.
     for step in range(4):
         new_block = BlockUpdate(2, [8]) if step == 3 else None
-        _check_step(
-            builder,
-            batch,
-            states,
-            tables,
+        check(
             StepPlan(
                 scheduled=[
                     ScheduledRequest("a", 1, 5 + step, 1 + step, new_block),
@@ -153,11 +145,7 @@ def test_steps_match_the_per_token_reference():
         states.append_tokens("a", [40 + step])
         states.append_tokens("b", [50 + step])
     # "b" verifies two drafts (three sampling rows), "a" decodes: the general layout again.
-    _check_step(
-        builder,
-        batch,
-        states,
-        tables,
+    check(
         StepPlan(
             scheduled=[
                 ScheduledRequest("a", 1, 9, 5),
@@ -168,22 +156,14 @@ def test_steps_match_the_per_token_reference():
     # Back to a decode layout seen before, with "b" alone (a new layout) and then both.
     states.append_tokens("a", [41])
     states.append_tokens("b", [61, 62, 63])
-    _check_step(
-        builder,
-        batch,
-        states,
-        tables,
+    check(
         StepPlan(
             scheduled=[
                 ScheduledRequest("b", 1, 11, 9),
             ]
         ),
     )
-    _check_step(
-        builder,
-        batch,
-        states,
-        tables,
+    check(
         StepPlan(
             scheduled=[
                 ScheduledRequest("a", 1, 10, 6),
@@ -197,11 +177,7 @@ def test_steps_match_the_per_token_reference():
     states.forget(["a"])
     renewed = NewRequest("a", [71, 72], SamplingParams(temperature=0.9), 3, [0])
     states.append_tokens("b", [64])
-    _check_step(
-        builder,
-        batch,
-        states,
-        tables,
+    check(
         StepPlan(
             scheduled=[
                 ScheduledRequest("a", 2, 0, 0, BlockUpdate(0, [10])),
