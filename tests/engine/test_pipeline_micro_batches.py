@@ -3,14 +3,17 @@
 The engine keeps two steps of other requests in flight: the greedy tokens are HF's (fp32) for
 requests of different lengths that arrive at different steps, with chunked prefill and with
 preemption; no request ever samples in two steps in flight; an abort while the other
-micro-batch runs leaks no block. The hand-offs themselves never wait on the host: stage 0
+micro-batch runs leaks no block; a stage that dies ends the engine with a clear error and no
+process left. The hand-offs themselves never wait on the host: stage 0
 launches two steps before the last stage has even received the first (a deterministic check:
 the last stage starts only once stage 0 says both are launched).
 """
 
 from __future__ import annotations
 
+import os
 import random
+import signal
 
 import pytest
 import torch.multiprocessing as mp
@@ -124,6 +127,25 @@ def test_abort_while_the_other_micro_batch_runs_leaks_nothing(reference):
         assert stats.num_running_reqs == stats.num_waiting_reqs == 0
     finally:
         engine.executor.shutdown()
+
+
+@pytest.mark.parametrize("rank", [0, 1], ids=["first-stage", "last-stage"])
+def test_a_dead_stage_ends_the_engine_and_leaves_no_process(reference, rank):
+    path, prompts, _ = reference
+    llm = LLM(path, pipeline_parallel_size=2, block_size=4, num_kv_blocks=200)
+    engine = llm.engine
+    processes = engine.executor._processes
+    for index, prompt in enumerate(prompts[:4]):
+        engine.add_request(EngineCoreRequest(f"r{index}", prompt, _greedy(max_tokens=150)))
+    for _ in range(3):
+        engine.step()
+    assert engine.in_flight_plans  # a micro-batch is in flight when the rank dies
+    os.kill(processes[rank].pid, signal.SIGKILL)
+    with pytest.raises(RuntimeError, match=f"rank {rank} died|failed"):
+        for _ in range(400):
+            engine.step()
+    for process in processes:
+        assert process.wait(timeout=30) is not None
 
 
 # ----- the hand-offs, two processes -----------------------------------------------------------
