@@ -10,7 +10,7 @@ import time
 import torch
 
 from ladle.distributed.process_group import join_ranks, leave
-from ladle.worker.shared_samples import SharedSample, SharedSamples
+from ladle.worker.shared_samples import SharedSamples
 
 
 def run_stage(rank: int, rendezvous: str, flag: str, errors) -> None:
@@ -20,16 +20,12 @@ def run_stage(rank: int, rendezvous: str, flag: str, errors) -> None:
         steps = {"a": torch.tensor([11, 12]), "b": torch.tensor([21, 22])}
         if stage.is_first:
             last_sampled = torch.zeros(4, dtype=torch.int64)
-            pending = SharedSamples()
+            pending = SharedSamples(torch.device("cpu"))
             for index, request in enumerate(steps):
                 stage.send_forward([torch.full((2, 3), float(index)), torch.ones(2, 3)])
                 buffer = torch.empty(2, dtype=torch.int64)
-                pending.add(
-                    SharedSample(
-                        request_ids=frozenset({request}), work=stage.share_sampled(buffer),
-                        buffer=buffer, slots=torch.tensor([2 * index, 2 * index + 1]),
-                    )
-                )  # fmt: skip
+                slots = torch.tensor([2 * index, 2 * index + 1])
+                pending.add(frozenset({request}), stage.share_sampled(buffer), buffer, slots)
             # Both steps launched, and the last stage has not started the first.
             open(flag, "w").close()
             pending.apply_before(["b"], last_sampled)  # needs b's ids: waits for a's and b's

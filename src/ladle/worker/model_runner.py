@@ -159,10 +159,7 @@ class ModelRunner:
         # samples nothing: it takes the last stage's sampled ids (PipelineStage.share_sampled),
         # applied to its device copies when a later step needs them (shared_samples.py).
         self.stage = stage
-        self.shared_samples = SharedSamples()
-        # How many of this stage's steps launched while an earlier step's ids were still on
-        # their way from the last stage: micro-batches in flight (tests read it).
-        self.num_overlapped_launches = 0
+        self.shared_samples = SharedSamples(device)
         self.activation_dtype = activation_dtype
         self.block_size = block_size
         self.sampler = Sampler()
@@ -239,10 +236,8 @@ class ModelRunner:
         self._take_plan(plan)
         if not plan.scheduled:
             return ForwardStep(plan, [], [], None, None, None, None, None, kv_report)
-        if not self.stage.is_last and self.shared_samples.apply_before(
-            plan.request_ids(), self.batch.last_sampled
-        ):
-            self.num_overlapped_launches += 1
+        if not self.stage.is_last:  # earlier steps' ids this plan reads from the device
+            self.shared_samples.apply_before(plan.request_ids(), self.batch.last_sampled)
         states = self.states
         scheduled = plan.scheduled
         sampling_rows = plan.sampling_rows()
@@ -499,13 +494,12 @@ class ModelRunner:
         on the device). Nothing waits for them now: the next step may launch first."""
         plan = forward.plan
         buffer = torch.empty(len(forward.sampling_rows), dtype=torch.int64, device=self.device)
-        shared = SharedSample(
-            request_ids=frozenset(plan.scheduled[p].request_id for p, _ in forward.sampling_rows),
-            work=self.stage.share_sampled(buffer),
-            buffer=buffer,
-            slots=forward.inputs.sampling_slots,
+        shared = self.shared_samples.add(
+            frozenset(plan.scheduled[p].request_id for p, _ in forward.sampling_rows),
+            self.stage.share_sampled(buffer),
+            buffer,
+            forward.inputs.sampling_slots,
         )
-        self.shared_samples.add(shared)
         return LaunchedStep(
             plan,
             forward.sampling_rows,

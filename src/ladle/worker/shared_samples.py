@@ -25,7 +25,8 @@ class SharedSample:
     work: object  # the broadcast's torch.distributed Work
     buffer: torch.Tensor  # [num_rows] int64 on the device, final once the work is
     slots: torch.Tensor  # each row's slot in the persistent batch
-    applied: bool = False
+    # CUDA: where the host copy waits for the broadcast, so the compute stream never does.
+    side_stream: torch.cuda.Stream | None = None
     _host: torch.Tensor | None = None
 
     def is_ready(self) -> bool:
@@ -35,16 +36,15 @@ class SharedSample:
         """The ids on the host, waiting for them if they have not arrived (on the CPU the work
         itself; on CUDA a side stream waits, so the compute stream never does)."""
         if self._host is None:
-            if self.buffer.device.type != "cuda":
+            if self.side_stream is None:
                 self.work.wait()
                 self._host = self.buffer
             else:
-                stream = torch.cuda.Stream(self.buffer.device)
-                with torch.cuda.stream(stream):
+                with torch.cuda.stream(self.side_stream):
                     self.work.wait()  # the side stream waits on the broadcast
                     host = torch.empty(self.buffer.shape, dtype=self.buffer.dtype, pin_memory=True)
                     host.copy_(self.buffer, non_blocking=True)
-                stream.synchronize()
+                self.side_stream.synchronize()
                 self._host = host
         return self._host
 
@@ -52,21 +52,28 @@ class SharedSample:
 class SharedSamples:
     """The steps whose ids this stage has not applied to its device copies yet, in order."""
 
-    def __init__(self) -> None:
+    def __init__(self, device: torch.device) -> None:
         self._pending: deque[SharedSample] = deque()
+        self._device = device
+        self._side_stream: torch.cuda.Stream | None = None  # made at the first step on CUDA
 
     def __len__(self) -> int:
         return len(self._pending)
 
-    def add(self, sample: SharedSample) -> None:
+    def add(
+        self, request_ids: frozenset[str], work, buffer: torch.Tensor, slots: torch.Tensor
+    ) -> SharedSample:
+        """A step's ids, on their way into `buffer` through `work`."""
+        if self._device.type == "cuda" and self._side_stream is None:
+            self._side_stream = torch.cuda.Stream(self._device)
+        sample = SharedSample(request_ids, work, buffer, slots, self._side_stream)
         self._pending.append(sample)
+        return sample
 
-    def apply_before(self, request_ids: list[str], last_sampled: torch.Tensor) -> int:
+    def apply_before(self, request_ids: list[str], last_sampled: torch.Tensor) -> None:
         """Apply, in step order, every pending step a plan of `request_ids` reads a token of
-        (and all before it), and any that has arrived already. Returns how many steps were
-        still pending, unread, when the plan launched (0: nothing was in flight)."""
+        (and all before it), and any that has arrived already."""
         needed = set(request_ids)
-        num_unread = sum(1 for sample in self._pending if not sample.is_ready())
         last_needed = -1
         for position, sample in enumerate(self._pending):
             if not needed.isdisjoint(sample.request_ids):
@@ -77,6 +84,4 @@ class SharedSamples:
             # On CUDA the compute stream waits for the broadcast (long done if it was needed).
             sample.work.wait()
             last_sampled.index_copy_(0, sample.slots, sample.buffer)
-            sample.applied = True
             position += 1
-        return num_unread
