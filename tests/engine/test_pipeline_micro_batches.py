@@ -129,7 +129,9 @@ def test_abort_while_the_other_micro_batch_runs_leaks_nothing(reference):
         engine.executor.shutdown()
 
 
-@pytest.mark.parametrize("rank", [0, 1], ids=["first-stage", "last-stage"])
+@pytest.mark.parametrize(
+    "rank", [0, pytest.param(1, marks=pytest.mark.slow)], ids=["first-stage", "last-stage"]
+)
 def test_a_dead_stage_ends_the_engine_and_leaves_no_process(reference, rank):
     path, prompts, _ = reference
     llm = LLM(path, pipeline_parallel_size=2, block_size=4, num_kv_blocks=200)
