@@ -45,4 +45,7 @@ def table_rows(summaries: list[dict | None]) -> list[tuple[str, str]]:
             f"{summary['wall_ms_per_step']:.3f}/{summary['kernel_busy_ms_per_step']:.3f}/"
             f"{summary['collective_ms_per_step']:.3f}",
         ))  # fmt: skip
+        computing = summary.get("compute_busy_fraction")
+        if computing is not None:  # CUDA: the share of the wall its non-collective kernels run
+            rows.append((f"rank {rank} computing (busy fraction)", f"{computing:.3f}"))
     return rows

@@ -29,6 +29,7 @@ from ladle.core.draft_proposer import (
 )
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.kv_handoff import HeldHandoffs, RemotePulls
+from ladle.core.micro_batches import MicroBatches
 from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.prefill_budget import ItlPrefillBudget
 from ladle.core.request import Request, RequestStatus
@@ -36,7 +37,6 @@ from ladle.core.waiting_queue import WaitingQueue
 from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
 from ladle.protocol.step import (
     BlockUpdate,
-    NewRequest,
     ScheduledRequest,
     StepPlan,
     StepResult,
@@ -82,6 +82,7 @@ class Scheduler:
         max_model_len: int,
         proposer: DraftProposer | None = None,
         preemption: PreemptionPolicy | None = None,
+        num_micro_batches: int = 1,
     ) -> None:
         self.config = scheduler_config
         self.block_size = cache_config.block_size
@@ -90,6 +91,8 @@ class Scheduler:
         # Proposes draft tokens for running decodes (speculative decoding); None: one token a
         # step.
         self.proposer = proposer
+        # Pipeline parallelism's steps in flight at once (micro_batches.py); None: one.
+        self.micro_batches = MicroBatches(num_micro_batches) if num_micro_batches > 1 else None
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
@@ -157,6 +160,8 @@ class Scheduler:
         adaptive = self._adaptive_proposer()
         if adaptive is not None:
             adaptive.begin_step(len(self.running))
+        if self.micro_batches is not None:
+            self.micro_batches.begin_step(self.running)
 
         # Running requests first, in order; preemption victims come from the back.
         index = 0
@@ -181,6 +186,9 @@ class Scheduler:
                 # goes to a waiting request now, as it would once the token is read.
                 num_ending += 1
                 index += 1
+                continue
+            if self.micro_batches is not None and not self.micro_batches.admits(request):
+                index += 1  # its token is in flight, or the other micro-batches take it
                 continue
             num_new_tokens = min(num_known_tokens - request.num_computed_tokens, token_budget)
             num_new_tokens = min(num_new_tokens, self.max_model_len - request.num_computed_tokens)
@@ -385,7 +393,7 @@ class Scheduler:
             )
             if request_id not in self._on_workers:
                 self._on_workers.add(request_id)
-                plan.new_requests.append(_new_request(request))
+                plan.new_requests.append(request.as_new_request())
             if samples and request.samples_from_host_tokens:
                 plan.samples_from_host_tokens = True
             request.num_computed_tokens = computed + num_new
@@ -635,14 +643,3 @@ class Scheduler:
             ),
         )
 
-
-def _new_request(request: Request) -> NewRequest:
-    """What the workers keep of a request, sent when it first runs or resumes."""
-    return NewRequest(
-        request_id=request.request_id,
-        prompt_token_ids=request.prompt_token_ids,
-        sampling_params=request.sampling_params,
-        sampling_seed=request.sampling_seed,
-        eos_token_ids=list(request.eos_token_ids),
-        output_token_ids=list(request.output_token_ids),
-    )

@@ -3,14 +3,21 @@
 Stage s runs layers [first, end) of the decoder (stage 0 also the embedding, the last stage the
 final norm, the LM head and the sampler). A step's hidden states and residual go from each rank
 of stage s to the rank of the same tensor-parallel index in stage s + 1; the last stage's
-sampled token ids are then broadcast to every rank, so each keeps the same request states and
-the first stage can feed a decode row its last token from the device, as on one GPU.
+sampled token ids then go back to every rank of the earlier stages, so each keeps the same
+request states and the first stage can feed a decode row its last token from the device.
 World rank = stage * tensor_parallel_size + tensor-parallel rank.
+
+Several steps (micro-batches) are in flight at once: while the last stage computes step N, the
+first computes step N+1. So no hand-off waits on the host: the hidden states leave with isend,
+and the sampled ids come back through an asynchronous broadcast that the earlier stages apply
+only when a later step needs them (worker/shared_samples.py). The two kinds of hand-off use
+their own process groups (forward_group, result_group), and every rank issues each group's
+operations in step order, so neither can wait behind the other.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 import torch.distributed as dist
@@ -22,6 +29,12 @@ class PipelineStage:
     size: int = 1
     tp_size: int = 1  # ranks per stage
     tp_rank: int = 0
+    # Hidden states stage to stage (all ranks), and sampled ids back from the result rank to
+    # the earlier stages (those ranks only); None with one stage.
+    forward_group: object = None
+    result_group: object = None
+    # Sends not known complete yet: their tensors must live until they are.
+    _sends: list = field(default_factory=list, compare=False, repr=False)
 
     @property
     def is_first(self) -> bool:
@@ -47,10 +60,14 @@ class PipelineStage:
         return range(first, first + base + (1 if self.index < extra else 0))
 
     def send_forward(self, tensors: list[torch.Tensor]) -> None:
-        """Hand this stage's outputs to the same tensor-parallel rank of the next stage."""
+        """Hand this stage's outputs to the same tensor-parallel rank of the next stage,
+        without waiting for the next stage to take them."""
         peer = (self.index + 1) * self.tp_size + self.tp_rank
-        for tensor in tensors:
-            dist.send(tensor.contiguous(), peer)
+        self._sends[:] = [(work, kept) for work, kept in self._sends if not work.is_completed()]
+        for tag, tensor in enumerate(tensors):
+            tensor = tensor.contiguous()
+            work = dist.isend(tensor, peer, group=self.forward_group, tag=tag)
+            self._sends.append((work, tensor))
 
     def receive_forward(
         self, shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device
@@ -58,17 +75,25 @@ class PipelineStage:
         """The previous stage's outputs, in the order it sent them."""
         peer = (self.index - 1) * self.tp_size + self.tp_rank
         received = []
-        for shape in shapes:
+        for tag, shape in enumerate(shapes):
             tensor = torch.empty(shape, dtype=dtype, device=device)
-            dist.recv(tensor, peer)
+            dist.recv(tensor, peer, group=self.forward_group, tag=tag)
             received.append(tensor)
         return received
 
-    def share_sampled(self, sampled: torch.Tensor) -> torch.Tensor:
-        """The last stage's sampled ids, on every rank (each passes a buffer of their shape)."""
-        if self.size > 1:
-            dist.broadcast(sampled, self.result_rank)
-        return sampled
+    @property
+    def shares_sampled(self) -> bool:
+        """Whether this rank takes part in the sampled ids' broadcast (the result rank and
+        every rank of an earlier stage; the last stage's other ranks sampled alike)."""
+        return self.size > 1 and (not self.is_last or self.tp_rank == 0)
+
+    def share_sampled(self, sampled: torch.Tensor):
+        """Start the broadcast of the last stage's sampled ids to the earlier stages (each of
+        those passes a buffer of their shape); returns its Work, or None where this rank takes
+        no part. The buffer is final only once the Work is (worker/shared_samples.py)."""
+        if not self.shares_sampled:
+            return None
+        return dist.broadcast(sampled, self.result_rank, group=self.result_group, async_op=True)
 
 
 SINGLE_STAGE = PipelineStage()

@@ -43,6 +43,7 @@ def join_ranks(
     )
     stage_index, tp_rank = divmod(rank, tensor_parallel_size)
     group = dist.group.WORLD
+    forward_group = result_group = None
     if pipeline_parallel_size > 1:
         # Every rank makes every stage's group, in the same order (new_group is collective).
         stage_groups = [
@@ -50,6 +51,10 @@ def join_ranks(
             for s in range(pipeline_parallel_size)
         ]
         group = stage_groups[stage_index] if tensor_parallel_size > 1 else None
+        # The pipeline's own groups (pipeline.py): hand-offs forward, sampled ids back.
+        forward_group = dist.new_group(list(range(world_size)))
+        last_stage = (pipeline_parallel_size - 1) * tensor_parallel_size
+        result_group = dist.new_group(list(range(last_stage + 1)))
     tp = TensorParallel(
         rank=tp_rank, size=tensor_parallel_size, group=group, expert_parallel=expert_parallel
     )
@@ -58,6 +63,8 @@ def join_ranks(
         size=pipeline_parallel_size,
         tp_size=tensor_parallel_size,
         tp_rank=tp_rank,
+        forward_group=forward_group,
+        result_group=result_group,
     )
     return tp, stage
 

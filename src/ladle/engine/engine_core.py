@@ -13,6 +13,7 @@ import dataclasses
 import random
 import sys
 import time
+from collections import deque
 from dataclasses import dataclass
 
 from ladle.config import EngineConfig
@@ -23,7 +24,7 @@ from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
 from ladle.engine.handoff_params import apply_transfer_params, handoff_params
-from ladle.engine.overlap import overlap_enabled
+from ladle.engine.overlap import overlap_enabled, steps_in_flight
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
 from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
 from ladle.engine.step_meter import StepMeter
@@ -108,6 +109,11 @@ class EngineCore:
         # Drafts for decodes (speculative decoding); None when the config has no
         # speculative_config.
         self.speculator = Speculator(speculative) if speculative is not None else None
+        self.overlaps = overlap_enabled(config.scheduler, info.device_type)
+        # Submitted steps kept unread at most: 2 with overlap, one per pipeline stage under
+        # pipeline parallelism (micro-batches, engine/overlap.py), else 1.
+        num_stages = config.parallel.pipeline_parallel_size
+        self.max_in_flight = steps_in_flight(config.scheduler, num_stages, info.device_type)
         self.scheduler = Scheduler(
             config.scheduler,
             config.cache,
@@ -120,6 +126,7 @@ class EngineCore:
                 copy_bytes_per_s=budget.copy_bytes_per_s,
             ),
             proposer=self.speculator,
+            num_micro_batches=self.max_in_flight if num_stages > 1 else 1,
         )
         # What the host tier's copies moved, as the workers report it.
         self.kv_transfer_totals = KVTransferStats()
@@ -133,8 +140,8 @@ class EngineCore:
         self.structured_outputs = build_structured_output_manager(
             config, info, self.executor.grammar_device
         )
-        self.overlaps = overlap_enabled(config.scheduler, info.device_type)
-        self._in_flight: InFlightStep | None = None  # submitted, its result not yet read
+        # Submitted steps whose results are not read yet, oldest first.
+        self._in_flight: deque[InFlightStep] = deque()
         self._graph_steps_before = 0
         # Last: the warm-up runs real steps, which need everything above.
         if info.device_type == "cuda":
@@ -250,30 +257,39 @@ class EngineCore:
     # ----- the loop ------------------------------------------------------------------------
 
     def step(self) -> list[EngineCoreOutput]:
-        """Schedule and submit one step; return the outputs of the step before it (overlapped
-        scheduling) or of this one (synchronous). A step whose sampling reads host tokens reads
-        the step before it between its forward pass and its sampling (split_launch.py)."""
+        """Schedule and submit one step; return the outputs of the oldest step in flight once
+        max_in_flight are (the step before it with overlapped scheduling, the one S - 1 before
+        it with S pipeline stages), or of this one (synchronous). A step whose sampling reads
+        host tokens reads the step before it between its forward pass and its sampling
+        (split_launch.py)."""
         started = time.perf_counter()
         if self.thread_governor is not None:
             self.thread_governor.maybe_adjust()
         self.expire_handoffs()
         outputs = self._admit_compiled_requests()
         plan = self.scheduler.schedule()
-        previous = self._in_flight
-        self._in_flight = self._submit(plan, previous)
-        if self._in_flight is not None and plan.kv_operations:
-            # Loads settled now run in the next plan, not the one after (overlapped
-            # scheduling reads this step's result only after planning the next).
-            launched = self._in_flight.future.kv_operations_at_launch()
-            if launched is not None:
-                self.scheduler.settle_kv_operations(*launched)
+        in_flight = self._in_flight
+        submitted = self._submit(plan, in_flight[-1] if in_flight else None)
+        if submitted is not None:
+            in_flight.append(submitted)
+            if plan.kv_operations:
+                # Loads settled now run in the next plan, not the one after (overlapped
+                # scheduling reads this step's result only after planning the next).
+                launched = submitted.future.kv_operations_at_launch()
+                if launched is not None:
+                    self.scheduler.settle_kv_operations(*launched)
         launch_seconds = time.perf_counter() - started
-        if previous is not None:
-            outputs += self._read(previous)  # the device runs this step meanwhile
-        if not self.overlaps:
-            outputs += self._finish_in_flight()
+        previous = None
+        if in_flight and (submitted is None or len(in_flight) >= self.max_in_flight):
+            previous = in_flight.popleft()
+            outputs += self._read(previous)  # the device runs the later steps meanwhile
         self._after_step(plan, previous, outputs, started, launch_seconds)
         return outputs
+
+    @property
+    def in_flight_plans(self) -> list[StepPlan]:
+        """The plans of the submitted steps not read yet, oldest first."""
+        return [step.future.plan for step in self._in_flight]
 
     def _submit(self, plan: StepPlan, previous: InFlightStep | None) -> InFlightStep | None:
         """Hand the plan to the executor (also a plan with nothing scheduled that tells the
@@ -288,7 +304,9 @@ class EngineCore:
         ):
             return None
         between = None
-        if previous is not None and plan.samples_from_host_tokens:
+        # Micro-batches never hold a request whose token is in flight: nothing to wait for.
+        pipelined = self.scheduler.micro_batches is not None
+        if previous is not None and plan.samples_from_host_tokens and not pipelined:
             between = lambda: self._settle(previous)  # noqa: E731
         return InFlightStep(self.executor.submit(plan, self._grammar_fill(), between))
 
@@ -316,7 +334,7 @@ class EngineCore:
         # (at most two rounds: the first plan issues them, its result settles them).
         for _ in range(2):
             if not (
-                self._in_flight is None
+                not self._in_flight
                 and (scheduler.has_requests_to_forget or scheduler.has_kv_transfers)
                 and not scheduler.has_unfinished_requests()
             ):
@@ -355,7 +373,7 @@ class EngineCore:
     def _wait_for_grammars(self) -> None:
         """Nothing ran: if requests wait for their grammar, wait a moment for one."""
         structured = self.structured_outputs
-        if structured is not None and structured.num_waiting and self._in_flight is None:
+        if structured is not None and structured.num_waiting and not self._in_flight:
             structured.wait_for_compile(GRAMMAR_WAIT_S)
 
     def _record_step(
@@ -379,10 +397,6 @@ class EngineCore:
         if num_prefill:
             # What `auto` preemption weighs a recompute with (core/preemption_cost.py).
             self.scheduler.preemption.prefill_tokens_per_s = self.step_meter.prefill_tokens_per_s
-
-    def _finish_in_flight(self) -> list[EngineCoreOutput]:
-        in_flight, self._in_flight = self._in_flight, None
-        return self._read(in_flight) if in_flight is not None else []
 
     def _read(self, in_flight: InFlightStep) -> list[EngineCoreOutput]:
         """A submitted step's outputs, reading it first if a split launch has not already."""
@@ -485,7 +499,7 @@ class EngineCore:
         return (
             self.scheduler.has_unfinished_requests()
             or waiting_for_grammar
-            or self._in_flight is not None
+            or bool(self._in_flight)
         )
 
     def get_stats(self) -> SchedulerStats:

@@ -16,6 +16,12 @@ of it). Their steps still overlap, with the launch split in two (executor/split_
 forward pass of step N+1 is launched first, step N is read while it runs, the matchers advance,
 and only then is N+1 sampled. The repetition / presence / frequency penalties need nothing of the
 host: their token ids live on the device (worker/penalty_history.py).
+
+Under pipeline parallelism with S stages the engine keeps up to S steps in flight, each a
+micro-batch of other requests (core/micro_batches.py): it submits a step and reads the oldest
+only once S are submitted, so while it waits for the last stage's step the first stage already
+computes the next. A request is then never scheduled while its token is in flight, so no step
+needs a split launch either.
 """
 
 from __future__ import annotations
@@ -29,3 +35,15 @@ def overlap_enabled(config: SchedulerConfig, device_type: str) -> bool:
     if config.async_scheduling is not None:
         return config.async_scheduling
     return device_type == "cuda"
+
+
+def steps_in_flight(config: SchedulerConfig, pipeline_parallel_size: int, device_type: str) -> int:
+    """How many submitted steps the engine keeps unread at most (counting the one it just
+    submitted): one per pipeline stage under pipeline parallelism (on every device: the stages
+    are processes of their own), unless the user turned overlap off; two with overlapped
+    scheduling; one when each step is read as soon as it is submitted."""
+    if config.async_scheduling is False:
+        return 1
+    if pipeline_parallel_size > 1:
+        return pipeline_parallel_size
+    return 2 if overlap_enabled(config, device_type) else 1

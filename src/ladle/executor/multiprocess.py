@@ -5,7 +5,10 @@ its Structs, never unpickled) and runs the same step; rank 0 sends the StepResul
 pipeline stage's first rank under pipeline parallelism). A worker
 keeps a step in flight the way the engine does: after launching step N it takes step N+1's plan
 as soon as it arrives (queued behind N on the device) and sends N's result once N's copy is done,
-so the device does not idle while the plan crosses. A step whose sampling reads host tokens
+so the device does not idle while the plan crosses. Under pipeline parallelism the engine keeps
+one step per stage in flight: a stage before the last launches each plan as it comes and reads a
+step's sampled ids (from the last stage) only once they are there, so it never idles waiting for
+the stages after it. A step whose sampling reads host tokens
 arrives in two messages: ExecuteStep(split) launches the forward pass, SampleStep (sent once the
 engine has read the step before and filled the grammar masks) samples it.
 
@@ -187,12 +190,20 @@ class _WorkerLoop:
         while True:
             if self.in_flight and not self.inputs.poll(0):
                 plan, launched, failed = self.in_flight[0]
-                if launched is None or launched.is_ready() or not self.inputs.poll(1):
+                if launched is None or launched.is_ready():
                     self.in_flight.popleft()
                     self._send_result(plan, launched, failed)
+                elif not self.inputs.poll(1) and self.sends_results:
+                    # Nothing else to launch: wait for the device, then send the result.
+                    self.in_flight.popleft()
+                    self._send_result(plan, launched, failed)
+                # A rank that sends nothing (a pipeline stage before the last) never waits
+                # for a result while a plan may come: its next micro-batch launches first.
+                elif self._engine_gone():
+                    return
                 continue
             if not self.inputs.poll(PARENT_CHECK_MS):
-                if self.parent_pid is not None and os.getppid() != self.parent_pid:
+                if self._engine_gone():
                     return  # the engine is gone (killed): nothing will come
                 continue
             message = _to_worker.decode(self.inputs.recv())
@@ -202,6 +213,9 @@ class _WorkerLoop:
                 self._execute(message)
             else:
                 self._sample(message)
+
+    def _engine_gone(self) -> bool:
+        return self.parent_pid is not None and os.getppid() != self.parent_pid
 
     def _execute(self, message: ExecuteStep) -> None:
         worker, plan = self.worker, message.plan

@@ -49,6 +49,7 @@ from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.prompt_logprobs import compute_prompt_logprobs
 from ladle.worker.request_states import RequestStates
+from ladle.worker.shared_samples import SharedSample, SharedSamples
 from ladle.worker.step_inputs import StepInputBuilder
 
 # Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
@@ -74,10 +75,14 @@ class LaunchedStep:
     synthetic_acceptance: float | None = None
     # The next step's model drafts, being computed (worker/drafter.py); None without.
     draft_batch: DraftBatch | None = None
+    # A pipeline stage before the last: the ids the last stage samples, still on their way.
+    shared: SharedSample | None = None
     _result: StepResult | None = None
 
     def is_ready(self) -> bool:
-        """Whether result() would not wait for the device."""
+        """Whether result() would not wait for the device (or for the last stage)."""
+        if self.shared is not None and not self.shared.is_ready():
+            return False
         return self.copied is None or self.copied.query()
 
     def result(self) -> StepResult:
@@ -95,6 +100,8 @@ class LaunchedStep:
         )
         if self.kv_report is not None:
             self.kv_report.fill(result)
+        if self.shared is not None:
+            self.sampled_host = self.shared.host()
         if self.sampled_host is None:
             return result
         if self.copied is not None:
@@ -150,8 +157,10 @@ class ModelRunner:
         self.model = model
         self.device = device
         # A pipeline stage before the last hands its hidden states (in activation_dtype) on and
-        # samples nothing: it takes the last stage's sampled ids (PipelineStage.share_sampled).
+        # samples nothing: it takes the last stage's sampled ids (PipelineStage.share_sampled),
+        # applied to its device copies when a later step needs them (shared_samples.py).
         self.stage = stage
+        self.shared_samples = SharedSamples(device)
         self.activation_dtype = activation_dtype
         self.block_size = block_size
         self.sampler = Sampler()
@@ -237,6 +246,8 @@ class ModelRunner:
         self._take_plan(plan)
         if not plan.scheduled:
             return ForwardStep(plan, [], [], None, None, None, None, None, kv_report)
+        if not self.stage.is_last:  # earlier steps' ids this plan reads from the device
+            self.shared_samples.apply_before(plan.request_ids(), self.batch.last_sampled)
         states = self.states
         scheduled = plan.scheduled
         sampling_rows = plan.sampling_rows()
@@ -455,7 +466,10 @@ class ModelRunner:
         if penalty_rows is not None:
             assert self.penalty_history is not None
             self.penalty_history.record(penalty_rows, sampled)
-        self.stage.share_sampled(sampled)  # to the earlier pipeline stages, if any
+        if self.stage.shares_sampled:
+            # To the earlier pipeline stages; a copy of its own: the broadcast may still be
+            # sending it when this buffer is reused.
+            self.stage.share_sampled(sampled.clone())
         self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
         draft_batch = self._draft(forward, sampled)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
@@ -503,24 +517,26 @@ class ModelRunner:
 
     def _take_shared_sample(self, forward: ForwardStep, num_logprobs: list) -> LaunchedStep:
         """A pipeline stage before the last: the last stage's sampled ids for this step's rows,
-        kept as if sampled here (the first stage's next decode rows read them on the device)."""
-        sampled = torch.empty(len(forward.sampling_rows), dtype=torch.int64, device=self.device)
-        self.stage.share_sampled(sampled)
-        self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
-        copied = None
-        sampled_host = _to_host(sampled)
-        if self.device.type == "cuda":
-            copied = torch.cuda.Event()
-            copied.record()
+        kept as if sampled here once they arrive (the first stage's later decode rows read them
+        on the device). Nothing waits for them now: the next step may launch first."""
+        plan = forward.plan
+        buffer = torch.empty(len(forward.sampling_rows), dtype=torch.int64, device=self.device)
+        shared = self.shared_samples.add(
+            frozenset(plan.scheduled[p].request_id for p, _ in forward.sampling_rows),
+            self.stage.share_sampled(buffer),
+            buffer,
+            forward.inputs.sampling_slots,
+        )
         return LaunchedStep(
-            forward.plan,
+            plan,
             forward.sampling_rows,
-            sampled_host,
+            None,
             None,
             num_logprobs,
-            copied,
+            None,
             self.states,
             forward.prompt_logprobs,
             forward.kv_report,
             synthetic_acceptance=self.synthetic_acceptance,
+            shared=shared,
         )

@@ -122,6 +122,11 @@ def summarize(events, steps: int, wall_seconds: float) -> dict:
     for start, end, name in kernels:
         by_name[name].append(end - start)
     busy_us, gaps = busy_and_gaps((start, end) for start, end, _ in kernels)
+    # Without the collectives' kernels, which also count while they wait for a peer (a pipeline
+    # stage's receive waits for the stage before it): the share of the wall spent computing.
+    compute_us, _ = busy_and_gaps(
+        (start, end) for start, end, name in kernels if not COLLECTIVE.search(name)
+    )
     table = sorted(
         (
             {"kernel": name[:110], "us_per_step": round(sum(times) / steps, 1),
@@ -135,6 +140,9 @@ def summarize(events, steps: int, wall_seconds: float) -> dict:
         "wall_ms_per_step": round(wall_seconds * 1000 / steps, 3),
         "kernel_busy_ms_per_step": round(busy_us / 1000 / steps, 3),
         "busy_fraction": round(busy_us / 1e6 / wall_seconds, 3) if wall_seconds else None,
+        "compute_busy_fraction": (
+            round(compute_us / 1e6 / wall_seconds, 3) if wall_seconds and kernels else None
+        ),
         "gaps_per_step": round(len(gaps) / steps, 1),
         "gap_ms_per_step": round(sum(gaps) / 1000 / steps, 3),
         "collective_ms_per_step": round(collective_us / 1000 / steps, 3),
