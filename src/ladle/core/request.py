@@ -11,6 +11,7 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from ladle.protocol.step import NewRequest
 from ladle.sampling.params import SamplingParams
 
 if TYPE_CHECKING:
@@ -130,3 +131,14 @@ class Request:
     def append_output_token(self, token_id: int) -> None:
         self.output_token_ids.append(token_id)
         self.all_token_ids.append(token_id)
+
+    def as_new_request(self) -> NewRequest:
+        """What the workers keep of the request, sent when it first runs or resumes."""
+        return NewRequest(
+            request_id=self.request_id,
+            prompt_token_ids=self.prompt_token_ids,
+            sampling_params=self.sampling_params,
+            sampling_seed=self.sampling_seed,
+            eos_token_ids=list(self.eos_token_ids),
+            output_token_ids=list(self.output_token_ids),
+        )

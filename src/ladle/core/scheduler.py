@@ -27,6 +27,12 @@ from ladle.core.draft_proposer import (
     num_lookahead_tokens,
     propose_drafts,
 )
+from ladle.core.drafts_in_flight import (
+    device_drafts,
+    may_plan_in_flight,
+    num_known_worst_case,
+    waits_for_its_step,
+)
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.kv_handoff import HeldHandoffs, RemotePulls
 from ladle.core.preemption_cost import PreemptionPolicy
@@ -36,7 +42,6 @@ from ladle.core.waiting_queue import WaitingQueue
 from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
 from ladle.protocol.step import (
     BlockUpdate,
-    NewRequest,
     ScheduledRequest,
     StepPlan,
     StepResult,
@@ -88,8 +93,10 @@ class Scheduler:
         self.kv_cache_manager = kv_cache_manager
         self.max_model_len = max_model_len
         # Proposes draft tokens for running decodes (speculative decoding); None: one token a
-        # step.
+        # step. drafts_on_device (set by the engine): drafted requests are planned while their
+        # step is in flight, with drafts the worker makes (drafts_in_flight.py).
         self.proposer = proposer
+        self.drafts_on_device = False
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
@@ -163,19 +170,11 @@ class Scheduler:
         num_ending = 0  # running requests that end by length as soon as their token is read
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
-            if request.num_unverified_drafts or (
-                self.proposer is not None
-                and request.num_pending_tokens
-                and request.num_computed_tokens >= request.num_tokens
-                and (adaptive is None or adaptive.may_draft(request))
-            ):
-                # How far it got depends on how many drafts its step in flight accepts; and a
-                # proposer reads every token, so a decode it will draft for waits for its step
-                # to be read (speculation makes that request's steps synchronous, not the
-                # engine's). One the adaptive rule would not draft for runs overlapped.
+            in_flight_drafts = self.drafts_on_device and may_plan_in_flight(request)
+            if not in_flight_drafts and waits_for_its_step(request, self.proposer, adaptive):
                 index += 1
                 continue
-            num_known_tokens = request.num_tokens + request.num_pending_tokens
+            num_known_tokens = num_known_worst_case(request)
             if request.num_pending_tokens and self._ends_by_length(request):
                 # Its unread token ends it: a step for it would be thrown away, and its place
                 # goes to a waiting request now, as it would once the token is read.
@@ -190,9 +189,12 @@ class Scheduler:
             if num_new_tokens <= 0:
                 index += 1
                 continue
-            drafts = [] if takes_prefill else propose_drafts(
-                self.proposer, request, token_budget, self.max_model_len
-            )
+            if takes_prefill:
+                drafts = []
+            elif in_flight_drafts:
+                drafts = device_drafts(self.proposer, request, token_budget, self.max_model_len)
+            else:
+                drafts = propose_drafts(self.proposer, request, token_budget, self.max_model_len)
             lookahead = num_lookahead_tokens(
                 self.proposer, request, num_new_tokens, len(drafts), self.max_model_len
             )
@@ -363,8 +365,9 @@ class Scheduler:
             num_new = grants.num_tokens[request_id]
             drafts = grants.draft_token_ids.get(request_id, [])
             computed = request.num_computed_tokens
-            num_outputs = request.num_output_tokens + request.num_pending_tokens
-            num_known = request.num_tokens + request.num_pending_tokens
+            unverified = request.num_unverified_drafts  # worst case: all accepted
+            num_outputs = request.num_output_tokens + request.num_pending_tokens + unverified
+            num_known = request.num_tokens + request.num_pending_tokens + unverified
             if num_outputs > 0 and computed == num_known - 1 and num_new == 1 + len(drafts):
                 plan.num_decode_tokens += num_new
             else:
@@ -381,17 +384,18 @@ class Scheduler:
                     num_lookahead_tokens=(
                         grants.num_lookahead_tokens.get(request_id, 0) if samples else 0
                     ),
+                    num_unverified_before=unverified,
                 )
             )
             if request_id not in self._on_workers:
                 self._on_workers.add(request_id)
-                plan.new_requests.append(_new_request(request))
+                plan.new_requests.append(request.as_new_request())
             if samples and request.samples_from_host_tokens:
                 plan.samples_from_host_tokens = True
             request.num_computed_tokens = computed + num_new
             if samples:
                 request.num_pending_tokens += 1
-                request.num_unverified_drafts = len(drafts)
+                request.num_unverified_drafts += len(drafts)
         return plan
 
     def _prefill_allowance(self) -> int:
@@ -491,7 +495,7 @@ class Scheduler:
                 self.kv_cache_manager.cache_computed_blocks(request)
                 continue  # a prompt chunk that did not reach the end of the prompt
             request.num_pending_tokens -= 1
-            request.num_unverified_drafts = 0
+            request.num_unverified_drafts -= len(scheduled.draft_token_ids)
             token_ids = result.token_ids[position]
             if not token_ids:
                 continue  # left out of the step (it failed): the engine ends it
@@ -516,8 +520,11 @@ class Scheduler:
                 request.timings.first_token_time = now
             if num_rejected > 0 and request.status == RequestStatus.RUNNING:
                 # Blocks that held only rejected drafts go back; the next step's token (the
-                # last accepted one) needs room for num_tokens tokens.
-                self.kv_cache_manager.trim(request, request.num_tokens)
+                # last accepted one) needs room for num_tokens tokens, a step in flight (planned
+                # for the worst case, drafts_in_flight.py) for its computed ones.
+                self.kv_cache_manager.trim(
+                    request, max(request.num_tokens, request.num_computed_tokens)
+                )
             model_drafts = result.draft_token_ids.get(request.request_id)
             if model_drafts and finish_status is None:
                 self._store_model_drafts(request, model_drafts)
@@ -635,14 +642,3 @@ class Scheduler:
             ),
         )
 
-
-def _new_request(request: Request) -> NewRequest:
-    """What the workers keep of a request, sent when it first runs or resumes."""
-    return NewRequest(
-        request_id=request.request_id,
-        prompt_token_ids=request.prompt_token_ids,
-        sampling_params=request.sampling_params,
-        sampling_seed=request.sampling_seed,
-        eos_token_ids=list(request.eos_token_ids),
-        output_token_ids=list(request.output_token_ids),
-    )

@@ -23,7 +23,7 @@ from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
 from ladle.engine.handoff_params import apply_transfer_params, handoff_params
-from ladle.engine.overlap import overlap_enabled
+from ladle.engine.overlap import drafts_on_device, overlap_enabled
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
 from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
 from ladle.engine.step_meter import StepMeter
@@ -134,6 +134,7 @@ class EngineCore:
             config, info, self.executor.grammar_device
         )
         self.overlaps = overlap_enabled(config.scheduler, info.device_type)
+        self.scheduler.drafts_on_device = drafts_on_device(config, info.device_type)
         self._in_flight: InFlightStep | None = None  # submitted, its result not yet read
         self._graph_steps_before = 0
         # Last: the warm-up runs real steps, which need everything above.

@@ -6,9 +6,14 @@ counts a submitted step's tokens as computed and its samples as pending
 (Request.num_pending_tokens); the worker feeds a decode row whose last token is pending from the
 device copy of that token. A request that the earlier step ends (EOS, a stop id) may already sit
 in the next step: that token is computed and thrown away, never reported. A request that ends by
-length is known to end before its token is read, so it is not scheduled again. A request that
-verifies draft tokens is not scheduled again until its step is read: how many of them it
-accepts decides where its next step starts.
+length is known to end before its token is read, so it is not scheduled again.
+
+A request that verifies draft tokens has its next step planned while its step runs too when the
+drafts are made on the device (drafts_on_device below: n-gram drafts): the step is planned for
+the worst case (every draft accepted) and moved back on the device by the drafts that were
+rejected (core/drafts_in_flight.py, worker/drafts_on_device.py). Other drafted requests (suffix
+and model drafts, which the host reads) are not scheduled again until their step is read: how
+many drafts they accept decides where their next step starts.
 
 Some requests' sampling needs every token on the host: a grammar (its bitmask follows the tokens
 accepted so far) and bad_words (a word's last token is banned once the output ends with the rest
@@ -20,7 +25,7 @@ host: their token ids live on the device (worker/penalty_history.py).
 
 from __future__ import annotations
 
-from ladle.config import SchedulerConfig
+from ladle.config import EngineConfig, SchedulerConfig
 
 
 def overlap_enabled(config: SchedulerConfig, device_type: str) -> bool:
@@ -29,3 +34,16 @@ def overlap_enabled(config: SchedulerConfig, device_type: str) -> bool:
     if config.async_scheduling is not None:
         return config.async_scheduling
     return device_type == "cuda"
+
+
+def drafts_on_device(config: EngineConfig, device_type: str) -> bool:
+    """Whether drafts are made on the device and drafted requests' steps overlap: n-gram
+    speculation with overlapped steps, on one pipeline stage. The engine's scheduler and every
+    worker ask this of the same config, so they agree."""
+    speculative = config.scheduler.speculative
+    return (
+        speculative is not None
+        and speculative.method == "ngram"
+        and overlap_enabled(config.scheduler, device_type)
+        and config.parallel.pipeline_parallel_size == 1
+    )

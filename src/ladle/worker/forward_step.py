@@ -34,3 +34,5 @@ class ForwardStep:
     kv_report: KVReport | None = None  # the plan's KV copies, issued before the forward
     # With a draft network (worker/drafter.py): what the target gave it, for every row.
     target_outputs: TargetOutputs | None = None
+    # The input ids the forward read (device-resolved); None for a plan with nothing scheduled.
+    input_ids: torch.Tensor | None = None

@@ -23,6 +23,7 @@ from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.distributed.fast_all_reduce import with_fast_all_reduce
 from ladle.distributed.process_group import join_ranks, min_over_world, rank_device
+from ladle.engine.overlap import drafts_on_device
 from ladle.kernels.cpu_native.build import build_in_background
 from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
@@ -36,6 +37,7 @@ from ladle.worker import kv_calibration
 from ladle.worker.builds_beside_loading import builds_beside_loading
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter_setup import drafter_bytes, load_drafter
+from ladle.worker.drafts_on_device import DeviceDrafts
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.expert_dispatch_setup import prepare_expert_dispatch
 from ladle.worker.expert_load import ExpertLoadMeter
@@ -143,6 +145,14 @@ class Worker:
         speculative = config.scheduler.speculative
         if speculative is not None:
             self.runner.synthetic_acceptance = speculative.synthetic_acceptance
+            if drafts_on_device(config, self.device.type):
+                self.runner.device_drafts = DeviceDrafts(
+                    self.device,
+                    self.max_model_len,
+                    speculative.prompt_lookup_min,
+                    speculative.prompt_lookup_max,
+                    speculative.synthetic_acceptance,
+                )
             if speculative.uses_model_drafts:
                 self.runner.drafter = load_drafter(
                     config, self.model, self.arch, self.device, self.dtype,
