@@ -10,6 +10,7 @@ import random
 import pytest
 
 from ladle import LLM, SamplingParams
+from ladle.protocol.messages import EngineCoreRequest
 
 ENGINE_OPTIONS = {"cpu_kv_cache_gib": 0.1, "block_size": 4, "max_num_seqs": 64}
 NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}
@@ -94,3 +95,125 @@ def test_drafted_requests_are_planned_while_their_verify_step_runs(engine_in_fli
     finally:
         engine.scheduler.schedule = original
     assert len(overlapped) > 10
+
+
+def test_seeded_requests_are_batch_invariant(engine_in_flight, engine_off):
+    """A seeded request's random stream counter is moved back on the device with its step:
+    the same tokens alone, in a batch, and without speculation."""
+    prompts = _repetitive_prompts(10, seed=2)
+    seeded = [
+        SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=20, ignore_eos=True)
+        for i in range(len(prompts))
+    ]
+    together = _tokens(engine_in_flight.generate(prompts, seeded, use_tqdm=False))
+    alone = [
+        _tokens(engine_in_flight.generate([p], [s], use_tqdm=False))[0]
+        for p, s in zip(prompts[:4], seeded[:4])
+    ]
+    without = _tokens(engine_off.generate(prompts, seeded, use_tqdm=False))
+    assert together == without and alone == without[:4]
+
+
+def _details(outputs):
+    return [
+        (
+            list(o.outputs[0].token_ids),
+            o.outputs[0].text,
+            o.outputs[0].finish_reason,
+            [sorted(step) for step in (o.outputs[0].logprobs or [])],
+        )
+        for o in outputs
+    ]
+
+
+def test_host_bound_requests_beside_in_flight_ones(engine_in_flight, engine_off):
+    """Grammar, penalty and min_tokens requests stay synchronous beside the overlapped ones;
+    logprobs, max_tokens inside drafts and seeded sampling overlap: all as without drafts."""
+    schema = {
+        "type": "object",
+        "properties": {"name": {"type": "string", "maxLength": 12}, "age": {"type": "integer"}},
+        "required": ["name", "age"],
+        "additionalProperties": False,
+    }
+    params = [
+        SamplingParams(temperature=0, max_tokens=40, structured_outputs={"json": schema}),
+        SamplingParams(temperature=0, max_tokens=24, repetition_penalty=1.3, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=24, logprobs=3, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=7, ignore_eos=True),
+        SamplingParams(temperature=0, max_tokens=20, min_tokens=12),
+        SamplingParams(temperature=0.7, seed=5, max_tokens=24, top_k=20, ignore_eos=True),
+    ] * 3
+    prompts = _repetitive_prompts(len(params), seed=3)
+    expected = _details(engine_off.generate(prompts, params, use_tqdm=False))
+    got = _details(engine_in_flight.generate(prompts, params, use_tqdm=False))
+    assert got == expected
+    assert expected[3][2] == "length" and len(expected[3][0]) == 7
+    _assert_no_blocks_held(engine_in_flight)
+
+
+def test_stop_ids_inside_accepted_drafts_end_at_the_right_token(engine_in_flight, engine_off):
+    """A stop id the prompt holds (so the n-gram drafts it) ends the request at that token,
+    also inside a multi-token result, while its next step is already in flight."""
+    prompts = _repetitive_prompts(32)
+    greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
+    reference = engine_off.generate(prompts, greedy, use_tqdm=False)
+    params = []
+    for prompt, output in zip(prompts, reference):
+        tokens = list(output.outputs[0].token_ids)
+        seen = set(prompt["prompt_token_ids"])
+        stop_at = next(
+            (i for i in range(3, len(tokens)) if tokens[i] in seen and tokens[i] not in tokens[:i]),
+            len(tokens) // 2,
+        )
+        params.append(
+            SamplingParams(temperature=0, max_tokens=32, stop_token_ids=[tokens[stop_at]])
+        )
+    expected = _details(engine_off.generate(prompts, params, use_tqdm=False))
+    scheduler = engine_in_flight.engine.scheduler
+    ended_in_a_run = []
+    original_update = scheduler.update_from_output
+
+    def watching_update(plan, result):
+        outputs = original_update(plan, result)
+        ended_in_a_run.extend(
+            o for o in outputs if o.finish_reason == "stop" and len(o.new_token_ids) > 1
+        )
+        return outputs
+
+    scheduler.update_from_output = watching_update
+    try:
+        got = _details(engine_in_flight.generate(prompts, params, use_tqdm=False))
+    finally:
+        del scheduler.update_from_output
+    assert got == expected
+    assert all(finish == "stop" for _, _, finish, _ in expected)
+    assert len(ended_in_a_run) >= 3
+    _assert_no_blocks_held(engine_in_flight)
+
+
+def test_aborts_mid_flight_leak_no_block(engine_in_flight):
+    """Requests aborted while two of their steps are unread free every block."""
+    engine = engine_in_flight.engine
+    params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
+    for i, prompt in enumerate(_repetitive_prompts(6, seed=5)):
+        engine.add_request(
+            EngineCoreRequest(
+                request_id=f"abort-{i}",
+                prompt_token_ids=prompt["prompt_token_ids"],
+                sampling_params=params,
+                eos_token_ids=[],
+            )
+        )
+    aborted_in_flight = 0
+    for step in range(12):
+        engine.step()
+        if step in (4, 7):
+            ids = [r for r in list(engine.scheduler.requests) if r.startswith("abort-")][:3]
+            aborted_in_flight += sum(
+                engine.scheduler.requests[r].num_pending_tokens > 0 for r in ids
+            )
+            engine.abort_requests(ids)
+    while engine.has_unfinished_requests():
+        engine.step()
+    assert aborted_in_flight > 0
+    _assert_no_blocks_held(engine_in_flight)
