@@ -10,8 +10,11 @@ match, or the continuation runs past the known tokens, the draft repeats the las
 draft is exact (the verifier rejects wrong ones), and a fixed count keeps the step's shape
 known to the host that planned it.
 
-Vectorised over the requests and the history: for each n one comparison of every window of n
-tokens with the suffix ([requests, width, n]), no per-request loop and no host sync.
+Vectorised over the requests and the history, in one pass for every n: each window of max_n
+tokens is compared with the last max_n tokens ([requests, width, max_n]), the length of their
+common suffix found by a running AND from the window's end, and the best end scored as
+(length, end), so the longest match wins and the latest among equals. No per-request loop, no
+host sync, a fixed number of launches.
 """
 
 from __future__ import annotations
@@ -30,20 +33,28 @@ def ngram_drafts(
 
     history: [requests, width] int, each row's first lengths[i] entries its tokens (width: at
     least the longest row, the rest ignored); lengths: [requests] int64, each >= 1."""
-    num_rows, width = history.shape
+    width = history.shape[1]
     device = history.device
     lengths = lengths.long()
     last_index = lengths - 1
-    best_end = torch.full((num_rows,), -1, dtype=torch.long, device=device)
-    for n in range(min(max_n, width - 1), min_n - 1, -1):
-        suffix_index = (lengths[:, None] - n + torch.arange(n, device=device)).clamp(min=0)
-        suffix = history.gather(1, suffix_index)  # [requests, n]
-        windows = history.unfold(1, n, 1)  # [requests, width - n + 1, n]; ends at start + n
-        matches = (windows == suffix[:, None, :]).all(dim=-1)
-        ends = torch.arange(n, width + 1, device=device)
-        valid = matches & (ends[None, :] <= last_index[:, None]) & (lengths > n)[:, None]
-        latest = torch.where(valid, ends[None, :], -1).amax(dim=1)
-        best_end = torch.where(best_end < 0, latest, best_end)
+    # Left padding (never a token id) so that every end in [0, width] has max_n tokens before
+    # it: window e covers the tokens [e - max_n, e).
+    padded = torch.nn.functional.pad(history, (max_n, 0), value=-1)
+    windows = padded.unfold(1, max_n, 1)  # [requests, width + 1, max_n]
+    suffix = padded.gather(1, lengths[:, None] + torch.arange(max_n, device=device))
+    equal = windows == suffix[:, None, :]
+    # The common suffix's length: a running AND from each window's last token backwards.
+    run = equal[..., max_n - 1].long()
+    common = run.clone()
+    for back in range(2, max_n + 1):
+        run = run * equal[..., max_n - back]
+        common += run
+    # The host's rule: n <= length - 1, the match ends before the last token, n >= min_n.
+    common = torch.minimum(common, last_index[:, None])
+    ends = torch.arange(width + 1, device=device)
+    valid = (common >= min_n) & (ends[None, :] <= last_index[:, None])
+    score = torch.where(valid, common * (width + 1) + ends[None, :], -1).amax(dim=1)
+    best_end = torch.where(score >= 0, score % (width + 1), -1)
     last_token = history.gather(1, last_index.clamp(min=0)[:, None])
     draft_index = best_end[:, None] + torch.arange(num_drafts, device=device)
     known = (best_end[:, None] >= 0) & (draft_index <= last_index[:, None])

@@ -15,7 +15,10 @@ resolved here, on the device, per slot of the persistent batch:
   an unread verify step has its positions, KV slots, sequence lengths and sampling counters moved
   back by what that step rejected.
 
-The host reads the verdict with the sampled ids (one copy more); it never waits for it earlier.
+Every index the device needs is known to the host when it builds the step: those arrays travel
+in the step's one host-to-device copy (StepInputBuilder.build's extra_parts), so the device work
+is a few dozen small launches and no extra copy. The host reads the verdict with the sampled ids
+(one copy more); it never waits for it earlier.
 On the CPU the corrected sequence lengths are read back at once (the CPU attention reads host
 lengths, and there a read costs nothing); on CUDA the host keeps the upper bounds, which the
 Triton attention reads only as bounds.
@@ -33,7 +36,11 @@ from ladle.protocol.step import StepPlan
 from ladle.worker.device_ngram import ngram_drafts
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
-from ladle.worker.step_inputs import StepInputs
+from ladle.worker.step_inputs import ExtraParts, StepInputs
+
+# Draft positions past this are never made (config.MAX_SPECULATIVE_TOKENS is lower): the
+# history's rows leave room for a step's emitted tokens past the model length.
+_MAX_DRAFTS = 32
 
 
 @dataclass
@@ -42,15 +49,31 @@ class Verdict:
 
     row_tokens: torch.Tensor  # [rows] int64: each row's emitted token (its draft if accepted)
     num_accepted: torch.Tensor  # [sampling requests] int64
-    first_rows: np.ndarray  # [sampling requests]: each one's first sampling row
+    first_rows: list[int]  # [sampling requests]: each one's first sampling row
     positions: list[int]  # [sampling requests]: each one's place in the plan
 
-    def emitted(self, num_scheduled: int, row_tokens: list[int], accepted: list[int]):
-        """Per scheduled request, the tokens it emits (host lists of the copies)."""
+    def emitted(
+        self, num_scheduled: int, row_tokens: list[int], accepted: list[int]
+    ) -> list[list[int]]:
+        """Per scheduled request, the tokens it emits (from host copies of the tensors)."""
         emitted: list[list[int]] = [[] for _ in range(num_scheduled)]
-        for position, first, count in zip(self.positions, self.first_rows.tolist(), accepted):
+        for position, first, count in zip(self.positions, self.first_rows, accepted):
             emitted[position] = row_tokens[first : first + count + 1]
         return emitted
+
+
+@dataclass
+class StepShape:
+    """What the host knows of one step's drafts (DeviceDrafts.shape)."""
+
+    num_drafts: np.ndarray  # [scheduled] drafts each verifies
+    drafting: np.ndarray  # plan positions whose drafts are made on the device
+    shifted: np.ndarray  # [scheduled] 1 where the step is planned behind an unread verify step
+    row_positions: np.ndarray  # [rows] plan position of each sampling row
+    row_offsets: np.ndarray  # [rows] drafts before the row
+    first_rows: np.ndarray  # [sampling requests]
+    max_drafts: int  # over the sampling requests
+    ngram_width: int  # history columns the drafting requests can have
 
 
 class DeviceDrafts:
@@ -68,8 +91,8 @@ class DeviceDrafts:
         self.min_n = min_n
         self.max_n = max_n
         self.synthetic_acceptance = synthetic_acceptance
-        # One column past the model length: rows that emit nothing write there.
-        self.width = max_model_len + 1
+        # Room past the model length for the rows a verdict writes beyond the bonus one.
+        self.width = max_model_len + _MAX_DRAFTS + 1
         self.num_slots = 0
         self.rejected = torch.zeros(0, dtype=torch.long, device=device)
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)
@@ -89,11 +112,93 @@ class DeviceDrafts:
         self.rejected, self.lengths, self.history = rejected, lengths, history
         self.num_slots = num_slots
 
+    # ----- the host's side ---------------------------------------------------------------
+
+    def shape(self, plan: StepPlan, sampling_rows: list[tuple[int, int]]) -> StepShape:
+        scheduled = plan.scheduled
+        num_drafts = np.fromiter(
+            (len(s.draft_token_ids) for s in scheduled), dtype=np.int64, count=len(scheduled)
+        )
+        shifted = np.fromiter(
+            (s.num_unverified_before > 0 for s in scheduled), dtype=np.int64, count=len(scheduled)
+        )
+        drafting = np.fromiter(
+            (p for p, s in enumerate(scheduled) if s.draft_token_ids and s.draft_token_ids[0] < 0),
+            dtype=np.int64,
+        )
+        rows = np.asarray(sampling_rows, dtype=np.int64).reshape(-1, 2)
+        row_positions, row_offsets = rows[:, 0], rows[:, 1]
+        first_rows = np.flatnonzero(row_offsets == 0)
+        ngram_width = 0
+        if drafting.size:
+            ngram_width = 1 + max(
+                scheduled[p].num_computed_before + scheduled[p].num_tokens
+                for p in drafting.tolist()
+            )
+        return StepShape(
+            num_drafts=num_drafts,
+            drafting=drafting,
+            shifted=shifted,
+            row_positions=row_positions,
+            row_offsets=row_offsets,
+            first_rows=first_rows,
+            max_drafts=int(num_drafts[row_positions[first_rows]].max()) if first_rows.size else 0,
+            ngram_width=min(ngram_width, self.width),
+        )
+
+    def extra_parts(self, shape: StepShape) -> ExtraParts:
+        """The step's index arrays, for the step's one copy (StepInputBuilder.build)."""
+
+        def parts(
+            slots: np.ndarray, query_start_loc: np.ndarray, logits_indices: np.ndarray
+        ) -> dict[str, np.ndarray]:
+            out: dict[str, np.ndarray] = {}
+            num_tokens = int(query_start_loc[-1])
+            query_lens = np.diff(query_start_loc)
+            if shape.first_rows.size:
+                requests = shape.row_positions[shape.first_rows]
+                num_rows = shape.row_positions.size
+                drafts = shape.num_drafts[requests]
+                columns = np.arange(shape.max_drafts + 1)
+                grid = shape.first_rows[:, None] + columns
+                # Columns past a request's drafts read the sentinel row (never accepted).
+                grid = np.where(columns[None, :] < drafts[:, None], grid, num_rows)
+                row_slots = slots[shape.row_positions]
+                out["extra_first_rows"] = shape.first_rows
+                out["extra_request_slots"] = slots[requests]
+                out["extra_num_drafts"] = drafts
+                out["extra_grid"] = grid.reshape(-1)
+                out["extra_row_draft_index"] = np.minimum(logits_indices + 1, num_tokens - 1)
+                out["extra_row_request"] = np.cumsum(shape.row_offsets == 0) - 1
+                out["extra_row_offsets"] = shape.row_offsets
+                out["extra_row_slots"] = row_slots
+                out["extra_row_base"] = row_slots * self.width + shape.row_offsets
+            if shape.shifted.any():
+                token_request = np.repeat(np.arange(len(query_lens)), query_lens)
+                out["extra_shifted"] = shape.shifted
+                out["extra_token_request"] = token_request
+                out["extra_token_slots"] = slots[token_request]
+                out["extra_row_positions"] = shape.row_positions
+            if shape.drafting.size:
+                counts = shape.num_drafts[shape.drafting]
+                within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
+                out["extra_draft_slots"] = slots[shape.drafting]
+                out["extra_draft_tokens"] = (
+                    np.repeat(query_start_loc[shape.drafting] + 1, counts) + within
+                )
+                out["extra_draft_flat"] = (
+                    np.repeat(np.arange(len(counts)), counts) * int(counts.max()) + within
+                )
+            return out
+
+        return parts
+
     # ----- before the forward ------------------------------------------------------------
 
     def prepare(
         self,
         plan: StepPlan,
+        shape: StepShape,
         inputs: StepInputs,
         input_ids: torch.Tensor,
         batch: PersistentBatch,
@@ -102,28 +207,32 @@ class DeviceDrafts:
         """Record new requests' tokens, fill the device drafts into input_ids and move steps
         planned behind an unread verify step back (all in place); returns input_ids."""
         self._fit(batch.num_slots)
-        scheduled = plan.scheduled
-        slots, _ = batch.slots_for([s.request_id for s in scheduled])
-        self._record_new_requests(plan, slots, states)
-        starts = inputs.attn_metadata.query_start_loc_host
-        drafting = [
-            p for p, s in enumerate(scheduled) if s.draft_token_ids and s.draft_token_ids[0] < 0
-        ]
-        if drafting:
-            input_ids = self._fill_drafts(scheduled, drafting, slots, starts, input_ids)
-        shifted = [p for p, s in enumerate(scheduled) if s.num_unverified_before]
-        if shifted:
-            self._move_back(plan, inputs, batch, slots, shifted, starts)
+        if plan.new_requests:
+            self._record_new_requests(plan, batch, states)
+        extra = inputs.extra
+        if shape.drafting.size:
+            slots = extra["extra_draft_slots"]
+            drafts = ngram_drafts(
+                self.history[slots, : shape.ngram_width],
+                self.lengths[slots],
+                int(shape.num_drafts[shape.drafting].max()),
+                self.min_n,
+                self.max_n,
+            )
+            if input_ids.dtype != torch.long:
+                input_ids = input_ids.long()
+            input_ids[extra["extra_draft_tokens"]] = drafts.view(-1)[extra["extra_draft_flat"]]
+        if "extra_shifted" in extra:
+            self._move_back(inputs, batch)
         return input_ids
 
     def _record_new_requests(
-        self, plan: StepPlan, slots: np.ndarray, states: RequestStates
+        self, plan: StepPlan, batch: PersistentBatch, states: RequestStates
     ) -> None:
         """A request new to the batch (first run, or resumed): its known tokens, all on the
         host then (a request resumes only once its steps are read)."""
-        if not plan.new_requests:
-            return
-        slot_of = {s.request_id: slot for s, slot in zip(plan.scheduled, slots.tolist())}
+        slots, _ = batch.slots_for([s.request_id for s in plan.scheduled])
+        slot_of = dict(zip(plan.request_ids(), slots.tolist()))
         flat, tokens, new_slots, new_lengths = [], [], [], []
         for new in plan.new_requests:
             slot = slot_of[new.request_id]
@@ -140,78 +249,22 @@ class DeviceDrafts:
             new_lengths, device=device
         )
 
-    def _fill_drafts(
-        self,
-        scheduled: list,
-        drafting: list[int],
-        slots: np.ndarray,
-        starts: list[int],
-        input_ids: torch.Tensor,
-    ) -> torch.Tensor:
-        """Each drafting request's n-gram drafts, from its tokens on the device, into the
-        draft positions of input_ids (after its one known token)."""
-        device = self.device
-        counts = [len(scheduled[p].draft_token_ids) for p in drafting]
-        most = max(counts)
-        # Worst-case known tokens bound each row's history; + the drafts' room.
-        width = min(
-            self.width,
-            max(scheduled[p].num_computed_before + scheduled[p].num_tokens for p in drafting) + 1,
-        )
-        row_slots = torch.from_numpy(slots[drafting]).to(device)
-        drafts = ngram_drafts(
-            self.history[row_slots, :width], self.lengths[row_slots], most, self.min_n, self.max_n
-        )
-        token_index = np.concatenate([starts[p] + 1 + np.arange(n) for p, n in zip(drafting, counts)])
-        row = np.repeat(np.arange(len(drafting)), counts)
-        column = np.concatenate([np.arange(n) for n in counts])
-        if input_ids.dtype != torch.long:
-            input_ids = input_ids.long()
-        input_ids[torch.from_numpy(token_index).to(device)] = drafts[
-            torch.from_numpy(row).to(device), torch.from_numpy(column).to(device)
-        ]
-        return input_ids
-
-    def _move_back(
-        self,
-        plan: StepPlan,
-        inputs: StepInputs,
-        batch: PersistentBatch,
-        slots: np.ndarray,
-        shifted: list[int],
-        starts: list[int],
-    ) -> None:
+    def _move_back(self, inputs: StepInputs, batch: PersistentBatch) -> None:
         """Requests planned as if their unread step accepted every draft: positions, KV slots,
         sequence lengths and sampling counters back by the drafts that step rejected."""
-        device = self.device
+        extra = inputs.extra
         metadata = inputs.attn_metadata
-        counts = [starts[p + 1] - starts[p] for p in shifted]
-        token_index = torch.from_numpy(
-            np.concatenate([starts[p] + np.arange(n) for p, n in zip(shifted, counts)])
-        ).to(device)
-        request_slots = torch.from_numpy(slots[shifted]).to(device)
-        back = self.rejected[request_slots]  # [shifted]
-        token_request = torch.from_numpy(np.repeat(np.arange(len(shifted)), counts)).to(device)
-        positions = inputs.positions[token_index] - back[token_request]
-        inputs.positions[token_index] = positions
+        back = self.rejected[inputs.request_slots] * extra["extra_shifted"]  # [requests]
+        positions = inputs.positions
+        positions.sub_(back[extra["extra_token_request"]])
         block_size = metadata.block_size
-        blocks = batch.block_table[request_slots[token_request], positions // block_size]
-        metadata.slot_mapping[token_index] = blocks.long() * block_size + positions % block_size
-        shifted_index = torch.tensor(shifted, device=device)
-        seq_lens = metadata.seq_lens
-        seq_lens[shifted_index] = (seq_lens[shifted_index] - back).to(seq_lens.dtype)
-        row_index, row_request = [], []
-        shifted_at = {p: i for i, p in enumerate(shifted)}
-        for row, (position, _) in enumerate(plan.sampling_rows()):
-            if position in shifted_at:
-                row_index.append(row)
-                row_request.append(shifted_at[position])
-        if row_index:
-            steps = inputs.sampling_rows["step"]
-            rows = torch.tensor(row_index, device=device)
-            moved = steps[rows] - back[torch.tensor(row_request, device=device)]
-            steps[rows] = moved.to(steps.dtype)
-        if device.type == "cpu":
+        blocks = batch.block_table[extra["extra_token_slots"], positions // block_size]
+        metadata.slot_mapping.copy_(blocks.long() * block_size + positions % block_size)
+        back = back.to(metadata.seq_lens.dtype)
+        metadata.seq_lens.sub_(back)
+        steps = inputs.sampling_rows["step"]
+        steps.sub_(back[extra["extra_row_positions"]].to(steps.dtype))
+        if self.device.type == "cpu":
             lengths = metadata.seq_lens.tolist()
             inputs.attn_metadata = dataclasses.replace(
                 metadata, seq_lens_host=lengths, max_seq_len=max(lengths), backend_cache={}
@@ -222,7 +275,7 @@ class DeviceDrafts:
     def judge(
         self,
         plan: StepPlan,
-        sampling_rows: list[tuple[int, int]],
+        shape: StepShape,
         inputs: StepInputs,
         input_ids: torch.Tensor,
         sampled: torch.Tensor,
@@ -230,55 +283,33 @@ class DeviceDrafts:
     ) -> Verdict:
         """The step's verdict (module docstring); writes each sampling request's last token,
         rejected drafts and emitted tokens into its slot."""
-        device = self.device
-        scheduled = plan.scheduled
-        positions: list[int] = []
-        first_rows: list[int] = []
-        num_drafts: list[int] = []
-        row_request = np.empty(len(sampling_rows), dtype=np.int64)
-        row_offset = np.empty(len(sampling_rows), dtype=np.int64)
-        for row, (position, offset) in enumerate(sampling_rows):
-            if offset == 0:
-                positions.append(position)
-                first_rows.append(row)
-                num_drafts.append(len(scheduled[position].draft_token_ids))
-            row_request[row] = len(positions) - 1
-            row_offset[row] = offset
-        first = np.asarray(first_rows, dtype=np.int64)
-        drafts = np.asarray(num_drafts, dtype=np.int64)
-        host = np.concatenate([first, drafts, row_request, row_offset])
-        packed = torch.from_numpy(host).to(device, non_blocking=True)
-        num_requests, num_rows = len(positions), len(sampling_rows)
-        first_dev = packed[:num_requests]
-        drafts_dev = packed[num_requests : 2 * num_requests]
-        request_dev = packed[2 * num_requests : 2 * num_requests + num_rows]
-        offset_dev = packed[2 * num_requests + num_rows :]
-        has_draft = offset_dev < drafts_dev[request_dev]
-        # Row j decides on draft j, the token after the row's own in the chunk.
-        after = (inputs.logits_indices + 1).clamp(max=input_ids.shape[0] - 1)
-        row_drafts = torch.where(has_draft, input_ids[after].long(), -1)
+        extra = inputs.extra
+        sampled = sampled.long()
+        # Row j decides on draft j, the token after the row's own in the chunk (bonus rows
+        # compare with anything: the grid never reads them).
+        row_drafts = input_ids[extra["extra_row_draft_index"]].long()
         if self.synthetic_acceptance is None:
-            accepts = has_draft & (sampled == row_drafts)
+            accepts = (sampled == row_drafts).long()
         else:
-            coins = torch.rand(num_rows, generator=self._coins, device=device)
-            accepts = has_draft & (coins < self.synthetic_acceptance)
-        width = int(drafts.max()) + 1 if num_requests else 1
-        columns = torch.arange(width, device=device)
-        grid = (first_dev[:, None] + columns).clamp(max=num_rows - 1)
-        leading = accepts[grid] & (columns[None, :] < drafts_dev[:, None])
-        num_accepted = leading.long().cumprod(dim=1).sum(dim=1)
+            coins = torch.rand(sampled.shape[0], generator=self._coins, device=self.device)
+            accepts = (coins < self.synthetic_acceptance).long()
+        accepts = torch.nn.functional.pad(accepts, (0, 1))  # the sentinel row: refused
+        num_requests = shape.first_rows.size
+        leading = accepts[extra["extra_grid"]].view(num_requests, shape.max_drafts + 1)
+        num_accepted = leading.cumprod(dim=1).sum(dim=1)
         row_tokens = torch.where(
-            offset_dev < num_accepted[request_dev], row_drafts, sampled.long()
+            extra["extra_row_offsets"] < num_accepted[extra["extra_row_request"]],
+            row_drafts,
+            sampled,
         )
-        request_slots = inputs.sampling_slots[first_dev]
-        last_sampled.index_copy_(0, request_slots, sampled[first_dev + num_accepted].long())
-        self.rejected.index_copy_(0, request_slots, drafts_dev - num_accepted)
-        # The emitted tokens onto each request's history (rows past the bonus one: nowhere).
-        row_slots = inputs.sampling_slots
-        emits = offset_dev <= num_accepted[request_dev]
-        column = torch.where(
-            emits, (self.lengths[row_slots] + offset_dev).clamp(max=self.width - 2), self.width - 1
-        )
-        self.history.view(-1)[row_slots * self.width + column] = row_tokens.to(torch.int32)
+        request_slots = extra["extra_request_slots"]
+        bonus_rows = extra["extra_first_rows"] + num_accepted
+        last_sampled.index_copy_(0, request_slots, sampled[bonus_rows])
+        self.rejected.index_copy_(0, request_slots, extra["extra_num_drafts"] - num_accepted)
+        # Every row's token onto its request's history; those past the bonus row lie beyond
+        # the new length, where nothing reads them.
+        at = extra["extra_row_base"] + self.lengths[extra["extra_row_slots"]]
+        self.history.view(-1)[at] = row_tokens.to(torch.int32)
         self.lengths.index_add_(0, request_slots, num_accepted + 1)
-        return Verdict(row_tokens, num_accepted, first, positions)
+        positions = shape.row_positions[shape.first_rows].tolist()
+        return Verdict(row_tokens, num_accepted, shape.first_rows.tolist(), positions)

@@ -15,6 +15,7 @@ import torch
 from ladle.protocol.step import PromptLogprobsChunk, StepPlan
 from ladle.sample.metadata import SamplingFlags
 from ladle.worker.drafter import TargetOutputs
+from ladle.worker.drafts_on_device import StepShape
 from ladle.worker.kv_copier import KVReport
 from ladle.worker.penalty_history import PenaltyRows
 from ladle.worker.step_inputs import StepInputs
@@ -36,3 +37,5 @@ class ForwardStep:
     target_outputs: TargetOutputs | None = None
     # The input ids the forward read (device-resolved); None for a plan with nothing scheduled.
     input_ids: torch.Tensor | None = None
+    # With drafts on the device: what the host knows of the step's drafts (drafts_on_device.py).
+    draft_shape: StepShape | None = None

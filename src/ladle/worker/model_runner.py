@@ -255,10 +255,14 @@ class ModelRunner:
         ]
         graphs = self.graphs
         device_drafts = self.device_drafts
-        if device_drafts is not None and any(s.num_unverified_before for s in scheduled):
-            graphs = None  # its inputs are moved on the device: not the graph's host words
+        draft_shape = extra_parts = None
+        if device_drafts is not None:
+            draft_shape = device_drafts.shape(plan, sampling_rows)
+            extra_parts = device_drafts.extra_parts(draft_shape)
+            if draft_shape.shifted.any():
+                graphs = None  # its inputs are moved on the device: not the graph's host words
         inputs = self.input_builder.build(
-            plan, states, sampling_rows, row_output_index, self.batch, graphs
+            plan, states, sampling_rows, row_output_index, self.batch, graphs, extra_parts
         )
         input_ids = inputs.input_ids
         if inputs.token_slots is not None:
@@ -271,7 +275,10 @@ class ModelRunner:
             else:
                 input_ids = torch.where(input_ids < 0, from_device, input_ids)
         if device_drafts is not None:
-            input_ids = device_drafts.prepare(plan, inputs, input_ids, self.batch, states)
+            assert draft_shape is not None
+            input_ids = device_drafts.prepare(
+                plan, draft_shape, inputs, input_ids, self.batch, states
+            )
         attn_metadata = inputs.attn_metadata
         if graphs is not None and graphs.can_run(
             attn_metadata.num_reqs,
@@ -339,6 +346,7 @@ class ModelRunner:
             kv_report=kv_report,
             target_outputs=target_outputs,
             input_ids=input_ids,
+            draft_shape=draft_shape,
         )
 
     def _run_stage(
@@ -474,9 +482,10 @@ class ModelRunner:
         self.stage.share_sampled(sampled)  # to the earlier pipeline stages, if any
         verdict = accepted_host = None
         if self.device_drafts is not None:
+            assert forward.draft_shape is not None
             verdict = self.device_drafts.judge(
                 plan,
-                forward.sampling_rows,
+                forward.draft_shape,
                 forward.inputs,
                 forward.input_ids,
                 sampled,
