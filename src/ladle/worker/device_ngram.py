@@ -31,32 +31,41 @@ def ngram_drafts(
 ) -> torch.Tensor:
     """Drafts [requests, num_drafts] (int64) from each request's tokens.
 
-    history: [requests, width] int, each row's first lengths[i] entries its tokens (width: at
-    least the longest row, the rest ignored); lengths: [requests] int64, each >= 1."""
-    width = history.shape[1]
+    history: [requests, max_n + width] int: max_n columns of -1 (never a token id: every end
+    then has max_n entries before it), then each row's lengths[i] tokens (width: at least the
+    longest row, the rest ignored); lengths: [requests] int64, each >= 1."""
+    width = history.shape[1] - max_n
     device = history.device
-    lengths = lengths.long()
     last_index = lengths - 1
-    # Left padding (never a token id) so that every end in [0, width] has max_n tokens before
-    # it: window e covers the tokens [e - max_n, e).
-    padded = torch.nn.functional.pad(history, (max_n, 0), value=-1)
-    windows = padded.unfold(1, max_n, 1)  # [requests, width + 1, max_n]
-    suffix = padded.gather(1, lengths[:, None] + torch.arange(max_n, device=device))
+    windows = history.unfold(1, max_n, 1)  # [requests, width + 1, max_n]: window e, [e-max_n, e)
+    suffix = history.gather(1, lengths[:, None] + arange(max_n, device))
     equal = windows == suffix[:, None, :]
     # The common suffix's length: a running AND from each window's last token backwards.
     run = equal[..., max_n - 1].long()
-    common = run.clone()
+    common = run
     for back in range(2, max_n + 1):
         run = run * equal[..., max_n - back]
-        common += run
+        common = common + run
     # The host's rule: n <= length - 1, the match ends before the last token, n >= min_n.
     common = torch.minimum(common, last_index[:, None])
-    ends = torch.arange(width + 1, device=device)
+    ends = arange(width + 1, device)
     valid = (common >= min_n) & (ends[None, :] <= last_index[:, None])
     score = torch.where(valid, common * (width + 1) + ends[None, :], -1).amax(dim=1)
-    best_end = torch.where(score >= 0, score % (width + 1), -1)
-    last_token = history.gather(1, last_index.clamp(min=0)[:, None])
-    draft_index = best_end[:, None] + torch.arange(num_drafts, device=device)
-    known = (best_end[:, None] >= 0) & (draft_index <= last_index[:, None])
-    continuation = history.gather(1, draft_index.clamp(0, width - 1))
-    return torch.where(known, continuation, last_token).long()
+    # No match: the draft starts at the last token, and every index past it reads the last
+    # token again (the padding of the module docstring).
+    start = torch.where(score >= 0, score % (width + 1), last_index)
+    index = torch.minimum(start[:, None] + arange(num_drafts, device), last_index[:, None])
+    return history.gather(1, index + max_n).long()
+
+
+_ARANGES: dict[torch.device, torch.Tensor] = {}
+
+
+def arange(size: int, device: torch.device) -> torch.Tensor:
+    """torch.arange(size) on the device: a view of one kept per device (grown by doubling),
+    so a step's index ranges cost no launch."""
+    kept = _ARANGES.get(device)
+    if kept is None or kept.shape[0] < size:
+        grown = max(size, 64, 0 if kept is None else 2 * kept.shape[0])
+        kept = _ARANGES[device] = torch.arange(grown, device=device)
+    return kept[:size]

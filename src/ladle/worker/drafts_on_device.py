@@ -91,12 +91,13 @@ class DeviceDrafts:
         self.min_n = min_n
         self.max_n = max_n
         self.synthetic_acceptance = synthetic_acceptance
-        # Room past the model length for the rows a verdict writes beyond the bonus one.
-        self.width = max_model_len + _MAX_DRAFTS + 1
+        # A row of the history: max_n columns of -1 (device_ngram.py), the tokens, and room
+        # past the model length for the rows a verdict writes beyond the bonus one.
+        self.width = max_n + max_model_len + _MAX_DRAFTS
         self.num_slots = 0
         self.rejected = torch.zeros(0, dtype=torch.long, device=device)
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)
-        self.history = torch.zeros((0, self.width), dtype=torch.int32, device=device)
+        self.history = torch.full((0, self.width), -1, dtype=torch.int32, device=device)
         self._coins = torch.Generator(device=device)
         self._coins.manual_seed(0)
 
@@ -107,7 +108,7 @@ class DeviceDrafts:
         old = self.num_slots
         rejected = torch.zeros(num_slots, dtype=torch.long, device=self.device)
         lengths = torch.zeros(num_slots, dtype=torch.long, device=self.device)
-        history = torch.zeros((num_slots, self.width), dtype=torch.int32, device=self.device)
+        history = torch.full((num_slots, self.width), -1, dtype=torch.int32, device=self.device)
         rejected[:old], lengths[:old], history[:old] = self.rejected, self.lengths, self.history
         self.rejected, self.lengths, self.history = rejected, lengths, history
         self.num_slots = num_slots
@@ -143,7 +144,7 @@ class DeviceDrafts:
             row_offsets=row_offsets,
             first_rows=first_rows,
             max_drafts=int(num_drafts[row_positions[first_rows]].max()) if first_rows.size else 0,
-            ngram_width=min(ngram_width, self.width),
+            ngram_width=min(self.max_n + ngram_width, self.width),
         )
 
     def extra_parts(self, shape: StepShape) -> ExtraParts:
@@ -160,19 +161,20 @@ class DeviceDrafts:
                 num_rows = shape.row_positions.size
                 drafts = shape.num_drafts[requests]
                 columns = np.arange(shape.max_drafts + 1)
-                grid = shape.first_rows[:, None] + columns
-                # Columns past a request's drafts read the sentinel row (never accepted).
-                grid = np.where(columns[None, :] < drafts[:, None], grid, num_rows)
+                grid = np.minimum(shape.first_rows[:, None] + columns, num_rows - 1)
+                # Columns past a request's drafts are never accepted.
+                within = columns[None, :] < drafts[:, None]
                 row_slots = slots[shape.row_positions]
                 out["extra_first_rows"] = shape.first_rows
                 out["extra_request_slots"] = slots[requests]
                 out["extra_num_drafts"] = drafts
                 out["extra_grid"] = grid.reshape(-1)
+                out["extra_grid_within"] = within.reshape(-1)
                 out["extra_row_draft_index"] = np.minimum(logits_indices + 1, num_tokens - 1)
                 out["extra_row_request"] = np.cumsum(shape.row_offsets == 0) - 1
                 out["extra_row_offsets"] = shape.row_offsets
                 out["extra_row_slots"] = row_slots
-                out["extra_row_base"] = row_slots * self.width + shape.row_offsets
+                out["extra_row_base"] = row_slots * self.width + self.max_n + shape.row_offsets
             if shape.shifted.any():
                 token_request = np.repeat(np.arange(len(query_lens)), query_lens)
                 out["extra_shifted"] = shape.shifted
@@ -237,7 +239,7 @@ class DeviceDrafts:
         for new in plan.new_requests:
             slot = slot_of[new.request_id]
             known = states[new.request_id].all_token_ids
-            flat.append(np.arange(len(known)) + slot * self.width)
+            flat.append(np.arange(len(known)) + slot * self.width + self.max_n)
             tokens.append(np.asarray(known, dtype=np.int32))
             new_slots.append(slot)
             new_lengths.append(len(known))
@@ -262,8 +264,8 @@ class DeviceDrafts:
         metadata.slot_mapping.copy_(blocks.long() * block_size + positions % block_size)
         back = back.to(metadata.seq_lens.dtype)
         metadata.seq_lens.sub_(back)
-        steps = inputs.sampling_rows["step"]
-        steps.sub_(back[extra["extra_row_positions"]].to(steps.dtype))
+        steps = inputs.sampling_rows["step"]  # int32, as seq_lens
+        steps.sub_(back[extra["extra_row_positions"]])
         if self.device.type == "cpu":
             lengths = metadata.seq_lens.tolist()
             inputs.attn_metadata = dataclasses.replace(
@@ -284,18 +286,20 @@ class DeviceDrafts:
         """The step's verdict (module docstring); writes each sampling request's last token,
         rejected drafts and emitted tokens into its slot."""
         extra = inputs.extra
-        sampled = sampled.long()
         # Row j decides on draft j, the token after the row's own in the chunk (bonus rows
         # compare with anything: the grid never reads them).
-        row_drafts = input_ids[extra["extra_row_draft_index"]].long()
+        row_drafts = input_ids[extra["extra_row_draft_index"]]
+        if row_drafts.dtype != sampled.dtype:
+            row_drafts = row_drafts.to(sampled.dtype)
         if self.synthetic_acceptance is None:
-            accepts = (sampled == row_drafts).long()
+            accepts = sampled == row_drafts
         else:
             coins = torch.rand(sampled.shape[0], generator=self._coins, device=self.device)
-            accepts = (coins < self.synthetic_acceptance).long()
-        accepts = torch.nn.functional.pad(accepts, (0, 1))  # the sentinel row: refused
+            accepts = coins < self.synthetic_acceptance
         num_requests = shape.first_rows.size
-        leading = accepts[extra["extra_grid"]].view(num_requests, shape.max_drafts + 1)
+        leading = (accepts[extra["extra_grid"]] * extra["extra_grid_within"]).view(
+            num_requests, shape.max_drafts + 1
+        )
         num_accepted = leading.cumprod(dim=1).sum(dim=1)
         row_tokens = torch.where(
             extra["extra_row_offsets"] < num_accepted[extra["extra_row_request"]],
