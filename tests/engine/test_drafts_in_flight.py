@@ -10,6 +10,7 @@ import random
 import pytest
 
 from ladle import LLM, SamplingParams
+from ladle.config import SpeculativeConfig
 from ladle.protocol.messages import EngineCoreRequest
 
 ENGINE_OPTIONS = {"cpu_kv_cache_gib": 0.1, "block_size": 4, "max_num_seqs": 64}
@@ -217,3 +218,38 @@ def test_aborts_mid_flight_leak_no_block(engine_in_flight):
         engine.step()
     assert aborted_in_flight > 0
     _assert_no_blocks_held(engine_in_flight)
+
+
+def test_preemption_with_steps_in_flight(model_path, engine_off):
+    """A pool too small for the batch preempts requests whose drafted steps are in flight:
+    they resume from their read tokens and still give the tokens without speculation."""
+    llm = LLM(
+        model_path,
+        async_scheduling=True,
+        speculative_config=NGRAM,
+        block_size=4,
+        num_kv_blocks=48,
+        max_num_seqs=16,
+    )
+    prompts = _repetitive_prompts(16, seed=6)
+    params = SamplingParams(temperature=0, max_tokens=28, ignore_eos=True)
+    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+    assert got == expected
+    assert llm.engine.get_stats().num_preemptions > 0
+    _assert_no_blocks_held(llm)
+
+
+def test_drafts_on_device_is_a_config_choice(model_path):
+    """drafts_on_device: false keeps host drafts (drafted steps synchronous); a non-boolean is
+    refused by name."""
+    llm = LLM(
+        model_path,
+        async_scheduling=True,
+        speculative_config={**NGRAM, "drafts_on_device": False},
+        **ENGINE_OPTIONS,
+    )
+    assert llm.engine.overlaps and not llm.engine.scheduler.drafts_on_device
+    assert llm.engine.executor.worker.runner.device_drafts is None
+    with pytest.raises(ValueError, match="speculative_config.drafts_on_device"):
+        SpeculativeConfig.from_dict({**NGRAM, "drafts_on_device": "yes"})

@@ -38,11 +38,13 @@ def overlap_enabled(config: SchedulerConfig, device_type: str) -> bool:
 
 def drafts_on_device(config: EngineConfig, device_type: str) -> bool:
     """Whether drafts are made on the device and drafted requests' steps overlap: n-gram
-    speculation with overlapped steps, on one pipeline stage. The engine's scheduler and every
-    worker ask this of the same config, so they agree."""
+    speculation with overlapped steps, on one pipeline stage, unless the config says no
+    (speculative_config.drafts_on_device). The engine's scheduler and every worker ask this of
+    the same config, so they agree."""
     speculative = config.scheduler.speculative
     return (
         speculative is not None
+        and speculative.drafts_on_device
         and speculative.method == "ngram"
         and overlap_enabled(config.scheduler, device_type)
         and config.parallel.pipeline_parallel_size == 1
