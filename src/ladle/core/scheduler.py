@@ -170,7 +170,9 @@ class Scheduler:
         num_ending = 0  # running requests that end by length as soon as their token is read
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
-            in_flight_drafts = self.drafts_on_device and may_plan_in_flight(request)
+            in_flight_drafts = (
+                self.drafts_on_device and self.proposer is not None and may_plan_in_flight(request)
+            )
             if not in_flight_drafts and waits_for_its_step(request, self.proposer, adaptive):
                 index += 1
                 continue

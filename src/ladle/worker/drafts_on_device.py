@@ -48,14 +48,17 @@ class Verdict:
     """A sampled step's verdict, on the device until the step is read."""
 
     row_tokens: torch.Tensor  # [rows] int64: each row's emitted token (its draft if accepted)
-    num_accepted: torch.Tensor  # [sampling requests] int64
+    num_accepted: torch.Tensor | None  # [sampling requests] int64; None: no drafts (all 0)
     first_rows: list[int]  # [sampling requests]: each one's first sampling row
     positions: list[int]  # [sampling requests]: each one's place in the plan
 
     def emitted(
         self, num_scheduled: int, row_tokens: list[int], accepted: list[int]
     ) -> list[list[int]]:
-        """Per scheduled request, the tokens it emits (from host copies of the tensors)."""
+        """Per scheduled request, the tokens it emits (from host copies of the tensors;
+        accepted: empty when the step verified no drafts)."""
+        if not accepted:
+            accepted = [0] * len(self.first_rows)
         emitted: list[list[int]] = [[] for _ in range(num_scheduled)]
         for position, first, count in zip(self.positions, self.first_rows, accepted):
             emitted[position] = row_tokens[first : first + count + 1]
@@ -98,6 +101,7 @@ class DeviceDrafts:
         self.rejected = torch.zeros(0, dtype=torch.long, device=device)
         self.lengths = torch.zeros(0, dtype=torch.long, device=device)
         self.history = torch.full((0, self.width), -1, dtype=torch.int32, device=device)
+        self._ones_kept = torch.ones(0, dtype=torch.long, device=device)
         self._coins = torch.Generator(device=device)
         self._coins.manual_seed(0)
 
@@ -286,6 +290,9 @@ class DeviceDrafts:
         """The step's verdict (module docstring); writes each sampling request's last token,
         rejected drafts and emitted tokens into its slot."""
         extra = inputs.extra
+        positions = shape.row_positions[shape.first_rows].tolist()
+        if not shape.max_drafts:
+            return self._record_plain(inputs, sampled, last_sampled, positions)
         # Row j decides on draft j, the token after the row's own in the chunk (bonus rows
         # compare with anything: the grid never reads them).
         row_drafts = input_ids[extra["extra_row_draft_index"]]
@@ -315,5 +322,27 @@ class DeviceDrafts:
         at = extra["extra_row_base"] + self.lengths[extra["extra_row_slots"]]
         self.history.view(-1)[at] = row_tokens.to(torch.int32)
         self.lengths.index_add_(0, request_slots, num_accepted + 1)
-        positions = shape.row_positions[shape.first_rows].tolist()
         return Verdict(row_tokens, num_accepted, shape.first_rows.tolist(), positions)
+
+    def _record_plain(
+        self,
+        inputs: StepInputs,
+        sampled: torch.Tensor,
+        last_sampled: torch.Tensor,
+        positions: list[int],
+    ) -> Verdict:
+        """A step without drafts (one row a request): its tokens onto the slots, as a plain
+        step records them, and onto the histories."""
+        extra = inputs.extra
+        slots = inputs.sampling_slots
+        last_sampled.index_copy_(0, slots, sampled)
+        self.history.view(-1)[extra["extra_row_base"] + self.lengths[slots]] = sampled.to(
+            torch.int32
+        )
+        self.lengths.index_add_(0, slots, self._ones(slots.shape[0]))
+        return Verdict(sampled, None, list(range(len(positions))), positions)
+
+    def _ones(self, size: int) -> torch.Tensor:
+        if self._ones_kept.shape[0] < size:
+            self._ones_kept = torch.ones(max(size, 64), dtype=torch.long, device=self.device)
+        return self._ones_kept[:size]

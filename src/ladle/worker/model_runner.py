@@ -108,8 +108,7 @@ class LaunchedStep:
         sampled = self.sampled_host.tolist()
         drafts = [scheduled.draft_token_ids for scheduled in plan.scheduled]
         if self.verdict is not None:
-            assert self.accepted_host is not None
-            accepted = self.accepted_host.tolist()
+            accepted = [] if self.accepted_host is None else self.accepted_host.tolist()
             emitted = self.verdict.emitted(len(plan.scheduled), sampled, accepted)
         elif self.synthetic_acceptance is None:
             emitted = emitted_tokens(sampled, self.sampling_rows, drafts)
@@ -492,7 +491,8 @@ class ModelRunner:
                 self.batch.last_sampled,
             )
             sampled = verdict.row_tokens
-            accepted_host = _to_host(verdict.num_accepted)
+            if verdict.num_accepted is not None:
+                accepted_host = _to_host(verdict.num_accepted)
         else:
             self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
         draft_batch = self._draft(forward, sampled)
