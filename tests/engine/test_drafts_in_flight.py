@@ -253,3 +253,26 @@ def test_drafts_on_device_is_a_config_choice(model_path):
     assert llm.engine.executor.worker.runner.device_drafts is None
     with pytest.raises(ValueError, match="speculative_config.drafts_on_device"):
         SpeculativeConfig.from_dict({**NGRAM, "drafts_on_device": "yes"})
+
+
+@pytest.mark.parametrize(
+    "options",
+    [dict(distributed_executor_backend="mp"), dict(tensor_parallel_size=2)],
+    ids=["worker-process", "tp2"],
+)
+def test_drafts_in_flight_through_worker_processes(model_path, engine_off, options):
+    """Each worker keeps the device state itself (every rank samples alike, and the synthetic
+    coins would follow one seed): the tokens are those without speculation."""
+    llm = LLM(
+        model_path, async_scheduling=True, speculative_config=NGRAM, **ENGINE_OPTIONS, **options
+    )
+    prompts = _repetitive_prompts(12, seed=7)
+    params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
+    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    try:
+        assert llm.engine.scheduler.drafts_on_device
+        got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+        assert got == expected
+        assert llm.engine.get_stats().spec_decode.num_accepted_tokens > 20
+    finally:
+        llm.engine.executor.shutdown()
