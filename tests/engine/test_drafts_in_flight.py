@@ -8,6 +8,7 @@ from __future__ import annotations
 import random
 
 import pytest
+from helpers.emulated_graphs import install_emulated_graphs
 
 from ladle import LLM, SamplingParams
 from ladle.config import SpeculativeConfig
@@ -276,3 +277,33 @@ def test_drafts_in_flight_through_worker_processes(model_path, engine_off, optio
         assert llm.engine.get_stats().spec_decode.num_accepted_tokens > 20
     finally:
         llm.engine.executor.shutdown()
+
+
+def test_moved_back_decode_steps_replay_the_decode_graphs(model_path, engine_off):
+    """A decode step planned behind an unread verify step (no drafts of its own: max_tokens
+    leaves no room) takes the decode graph path, its inputs copied from the moved device
+    tensors, not written by the host (emulated graphs on the CPU)."""
+    llm = LLM(model_path, async_scheduling=True, speculative_config=NGRAM, **ENGINE_OPTIONS)
+    install_emulated_graphs(llm.engine.executor.worker)
+    runner = llm.engine.executor.worker.runner
+    original = runner._launch_forward
+    moved_back_decodes = graphed = 0
+
+    def watching_launch(plan):
+        nonlocal moved_back_decodes, graphed
+        before = runner.num_graph_steps
+        forward = original(plan)
+        if plan.scheduled and all(
+            s.num_unverified_before and not s.draft_token_ids for s in plan.scheduled
+        ):
+            moved_back_decodes += 1
+            graphed += runner.num_graph_steps - before
+        return forward
+
+    runner._launch_forward = watching_launch
+    prompts = _repetitive_prompts(6, seed=8)
+    params = SamplingParams(temperature=0, max_tokens=17, ignore_eos=True)
+    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    for prompt, tokens in zip(prompts, expected):  # one at a time: the steps are its alone
+        assert _tokens(llm.generate([prompt], params, use_tqdm=False)) == [tokens]
+    assert moved_back_decodes > 0 and graphed == moved_back_decodes

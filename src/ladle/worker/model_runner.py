@@ -255,13 +255,16 @@ class ModelRunner:
         graphs = self.graphs
         device_drafts = self.device_drafts
         draft_shape = extra_parts = None
+        graph_words = graphs
         if device_drafts is not None:
             draft_shape = device_drafts.shape(plan, sampling_rows)
             extra_parts = device_drafts.extra_parts(draft_shape)
             if draft_shape.shifted.any():
-                graphs = None  # its inputs are moved on the device: not the graph's host words
+                # Its inputs are moved on the device: a graph replay copies them from there,
+                # not from words the host wrote into the graph's buffers.
+                graph_words = None
         inputs = self.input_builder.build(
-            plan, states, sampling_rows, row_output_index, self.batch, graphs, extra_parts
+            plan, states, sampling_rows, row_output_index, self.batch, graph_words, extra_parts
         )
         input_ids = inputs.input_ids
         if inputs.token_slots is not None:
