@@ -17,8 +17,9 @@ resolved here, on the device, per slot of the persistent batch:
 
 Every index the device needs is known to the host when it builds the step: those arrays travel
 in the step's one host-to-device copy (StepInputBuilder.build's extra_parts), so the device work
-is a few dozen small launches and no extra copy. The host reads the verdict with the sampled ids
-(one copy more); it never waits for it earlier.
+is ~75 small launches a drafted step (the n-gram ~30) and no extra copy. The host reads the
+verdict with the sampled ids (one copy more); it never waits for it earlier. The history costs
+slots x (max_n + max_model_len + 32) int32 on the device, allocated as the batch's slots grow.
 On the CPU the corrected sequence lengths are read back at once (the CPU attention reads host
 lengths, and there a read costs nothing); on CUDA the host keeps the upper bounds, which the
 Triton attention reads only as bounds.
