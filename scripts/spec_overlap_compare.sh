@@ -5,18 +5,20 @@
 # before this change), alternated in one device call. Each `ladle bench latency` also runs the
 # same requests without speculation on the same engine (the no-spec figure of each line).
 # Summary lines (decode ms/token with and without speculation) land in $OUT/spec_overlap.log.
-#   RUNS=3 WORKLOADS="W3-8b W3" bash scripts/spec_overlap_compare.sh
+# ORDER: the drafts_on_device values in the order they run (alternate them on a busy machine).
+#   RUNS=3 WORKLOADS="W3-8b W3" ORDER="true false" bash scripts/spec_overlap_compare.sh
 set -uo pipefail
 OUT=${OUT:-.device_out}
 RUNS=${RUNS:-3}
 WORKLOADS=${WORKLOADS:-W3-8b W3}
 ACCEPTANCE=${ACCEPTANCE:-0.8}
+ORDER=${ORDER:-true false}
 mkdir -p "$OUT"
 export PYTHONPATH=$PWD/src:${PYTHONPATH:-} PYTHONUNBUFFERED=1
 LOG=$OUT/spec_overlap.log
 nvidia-smi --query-gpu=name --format=csv,noheader | tee "$LOG"
 for workload in $WORKLOADS; do
-  for on_device in true false true false; do
+  for on_device in $ORDER; do
     spec="{\"method\": \"ngram\", \"num_speculative_tokens\": 4, \"adaptive\": false,"
     spec+=" \"drafts_on_device\": $on_device}"
     json=$OUT/$workload-$on_device-$RANDOM.json
