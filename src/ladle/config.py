@@ -329,6 +329,13 @@ class SchedulerConfig:
                   '"model": DRAFT_MODEL_OR_HEAD}\''},
     )
 
+    def overlaps_on(self, device_type: str) -> bool:
+        """Whether steps overlap (engine/overlap.py): the user's choice, else on CUDA only (on
+        the CPU the host computes the step itself: there is nothing to overlap with)."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return device_type == "cuda"
+
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
             raise ValueError(

@@ -23,7 +23,7 @@ from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.request import Request, RequestStatus
 from ladle.core.scheduler import Scheduler
 from ladle.engine.handoff_params import apply_transfer_params, handoff_params
-from ladle.engine.overlap import drafts_on_device, overlap_enabled
+from ladle.engine.overlap import overlap_enabled
 from ladle.engine.prompt_logprobs import PromptLogprobsCollector
 from ladle.engine.slow_step_log import log_slow_step, slow_step_threshold_s
 from ladle.engine.step_meter import StepMeter
@@ -39,6 +39,7 @@ from ladle.protocol.messages import (
 )
 from ladle.protocol.step import KVTransferStats, StepPlan, StepResult
 from ladle.sampling.limits import check_field, check_top_k
+from ladle.spec_decode.placement import drafts_on_device
 from ladle.spec_decode.speculator import Speculator
 from ladle.startup_phases import describe_startup_phases
 from ladle.structured.engine_side import build_structured_output_manager

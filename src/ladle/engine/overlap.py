@@ -9,7 +9,7 @@ in the next step: that token is computed and thrown away, never reported. A requ
 length is known to end before its token is read, so it is not scheduled again.
 
 A request that verifies draft tokens has its next step planned while its step runs too when the
-drafts are made on the device (drafts_on_device below: n-gram drafts): the step is planned for
+drafts are made on the device (spec_decode/placement.py: n-gram drafts): the step is planned for
 the worst case (every draft accepted) and moved back on the device by the drafts that were
 rejected (core/drafts_in_flight.py, worker/drafts_on_device.py). Other drafted requests (suffix
 and model drafts, which the host reads) are not scheduled again until their step is read: how
@@ -25,27 +25,10 @@ host: their token ids live on the device (worker/penalty_history.py).
 
 from __future__ import annotations
 
-from ladle.config import EngineConfig, SchedulerConfig
+from ladle.config import SchedulerConfig
 
 
 def overlap_enabled(config: SchedulerConfig, device_type: str) -> bool:
-    """Whether steps overlap: the user's choice, else on CUDA only (on the CPU the host computes
-    the step itself: there is nothing to overlap with)."""
-    if config.async_scheduling is not None:
-        return config.async_scheduling
-    return device_type == "cuda"
-
-
-def drafts_on_device(config: EngineConfig, device_type: str) -> bool:
-    """Whether drafts are made on the device and drafted requests' steps overlap: n-gram
-    speculation with overlapped steps, on one pipeline stage, unless the config says no
-    (speculative_config.drafts_on_device). The engine's scheduler and every worker ask this of
-    the same config, so they agree."""
-    speculative = config.scheduler.speculative
-    return (
-        speculative is not None
-        and speculative.drafts_on_device
-        and speculative.method == "ngram"
-        and overlap_enabled(config.scheduler, device_type)
-        and config.parallel.pipeline_parallel_size == 1
-    )
+    """Whether steps overlap: the user's choice, else on CUDA only (SchedulerConfig.overlaps_on;
+    spec_decode/placement.py asks the same for the workers, which import nothing of here)."""
+    return config.overlaps_on(device_type)

@@ -23,7 +23,6 @@ from ladle.attention.kv_quant import FP8_KV_DTYPE, resolve_kv_cache_dtype
 from ladle.config import EngineConfig, resolve_device, resolve_dtype
 from ladle.distributed.fast_all_reduce import with_fast_all_reduce
 from ladle.distributed.process_group import join_ranks, min_over_world, rank_device
-from ladle.engine.overlap import drafts_on_device
 from ladle.kernels.cpu_native.build import build_in_background
 from ladle.kernels.parallel_builds import builds_only
 from ladle.model.arch_config import ModelArchConfig
@@ -31,6 +30,7 @@ from ladle.model.load_errors import ModelLoadError
 from ladle.model.loader import load_model
 from ladle.model.weight_census import WeightCensus, take_census
 from ladle.protocol.step import StepPlan
+from ladle.spec_decode.placement import drafts_on_device
 from ladle.startup_phases import StartupClock
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker import kv_calibration
