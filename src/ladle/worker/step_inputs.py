@@ -272,7 +272,9 @@ class StepInputBuilder:
             reads_only_device_ids=num_device_ids == num_tokens,
             graph_inputs_written=graph_batch is not None,
             request_slots=device_views["request_slots"],
-            extra={name: device_views[name] for name in extra_names},
+            extra=(
+                {name: device_views[name] for name in extra_names} if extra_names else _NO_EXTRA
+            ),
         )
 
     def _graph_tables(
@@ -324,8 +326,9 @@ class StepInputBuilder:
         The returned dict is shared with later steps of the same turn and layout: read only."""
         names = tuple(int_parts)
         sizes = tuple([part.size for part in int_parts.values()])
-        wide = [int_parts[name] for name in names if _is_wide(name)]
-        narrow = [int_parts[name] for name in names if not _is_wide(name)]
+        wide_names, narrow_names = _split_names(names)
+        wide = [int_parts[name] for name in wide_names]
+        narrow = [int_parts[name] for name in narrow_names]
         num_wide_words = 2 * sum(part.size for part in wide)
         total = num_wide_words + sum(part.size for part in narrow)
         num_graph_words = 0 if graph_words is None else graph_words[0].size
@@ -378,9 +381,23 @@ class StepInputBuilder:
 _MAX_REMEMBERED = 64
 
 
-def _is_wide(name: str) -> bool:
-    """Whether a part travels as int64: the _INT64_PARTS and every caller's extra part."""
-    return name in _INT64_PARTS or name.startswith("extra_")
+# A step without extra parts shares this (read only).
+_NO_EXTRA: dict[str, torch.Tensor] = {}
+
+# Part names (a layout) -> (the int64 ones, the int32 ones); a batch ships a few layouts.
+_SPLITS: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _split_names(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The parts that travel as int64 (the _INT64_PARTS and every caller's extra part), and
+    the others, in their order."""
+    split = _SPLITS.get(names)
+    if split is None:
+        wide = tuple(n for n in names if n in _INT64_PARTS or n.startswith("extra_"))
+        narrow = tuple(n for n in names if n not in wide)
+        split = (wide, narrow)
+        _remember(_SPLITS, names, split)
+    return split
 
 
 def _remember(cache: dict, key, value) -> None:
@@ -395,8 +412,7 @@ def _split_views(
     buffer: torch.Tensor, names: tuple[str, ...], sizes: tuple[int, ...], num_wide_words: int
 ) -> dict[str, torch.Tensor]:
     """Each part's view into the shipped buffer (layout: StepInputBuilder._ship)."""
-    wide_names = [name for name in names if _is_wide(name)]
-    narrow_names = [name for name in names if not _is_wide(name)]
+    wide_names, narrow_names = _split_names(names)
     size_of = dict(zip(names, sizes, strict=True))
     wide_views = torch.split(
         buffer[:num_wide_words].view(torch.int64), [size_of[name] for name in wide_names]
