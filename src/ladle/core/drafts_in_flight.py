@@ -55,9 +55,7 @@ def device_drafts(
     the worst case (all unread drafts accepted)."""
     num_known = num_known_worst_case(request)
     num_outputs = num_known - request.num_prompt_tokens
-    room = min(
-        token_budget - 1, max_model_len - num_known, request.max_tokens - num_outputs - 1
-    )
+    room = min(token_budget - 1, max_model_len - num_known, request.max_tokens - num_outputs - 1)
     if room <= 0:
         return []
     return [DEVICE_DRAFT] * proposer.device_draft_length(request, room)

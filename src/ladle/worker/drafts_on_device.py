@@ -249,9 +249,9 @@ class DeviceDrafts:
             new_slots.append(slot)
             new_lengths.append(len(known))
         device = self.device
-        self.history.view(-1)[torch.from_numpy(np.concatenate(flat)).to(device)] = (
-            torch.from_numpy(np.concatenate(tokens)).to(device)
-        )
+        self.history.view(-1)[torch.from_numpy(np.concatenate(flat)).to(device)] = torch.from_numpy(
+            np.concatenate(tokens)
+        ).to(device)
         self.lengths[torch.tensor(new_slots, device=device)] = torch.tensor(
             new_lengths, device=device
         )
