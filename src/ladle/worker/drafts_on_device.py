@@ -28,16 +28,32 @@ Triton attention reads only as bounds.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
+from ladle.kernels.dispatch import fused_kernels_enabled
 from ladle.protocol.step import StepPlan
 from ladle.worker.device_ngram import ngram_drafts
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
 from ladle.worker.step_inputs import ExtraParts, StepInputs
+
+# The fused kernels are opt-in until measured on a GPU: LADLE_DRAFT_KERNELS=1 (and the fused
+# kernels on, kernels/dispatch.py).
+DRAFT_KERNELS_ENV = "LADLE_DRAFT_KERNELS"
+
+
+def draft_kernels_enabled(device: torch.device) -> bool:
+    """Whether DeviceDrafts takes kernels/draft_steps.py's launches on this device."""
+    return (
+        device.type == "cuda"
+        and fused_kernels_enabled()
+        and os.environ.get(DRAFT_KERNELS_ENV, "0") == "1"
+    )
+
 
 # Draft positions past this are never made (config.MAX_SPECULATIVE_TOKENS is lower): the
 # history's rows leave room for a step's emitted tokens past the model length.
@@ -90,8 +106,12 @@ class DeviceDrafts:
         min_n: int,
         max_n: int,
         synthetic_acceptance: float | None = None,
+        kernels: bool = False,
     ) -> None:
         self.device = device
+        # The three launches of kernels/draft_steps.py instead of the torch ops (CUDA, or
+        # Triton's interpreter in tests).
+        self.kernels = kernels
         self.min_n = min_n
         self.max_n = max_n
         self.synthetic_acceptance = synthetic_acceptance
@@ -180,7 +200,16 @@ class DeviceDrafts:
                 out["extra_row_offsets"] = shape.row_offsets
                 out["extra_row_slots"] = row_slots
                 out["extra_row_base"] = row_slots * self.width + self.max_n + shape.row_offsets
-            if shape.shifted.any():
+            if shape.shifted.any() and self.kernels:
+                requests = shape.row_positions[shape.first_rows]
+                row_first = np.zeros(len(query_lens), dtype=np.int64)
+                row_count = np.zeros(len(query_lens), dtype=np.int64)
+                row_first[requests] = shape.first_rows
+                row_count[requests] = shape.num_drafts[requests] + 1
+                out["extra_shifted"] = shape.shifted
+                out["extra_row_first"] = row_first
+                out["extra_row_count"] = row_count
+            elif shape.shifted.any():
                 token_request = np.repeat(np.arange(len(query_lens)), query_lens)
                 out["extra_shifted"] = shape.shifted
                 out["extra_token_request"] = token_request
@@ -190,6 +219,8 @@ class DeviceDrafts:
                 counts = shape.num_drafts[shape.drafting]
                 within = np.arange(counts.sum()) - np.repeat(np.cumsum(counts) - counts, counts)
                 out["extra_draft_slots"] = slots[shape.drafting]
+                out["extra_draft_first_tokens"] = query_start_loc[shape.drafting] + 1
+                out["extra_draft_counts"] = counts
                 out["extra_draft_tokens"] = (
                     np.repeat(query_start_loc[shape.drafting] + 1, counts) + within
                 )
@@ -217,6 +248,8 @@ class DeviceDrafts:
         if plan.new_requests:
             self._record_new_requests(plan, batch, states)
         extra = inputs.extra
+        if self.kernels:
+            return self._prepare_in_kernels(shape, inputs, input_ids, batch)
         if shape.drafting.size:
             slots = extra["extra_draft_slots"]
             drafts = ngram_drafts(
@@ -232,6 +265,58 @@ class DeviceDrafts:
         if "extra_shifted" in extra:
             self._move_back(inputs, batch)
         return input_ids
+
+    def _prepare_in_kernels(
+        self,
+        shape: StepShape,
+        inputs: StepInputs,
+        input_ids: torch.Tensor,
+        batch: PersistentBatch,
+    ) -> torch.Tensor:
+        """prepare's device work in two launches (kernels/draft_steps.py)."""
+        from ladle.kernels.draft_steps import move_back_, ngram_drafts_
+
+        extra = inputs.extra
+        if shape.drafting.size:
+            ngram_drafts_(
+                self.history,
+                self.lengths,
+                extra["extra_draft_slots"],
+                extra["extra_draft_first_tokens"],
+                extra["extra_draft_counts"],
+                input_ids,
+                shape.ngram_width - self.max_n,
+                self.min_n,
+                self.max_n,
+            )
+        if "extra_shifted" in extra:
+            metadata = inputs.attn_metadata
+            assert inputs.request_slots is not None
+            move_back_(
+                self.rejected,
+                inputs.request_slots,
+                extra["extra_shifted"],
+                metadata.query_start_loc,
+                extra["extra_row_first"],
+                extra["extra_row_count"],
+                batch.block_table,
+                metadata.block_size,
+                inputs.positions,
+                metadata.slot_mapping,
+                metadata.seq_lens,
+                inputs.sampling_rows["step"],
+            )
+            self._read_back_lengths(inputs)
+        return input_ids
+
+    def _read_back_lengths(self, inputs: StepInputs) -> None:
+        """On the CPU, the moved sequence lengths into the host metadata (module docstring)."""
+        if self.device.type == "cpu":
+            metadata = inputs.attn_metadata
+            lengths = metadata.seq_lens.tolist()
+            inputs.attn_metadata = dataclasses.replace(
+                metadata, seq_lens_host=lengths, max_seq_len=max(lengths), backend_cache={}
+            )
 
     def _record_new_requests(
         self, plan: StepPlan, batch: PersistentBatch, states: RequestStates
@@ -271,11 +356,7 @@ class DeviceDrafts:
         metadata.seq_lens.sub_(back)
         steps = inputs.sampling_rows["step"]  # int32, as seq_lens
         steps.sub_(back[extra["extra_row_positions"]])
-        if self.device.type == "cpu":
-            lengths = metadata.seq_lens.tolist()
-            inputs.attn_metadata = dataclasses.replace(
-                metadata, seq_lens_host=lengths, max_seq_len=max(lengths), backend_cache={}
-            )
+        self._read_back_lengths(inputs)
 
     # ----- after sampling ----------------------------------------------------------------
 
@@ -292,6 +373,8 @@ class DeviceDrafts:
         rejected drafts and emitted tokens into its slot."""
         extra = inputs.extra
         positions = shape.row_positions[shape.first_rows].tolist()
+        if self.kernels:
+            return self._judge_in_kernel(shape, inputs, input_ids, sampled, last_sampled)
         if not shape.max_drafts:
             return self._record_plain(inputs, sampled, last_sampled, positions)
         # Row j decides on draft j, the token after the row's own in the chunk (bonus rows
@@ -324,6 +407,41 @@ class DeviceDrafts:
         self.history.view(-1)[at] = row_tokens.to(torch.int32)
         self.lengths.index_add_(0, request_slots, num_accepted + 1)
         return Verdict(row_tokens, num_accepted, shape.first_rows.tolist(), positions)
+
+    def _judge_in_kernel(
+        self,
+        shape: StepShape,
+        inputs: StepInputs,
+        input_ids: torch.Tensor,
+        sampled: torch.Tensor,
+        last_sampled: torch.Tensor,
+    ) -> Verdict:
+        """judge in one launch (kernels/draft_steps.py); the coins, when synthetic, drawn
+        from the same generator as the torch path's."""
+        from ladle.kernels.draft_steps import judge_
+
+        extra = inputs.extra
+        coins = None
+        if self.synthetic_acceptance is not None and shape.max_drafts:
+            coins = torch.rand(sampled.shape[0], generator=self._coins, device=self.device)
+        row_tokens, num_accepted = judge_(
+            sampled,
+            input_ids,
+            extra["extra_row_draft_index"],
+            extra["extra_first_rows"],
+            extra["extra_num_drafts"],
+            extra["extra_request_slots"],
+            coins,
+            self.synthetic_acceptance or 0.0,
+            last_sampled,
+            self.rejected,
+            self.history,
+            self.max_n,
+            self.lengths,
+        )
+        positions = shape.row_positions[shape.first_rows].tolist()
+        accepted = num_accepted if shape.max_drafts else None
+        return Verdict(row_tokens, accepted, shape.first_rows.tolist(), positions)
 
     def _record_plain(
         self,

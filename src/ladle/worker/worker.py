@@ -37,7 +37,7 @@ from ladle.worker import kv_calibration
 from ladle.worker.builds_beside_loading import builds_beside_loading
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter_setup import drafter_bytes, load_drafter
-from ladle.worker.drafts_on_device import DeviceDrafts
+from ladle.worker.drafts_on_device import DeviceDrafts, draft_kernels_enabled
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.expert_dispatch_setup import prepare_expert_dispatch
 from ladle.worker.expert_load import ExpertLoadMeter
@@ -152,6 +152,7 @@ class Worker:
                     speculative.prompt_lookup_min,
                     speculative.prompt_lookup_max,
                     speculative.synthetic_acceptance,
+                    kernels=draft_kernels_enabled(self.device),
                 )
             if speculative.uses_model_drafts:
                 self.runner.drafter = load_drafter(
