@@ -17,7 +17,8 @@ resolved here, on the device, per slot of the persistent batch:
 
 Every index the device needs is known to the host when it builds the step: those arrays travel
 in the step's one host-to-device copy (StepInputBuilder.build's extra_parts), so the device work
-is ~75 small launches a drafted step (the n-gram ~30) and no extra copy. The host reads the
+is ~75 small launches a drafted step (the n-gram ~30) and no extra copy, or three with the
+fused kernels (kernels/draft_steps.py, LADLE_DRAFT_KERNELS=1). The host reads the
 verdict with the sampled ids (one copy more); it never waits for it earlier. The history costs
 slots x (max_n + max_model_len + 32) int32 on the device, allocated as the batch's slots grow.
 On the CPU the corrected sequence lengths are read back at once (the CPU attention reads host
