@@ -329,6 +329,13 @@ class SchedulerConfig:
                   '"model": DRAFT_MODEL_OR_HEAD}\''},
     )
 
+    def overlaps_on(self, device_type: str) -> bool:
+        """Whether steps overlap (engine/overlap.py): the user's choice, else on CUDA only (on
+        the CPU the host computes the step itself: there is nothing to overlap with)."""
+        if self.async_scheduling is not None:
+            return self.async_scheduling
+        return device_type == "cuda"
+
     def __post_init__(self) -> None:
         if self.max_num_batched_tokens < 1:
             raise ValueError(
@@ -383,6 +390,9 @@ class SpeculativeConfig:
     (spec_decode/adaptive.py); off: always the longest draft the proposer has.
     synthetic_acceptance (benchmarks only): the verifier accepts each draft with this
     probability instead of checking it, so outputs are NOT the model's.
+    drafts_on_device: with ngram and overlapped scheduling, make the drafts on the device so a
+    drafted request's next step is planned while its verify step runs (engine/overlap.py);
+    false: host drafts, and drafted requests' steps are synchronous.
     """
 
     method: str = "ngram"
@@ -393,6 +403,7 @@ class SpeculativeConfig:
     model: str | None = None
     adaptive: bool = True
     synthetic_acceptance: float | None = None
+    drafts_on_device: bool = True
 
     def __post_init__(self) -> None:
         if self.method in SPECULATIVE_METHODS_LATER:
@@ -423,10 +434,12 @@ class SpeculativeConfig:
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
         self._check_model()
-        if not isinstance(self.adaptive, bool):
-            raise ValueError(
-                f"speculative_config.adaptive must be true or false, got {self.adaptive!r}"
-            )
+        for name in ("adaptive", "drafts_on_device"):
+            if not isinstance(getattr(self, name), bool):
+                raise ValueError(
+                    f"speculative_config.{name} must be true or false, "
+                    f"got {getattr(self, name)!r}"
+                )
         rate = self.synthetic_acceptance
         if rate is not None and (
             isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1

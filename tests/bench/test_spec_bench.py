@@ -23,13 +23,17 @@ def _bench(tmp_path, *flags: str) -> dict:
     return json.loads(path.read_text())
 
 
-def test_synthetic_acceptance_accepts_drafts_at_the_given_rate(tmp_path):
+@pytest.mark.parametrize(
+    "overlap", [[], ["--async-scheduling", "--num-requests", "4"]], ids=["sync", "overlapped"]
+)
+def test_synthetic_acceptance_accepts_drafts_at_the_given_rate(tmp_path, overlap):
     """Random ids have nothing to look up; with synthetic acceptance every step still drafts k
     and each draft is accepted with probability A until the first refusal, so accepted per
-    drafted token is (A + A^2 + ... + A^k) / k = A(1 - A^k) / (k(1 - A))."""
+    drafted token is (A + A^2 + ... + A^k) / k = A(1 - A^k) / (k(1 - A)). Overlapped, the coin
+    is drawn on the device (worker/drafts_on_device.py) and the baseline sets it aside."""
     config = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}
     result = _bench(tmp_path, "--speculative-config", json.dumps(config),
-                    "--synthetic-acceptance", "0.7")
+                    "--synthetic-acceptance", "0.7", *overlap)
     speculation = result["speculation"]
     k, rate = 4, 0.7
     expected_accepted_per_draft = rate * (1 - rate**k) / (k * (1 - rate))
@@ -37,7 +41,8 @@ def test_synthetic_acceptance_accepts_drafts_at_the_given_rate(tmp_path):
     assert speculation["acceptance_rate"] == pytest.approx(expected_accepted_per_draft, abs=0.15)
     assert speculation["acceptance_length"] > 1.5
     assert speculation["no_spec_tokens_per_s"] > 0 and speculation["speedup_tokens_per_s"] > 0
-    assert result["generated_tokens"] == 48  # the request still ends at max_tokens
+    # The requests still end at max_tokens.
+    assert result["generated_tokens"] == 48 * (4 if overlap else 1)
 
 
 def test_synthetic_acceptance_needs_a_speculative_config(tmp_path):

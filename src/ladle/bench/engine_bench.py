@@ -282,13 +282,23 @@ def _spec_runs(engine, requests, args, show: bool) -> tuple[list[dict], dict | N
         drafter = getattr(runner, "drafter", None)
         if drafter is not None:
             runner.drafter = None
+        # So is the device drafts' bookkeeping (worker/drafts_on_device.py): the baseline's
+        # requests live in its run alone, so their device histories are not needed.
+        device_drafts = getattr(runner, "device_drafts", None)
+        drafts_on_device = scheduler.drafts_on_device
+        if device_drafts is not None:
+            runner.device_drafts = None
+        scheduler.drafts_on_device = False
         try:
             baseline.append(run_engine(engine, requests, f"nospec{index}", show))
         finally:
             scheduler.proposer = speculator
             engine.speculator = speculator
+            scheduler.drafts_on_device = drafts_on_device
             if drafter is not None:
                 runner.drafter = drafter
+            if device_drafts is not None:
+                runner.device_drafts = device_drafts
     before, after = drafted_before, drafted_stats
     num_drafts = after.num_drafts - before.num_drafts
     accepted = after.num_accepted_tokens - before.num_accepted_tokens

@@ -6,11 +6,10 @@ steps (chunked prefill) while the running requests keep decoding beside it; a pr
 simply starts num_computed_tokens further on. When the KV pool says no, the scheduler preempts
 (lowest priority, then newest) and the victim is later recomputed, reusing its cached blocks.
 
-With a host tier (core/host_tier.py), a waiting request whose prefix continues on the host after
-its device hits is not scheduled: its blocks are loaded (a KV operation in the plan) while it
-sits in WAITING_FOR_KV, outside the batch; when the result reports the copy done it waits again,
-and its prefix is now a device hit. A victim's KV is then either swapped (its full blocks come
-back from the host when it resumes) or recomputed, per victim by cost (preemption_cost.py).
+With a host tier (core/host_tier.py), a waiting request whose prefix continues on the host is
+loaded (a KV operation in the plan) in WAITING_FOR_KV, outside the batch, and waits again once
+the copy is done, its prefix now a device hit. A victim is swapped (its full blocks come back
+from the host) or recomputed, per victim by cost (preemption_cost.py).
 """
 
 from __future__ import annotations
@@ -26,6 +25,12 @@ from ladle.core.draft_proposer import (
     implements,
     num_lookahead_tokens,
     propose_drafts,
+)
+from ladle.core.drafts_in_flight import (
+    device_drafts,
+    may_plan_in_flight,
+    num_known_worst_case,
+    waits_for_its_step,
 )
 from ladle.core.kv_cache_manager import KVCacheManager
 from ladle.core.kv_handoff import HeldHandoffs, RemotePulls
@@ -89,10 +94,12 @@ class Scheduler:
         self.kv_cache_manager = kv_cache_manager
         self.max_model_len = max_model_len
         # Proposes draft tokens for running decodes (speculative decoding); None: one token a
-        # step.
+        # step. drafts_on_device (set by the engine): drafted requests are planned while their
+        # step is in flight, with drafts the worker makes (drafts_in_flight.py).
         self.proposer = proposer
         # Pipeline parallelism's steps in flight at once (micro_batches.py); None: one.
         self.micro_batches = MicroBatches(num_micro_batches) if num_micro_batches > 1 else None
+        self.drafts_on_device = False
         self.requests: dict[str, Request] = {}
         self.waiting = WaitingQueue()
         self.running: list[Request] = []
@@ -168,19 +175,13 @@ class Scheduler:
         num_ending = 0  # running requests that end by length as soon as their token is read
         while index < len(self.running) and token_budget > 0:
             request = self.running[index]
-            if request.num_unverified_drafts or (
-                self.proposer is not None
-                and request.num_pending_tokens
-                and request.num_computed_tokens >= request.num_tokens
-                and (adaptive is None or adaptive.may_draft(request))
-            ):
-                # How far it got depends on how many drafts its step in flight accepts; and a
-                # proposer reads every token, so a decode it will draft for waits for its step
-                # to be read (speculation makes that request's steps synchronous, not the
-                # engine's). One the adaptive rule would not draft for runs overlapped.
+            in_flight_drafts = (
+                self.drafts_on_device and self.proposer is not None and may_plan_in_flight(request)
+            )
+            if not in_flight_drafts and waits_for_its_step(request, self.proposer, adaptive):
                 index += 1
                 continue
-            num_known_tokens = request.num_tokens + request.num_pending_tokens
+            num_known_tokens = num_known_worst_case(request)
             if request.num_pending_tokens and self._ends_by_length(request):
                 # Its unread token ends it: a step for it would be thrown away, and its place
                 # goes to a waiting request now, as it would once the token is read.
@@ -198,9 +199,12 @@ class Scheduler:
             if num_new_tokens <= 0:
                 index += 1
                 continue
-            drafts = [] if takes_prefill else propose_drafts(
-                self.proposer, request, token_budget, self.max_model_len
-            )
+            if takes_prefill:
+                drafts = []
+            elif in_flight_drafts:
+                drafts = device_drafts(self.proposer, request, token_budget, self.max_model_len)
+            else:
+                drafts = propose_drafts(self.proposer, request, token_budget, self.max_model_len)
             lookahead = num_lookahead_tokens(
                 self.proposer, request, num_new_tokens, len(drafts), self.max_model_len
             )
@@ -239,9 +243,8 @@ class Scheduler:
                 prefill_budget -= num_new_tokens
             index += 1
 
-        # Then waiting requests, unless this step already had to preempt (the pool is tight).
-        # A request loading its prefix holds a seat (not a batch slot): loading requests that
-        # could not run next would only fill the pool with blocks evicted before they are used.
+        # Then waiting requests, unless this step had to preempt. One loading its prefix holds
+        # a seat: loads that could not run next would fill the pool with blocks evicted unused.
         while (
             not grants.preempted_request_ids
             and token_budget > 0
@@ -371,8 +374,9 @@ class Scheduler:
             num_new = grants.num_tokens[request_id]
             drafts = grants.draft_token_ids.get(request_id, [])
             computed = request.num_computed_tokens
-            num_outputs = request.num_output_tokens + request.num_pending_tokens
-            num_known = request.num_tokens + request.num_pending_tokens
+            unverified = request.num_unverified_drafts  # worst case: all accepted
+            num_outputs = request.num_output_tokens + request.num_pending_tokens + unverified
+            num_known = request.num_tokens + request.num_pending_tokens + unverified
             if num_outputs > 0 and computed == num_known - 1 and num_new == 1 + len(drafts):
                 plan.num_decode_tokens += num_new
             else:
@@ -389,6 +393,7 @@ class Scheduler:
                     num_lookahead_tokens=(
                         grants.num_lookahead_tokens.get(request_id, 0) if samples else 0
                     ),
+                    num_unverified_before=unverified,
                 )
             )
             if request_id not in self._on_workers:
@@ -399,7 +404,7 @@ class Scheduler:
             request.num_computed_tokens = computed + num_new
             if samples:
                 request.num_pending_tokens += 1
-                request.num_unverified_drafts = len(drafts)
+                request.num_unverified_drafts += len(drafts)
         return plan
 
     def _prefill_allowance(self) -> int:
@@ -421,18 +426,16 @@ class Scheduler:
         self.running.remove(request)
         manager = self.kv_cache_manager
         if manager.has_host_tier:
-            # Its freed blocks are written back as they near eviction (those on the host
-            # already cost no copy out); whether it resumes from them or recomputes is decided
-            # now, by cost, per victim.
+            # Swap or recompute, decided now by cost (its freed blocks are written back as they
+            # near eviction; those on the host already cost no copy out).
             swaps = self.preemption.swaps(
                 request.num_computed_tokens, self._num_blocks_on_host(request)
             )
             request.may_load_from_host = swaps
             self.num_swapped_preemptions += swaps
-        # A victim that recomputes has no use for host copies of its blocks (and the step that
-        # reuses them would wait for the copies): only a swapping one's are written back.
+        # Only a swapping victim's blocks are written back (a recomputing one has no use for
+        # them); the workers forget it (the plan names it) and get it in full when it resumes.
         manager.free(request, write_back=request.may_load_from_host)
-        # The workers forget it (the plan names it); it is sent in full again when it resumes.
         self._on_workers.discard(request.request_id)
         request.status = RequestStatus.PREEMPTED
         request.num_computed_tokens = 0
@@ -499,7 +502,7 @@ class Scheduler:
                 self.kv_cache_manager.cache_computed_blocks(request)
                 continue  # a prompt chunk that did not reach the end of the prompt
             request.num_pending_tokens -= 1
-            request.num_unverified_drafts = 0
+            request.num_unverified_drafts -= len(scheduled.draft_token_ids)
             token_ids = result.token_ids[position]
             if not token_ids:
                 continue  # left out of the step (it failed): the engine ends it
@@ -523,9 +526,11 @@ class Scheduler:
             if request.timings.first_token_time is None:
                 request.timings.first_token_time = now
             if num_rejected > 0 and request.status == RequestStatus.RUNNING:
-                # Blocks that held only rejected drafts go back; the next step's token (the
-                # last accepted one) needs room for num_tokens tokens.
-                self.kv_cache_manager.trim(request, request.num_tokens)
+                # Blocks of only rejected drafts go back; kept: room for num_tokens, and for a
+                # step in flight (planned for the worst case, drafts_in_flight.py) its computed.
+                self.kv_cache_manager.trim(
+                    request, max(request.num_tokens, request.num_computed_tokens)
+                )
             model_drafts = result.draft_token_ids.get(request.request_id)
             if model_drafts and finish_status is None:
                 self._store_model_drafts(request, model_drafts)
@@ -558,8 +563,8 @@ class Scheduler:
     def _hand_off(self, request: Request) -> RequestStatus | None:
         """A producer's request after its first token: hold its blocks for the consumer."""
         if request.status != RequestStatus.RUNNING or self.handoffs is None:
-            # Preempted while its step ran: its blocks are gone, nothing to hand over. It runs
-            # to its end here instead (the API process passes its outputs through).
+            # Preempted while its step ran: nothing to hand over; it runs to its end here (the
+            # API process passes its outputs through).
             request.remote_decode = False
             return None
         blocks = self.kv_cache_manager.detach(request)

@@ -40,6 +40,7 @@ from ladle.protocol.messages import (
 )
 from ladle.protocol.step import KVTransferStats, StepPlan, StepResult
 from ladle.sampling.limits import check_field, check_top_k
+from ladle.spec_decode.placement import drafts_on_device
 from ladle.spec_decode.speculator import Speculator
 from ladle.startup_phases import describe_startup_phases
 from ladle.structured.engine_side import build_structured_output_manager
@@ -140,6 +141,7 @@ class EngineCore:
         self.structured_outputs = build_structured_output_manager(
             config, info, self.executor.grammar_device
         )
+        self.scheduler.drafts_on_device = drafts_on_device(config, info.device_type)
         # Submitted steps whose results are not read yet, oldest first.
         self._in_flight: deque[InFlightStep] = deque()
         self._graph_steps_before = 0

@@ -6,9 +6,14 @@ counts a submitted step's tokens as computed and its samples as pending
 (Request.num_pending_tokens); the worker feeds a decode row whose last token is pending from the
 device copy of that token. A request that the earlier step ends (EOS, a stop id) may already sit
 in the next step: that token is computed and thrown away, never reported. A request that ends by
-length is known to end before its token is read, so it is not scheduled again. A request that
-verifies draft tokens is not scheduled again until its step is read: how many of them it
-accepts decides where its next step starts.
+length is known to end before its token is read, so it is not scheduled again.
+
+A request that verifies draft tokens has its next step planned while its step runs too when the
+drafts are made on the device (spec_decode/placement.py: n-gram drafts): the step is planned for
+the worst case (every draft accepted) and moved back on the device by the drafts that were
+rejected (core/drafts_in_flight.py, worker/drafts_on_device.py). Other drafted requests (suffix
+and model drafts, which the host reads) are not scheduled again until their step is read: how
+many drafts they accept decides where their next step starts.
 
 Some requests' sampling needs every token on the host: a grammar (its bitmask follows the tokens
 accepted so far) and bad_words (a word's last token is banned once the output ends with the rest
@@ -30,11 +35,9 @@ from ladle.config import SchedulerConfig
 
 
 def overlap_enabled(config: SchedulerConfig, device_type: str) -> bool:
-    """Whether steps overlap: the user's choice, else on CUDA only (on the CPU the host computes
-    the step itself: there is nothing to overlap with)."""
-    if config.async_scheduling is not None:
-        return config.async_scheduling
-    return device_type == "cuda"
+    """Whether steps overlap: the user's choice, else on CUDA only (SchedulerConfig.overlaps_on;
+    spec_decode/placement.py asks the same for the workers, which import nothing of here)."""
+    return config.overlaps_on(device_type)
 
 
 def steps_in_flight(config: SchedulerConfig, pipeline_parallel_size: int, device_type: str) -> int:

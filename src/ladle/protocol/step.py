@@ -59,6 +59,11 @@ class ScheduledRequest(msgspec.Struct, array_like=True, gc=False):
     # drafts this many tokens past the request's accepted ones, writing the draft network's KV
     # into as many slots reserved beyond the step's tokens (0: it drafts nothing for it).
     num_lookahead_tokens: int = 0
+    # Drafts the request's step before this one verifies, still unread when this step was
+    # planned (engine/overlap.py): num_computed_before and output_index assume all of them are
+    # accepted, and the worker moves this step back on the device by as many as that step
+    # rejected. Draft ids of -1 are drafted on the device (device n-gram), not by the host.
+    num_unverified_before: int = 0
 
     @property
     def samples(self) -> bool:

@@ -106,6 +106,13 @@ class Speculator:
             drafts = drafts + [request.all_token_ids[-1]] * (limit - len(drafts))
         return drafts[:limit]
 
+    def device_draft_length(self, request: Request, max_num_tokens: int) -> int:
+        """How many drafts the worker makes on the device for the request in this step (the
+        adaptive length within max_num_tokens; core/drafts_in_flight.py)."""
+        return self._adaptive_length(
+            request, min(max_num_tokens, self.config.num_speculative_tokens)
+        )
+
     @property
     def drafts_in_worker(self) -> bool:
         """Whether a network in the worker drafts (its drafts come back with each step)."""

@@ -15,6 +15,7 @@ import torch
 from ladle.protocol.step import PromptLogprobsChunk, StepPlan
 from ladle.sample.metadata import SamplingFlags
 from ladle.worker.drafter import TargetOutputs
+from ladle.worker.drafts_on_device import StepShape
 from ladle.worker.kv_copier import KVReport
 from ladle.worker.penalty_history import PenaltyRows
 from ladle.worker.step_inputs import StepInputs
@@ -34,3 +35,7 @@ class ForwardStep:
     kv_report: KVReport | None = None  # the plan's KV copies, issued before the forward
     # With a draft network (worker/drafter.py): what the target gave it, for every row.
     target_outputs: TargetOutputs | None = None
+    # The input ids the forward read (device-resolved); None for a plan with nothing scheduled.
+    input_ids: torch.Tensor | None = None
+    # With drafts on the device: what the host knows of the step's drafts (drafts_on_device.py).
+    draft_shape: StepShape | None = None

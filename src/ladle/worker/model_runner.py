@@ -42,6 +42,7 @@ from ladle.sampling.params import SamplingParams
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter import DraftBatch, ModelDrafter, TargetOutputs
+from ladle.worker.drafts_on_device import DeviceDrafts, Verdict
 from ladle.worker.forward_step import ForwardStep
 from ladle.worker.kv_copier import KVCopier, KVReport
 from ladle.worker.kv_peers import PeerPools
@@ -77,6 +78,9 @@ class LaunchedStep:
     draft_batch: DraftBatch | None = None
     # A pipeline stage before the last: the ids the last stage samples, still on their way.
     shared: SharedSample | None = None
+    # Drafts on the device (drafts_on_device.py): the verdict, and its accept counts' copy.
+    verdict: Verdict | None = None
+    accepted_host: torch.Tensor | None = None
     _result: StepResult | None = None
 
     def is_ready(self) -> bool:
@@ -110,7 +114,10 @@ class LaunchedStep:
             result.draft_token_ids, result.drafting_seconds = self.draft_batch.read()
         sampled = self.sampled_host.tolist()
         drafts = [scheduled.draft_token_ids for scheduled in plan.scheduled]
-        if self.synthetic_acceptance is None:
+        if self.verdict is not None:
+            accepted = [] if self.accepted_host is None else self.accepted_host.tolist()
+            emitted = self.verdict.emitted(len(plan.scheduled), sampled, accepted)
+        elif self.synthetic_acceptance is None:
             emitted = emitted_tokens(sampled, self.sampling_rows, drafts)
         else:
             emitted = synthetic_emitted_tokens(
@@ -188,6 +195,8 @@ class ModelRunner:
         # The draft network (draft model, EAGLE head), set by the Worker; None: drafts are
         # model-free (proposed on the host) or speculation is off.
         self.drafter: ModelDrafter | None = None
+        # Drafted steps planned in flight (drafts_on_device.py), set by the Worker; None: off.
+        self.device_drafts: DeviceDrafts | None = None
         # The last step's sampling rows' params and their flags (_sampling_flags).
         self._last_sampling_flags: tuple[list[SamplingParams], SamplingFlags] = (
             [],
@@ -255,8 +264,18 @@ class ModelRunner:
             scheduled[position].output_index + offset for position, offset in sampling_rows
         ]
         graphs = self.graphs
+        device_drafts = self.device_drafts
+        draft_shape = extra_parts = None
+        graph_words = graphs
+        if device_drafts is not None:
+            draft_shape = device_drafts.shape(plan, sampling_rows)
+            extra_parts = device_drafts.extra_parts(draft_shape)
+            if draft_shape.shifted.any():
+                # Its inputs are moved on the device: a graph replay copies them from there,
+                # not from words the host wrote into the graph's buffers.
+                graph_words = None
         inputs = self.input_builder.build(
-            plan, states, sampling_rows, row_output_index, self.batch, graphs
+            plan, states, sampling_rows, row_output_index, self.batch, graph_words, extra_parts
         )
         input_ids = inputs.input_ids
         if inputs.token_slots is not None:
@@ -268,6 +287,11 @@ class ModelRunner:
                 input_ids = from_device
             else:
                 input_ids = torch.where(input_ids < 0, from_device, input_ids)
+        if device_drafts is not None:
+            assert draft_shape is not None
+            input_ids = device_drafts.prepare(
+                plan, draft_shape, inputs, input_ids, self.batch, states
+            )
         attn_metadata = inputs.attn_metadata
         if graphs is not None and graphs.can_run(
             attn_metadata.num_reqs,
@@ -334,6 +358,8 @@ class ModelRunner:
             sampling_flags=flags,
             kv_report=kv_report,
             target_outputs=target_outputs,
+            input_ids=input_ids,
+            draft_shape=draft_shape,
         )
 
     def _run_stage(
@@ -470,7 +496,22 @@ class ModelRunner:
             # To the earlier pipeline stages; a copy of its own: the broadcast may still be
             # sending it when this buffer is reused.
             self.stage.share_sampled(sampled.clone())
-        self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
+        verdict = accepted_host = None
+        if self.device_drafts is not None:
+            assert forward.draft_shape is not None
+            verdict = self.device_drafts.judge(
+                plan,
+                forward.draft_shape,
+                forward.inputs,
+                forward.input_ids,
+                sampled,
+                self.batch.last_sampled,
+            )
+            sampled = verdict.row_tokens
+            if verdict.num_accepted is not None:
+                accepted_host = _to_host(verdict.num_accepted)
+        else:
+            self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
         draft_batch = self._draft(forward, sampled)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         sampled_host = _to_host(sampled)
@@ -500,6 +541,8 @@ class ModelRunner:
             forward.kv_report,
             synthetic_acceptance=self.synthetic_acceptance,
             draft_batch=draft_batch,
+            verdict=verdict,
+            accepted_host=accepted_host,
         )
 
     def _draft(self, forward: ForwardStep, sampled: torch.Tensor | None) -> DraftBatch | None:

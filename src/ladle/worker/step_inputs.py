@@ -29,7 +29,8 @@ persistent batch, and the runner reads the token from the slot's device copy ins
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from collections.abc import Callable
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -72,6 +73,14 @@ class StepInputs:
     reads_only_device_ids: bool = False
     # A decode step whose graph inputs (but the ids) are in the graph's static buffers already.
     graph_inputs_written: bool = False
+    # [num_reqs] int64 slot of each request, on the device.
+    request_slots: torch.Tensor | None = None
+    # The extra parts a caller shipped with the step (build's extra_parts), on the device.
+    extra: dict[str, torch.Tensor] = field(default_factory=dict)
+
+
+# build's extra_parts: (slots, query_start_loc, logits_indices) -> more int64 parts to ship.
+ExtraParts = Callable[[np.ndarray, np.ndarray, np.ndarray], dict[str, np.ndarray]]
 
 
 class StepInputBuilder:
@@ -107,6 +116,7 @@ class StepInputBuilder:
         sampling_steps: list[int],
         batch: PersistentBatch,
         graphs: DecodeGraphs | None = None,
+        extra_parts: ExtraParts | None = None,
     ) -> StepInputs:
         """The step's device tensors. A step has at least one request (EngineCore.step returns
         early otherwise), and every scheduled request holds at least one block.
@@ -114,7 +124,9 @@ class StepInputBuilder:
         sampling_rows: (position of the request in the plan, drafts before the row) per row
         that samples (StepPlan.sampling_rows); sampling_steps: each row's output index.
         graphs: the captured decode graphs (None: eager, the CPU); a decode step one replays
-        gets its graph inputs written here (the module docstring)."""
+        gets its graph inputs written here (the module docstring). extra_parts: more int64
+        parts of the caller's, shipped in the same copy (StepInputs.extra; their names must
+        start with "extra_")."""
         scheduled = plan.scheduled
         request_ids = [s.request_id for s in scheduled]
         slots, new_positions = batch.slots_for(request_ids)
@@ -202,6 +214,11 @@ class StepInputBuilder:
             int_parts["new_rows"] = new_rows.numpy().reshape(-1)
         if num_device_ids:
             int_parts["token_slots"] = token_requests_slots
+        extra_names: list[str] = []
+        if extra_parts is not None:
+            extra = extra_parts(slots, query_start_loc, logits_indices)
+            int_parts.update(extra)
+            extra_names = list(extra)
         graph_batch = None
         if graphs is not None:
             graph_batch = graphs.decode_batch_size(num_reqs, num_tokens, max_query_len, max_blocks)
@@ -254,6 +271,10 @@ class StepInputBuilder:
             sampling_slots=device_views["sampling_slots"],
             reads_only_device_ids=num_device_ids == num_tokens,
             graph_inputs_written=graph_batch is not None,
+            request_slots=device_views["request_slots"],
+            extra=(
+                {name: device_views[name] for name in extra_names} if extra_names else _NO_EXTRA
+            ),
         )
 
     def _graph_tables(
@@ -305,8 +326,9 @@ class StepInputBuilder:
         The returned dict is shared with later steps of the same turn and layout: read only."""
         names = tuple(int_parts)
         sizes = tuple([part.size for part in int_parts.values()])
-        wide = [int_parts[name] for name in names if name in _INT64_PARTS]
-        narrow = [int_parts[name] for name in names if name not in _INT64_PARTS]
+        wide_names, narrow_names = _split_names(names)
+        wide = [int_parts[name] for name in wide_names]
+        narrow = [int_parts[name] for name in narrow_names]
         num_wide_words = 2 * sum(part.size for part in wide)
         total = num_wide_words + sum(part.size for part in narrow)
         num_graph_words = 0 if graph_words is None else graph_words[0].size
@@ -359,6 +381,25 @@ class StepInputBuilder:
 _MAX_REMEMBERED = 64
 
 
+# A step without extra parts shares this (read only).
+_NO_EXTRA: dict[str, torch.Tensor] = {}
+
+# Part names (a layout) -> (the int64 ones, the int32 ones); a batch ships a few layouts.
+_SPLITS: dict[tuple[str, ...], tuple[tuple[str, ...], tuple[str, ...]]] = {}
+
+
+def _split_names(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ...]]:
+    """The parts that travel as int64 (the _INT64_PARTS and every caller's extra part), and
+    the others, in their order."""
+    split = _SPLITS.get(names)
+    if split is None:
+        wide = tuple(n for n in names if n in _INT64_PARTS or n.startswith("extra_"))
+        narrow = tuple(n for n in names if n not in wide)
+        split = (wide, narrow)
+        _remember(_SPLITS, names, split)
+    return split
+
+
 def _remember(cache: dict, key, value) -> None:
     """cache[key] = value, the cache emptied first once it holds _MAX_REMEMBERED entries (a
     steady batch uses a few; bursts of varied layouts must not grow it without bound)."""
@@ -371,8 +412,7 @@ def _split_views(
     buffer: torch.Tensor, names: tuple[str, ...], sizes: tuple[int, ...], num_wide_words: int
 ) -> dict[str, torch.Tensor]:
     """Each part's view into the shipped buffer (layout: StepInputBuilder._ship)."""
-    wide_names = [name for name in names if name in _INT64_PARTS]
-    narrow_names = [name for name in names if name not in _INT64_PARTS]
+    wide_names, narrow_names = _split_names(names)
     size_of = dict(zip(names, sizes, strict=True))
     wide_views = torch.split(
         buffer[:num_wide_words].view(torch.int64), [size_of[name] for name in wide_names]

@@ -30,12 +30,14 @@ from ladle.model.load_errors import ModelLoadError
 from ladle.model.loader import load_model
 from ladle.model.weight_census import WeightCensus, take_census
 from ladle.protocol.step import StepPlan
+from ladle.spec_decode.placement import drafts_on_device
 from ladle.startup_phases import StartupClock
 from ladle.structured.manager import PendingGrammarBitmask
 from ladle.worker import kv_calibration
 from ladle.worker.builds_beside_loading import builds_beside_loading
 from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.drafter_setup import drafter_bytes, load_drafter
+from ladle.worker.drafts_on_device import DeviceDrafts, draft_kernels_enabled
 from ladle.worker.dummy_batch import build_dummy_step
 from ladle.worker.expert_dispatch_setup import prepare_expert_dispatch
 from ladle.worker.expert_load import ExpertLoadMeter
@@ -143,6 +145,15 @@ class Worker:
         speculative = config.scheduler.speculative
         if speculative is not None:
             self.runner.synthetic_acceptance = speculative.synthetic_acceptance
+            if drafts_on_device(config, self.device.type):
+                self.runner.device_drafts = DeviceDrafts(
+                    self.device,
+                    self.max_model_len,
+                    speculative.prompt_lookup_min,
+                    speculative.prompt_lookup_max,
+                    speculative.synthetic_acceptance,
+                    kernels=draft_kernels_enabled(self.device),
+                )
             if speculative.uses_model_drafts:
                 self.runner.drafter = load_drafter(
                     config, self.model, self.arch, self.device, self.dtype,
