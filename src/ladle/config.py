@@ -391,8 +391,9 @@ class SpeculativeConfig:
     synthetic_acceptance (benchmarks only): the verifier accepts each draft with this
     probability instead of checking it, so outputs are NOT the model's.
     drafts_on_device: with ngram and overlapped scheduling, make the drafts on the device so a
-    drafted request's next step is planned while its verify step runs (engine/overlap.py);
-    false: host drafts, and drafted requests' steps are synchronous.
+    drafted request's next step is planned while its verify step runs (engine/overlap.py).
+    Off by default until it is measured on a GPU (on the CPU it costs ~75 small ops a drafted
+    step); false: host drafts, and drafted requests' steps are synchronous.
     """
 
     method: str = "ngram"
@@ -403,7 +404,7 @@ class SpeculativeConfig:
     model: str | None = None
     adaptive: bool = True
     synthetic_acceptance: float | None = None
-    drafts_on_device: bool = True
+    drafts_on_device: bool = False
 
     def __post_init__(self) -> None:
         if self.method in SPECULATIVE_METHODS_LATER:

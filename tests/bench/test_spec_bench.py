@@ -31,7 +31,8 @@ def test_synthetic_acceptance_accepts_drafts_at_the_given_rate(tmp_path, overlap
     and each draft is accepted with probability A until the first refusal, so accepted per
     drafted token is (A + A^2 + ... + A^k) / k = A(1 - A^k) / (k(1 - A)). Overlapped, the coin
     is drawn on the device (worker/drafts_on_device.py) and the baseline sets it aside."""
-    config = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}
+    config = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False,
+              "drafts_on_device": bool(overlap)}
     result = _bench(tmp_path, "--speculative-config", json.dumps(config),
                     "--synthetic-acceptance", "0.7", *overlap)
     speculation = result["speculation"]

@@ -23,7 +23,13 @@ pytest.importorskip("triton")
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter child")
 
-NGRAM = {"method": "ngram", "num_speculative_tokens": 4, "adaptive": False}
+# Device drafts are opt-in (config.py, until measured on a GPU).
+NGRAM = {
+    "method": "ngram",
+    "num_speculative_tokens": 4,
+    "adaptive": False,
+    "drafts_on_device": True,
+}
 OPTIONS = {"cpu_kv_cache_gib": 0.1, "block_size": 4, "max_num_seqs": 16}
 
 
