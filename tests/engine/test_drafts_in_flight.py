@@ -5,10 +5,9 @@ and max_tokens inside accepted drafts end at the right token; aborts leak no KV 
 
 from __future__ import annotations
 
-import random
-
 import pytest
 from helpers.emulated_graphs import install_emulated_graphs
+from helpers.spec_prompts import first_token_ids, repetitive_prompts
 
 from ladle import LLM, SamplingParams
 from ladle.config import SpeculativeConfig
@@ -24,19 +23,6 @@ NGRAM = {
 }
 
 
-def _repetitive_prompts(count: int, seed: int = 0) -> list[dict]:
-    rng = random.Random(seed)
-    prompts = []
-    for _ in range(count):
-        phrase = [rng.randrange(5, 500) for _ in range(rng.randint(2, 6))]
-        prompt = [rng.randrange(5, 500) for _ in range(rng.randint(0, 5))]
-        prompt += phrase * rng.randint(2, 4) + phrase[: rng.randint(0, len(phrase))]
-        prompts.append({"prompt_token_ids": prompt})
-    return prompts
-
-
-def _tokens(outputs) -> list[list[int]]:
-    return [list(output.outputs[0].token_ids) for output in outputs]
 
 
 @pytest.fixture(scope="module")
@@ -62,15 +48,15 @@ def _assert_no_blocks_held(llm: LLM) -> None:
 
 
 def test_greedy_tokens_equal_those_without_speculation(engine_in_flight, engine_off):
-    prompts = _repetitive_prompts(40)
+    prompts = repetitive_prompts(40)
     params = [
         SamplingParams(temperature=0, max_tokens=8 + 5 * (i % 7), ignore_eos=True)
         for i in range(len(prompts))
     ]
-    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
     before = engine_in_flight.engine.get_stats().spec_decode
-    got = _tokens(engine_in_flight.generate(prompts, params, use_tqdm=False))
-    alone = _tokens(engine_in_flight.generate(prompts[:1], params[:1], use_tqdm=False))
+    got = first_token_ids(engine_in_flight.generate(prompts, params, use_tqdm=False))
+    alone = first_token_ids(engine_in_flight.generate(prompts[:1], params[:1], use_tqdm=False))
     assert got == expected and alone == expected[:1]
     stats = engine_in_flight.engine.get_stats().spec_decode
     assert stats.num_accepted_tokens - before.num_accepted_tokens > 50
@@ -99,7 +85,7 @@ def test_drafted_requests_are_planned_while_their_verify_step_runs(engine_in_fli
     engine.scheduler.schedule = watching_schedule
     try:
         params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-        engine_in_flight.generate(_repetitive_prompts(4, seed=1), params, use_tqdm=False)
+        engine_in_flight.generate(repetitive_prompts(4, seed=1), params, use_tqdm=False)
     finally:
         engine.scheduler.schedule = original
     assert len(overlapped) > 10
@@ -108,17 +94,17 @@ def test_drafted_requests_are_planned_while_their_verify_step_runs(engine_in_fli
 def test_seeded_requests_are_batch_invariant(engine_in_flight, engine_off):
     """A seeded request's random stream counter is moved back on the device with its step:
     the same tokens alone, in a batch, and without speculation."""
-    prompts = _repetitive_prompts(10, seed=2)
+    prompts = repetitive_prompts(10, seed=2)
     seeded = [
         SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=20, ignore_eos=True)
         for i in range(len(prompts))
     ]
-    together = _tokens(engine_in_flight.generate(prompts, seeded, use_tqdm=False))
+    together = first_token_ids(engine_in_flight.generate(prompts, seeded, use_tqdm=False))
     alone = [
-        _tokens(engine_in_flight.generate([p], [s], use_tqdm=False))[0]
+        first_token_ids(engine_in_flight.generate([p], [s], use_tqdm=False))[0]
         for p, s in zip(prompts[:4], seeded[:4])
     ]
-    without = _tokens(engine_off.generate(prompts, seeded, use_tqdm=False))
+    without = first_token_ids(engine_off.generate(prompts, seeded, use_tqdm=False))
     assert together == without and alone == without[:4]
 
 
@@ -151,7 +137,7 @@ def test_host_bound_requests_beside_in_flight_ones(engine_in_flight, engine_off)
         SamplingParams(temperature=0, max_tokens=20, min_tokens=12),
         SamplingParams(temperature=0.7, seed=5, max_tokens=24, top_k=20, ignore_eos=True),
     ] * 3
-    prompts = _repetitive_prompts(len(params), seed=3)
+    prompts = repetitive_prompts(len(params), seed=3)
     expected = _details(engine_off.generate(prompts, params, use_tqdm=False))
     got = _details(engine_in_flight.generate(prompts, params, use_tqdm=False))
     assert got == expected
@@ -162,7 +148,7 @@ def test_host_bound_requests_beside_in_flight_ones(engine_in_flight, engine_off)
 def test_stop_ids_inside_accepted_drafts_end_at_the_right_token(engine_in_flight, engine_off):
     """A stop id the prompt holds (so the n-gram drafts it) ends the request at that token,
     also inside a multi-token result, while its next step is already in flight."""
-    prompts = _repetitive_prompts(32)
+    prompts = repetitive_prompts(32)
     greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     reference = engine_off.generate(prompts, greedy, use_tqdm=False)
     params = []
@@ -203,7 +189,7 @@ def test_aborts_mid_flight_leak_no_block(engine_in_flight):
     """Requests aborted while two of their steps are unread free every block."""
     engine = engine_in_flight.engine
     params = SamplingParams(temperature=0, max_tokens=40, ignore_eos=True)
-    for i, prompt in enumerate(_repetitive_prompts(6, seed=5)):
+    for i, prompt in enumerate(repetitive_prompts(6, seed=5)):
         engine.add_request(
             EngineCoreRequest(
                 request_id=f"abort-{i}",
@@ -238,10 +224,10 @@ def test_preemption_with_steps_in_flight(model_path, engine_off):
         num_kv_blocks=48,
         max_num_seqs=16,
     )
-    prompts = _repetitive_prompts(16, seed=6)
+    prompts = repetitive_prompts(16, seed=6)
     params = SamplingParams(temperature=0, max_tokens=28, ignore_eos=True)
-    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
-    got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
+    got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))
     assert got == expected
     assert llm.engine.get_stats().num_preemptions > 0
     _assert_no_blocks_held(llm)
@@ -273,12 +259,12 @@ def test_drafts_in_flight_through_worker_processes(model_path, engine_off, optio
     llm = LLM(
         model_path, async_scheduling=True, speculative_config=NGRAM, **ENGINE_OPTIONS, **options
     )
-    prompts = _repetitive_prompts(12, seed=7)
+    prompts = repetitive_prompts(12, seed=7)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
     try:
         assert llm.engine.scheduler.drafts_on_device
-        got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+        got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))
         assert got == expected
         assert llm.engine.get_stats().spec_decode.num_accepted_tokens > 20
     finally:
@@ -307,9 +293,9 @@ def test_moved_back_decode_steps_replay_the_decode_graphs(model_path, engine_off
         return forward
 
     runner._launch_forward = watching_launch
-    prompts = _repetitive_prompts(6, seed=8)
+    prompts = repetitive_prompts(6, seed=8)
     params = SamplingParams(temperature=0, max_tokens=17, ignore_eos=True)
-    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
     for prompt, tokens in zip(prompts, expected):  # one at a time: the steps are its alone
-        assert _tokens(llm.generate([prompt], params, use_tqdm=False)) == [tokens]
+        assert first_token_ids(llm.generate([prompt], params, use_tqdm=False)) == [tokens]
     assert moved_back_decodes > 0 and graphed == moved_back_decodes

@@ -7,9 +7,8 @@ accepted often: every test checks that the run really verified and accepted draf
 
 from __future__ import annotations
 
-import random
-
 import pytest
+from helpers.spec_prompts import first_token_ids, repetitive_prompts
 
 from ladle import LLM, SamplingParams
 
@@ -24,19 +23,6 @@ SCHEMA = {
 }
 
 
-def _repetitive_prompts(count: int) -> list[dict]:
-    rng = random.Random(0)
-    prompts = []
-    for _ in range(count):
-        phrase = [rng.randrange(5, 500) for _ in range(rng.randint(2, 6))]
-        prompt = [rng.randrange(5, 500) for _ in range(rng.randint(0, 5))]
-        prompt += phrase * rng.randint(2, 4) + phrase[: rng.randint(0, len(phrase))]
-        prompts.append({"prompt_token_ids": prompt})
-    return prompts
-
-
-def _tokens(outputs) -> list[list[int]]:
-    return [list(output.outputs[0].token_ids) for output in outputs]
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +54,12 @@ def engines(model_path):
 @pytest.mark.parametrize("adaptive", [False, True])
 @pytest.mark.parametrize("method", METHODS)
 def test_greedy_tokens_equal_those_without_speculation(engines, engine_off, method, adaptive):
-    prompts = _repetitive_prompts(96)
+    prompts = repetitive_prompts(96)
     params = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
-    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
     llm = engines[(method, adaptive)]
     before = llm.engine.get_stats().spec_decode
-    got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+    got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))
     assert got == expected
     stats = llm.engine.get_stats().spec_decode
     if not adaptive:
@@ -88,14 +74,17 @@ def test_greedy_tokens_equal_those_without_speculation(engines, engine_off, meth
 def test_seeded_requests_are_batch_invariant(engines, engine_off, method):
     """A seeded request gives the same tokens alone, in a batch, and without speculation."""
     llm = engines[(method, True)]
-    prompts = _repetitive_prompts(12)
+    prompts = repetitive_prompts(12)
     seeded = [
         SamplingParams(temperature=0.9, top_p=0.95, seed=100 + i, max_tokens=24, ignore_eos=True)
         for i in range(len(prompts))
     ]
-    together = _tokens(llm.generate(prompts, seeded, use_tqdm=False))
-    alone = [_tokens(llm.generate([p], [s], use_tqdm=False))[0] for p, s in zip(prompts, seeded)]
-    without = _tokens(engine_off.generate(prompts, seeded, use_tqdm=False))
+    together = first_token_ids(llm.generate(prompts, seeded, use_tqdm=False))
+    alone = [
+        first_token_ids(llm.generate([p], [s], use_tqdm=False))[0]
+        for p, s in zip(prompts, seeded)
+    ]
+    without = first_token_ids(engine_off.generate(prompts, seeded, use_tqdm=False))
     assert together == alone == without
 
 
@@ -140,7 +129,7 @@ def _details(outputs):
 @pytest.mark.parametrize("method", METHODS)
 def test_grammar_penalties_logprobs_and_limits_with_drafts(engines, engine_off, method):
     params = _feature_params() * 6
-    prompts = _repetitive_prompts(len(params))
+    prompts = repetitive_prompts(len(params))
     expected = _details(engine_off.generate(prompts, params, use_tqdm=False))
     llm = engines[(method, False)]
     before = llm.engine.get_stats().spec_decode.num_accepted_tokens
@@ -158,7 +147,7 @@ def test_stop_strings_and_eos_inside_accepted_drafts(engines, engine_off, method
     lookup drafts it): as a stop token id (EOS ends a request in the same check of the
     scheduler, one branch above) and as a stop string (the output processor's). Every run ends
     where the one-token run ends, and some ended inside a multi-token result."""
-    prompts = _repetitive_prompts(32)
+    prompts = repetitive_prompts(32)
     greedy = SamplingParams(temperature=0, max_tokens=32, ignore_eos=True)
     reference = engine_off.generate(prompts, greedy, use_tqdm=False)
     params = []
@@ -230,9 +219,9 @@ def test_overlapped_steps_with_adaptive_speculation(model_path, engine_off, meth
         **ENGINE_OPTIONS,
     )
     assert llm.engine.overlaps
-    prompts = _repetitive_prompts(48)
+    prompts = repetitive_prompts(48)
     params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
-    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
     builder = llm.engine.executor.worker.runner.input_builder
     original = builder.build
     device_reads = 0
@@ -245,8 +234,8 @@ def test_overlapped_steps_with_adaptive_speculation(model_path, engine_off, meth
 
     builder.build = counting_build
     try:
-        got = _tokens(llm.generate(prompts, params, use_tqdm=False))
-        single = _tokens(llm.generate(prompts[:1], params, use_tqdm=False))
+        got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))
+        single = first_token_ids(llm.generate(prompts[:1], params, use_tqdm=False))
     finally:
         builder.build = original
     assert got == expected and single == expected[:1]
@@ -268,11 +257,11 @@ def test_speculation_through_worker_processes(model_path, engine_off, options):
         **ENGINE_OPTIONS,
         **options,
     )
-    prompts = _repetitive_prompts(16)
+    prompts = repetitive_prompts(16)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    expected = _tokens(engine_off.generate(prompts, params, use_tqdm=False))
+    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
     try:
-        got = _tokens(llm.generate(prompts, params, use_tqdm=False))
+        got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))
         assert got == expected
         assert llm.engine.get_stats().spec_decode.num_accepted_tokens > 20
     finally:

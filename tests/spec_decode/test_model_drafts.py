@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 from helpers.eagle_heads import save_eagle_head
+from helpers.spec_prompts import first_token_ids
 from helpers.tiny_models import save_tiny_model
 
 from ladle import LLM, SamplingParams
@@ -32,10 +33,6 @@ def _prompts(count: int, seed: int = 0) -> list[dict]:
         {"prompt_token_ids": [rng.randrange(5, 500) for _ in range(rng.randint(2, 40))]}
         for _ in range(count)
     ]
-
-
-def _tokens(outputs) -> list[list[int]]:
-    return [list(output.outputs[0].token_ids) for output in outputs]
 
 
 @pytest.fixture(scope="module")
@@ -78,10 +75,10 @@ GREEDY = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
 @pytest.mark.parametrize("method", ["draft_model", "eagle3", "eagle"])
 def test_greedy_tokens_equal_those_without_speculation(engines, engine_off, method):
     prompts = _prompts(128)
-    expected = _tokens(engine_off.generate(prompts, GREEDY, use_tqdm=False))
+    expected = first_token_ids(engine_off.generate(prompts, GREEDY, use_tqdm=False))
     llm = engines[method]
     before = llm.engine.get_stats().spec_decode
-    got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
+    got = first_token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
     assert got == expected
     stats = llm.engine.get_stats()
     spec = stats.spec_decode
@@ -101,8 +98,8 @@ def test_adaptive_and_overlapped_draft_model(model_path, engine_off):
     in flight, drafted ones wait): same tokens, drafts still accepted."""
     llm = _engine(model_path, "draft_model", model_path, adaptive=True, async_scheduling=True)
     prompts = _prompts(48, seed=1)
-    expected = _tokens(engine_off.generate(prompts, GREEDY, use_tqdm=False))
-    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+    expected = first_token_ids(engine_off.generate(prompts, GREEDY, use_tqdm=False))
+    assert first_token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
     spec = llm.engine.get_stats().spec_decode
     assert spec.num_accepted_tokens > 0.9 * spec.num_draft_tokens > 0
 
@@ -115,9 +112,12 @@ def test_seeded_requests_are_batch_invariant(engines, engine_off, method):
         SamplingParams(temperature=0.9, top_p=0.95, seed=50 + i, max_tokens=16, ignore_eos=True)
         for i in range(len(prompts))
     ]
-    together = _tokens(llm.generate(prompts, seeded, use_tqdm=False))
-    alone = [_tokens(llm.generate([p], [s], use_tqdm=False))[0] for p, s in zip(prompts, seeded)]
-    without = _tokens(engine_off.generate(prompts, seeded, use_tqdm=False))
+    together = first_token_ids(llm.generate(prompts, seeded, use_tqdm=False))
+    alone = [
+        first_token_ids(llm.generate([p], [s], use_tqdm=False))[0]
+        for p, s in zip(prompts, seeded)
+    ]
+    without = first_token_ids(engine_off.generate(prompts, seeded, use_tqdm=False))
     assert together == alone == without
 
 
@@ -152,7 +152,7 @@ def test_emitted_distribution_equals_the_target(engines, engine_off, method):
                            ignore_eos=True)
             for i in range(len(prompt))
         ]
-        tokens = _tokens(llm.generate(prompt, params, use_tqdm=False))
+        tokens = first_token_ids(llm.generate(prompt, params, use_tqdm=False))
         pairs = torch.tensor([t[1] * 512 + t[2] for t in tokens])
         return torch.bincount(torch.tensor([t[1] for t in tokens]), minlength=512), torch.bincount(
             pairs % 512, minlength=512
@@ -178,8 +178,8 @@ def test_auto_picks_suffix_or_the_model(model_path, engine_off):
         **ENGINE_OPTIONS,
     )
     prompts = _prompts(32, seed=4)
-    expected = _tokens(engine_off.generate(prompts, GREEDY, use_tqdm=False))
-    assert _tokens(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
+    expected = first_token_ids(engine_off.generate(prompts, GREEDY, use_tqdm=False))
+    assert first_token_ids(llm.generate(prompts, GREEDY, use_tqdm=False)) == expected
     spec = llm.engine.get_stats().spec_decode
     assert spec.num_accepted_tokens > 0.8 * spec.num_draft_tokens > 0
 
@@ -201,7 +201,7 @@ def test_a_failing_drafter_never_ends_a_request(model_path, engine_off):
     prompts = _prompts(24, seed=5)
     expected = engine_off.generate(prompts, GREEDY, use_tqdm=False)
     got = llm.generate(prompts, GREEDY, use_tqdm=False)
-    assert _tokens(got) == _tokens(expected)
+    assert first_token_ids(got) == first_token_ids(expected)
     assert all(output.outputs[0].finish_reason == "length" for output in got)
     assert drafter.num_failures > 0 and llm.engine.get_stats().spec_decode.num_accepted_tokens > 0
 
@@ -300,7 +300,7 @@ def test_eagle3_target_runs_without_its_drafter(engines, engine_off):
     drafter, runner.drafter = runner.drafter, None
     try:
         prompts = _prompts(8, seed=6)
-        got = _tokens(llm.generate(prompts, GREEDY, use_tqdm=False))
+        got = first_token_ids(llm.generate(prompts, GREEDY, use_tqdm=False))
     finally:
         runner.drafter, llm.engine.scheduler.proposer = drafter, proposer
-    assert got == _tokens(engine_off.generate(prompts, GREEDY, use_tqdm=False))
+    assert got == first_token_ids(engine_off.generate(prompts, GREEDY, use_tqdm=False))
