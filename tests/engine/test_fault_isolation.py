@@ -4,11 +4,16 @@ have produced without it. A failure no request can be blamed for still ends the 
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import pytest
 import torch
 
 from ladle import LLM, SamplingParams
+from ladle.distributed.pipeline import PipelineStage
 from ladle.entrypoints.llm import RequestErrors
+from ladle.executor.multiprocess import _WorkerLoop
+from ladle.protocol.step import ScheduledRequest, StepPlan
 
 POISON = 13  # a prompt starting with this token breaks any step it is in
 PROMPTS = [[5, 6, 7, 8], [POISON, 9, 10], [21, 22, 23, 24, 25], [POISON, 1], [30, 31]]
@@ -100,3 +105,32 @@ def test_a_failure_that_cannot_be_attributed_ends_the_engine(
     monkeypatch.setattr(llm.engine.executor.worker, "execute", faulty)
     with pytest.raises(error_type):
         llm.generate(PROMPTS, PARAMS, use_tqdm=False)
+
+
+@pytest.mark.parametrize("stages", [1, 2])
+def test_a_pipeline_stage_does_not_probe_alone(stages):
+    """Under pipeline parallelism a failing step is not probed request by request on the rank
+    that failed (its probes would wait for hand-offs the other stages never send): the error
+    leaves the worker loop, which ends the engine with it. One stage still probes."""
+    calls = []
+
+    def execute(plan, masks=None):
+        calls.append([s.request_id for s in plan.scheduled])
+        if any(s.request_id == "poison" for s in plan.scheduled):
+            raise ValueError("simulated failure on this stage")
+        return SimpleNamespace(is_ready=lambda: True)
+
+    stage = PipelineStage(index=stages - 1, size=stages)
+    worker = SimpleNamespace(execute=execute, stage=stage, sends_results=True)
+    loop = _WorkerLoop(worker, inputs=None, outputs=None, parent_pid=None)
+    plan = StepPlan(
+        scheduled=[ScheduledRequest("ok", 1, 3, 0), ScheduledRequest("poison", 1, 3, 0)]
+    )
+    if stages == 1:
+        loop._run_isolating(plan, None)
+        assert loop.in_flight[0][2].keys() == {"poison"}  # found by probing, then left out
+        assert calls[-1] == ["ok"]
+    else:
+        with pytest.raises(ValueError, match="simulated failure on this stage"):
+            loop._run_isolating(plan, None)
+        assert calls == [["ok", "poison"]]  # the step once, no probes

@@ -248,6 +248,12 @@ class _WorkerLoop:
         def run(step: StepPlan) -> LaunchedStep:
             return self.worker.execute(step, masks if step is plan else None)
 
+        if self.worker.stage.size > 1:
+            # A pipeline stage cannot probe alone: its probes would wait for hand-offs from
+            # stages that did not fail and do not probe (a hang until the collective timeout).
+            # The failure ends the engine instead, with its message; the server restarts it.
+            self.in_flight.append((plan, run(plan), {}))
+            return
         launched, ran, failed = run_isolating_faults(run, plan)
         self.in_flight.append((ran, launched, failed))
 
