@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import pytest
 from helpers.emulated_graphs import install_emulated_graphs
-from helpers.spec_prompts import first_token_ids, repetitive_prompts
+from helpers.spec_prompts import first_token_ids, reference_token_ids, repetitive_prompts
 
 from ladle import LLM, SamplingParams
 from ladle.config import SpeculativeConfig
@@ -261,7 +261,9 @@ def test_drafts_in_flight_through_worker_processes(model_path, engine_off, optio
     )
     prompts = repetitive_prompts(12, seed=7)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
+    expected = reference_token_ids(
+        engine_off, model_path, options, prompts, params, **ENGINE_OPTIONS
+    )
     try:
         assert llm.engine.scheduler.drafts_on_device
         got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))

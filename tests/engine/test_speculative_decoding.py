@@ -8,7 +8,7 @@ accepted often: every test checks that the run really verified and accepted draf
 from __future__ import annotations
 
 import pytest
-from helpers.spec_prompts import first_token_ids, repetitive_prompts
+from helpers.spec_prompts import first_token_ids, reference_token_ids, repetitive_prompts
 
 from ladle import LLM, SamplingParams
 
@@ -259,7 +259,9 @@ def test_speculation_through_worker_processes(model_path, engine_off, options):
     )
     prompts = repetitive_prompts(16)
     params = SamplingParams(temperature=0, max_tokens=20, ignore_eos=True)
-    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
+    expected = reference_token_ids(
+        engine_off, model_path, options, prompts, params, **ENGINE_OPTIONS
+    )
     try:
         got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))
         assert got == expected

@@ -21,3 +21,19 @@ def repetitive_prompts(count: int, seed: int = 0) -> list[dict]:
 def first_token_ids(outputs) -> list[list[int]]:
     """Each request's first completion's token ids."""
     return [list(output.outputs[0].token_ids) for output in outputs]
+
+
+def reference_token_ids(engine_off, model_path, options, prompts, params, **engine_options):
+    """The tokens without speculation, from an engine split the same way: tensor-parallel ranks
+    sum each layer's halves in another order than one process does, and the tiny random models'
+    looping outputs hold near-ties that the order can flip, so a split engine is checked against
+    a split reference (speculation must be exact; the split need not be bitwise)."""
+    if options.get("tensor_parallel_size", 1) == 1:
+        return first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
+    from ladle import LLM
+
+    reference = LLM(model_path, **engine_options, **options)
+    try:
+        return first_token_ids(reference.generate(prompts, params, use_tqdm=False))
+    finally:
+        reference.engine.executor.shutdown()
