@@ -56,6 +56,10 @@ class ExecuteStep(msgspec.Struct, tag="execute"):
     plan: StepPlan
     masks: GrammarMasks | None = None
     split: bool = False  # sample only when the SampleStep message comes
+    # Steps whose results the engine had received when it planned this one. The result rank
+    # read them before sending; every other rank reads them before this launch, so its request
+    # states hold the same tokens (a drafted request's next input ids come from them).
+    num_results_read: int = 0
 
 
 class SampleStep(msgspec.Struct, tag="sample"):
@@ -184,19 +188,18 @@ class _WorkerLoop:
         self.sends_results = worker.sends_results
         # Launched steps whose results are not sent yet: (launched or None, failed requests).
         self.in_flight: deque[tuple[StepPlan, LaunchedStep | None, dict[str, str]]] = deque()
+        self.num_finished = 0  # steps taken off in_flight (each plan adds one, in order)
         self.split: tuple[StepPlan, object] | None = None  # a forward waiting for SampleStep
 
     def run(self) -> None:
         while True:
             if self.in_flight and not self.inputs.poll(0):
-                plan, launched, failed = self.in_flight[0]
+                launched = self.in_flight[0][1]
                 if launched is None or launched.is_ready():
-                    self.in_flight.popleft()
-                    self._send_result(plan, launched, failed)
+                    self._finish_oldest()
                 elif not self.inputs.poll(1) and self.sends_results:
                     # Nothing else to launch: wait for the device, then send the result.
-                    self.in_flight.popleft()
-                    self._send_result(plan, launched, failed)
+                    self._finish_oldest()
                 # A rank that sends nothing (a pipeline stage before the last) never waits
                 # for a result while a plan may come: its next micro-batch launches first.
                 elif self._engine_gone():
@@ -217,7 +220,19 @@ class _WorkerLoop:
     def _engine_gone(self) -> bool:
         return self.parent_pid is not None and os.getppid() != self.parent_pid
 
+    def _finish_oldest(self) -> None:
+        """Read the oldest step in flight (its request states take its tokens) and send its
+        result if this rank sends results."""
+        plan, launched, failed = self.in_flight.popleft()
+        self.num_finished += 1
+        self._send_result(plan, launched, failed)
+
     def _execute(self, message: ExecuteStep) -> None:
+        # A rank that sends no results may still hold steps the engine has read (it went on to
+        # launch while they ran): without them its request states would lack tokens the plan
+        # counts as known, and its share of the step would read other input ids than rank 0's.
+        while self.in_flight and self.num_finished < message.num_results_read:
+            self._finish_oldest()
         worker, plan = self.worker, message.plan
         if message.split:
             try:
@@ -403,10 +418,13 @@ class MultiprocessExecutor(Executor):
     ) -> StepFuture:
         index = self._num_submitted
         self._num_submitted += 1
+        read = self._num_received
         if between is None:
-            self._broadcast(ExecuteStep(plan, _host_masks(start_grammar_fill, plan)))
+            self._broadcast(
+                ExecuteStep(plan, _host_masks(start_grammar_fill, plan), False, read)
+            )
         else:
-            self._broadcast(ExecuteStep(plan, split=True))
+            self._broadcast(ExecuteStep(plan, split=True, num_results_read=read))
             between()
             self._broadcast(SampleStep(_host_masks(start_grammar_fill, plan)))
         return RemoteStepFuture(self, plan, index)
