@@ -24,10 +24,10 @@ def first_token_ids(outputs) -> list[list[int]]:
 
 
 def reference_token_ids(engine_off, model_path, options, prompts, params, **engine_options):
-    """The tokens without speculation, from an engine split the same way: tensor-parallel ranks
-    sum each layer's halves in another order than one process does, and the tiny random models'
-    looping outputs hold near-ties that the order can flip, so a split engine is checked against
-    a split reference (speculation must be exact; the split need not be bitwise)."""
+    """The tokens without speculation, from an engine split the same way: speculation must be
+    exact against the same split; the split itself need not be bitwise equal to one process
+    (tensor-parallel ranks sum each layer's halves in another order, and the tiny random
+    models' looping outputs hold near-ties)."""
     if options.get("tensor_parallel_size", 1) == 1:
         return first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
     from ladle import LLM
