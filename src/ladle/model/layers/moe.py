@@ -33,7 +33,7 @@ from ladle.distributed.expert_dispatch import ALLTOALL, DEFAULT_TABLE, alltoall_
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.dispatch import fused_kernels_enabled, use_fused_kernels
 from ladle.kernels.moe_tiles import ExpertStacks, MoeTileTable, default_table
-from ladle.model.layers.quant.fp8 import FP8_DTYPE
+from ladle.model.layers.quant.fp8 import FP8_DTYPE, dequantize_stack
 from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.load_errors import ModelLoadError
 
@@ -190,8 +190,6 @@ class StackedExperts(nn.Module):
         path's reference for fp8 experts; the CPU dequantizes once at load instead)."""
         if not self.is_fp8:
             return self.gate_up_proj, self.down_proj
-        from ladle.model.layers.moe_fp8 import dequantize_stack
-
         return (
             dequantize_stack(self.gate_up_proj, self.gate_up_scale, self.scale_group, dtype),
             dequantize_stack(self.down_proj, self.down_scale, self.scale_group, dtype),

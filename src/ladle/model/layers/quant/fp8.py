@@ -42,6 +42,19 @@ def quantize_fp8_per_row(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return codes, scale
 
 
+def dequantize_stack(
+    codes: torch.Tensor, scale: torch.Tensor, scale_group: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """codes [E, N, K] times their scales ([E, N], or [E, N, G] for groups of scale_group
+    inputs) in float32, rounded once to dtype: fp8 expert stacks (layers/moe_fp8.py) as floats."""
+    values = codes.float()
+    if scale.dim() == 2:
+        return (values * scale[..., None]).to(dtype)
+    columns = values.shape[-1]
+    expanded = scale.repeat_interleave(scale_group, dim=-1)[..., :columns]
+    return (values * expanded).to(dtype)
+
+
 def fp8_linear_reference(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
