@@ -83,6 +83,8 @@ class TopKRouter(nn.Module):
     def route_fused(self, hidden_states: torch.Tensor, expert_counts: torch.Tensor) -> Routing:
         """The same routing as forward with softmax, top-k, renormalisation and the per-expert
         count in one Triton launch (kernels/moe_routing.py), for the fused path."""
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.kernels.moe_routing import topk_softmax
 
         logits = F.linear(hidden_states, self.weight)
@@ -169,6 +171,8 @@ class StackedExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, routing: Routing) -> torch.Tensor:
         if use_fused_kernels(hidden_states) and self.can_run_fused():
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.fused_moe import fused_experts
 
             table = self.tile_table or default_table(self.scale_group)

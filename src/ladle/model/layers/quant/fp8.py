@@ -113,6 +113,8 @@ def can_use_scaled_mm(device: torch.device) -> bool:
 def quantize_activation_fp8(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token e4m3 codes [M, K] and float32 scales [M, 1] of a [M, K] activation."""
     if x2.is_cuda:
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.kernels.per_token_quant import per_token_quant
 
         return per_token_quant(x2, FP8_DTYPE)
@@ -151,6 +153,8 @@ def fp8_linear(
     """y = x W^T (+ bias) with W8 given as its [K, N] column-major view and scales [1, N]; x a
     tensor [..., K] or an already quantized activation [M, K]."""
     x_codes, x_scale, leading, dtype = activation_codes(x)
+    # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no triton;
+    # tests/model/test_fused_kernel_dispatch.py).
     from ladle.kernels.fp8_matmul import FAST_ACCUMULATION, decode_tile, fp8_matmul
 
     tile = decode_tile(x_codes.shape[0], weight_t.shape[1])
