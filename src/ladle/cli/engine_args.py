@@ -1,4 +1,4 @@
-"""Engine command-line flags, generated from the config dataclasses in `config.py`.
+"""Engine command-line flags, generated from the config dataclasses in `config/`.
 
 Each field of ModelConfig, CacheConfig, SchedulerConfig and ParallelConfig becomes
 `--field-name`, with the field's default, its `metadata["help"]` as help text and its type from
