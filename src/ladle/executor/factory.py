@@ -6,6 +6,7 @@ from ladle.config import EngineConfig
 from ladle.executor.base import Executor
 from ladle.executor.in_process import InProcessExecutor
 from ladle.executor.multiprocess import MultiprocessExecutor
+from ladle.executor.ray_executor import RayExecutor
 
 
 def build_executor(config: EngineConfig) -> Executor:
@@ -14,7 +15,5 @@ def build_executor(config: EngineConfig) -> Executor:
     if config.parallel.executor_backend == "mp":
         return MultiprocessExecutor(config)
     if config.parallel.executor_backend == "ray":
-        from ladle.executor.ray_executor import RayExecutor
-
         return RayExecutor(config)
     return InProcessExecutor(config)
