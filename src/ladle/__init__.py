@@ -6,6 +6,8 @@ from ladle.threads import prefer_passive_waiting
 # shared CPU (ladle/threads.py says why). The engine-core process inherits the setting.
 prefer_passive_waiting()
 
+from ladle.entrypoints.prompt_inputs import TextPrompt, TokensPrompt  # noqa: E402
+from ladle.outputs import CompletionOutput, RequestOutput  # noqa: E402
 from ladle.sampling.params import SamplingParams  # noqa: E402
 
 __version__ = "0.1.0"
@@ -21,17 +23,10 @@ __all__ = [
 
 
 def __getattr__(name: str):
-    # LLM pulls in torch and the model code; import it only when asked for.
+    # LLM pulls in torch and the model code; import it only when asked for (`import ladle`
+    # stays light for the API process and the CLI's parser).
     if name == "LLM":
         from ladle.entrypoints.llm import LLM
 
         return LLM
-    if name in ("TextPrompt", "TokensPrompt"):
-        from ladle.entrypoints import prompt_inputs
-
-        return getattr(prompt_inputs, name)
-    if name in ("CompletionOutput", "RequestOutput"):
-        from ladle import outputs
-
-        return getattr(outputs, name)
     raise AttributeError(f"module 'ladle' has no attribute {name!r}")

@@ -14,7 +14,7 @@ from ladle.config import SpeculativeConfig
 from ladle.protocol.messages import EngineCoreRequest
 
 ENGINE_OPTIONS = {"cpu_kv_cache_gib": 0.1, "block_size": 4, "max_num_seqs": 64}
-# Device drafts are opt-in (config.py, until measured on a GPU).
+# Device drafts are opt-in (config/speculative.py, until measured on a GPU).
 NGRAM = {
     "method": "ngram",
     "num_speculative_tokens": 4,

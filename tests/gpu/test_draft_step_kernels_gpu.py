@@ -15,7 +15,7 @@ from ladle import LLM, SamplingParams
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 
-# Device drafts are opt-in (config.py, until measured on a GPU).
+# Device drafts are opt-in (config/speculative.py, until measured on a GPU).
 NGRAM = {
     "method": "ngram",
     "num_speculative_tokens": 4,

@@ -23,7 +23,7 @@ pytest.importorskip("triton")
 IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
 interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter child")
 
-# Device drafts are opt-in (config.py, until measured on a GPU).
+# Device drafts are opt-in (config/speculative.py, until measured on a GPU).
 NGRAM = {
     "method": "ngram",
     "num_speculative_tokens": 4,

@@ -11,6 +11,7 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
+from ladle.frontend.disagg_routing import SplitPolicy
 from ladle.kv_transfer.config import Disaggregation
 
 
@@ -67,7 +68,6 @@ def build_disaggregated_client(
         if (engine_options.get(name) or 1) > 1:
             raise ValueError(f"--disaggregate / --local-replicas with {name} > 1: not supported")
     device = str(engine_options.get("device") or "auto")
-    from ladle.frontend.disagg_routing import SplitPolicy
 
     split_policy = SplitPolicy.parse(min_prompt_tokens, engine_options.get("itl_slo_ms"))
     if (split_policy.min_prompt_tokens or split_policy.is_auto) and text is None:

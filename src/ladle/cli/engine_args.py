@@ -1,4 +1,4 @@
-"""Engine command-line flags, generated from the config dataclasses in `config.py`.
+"""Engine command-line flags, generated from the config dataclasses in `config/`.
 
 Each field of ModelConfig, CacheConfig, SchedulerConfig and ParallelConfig becomes
 `--field-name`, with the field's default, its `metadata["help"]` as help text and its type from
@@ -20,6 +20,7 @@ import json
 import re
 from typing import Any
 
+from ladle.cli.durations import parse_duration
 from ladle.config import (
     DISPATCH_MODES,
     EXECUTOR_BACKENDS,
@@ -65,8 +66,6 @@ CHOICES: dict[str, tuple[str, ...]] = {
 
 def _duration_ms(text: str) -> float:
     """A duration flag in milliseconds: a bare number is ms; '50ms', '0.05s' carry their unit."""
-    from ladle.cli.durations import parse_duration
-
     stripped = str(text).strip()
     try:
         return float(stripped)

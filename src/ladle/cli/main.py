@@ -7,13 +7,17 @@ import argparse
 import os
 import sys
 
+import ladle
 from ladle.bench.engine_bench import add_bench_parsers
 from ladle.bench.multiturn import add_bench_multiturn_parser
 from ladle.bench.serve import add_parser as add_bench_serve_parser
 from ladle.bench.startup import add_bench_startup_parser
+from ladle.bench.workloads import describe_workloads
 from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
 from ladle.cli.quantize import add_quantize_parser
 from ladle.cli.train_draft import add_train_draft_parser
+from ladle.model.arch_config import UnsupportedModelError
+from ladle.model.load_errors import ModelLoadError
 
 try:
     from ladle.cli.serve import add_serve_parser
@@ -60,8 +64,6 @@ def _run_generate(args: argparse.Namespace) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    import ladle
-
     parser = argparse.ArgumentParser(prog="ladle", description="ladle: an LLM inference engine")
     parser.add_argument("--version", action="version", version=f"ladle {ladle.__version__}")
     subparsers = parser.add_subparsers(dest="command", required=True)
@@ -88,7 +90,6 @@ def build_parser() -> argparse.ArgumentParser:
         _add_sampling_arguments(sub)
         add_engine_arguments(sub)
         sub.set_defaults(handler=_run_generate)
-    from ladle.bench.workloads import describe_workloads
 
     bench = subparsers.add_parser(
         "bench",
@@ -149,9 +150,6 @@ def main(argv: list[str] | None = None) -> int:
 def exit_status_of(error: ValueError) -> int:
     """EXIT_MODEL_LOAD_FAILED for a model that cannot be loaded (every command, serve included),
     EXIT_BAD_OPTION (argparse's usage status) for any other bad option."""
-    from ladle.model.arch_config import UnsupportedModelError
-    from ladle.model.load_errors import ModelLoadError
-
     cannot_load = isinstance(error, (ModelLoadError, UnsupportedModelError))
     return EXIT_MODEL_LOAD_FAILED if cannot_load else EXIT_BAD_OPTION
 

@@ -9,13 +9,10 @@ from __future__ import annotations
 import enum
 import time
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
+from ladle.core.remote_prefill import RemotePrefill
 from ladle.protocol.step import NewRequest
 from ladle.sampling.params import SamplingParams
-
-if TYPE_CHECKING:
-    from ladle.core.kv_handoff import RemotePrefill
 
 
 class RequestStatus(enum.IntEnum):

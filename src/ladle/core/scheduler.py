@@ -15,7 +15,6 @@ from the host) or recomputed, per victim by cost (preemption_cost.py).
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
 
 from ladle.config import CacheConfig, SchedulerConfig
 from ladle.core.draft_proposer import (
@@ -38,44 +37,10 @@ from ladle.core.micro_batches import MicroBatches
 from ladle.core.preemption_cost import PreemptionPolicy
 from ladle.core.prefill_budget import ItlPrefillBudget
 from ladle.core.request import Request, RequestStatus
+from ladle.core.step_grants import StepGrants
 from ladle.core.waiting_queue import WaitingQueue
 from ladle.protocol.messages import EngineCoreOutput, SchedulerStats
-from ladle.protocol.step import (
-    BlockUpdate,
-    ScheduledRequest,
-    StepPlan,
-    StepResult,
-)
-
-
-@dataclass
-class _Grants:
-    """The step being decided: requests granted tokens, in batch order, and what changed.
-
-    Preemption can take back a grant made earlier in the same step, so the plan (plain data) is
-    built from this only once scheduling is done."""
-
-    requests: list[Request] = field(default_factory=list)
-    num_tokens: dict[str, int] = field(default_factory=dict)
-    new_blocks: dict[str, BlockUpdate] = field(default_factory=dict)
-    draft_token_ids: dict[str, list[int]] = field(default_factory=dict)
-    # Model drafts: KV slots reserved past the granted tokens for the worker's drafting.
-    num_lookahead_tokens: dict[str, int] = field(default_factory=dict)
-    preempted_request_ids: list[str] = field(default_factory=list)
-
-    def add(self, request: Request, num_tokens: int) -> None:
-        self.requests.append(request)
-        self.num_tokens[request.request_id] = num_tokens
-
-    def take_back(self, request: Request) -> int:
-        """Withdraw the request's grant (it is being preempted); returns its tokens."""
-        request_id = request.request_id
-        self.new_blocks.pop(request_id, None)
-        self.draft_token_ids.pop(request_id, None)
-        self.num_lookahead_tokens.pop(request_id, None)
-        if request in self.requests:
-            self.requests.remove(request)
-        return self.num_tokens.pop(request_id, 0)
+from ladle.protocol.step import BlockUpdate, StepPlan, StepResult
 
 
 class Scheduler:
@@ -160,7 +125,7 @@ class Scheduler:
     # ----- scheduling ----------------------------------------------------------------------
 
     def schedule(self) -> StepPlan:
-        grants = _Grants()
+        grants = StepGrants()
         token_budget = self.config.max_num_batched_tokens
         prefill_budget = self._prefill_allowance()
         now = time.monotonic()
@@ -345,7 +310,7 @@ class Scheduler:
         request.status = RequestStatus.RUNNING
         self.running.append(request)
 
-    def _record_new_blocks(self, grants: _Grants, request: Request, num_new: int | None) -> None:
+    def _record_new_blocks(self, grants: StepGrants, request: Request, num_new: int | None) -> None:
         """Note the last num_new blocks of the request's table (None: all of it) as new."""
         manager = self.kv_cache_manager
         start = 0 if num_new is None else manager.num_blocks_of(request.request_id) - num_new
@@ -359,7 +324,7 @@ class Scheduler:
         num_known = request.num_tokens + request.num_pending_tokens
         return num_outputs >= request.max_tokens or num_known >= self.max_model_len
 
-    def _plan(self, grants: _Grants) -> StepPlan:
+    def _plan(self, grants: StepGrants) -> StepPlan:
         """The plan of the granted step. Counts its tokens as computed now and its samples as
         pending, so the next schedule can run before this step's results are read."""
         plan = StepPlan(
@@ -369,42 +334,7 @@ class Scheduler:
             + self.pulls.take_operations(),
         )
         self._finished_on_workers = []
-        for request in grants.requests:
-            request_id = request.request_id
-            num_new = grants.num_tokens[request_id]
-            drafts = grants.draft_token_ids.get(request_id, [])
-            computed = request.num_computed_tokens
-            unverified = request.num_unverified_drafts  # worst case: all accepted
-            num_outputs = request.num_output_tokens + request.num_pending_tokens + unverified
-            num_known = request.num_tokens + request.num_pending_tokens + unverified
-            if num_outputs > 0 and computed == num_known - 1 and num_new == 1 + len(drafts):
-                plan.num_decode_tokens += num_new
-            else:
-                plan.num_prefill_tokens += num_new
-            samples = computed + num_new - len(drafts) >= num_known
-            plan.scheduled.append(
-                ScheduledRequest(
-                    request_id=request_id,
-                    num_tokens=num_new,
-                    num_computed_before=computed,
-                    output_index=num_outputs if samples else -1,
-                    new_blocks=grants.new_blocks.get(request_id),
-                    draft_token_ids=drafts,
-                    num_lookahead_tokens=(
-                        grants.num_lookahead_tokens.get(request_id, 0) if samples else 0
-                    ),
-                    num_unverified_before=unverified,
-                )
-            )
-            if request_id not in self._on_workers:
-                self._on_workers.add(request_id)
-                plan.new_requests.append(request.as_new_request())
-            if samples and request.samples_from_host_tokens:
-                plan.samples_from_host_tokens = True
-            request.num_computed_tokens = computed + num_new
-            if samples:
-                request.num_pending_tokens += 1
-                request.num_unverified_drafts += len(drafts)
+        grants.fill_plan(plan, self._on_workers)
         return plan
 
     def _prefill_allowance(self) -> int:

@@ -13,7 +13,7 @@ max_tokens, stop checks, penalties and the random stream count it as the produce
 
 from __future__ import annotations
 
-from ladle.core.kv_handoff import RemotePrefill
+from ladle.core.remote_prefill import RemotePrefill
 from ladle.core.request import Request
 from ladle.kv_transfer.config import KVTransferConfig
 from ladle.protocol.messages import RequestRejectedError

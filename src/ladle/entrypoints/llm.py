@@ -22,6 +22,7 @@ from ladle.entrypoints.vllm_outputs import finish_offline_output
 from ladle.frontend.output_processor import OutputProcessor
 from ladle.frontend.tokenizer_preload import TokenizerPreload
 from ladle.frontend.tokenizer_required import needs_tokenizer, no_tokenizer_reason
+from ladle.model.default_model import resolve_default_model
 from ladle.model.end_tokens import model_end_token_ids
 from ladle.model.generation_defaults import sampling_defaults_of
 from ladle.outputs import CompletionOutput, RequestMetrics, RequestOutput
@@ -54,8 +55,6 @@ class LLM:
 
     def __init__(self, model: str | os.PathLike | None = None, **engine_options) -> None:
         if model is None and engine_options.get("load_format", "auto") != "dummy":
-            from ladle.model.default_model import resolve_default_model
-
             model = str(resolve_default_model())
         self.config = EngineConfig.from_kwargs(model=model, **engine_options)
         # The tokenizer loads on a thread while the engine loads the model.

@@ -19,6 +19,7 @@ from pathlib import Path
 from ladle.config import ModelConfig
 from ladle.frontend.tokenizer_source import resolve_tokenizer_source
 from ladle.model.arch_config import ModelArchConfig
+from ladle.model.default_model import DefaultModelUnavailableError, resolve_default_model
 from ladle.model.tokenizer import TextTokenizer, load_tokenizer
 
 # Where the preload's source is "the default model, fetched if need be" (random weights of a
@@ -68,8 +69,6 @@ class TokenizerPreload:
 def _load(source: str) -> tuple[str | None, TextTokenizer | None]:
     """(the source loaded, its tokenizer without the model's end ids: result_for merges them)."""
     if source == DEFAULT_MODEL_SOURCE:
-        from ladle.model.default_model import DefaultModelUnavailableError, resolve_default_model
-
         try:
             source = str(resolve_default_model(show_progress=False))
         except DefaultModelUnavailableError:

@@ -22,33 +22,13 @@ measured at start-up with the tiles (kernels/moe_tuning.py): a plan names its al
 
 from __future__ import annotations
 
-from dataclasses import dataclass
-
 import torch
+
+from ladle.kernels.expert_blocks import ExpertBlocks, max_padded_rows
 
 # Up to this many assignments the single Triton program runs (a 512-token decode step at top-8);
 # above, the torch sort.
 TRITON_MAX_ASSIGNMENTS = 4096
-
-
-@dataclass(frozen=True)
-class ExpertBlocks:
-    """The sorted, padded assignments of one step (see the module docstring)."""
-
-    sorted_ids: torch.Tensor
-    block_expert: torch.Tensor
-    num_rows: torch.Tensor
-    block_m: int
-
-    @property
-    def max_blocks(self) -> int:
-        return self.block_expert.numel()
-
-
-def max_padded_rows(num_assignments: int, num_experts: int, block_m: int) -> int:
-    """Rows the padded assignments can take at most, a whole number of blocks."""
-    rows = num_assignments + min(num_experts, num_assignments) * (block_m - 1)
-    return -(-rows // block_m) * block_m
 
 
 def align_to_expert_blocks_torch(
@@ -89,6 +69,7 @@ def align_to_expert_blocks(
     num_assignments = topk_ids.numel()
     if not with_triton or num_assignments > TRITON_MAX_ASSIGNMENTS:
         return align_to_expert_blocks_torch(topk_ids, num_experts, block_m)
+    # Here, not at the top: the kernel's file imports triton, which a CPU install lacks.
     from ladle.kernels.moe_align_kernel import align_with_triton
 
     max_rows = max_padded_rows(num_assignments, num_experts, block_m)

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.moe_align import ExpertBlocks
+from ladle.kernels.expert_blocks import ExpertBlocks
 
 # One-hot elements per chunk: 128 assignments x 128 experts in a program of 8 warps (64 a
 # thread), so a 256-token decode step at top-8 takes 16 chunks a pass.

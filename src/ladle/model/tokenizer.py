@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from ladle.model.arch_config import ModelArchConfig
+from ladle.model.default_model import default_cache_dir
 from ladle.model.end_tokens import folder_eos_token_ids
 from ladle.model.load_errors import ModelLoadError
 
@@ -187,8 +188,6 @@ def gguf_tokenizer_cache_folder(gguf_path: Path, cache_dir: str | os.PathLike | 
     than the conversion saves) and by the transformers version that did the conversion.
     """
     import transformers
-
-    from ladle.model.default_model import default_cache_dir
 
     stat = gguf_path.stat()
     identity = f"{gguf_path.resolve()}|{stat.st_size}|{stat.st_mtime_ns}|{transformers.__version__}"

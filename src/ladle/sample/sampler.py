@@ -79,6 +79,8 @@ class Sampler(nn.Module):
             assert metadata.prompt_token_ids is not None and metadata.output_token_ids is not None
             penalize_ = apply_penalties_
             if use_fused_kernels(logits):
+                # Imported here: a Triton kernel's file loads only once it runs (a CPU install has
+                # no triton; tests/model/test_fused_kernel_dispatch.py).
                 from ladle.kernels.penalties import apply_penalties_ as penalize_
             penalize_(
                 logits,
@@ -121,6 +123,8 @@ class Sampler(nn.Module):
         has_draft_probs = metadata.draft_probs is not None
         if use_fused_kernels(logits) and not may_truncate and not has_draft_probs:
             # One pass: divide, hash the counters, add the noise and take the argmax in registers.
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.gumbel_sample import gumbel_argmax
 
             random_ids = gumbel_argmax(logits, metadata.seed, metadata.step, temperature)
@@ -150,6 +154,8 @@ class Sampler(nn.Module):
             # A point-mass draft (or none) needs nothing but the row's own race: the host
             # accepts the draft iff the race picked it (sample/rejection.py says why that is
             # exact rejection sampling).
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.gumbel_sample import gumbel_argmax
 
             random_ids = gumbel_argmax(logits, metadata.seed, metadata.step)
@@ -165,6 +171,8 @@ def _argmax(logits: torch.Tensor) -> torch.Tensor:
     """Greedy token ids [num_reqs]; on CUDA the vocabulary split over programs (a few us where
     torch's one-block-per-row reduction took ~30 for a single row)."""
     if use_fused_kernels(logits):
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.kernels.gumbel_sample import greedy_argmax
 
         return greedy_argmax(logits)

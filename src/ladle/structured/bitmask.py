@@ -41,6 +41,8 @@ def apply_token_bitmask(
     if bitmask.shape[0] != row_indices.shape[0]:
         raise ValueError("bitmask and row_indices must have one row per constrained request")
     if logits.is_cuda:
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.structured.bitmask_triton import apply_token_bitmask_triton
 
         apply_token_bitmask_triton(logits, bitmask, row_indices)

@@ -275,6 +275,8 @@ class DeviceDrafts:
         batch: PersistentBatch,
     ) -> torch.Tensor:
         """prepare's device work in two launches (kernels/draft_steps.py)."""
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.kernels.draft_steps import move_back_, ngram_drafts_
 
         extra = inputs.extra
@@ -418,6 +420,8 @@ class DeviceDrafts:
         last_sampled: torch.Tensor,
     ) -> Verdict:
         """judge in one launch (kernels/draft_steps.py); the coins, when synthetic, drawn
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from the same generator as the torch path's."""
         from ladle.kernels.draft_steps import judge_
 

@@ -44,6 +44,8 @@ def prepare_fused_moe(
     ]
     if not blocks:
         return None
+    # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no triton;
+    # tests/model/test_fused_kernel_dispatch.py).
     from ladle.kernels.moe_tuning import MoeShape, tune_tile_table
 
     by_shape: dict[MoeShape, list[SparseMoeBlock]] = {}

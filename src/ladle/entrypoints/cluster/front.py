@@ -44,6 +44,7 @@ from ladle.entrypoints.cluster.replica_http import ENGINE_DEAD_HEADER, SLOT_HEAD
 from ladle.entrypoints.cluster.replica_metrics import merge_replica_metrics
 from ladle.entrypoints.cluster.request_router import ROUTING_KEY_KWARG
 from ladle.entrypoints.cluster.routing_keys import request_routing_key
+from ladle.model.tokenizer import load_tokenizer
 
 logger = logging.getLogger("ladle.cluster")
 
@@ -114,7 +115,6 @@ def _load_tokenizer_or_none(path: str | None) -> Any:
     None and goes to the least loaded replica."""
     if path is None:
         return None
-    from ladle.model.tokenizer import load_tokenizer
 
     try:
         return load_tokenizer(path)

@@ -10,6 +10,8 @@ from typing import Any
 
 import uvicorn
 
+from ladle.entrypoints.openai.http_protocol import make_fastest_timed_protocol
+
 
 @dataclasses.dataclass(frozen=True)
 class HttpServerOptions:
@@ -34,8 +36,6 @@ class HttpServerOptions:
     def uvicorn_config(self, app: Any, **extra: Any) -> uvicorn.Config:
         """uvicorn's config for `app` with these options (extra: host, port, ...); httptools'
         protocol when installed, with the request deadline either way (http_protocol.py)."""
-        from ladle.entrypoints.openai.http_protocol import make_fastest_timed_protocol
-
         return uvicorn.Config(
             app,
             log_level=self.log_level,

@@ -27,6 +27,8 @@ class SiluAndMul(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor | QuantizedActivation:
         if use_fused_kernels(x):
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.activation import (
                 silu_and_mul,
                 silu_and_mul_quant,

@@ -110,6 +110,8 @@ def compute_logits(
     128k vocabulary cost 0.1 ms of every batch-256 decode step on an H100)."""
     if hidden_states.shape[0] == 1 and use_fused_kernels(hidden_states):
         # One sampling row (batch-1 decode): ladle's GEMV, rounded as the matmul's own dtype.
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.kernels.gemv import gemv, gemv_applies
 
         if gemv_applies(hidden_states, weight):

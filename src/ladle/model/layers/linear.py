@@ -48,6 +48,8 @@ class Linear(nn.Module):
             return quantized_matmul(self, x, self.bias)
         if x.shape[0] == 1 and use_fused_kernels(x):
             # Batch-1 decode: a weight-read-bound row, faster in ladle's GEMV than in cuBLAS.
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.gemv import gemv, gemv_applies
 
             if gemv_applies(x, self.weight):

@@ -33,7 +33,7 @@ from ladle.distributed.expert_dispatch import ALLTOALL, DEFAULT_TABLE, alltoall_
 from ladle.distributed.tensor_parallel import SINGLE, TensorParallel
 from ladle.kernels.dispatch import fused_kernels_enabled, use_fused_kernels
 from ladle.kernels.moe_tiles import ExpertStacks, MoeTileTable, default_table
-from ladle.model.layers.quant.fp8 import FP8_DTYPE
+from ladle.model.layers.quant.fp8 import FP8_DTYPE, dequantize_stack
 from ladle.model.layers.weight_loading import default_weight_loader
 from ladle.model.load_errors import ModelLoadError
 
@@ -83,6 +83,8 @@ class TopKRouter(nn.Module):
     def route_fused(self, hidden_states: torch.Tensor, expert_counts: torch.Tensor) -> Routing:
         """The same routing as forward with softmax, top-k, renormalisation and the per-expert
         count in one Triton launch (kernels/moe_routing.py), for the fused path."""
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.kernels.moe_routing import topk_softmax
 
         logits = F.linear(hidden_states, self.weight)
@@ -169,6 +171,8 @@ class StackedExperts(nn.Module):
 
     def forward(self, hidden_states: torch.Tensor, routing: Routing) -> torch.Tensor:
         if use_fused_kernels(hidden_states) and self.can_run_fused():
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.fused_moe import fused_experts
 
             table = self.tile_table or default_table(self.scale_group)
@@ -190,8 +194,6 @@ class StackedExperts(nn.Module):
         path's reference for fp8 experts; the CPU dequantizes once at load instead)."""
         if not self.is_fp8:
             return self.gate_up_proj, self.down_proj
-        from ladle.model.layers.moe_fp8 import dequantize_stack
-
         return (
             dequantize_stack(self.gate_up_proj, self.gate_up_scale, self.scale_group, dtype),
             dequantize_stack(self.down_proj, self.down_scale, self.scale_group, dtype),

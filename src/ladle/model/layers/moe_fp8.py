@@ -84,19 +84,6 @@ def quantize_experts_fp8_(model: nn.Module) -> int:
     return count
 
 
-def dequantize_stack(
-    codes: torch.Tensor, scale: torch.Tensor, scale_group: int, dtype: torch.dtype
-) -> torch.Tensor:
-    """codes [E, N, K] times their scales ([E, N], or [E, N, G] for groups of scale_group
-    inputs) in float32, rounded once to dtype."""
-    values = codes.float()
-    if scale.dim() == 2:
-        return (values * scale[..., None]).to(dtype)
-    columns = values.shape[-1]
-    expanded = scale.repeat_interleave(scale_group, dim=-1)[..., :columns]
-    return (values * expanded).to(dtype)
-
-
 @torch.no_grad()
 def dequantize_experts_(model: nn.Module, dtype: torch.dtype) -> int:
     """The CPU's fp8 experts: codes times scales, once, into plain float stacks of `dtype` (the

@@ -70,11 +70,11 @@ class RMSNorm(nn.Module):
     ) -> NormOutput | tuple[NormOutput, torch.Tensor]:
         # One launch instead of ~9; the new residual is written into the residual tensor itself
         # (the decoder layers hand it on and never read the old value again).
-        from ladle.kernels.rms_norm import rms_norm
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
+        from ladle.kernels.rms_norm import rms_norm, rms_norm_quant
 
         if self.output_quantization is not None and self._can_quantize_output(x, residual):
-            from ladle.kernels.rms_norm import rms_norm_quant
-
             codes, scale = rms_norm_quant(
                 x, self.weight, self.eps, self.output_quantization, residual=residual
             )

@@ -87,6 +87,8 @@ class RotaryEmbedding(nn.Module):
         elsewhere new tensors are returned and the inputs are left alone.
         """
         if use_fused_kernels(query) and self._may_fuse(query, key):
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.rotary import rotary_embedding_
 
             return rotary_embedding_(positions, query, key, self.cos_sin_cache)
@@ -113,6 +115,8 @@ class RotaryEmbedding(nn.Module):
             and kv_cache.is_contiguous()
         ):
             return False
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.kernels.rotary import rotary_embedding_
 
         rotary_embedding_(

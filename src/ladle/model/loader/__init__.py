@@ -68,6 +68,7 @@ from ladle.model.loader.safetensors import (
     safetensors_tensor_names,
 )
 from ladle.model.loader.safetensors_direct import iter_safetensors_on_device
+from ladle.model.models.llama import to_checkpoint_name, to_param_name
 from ladle.model.models.registry import get_model_class
 
 __all__ = ["LoadedModel", "ModelLoadError", "build_model", "load_model"]
@@ -299,8 +300,6 @@ def _safetensors_reader(
 def _float_module_names(model: nn.Module, checkpoint_modules: tuple[str, ...], where: str) -> set:
     """ladle's Linear modules for a checkpoint's modules_to_not_convert: merged modules (q/k/v,
     gate/up) must be listed whole, since one matmul cannot be half float."""
-    from ladle.model.models.llama import to_checkpoint_name, to_param_name
-
     listed = set(checkpoint_modules)
     names = set()
     for checkpoint_module in checkpoint_modules:

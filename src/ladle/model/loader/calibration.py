@@ -24,9 +24,12 @@ from collections.abc import Callable, Collection
 import torch
 from torch import nn
 
+from ladle.attention.backend import get_attention_backend
 from ladle.attention.metadata import AttentionMetadata
+from ladle.config import ModelConfig, supported_dtypes
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.arch_config import UnsupportedModelError
+from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
 from ladle.model.layers.quant import QuantMethod
 from ladle.model.layers.quant.awq import ALPHAS, search_input_scales
 from ladle.model.layers.quant.float_projections import float_ladle_modules
@@ -46,7 +49,9 @@ from ladle.model.layers.quant.int4 import (
 )
 from ladle.model.layers.quant.int4_clip import search_int4_groups
 from ladle.model.layers.quant.rotation import rotate_residual_stream_, rotated_float_tensors
+from ladle.model.loader import load_model
 from ladle.model.loader.scale_tuning import teacher_targets, tune_scales_
+from ladle.model.models.llama import to_checkpoint_name
 
 BLOCK_SIZE = 16
 # (weight [N, K], Hessian [K, K]) -> the method's canonical tensors
@@ -164,8 +169,6 @@ def fold_input_scales_(
 
 
 def _linears(layer: nn.Module) -> dict[str, nn.Module]:
-    from ladle.model.layers.linear import Linear
-
     return {name: module for name, module in layer.named_modules() if isinstance(module, Linear)}
 
 
@@ -314,9 +317,6 @@ def by_checkpoint_name(
     (q/k/v, gate/up) split back into its projections (every canonical tensor has rows on dim 0,
     and GPTQ treats rows independently, so the split equals quantizing each projection). A
     norm weight that AWQ's folding changed keeps its name: {"float": weight}."""
-    from ladle.model.layers.linear import Linear, MergedLinear, QKVLinear
-    from ladle.model.models.llama import to_checkpoint_name
-
     named: dict[str, dict[str, torch.Tensor]] = {}
     for module_name, canonical in results.items():
         module = model.get_submodule(module_name)
@@ -372,10 +372,6 @@ def calibrate_checkpoint(
     `tune_steps` (int4 and fp8): that many steps of scale_tuning.tune_scales_ after calibration,
     against the float model's distributions on the same windows; every norm is then in the
     result."""
-    from ladle.attention.backend import get_attention_backend
-    from ladle.config import ModelConfig, supported_dtypes
-    from ladle.model.loader import load_model
-
     if act_order and algorithm not in ("gptq", "awq-gptq"):
         raise ValueError(f"act-order is a GPTQ option; algorithm {algorithm!r} has no column order")
     if algorithm == "gptq":

@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from ladle.model.tokenizer import load_tokenizer
+
 MODEL_TYPES = {
     "LlamaForCausalLM": "llama",
     "MistralForCausalLM": "mistral",
@@ -56,6 +58,4 @@ def gguf_hf_config(path: str | os.PathLike) -> dict:
 
 def save_gguf_tokenizer(path: str | os.PathLike, out_dir: str | os.PathLike) -> None:
     """Write the GGUF's tokenizer (as transformers converts it) into out_dir."""
-    from ladle.model.tokenizer import load_tokenizer
-
     load_tokenizer(str(path)).hf_tokenizer.save_pretrained(str(out_dir))

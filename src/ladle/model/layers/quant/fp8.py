@@ -42,6 +42,19 @@ def quantize_fp8_per_row(matrix: torch.Tensor) -> tuple[torch.Tensor, torch.Tens
     return codes, scale
 
 
+def dequantize_stack(
+    codes: torch.Tensor, scale: torch.Tensor, scale_group: int, dtype: torch.dtype
+) -> torch.Tensor:
+    """codes [E, N, K] times their scales ([E, N], or [E, N, G] for groups of scale_group
+    inputs) in float32, rounded once to dtype: fp8 expert stacks (layers/moe_fp8.py) as floats."""
+    values = codes.float()
+    if scale.dim() == 2:
+        return (values * scale[..., None]).to(dtype)
+    columns = values.shape[-1]
+    expanded = scale.repeat_interleave(scale_group, dim=-1)[..., :columns]
+    return (values * expanded).to(dtype)
+
+
 def fp8_linear_reference(
     x: torch.Tensor, weight: torch.Tensor, weight_scale: torch.Tensor, bias: torch.Tensor | None
 ) -> torch.Tensor:
@@ -100,6 +113,8 @@ def can_use_scaled_mm(device: torch.device) -> bool:
 def quantize_activation_fp8(x2: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """Per-token e4m3 codes [M, K] and float32 scales [M, 1] of a [M, K] activation."""
     if x2.is_cuda:
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.kernels.per_token_quant import per_token_quant
 
         return per_token_quant(x2, FP8_DTYPE)
@@ -138,6 +153,8 @@ def fp8_linear(
     """y = x W^T (+ bias) with W8 given as its [K, N] column-major view and scales [1, N]; x a
     tensor [..., K] or an already quantized activation [M, K]."""
     x_codes, x_scale, leading, dtype = activation_codes(x)
+    # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no triton;
+    # tests/model/test_fused_kernel_dispatch.py).
     from ladle.kernels.fp8_matmul import FAST_ACCUMULATION, decode_tile, fp8_matmul
 
     tile = decode_tile(x_codes.shape[0], weight_t.shape[1])

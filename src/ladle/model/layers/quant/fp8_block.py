@@ -142,6 +142,8 @@ def cublas_weight_scales(scale: torch.Tensor, block_rows: int, block_columns: in
 def block_scaled_mm(x2: torch.Tensor, weight: torch.Tensor, weight_scale_b: torch.Tensor):
     """x2 [M, K] bf16 -> [M, N] bf16 through cuBLASLt's block-scaled GEMM: activations quantized
     per token and group of 128 (rows padded to a multiple of 4, as cuBLASLt needs)."""
+    # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no triton;
+    # tests/model/test_fused_kernel_dispatch.py).
     from ladle.kernels.per_token_quant import per_group_quant
 
     num_rows = x2.shape[0]
@@ -210,6 +212,8 @@ class Fp8BlockMethod(QuantMethod):
             output = block_scaled_mm(x2, layer.weight, layer.cublas_weight_scale).to(x.dtype)
             return add_bias(output, layer.bias).reshape(*leading, -1)
         if layer.use_fp8_kernel:
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.fp8_matmul import fp8_matmul, grouped_tile
             from ladle.kernels.per_token_quant import per_group_quant
 

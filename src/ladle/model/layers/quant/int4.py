@@ -161,6 +161,8 @@ class Int4Method(QuantMethod):
         layer.register_buffer("scale_t", layer.weight_scale.data.t().contiguous())
         layer.register_buffer("zero_t", layer.weight_zero.data.t().to(torch.float16).contiguous())
         del layer.weight_packed, layer.weight_scale, layer.weight_zero
+        # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+        # triton; tests/model/test_fused_kernel_dispatch.py).
         from ladle.model.layers.quant.int4_plan import plan_for
 
         dtype = layer.bias.dtype if layer.bias is not None else torch.bfloat16
@@ -179,6 +181,8 @@ class Int4Method(QuantMethod):
             else:
                 kernel, in_kernel = None, num_tokens <= MAX_KERNEL_TOKENS
             if in_kernel:
+                # Imported here: a Triton kernel's file loads only once it runs (a CPU install has
+                # no triton; tests/model/test_fused_kernel_dispatch.py).
                 from ladle.kernels.int4_decode import int4_decode_matmul
 
                 output = int4_decode_matmul(
@@ -186,6 +190,8 @@ class Int4Method(QuantMethod):
                 )
                 output = add_bias(output, layer.bias)
             else:
+                # Imported here: a Triton kernel's file loads only once it runs (a CPU install has
+                # no triton; tests/model/test_fused_kernel_dispatch.py).
                 from ladle.kernels.int4_matmul import int4_dequantize
 
                 weight_t = int4_dequantize(

@@ -16,7 +16,14 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ladle.kernels.int4_decode import GEMV_KERNELS, GEMV_MAX_TOKENS, MMA_KERNELS, Int4Kernel
+from ladle.kernels.int4_decode import (
+    GEMV_KERNELS,
+    GEMV_MAX_TOKENS,
+    MMA_KERNELS,
+    Int4Kernel,
+    int4_decode_matmul,
+)
+from ladle.kernels.int4_matmul import int4_dequantize
 
 # Batch buckets: a call with M rows uses the choice of the smallest bucket >= M; above the last
 # bucket a call always dequantizes (prefill-sized: compute-bound, cuBLAS's GEMM wins).
@@ -90,8 +97,6 @@ def measure_plan(
     dtype: torch.dtype = torch.bfloat16,
 ) -> Int4Plan:
     """Time every candidate at every bucket and keep the fastest correct one per bucket."""
-    from ladle.kernels.int4_decode import int4_decode_matmul
-    from ladle.kernels.int4_matmul import int4_dequantize
 
     device = packed_t.device
     args = (packed_t, scale_t, zero_t, group_size)

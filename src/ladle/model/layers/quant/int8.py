@@ -108,6 +108,8 @@ def int8_linear(
     bias: torch.Tensor | None,
 ) -> torch.Tensor:
     """y = x W^T (+ bias) with W8 as its [K, N] column-major view and float32 scales [1, N]."""
+    # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no triton;
+    # tests/model/test_fused_kernel_dispatch.py).
     from ladle.kernels.per_token_quant import per_token_quant
 
     x2, leading = flatten_tokens(x)

@@ -26,6 +26,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
+from ladle.model.layers.embedding import LMHead
+
 
 def random_orthogonal(size: int, seed: int) -> torch.Tensor:
     """A seeded Haar-random orthogonal matrix [size, size] in float64 (QR of a Gaussian, the
@@ -41,8 +43,6 @@ def rotate_residual_stream_(model: nn.Module, seed: int = 0) -> None:
     """Fold a seeded random rotation into `model`'s residual stream in place (see the module
     docstring); a tied LM head becomes `model.lm_head`. The arithmetic runs in float64 and each
     weight is stored back in its own dtype and device."""
-    from ladle.model.layers.embedding import LMHead
-
     decoder = model.model
     embedding = decoder.embed_tokens
     for layer in decoder.layers:
