@@ -12,7 +12,7 @@ from types import SimpleNamespace
 import pytest
 
 from ladle.distributed.pipeline import PipelineStage
-from ladle.executor.multiprocess import ExecuteStep, _WorkerLoop
+from ladle.executor.multiprocess import ExecuteStep, SampleStep, _WorkerLoop
 from ladle.protocol.step import ScheduledRequest, StepPlan
 
 
@@ -25,14 +25,25 @@ class _Rank:
         self.sends_results = sends_results
 
     def execute(self, plan: StepPlan, masks=None):
+        self.events.append(f"launch {plan.scheduled[0].request_id}")
+        return self._launched(plan)
+
+    def _launched(self, plan: StepPlan):
         name = plan.scheduled[0].request_id
-        self.events.append(f"launch {name}")
 
         def result():
             self.events.append(f"read {name}")
             return SimpleNamespace(failed=None)
 
         return SimpleNamespace(is_ready=lambda: True, result=result)
+
+    def launch_forward(self, plan: StepPlan):
+        self.events.append(f"forward {plan.scheduled[0].request_id}")
+        return plan
+
+    def sample(self, plan: StepPlan, masks=None):
+        self.events.append(f"sample {plan.scheduled[0].request_id}")
+        return self._launched(plan)
 
 
 def _plan(name: str) -> StepPlan:
@@ -50,3 +61,14 @@ def test_a_rank_reads_the_steps_the_engine_read_before_it_launches(num_results_r
     assert rank.events == ["launch a", "launch b", *expected_reads, "launch c"]
     assert len(loop.in_flight) == 3 - num_results_read
     assert loop.num_finished == num_results_read
+
+
+def test_a_split_step_samples_after_the_step_the_engine_read_in_between():
+    """A grammar or bad_words step is launched, the engine reads the step before, then the
+    step samples (from that step's tokens): every rank reads it before sampling."""
+    rank = _Rank(sends_results=False)
+    loop = _WorkerLoop(rank, inputs=None, outputs=None, parent_pid=None)
+    loop._execute(ExecuteStep(_plan("a")))
+    loop._execute(ExecuteStep(_plan("b"), split=True, num_results_read=0))
+    loop._sample(SampleStep(num_results_read=1))
+    assert rank.events == ["launch a", "forward b", "read a", "sample b"]

@@ -64,6 +64,9 @@ class ExecuteStep(msgspec.Struct, tag="execute"):
 
 class SampleStep(msgspec.Struct, tag="sample"):
     masks: GrammarMasks | None = None
+    # As ExecuteStep's, counted when the engine sent this: it read the step before in between,
+    # and a grammar or bad_words row samples from that step's tokens on every rank.
+    num_results_read: int = 0
 
 
 class StopWorker(msgspec.Struct, tag="stop"):
@@ -227,12 +230,16 @@ class _WorkerLoop:
         self.num_finished += 1
         self._send_result(plan, launched, failed)
 
-    def _execute(self, message: ExecuteStep) -> None:
-        # A rank that sends no results may still hold steps the engine has read (it went on to
-        # launch while they ran): without them its request states would lack tokens the plan
-        # counts as known, and its share of the step would read other input ids than rank 0's.
-        while self.in_flight and self.num_finished < message.num_results_read:
+    def _read_through(self, num_results_read: int) -> None:
+        """Read every step the engine had read when it sent the message at hand. A rank that
+        sends no results may still hold some (it went on to launch while they ran): without
+        them its request states would lack tokens the plan counts as known, and its share of
+        the step would read other input ids (or sample other tokens) than rank 0's."""
+        while self.in_flight and self.num_finished < num_results_read:
             self._finish_oldest()
+
+    def _execute(self, message: ExecuteStep) -> None:
+        self._read_through(message.num_results_read)
         worker, plan = self.worker, message.plan
         if message.split:
             try:
@@ -247,6 +254,7 @@ class _WorkerLoop:
 
     def _sample(self, message: SampleStep) -> None:
         assert self.split is not None, "a SampleStep without its ExecuteStep"
+        self._read_through(message.num_results_read)
         (plan, forward), self.split = self.split, None
         masks = self._masks(message.masks)
         if forward is not None:
@@ -345,8 +353,11 @@ class MultiprocessExecutor(Executor):
         infos = self._await_ready()
         if self.world_size > 1:  # the engine prints the pool (rank 0's); each rank's own here
             for rank, info in enumerate(infos):
-                print(f"[ladle] rank {rank}: {info.memory_budget.describe()}", file=sys.stderr,
-                      flush=True)
+                print(
+                    f"[ladle] rank {rank}: {info.memory_budget.describe()}",
+                    file=sys.stderr,
+                    flush=True,
+                )
         self._info: WorkerInfo = infos[0]
         self._rank_infos = infos
         self._num_submitted = 0
@@ -374,8 +385,16 @@ class MultiprocessExecutor(Executor):
         processes = []
         for rank, address in enumerate(input_addresses):
             process = subprocess.Popen(
-                [sys.executable, "-m", "ladle.executor.multiprocess", str(rank), address,
-                 output_address, ready_address, rendezvous],
+                [
+                    sys.executable,
+                    "-m",
+                    "ladle.executor.multiprocess",
+                    str(rank),
+                    address,
+                    output_address,
+                    ready_address,
+                    rendezvous,
+                ],
                 stdin=subprocess.PIPE,
             )
             assert process.stdin is not None
@@ -420,13 +439,11 @@ class MultiprocessExecutor(Executor):
         self._num_submitted += 1
         read = self._num_received
         if between is None:
-            self._broadcast(
-                ExecuteStep(plan, _host_masks(start_grammar_fill, plan), False, read)
-            )
+            self._broadcast(ExecuteStep(plan, _host_masks(start_grammar_fill, plan), False, read))
         else:
             self._broadcast(ExecuteStep(plan, split=True, num_results_read=read))
             between()
-            self._broadcast(SampleStep(_host_masks(start_grammar_fill, plan)))
+            self._broadcast(SampleStep(_host_masks(start_grammar_fill, plan), self._num_received))
         return RemoteStepFuture(self, plan, index)
 
     def _broadcast(self, message: ExecuteStep | SampleStep | StopWorker) -> None:
@@ -461,9 +478,7 @@ class MultiprocessExecutor(Executor):
             if code is not None:
                 self.shutdown()
                 when = " while starting" if starting else ""
-                raise RuntimeError(
-                    f"worker process of rank {rank} died{when} (exit code {code})"
-                )
+                raise RuntimeError(f"worker process of rank {rank} died{when} (exit code {code})")
 
     def shutdown(self) -> None:
         self._finalizer()
