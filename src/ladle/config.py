@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 
 from ladle.kv_transfer.config import KVTransferConfig
 from ladle.sampling.limits import LIMITS
+from ladle.spec_decode.vllm_spec_keys import from_vllm_spellings
 
 if TYPE_CHECKING:
     import torch
@@ -480,9 +481,11 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, options: dict) -> SpeculativeConfig:
-        """Build from the user's dict (JSON), naming any key ladle does not know."""
+        """Build from the user's dict (JSON), naming any key ladle does not know; vLLM's
+        spellings (no `method`, `draft_tensor_parallel_size`) first become ladle's."""
         if not isinstance(options, dict):
             raise ValueError(f"speculative_config must be a JSON object, got {options!r}")
+        options = from_vllm_spellings(options)
         method = options.get("method")
         if method in SPECULATIVE_METHODS_LATER:
             # Before the keys: such a config carries keys ladle does not know yet, and the
