@@ -8,6 +8,8 @@
     GET  /version
     GET  /metrics               Prometheus (metrics.py)
     POST /v1/kv_transfer/release  a decode server frees KV held here (kv_release.py)
+    POST /tokenize, /detokenize   vLLM's token counting routes (serving_tokenization.py; behind
+                                  the API key when one is set)
 
 Every error leaves as OpenAI's error body (errors.py); an unexpected exception is a 500 in the
 same format, logged with its traceback.
@@ -43,6 +45,7 @@ from ladle.entrypoints.openai.protocol import ModelCard, ModelList
 from ladle.entrypoints.openai.request_log import RequestLogMiddleware
 from ladle.entrypoints.openai.serving_chat import OpenAIServingChat
 from ladle.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from ladle.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from ladle.entrypoints.openai.streaming import ClientDisconnected
 from ladle.frontend.admission import current_retry_key, retry_key
 from ladle.frontend.client import AsyncEngineClient
@@ -70,6 +73,7 @@ class ServerSettings:
 class _Handlers:
     completions: OpenAIServingCompletion
     chat: OpenAIServingChat
+    tokenization: OpenAIServingTokenization
 
 
 def build_app(
@@ -86,14 +90,18 @@ def build_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not client.is_started:
             await client.start()
+        chat = OpenAIServingChat(
+            client, settings.served_model_name, settings.allow_unknown_fields,
+            settings.tool_call_parser, settings.reasoning_parser,
+        )
         handlers.append(
             _Handlers(
                 completions=OpenAIServingCompletion(
                     client, settings.served_model_name, settings.allow_unknown_fields
                 ),
-                chat=OpenAIServingChat(
-                    client, settings.served_model_name, settings.allow_unknown_fields,
-                    settings.tool_call_parser, settings.reasoning_parser,
+                chat=chat,
+                tokenization=OpenAIServingTokenization(
+                    client, settings.served_model_name, chat
                 ),
             )
         )
@@ -154,6 +162,17 @@ def build_app(
 
     app.include_router(v1)
     add_api_docs(app, api_key_check)
+
+    # vLLM serves these at the root, not under /v1.
+    @app.post("/tokenize", dependencies=[Depends(api_key_check)])
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await read_body(request, settings.max_request_bytes)
+        return JSONResponse(handlers[0].tokenization.tokenize(body))
+
+    @app.post("/detokenize", dependencies=[Depends(api_key_check)])
+    async def detokenize(request: Request) -> JSONResponse:
+        body = await read_body(request, settings.max_request_bytes)
+        return JSONResponse(handlers[0].tokenization.detokenize(body))
 
     @app.get("/health")
     async def health() -> Response:
