@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from ladle.kv_transfer.config import KVTransferConfig
 from ladle.sampling.limits import LIMITS
 from ladle.spec_decode.vllm_spec_keys import from_vllm_spellings
+from ladle.vllm_settled_options import without_settled_options
 
 if TYPE_CHECKING:
     import torch
@@ -197,6 +198,8 @@ class ModelConfig:
             raise ValueError(
                 f"max_logprobs must be in [0, {LIMITS['logprobs'].high}], got {self.max_logprobs}"
             )
+        if self.quantization is None:  # vLLM's default: what the checkpoint says, ladle's auto
+            object.__setattr__(self, "quantization", "auto")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization {self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}"
@@ -604,6 +607,7 @@ class EngineConfig:
     def from_kwargs(cls, model: str | os.PathLike | None = None, **kwargs) -> EngineConfig:
         """Split flat keyword options (as LLM() and the CLI take them) over the sub-configs."""
         sections = {"model": {"model": model}, "cache": {}, "scheduler": {}, "parallel": {}}
+        kwargs = without_settled_options(kwargs)
         owners = {
             "model": ModelConfig,
             "cache": CacheConfig,

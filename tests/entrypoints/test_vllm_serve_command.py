@@ -31,6 +31,9 @@ def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None
         "--max-logprobs", "4",
         "--disable-log-stats",
         "--chat-template", str(template),
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        "--tokenizer-mode", "auto",
         "--config", str(config),
     ]  # fmt: skip
     with ServerProcess(args) as server:

@@ -174,6 +174,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         help="format of the model's tool calls (default: from the chat template)",
     )
     server.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="vLLM's switch for tool_choice 'auto'; accepted, as ladle always parses the tool "
+        "calls of requests with tools (the format: --tool-call-parser or the chat template)",
+    )
+    server.add_argument(
         "--reasoning-parser",
         default=None,
         choices=sorted(REASONING_PARSERS),
