@@ -32,6 +32,17 @@ def test_vllm_spellings_become_ladle_keys():
         {"model": "x/EAGLE-LLaMA3", "draft_tensor_parallel_size": 1, "num_speculative_tokens": 2}
     )
     assert eagle == {"model": "x/EAGLE-LLaMA3", "method": "eagle", "num_speculative_tokens": 2}
+    suffix = SpeculativeConfig.from_dict(
+        {"method": "suffix", "num_speculative_tokens": 4,
+         "suffix_decoding_max_cached_requests": 50}
+    )
+    assert suffix.suffix_max_cached_requests == 50
+    with pytest.raises(ValueError, match="the same setting"):
+        from_vllm_spellings({"suffix_decoding_max_cached_requests": 5,
+                             "suffix_max_cached_requests": 6})
+    # vLLM's suffix-tree keys ladle has no equivalent for are named, not dropped.
+    with pytest.raises(ValueError, match="unknown key.*suffix_decoding_max_tree_depth"):
+        SpeculativeConfig.from_dict({"method": "suffix", "suffix_decoding_max_tree_depth": 24})
     # An explicit method wins over the name.
     assert from_vllm_spellings({"method": "draft_model", "model": "x/eagle3"})["method"] == (
         "draft_model"

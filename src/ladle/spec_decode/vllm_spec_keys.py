@@ -14,6 +14,8 @@ from pathlib import Path
 
 # vLLM v0's spelling of model-free n-gram drafting, still read by vLLM.
 NGRAM_MODEL_NAMES = ("[ngram]", "ngram")
+# vLLM's key -> ladle's field of the same meaning.
+RENAMED_KEYS = {"suffix_decoding_max_cached_requests": "suffix_max_cached_requests"}
 
 
 def infer_speculative_method(model: str) -> str:
@@ -47,9 +49,18 @@ def from_vllm_spellings(options: dict) -> dict:
     - no `method`, `model` "[ngram]" / "ngram": method ngram, no model;
     - no `method`, another `model`: method inferred as vLLM does (infer_speculative_method);
     - `draft_tensor_parallel_size`: 1 (or null) is what ladle does (a draft network runs on one
-      device) and is dropped; any other value is refused naming the key.
+      device) and is dropped; any other value is refused naming the key;
+    - `suffix_decoding_max_cached_requests`: ladle's suffix_max_cached_requests.
     """
     options = dict(options)
+    for vllm_key, ladle_key in RENAMED_KEYS.items():
+        if vllm_key in options:
+            if ladle_key in options:
+                raise ValueError(
+                    f"speculative_config: {vllm_key} and {ladle_key} are the same setting; "
+                    "give one"
+                )
+            options[ladle_key] = options.pop(vllm_key)
     if "draft_tensor_parallel_size" in options:
         draft_tp = options.pop("draft_tensor_parallel_size")
         if draft_tp is not None and (isinstance(draft_tp, bool) or draft_tp != 1):
