@@ -115,7 +115,8 @@ def test_python_dash_m_ladle_is_the_cli() -> None:
 def test_vllm_flags_ladle_settles_are_accepted() -> None:
     args = build_parser().parse_args(
         ["serve", "m", "--trust-remote-code", "--tokenizer-mode", "auto",
-         "--enable-auto-tool-choice"]
+         "--enable-auto-tool-choice", "--kv-offloading-size", "2",
+         "--kv-offloading-backend", "native"]
     )
     assert args.trust_remote_code and args.enable_auto_tool_choice
     options = engine_options_from_args(args)
@@ -129,10 +130,11 @@ def test_vllm_offline_options_ladle_settles() -> None:
     scripts write them, build ladle's default config; a value ladle cannot honour names it."""
     settled = EngineConfig.from_kwargs(
         model=None, trust_remote_code=True, disable_log_stats=False, tokenizer_mode="auto",
-        quantization=None,
+        quantization=None, kv_offloading_backend="native",
     )
     assert settled == EngineConfig()
-    for option, value in (("tokenizer_mode", "slow"), ("trust_remote_code", "yes")):
+    for option, value in (("tokenizer_mode", "slow"), ("trust_remote_code", "yes"),
+                          ("kv_offloading_backend", "lmcache")):
         with pytest.raises(ValueError, match=f"{option}={value!r} is not supported"):
             EngineConfig.from_kwargs(model=None, **{option: value})
     with pytest.raises(ValueError, match="unknown engine option 'swap_spaces'"):

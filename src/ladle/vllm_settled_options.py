@@ -36,6 +36,11 @@ SETTLED_OPTIONS: dict[str, SettledOption] = {
     "disable_log_stats": SettledOption(
         _is_bool, "ladle's LLM always keeps its counters (LLM.get_metrics())"
     ),
+    # vLLM's default; with --kv-offloading-size it names how KV reaches host memory.
+    "kv_offloading_backend": SettledOption(
+        lambda value: value == "native",
+        "ladle's host tier is vLLM's native CPU offloading ('native'); LMCache is not there",
+    ),
     "tokenizer_mode": SettledOption(
         lambda value: value in ("auto", "hf"),
         "ladle uses the model's Hugging Face (fast) tokenizer: 'auto' or 'hf'",

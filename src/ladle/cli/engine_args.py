@@ -145,6 +145,10 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
         help=SETTLED_OPTIONS["trust_remote_code"].why,
     )
     settled.add_argument(
+        "--kv-offloading-backend", choices=("native",), default="native",
+        dest="kv_offloading_backend", help=SETTLED_OPTIONS["kv_offloading_backend"].why,
+    )
+    settled.add_argument(
         "--tokenizer-mode", choices=("auto", "hf"), default="auto", dest="tokenizer_mode",
         help=SETTLED_OPTIONS["tokenizer_mode"].why,
     )
