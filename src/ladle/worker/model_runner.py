@@ -50,7 +50,7 @@ from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.prompt_logprobs import compute_prompt_logprobs
 from ladle.worker.request_states import RequestStates
-from ladle.worker.shared_samples import SharedSample, SharedSamples
+from ladle.worker.shared_samples import DraftedRows, SharedSample, SharedSamples
 from ladle.worker.step_inputs import StepInputBuilder
 
 # Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
@@ -564,11 +564,20 @@ class ModelRunner:
         on the device). Nothing waits for them now: the next step may launch first."""
         plan = forward.plan
         buffer = torch.empty(len(forward.sampling_rows), dtype=torch.int64, device=self.device)
+        drafts = [scheduled.draft_token_ids for scheduled in plan.scheduled]
+        # Host drafts only: ids drafted on the device (-1 here) are not known to this stage.
+        drafted = (
+            DraftedRows(forward.sampling_rows, drafts)
+            if any(drafts) and not any(-1 in ids for ids in drafts)
+            and self.synthetic_acceptance is None
+            else None
+        )
         shared = self.shared_samples.add(
             frozenset(plan.scheduled[p].request_id for p, _ in forward.sampling_rows),
             self.stage.share_sampled(buffer),
             buffer,
             forward.inputs.sampling_slots,
+            drafted,
         )
         return LaunchedStep(
             plan,

@@ -7,6 +7,11 @@ device copy of each row's last token (where a later decode row reads its input i
 a later plan runs one of its requests, or once it has arrived anyway, and always in step order,
 so a slot reused by a newer request is written by the newer step last. The host reads the ids
 (the request states take them) when the worker reads the step's result.
+
+A step that verified drafts has several rows per request, and the token the request goes on
+from is the one verification emitted last (the first row that refused its draft, or the bonus
+row), not its last row: such a step's ids are read on the host and walked as the last stage
+walks them (sample/rejection.py) before the right one is written to each request's slot.
 """
 
 from __future__ import annotations
@@ -15,6 +20,17 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
+
+from ladle.sample.rejection import emitted_tokens
+
+
+@dataclass(frozen=True)
+class DraftedRows:
+    """A step's sampling rows ((request position, drafts before the row), as
+    StepPlan.sampling_rows) and each scheduled request's host-drafted ids."""
+
+    rows: list[tuple[int, int]]
+    drafts: list[list[int]]
 
 
 @dataclass
@@ -27,6 +43,7 @@ class SharedSample:
     slots: torch.Tensor  # each row's slot in the persistent batch
     # CUDA: where the host copy waits for the broadcast, so the compute stream never does.
     side_stream: torch.cuda.Stream | None = None
+    drafted: DraftedRows | None = None  # set when the step verified drafts
     _host: torch.Tensor | None = None
 
     def is_ready(self) -> bool:
@@ -61,12 +78,14 @@ class SharedSamples:
         return len(self._pending)
 
     def add(
-        self, request_ids: frozenset[str], work, buffer: torch.Tensor, slots: torch.Tensor
+        self, request_ids: frozenset[str], work, buffer: torch.Tensor, slots: torch.Tensor,
+        drafted: DraftedRows | None = None,
     ) -> SharedSample:
-        """A step's ids, on their way into `buffer` through `work`."""
+        """A step's ids, on their way into `buffer` through `work`; drafted: its rows and
+        drafts when it verified some."""
         if self._device.type == "cuda" and self._side_stream is None:
             self._side_stream = torch.cuda.Stream(self._device)
-        sample = SharedSample(request_ids, work, buffer, slots, self._side_stream)
+        sample = SharedSample(request_ids, work, buffer, slots, self._side_stream, drafted)
         self._pending.append(sample)
         return sample
 
@@ -83,5 +102,23 @@ class SharedSamples:
             sample = self._pending.popleft()
             # On CUDA the compute stream waits for the broadcast (long done if it was needed).
             sample.work.wait()
-            last_sampled.index_copy_(0, sample.slots, sample.buffer)
+            if sample.drafted is None:
+                last_sampled.index_copy_(0, sample.slots, sample.buffer)
+            else:
+                _apply_verified(sample, sample.drafted, last_sampled)
             position += 1
+
+
+def _apply_verified(sample: SharedSample, drafted: DraftedRows, last_sampled: torch.Tensor):
+    """Each request's last emitted token of a step with drafts into its slot (index_copy_ of
+    every row would leave one of its rows there, whichever was written last)."""
+    emitted = emitted_tokens(sample.host().tolist(), drafted.rows, drafted.drafts)
+    slot_of = {position: slot for (position, _), slot in zip(drafted.rows, sample.slots.tolist())}
+    positions = [position for position, tokens in enumerate(emitted) if tokens]
+    if not positions:
+        return
+    device = last_sampled.device
+    slots = torch.tensor([slot_of[p] for p in positions], dtype=torch.int64, device=device)
+    tokens = torch.tensor([emitted[p][-1] for p in positions], dtype=last_sampled.dtype,
+                          device=device)
+    last_sampled.index_copy_(0, slots, tokens)
