@@ -46,6 +46,7 @@ from ladle.worker.drafts_on_device import DeviceDrafts, Verdict
 from ladle.worker.forward_step import ForwardStep
 from ladle.worker.kv_copier import KVCopier, KVReport
 from ladle.worker.kv_peers import PeerPools
+from ladle.worker.last_emitted import write_last_tokens
 from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.prompt_logprobs import compute_prompt_logprobs
@@ -511,7 +512,10 @@ class ModelRunner:
             if verdict.num_accepted is not None:
                 accepted_host = _to_host(verdict.num_accepted)
         else:
-            self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
+            write_last_tokens(
+                self.batch.last_sampled, sampled, forward.inputs.sampling_slots,
+                forward.sampling_rows, [scheduled.draft_token_ids for scheduled in plan.scheduled],
+            )
         draft_batch = self._draft(forward, sampled)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         sampled_host = _to_host(sampled)

@@ -10,8 +10,7 @@ so a slot reused by a newer request is written by the newer step last. The host 
 
 A step that verified drafts has several rows per request, and the token the request goes on
 from is the one verification emitted last (the first row that refused its draft, or the bonus
-row), not its last row: such a step's ids are read on the host and walked as the last stage
-walks them (sample/rejection.py) before the right one is written to each request's slot.
+row), not its last row (worker/last_emitted.py writes that one).
 """
 
 from __future__ import annotations
@@ -21,7 +20,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ladle.sample.rejection import emitted_tokens
+from ladle.worker.last_emitted import write_last_tokens
 
 
 @dataclass(frozen=True)
@@ -105,20 +104,8 @@ class SharedSamples:
             if sample.drafted is None:
                 last_sampled.index_copy_(0, sample.slots, sample.buffer)
             else:
-                _apply_verified(sample, sample.drafted, last_sampled)
+                drafted = sample.drafted
+                write_last_tokens(
+                    last_sampled, sample.buffer, sample.slots, drafted.rows, drafted.drafts
+                )
             position += 1
-
-
-def _apply_verified(sample: SharedSample, drafted: DraftedRows, last_sampled: torch.Tensor):
-    """Each request's last emitted token of a step with drafts into its slot (index_copy_ of
-    every row would leave one of its rows there, whichever was written last)."""
-    emitted = emitted_tokens(sample.host().tolist(), drafted.rows, drafted.drafts)
-    slot_of = {position: slot for (position, _), slot in zip(drafted.rows, sample.slots.tolist())}
-    positions = [position for position, tokens in enumerate(emitted) if tokens]
-    if not positions:
-        return
-    device = last_sampled.device
-    slots = torch.tensor([slot_of[p] for p in positions], dtype=torch.int64, device=device)
-    tokens = torch.tensor([emitted[p][-1] for p in positions], dtype=last_sampled.dtype,
-                          device=device)
-    last_sampled.index_copy_(0, slots, tokens)
