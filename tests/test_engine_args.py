@@ -110,3 +110,32 @@ def test_python_dash_m_ladle_is_the_cli() -> None:
     assert result.returncode == 0, result.stderr
     assert "--num-gpu-blocks-override" in result.stdout
     assert "scheduler options" in result.stdout
+
+
+def test_vllm_flags_ladle_settles_are_accepted() -> None:
+    args = build_parser().parse_args(
+        ["serve", "m", "--trust-remote-code", "--tokenizer-mode", "auto",
+         "--enable-auto-tool-choice", "--kv-offloading-size", "2",
+         "--kv-offloading-backend", "native"]
+    )
+    assert args.trust_remote_code and args.enable_auto_tool_choice
+    options = engine_options_from_args(args)
+    assert "trust_remote_code" not in options  # no engine state: nothing reads them
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["serve", "m", "--tokenizer-mode", "mistral"])
+
+
+def test_vllm_offline_options_ladle_settles() -> None:
+    """LLM(model, trust_remote_code=True, disable_log_stats=False, quantization=None), as vLLM
+    scripts write them, build ladle's default config; a value ladle cannot honour names it."""
+    settled = EngineConfig.from_kwargs(
+        model=None, trust_remote_code=True, disable_log_stats=False, tokenizer_mode="auto",
+        quantization=None, kv_offloading_backend="native",
+    )
+    assert settled == EngineConfig()
+    for option, value in (("tokenizer_mode", "slow"), ("trust_remote_code", "yes"),
+                          ("kv_offloading_backend", "lmcache")):
+        with pytest.raises(ValueError, match=f"{option}={value!r} is not supported"):
+            EngineConfig.from_kwargs(model=None, **{option: value})
+    with pytest.raises(ValueError, match="unknown engine option 'swap_spaces'"):
+        EngineConfig.from_kwargs(model=None, swap_spaces=4)

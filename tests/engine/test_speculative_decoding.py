@@ -245,12 +245,18 @@ def test_overlapped_steps_with_adaptive_speculation(model_path, engine_off, meth
 
 @pytest.mark.parametrize(
     "options",
-    [dict(distributed_executor_backend="mp"), dict(tensor_parallel_size=2)],
-    ids=["worker-process", "tp2"],
+    [dict(distributed_executor_backend="mp"), dict(tensor_parallel_size=2),
+     dict(pipeline_parallel_size=2)],
+    ids=["worker-process", "tp2", "pp2"],
 )
 def test_speculation_through_worker_processes(model_path, engine_off, options):
     """Drafts cross to worker processes in the plan (one rank, then two tensor-parallel ranks
-    over gloo): the tokens are those of the one-process engine without speculation."""
+    over gloo, then two pipeline stages): the tokens are those of the engine without
+    speculation. Under pipeline parallelism the first stage takes each request's next input
+    token from the device copy of the last stage's rows, which for a verify step are several:
+    the one the request goes on from is the last emitted, not the last row copied (it took the
+    wrong one; tensor-parallel ranks did too when they launched a step before reading the one
+    before, which timing decides: worker/test_last_emitted.py pins the rule)."""
     llm = LLM(
         model_path,
         speculative_config={"method": "ngram", "num_speculative_tokens": 3, "adaptive": False},

@@ -202,3 +202,26 @@ def test_spec_decode_metrics_only_while_speculation_is_on():
     assert values["ladle:spec_decode_acceptance_length_count"] == 10
     assert values["ladle:spec_decode_acceptance_length_sum"] == 24
     assert values["ladle:spec_decode_drafting_seconds_total"] == 0.25
+
+
+def test_vllm_per_request_histograms():
+    """vLLM's request_prompt_tokens / request_generation_tokens and its prefill / decode /
+    inference time histograms, from a finished request's counts and timestamps."""
+    metrics = ServerMetrics("tiny")
+    completions = [
+        CompletionOutput(index=i, token_ids=[1] * count, finish_reason="length")
+        for i, count in enumerate((3, 4))
+    ]
+    timings = RequestMetrics(arrival_time=0.0, first_scheduled_time=0.25, first_token_time=1.0,
+                             last_token_time=3.5, finished_time=3.5)
+    metrics.record_finished(
+        RequestOutput("r", None, [1] * 12, completions, finished=True, metrics=timings)
+    )
+    values = parse_metrics(metrics.render().decode())
+    assert values["vllm:request_prompt_tokens_count"] == 1
+    assert values["vllm:request_prompt_tokens_sum"] == 12
+    assert values["vllm:request_generation_tokens_sum"] == 7
+    assert values["vllm:request_prefill_time_seconds_sum"] == 0.75
+    assert values["vllm:request_decode_time_seconds_sum"] == 2.5
+    assert values["vllm:request_inference_time_seconds_sum"] == 3.25
+    assert values["vllm:request_queue_time_seconds_sum"] == 0.25

@@ -151,7 +151,12 @@ def test_logprobs(openai_client):
     )
     logprobs = response.choices[0].logprobs
     assert len(logprobs.tokens) == len(logprobs.token_logprobs) == 6
-    assert all(len(top) <= 3 for top in logprobs.top_logprobs)
+    # OpenAI's legacy shape: the chosen token's logprob is always there, so up to logprobs + 1.
+    for token, token_logprob, top in zip(
+        logprobs.tokens, logprobs.token_logprobs, logprobs.top_logprobs, strict=True
+    ):
+        assert 3 <= len(top) <= 4 and top[token] == token_logprob
+        assert max(top.values()) >= token_logprob
     assert logprobs.text_offset[0] == 0
     chat = openai_client.chat.completions.create(
         model=SERVED_NAME, messages=CONVERSATIONS[0], max_tokens=6, temperature=0,

@@ -100,6 +100,9 @@ def test_without_return_token_ids_the_choice_has_no_id_fields(client):
         (lambda c: c.completions.create(
             model=None, prompt=[5, 6], max_tokens=2,
             extra_body={"structured_outputs": {"choice": ["a", "b"]}}), "structured_outputs"),
+        # vLLM's token counting routes, at the server's root.
+        (lambda c: c.post("/../tokenize", cast_to=object, body={"prompt": "hi"}), None),
+        (lambda c: c.post("/../detokenize", cast_to=object, body={"tokens": [5]}), None),
     ],
 )
 def test_what_needs_a_tokenizer_is_a_400_and_serving_goes_on(client, expected_ids, call, field):

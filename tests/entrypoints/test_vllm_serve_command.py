@@ -31,12 +31,21 @@ def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None
         "--max-logprobs", "4",
         "--disable-log-stats",
         "--chat-template", str(template),
+        "--served-model-name", REPO_ID, "my-alias",  # vLLM: several names, all served
+        "--trust-remote-code",
+        "--enable-auto-tool-choice",
+        "--tokenizer-mode", "auto",
         "--config", str(config),
     ]  # fmt: skip
     with ServerProcess(args) as server:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
         models = client.models.list().data
-        assert [model.id for model in models] == [REPO_ID]
+        assert [model.id for model in models] == [REPO_ID, "my-alias"]
+        assert client.models.retrieve("my-alias").id == "my-alias"
+        by_alias = client.completions.create(model="my-alias", prompt="hi", max_tokens=1)
+        assert by_alias.model == REPO_ID  # responses name the first
+        with pytest.raises(openai.NotFoundError):
+            client.completions.create(model="other", prompt="hi", max_tokens=1)
         assert models[0].max_model_len == 512
         completion = client.completions.create(
             model=REPO_ID, prompt="hello world", max_tokens=3, temperature=0

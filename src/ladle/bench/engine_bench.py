@@ -216,13 +216,31 @@ def _edit_workload(args: argparse.Namespace) -> TokenWorkload:
     )
 
 
+def _why_no_drafts(config: dict, num_drafts: int) -> str:
+    """Why a speculative run verified no draft, for the report (empty when it did)."""
+    if num_drafts:
+        return ""
+    if config.get("adaptive", True):
+        return (" (adaptive: the governor measured speculation not paying at this load, or "
+                "no draft was found; '\"adaptive\": false' drafts every step)")
+    return " (the proposer found nothing to draft in these prompts)"
+
+
+def length_range(values: list[int], flag: str) -> tuple[int, int]:
+    """--input-len / --output-len: one length (vLLM's form) or MIN MAX."""
+    if len(values) > 2 or any(value < 0 for value in values) or values[0] > values[-1]:
+        raise ValueError(f"{flag} takes LEN or MIN MAX (0 <= MIN <= MAX), got {values}")
+    return values[0], values[-1]
+
+
 def _workload_from_args(args: argparse.Namespace) -> TokenWorkload:
     workload = get_workload(args.workload)
     changes = {}
     if args.input_len:
-        changes.update(input_len=tuple(args.input_len), fixed_input_len=None)
+        changes.update(input_len=length_range(args.input_len, "--input-len"),
+                       fixed_input_len=None)
     if args.output_len:
-        changes["output_len"] = tuple(args.output_len)
+        changes["output_len"] = length_range(args.output_len, "--output-len")
     if args.num_requests:
         changes["num_requests"] = args.num_requests
     if args.temperature is not None:
@@ -520,6 +538,9 @@ def _print_table(result: dict) -> None:
             ("speculation", json.dumps(speculation["config"])),
             ("acceptance length / rate", f"{_fmt(speculation['acceptance_length'])} / "
              f"{_fmt(speculation['acceptance_rate'])}"),
+            ("drafted steps / draft tokens",
+             f"{speculation['num_drafts']} / {speculation['num_draft_tokens']}"
+             + _why_no_drafts(speculation["config"], speculation["num_drafts"])),
             ("without speculation: tok/s", f"{speculation['no_spec_tokens_per_s']:,.1f}"),
             ("without speculation: decode ms/token",
              _fmt(speculation["no_spec_decode_ms_per_token"])),
@@ -565,11 +586,17 @@ def add_bench_parsers(commands) -> None:
             help=f"a standard workload, described below (default {default})",
         )
         sub.add_argument("--model", default=None, help="default: the workload's preset (dummy)")
-        sub.add_argument("--num-requests", type=int, default=None)
-        sub.add_argument("--input-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
-        sub.add_argument("--output-len", type=int, nargs=2, default=None, metavar=("MIN", "MAX"))
+        # vLLM's spellings too: bench throughput's --num-prompts, bench latency's --batch-size
+        # (all its requests run as one batch, as here) and --num-iters.
+        sub.add_argument("--num-requests", "--num-prompts", "--batch-size", type=int,
+                         default=None)
+        sub.add_argument("--input-len", type=int, nargs="+", default=None, metavar="LEN",
+                         help="LEN (every prompt, as vLLM's flag) or MIN MAX")
+        sub.add_argument("--output-len", type=int, nargs="+", default=None, metavar="LEN",
+                         help="LEN (every output, as vLLM's flag) or MIN MAX")
         sub.add_argument("--temperature", type=float, default=None)
-        sub.add_argument("--runs", type=int, default=3, help="timed runs; the median is reported")
+        sub.add_argument("--runs", "--num-iters", type=int, default=3,
+                         help="timed runs; the median is reported")
         sub.add_argument("--peer", choices=["none", "hf"], default="none")
         sub.add_argument("--peer-requests", type=int, default=None, help="HF on the first N only")
         sub.add_argument("--no-busy", action="store_true", help="skip the profiled busy fraction")
@@ -581,7 +608,8 @@ def add_bench_parsers(commands) -> None:
             f"{rank_profiles.DEFAULT_WINDOW}); reports per rank the step's wall, kernel-busy "
             "and collective time",
         )
-        sub.add_argument("--json", default=None, help="also write the results here")
+        sub.add_argument("--json", "--output-json", default=None,
+                         help="also write the results here")
         sub.add_argument(
             "--synthetic-acceptance", type=float, default=None, metavar="A",
             help="with --speculative-config: accept each draft with probability A instead of "

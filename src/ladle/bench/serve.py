@@ -22,6 +22,8 @@ import sys
 import time
 from pathlib import Path
 
+from ladle.bench.vllm_serve_flags import add_vllm_spellings, apply_vllm_spellings
+
 DEFAULT_NUM_PROMPTS = 200
 
 
@@ -161,6 +163,7 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
         "--disaggregate-args", default="",
         help='more flags for the 1P1D server only, e.g. "--disaggregate-min-prompt 2048"',
     )
+    add_vllm_spellings(parser)
     parser.set_defaults(handler=run_bench_serve)
 
 
@@ -202,6 +205,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
     from ladle.bench.serve_workloads import parse_mix
     from ladle.bench.workloads import WORKLOADS
 
+    apply_vllm_spellings(args)
     for flag in ("speculative_config", "synthetic_acceptance"):
         if getattr(args, flag) is not None:
             raise ValueError(

@@ -155,6 +155,10 @@ def summarize(
             else None
         ),
         "errors": _error_counts(records),
+        # What a failing run most needs to say (a 400's message names the field).
+        "first_error": next(
+            (record.error for record in records if not record.success and record.error), None
+        ),
     }
     for metric in LATENCY_METRICS:
         summary[f"{metric}_ms"] = latency_summary(latency_samples(records, metric))
@@ -180,6 +184,8 @@ def format_summary(summary: dict, label: str) -> str:
         f"429 {summary['num_rate_limited']} ({summary['rate_limited_rate']:.1%}), "
         f"in {summary['duration_s']:.2f}s"
     )
+    if summary.get("first_error"):
+        lines.append(f"first error: {summary['first_error']}")
     lines.append(
         f"throughput: {summary['request_throughput']:.2f} req/s, "
         f"{summary['output_throughput']:.1f} output tok/s, "

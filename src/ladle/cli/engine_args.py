@@ -32,6 +32,7 @@ from ladle.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from ladle.config.vllm_settled import SETTLED_OPTIONS
 
 ENGINE_CONFIG_CLASSES: dict[str, type] = {
     "model": ModelConfig,
@@ -125,7 +126,8 @@ def flag_name(field_name: str) -> str:
 
 
 def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
-    """Add one argument group per engine config class, each flag generated from its field."""
+    """Add one argument group per engine config class, each flag generated from its field,
+    and vLLM's flags whose usual value is what ladle does (config/vllm_settled.py)."""
     for section, config_class in ENGINE_CONFIG_CLASSES.items():
         group = parser.add_argument_group(
             f"{section} options", (config_class.__doc__ or "").strip().splitlines()[0]
@@ -134,6 +136,21 @@ def add_engine_arguments(parser: argparse.ArgumentParser) -> None:
             if field.name in NOT_FLAGS:
                 continue
             _add_field_flag(group, field)
+    settled = parser.add_argument_group(
+        "vLLM flags ladle settles", "accepted so vLLM command lines run; they change nothing"
+    )
+    settled.add_argument(
+        "--trust-remote-code", action="store_true", dest="trust_remote_code",
+        help=SETTLED_OPTIONS["trust_remote_code"].why,
+    )
+    settled.add_argument(
+        "--kv-offloading-backend", choices=("native",), default="native",
+        dest="kv_offloading_backend", help=SETTLED_OPTIONS["kv_offloading_backend"].why,
+    )
+    settled.add_argument(
+        "--tokenizer-mode", choices=("auto", "hf"), default="auto", dest="tokenizer_mode",
+        help=SETTLED_OPTIONS["tokenizer_mode"].why,
+    )
 
 
 def _add_field_flag(group: argparse._ArgumentGroup, field: dataclasses.Field) -> None:

@@ -60,8 +60,10 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
     )
     server.add_argument(
         "--served-model-name",
+        nargs="+",
         default=None,
-        help="the model name clients send (default: the model argument)",
+        help="the model name clients send (default: the model argument); as in vLLM, several "
+        "names are all accepted, and responses carry the first",
     )
     server.add_argument("--tokenizer", default=None, help="tokenizer folder, if not the model's")
     server.add_argument(
@@ -172,6 +174,12 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         default=None,
         choices=sorted(TOOL_PARSERS),
         help="format of the model's tool calls (default: from the chat template)",
+    )
+    server.add_argument(
+        "--enable-auto-tool-choice",
+        action="store_true",
+        help="vLLM's switch for tool_choice 'auto'; accepted, as ladle always parses the tool "
+        "calls of requests with tools (the format: --tool-call-parser or the chat template)",
     )
     server.add_argument(
         "--reasoning-parser",
@@ -289,9 +297,12 @@ def run_serve(args: argparse.Namespace) -> int:
         from ladle.model.default_model import resolve_default_model
 
         model = str(resolve_default_model())
-        served_name = args.served_model_name or DEFAULT_SERVED_NAME
+        served_name = DEFAULT_SERVED_NAME
     else:
-        served_name = args.served_model_name or model
+        served_name = model
+    other_names: tuple[str, ...] = ()
+    if args.served_model_name:
+        served_name, *other_names = args.served_model_name
     # Bad options fail here, before a process is spawned, with the field named.
     engine_config = EngineConfig.from_kwargs(model=model, **options)
     if engine_config.model.skip_tokenizer_init:
@@ -362,6 +373,7 @@ def run_serve(args: argparse.Namespace) -> int:
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
         served_model_name=served_name,
+        other_model_names=tuple(other_names),
         api_key=args.api_key or None,
         max_request_bytes=args.max_request_bytes,
         allow_unknown_fields=args.allow_unknown_fields,

@@ -36,6 +36,7 @@ from ladle.config.speculative import (
     SPECULATIVE_METHODS_LATER,
     SpeculativeConfig,
 )
+from ladle.config.vllm_settled import without_settled_options
 
 # Every name keeps its old address: `from ladle.config import X` works as before the split.
 __all__ = [
@@ -79,6 +80,7 @@ class EngineConfig:
     def from_kwargs(cls, model: str | os.PathLike | None = None, **kwargs) -> EngineConfig:
         """Split flat keyword options (as LLM() and the CLI take them) over the sub-configs."""
         sections = {"model": {"model": model}, "cache": {}, "scheduler": {}, "parallel": {}}
+        kwargs = without_settled_options(kwargs)
         owners = {
             "model": ModelConfig,
             "cache": CacheConfig,

@@ -130,6 +130,8 @@ class ModelConfig:
             raise ValueError(
                 f"max_logprobs must be in [0, {LIMITS['logprobs'].high}], got {self.max_logprobs}"
             )
+        if self.quantization is None:  # vLLM's default: what the checkpoint says, ladle's auto
+            object.__setattr__(self, "quantization", "auto")
         if self.quantization not in QUANTIZATIONS:
             raise ValueError(
                 f"quantization {self.quantization!r} is not one of {', '.join(QUANTIZATIONS)}"

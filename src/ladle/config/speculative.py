@@ -5,6 +5,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ladle.spec_decode.vllm_spec_keys import from_vllm_spellings
+
 SPECULATIVE_METHODS = ("ngram", "suffix", "draft_model", "eagle", "eagle3", "auto")
 # Methods whose drafts a network computes in the worker (`model` names it); auto uses one when
 # `model` is given.
@@ -124,9 +126,11 @@ class SpeculativeConfig:
 
     @classmethod
     def from_dict(cls, options: dict) -> SpeculativeConfig:
-        """Build from the user's dict (JSON), naming any key ladle does not know."""
+        """Build from the user's dict (JSON), naming any key ladle does not know; vLLM's
+        spellings (no `method`, `draft_tensor_parallel_size`) first become ladle's."""
         if not isinstance(options, dict):
             raise ValueError(f"speculative_config must be a JSON object, got {options!r}")
+        options = from_vllm_spellings(options)
         method = options.get("method")
         if method in SPECULATIVE_METHODS_LATER:
             # Before the keys: such a config carries keys ladle does not know yet, and the

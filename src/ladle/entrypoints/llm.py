@@ -11,6 +11,7 @@ from collections.abc import Iterator, Sequence
 from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
 from ladle.entrypoints.chat_template import load_chat_template
+from ladle.entrypoints.metrics_reader import Metric, OfflineTotals, metrics_snapshot
 from ladle.entrypoints.progress import GenerationProgress
 from ladle.entrypoints.prompt_inputs import (
     PromptType,
@@ -87,11 +88,18 @@ class LLM:
             no_tokenizer_reason=self._no_tokenizer_reason,
         )
         self._request_counter = itertools.count()
+        self._totals = OfflineTotals()
 
     def get_default_sampling_params(self) -> SamplingParams:
         """SamplingParams with the model's generation-config defaults (used when generate()
         or chat() get sampling_params=None), as vLLM's method of the same name."""
         return SamplingParams(**self.sampling_defaults)
+
+    def get_metrics(self) -> list[Metric]:
+        """The engine's counters and gauges now, as vLLM's LLM.get_metrics() returns them
+        (metrics_reader.py: Counter, Gauge, Vector; names as on `ladle serve`'s /metrics
+        without `_total`), e.g. speculative decoding's drafts and accepted tokens."""
+        return metrics_snapshot(self.engine.get_stats(), self._totals)
 
     def get_tokenizer(self):
         """The model's Hugging Face tokenizer (encode, decode, apply_chat_template, ...), as
@@ -188,6 +196,7 @@ class LLM:
                     self.engine.abort_requests(to_abort)
                 for output in request_outputs:
                     if output.finished:
+                        self._totals.record_finished(output)
                         running.discard(output.request_id)
                     yield index_of[output.request_id], output
         finally:
@@ -324,6 +333,7 @@ class LLM:
             for output in request_outputs:
                 progress.add_tokens(sum(len(c.token_ids_delta) for c in output.outputs))
                 if output.finished:
+                    self._totals.record_finished(output)
                     results[output.request_id] = output
                     num_generated = sum(len(c.token_ids) for c in output.outputs)
                     progress.finish_prompt(max_tokens_of[output.request_id] - num_generated)

@@ -34,6 +34,8 @@ TTFT_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75
                 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
 INTER_TOKEN_BUCKETS = (0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1.0, 2.5,
                        5.0, 7.5, 10.0, 20.0, 40.0, 80.0)
+# vLLM's 1-2-5 series for token counts.
+TOKEN_COUNT_BUCKETS = tuple(m * 10**e for e in range(7) for m in (1, 2, 5))
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0,
                            50.0, 60.0, 120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
 
@@ -331,6 +333,27 @@ class ServerMetrics:
             "vllm:request_queue_time_seconds", "Arrival to first scheduled.", labels,
             buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
         ).labels(model_name)
+        # vLLM's per-request histograms (its Grafana dashboard plots them).
+        self.request_prompt_tokens = Histogram(
+            "vllm:request_prompt_tokens", "Prompt tokens of each finished request.", labels,
+            buckets=TOKEN_COUNT_BUCKETS, registry=self.registry,
+        ).labels(model_name)
+        self.request_generation_tokens = Histogram(
+            "vllm:request_generation_tokens", "Generated tokens of each finished request.",
+            labels, buckets=TOKEN_COUNT_BUCKETS, registry=self.registry,
+        ).labels(model_name)
+        self.request_prefill_time = Histogram(
+            "vllm:request_prefill_time_seconds", "First scheduled to first token.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
+        ).labels(model_name)
+        self.request_decode_time = Histogram(
+            "vllm:request_decode_time_seconds", "First token to last token.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
+        ).labels(model_name)
+        self.request_inference_time = Histogram(
+            "vllm:request_inference_time_seconds", "First scheduled to last token.", labels,
+            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
+        ).labels(model_name)
         self._rejected = Counter(
             "ladle:requests_rejected", "Requests refused before reaching the engine, by reason "
             "(queue_full, too_long, bad_request, unauthorized, too_large).",
@@ -382,12 +405,23 @@ class ServerMetrics:
         for completion in output.outputs:
             reason = completion.finish_reason or "abort"
             self._request_success.labels(self._model_name, reason).inc()
+        self.request_prompt_tokens.observe(len(output.prompt_token_ids or ()))
+        self.request_generation_tokens.observe(sum(len(c.token_ids) for c in output.outputs))
         if metrics is None:
             return
         if metrics.e2e_latency is not None:
             self.e2e_request_latency.observe(max(metrics.e2e_latency, 0.0))
         if metrics.queue_time is not None:
             self.request_queue_time.observe(max(metrics.queue_time, 0.0))
+        scheduled, first, last = (
+            metrics.first_scheduled_time, metrics.first_token_time, metrics.last_token_time
+        )
+        if scheduled is not None and first is not None:
+            self.request_prefill_time.observe(max(first - scheduled, 0.0))
+        if first is not None and last is not None:
+            self.request_decode_time.observe(max(last - first, 0.0))
+        if scheduled is not None and last is not None:
+            self.request_inference_time.observe(max(last - scheduled, 0.0))
 
     def record_accepted(self, num_prompt_tokens: int, num_sequences: int) -> None:
         self.prompt_tokens.inc(num_prompt_tokens * num_sequences)

@@ -46,11 +46,12 @@ from ladle.worker.drafts_on_device import DeviceDrafts, Verdict
 from ladle.worker.forward_step import ForwardStep
 from ladle.worker.kv_copier import KVCopier, KVReport
 from ladle.worker.kv_peers import PeerPools
+from ladle.worker.last_emitted import write_last_tokens
 from ladle.worker.penalty_history import PenaltyHistory
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.prompt_logprobs import compute_prompt_logprobs
 from ladle.worker.request_states import RequestStates
-from ladle.worker.shared_samples import SharedSample, SharedSamples
+from ladle.worker.shared_samples import DraftedRows, SharedSample, SharedSamples
 from ladle.worker.step_inputs import StepInputBuilder
 
 # Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
@@ -511,7 +512,10 @@ class ModelRunner:
             if verdict.num_accepted is not None:
                 accepted_host = _to_host(verdict.num_accepted)
         else:
-            self.batch.last_sampled.index_copy_(0, forward.inputs.sampling_slots, sampled)
+            write_last_tokens(
+                self.batch.last_sampled, sampled, forward.inputs.sampling_slots,
+                forward.sampling_rows, [scheduled.draft_token_ids for scheduled in plan.scheduled],
+            )
         draft_batch = self._draft(forward, sampled)
         # The one device-to-host copy of the step (plus logprobs, only when some row asked).
         sampled_host = _to_host(sampled)
@@ -564,11 +568,20 @@ class ModelRunner:
         on the device). Nothing waits for them now: the next step may launch first."""
         plan = forward.plan
         buffer = torch.empty(len(forward.sampling_rows), dtype=torch.int64, device=self.device)
+        drafts = [scheduled.draft_token_ids for scheduled in plan.scheduled]
+        # Host drafts only: ids drafted on the device (-1 here) are not known to this stage.
+        drafted = (
+            DraftedRows(forward.sampling_rows, drafts)
+            if any(drafts) and not any(-1 in ids for ids in drafts)
+            and self.synthetic_acceptance is None
+            else None
+        )
         shared = self.shared_samples.add(
             frozenset(plan.scheduled[p].request_id for p, _ in forward.sampling_rows),
             self.stage.share_sampled(buffer),
             buffer,
             forward.inputs.sampling_slots,
+            drafted,
         )
         return LaunchedStep(
             plan,

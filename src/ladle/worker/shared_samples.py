@@ -7,6 +7,10 @@ device copy of each row's last token (where a later decode row reads its input i
 a later plan runs one of its requests, or once it has arrived anyway, and always in step order,
 so a slot reused by a newer request is written by the newer step last. The host reads the ids
 (the request states take them) when the worker reads the step's result.
+
+A step that verified drafts has several rows per request, and the token the request goes on
+from is the one verification emitted last (the first row that refused its draft, or the bonus
+row), not its last row (worker/last_emitted.py writes that one).
 """
 
 from __future__ import annotations
@@ -15,6 +19,17 @@ from collections import deque
 from dataclasses import dataclass
 
 import torch
+
+from ladle.worker.last_emitted import write_last_tokens
+
+
+@dataclass(frozen=True)
+class DraftedRows:
+    """A step's sampling rows ((request position, drafts before the row), as
+    StepPlan.sampling_rows) and each scheduled request's host-drafted ids."""
+
+    rows: list[tuple[int, int]]
+    drafts: list[list[int]]
 
 
 @dataclass
@@ -27,6 +42,7 @@ class SharedSample:
     slots: torch.Tensor  # each row's slot in the persistent batch
     # CUDA: where the host copy waits for the broadcast, so the compute stream never does.
     side_stream: torch.cuda.Stream | None = None
+    drafted: DraftedRows | None = None  # set when the step verified drafts
     _host: torch.Tensor | None = None
 
     def is_ready(self) -> bool:
@@ -61,12 +77,14 @@ class SharedSamples:
         return len(self._pending)
 
     def add(
-        self, request_ids: frozenset[str], work, buffer: torch.Tensor, slots: torch.Tensor
+        self, request_ids: frozenset[str], work, buffer: torch.Tensor, slots: torch.Tensor,
+        drafted: DraftedRows | None = None,
     ) -> SharedSample:
-        """A step's ids, on their way into `buffer` through `work`."""
+        """A step's ids, on their way into `buffer` through `work`; drafted: its rows and
+        drafts when it verified some."""
         if self._device.type == "cuda" and self._side_stream is None:
             self._side_stream = torch.cuda.Stream(self._device)
-        sample = SharedSample(request_ids, work, buffer, slots, self._side_stream)
+        sample = SharedSample(request_ids, work, buffer, slots, self._side_stream, drafted)
         self._pending.append(sample)
         return sample
 
@@ -83,5 +101,11 @@ class SharedSamples:
             sample = self._pending.popleft()
             # On CUDA the compute stream waits for the broadcast (long done if it was needed).
             sample.work.wait()
-            last_sampled.index_copy_(0, sample.slots, sample.buffer)
+            if sample.drafted is None:
+                last_sampled.index_copy_(0, sample.slots, sample.buffer)
+            else:
+                drafted = sample.drafted
+                write_last_tokens(
+                    last_sampled, sample.buffer, sample.slots, drafted.rows, drafted.drafts
+                )
             position += 1

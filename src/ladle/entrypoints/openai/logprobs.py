@@ -3,6 +3,8 @@ list of token objects."""
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from ladle.entrypoints.openai.protocol import (
     ChatChoiceLogprobs,
     ChatTokenLogprob,
@@ -75,6 +77,18 @@ class TokenTexts:
         return text
 
 
+def legacy_top_logprobs(
+    entry: TokenLogprobs, token_text: Callable[[int], str], num_top: int
+) -> dict[str, float]:
+    """A position's legacy `top_logprobs`: the chosen token, then the num_top most likely
+    (OpenAI: "the API will always return the logprob of the sampled token, so there may be up
+    to logprobs+1 elements"; vLLM alike; logprobs=0 gives the chosen token alone)."""
+    top = {token_text(entry.token_id): entry.logprob}
+    for token_id, logprob in zip(entry.top_token_ids[:num_top], entry.top_logprobs[:num_top]):
+        top[token_text(token_id)] = logprob
+    return top
+
+
 def completion_logprobs(
     entries: list[TokenLogprobs], token_text: TokenTexts, num_top: int, text_offset: int
 ) -> CompletionLogprobs:
@@ -99,15 +113,7 @@ def completion_logprobs_fields(
         token_logprobs.append(entry.logprob)
         text_offsets.append(offset)
         offset += len(text)
-        if num_top > 0:
-            top_logprobs.append(
-                {
-                    token_text(token_id): logprob
-                    for token_id, logprob in zip(entry.top_token_ids, entry.top_logprobs)
-                }
-            )
-        else:
-            top_logprobs.append(None)
+        top_logprobs.append(legacy_top_logprobs(entry, token_text, num_top))
     return {
         "text_offset": text_offsets,
         "token_logprobs": token_logprobs,

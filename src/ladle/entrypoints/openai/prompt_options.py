@@ -12,6 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ladle.entrypoints.openai.errors import BadRequestError
+from ladle.entrypoints.openai.logprobs import legacy_top_logprobs
 from ladle.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionLogprobs,
@@ -133,15 +134,9 @@ def echo_logprobs(
         result.text_offset.append(offset)
         offset += len(text)
         result.token_logprobs.append(None if entry is None else entry.logprob)
-        if entry is None or num_top == 0:
-            result.top_logprobs.append(None)
-        else:
-            result.top_logprobs.append(
-                {
-                    token_text(top_id): logprob
-                    for top_id, logprob in zip(entry.top_token_ids, entry.top_logprobs)
-                }
-            )
+        result.top_logprobs.append(
+            None if entry is None else legacy_top_logprobs(entry, token_text, num_top)
+        )
     return result
 
 

@@ -8,6 +8,8 @@
     GET  /version
     GET  /metrics               Prometheus (metrics.py)
     POST /v1/kv_transfer/release  a decode server frees KV held here (kv_release.py)
+    POST /tokenize, /detokenize   vLLM's token counting routes (serving_tokenization.py; behind
+                                  the API key when one is set)
 
 Every error leaves as OpenAI's error body (errors.py); an unexpected exception is a 500 in the
 same format, logged with its traceback.
@@ -43,6 +45,7 @@ from ladle.entrypoints.openai.protocol import ModelCard, ModelList
 from ladle.entrypoints.openai.request_log import RequestLogMiddleware
 from ladle.entrypoints.openai.serving_chat import OpenAIServingChat
 from ladle.entrypoints.openai.serving_completions import OpenAIServingCompletion
+from ladle.entrypoints.openai.serving_tokenization import OpenAIServingTokenization
 from ladle.entrypoints.openai.streaming import ClientDisconnected
 from ladle.frontend.admission import current_retry_key, retry_key
 from ladle.frontend.client import AsyncEngineClient
@@ -57,6 +60,8 @@ CLIENT_CLOSED_REQUEST = 499
 @dataclass(frozen=True)
 class ServerSettings:
     served_model_name: str
+    # vLLM's further --served-model-name values: accepted in requests, listed in /v1/models.
+    other_model_names: tuple[str, ...] = ()
     api_key: str | None = None
     max_request_bytes: int = 4 * 1024 * 1024
     allow_unknown_fields: bool = False
@@ -70,6 +75,7 @@ class ServerSettings:
 class _Handlers:
     completions: OpenAIServingCompletion
     chat: OpenAIServingChat
+    tokenization: OpenAIServingTokenization
 
 
 def build_app(
@@ -86,17 +92,20 @@ def build_app(
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         if not client.is_started:
             await client.start()
-        handlers.append(
-            _Handlers(
-                completions=OpenAIServingCompletion(
-                    client, settings.served_model_name, settings.allow_unknown_fields
-                ),
-                chat=OpenAIServingChat(
-                    client, settings.served_model_name, settings.allow_unknown_fields,
-                    settings.tool_call_parser, settings.reasoning_parser,
-                ),
-            )
+        chat = OpenAIServingChat(
+            client, settings.served_model_name, settings.allow_unknown_fields,
+            settings.tool_call_parser, settings.reasoning_parser,
         )
+        handler_set = _Handlers(
+            completions=OpenAIServingCompletion(
+                client, settings.served_model_name, settings.allow_unknown_fields
+            ),
+            chat=chat,
+            tokenization=OpenAIServingTokenization(client, settings.served_model_name, chat),
+        )
+        for handler in (handler_set.completions, handler_set.chat, handler_set.tokenization):
+            handler.other_model_names = frozenset(settings.other_model_names)
+        handlers.append(handler_set)
         try:
             yield
         finally:
@@ -110,27 +119,29 @@ def build_app(
     api_key_check = make_api_key_check(settings.api_key)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(api_key_check)])
 
-    def model_card() -> ModelCard:
+    model_names = (settings.served_model_name, *settings.other_model_names)
+
+    def model_card(name: str) -> ModelCard:
         return ModelCard(
-            id=settings.served_model_name,
+            id=name,
             max_model_len=client.info.max_model_len if client.info else None,
         )
 
     @v1.get("/models")
     async def list_models() -> JSONResponse:
-        return JSONResponse(ModelList(data=[model_card()]).model_dump())
+        return JSONResponse(ModelList(data=[model_card(n) for n in model_names]).model_dump())
 
     # `:path`: served names often hold a '/' (org/name), as the openai client sends them.
     @v1.get("/models/{model_id:path}")
     async def retrieve_model(model_id: str) -> JSONResponse:
-        if model_id != settings.served_model_name:
+        if model_id not in model_names:
             raise NotFoundError(
                 f"The model `{model_id}` does not exist; this server serves "
                 f"`{settings.served_model_name}`",
                 param="model",
                 code="model_not_found",
             )
-        return JSONResponse(model_card().model_dump())
+        return JSONResponse(model_card(model_id).model_dump())
 
     @v1.post("/completions")
     async def create_completion(request: Request) -> Response:
@@ -154,6 +165,17 @@ def build_app(
 
     app.include_router(v1)
     add_api_docs(app, api_key_check)
+
+    # vLLM serves these at the root, not under /v1.
+    @app.post("/tokenize", dependencies=[Depends(api_key_check)])
+    async def tokenize(request: Request) -> JSONResponse:
+        body = await read_body(request, settings.max_request_bytes)
+        return JSONResponse(handlers[0].tokenization.tokenize(body))
+
+    @app.post("/detokenize", dependencies=[Depends(api_key_check)])
+    async def detokenize(request: Request) -> JSONResponse:
+        body = await read_body(request, settings.max_request_bytes)
+        return JSONResponse(handlers[0].tokenization.detokenize(body))
 
     @app.get("/health")
     async def health() -> Response:

@@ -46,6 +46,7 @@ class OpenAIServing:
     ) -> None:
         self.client = client
         self.served_model_name = served_model_name
+        self.other_model_names: frozenset[str] = frozenset()  # also accepted (server.py)
         self.allow_unknown_fields = allow_unknown_fields
         self.token_texts = TokenTexts(client.tokenizer)
 
@@ -77,7 +78,11 @@ class OpenAIServing:
             close()
 
     def check_model(self, model: str | None) -> None:
-        if model is not None and model != self.served_model_name:
+        if (
+            model is not None
+            and model != self.served_model_name
+            and model not in self.other_model_names
+        ):
             raise NotFoundError(
                 f"The model `{model}` does not exist; this server serves "
                 f"`{self.served_model_name}`",

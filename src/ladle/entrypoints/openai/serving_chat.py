@@ -87,7 +87,7 @@ class OpenAIServingChat(OpenAIServing):
                 "response_format or structured_outputs", param="tool_choice",
             )
         structured = plan.structured_outputs or structured
-        prompt_text, prompt_token_ids = self._render(request, plan)
+        prompt_text, prompt_token_ids = self.render(request, plan)
         prompt_token_ids = truncate_prompt(
             prompt_token_ids, request.truncate_prompt_tokens, self.client.info.max_model_len
         )
@@ -148,8 +148,8 @@ class OpenAIServingChat(OpenAIServing):
         if request.top_logprobs is not None and not request.logprobs:
             raise BadRequestError("top_logprobs needs logprobs set to true", param="top_logprobs")
 
-    def _render(self, request: ChatCompletionRequest, plan) -> tuple[str, list[int]]:
-        """The prompt's text and token ids."""
+    def render(self, request: ChatCompletionRequest, plan) -> tuple[str, list[int]]:
+        """The prompt's text and token ids (also /tokenize's, serving_tokenization.py)."""
         tokenizer = self.client.tokenizer
         if tokenizer is None:
             raise BadRequestError(
