@@ -321,39 +321,43 @@ class ServerMetrics:
             "vllm:request_success", "Finished requests by finish reason.",
             ["model_name", "finished_reason"], registry=self.registry,
         )
-        self.time_to_first_token = Histogram(
-            "vllm:time_to_first_token_seconds", "Arrival to first token.", labels,
-            buckets=TTFT_BUCKETS, registry=self.registry,
-        ).labels(model_name)
-        self.e2e_request_latency = Histogram(
-            "vllm:e2e_request_latency_seconds", "Arrival to last token.", labels,
-            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
-        ).labels(model_name)
-        self.request_queue_time = Histogram(
-            "vllm:request_queue_time_seconds", "Arrival to first scheduled.", labels,
-            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
-        ).labels(model_name)
+        self.time_to_first_token = self._histogram(
+            "vllm:time_to_first_token_seconds", "Arrival to first token.", TTFT_BUCKETS
+        )
+        self.e2e_request_latency = self._histogram(
+            "vllm:e2e_request_latency_seconds", "Arrival to last token.", REQUEST_LATENCY_BUCKETS
+        )
+        self.request_queue_time = self._histogram(
+            "vllm:request_queue_time_seconds",
+            "Arrival to first scheduled.",
+            REQUEST_LATENCY_BUCKETS,
+        )
         # vLLM's per-request histograms (its Grafana dashboard plots them).
-        self.request_prompt_tokens = Histogram(
-            "vllm:request_prompt_tokens", "Prompt tokens of each finished request.", labels,
-            buckets=TOKEN_COUNT_BUCKETS, registry=self.registry,
-        ).labels(model_name)
-        self.request_generation_tokens = Histogram(
-            "vllm:request_generation_tokens", "Generated tokens of each finished request.",
-            labels, buckets=TOKEN_COUNT_BUCKETS, registry=self.registry,
-        ).labels(model_name)
-        self.request_prefill_time = Histogram(
-            "vllm:request_prefill_time_seconds", "First scheduled to first token.", labels,
-            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
-        ).labels(model_name)
-        self.request_decode_time = Histogram(
-            "vllm:request_decode_time_seconds", "First token to last token.", labels,
-            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
-        ).labels(model_name)
-        self.request_inference_time = Histogram(
-            "vllm:request_inference_time_seconds", "First scheduled to last token.", labels,
-            buckets=REQUEST_LATENCY_BUCKETS, registry=self.registry,
-        ).labels(model_name)
+        self.request_prompt_tokens = self._histogram(
+            "vllm:request_prompt_tokens",
+            "Prompt tokens of each finished request.",
+            TOKEN_COUNT_BUCKETS,
+        )
+        self.request_generation_tokens = self._histogram(
+            "vllm:request_generation_tokens",
+            "Generated tokens of each finished request.",
+            TOKEN_COUNT_BUCKETS,
+        )
+        self.request_prefill_time = self._histogram(
+            "vllm:request_prefill_time_seconds",
+            "First scheduled to first token.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_decode_time = self._histogram(
+            "vllm:request_decode_time_seconds",
+            "First token to last token.",
+            REQUEST_LATENCY_BUCKETS,
+        )
+        self.request_inference_time = self._histogram(
+            "vllm:request_inference_time_seconds",
+            "First scheduled to last token.",
+            REQUEST_LATENCY_BUCKETS,
+        )
         self._rejected = Counter(
             "ladle:requests_rejected", "Requests refused before reaching the engine, by reason "
             "(queue_full, too_long, bad_request, unauthorized, too_large).",
@@ -367,6 +371,12 @@ class ServerMetrics:
             "ladle:engine_restarts", "Engine-core processes started again after one died.",
             labels, registry=self.registry,
         ).labels(model_name)
+
+    def _histogram(self, name: str, documentation: str, buckets) -> object:
+        """A histogram of this server's registry, labelled with its model name."""
+        return Histogram(
+            name, documentation, ["model_name"], buckets=buckets, registry=self.registry
+        ).labels(self._model_name)
 
     # ----- reporting -------------------------------------------------------------------------
 
