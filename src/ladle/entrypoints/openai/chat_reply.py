@@ -57,7 +57,7 @@ class ReplyShaper:
             reasoning_content=reasoning,
             tool_calls=calls,
         )
-        return message, _finish_reason(finish_reason, calls)
+        return message, _finish_reason(finish_reason, calls, self.plan)
 
     def stream(self) -> ChoiceStream:
         return ChoiceStream(self)
@@ -161,11 +161,15 @@ class ChoiceStream:
         return deltas
 
     def finish_reason(self, finish_reason: str | None) -> str | None:
-        return "tool_calls" if self.call_ids and finish_reason == "stop" else finish_reason
+        return _finish_reason(finish_reason, self.call_ids, self.shaper.plan)
 
 
-def _finish_reason(finish_reason: str | None, calls: list[ToolCall]) -> str | None:
-    return "tool_calls" if calls and finish_reason == "stop" else finish_reason
+def _finish_reason(finish_reason: str | None, calls: list, plan: ToolPlan) -> str | None:
+    """"tool_calls" for a reply that called tools, except under a named tool_choice: OpenAI and
+    vLLM end a forced call of one named function with "stop"."""
+    if calls and finish_reason == "stop" and plan.mode != "named":
+        return "tool_calls"
+    return finish_reason
 
 
 def _held_suffix(text: str, marker: str) -> int:
