@@ -72,13 +72,32 @@ def test_unknown_fields_refused_unless_allowed() -> None:
         check_request_fields({"frobnicate": 1}, CompletionRequest, allow_unknown_fields=False)
     check_request_fields({"frobnicate": 1}, CompletionRequest, allow_unknown_fields=True)
     check_request_fields(
-        {"stream_options": {"include_usage": True, "continuous_usage_stats": True}},
+        {"stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}},
         CompletionRequest,
         allow_unknown_fields=False,
     )
     with pytest.raises(BadRequestError, match="stream_options.frobnicate"):
         check_request_fields(
-            {"stream_options": {"frobnicate": True}}, CompletionRequest, allow_unknown_fields=False
+            {"stream": True, "stream_options": {"frobnicate": True}},
+            CompletionRequest,
+            allow_unknown_fields=False,
+        )
+
+
+def test_stream_options_need_a_stream() -> None:
+    """As vLLM and OpenAI: stream_options on a request that does not stream is a 400; null or
+    empty options are nothing to refuse."""
+    for stream in (False, None):
+        with pytest.raises(BadRequestError, match="only be set when stream is true") as caught:
+            check_request_fields(
+                {"stream": stream, "stream_options": {"include_usage": True}},
+                ChatCompletionRequest,
+                allow_unknown_fields=False,
+            )
+        assert caught.value.param == "stream_options"
+    for options in (None, {}):
+        check_request_fields(
+            {"stream_options": options}, ChatCompletionRequest, allow_unknown_fields=False
         )
 
 
@@ -108,6 +127,7 @@ def client(tiny_server):
         ("/v1/completions", {"cache_salt": ""}, "cache_salt"),
         ("/v1/completions", {"not_a_field": 1}, "not_a_field"),
         ("/v1/completions", {"continue_final_message": True}, "continue_final_message"),
+        ("/v1/chat/completions", {"stream_options": {"include_usage": True}}, "stream_options"),
         (
             "/v1/completions",
             {"stream": True, "stream_options": {"not_an_option": True}},

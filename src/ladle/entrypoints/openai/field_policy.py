@@ -106,6 +106,11 @@ def check_request_fields(
                 param=name,
             )
     options = body.get("stream_options")
+    if options and not body.get("stream"):
+        # As vLLM and OpenAI: options of a stream on a request that does not stream.
+        raise BadRequestError(
+            "stream_options can only be set when stream is true", param="stream_options"
+        )
     if isinstance(options, dict):
         for name, value in options.items():
             if name in REFUSED_STREAM_OPTIONS:
