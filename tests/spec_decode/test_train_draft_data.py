@@ -232,3 +232,16 @@ def test_bad_data_options_name_the_field(tmp_path):
             TrainDraftOptions(model=None, out=tmp_path / "a", **{field: value}).validate()
     with pytest.raises(ValueError, match="train_dtype"):
         TrainDraftOptions(model=None, out=tmp_path / "a", train_dtype="int8").validate()
+
+
+def test_cli_passes_the_data_flags(tmp_path, capsys):
+    from ladle.cli.main import main
+
+    for flags, field in (
+        (["--teacher-forced", "-1"], "teacher_forced"),
+        (["--vocab-conversations", "-3"], "vocab_conversations"),
+        (["--eval-every", "-1"], "eval_every"),
+    ):
+        status = main(["train-draft", str(tmp_path / "m"), str(tmp_path / "out"), *flags])
+        assert status == 2
+        assert field in capsys.readouterr().err
