@@ -90,6 +90,43 @@ def add_train_draft_parser(subparsers: argparse._SubParsersAction) -> None:
         help="CPU threads for the feature pass and training (default: torch's); 1 is much "
         "faster on a CPU busy with other work",
     )
+    sub.add_argument(
+        "--teacher-forced",
+        type=int,
+        default=None,
+        help="ShareGPT conversations added to the training data as they are (the target reads "
+        "their text, no answer is generated; every position is a label): about a third of a "
+        "generated answer's cost a token. Default: --num-prompts when the prompts come from "
+        "ShareGPT, else 0",
+    )
+    sub.add_argument(
+        "--vocab-conversations",
+        type=int,
+        default=None,
+        help="ShareGPT conversations whose token counts join the answers' to choose the draft "
+        "vocabulary (only tokenized: seconds). Default: 2000 when the prompts come from "
+        "ShareGPT, else 0",
+    )
+    sub.add_argument(
+        "--no-label-prompts",
+        dest="label_prompts",
+        action="store_false",
+        help="train on the answers' positions only (default: the prompts' too)",
+    )
+    sub.add_argument(
+        "--train-dtype",
+        default="auto",
+        choices=["auto", "float32", "bfloat16"],
+        help="the training step's autocast; auto: bfloat16 on CUDA and on CPUs with native "
+        "bfloat16 (AVX-512 BF16, AMX), else float32",
+    )
+    sub.add_argument(
+        "--eval-every",
+        type=int,
+        default=0,
+        help="also measure the held-out acceptance every N training steps (a curve in "
+        "training_summary.json; 0: at the end only)",
+    )
     sub.add_argument("--overwrite", action="store_true", help="write into a non-empty OUT")
     sub.set_defaults(handler=run_train_draft)
 
@@ -131,11 +168,17 @@ def run_train_draft(args: argparse.Namespace) -> int:
         prompts_file=args.prompts_file,
         save_dtype=args.save_dtype,
         train_threads=args.train_threads,
+        teacher_forced=args.teacher_forced,
+        vocab_conversations=args.vocab_conversations,
+        label_prompts=args.label_prompts,
+        train_dtype=args.train_dtype,
+        eval_every=args.eval_every,
         overwrite=args.overwrite,
     )
     summary = train_draft(options)
     brief = {key: summary[key] for key in ("out", "num_steps", "first_loss", "last_loss")}
     brief["seconds"] = summary["seconds"]
     brief["held_out_acceptance"] = summary["held_out_acceptance"]
+    brief["held_out_vocab_coverage"] = summary["held_out_vocab_coverage"]
     print(json.dumps(brief, indent=2))
     return 0

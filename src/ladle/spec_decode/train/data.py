@@ -114,19 +114,43 @@ def generate_answers(
 
 
 def choose_draft_vocab(
-    sequences: Sequence[tuple[list[int], int]], vocab_size: int, draft_vocab_size: int
+    sequences: Sequence[tuple[list[int], int]],
+    vocab_size: int,
+    draft_vocab_size: int,
+    corpus_counts: Counter[int] | None = None,
 ) -> torch.Tensor:
-    """The draft vocabulary's target ids [draft_vocab_size], ascending: the answers' most
-    frequent tokens (ties by id), then, when the answers use fewer, the lowest unused ids."""
+    """The draft vocabulary's target ids [draft_vocab_size], ascending: the tokens of highest
+    frequency in the answers (the positions after each prompt) plus their frequency in
+    `corpus_counts` (each a fraction of its own total, so the two weigh equally), ties by id;
+    then, when fewer tokens occur at all, the lowest unused ids. The corpus fills what a few
+    hundred answers never use (a token outside the vocabulary can never be drafted)."""
     if not 1 <= draft_vocab_size <= vocab_size:
         raise ValueError(f"draft_vocab_size {draft_vocab_size} must be in 1..{vocab_size}")
-    counts: Counter[int] = Counter()
+    answer_counts: Counter[int] = Counter()
     for token_ids, prompt_length in sequences:
-        counts.update(token_ids[prompt_length:])
-    ranked = sorted(counts, key=lambda token: (-counts[token], token))[:draft_vocab_size]
+        answer_counts.update(token_ids[prompt_length:])
+    scores: dict[int, float] = {}
+    for counts in (answer_counts, corpus_counts or Counter()):
+        total = sum(counts.values())
+        for token, count in counts.items():
+            if 0 <= token < vocab_size:
+                scores[token] = scores.get(token, 0.0) + count / total
+    ranked = sorted(scores, key=lambda token: (-scores[token], token))[:draft_vocab_size]
     chosen = set(ranked)
     for token in range(vocab_size):
         if len(chosen) == draft_vocab_size:
             break
         chosen.add(token)
     return torch.tensor(sorted(chosen), dtype=torch.long)
+
+
+def vocab_coverage(
+    draft_ids: torch.Tensor, sequences: Sequence[tuple[list[int], int]]
+) -> float | None:
+    """The fraction of the answers' tokens (after each prompt) the draft vocabulary holds: the
+    ceiling of the first draft's acceptance on them (None when there are none)."""
+    chosen = set(draft_ids.tolist())
+    answers = [token for ids, prompt_length in sequences for token in ids[prompt_length:]]
+    if not answers:
+        return None
+    return sum(token in chosen for token in answers) / len(answers)
