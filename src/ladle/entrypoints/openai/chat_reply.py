@@ -21,7 +21,6 @@ from ladle.entrypoints.openai.protocol import (
     ChatResponseMessage,
     DeltaFunctionCall,
     DeltaToolCall,
-    ToolCall,
 )
 from ladle.entrypoints.openai.reasoning_parsers import ThinkReasoningParser
 from ladle.entrypoints.openai.reasoning_parsers.think import ThinkStream
