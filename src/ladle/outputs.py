@@ -63,8 +63,9 @@ class CompletionOutput:
     # Sum of the sampled tokens' logprobs; set by LLM when logprobs were asked for (as vLLM).
     cumulative_logprob: float | None = None
 
-    @property
     def finished(self) -> bool:
+        """Whether this sample has ended: a method, as vLLM's CompletionOutput.finished()
+        (RequestOutput.finished is a field, in vLLM and here)."""
         return self.finish_reason is not None
 
 

@@ -17,7 +17,6 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import re
 from typing import Any
 
 from ladle.cli.durations import parse_duration
@@ -32,6 +31,7 @@ from ladle.config import (
     ParallelConfig,
     SchedulerConfig,
 )
+from ladle.config.sizes import parse_size_text
 from ladle.config.vllm_settled import SETTLED_OPTIONS
 
 ENGINE_CONFIG_CLASSES: dict[str, type] = {
@@ -81,22 +81,12 @@ def _duration_ms(text: str) -> float:
 # field -> the argparse `type` where the annotation alone does not say how to read it.
 CONVERTERS = {"itl_slo_ms": _duration_ms}
 
-_SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*([kKmMgG]?)\s*$")
-_DECIMAL = {"k": 10**3, "m": 10**6, "g": 10**9}
-_BINARY = {"K": 2**10, "M": 2**20, "G": 2**30}
-
-
 def parse_size(text: str) -> int:
     """An integer that may carry a size suffix: k/m/g are powers of 1000, K/M/G of 1024."""
-    match = _SIZE.match(str(text))
-    if match is None:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number (sizes like 32k work)")
-    number, suffix = match.groups()
-    scale = _DECIMAL.get(suffix) or _BINARY.get(suffix) or 1
-    value = float(number) * scale
-    if value != int(value):
-        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number")
-    return int(value)
+    try:
+        return parse_size_text(text)
+    except ValueError as error:
+        raise argparse.ArgumentTypeError(str(error)) from None
 
 
 def _parse_json_object(text: str) -> dict:

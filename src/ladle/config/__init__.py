@@ -28,6 +28,7 @@ from ladle.config.model import (
 )
 from ladle.config.parallel import DISPATCH_MODES, EXECUTOR_BACKENDS, ParallelConfig
 from ladle.config.scheduler import PREEMPTION_MODES, SchedulerConfig
+from ladle.config.sizes import parse_size_text
 from ladle.config.speculative import (
     MAX_SPECULATIVE_TOKENS,
     MODEL_DRAFT_METHODS,
@@ -89,8 +90,9 @@ class EngineConfig:
         }
         for key, value in kwargs.items():
             for section, config_class in owners.items():
-                if key in {f.name for f in dataclasses.fields(config_class)}:
-                    sections[section][key] = value
+                fields = {f.name: f for f in dataclasses.fields(config_class)}
+                if key in fields:
+                    sections[section][key] = _size_or_value(key, fields[key].type, value)
                     break
             else:
                 raise ValueError(f"unknown engine option {key!r}")
@@ -100,3 +102,14 @@ class EngineConfig:
             scheduler=SchedulerConfig(**sections["scheduler"]),
             parallel=ParallelConfig(**sections["parallel"]),
         )
+
+
+def _size_or_value(name: str, annotation: object, value: object) -> object:
+    """An integer option given as a string ("4k", "32K", "2048") reads as the CLI reads it, as
+    vLLM users write max_model_len; other values pass unchanged to the config's validation."""
+    if not isinstance(value, str) or str(annotation).replace(" ", "") not in ("int", "int|None"):
+        return value
+    try:
+        return parse_size_text(value)
+    except ValueError as error:
+        raise ValueError(f"{name}: {error}") from None

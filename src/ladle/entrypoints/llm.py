@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
+from ladle.entrypoints.chat_messages import check_chat_options, text_only_conversation
 from ladle.entrypoints.chat_template import load_chat_template
 from ladle.entrypoints.metrics_reader import Metric, OfflineTotals, metrics_snapshot
 from ladle.entrypoints.progress import GenerationProgress
@@ -116,6 +117,7 @@ class LLM:
         use_tqdm: bool = True,
         priority: Sequence[int] | None = None,
         raise_on_error: bool = True,
+        lora_request: None = None,
     ) -> list[RequestOutput]:
         """Generate for prompts: strings, token-id lists, or vLLM's TextPrompt / TokensPrompt
         dicts ({"prompt": ...} / {"prompt_token_ids": [...]}), one or a list; outputs come back
@@ -126,6 +128,7 @@ class LLM:
         outputs. With raise_on_error=False the outputs are returned and the failed ones have
         finish_reason 'error' and `.error` set.
         """
+        _refuse_lora(lora_request)
         prompt_list = as_prompt_list(prompts)
         encoded = [self._encode_prompt(prompt) for prompt in prompt_list]
         salts = [cache_salt_of(prompt) for prompt in prompt_list]
@@ -145,17 +148,34 @@ class LLM:
         messages: list[dict] | Sequence[list[dict]],
         sampling_params: SamplingParams | Sequence[SamplingParams] | None = None,
         use_tqdm: bool = True,
+        lora_request: None = None,
+        chat_template: str | os.PathLike | None = None,
+        chat_template_content_format: str = "auto",
         add_generation_prompt: bool = True,
+        continue_final_message: bool = False,
+        tools: list[dict] | None = None,
         chat_template_kwargs: dict | None = None,
         raise_on_error: bool = True,
-        chat_template: str | os.PathLike | None = None,
     ) -> list[RequestOutput]:
-        """Generate replies to conversations (one list of {'role', 'content'} dicts each),
-        formatted by the tokenizer's chat template, or by `chat_template` (a Jinja template or a
-        file holding one, as vLLM's LLM.chat and --chat-template take it)."""
+        """Generate replies to conversations (one list of {'role', 'content'} dicts each; content
+        a string or OpenAI's text parts), formatted by the tokenizer's chat template, or by
+        `chat_template` (a Jinja template or a file holding one, as vLLM's LLM.chat and
+        --chat-template take it). vLLM's arguments, in vLLM's order: `continue_final_message`
+        (with add_generation_prompt=False) extends the last assistant message, `tools` reach
+        the template as its `tools` variable (the reply is the raw text, as vLLM's offline
+        chat returns it), `chat_template_content_format` 'auto' | 'string' | 'openai' (all
+        render text parts alike) and `lora_request` None (ladle has no LoRA adapters)."""
+        _refuse_lora(lora_request)
+        check_chat_options(
+            add_generation_prompt, continue_final_message, chat_template_content_format
+        )
         template_kwargs = dict(chat_template_kwargs or {})
         if chat_template is not None:
             template_kwargs["chat_template"] = load_chat_template(chat_template)
+        if continue_final_message:
+            template_kwargs["continue_final_message"] = True
+        if tools is not None:
+            template_kwargs["tools"] = tools
         encoded = self._encode_conversations(messages, add_generation_prompt, template_kwargs)
         return self._run(encoded, sampling_params, use_tqdm, None, raise_on_error)
 
@@ -221,7 +241,7 @@ class LLM:
         for conversation in conversations:
             try:
                 token_ids = self.tokenizer.apply_chat_template(
-                    conversation,
+                    text_only_conversation(conversation),
                     add_generation_prompt=add_generation_prompt,
                     **(chat_template_kwargs or {}),
                 )
@@ -388,6 +408,12 @@ def _truncate(
         return entry
     # The text no longer matches the ids it came from: drop it, as vLLM does.
     return None, token_ids[-keep:], error
+
+
+def _refuse_lora(lora_request: object) -> None:
+    """vLLM scripts pass lora_request=None; an adapter is refused by name (no LoRA in ladle)."""
+    if lora_request is not None:
+        raise ValueError("lora_request: ladle has no LoRA adapters; pass None")
 
 
 def _broadcast_params(

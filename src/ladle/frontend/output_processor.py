@@ -191,7 +191,7 @@ class OutputProcessor:
                 state.output.error = core_output.error  # the engine ended it (fault isolation)
             if ended_here and core_output.finish_reason is None:
                 to_abort.append(core_output.request_id)
-            if sample.completion.finished:
+            if sample.completion.finished():
                 self._finish_sample(state, core_output.request_id, now)
         for state in touched:
             state.touched = False

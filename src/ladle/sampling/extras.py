@@ -3,7 +3,8 @@ either implemented (where named) or refused with a ValueError that names the fie
 
 Implemented: seed=-1 (random, as None), detokenize=False (token ids only, no text),
 truncate_prompt_tokens (keep the last k prompt tokens; -1 keeps max_model_len),
-spaces_between_special_tokens=True (what the detokenizer does), logit_bias and
+spaces_between_special_tokens=True (what the detokenizer does; False only with
+skip_special_tokens, where it changes nothing), logit_bias and
 allowed_token_ids and bad_words (sample/logit_processing.py), prompt_logprobs
 (worker/prompt_logprobs.py). Refused while ladle lacks them, when set to anything that would
 change the result: logits_processors,
@@ -62,10 +63,17 @@ def validate_sampling_extras(params: Any) -> None:
         raise ValueError(f"detokenize must be a bool, got {params.detokenize!r}")
     if not params.detokenize and params.stop:
         raise ValueError("stop strings need detokenize=True (they are matched in the text)")
-    if params.spaces_between_special_tokens is not True:
+    if not isinstance(params.spaces_between_special_tokens, bool):
         raise ValueError(
-            "spaces_between_special_tokens=False is not supported by ladle (special tokens are "
-            "decoded with the tokenizer's own spacing)"
+            "spaces_between_special_tokens must be a bool, "
+            f"got {params.spaces_between_special_tokens!r}"
+        )
+    # With skip_special_tokens (the default) no special token reaches the text, so there is
+    # nothing to space: False changes nothing then, and scripts that pass it run.
+    if not params.spaces_between_special_tokens and not params.skip_special_tokens:
+        raise ValueError(
+            "spaces_between_special_tokens=False with skip_special_tokens=False is not "
+            "supported by ladle (special tokens are decoded with the tokenizer's own spacing)"
         )
 
 

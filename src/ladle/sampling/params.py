@@ -6,6 +6,7 @@ offline API nor the server ever hands the engine a request it cannot run.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -129,6 +130,10 @@ class SamplingParams:
             or self.frequency_penalty != 0.0
             or self.repetition_penalty != 1.0
         )
+
+    def clone(self) -> SamplingParams:
+        """A deep copy (vLLM's SamplingParams.clone()): editing it leaves this one as it is."""
+        return copy.deepcopy(self)
 
     def with_seed(self, seed: int | None) -> SamplingParams:
         """A copy for one of the n samples (n=1 there), each with a seed of its own."""
