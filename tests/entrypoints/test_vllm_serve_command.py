@@ -3,6 +3,7 @@ a hub-layout cache, offline), vLLM's flag spellings, a size suffix and a --confi
 
 from __future__ import annotations
 
+import httpx
 import openai
 import pytest
 
@@ -36,6 +37,9 @@ def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None
         "--enable-auto-tool-choice",
         "--tokenizer-mode", "auto",
         "--config", str(config),
+        "--allowed-origins", '["https://app.example"]',
+        "--root-path", "/api",
+        "--enable-log-requests",
     ]  # fmt: skip
     with ServerProcess(args) as server:
         client = openai.OpenAI(base_url=f"{server.base_url}/v1", api_key="none", max_retries=0)
@@ -63,3 +67,23 @@ def test_vllm_serve_command_line(tiny_model_path, tmp_path, monkeypatch) -> None
         assert chat.usage.prompt_tokens == rendered.usage.prompt_tokens
         with pytest.raises(openai.BadRequestError, match="max-logprobs"):
             client.completions.create(model=REPO_ID, prompt="hi", max_tokens=1, logprobs=5)
+        check_vllm_routes_and_http_flags(server, tiny_model_path)
+
+
+def check_vllm_routes_and_http_flags(server: ServerProcess, tiny_model_path) -> None:
+    """/ping (GET and POST), /v1/models' vLLM fields, CORS from --allowed-origins, --root-path."""
+    for method in ("GET", "POST"):
+        assert httpx.request(method, f"{server.base_url}/ping").status_code == 200
+    card = httpx.get(f"{server.base_url}/v1/models").json()["data"][0]
+    assert card["root"] == REPO_ID and card["parent"] is None
+    assert card["permission"][0]["object"] == "model_permission"
+    preflight = httpx.options(
+        f"{server.base_url}/v1/completions",
+        headers={"Origin": "https://app.example", "Access-Control-Request-Method": "POST"},
+    )
+    assert preflight.status_code == 200
+    assert preflight.headers["access-control-allow-origin"] == "https://app.example"
+    other = httpx.get(f"{server.base_url}/v1/models", headers={"Origin": "https://evil.example"})
+    assert "access-control-allow-origin" not in other.headers
+    # --root-path: the proxy in front strips the prefix, so the routes stay where they were.
+    assert httpx.get(f"{server.base_url}/v1/models").status_code == 200

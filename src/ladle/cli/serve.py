@@ -19,6 +19,7 @@ from collections.abc import Callable
 import uvicorn
 
 from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args
+from ladle.cli.vllm_server_flags import add_vllm_server_arguments
 from ladle.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
 from ladle.entrypoints.openai.tool_parsers import TOOL_PARSERS
 
@@ -169,6 +170,7 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
         action="store_true",
         help="no log line per finished request (method, route, status, tokens in/out, latency)",
     )
+    add_vllm_server_arguments(server)
     server.add_argument(
         "--tool-call-parser",
         default=None,
@@ -265,7 +267,7 @@ def run_serve(args: argparse.Namespace) -> int:
     from ladle.entrypoints.openai.http_server_options import HttpServerOptions
     from ladle.entrypoints.openai.live_stats import LiveStatsLogger
     from ladle.entrypoints.openai.request_log import enable_request_logging
-    from ladle.entrypoints.openai.server import ServerSettings, build_app
+    from ladle.entrypoints.openai.server import CorsSettings, ServerSettings, build_app
     from ladle.frontend.admission import AdmissionController
     from ladle.frontend.client import AsyncEngineClient, EngineStartError
     from ladle.frontend.metrics import ServerMetrics
@@ -378,11 +380,20 @@ def run_serve(args: argparse.Namespace) -> int:
         max_request_bytes=args.max_request_bytes,
         allow_unknown_fields=args.allow_unknown_fields,
         log_requests=not args.disable_log_requests,
+        model_root=model,
+        cors=CorsSettings(
+            allowed_origins=tuple(args.allowed_origins),
+            allowed_methods=tuple(args.allowed_methods),
+            allowed_headers=tuple(args.allowed_headers),
+            allow_credentials=args.allow_credentials,
+        ),
     )
     if settings.log_requests:
         enable_request_logging()
     app = build_app(client, settings, on_refusal=live_stats.record_refusal)
-    config = HttpServerOptions.from_args(args).uvicorn_config(app, host=args.host, port=args.port)
+    config = HttpServerOptions.from_args(args).uvicorn_config(
+        app, host=args.host, port=args.port, root_path=args.root_path
+    )
     server = _AnnouncingServer(
         config, served_name, lambda: client.engine_pid, on_exit_signal=client.begin_shutdown,
         on_listening=_tell_port(client),

@@ -17,6 +17,7 @@ and chat takes tools, tool_choice, parallel_tool_calls and chat_template_kwargs.
 from __future__ import annotations
 
 import time
+import uuid
 from typing import Annotated, Any, Literal, TypeVar
 
 from pydantic import (
@@ -410,12 +411,35 @@ class CompletionChunk(BaseModel):
     usage: UsageInfo | None = None
 
 
+class ModelPermission(BaseModel):
+    """vLLM's (and OpenAI's old) permission entry of a model card: clients that read it find
+    what vLLM sends."""
+
+    id: str = Field(default_factory=lambda: f"modelperm-{uuid.uuid4().hex}")
+    object: Literal["model_permission"] = "model_permission"
+    created: int = Field(default_factory=lambda: int(time.time()))
+    allow_create_engine: bool = False
+    allow_sampling: bool = True
+    allow_logprobs: bool = True
+    allow_search_indices: bool = False
+    allow_view: bool = True
+    allow_fine_tuning: bool = False
+    organization: str = "*"
+    group: str | None = None
+    is_blocking: bool = False
+
+
 class ModelCard(BaseModel):
+    """One /v1/models entry with vLLM's fields (root: the model as the server was given it)."""
+
     id: str
     object: Literal["model"] = "model"
     created: int = Field(default_factory=lambda: int(time.time()))
     owned_by: str = "ladle"
+    root: str | None = None
+    parent: str | None = None
     max_model_len: int | None = None
+    permission: list[ModelPermission] = Field(default_factory=lambda: [ModelPermission()])
 
 
 class ModelList(BaseModel):

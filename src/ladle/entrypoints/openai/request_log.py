@@ -5,7 +5,7 @@
 An ASGI middleware times the request and reads the status from the response it sends; the
 handlers add the tokens they submit to a per-request tally (a context variable the middleware
 sets, so no handler signature changes). Streamed responses are logged when the stream ends. The
-probes that monitoring polls (GET /health, /metrics) are not logged. `ladle serve
+probes that monitoring polls (/health, /ping, /metrics) are not logged. `ladle serve
 --disable-log-requests` turns it off.
 """
 
@@ -22,7 +22,7 @@ if TYPE_CHECKING:
     from ladle.frontend.client import RequestStream
 
 LOGGER_NAME = "ladle.requests"
-UNLOGGED_PATHS = frozenset({"/health", "/metrics"})
+UNLOGGED_PATHS = frozenset({"/health", "/ping", "/metrics"})
 
 logger = logging.getLogger(LOGGER_NAME)
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from fastapi import APIRouter, Depends, FastAPI, Request
 from fastapi.exceptions import RequestValidationError
+from fastapi.middleware.cors import CORSMiddleware
 from fastapi.responses import JSONResponse, Response
 from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.requests import ClientDisconnect
@@ -58,6 +59,16 @@ CLIENT_CLOSED_REQUEST = 499
 
 
 @dataclass(frozen=True)
+class CorsSettings:
+    """vLLM's CORS flags; no origins (ladle's default) adds no CORS middleware at all."""
+
+    allowed_origins: tuple[str, ...] = ()
+    allowed_methods: tuple[str, ...] = ("*",)
+    allowed_headers: tuple[str, ...] = ("*",)
+    allow_credentials: bool = False
+
+
+@dataclass(frozen=True)
 class ServerSettings:
     served_model_name: str
     # vLLM's further --served-model-name values: accepted in requests, listed in /v1/models.
@@ -69,6 +80,8 @@ class ServerSettings:
     log_requests: bool = True  # one line per finished request (request_log.py)
     tool_call_parser: str | None = None  # None: chosen from the chat template
     reasoning_parser: str | None = None  # None: chosen from the chat template
+    model_root: str | None = None  # /v1/models' `root`: the model as given (vLLM's)
+    cors: CorsSettings = CorsSettings()
 
 
 @dataclass
@@ -116,6 +129,14 @@ def build_app(
     _add_error_handlers(app, client, on_refusal)
     if settings.log_requests:
         app.add_middleware(RequestLogMiddleware)
+    if settings.cors.allowed_origins:
+        app.add_middleware(
+            CORSMiddleware,
+            allow_origins=list(settings.cors.allowed_origins),
+            allow_methods=list(settings.cors.allowed_methods),
+            allow_headers=list(settings.cors.allowed_headers),
+            allow_credentials=settings.cors.allow_credentials,
+        )
     api_key_check = make_api_key_check(settings.api_key)
     v1 = APIRouter(prefix="/v1", dependencies=[Depends(api_key_check)])
 
@@ -124,6 +145,7 @@ def build_app(
     def model_card(name: str) -> ModelCard:
         return ModelCard(
             id=name,
+            root=settings.model_root or settings.served_model_name,
             max_model_len=client.info.max_model_len if client.info else None,
         )
 
@@ -177,6 +199,8 @@ def build_app(
         body = await read_body(request, settings.max_request_bytes)
         return JSONResponse(handlers[0].tokenization.detokenize(body))
 
+    # /ping is vLLM's (SageMaker's) name for the same check, by GET or POST.
+    @app.api_route("/ping", methods=["GET", "POST"])
     @app.get("/health")
     async def health() -> Response:
         problem = client.health_problem

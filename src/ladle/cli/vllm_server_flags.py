@@ -1,0 +1,53 @@
+"""`vllm serve`'s HTTP flags that `ladle serve` takes with vLLM's meaning: CORS
+(--allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials), --root-path
+(behind a proxy that strips a path prefix) and --enable-log-requests (vLLM's switch for what
+ladle does by default: a log line per finished request; --disable-log-requests turns it off)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+
+def add_vllm_server_arguments(group: argparse._ArgumentGroup) -> None:
+    """vLLM's spellings; CORS stays off unless --allowed-origins names origins."""
+    group.add_argument(
+        "--allowed-origins", type=_json_list("--allowed-origins"), default=[],
+        help='CORS: origins browsers may call from, a JSON list (\'["*"]\' for any; default: '
+        "none, no CORS headers)",
+    )
+    group.add_argument(
+        "--allowed-methods", type=_json_list("--allowed-methods"), default=["*"],
+        help="CORS: allowed methods, a JSON list (default: all)",
+    )
+    group.add_argument(
+        "--allowed-headers", type=_json_list("--allowed-headers"), default=["*"],
+        help="CORS: allowed request headers, a JSON list (default: all)",
+    )
+    group.add_argument(
+        "--allow-credentials", action="store_true", help="CORS: allow credentials (cookies)"
+    )
+    group.add_argument(
+        "--root-path", default="",
+        help="the path prefix a proxy in front strips (uvicorn's root_path), as in vLLM",
+    )
+    group.add_argument(
+        "--enable-log-requests", action="store_true",
+        help="vLLM's switch for a log line per finished request: ladle's default already "
+        "(--disable-log-requests turns it off); accepted",
+    )
+
+
+def _json_list(flag: str):
+    def parse(text: str) -> list[str]:
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            raise argparse.ArgumentTypeError(
+                f"{flag} takes a JSON list of strings, e.g. '[\"*\"]'; got {text!r}"
+            ) from None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise argparse.ArgumentTypeError(f"{flag} takes a JSON list of strings, got {text!r}")
+        return value
+
+    return parse
