@@ -14,7 +14,7 @@ from typing import Self
 
 import httpx
 
-SERVING_LINE = re.compile(r"\[ladle\] serving .* on http://127\.0\.0\.1:(\d+)")
+SERVING_LINE = re.compile(r"\[ladle\] serving .* on (https?)://127\.0\.0\.1:(\d+)")
 ENGINE_LINE = re.compile(r"\[ladle\] engine core (?:running|restarted) in process (\d+)")
 
 
@@ -22,13 +22,20 @@ class ServerProcess:
     """`python -m ladle.cli serve ARGS...`; start() returns once /health answers 200."""
 
     def __init__(
-        self, args: list[str], api_key: str | None = None, new_session: bool = False
+        self,
+        args: list[str],
+        api_key: str | None = None,
+        new_session: bool = False,
+        verify: object = True,
     ) -> None:
         """new_session: the server leads a process group of its own, which a test may signal
-        as a supervisor does (os.killpg) without signalling pytest."""
+        as a supervisor does (os.killpg) without signalling pytest. verify: httpx's, for a
+        server on HTTPS (the CA file that signed its certificate)."""
         self.args = args
         self.api_key = api_key
         self.new_session = new_session
+        self.verify = verify
+        self.scheme = "http"
         self._reader: threading.Thread | None = None
         self.process: subprocess.Popen | None = None
         self.port: int | None = None
@@ -38,7 +45,7 @@ class ServerProcess:
 
     @property
     def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}"
+        return f"{self.scheme}://127.0.0.1:{self.port}"
 
     @property
     def pid(self) -> int:
@@ -68,7 +75,8 @@ class ServerProcess:
                 raise RuntimeError(f"server did not start:\n{self.log()}")
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.base_url}/health", timeout=5).status_code == 200:
+                health = httpx.get(f"{self.base_url}/health", timeout=5, verify=self.verify)
+                if health.status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass
@@ -82,7 +90,7 @@ class ServerProcess:
             if match := ENGINE_LINE.search(line):
                 self.engine_pid = int(match.group(1))
             if match := SERVING_LINE.search(line):
-                self.port = int(match.group(1))
+                self.scheme, self.port = match.group(1), int(match.group(2))
                 self._announced.set()
 
     def wait_for_output_end(self, timeout_s: float) -> bool:

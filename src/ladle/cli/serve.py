@@ -381,6 +381,7 @@ def run_serve(args: argparse.Namespace) -> int:
         allow_unknown_fields=args.allow_unknown_fields,
         log_requests=not args.disable_log_requests,
         model_root=model,
+        serves_api_docs=not args.disable_fastapi_docs,
         cors=CorsSettings(
             allowed_origins=tuple(args.allowed_origins),
             allowed_methods=tuple(args.allowed_methods),
@@ -482,8 +483,9 @@ class _AnnouncingServer(uvicorn.Server):
                 if self.on_listening is not None:
                     self.on_listening(port)
                 shown = f"[{host}]" if ":" in host else host
+                scheme = "https" if self.config.is_ssl else "http"
                 print(
-                    f"[ladle] serving {self.served_name} on http://{shown}:{port} "
+                    f"[ladle] serving {self.served_name} on {scheme}://{shown}:{port} "
                     "(OpenAI API under /v1; ready: GET /health -> 200)",
                     flush=True,
                 )

@@ -1,7 +1,9 @@
 """`vllm serve`'s HTTP flags that `ladle serve` takes with vLLM's meaning: CORS
 (--allowed-origins, --allowed-methods, --allowed-headers, --allow-credentials), --root-path
-(behind a proxy that strips a path prefix) and --enable-log-requests (vLLM's switch for what
-ladle does by default: a log line per finished request; --disable-log-requests turns it off)."""
+(behind a proxy that strips a path prefix), HTTPS (--ssl-keyfile, --ssl-certfile, --ssl-ca-certs)
+and switches for what ladle does by default: --enable-log-requests (a log line per finished
+request; --disable-log-requests turns it off), --disable-uvicorn-access-log (off unless
+--access-log); and --disable-fastapi-docs (no /docs and /openapi.json)."""
 
 from __future__ import annotations
 
@@ -30,6 +32,21 @@ def add_vllm_server_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--root-path", default="",
         help="the path prefix a proxy in front strips (uvicorn's root_path), as in vLLM",
+    )
+    group.add_argument("--ssl-keyfile", default=None, help="HTTPS: the server's private key file")
+    group.add_argument(
+        "--ssl-certfile", default=None, help="HTTPS: the server's certificate file (with its key)"
+    )
+    group.add_argument(
+        "--ssl-ca-certs", default=None, help="HTTPS: CA certificates to verify clients against"
+    )
+    group.add_argument(
+        "--disable-uvicorn-access-log", action="store_true",
+        help="vLLM's switch: ladle's uvicorn access log is off already unless --access-log",
+    )
+    group.add_argument(
+        "--disable-fastapi-docs", action="store_true",
+        help="serve no /docs (Swagger UI) and /openapi.json",
     )
     group.add_argument(
         "--enable-log-requests", action="store_true",

@@ -82,6 +82,7 @@ class ServerSettings:
     reasoning_parser: str | None = None  # None: chosen from the chat template
     model_root: str | None = None  # /v1/models' `root`: the model as given (vLLM's)
     cors: CorsSettings = CorsSettings()
+    serves_api_docs: bool = True  # GET /docs and /openapi.json (vLLM's --disable-fastapi-docs)
 
 
 @dataclass
@@ -186,7 +187,8 @@ def build_app(
         return JSONResponse({"released": release_handoffs(client, body)})
 
     app.include_router(v1)
-    add_api_docs(app, api_key_check)
+    if settings.serves_api_docs:
+        add_api_docs(app, api_key_check)
 
     # vLLM serves these at the root, not under /v1.
     @app.post("/tokenize", dependencies=[Depends(api_key_check)])
