@@ -8,6 +8,8 @@ from __future__ import annotations
 import datetime
 import ipaddress
 import ssl
+import subprocess
+import sys
 
 import httpx
 import openai
@@ -94,3 +96,15 @@ def test_lone_or_missing_tls_files_are_refused_naming_the_flag(tmp_path) -> None
     # --disable-uvicorn-access-log wins over --access-log, as the switch's name says.
     assert not options("--access-log", "--disable-uvicorn-access-log").access_log
     assert options("--access-log").access_log
+
+
+def test_tls_with_ray_replicas_is_refused(tiny_model_path, tmp_path) -> None:
+    """Ray Serve's proxy answers --replicas N, not ladle's uvicorn: TLS there is refused."""
+    key, cert = _self_signed(tmp_path)
+    done = subprocess.run(
+        [sys.executable, "-m", "ladle.cli", "serve", tiny_model_path("llama"), "--replicas", "2",
+         "--ssl-keyfile", key, "--ssl-certfile", cert, "--port", "0"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode != 0
+    assert "--ssl-keyfile / --ssl-certfile are not supported with --replicas" in done.stderr

@@ -316,6 +316,9 @@ def run_serve(args: argparse.Namespace) -> int:
     if args.replicas != 1 or args.ray_address or args.max_replicas is not None:
         if chat_template is not None:
             raise ValueError("--chat-template is not supported with --replicas / --ray-address")
+        if args.ssl_certfile or args.ssl_keyfile:
+            # Ray Serve's proxy answers there, not ladle's uvicorn: terminate TLS in front.
+            raise ValueError("--ssl-keyfile / --ssl-certfile are not supported with --replicas")
         from ladle.cli.cluster import run_cluster
 
         return run_cluster(args, model, served_name, options)
