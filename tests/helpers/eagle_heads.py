@@ -111,3 +111,41 @@ def save_eagle_head(
         tensors.pop(key, None)
     save_file({k: v.contiguous() for k, v in tensors.items()}, str(folder / "model.safetensors"))
     return str(folder)
+
+
+def random_trainable_head(
+    seed: int,
+    hidden: int,
+    vocab_size: int,
+    draft_vocab_size: int,
+    num_heads: int,
+    num_kv_heads: int,
+    norm_offset: float = 0.0,
+):
+    """A tiny ladle.spec_decode.train Eagle3Head (head_dim 8, 1.5x MLP) over a seeded random
+    draft vocabulary, every weight N(0, 0.3^2), the norms' weights `norm_offset` higher."""
+    from ladle.spec_decode.train.eagle3_head import Eagle3Head, Eagle3HeadConfig
+
+    config = Eagle3HeadConfig(
+        hidden_size=hidden,
+        intermediate_size=hidden * 3 // 2,
+        num_attention_heads=num_heads,
+        num_key_value_heads=num_kv_heads,
+        head_dim=8,
+        rms_norm_eps=1e-6,
+        rope_theta=10000.0,
+        rope_scaling=None,
+        max_position_embeddings=64,
+        vocab_size=vocab_size,
+        draft_vocab_size=draft_vocab_size,
+        target_hidden_size=hidden,
+        aux_layer_ids=(0, 1, 2),
+    )
+    generator = torch.Generator().manual_seed(seed)
+    draft_ids = torch.randperm(vocab_size, generator=generator)[:draft_vocab_size].sort().values
+    head = Eagle3Head(config, draft_ids)
+    with torch.no_grad():
+        for parameter in head.parameters():
+            offset = norm_offset if parameter.dim() == 1 else 0.0
+            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3 + offset)
+    return head

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import torch
+from helpers.eagle_heads import random_trainable_head
 from safetensors.torch import load_file
 
 from ladle.spec_decode.train.acceptance import accepted_counts, measure_acceptance
@@ -93,31 +94,7 @@ def test_folder_is_the_vllm_eagle3_layout(trained, tiny_deep_model):
 
 
 def _random_head(seed: int, group: int = 2) -> Eagle3Head:
-    config = Eagle3HeadConfig(
-        hidden_size=32,
-        intermediate_size=48,
-        num_attention_heads=4,
-        num_key_value_heads=4 // group,
-        head_dim=8,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        max_position_embeddings=64,
-        vocab_size=50,
-        draft_vocab_size=20,
-        target_hidden_size=32,
-        aux_layer_ids=(0, 1, 2),
-    )
-    generator = torch.Generator().manual_seed(seed)
-    draft_ids = torch.randperm(50, generator=generator)[:20].sort().values
-    head = Eagle3Head(config, draft_ids)
-    with torch.no_grad():
-        for parameter in head.parameters():
-            parameter.copy_(
-                torch.randn(parameter.shape, generator=generator) * 0.3
-                + (1.0 if parameter.dim() == 1 else 0.0)
-            )
-    return head
+    return random_trainable_head(seed, 32, 50, 20, 4, 4 // group, norm_offset=1.0)
 
 
 def _rms(x, weight, eps=1e-6):

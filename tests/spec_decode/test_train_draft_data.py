@@ -13,6 +13,7 @@ from collections import Counter
 
 import pytest
 import torch
+from helpers.eagle_heads import random_trainable_head
 
 from ladle.spec_decode.train.corpus import (
     encode_conversation,
@@ -20,7 +21,7 @@ from ladle.spec_decode.train.corpus import (
     teacher_forced_sequences,
 )
 from ladle.spec_decode.train.data import choose_draft_vocab, vocab_coverage
-from ladle.spec_decode.train.eagle3_head import Eagle3Head, Eagle3HeadConfig
+from ladle.spec_decode.train.eagle3_head import Eagle3Head
 from ladle.spec_decode.train.features import SequenceFeatures
 from ladle.spec_decode.train.pipeline import TrainDraftOptions, train_draft
 from ladle.spec_decode.train.trainer import (
@@ -126,27 +127,7 @@ def test_label_prompts_labels_every_position_but_the_last():
 
 
 def _tiny_head(seed: int) -> Eagle3Head:
-    config = Eagle3HeadConfig(
-        hidden_size=16,
-        intermediate_size=24,
-        num_attention_heads=2,
-        num_key_value_heads=1,
-        head_dim=8,
-        rms_norm_eps=1e-6,
-        rope_theta=10000.0,
-        rope_scaling=None,
-        max_position_embeddings=64,
-        vocab_size=40,
-        draft_vocab_size=12,
-        target_hidden_size=16,
-        aux_layer_ids=(0, 1, 2),
-    )
-    generator = torch.Generator().manual_seed(seed)
-    head = Eagle3Head(config, torch.randperm(40, generator=generator)[:12].sort().values)
-    with torch.no_grad():
-        for parameter in head.parameters():
-            parameter.copy_(torch.randn(parameter.shape, generator=generator) * 0.3)
-    return head
+    return random_trainable_head(seed, 16, 40, 12, 2, 1)
 
 
 def test_loss_labels_equal_a_plain_torch_kl():

