@@ -1,5 +1,6 @@
-"""Pipeline parallelism over NCCL on two GPUs, with a micro-batch per stage in flight: a tiny
-float32 model gives the one-GPU engine's greedy and seeded tokens with two stages, for requests
+"""Pipeline parallelism over NCCL on two GPUs (and two stages of two tensor ranks on four), with
+a micro-batch per stage in flight: a tiny float32 model gives the one-GPU engine's greedy and
+seeded tokens with two stages, for requests
 that arrive while others run; the engine really kept two steps of other requests in flight."""
 
 from __future__ import annotations
@@ -62,9 +63,14 @@ def _run(path: str, **options) -> tuple[list[list[int]], bool]:
         engine.executor.shutdown()
 
 
-def test_two_stages_give_one_gpus_tokens(model_path):
+@pytest.mark.parametrize("tensor_parallel_size", [1, 2])
+def test_two_stages_give_one_gpus_tokens(model_path, tensor_parallel_size):
+    if torch.cuda.device_count() < 2 * tensor_parallel_size:
+        pytest.skip(f"needs {2 * tensor_parallel_size} GPUs")
     expected, _ = _run(model_path)
-    staged, micro_batched = _run(model_path, pipeline_parallel_size=2)
+    staged, micro_batched = _run(
+        model_path, pipeline_parallel_size=2, tensor_parallel_size=tensor_parallel_size
+    )
     assert micro_batched
     same = sum(a == b for a, b in zip(expected, staged))
     # float32 sums in another order may flip a near-tie; nearly every request must match.

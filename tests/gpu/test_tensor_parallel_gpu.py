@@ -1,5 +1,5 @@
-"""Tensor parallelism over NCCL on two GPUs: a tiny float32 model gives the one-GPU engine's
-greedy tokens with two ranks, with decode graphs (which capture the all-reduces and the logits'
+"""Tensor parallelism over NCCL on two and four GPUs: a tiny float32 model gives the one-GPU
+engine's greedy tokens with two and four ranks (four ranks replicate the model's two KV heads), with decode graphs (which capture the all-reduces and the logits'
 all-gather) and without; seeded sampling agrees too, since every rank draws from the same
 gathered logits with the same generator."""
 
@@ -16,7 +16,6 @@ from ladle import LLM, SamplingParams
 pytestmark = pytest.mark.skipif(
     not torch.cuda.is_available() or torch.cuda.device_count() < 2, reason="needs 2 GPUs"
 )
-
 
 
 @pytest.fixture(scope="module")
@@ -47,10 +46,13 @@ def _run(path: str, **options) -> list[list[int]]:
             executor.shutdown()
 
 
+@pytest.mark.parametrize("tensor_parallel_size", [2, 4])
 @pytest.mark.parametrize("enforce_eager", [False, True])
-def test_two_gpus_give_one_gpus_tokens(model_path, enforce_eager):
+def test_split_ranks_give_one_gpus_tokens(model_path, enforce_eager, tensor_parallel_size):
+    if torch.cuda.device_count() < tensor_parallel_size:
+        pytest.skip(f"needs {tensor_parallel_size} GPUs")
     expected = _run(model_path, enforce_eager=enforce_eager)
-    split = _run(model_path, enforce_eager=enforce_eager, tensor_parallel_size=2)
+    split = _run(model_path, enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size)
     same = sum(a == b for a, b in zip(expected, split))
     # float32 sums in another order may flip a near-tie; nearly every request must match.
     assert same >= len(expected) - 2, f"{same} of {len(expected)} requests match"

@@ -1,0 +1,105 @@
+#!/usr/bin/env bash
+# Issue 34 on four GPUs of one host (nvidia-h200-x4 / nvidia-h100-x4), in calls of under 10
+# minutes each, most important first within DEADLINE_S. Carry .whl (pyzmq, msgspec) and, for
+# the Ray step, .whl_ray (scripts/slim_ray_wheel.py).
+#   PHASE=70b bash scripts/tp4_round.sh   # 70B: start-up with an empty Triton cache at TP=4,
+#        W3-70b TP=4, W2-70b TP=4 and TP=2 x PP=2 (each rank's collective time from
+#        --profile-ranks), then W2-70b TP=2 in bf16 (GPUs 0,1) beside fp8 weights (GPUs 2,3)
+#   PHASE=8b bash scripts/tp4_round.sh    # the 4-GPU parity tests (-tp 2/4, -pp 2, -tp 2 -pp 2),
+#        W3-8b at TP=4 (one-shot all-reduce and NCCL alone), the Ray backend at TP=4, then
+#        W3-8b at TP=1 and TP=2 side by side on other GPUs
+# $OUT gets summary.log and results.tgz (every log and JSON; refreshed after each step, so a
+# call stopped at its limit still brings back what ran).
+set -uo pipefail
+OUT=${OUT:-.device_out}
+PHASE=${PHASE:-70b}
+DEADLINE_S=${DEADLINE_S:-560}
+R=/tmp/tp4_round
+mkdir -p "$OUT" "$R"
+SUMMARY=$OUT/summary.log
+SECONDS=0
+for dir in .whl .whl_ray; do
+  if ls $dir/*.whl >/dev/null 2>&1; then
+    python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
+      --target /tmp/site $dir/*.whl || exit 1
+  fi
+done
+export PYTHONPATH=/tmp/site:$PWD/src:$PWD/tests PYTHONUNBUFFERED=1
+{ date -u; nvidia-smi --query-gpu=name,driver_version --format=csv,noheader; } >> "$SUMMARY"
+nvidia-smi topo -m > "$R/topology.txt" 2>&1
+
+pack() { tar -czf "$OUT/results.tgz" -C "$R" . 2>/dev/null; }
+
+left() { echo $((DEADLINE_S - SECONDS)); }
+
+# summarize NAME: one line of the bench JSON's figures and one per rank profile.
+summarize() {
+  python3 - "$R/$1.json" "$1" <<'PY' 2>/dev/null || { echo "$1: failed, see $1.log"; tail -4 "$R/$1.log"; }
+import json, sys
+data = json.load(open(sys.argv[1]))
+keys = ("tokens_per_s", "decode_ms_per_token", "itl_ms_p50", "itl_ms_p90", "ttft_ms_p50",
+        "startup_s", "first_token_s_median")
+print(sys.argv[2], " ".join(f"{k}={data[k]}" for k in keys if k in data))
+for rank, p in enumerate(data.get("rank_profiles") or []):
+    if p is None:
+        print(f"  rank {rank}: profile window not reached")
+        continue
+    print(f"  rank {rank}: wall {p['wall_ms_per_step']} ms/step, busy {p['busy_fraction']}, "
+          f"computing {p.get('compute_busy_fraction')}, collectives "
+          f"{p['collective_ms_per_step']} ms/step")
+PY
+}
+
+# bench NAME TIMEOUT_S GPUS KIND ARGS...: one `ladle bench KIND` on the GPUs named, if the
+# deadline leaves TIMEOUT_S for it.
+bench() {
+  local name=$1 limit=$2 gpus=$3 kind=$4; shift 4
+  if [ "$(left)" -lt "$limit" ]; then echo "$name: skipped, $(left) s left" >> "$SUMMARY"; return; fi
+  CUDA_VISIBLE_DEVICES=$gpus timeout "$limit" python3 -m ladle bench "$kind" --no-progress \
+    --json "$R/$name.json" "$@" > "$R/$name.log" 2>&1
+  { summarize "$name"; grep -h "all-reduce:" "$R/$name.log" | head -1; } >> "$SUMMARY"
+  echo "  ($name ended at ${SECONDS} s)" >> "$SUMMARY"
+  pack
+}
+
+tests() {  # tests NAME TIMEOUT_S GPUS FILES...
+  local name=$1 limit=$2 gpus=$3; shift 3
+  if [ "$(left)" -lt "$limit" ]; then echo "$name: skipped, $(left) s left" >> "$SUMMARY"; return; fi
+  CUDA_VISIBLE_DEVICES=$gpus timeout "$limit" python3 -m pytest -q -p no:cacheprovider -rfs \
+    "$@" > "$R/$name.log" 2>&1
+  echo "$name: $(tail -1 "$R/$name.log") (ended at ${SECONDS} s)" >> "$SUMMARY"
+  pack
+}
+
+if [ "$PHASE" = 70b ]; then
+  if [ "$(left)" -gt 200 ]; then
+    CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 200 python3 -m ladle bench startup llama-3.1-70b \
+      --triton-cache cold --runs 1 --engine-args "-tp 4" --json "$R/startup-70b-tp4-cold.json" \
+      > "$R/startup-70b-tp4-cold.log" 2>&1
+    { summarize startup-70b-tp4-cold; grep -h "process start\|phases" "$R/startup-70b-tp4-cold.log"; } >> "$SUMMARY"
+    pack
+  fi
+  bench W3-70b-tp4 120 0,1,2,3 latency --workload W3-70b --runs 3 --no-busy -tp 4 --profile-ranks 20:40
+  bench W2-70b-tp4 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4 --profile-ranks
+  bench W2-70b-tp2pp2 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2 \
+    --profile-ranks
+  # Two TP=2 runs side by side on disjoint GPU pairs (the host has cores to spare for both).
+  bench W2-70b-tp2 180 0,1 throughput --workload W2-70b --runs 1 --no-busy -tp 2 --profile-ranks &
+  bench W2-70b-tp2-fp8 180 2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 \
+    --quantization fp8 --profile-ranks &
+  wait
+else
+  tests tests-4gpu 200 0,1,2,3 tests/gpu/test_tensor_parallel_gpu.py \
+    tests/gpu/test_pipeline_parallel_gpu.py --timeout=180
+  bench W3-8b-tp4 90 0,1,2,3 latency --workload W3-8b --runs 3 --no-busy -tp 4
+  bench W3-8b-tp4-nccl 90 0,1,2,3 latency --workload W3-8b --runs 3 --no-busy -tp 4 \
+    --disable-custom-all-reduce
+  bench W3-8b-tp4-ray 120 0,1,2,3 latency --workload W3-8b --runs 3 --no-busy -tp 4 \
+    --distributed-executor-backend ray
+  bench W3-8b-tp1 90 0 latency --workload W3-8b --runs 3 --no-busy &
+  bench W3-8b-tp2 90 2,3 latency --workload W3-8b --runs 3 --no-busy -tp 2 &
+  wait
+fi
+echo "end at ${SECONDS} s" >> "$SUMMARY"
+pack
+cat "$SUMMARY"
