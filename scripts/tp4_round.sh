@@ -5,6 +5,8 @@
 #   PHASE=70b bash scripts/tp4_round.sh   # 70B: start-up with an empty Triton cache at TP=4,
 #        W3-70b TP=4, W2-70b TP=4 and TP=2 x PP=2 (each rank's collective time from
 #        --profile-ranks), then W2-70b TP=2 in bf16 (GPUs 0,1) beside fp8 weights (GPUs 2,3)
+#   PHASE=pp bash scripts/tp4_round.sh    # W2-70b at TP=2 x PP=2 with --profile-ranks, then the
+#        pipeline parity tests (-pp 2 and -tp 2 -pp 2, graphs on and off)
 #   PHASE=8b bash scripts/tp4_round.sh    # the 4-GPU parity tests (-tp 2/4, -pp 2, -tp 2 -pp 2),
 #        W3-8b at TP=4 (one-shot all-reduce and NCCL alone), the Ray backend at TP=4, then
 #        W3-8b at TP=1 and TP=2 side by side on other GPUs
@@ -88,6 +90,10 @@ if [ "$PHASE" = 70b ]; then
   bench W2-70b-tp2-fp8 180 2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 \
     --quantization fp8 --profile-ranks &
   wait
+elif [ "$PHASE" = pp ]; then
+  bench W2-70b-tp2pp2 200 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2 \
+    --profile-ranks
+  tests tests-pp 150 0,1,2,3 tests/gpu/test_pipeline_parallel_gpu.py --timeout=180
 else
   tests tests-4gpu 200 0,1,2,3 tests/gpu/test_tensor_parallel_gpu.py \
     tests/gpu/test_pipeline_parallel_gpu.py --timeout=180

@@ -64,12 +64,17 @@ def _run(path: str, **options) -> tuple[list[list[int]], bool]:
 
 
 @pytest.mark.parametrize("tensor_parallel_size", [1, 2])
-def test_two_stages_give_one_gpus_tokens(model_path, tensor_parallel_size):
+@pytest.mark.parametrize("enforce_eager", [False, True])
+def test_two_stages_give_one_gpus_tokens(model_path, enforce_eager, tensor_parallel_size):
+    """With graphs each stage replays its decode steps, the later one on what it received."""
     if torch.cuda.device_count() < 2 * tensor_parallel_size:
         pytest.skip(f"needs {2 * tensor_parallel_size} GPUs")
-    expected, _ = _run(model_path)
+    expected, _ = _run(model_path, enforce_eager=enforce_eager)
     staged, micro_batched = _run(
-        model_path, pipeline_parallel_size=2, tensor_parallel_size=tensor_parallel_size
+        model_path,
+        enforce_eager=enforce_eager,
+        pipeline_parallel_size=2,
+        tensor_parallel_size=tensor_parallel_size,
     )
     assert micro_batched
     same = sum(a == b for a, b in zip(expected, staged))

@@ -73,13 +73,17 @@ class PipelineStage:
         self, shapes: list[tuple[int, ...]], dtype: torch.dtype, device: torch.device
     ) -> list[torch.Tensor]:
         """The previous stage's outputs, in the order it sent them."""
-        peer = (self.index - 1) * self.tp_size + self.tp_rank
-        received = []
-        for tag, shape in enumerate(shapes):
-            tensor = torch.empty(shape, dtype=dtype, device=device)
-            dist.recv(tensor, peer, group=self.forward_group, tag=tag)
-            received.append(tensor)
+        received = [torch.empty(shape, dtype=dtype, device=device) for shape in shapes]
+        self.receive_forward_into(received)
         return received
+
+    def receive_forward_into(self, buffers: list[torch.Tensor]) -> None:
+        """The previous stage's outputs, received into `buffers` (contiguous, in the order it
+        sent them): a graph's fixed inputs. The receive is queued behind the work already on
+        the stream, so an earlier replay that reads these buffers finishes first."""
+        peer = (self.index - 1) * self.tp_size + self.tp_rank
+        for tag, buffer in enumerate(buffers):
+            dist.recv(buffer, peer, group=self.forward_group, tag=tag)
 
     @property
     def shares_sampled(self) -> bool:

@@ -14,6 +14,10 @@ Python costs far more than running them. A graph replays the whole forward with 
   largest one's activations: the pool costs about one decode batch of activations.
 - Only the model forward is captured. The logits matmul and the sampler stay eager: they read
   per-step host flags (which sampling steps to run) and only the rows that sample.
+- A pipeline stage after the first reads the previous stage's hidden states and residual from
+  two more fixed buffers, which the stage's receive fills before the replay; a stage before the
+  last returns its (hidden states, residual) for the next. The hand-offs themselves stay outside
+  the graph. Such stages capture decode steps only.
 
 The decode attention kernel's grid depends on the batch size alone (kernels/paged_attention.py),
 so one captured graph is right for any context lengths and block tables.
@@ -69,6 +73,9 @@ class _StaticInputs:
     # as word pairs), so a step's host can write all three, padding included, with one copy
     # (pack_decode_words) instead of three device-to-device copies and two fills.
     words: torch.Tensor  # [5 * max_bs] int32
+    # A pipeline stage after the first: the previous stage's hidden states and residual
+    # ([max_bs, hidden] each, received into before each replay); None otherwise.
+    stage_input: tuple[torch.Tensor, torch.Tensor] | None = None
 
 
 def decode_words_layout(max_bs: int) -> dict[str, tuple[int, int]]:
@@ -99,7 +106,9 @@ def pack_decode_words(
     return words
 
 
-ForwardFn = Callable[[torch.Tensor, torch.Tensor, AttentionMetadata], torch.Tensor]
+# (input ids, positions, metadata[, the previous pipeline stage's (hidden, residual)]) -> the
+# final hidden states, or a stage before the last's (hidden states, residual).
+ForwardFn = Callable[..., torch.Tensor | tuple[torch.Tensor, torch.Tensor]]
 
 
 class DecodeGraphs:
@@ -113,8 +122,11 @@ class DecodeGraphs:
         block_size: int,
         device: torch.device,
         prefill_max_tokens: int = 0,
+        stage_input: tuple[int, torch.dtype] | None = None,
     ) -> None:
         self.forward = forward
+        # (hidden size, dtype) of what a pipeline stage after the first receives; None.
+        self.stage_input = stage_input
         self.batch_sizes = graph_batch_sizes(max_batch_size)
         # Steps with prompt tokens of up to prefill_max_tokens (the step budget) and up to the
         # decode batch's requests beside them; 0: none.
@@ -151,7 +163,14 @@ class DecodeGraphs:
             name: words[start : start + count]
             for name, (start, count) in decode_words_layout(max_bs).items()
         }
+        stage_input = None
+        if self.stage_input is not None:
+            hidden_size, dtype = self.stage_input
+            stage_input = tuple(
+                torch.zeros((max_bs, hidden_size), dtype=dtype, **zeros) for _ in range(2)
+            )
         return _StaticInputs(
+            stage_input=stage_input,
             input_ids=torch.zeros(max_bs, dtype=torch.int32, **zeros),
             positions=views["positions"].view(torch.long),
             slot_mapping=views["slot_mapping"].view(torch.long),
@@ -194,8 +213,12 @@ class DecodeGraphs:
         for index, batch_size in enumerate(reversed(self.batch_sizes)):
             metadata = self._metadata(batch_size)
             ids, positions = static.input_ids[:batch_size], static.positions[:batch_size]
+            run = functools.partial(self.forward, ids, positions, metadata)
+            if static.stage_input is not None:
+                hidden, residual = static.stage_input
+                run = functools.partial(run, (hidden[:batch_size], residual[:batch_size]))
             graph, output = capture_graph(
-                functools.partial(self.forward, ids, positions, metadata),
+                run,
                 pool,
                 self.device,
                 times,
@@ -249,6 +272,14 @@ class DecodeGraphs:
             return None
         return padded_batch_size(num_reqs, self.batch_sizes)
 
+    def stage_input_buffers(self, num_reqs: int) -> list[torch.Tensor]:
+        """Where a pipeline stage after the first receives a decode step's hidden states and
+        residual before run() replays it (the rows of its requests; padding rows keep stale
+        values, whose outputs nothing reads)."""
+        static = self.static
+        assert static is not None and static.stage_input is not None
+        return [buffer[:num_reqs] for buffer in static.stage_input]
+
     def eager_metadata(self, metadata: AttentionMetadata, num_tokens: int) -> AttentionMetadata:
         """metadata marked with the launches that this step's graph bucket takes (if it fits
         one): the eager run of a step then gives the same numbers as its graph's replay, so
@@ -270,7 +301,7 @@ class DecodeGraphs:
     ) -> torch.Tensor:
         """Replay the bucket that holds this step (can_run said one does); returns
         [num_tokens, hidden] states (a view into the graph's output, valid until the next
-        replay). inputs_written: a decode step whose builder already wrote the positions,
+        replay; a pipeline stage before the last: its (hidden states, residual), alike). inputs_written: a decode step whose builder already wrote the positions,
         cache slots, context lengths (padding rows included) and block-table rows into the
         static buffers (StepInputBuilder); only the input ids are copied then."""
         num_reqs = metadata.num_reqs
@@ -299,4 +330,7 @@ class DecodeGraphs:
                 static.seq_lens[num_reqs:batch_size].fill_(1)
             static.block_tables[num_reqs:batch_size, 0].zero_()
         self._graphs[batch_size].replay()
-        return self._outputs[batch_size][:num_reqs]
+        output = self._outputs[batch_size]
+        if isinstance(output, tuple):
+            return tuple(part[:num_reqs] for part in output)
+        return output[:num_reqs]

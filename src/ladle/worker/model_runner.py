@@ -301,9 +301,14 @@ class ModelRunner:
             attn_metadata.block_tables.shape[1],
         ):
             self.num_graph_steps += 1
-            hidden = graphs.run(
+            if not self.stage.is_first:
+                self.stage.receive_forward_into(graphs.stage_input_buffers(attn_metadata.num_reqs))
+            output = graphs.run(
                 input_ids, inputs.positions, attn_metadata, inputs.graph_inputs_written
             )
+            # A graph's outputs are overwritten by its next replay, which a send still in
+            # flight may not see: the next stage gets copies.
+            hidden = self._hand_on(output, owned=False)
         else:
             self.num_eager_steps += 1
             if self.graph_buckets is not None:
@@ -366,7 +371,7 @@ class ModelRunner:
     def _run_stage(
         self, input_ids: torch.Tensor, positions: torch.Tensor, attn_metadata
     ) -> torch.Tensor | None:
-        """The forward pass of this rank's layers (eager): the final hidden states, or None on a
+        """The forward pass of this rank's layers, eager: the final hidden states, or None on a
         pipeline stage before the last, which hands (hidden states, residual) to the next."""
         stage = self.stage
         intermediate = None
@@ -376,9 +381,15 @@ class ModelRunner:
                 stage.receive_forward([shape, shape], self.activation_dtype, self.device)
             )
         output = self.model(input_ids, positions, self.kv_caches, attn_metadata, intermediate)
-        if stage.is_last:
+        return self._hand_on(output, owned=True)
+
+    def _hand_on(self, output, owned: bool) -> torch.Tensor | None:
+        """The last stage's final hidden states; a stage before the last sends its (hidden
+        states, residual) on to the next and returns None. owned: the tensors are this step's
+        alone (else copies are sent)."""
+        if self.stage.is_last:
             return output
-        stage.send_forward(list(output))
+        self.stage.send_forward([part if owned else part.clone() for part in output])
         return None
 
     def _run_kv_operations(self, plan: StepPlan) -> KVReport | None:

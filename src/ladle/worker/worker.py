@@ -363,7 +363,6 @@ class Worker:
             self.device.type == "cuda"
             and not config.model.enforce_eager
             and model.can_capture_cuda_graphs
-            and self.stage.size == 1  # a stage's hand-offs run eagerly for now
         )
 
     def _resolve_max_model_len(self) -> int:
@@ -485,6 +484,8 @@ class Worker:
     def _prefill_graph_max_tokens(self) -> int:
         """The largest step with prompt tokens worth a graph: within the step budget, and not
         so large that its kernels outlast its eager launches."""
+        if self.stage.size > 1:
+            return 0  # a pipeline stage captures decode steps only (cuda_graphs.py)
         layer_params = sum(
             p.numel() for name, p in self.model.named_parameters() if "layers." in name
         )
@@ -498,9 +499,12 @@ class Worker:
         """The graphs' buckets, captured only when graphs are on."""
         runner = self.runner
 
-        def forward(input_ids, positions, metadata):
-            return self.model(input_ids, positions, runner.kv_caches, metadata)
+        def forward(input_ids, positions, metadata, intermediate=None):
+            return self.model(input_ids, positions, runner.kv_caches, metadata, intermediate)
 
+        stage_input = None
+        if not self.stage.is_first:
+            stage_input = (self.arch.hidden_size, runner.activation_dtype)
         return DecodeGraphs(
             forward,
             max_batch_size=self._graph_max_batch_size(),
@@ -508,4 +512,5 @@ class Worker:
             block_size=runner.block_size,
             device=self.device,
             prefill_max_tokens=self._prefill_graph_max_tokens(),
+            stage_input=stage_input,
         )
