@@ -10,19 +10,18 @@ from helpers.emulated_graphs import install_emulated_graphs
 from helpers.spec_prompts import first_token_ids, reference_token_ids, repetitive_prompts
 
 from ladle import LLM, SamplingParams
-from ladle.config import SpeculativeConfig
+from ladle.config import EngineConfig, SpeculativeConfig
 from ladle.protocol.messages import EngineCoreRequest
+from ladle.spec_decode.placement import drafts_on_device
 
 ENGINE_OPTIONS = {"cpu_kv_cache_gib": 0.1, "block_size": 4, "max_num_seqs": 64}
-# Device drafts are opt-in (config/speculative.py, until measured on a GPU).
+# Device drafts are the GPU's default only (spec_decode/placement.py): these CPU tests ask.
 NGRAM = {
     "method": "ngram",
     "num_speculative_tokens": 4,
     "adaptive": False,
     "drafts_on_device": True,
 }
-
-
 
 
 @pytest.fixture(scope="module")
@@ -246,6 +245,22 @@ def test_drafts_on_device_is_a_config_choice(model_path):
     assert llm.engine.executor.worker.runner.device_drafts is None
     with pytest.raises(ValueError, match="speculative_config.drafts_on_device"):
         SpeculativeConfig.from_dict({**NGRAM, "drafts_on_device": "yes"})
+
+
+def test_drafts_go_on_the_device_by_default_on_a_gpu_only():
+    """Unset, n-gram drafts are made on a GPU (measured faster there) and on the host of a CPU
+    engine; an explicit choice holds on either; other methods and pipelines stay on the host."""
+    ngram = {key: value for key, value in NGRAM.items() if key != "drafts_on_device"}
+
+    def placed(device_type: str, **changes) -> bool:
+        config = EngineConfig.from_kwargs(
+            async_scheduling=True, speculative_config={**ngram, **changes}
+        )
+        return drafts_on_device(config, device_type)
+
+    assert placed("cuda") and not placed("cpu")
+    assert placed("cpu", drafts_on_device=True) and not placed("cuda", drafts_on_device=False)
+    assert not placed("cuda", method="suffix")
 
 
 @pytest.mark.parametrize(

@@ -38,8 +38,9 @@ class SpeculativeConfig:
     probability instead of checking it, so outputs are NOT the model's.
     drafts_on_device: with ngram and overlapped scheduling, make the drafts on the device so a
     drafted request's next step is planned while its verify step runs (engine/overlap.py).
-    Off by default until it is measured on a GPU (on the CPU it costs ~75 small ops a drafted
-    step); false: host drafts, and drafted requests' steps are synchronous.
+    None (the default): on a GPU, where it measured faster (8B shape, batch 1: 1.58 against
+    1.70 ms/token with host drafts), off on the CPU, where its small ops cost more host time
+    than the overlap gains; false: host drafts, and drafted requests' steps are synchronous.
     """
 
     method: str = "ngram"
@@ -50,7 +51,7 @@ class SpeculativeConfig:
     model: str | None = None
     adaptive: bool = True
     synthetic_acceptance: float | None = None
-    drafts_on_device: bool = False
+    drafts_on_device: bool | None = None
 
     def __post_init__(self) -> None:
         if self.method in SPECULATIVE_METHODS_LATER:
@@ -81,12 +82,11 @@ class SpeculativeConfig:
                 f"prompt_lookup_max ({self.prompt_lookup_max})"
             )
         self._check_model()
-        for name in ("adaptive", "drafts_on_device"):
-            if not isinstance(getattr(self, name), bool):
-                raise ValueError(
-                    f"speculative_config.{name} must be true or false, "
-                    f"got {getattr(self, name)!r}"
-                )
+        # drafts_on_device may also be None: the device's own default (spec_decode/placement.py).
+        choices = (("adaptive", self.adaptive), ("drafts_on_device", self.drafts_on_device))
+        for name, value in choices:
+            if not isinstance(value, bool) and not (name == "drafts_on_device" and value is None):
+                raise ValueError(f"speculative_config.{name} must be true or false, got {value!r}")
         rate = self.synthetic_acceptance
         if rate is not None and (
             isinstance(rate, bool) or not isinstance(rate, (int, float)) or not 0 <= rate <= 1

@@ -11,12 +11,15 @@ from ladle.config import EngineConfig
 
 
 def drafts_on_device(config: EngineConfig, device_type: str) -> bool:
-    """n-gram speculation with overlapped steps, on one pipeline stage, unless the config says
-    no (speculative_config.drafts_on_device). Suffix and model drafts are read on the host."""
+    """n-gram speculation with overlapped steps, on one pipeline stage, on a GPU unless the
+    config says otherwise (speculative_config.drafts_on_device: true also on the CPU, false
+    never). Suffix and model drafts are read on the host."""
     speculative = config.scheduler.speculative
+    if speculative is None:
+        return False
+    wanted = speculative.drafts_on_device
     return (
-        speculative is not None
-        and speculative.drafts_on_device
+        (device_type == "cuda" if wanted is None else wanted)
         and speculative.method == "ngram"
         and config.scheduler.overlaps_on(device_type)
         and config.parallel.pipeline_parallel_size == 1

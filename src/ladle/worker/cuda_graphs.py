@@ -298,12 +298,13 @@ class DecodeGraphs:
         positions: torch.Tensor,
         metadata: AttentionMetadata,
         inputs_written: bool = False,
-    ) -> torch.Tensor:
+    ) -> torch.Tensor | tuple[torch.Tensor, torch.Tensor]:
         """Replay the bucket that holds this step (can_run said one does); returns
         [num_tokens, hidden] states (a view into the graph's output, valid until the next
-        replay; a pipeline stage before the last: its (hidden states, residual), alike). inputs_written: a decode step whose builder already wrote the positions,
-        cache slots, context lengths (padding rows included) and block-table rows into the
-        static buffers (StepInputBuilder); only the input ids are copied then."""
+        replay; a pipeline stage before the last: its (hidden states, residual), alike).
+        inputs_written: a decode step whose builder already wrote the positions, cache slots,
+        context lengths (padding rows included) and block-table rows into the static buffers
+        (StepInputBuilder); only the input ids are copied then."""
         num_reqs = metadata.num_reqs
         num_tokens = input_ids.shape[0]
         width = metadata.block_tables.shape[1]
