@@ -61,6 +61,11 @@ bench() {
     --json "$R/$name.json" "$@" > "$R/$name.log" 2>&1
   { summarize "$name"; grep -h "all-reduce:" "$R/$name.log" | head -1; } >> "$SUMMARY"
   echo "  ($name ended at ${SECONDS} s)" >> "$SUMMARY"
+  # --profile-ranks' per-rank summaries (kernels by GPU time, idle gaps) and rank 0's trace.
+  for dir in $(grep -oh "/tmp/ladle-rank-profiles-[A-Za-z0-9_]*" "$R/$name.log" | sort -u); do
+    mkdir -p "$R/$name-profiles" && cp "$dir"/rank*.json "$R/$name-profiles/" 2>/dev/null
+    rm -f "$R/$name-profiles"/rank[1-9]*.trace.json
+  done
   pack
 }
 
