@@ -29,17 +29,6 @@ for layout in "-pp 2" "-tp 2" "-tp 1"; do
   timeout "$RUN_TIMEOUT_S" python3 -m ladle bench throughput --workload "$WORKLOAD" --runs 1 \
     --no-busy --no-progress --profile-ranks $layout --json "$json" >> "$LOG" 2>&1
   code=$?
-  python3 - "$json" "$name" "$code" <<'PY' 2>/dev/null | tee -a "$SUMMARY" || echo "$name: failed (exit $code), see pp_round.log" | tee -a "$SUMMARY"
-import json, sys
-data = json.load(open(sys.argv[1]))
-keys = ("tokens_per_s", "startup_s")
-print(sys.argv[2], " ".join(f"{k}={data[k]}" for k in keys if k in data))
-for rank, p in enumerate(data.get("rank_profiles") or []):
-    if p is None:
-        print(f"  rank {rank}: profile window not reached")
-        continue
-    print(f"  rank {rank}: wall {p['wall_ms_per_step']} ms/step, busy {p['busy_fraction']}, "
-          f"computing {p.get('compute_busy_fraction')}, collectives "
-          f"{p['collective_ms_per_step']} ms/step")
-PY
+  python3 scripts/bench_json_summary.py "$json" "$name" | tee -a "$SUMMARY" \
+    || echo "$name: failed (exit $code), see pp_round.log" | tee -a "$SUMMARY"
 done

@@ -36,20 +36,8 @@ left() { echo $((DEADLINE_S - SECONDS)); }
 
 # summarize NAME: one line of the bench JSON's figures and one per rank profile.
 summarize() {
-  python3 - "$R/$1.json" "$1" <<'PY' 2>/dev/null || { echo "$1: failed, see $1.log"; tail -4 "$R/$1.log"; }
-import json, sys
-data = json.load(open(sys.argv[1]))
-keys = ("tokens_per_s", "decode_ms_per_token", "itl_ms_p50", "itl_ms_p90", "ttft_ms_p50",
-        "startup_s", "first_token_s_median")
-print(sys.argv[2], " ".join(f"{k}={data[k]}" for k in keys if k in data))
-for rank, p in enumerate(data.get("rank_profiles") or []):
-    if p is None:
-        print(f"  rank {rank}: profile window not reached")
-        continue
-    print(f"  rank {rank}: wall {p['wall_ms_per_step']} ms/step, busy {p['busy_fraction']}, "
-          f"computing {p.get('compute_busy_fraction')}, collectives "
-          f"{p['collective_ms_per_step']} ms/step")
-PY
+  python3 scripts/bench_json_summary.py "$R/$1.json" "$1" \
+    || { echo "$1: failed, see $1.log"; tail -4 "$R/$1.log"; }
 }
 
 # bench NAME TIMEOUT_S GPUS KIND ARGS...: one `ladle bench KIND` on the GPUs named, if the

@@ -33,12 +33,8 @@ for workload in $WORKLOADS; do
     python3 -m ladle bench "$kind" --workload "$workload" --runs "$runs" --no-busy --no-progress \
       -tp "$tp" "${extra[@]}" --json "$OUT/$name.json" > "$OUT/$name.log" 2>&1
     grep -h "all-reduce:" "$OUT/$name.log" | head -1 | tee -a "$LOG"
-    python3 - "$OUT/$name.json" "$name" <<'PY' 2>/dev/null | tee -a "$LOG" || tail -3 "$OUT/$name.log" | tee -a "$LOG"
-import json, sys
-data = json.load(open(sys.argv[1]))
-keys = ("tokens_per_s", "itl_ms_p50", "itl_ms_p90", "ttft_ms_p50", "startup_s")
-print(sys.argv[2], " ".join(f"{k}={data[k]}" for k in keys if k in data))
-PY
+    python3 scripts/bench_json_summary.py "$OUT/$name.json" "$name" | tee -a "$LOG" \
+      || tail -3 "$OUT/$name.log" | tee -a "$LOG"
    done
   done
 done
