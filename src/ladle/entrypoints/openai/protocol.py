@@ -114,6 +114,8 @@ class _SamplingFields(_Strict):
     prompt_logprobs: api_field("logprobs") | None = None
     # vLLM's disaggregated-serving proxy protocol (kv_transfer_fields.py).
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM's: logprobs name tokens `token_id:N` (as --return-tokens-as-token-ids does).
+    return_tokens_as_token_ids: StrictBool | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -318,7 +320,7 @@ class ToolCall(BaseModel):
 
 
 class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"  # --response-role, or the last message's (add_generation_prompt false)
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -371,7 +373,7 @@ class ChatCompletionResponse(_TokenIdsWhenAsked):
 class ChatDelta(BaseModel):
     """Only the fields a chunk changes are sent, as OpenAI does."""
 
-    role: Literal["assistant"] | None = None
+    role: str | None = None
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None
