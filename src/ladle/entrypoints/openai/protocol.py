@@ -10,7 +10,8 @@ runs with --allow-unknown-fields), so no field is silently ignored.
 
 Beyond OpenAI's fields, both requests take vLLM's sampling extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
-include_stop_str_in_output, priority, allowed_token_ids, structured_outputs, return_token_ids;
+include_stop_str_in_output, priority, allowed_token_ids, structured_outputs, return_token_ids,
+return_tokens_as_token_ids;
 and chat takes tools, tool_choice, parallel_tool_calls and chat_template_kwargs.
 """
 
