@@ -32,7 +32,6 @@ EFFECTIVE_VALUES = {
     "continue_final_message": True,
     "use_beam_search": True,
     "store": True,
-    "return_tokens_as_token_ids": True,
     "spaces_between_special_tokens": False,
     "length_penalty": 2.0,
     "modalities": ["audio"],

@@ -422,6 +422,8 @@ HONOURED_ROWS = {
     "chat.add_special_tokens": ("chat", {}, True),
     "return_token_ids": ("completions", {}, True),
     "chat.return_token_ids": ("chat", {}, True),
+    "return_tokens_as_token_ids": ("completions", {"logprobs": 1}, True),
+    "chat.return_tokens_as_token_ids": ("chat", {"logprobs": True}, True),
 }
 # Fields whose effect one request cannot show, and where it is checked instead.
 HONOURED_ELSEWHERE = {

@@ -53,6 +53,8 @@ def run_cluster(
         log_requests=not args.disable_log_requests,
         tool_call_parser=args.tool_call_parser,
         reasoning_parser=args.reasoning_parser,
+        response_role=getattr(args, "response_role", "assistant"),
+        return_tokens_as_token_ids=getattr(args, "return_tokens_as_token_ids", False),
         shutdown_timeout=args.shutdown_timeout,
         routing=args.routing,
         **engine_options,

@@ -319,6 +319,9 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.ssl_certfile or args.ssl_keyfile:
             # Ray Serve's proxy answers there, not ladle's uvicorn: terminate TLS in front.
             raise ValueError("--ssl-keyfile / --ssl-certfile are not supported with --replicas")
+        if args.enable_request_id_headers:
+            # The front relays the replicas' responses and sets its own headers.
+            raise ValueError("--enable-request-id-headers is not supported with --replicas")
         from ladle.cli.cluster import run_cluster
 
         return run_cluster(args, model, served_name, options)
@@ -385,6 +388,9 @@ def run_serve(args: argparse.Namespace) -> int:
         log_requests=not args.disable_log_requests,
         model_root=model,
         serves_api_docs=not args.disable_fastapi_docs,
+        response_role=args.response_role,
+        return_tokens_as_token_ids=args.return_tokens_as_token_ids,
+        request_id_headers=args.enable_request_id_headers,
         cors=CorsSettings(
             allowed_origins=tuple(args.allowed_origins),
             allowed_methods=tuple(args.allowed_methods),

@@ -3,7 +3,8 @@
 (behind a proxy that strips a path prefix), HTTPS (--ssl-keyfile, --ssl-certfile, --ssl-ca-certs)
 and switches for what ladle does by default: --enable-log-requests (a log line per finished
 request; --disable-log-requests turns it off), --disable-uvicorn-access-log (off unless
---access-log); and --disable-fastapi-docs (no /docs and /openapi.json)."""
+--access-log); --disable-fastapi-docs (no /docs and /openapi.json); and what responses look
+like: --response-role, --return-tokens-as-token-ids, --enable-request-id-headers."""
 
 from __future__ import annotations
 
@@ -47,6 +48,22 @@ def add_vllm_server_arguments(group: argparse._ArgumentGroup) -> None:
     group.add_argument(
         "--disable-fastapi-docs", action="store_true",
         help="serve no /docs (Swagger UI) and /openapi.json",
+    )
+    group.add_argument(
+        "--response-role", default="assistant", metavar="ROLE",
+        help="the role of chat replies' message (and of a stream's first delta) when the "
+        "request has add_generation_prompt true; otherwise the last message's role, which the "
+        "reply continues (default: assistant)",
+    )
+    group.add_argument(
+        "--return-tokens-as-token-ids", action="store_true",
+        help="logprobs name every token 'token_id:N' (tokens that are not valid UTF-8 stay "
+        "identifiable); a request may ask the same with return_tokens_as_token_ids",
+    )
+    group.add_argument(
+        "--enable-request-id-headers", action="store_true",
+        help="every response carries an X-Request-Id header: the request's own, else a new "
+        "random id",
     )
     group.add_argument(
         "--enable-log-requests", action="store_true",

@@ -7,6 +7,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from ladle.config.dtypes import SUPPORTED_DTYPE_NAMES, is_torch_dtype
+from ladle.config.generation_overrides import sampling_overrides
 from ladle.sampling.limits import LIMITS
 
 if TYPE_CHECKING:
@@ -90,6 +91,15 @@ class ModelConfig:
             "generation_config.json"
         },
     )
+    override_generation_config: dict = field(
+        default_factory=dict,
+        metadata={
+            "help": "JSON object laid over the model's generation config (vLLM's flag), e.g. "
+            "'{\"temperature\": 0.5, \"top_p\": 0.9, \"max_new_tokens\": 100}'; keys: "
+            "temperature, top_p, top_k, min_p, repetition_penalty, max_new_tokens (the "
+            "default max_tokens, and the most a request may ask for)"
+        },
+    )
     download_dir: str | None = field(
         default=None,
         metadata={"help": "folder for downloaded Hub models (default: the Hugging Face cache)"},
@@ -140,6 +150,9 @@ class ModelConfig:
             raise ValueError(f"load_format {self.load_format!r} is not one of {LOAD_FORMATS}")
         if self.generation_config not in ("auto", "vllm", "ladle"):
             check_generation_config_folder(self.generation_config)
+        if self.override_generation_config is None:
+            object.__setattr__(self, "override_generation_config", {})
+        sampling_overrides(self.override_generation_config)  # a bad key fails at start-up
         if self.max_model_len is not None and self.max_model_len < 1:
             raise ValueError(f"max_model_len must be >= 1, got {self.max_model_len}")
         if not is_torch_dtype(self.dtype) and self.dtype != "auto":

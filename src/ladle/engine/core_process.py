@@ -125,7 +125,10 @@ def _start(
         tokenizer_source=resolve_tokenizer_source(config.model, info.model_path),
         arch=info.arch,
         memory_budget=info.memory_budget.describe(),
-        sampling_defaults=sampling_defaults_of(info.model_path, config.model.generation_config),
+        sampling_defaults=sampling_defaults_of(
+            info.model_path, config.model.generation_config,
+            config.model.override_generation_config,
+        ),
         end_token_ids=list(model_end_token_ids(info.arch, info.model_path)),
     )
     if not _try_send(output_socket, ready, parent_pid):

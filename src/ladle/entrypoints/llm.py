@@ -80,7 +80,8 @@ class LLM:
             no_tokenizer_reason=self._no_tokenizer_reason,
         )
         self.sampling_defaults = sampling_defaults_of(
-            self.engine.info.model_path, self.config.model.generation_config
+            self.engine.info.model_path, self.config.model.generation_config,
+            self.config.model.override_generation_config,
         )
 
         # stream() decodes text at every step; generate() only once per finished sample.

@@ -5,6 +5,8 @@ Model authors ship recommended sampling settings in `generation_config.json` (Qw
 (`general.sampling.*`). With generation_config='auto' (the default) they become the defaults of
 every request that does not set the field; 'vllm' (or 'ladle') keeps ladle's defaults
 (temperature 1, no truncation); a folder path reads that folder's generation_config.json.
+--override-generation-config's values (config/generation_overrides.py) are laid on top, whatever
+generation_config says, as vLLM does.
 
     read_generation_defaults(model_path, "auto") -> {"temperature": 0.6, "top_p": 0.95, ...}
 """
@@ -14,6 +16,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 from typing import Any
+
+from ladle.config.generation_overrides import sampling_overrides
 
 GENERATION_CONFIG_FILE = "generation_config.json"
 OFF_VALUES = ("vllm", "ladle")
@@ -58,12 +62,15 @@ def read_generation_defaults(model_path: str | None, generation_config: str) -> 
     return {}
 
 
-def describe_defaults(defaults: dict[str, Any]) -> str:
+def describe_defaults(defaults: dict[str, Any], overridden: bool = False) -> str:
     """One log line naming what was applied, and how to turn it off."""
     settings = ", ".join(f"{name}={value}" for name, value in defaults.items())
+    source = "the model's generation config"
+    if overridden:
+        source += " and --override-generation-config"
     return (
-        f"[ladle] sampling defaults from the model's generation config: {settings} (requests "
-        "that set a field keep their value; --generation-config vllm turns this off)"
+        f"[ladle] sampling defaults from {source}: {settings} (requests that set a field keep "
+        "their value; --generation-config vllm turns the model's off)"
     )
 
 
@@ -114,9 +121,14 @@ def _clean(values: dict[str, Any]) -> dict[str, Any]:
     return cleaned
 
 
-def sampling_defaults_of(model_path: str | None, generation_config: str) -> dict[str, Any]:
-    """read_generation_defaults, printing what was applied (the start-up log shows it)."""
+def sampling_defaults_of(
+    model_path: str | None, generation_config: str, overrides: dict[str, Any] | None = None
+) -> dict[str, Any]:
+    """read_generation_defaults with the overrides laid on top (SamplingParams field names;
+    max_new_tokens becomes max_tokens), printing what was applied (the start-up log shows it)."""
     defaults = read_generation_defaults(model_path, generation_config)
+    laid_over = sampling_overrides(overrides)
+    defaults.update(laid_over)
     if defaults:
-        print(describe_defaults(defaults), flush=True)
+        print(describe_defaults(defaults, overridden=bool(laid_over)), flush=True)
     return defaults

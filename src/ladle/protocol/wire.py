@@ -50,7 +50,7 @@ class EngineReady(msgspec.Struct, tag="ready"):
     arch: ModelArchConfig
     memory_budget: str  # the human-readable budget the engine printed
     # Request defaults from the model's generation config (model/generation_defaults.py).
-    sampling_defaults: dict[str, float] = msgspec.field(default_factory=dict)
+    sampling_defaults: dict[str, float | int] = msgspec.field(default_factory=dict)
     # The ids that end generation by the model's own files (config and generation config),
     # for an API process that runs without a tokenizer (model/end_tokens.py).
     end_token_ids: list[int] = msgspec.field(default_factory=list)

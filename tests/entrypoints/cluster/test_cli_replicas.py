@@ -41,13 +41,17 @@ def test_server_flags_reach_the_replicas(monkeypatch, capsys):
     argv = ["serve", "qwen3-0.6b", "--load-format", "dummy", "--replicas", "2",
             "--ttft-slo", "2s", "--stats-interval", "3", "--disable-log-requests",
             "--routing", "round-robin", "--shutdown-timeout", "7", "--max-queued-requests", "9",
-            "--api-key", "k", "--max-model-len", "512"]  # fmt: skip
+            "--api-key", "k", "--max-model-len", "512", "--response-role", "bot",
+            "--return-tokens-as-token-ids",
+            "--override-generation-config", '{"temperature": 0.5}']  # fmt: skip
     assert main(argv) == 2
     assert "stop before Ray starts" in capsys.readouterr().err
     assert captured["ttft_slo"] == "2s" and captured["stats_interval"] == 3.0
     assert captured["log_requests"] is False and captured["routing"] == "round-robin"
     assert captured["shutdown_timeout"] == 7.0 and captured["max_queued_requests"] == 9
     assert captured["api_key"] == "k" and captured["max_model_len"] == 512
+    assert captured["response_role"] == "bot" and captured["return_tokens_as_token_ids"]
+    assert captured["override_generation_config"] == {"temperature": 0.5}  # an engine option
 
 
 def test_build_app_rejects_bad_server_options_before_ray():

@@ -76,6 +76,8 @@ def build_replicas(
     log_requests: bool = True,
     tool_call_parser: str | None = None,
     reasoning_parser: str | None = None,
+    response_role: str = "assistant",
+    return_tokens_as_token_ids: bool = False,
     shutdown_timeout: float = 30.0,
     routing: str = "prefix",
     load_margin: int = DEFAULT_LOAD_MARGIN,
@@ -93,10 +95,10 @@ def build_replicas(
     "target_ongoing_requests": 32}; the fixed num_replicas is then ignored.
     routing: "prefix" (prefix-aware, the default) or "round-robin" (each replica in turn).
     load_margin: a prefix's replica keeps it until its queue exceeds the least loaded's by this.
-    The server options (api_key ... reasoning_parser) are `ladle serve`'s flags, applied by each
-    replica: ttft_slo ('1s', '500ms' or seconds) refuses with 429 the requests predicted to miss
-    it, stats_interval is each replica's live stats line (0: none), shutdown_timeout the seconds
-    in-flight requests get when a replica stops.
+    The server options (api_key ... return_tokens_as_token_ids) are `ladle serve`'s flags,
+    applied by each replica: ttft_slo ('1s', '500ms' or seconds) refuses with 429 the requests
+    predicted to miss it, stats_interval is each replica's live stats line (0: none),
+    shutdown_timeout the seconds in-flight requests get when a replica stops.
     replica_http_host: where each replica's own HTTP server listens (None: its node's IP).
     Raises ValueError on bad options, naming the field.
     """
@@ -127,6 +129,8 @@ def build_replicas(
         log_requests=log_requests,
         tool_call_parser=tool_call_parser,
         reasoning_parser=reasoning_parser,
+        response_role=response_role,
+        return_tokens_as_token_ids=return_tokens_as_token_ids,
         http_host=replica_http_host,
     )
     engine_options = {"model": model, **engine_options}

@@ -67,6 +67,8 @@ class LadleReplica:
             log_requests=settings.log_requests,
             tool_call_parser=settings.tool_call_parser,
             reasoning_parser=settings.reasoning_parser,
+            response_role=settings.response_role,
+            return_tokens_as_token_ids=settings.return_tokens_as_token_ids,
         )
         if settings.log_requests:
             enable_request_logging()

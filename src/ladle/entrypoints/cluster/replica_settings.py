@@ -20,6 +20,8 @@ class ReplicaServerSettings:
     log_requests: bool = True  # one log line per finished request
     tool_call_parser: str | None = None
     reasoning_parser: str | None = None
+    response_role: str = "assistant"  # vLLM's --response-role
+    return_tokens_as_token_ids: bool = False  # vLLM's flag: logprobs name tokens token_id:N
     # Where each replica's own HTTP server listens (the front connects there); None: the
     # node's IP as Ray knows it, so a front on another node of the cluster reaches it.
     http_host: str | None = None

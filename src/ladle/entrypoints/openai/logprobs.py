@@ -34,11 +34,23 @@ def _byte_level_alphabet() -> dict[str, int]:
     return {chr(character): byte for byte, character in zip(printable, characters)}
 
 
-class TokenTexts:
-    """The text and bytes of single token ids, cached: logprobs name every candidate token."""
+def token_id_label(token_id: int) -> str:
+    """vLLM's --return-tokens-as-token-ids name of a token: every token, JSON-safe or not, is
+    identifiable (a byte-level piece that splits a character has no text of its own)."""
+    return f"token_id:{token_id}"
 
-    def __init__(self, tokenizer: TextTokenizer | None) -> None:
+
+class TokenTexts:
+    """The text and bytes of single token ids, cached: logprobs name every candidate token.
+
+    as_token_ids: logprobs name tokens `token_id:N` (vLLM's --return-tokens-as-token-ids, or the
+    request field); without a tokenizer they always do. text() stays the decoded text, which
+    text offsets count in.
+    """
+
+    def __init__(self, tokenizer: TextTokenizer | None, as_token_ids: bool = False) -> None:
         self._tokenizer = tokenizer
+        self.as_token_ids = as_token_ids or tokenizer is None
         self._cache: dict[int, str] = {}
         self._byte_cache: dict[int, list[int]] = {}
         # A byte-level BPE token is a run of bytes that may split a character; its decoded text
@@ -51,6 +63,10 @@ class TokenTexts:
                 self._byte_alphabet = _byte_level_alphabet()
 
     def token_bytes(self, token_id: int) -> list[int]:
+        """OpenAI's `bytes`: the token's own bytes, or its label's under as_token_ids (as vLLM
+        gives them, the bytes of the `token` field)."""
+        if self.as_token_ids:
+            return list(token_id_label(token_id).encode("utf-8"))
         cached = self._byte_cache.get(token_id)
         if cached is not None:
             return cached
@@ -60,18 +76,25 @@ class TokenTexts:
             if piece and all(character in self._byte_alphabet for character in piece):
                 result = [self._byte_alphabet[character] for character in piece]
         if result is None:
-            result = list(self(token_id).encode("utf-8"))
+            result = list(self.text(token_id).encode("utf-8"))
         if len(self._byte_cache) < _MAX_CACHED_TOKENS:
             self._byte_cache[token_id] = result
         return result
 
     def __call__(self, token_id: int) -> str:
+        """The name logprobs give the token (its `token` field, its key in top_logprobs)."""
+        if self.as_token_ids:
+            return token_id_label(token_id)
+        return self.text(token_id)
+
+    def text(self, token_id: int) -> str:
+        """The token's decoded text (its label when there is no tokenizer, whose text is
+        empty): what text offsets advance by."""
+        if self._tokenizer is None:
+            return token_id_label(token_id)
         text = self._cache.get(token_id)
         if text is None:
-            if self._tokenizer is None:
-                text = f"token_id:{token_id}"
-            else:
-                text = self._tokenizer.decode([token_id], skip_special_tokens=False)
+            text = self._tokenizer.decode([token_id], skip_special_tokens=False)
             if len(self._cache) < _MAX_CACHED_TOKENS:
                 self._cache[token_id] = text
         return text
@@ -108,11 +131,10 @@ def completion_logprobs_fields(
     top_logprobs: list[dict[str, float] | None] = []
     offset = text_offset
     for entry in entries:
-        text = token_text(entry.token_id)
-        tokens.append(text)
+        tokens.append(token_text(entry.token_id))
         token_logprobs.append(entry.logprob)
         text_offsets.append(offset)
-        offset += len(text)
+        offset += len(token_text.text(entry.token_id))
         top_logprobs.append(legacy_top_logprobs(entry, token_text, num_top))
     return {
         "text_offset": text_offsets,

@@ -12,7 +12,7 @@ from collections.abc import Callable
 from typing import Any
 
 from ladle.entrypoints.openai.errors import BadRequestError
-from ladle.entrypoints.openai.logprobs import legacy_top_logprobs
+from ladle.entrypoints.openai.logprobs import TokenTexts, legacy_top_logprobs
 from ladle.entrypoints.openai.protocol import (
     ChatCompletionRequest,
     CompletionLogprobs,
@@ -57,10 +57,10 @@ def check_chat_prompt_options(request: ChatCompletionRequest) -> None:
         )
 
 
-def chat_echo_text(request: ChatCompletionRequest) -> str:
-    """What `echo` puts before each reply: the last message's text when it is the assistant's
-    (the reply continues it), else nothing, as vLLM does."""
-    if not request.echo or request.messages[-1].role != "assistant":
+def chat_echo_text(request: ChatCompletionRequest, reply_role: str = "assistant") -> str:
+    """What `echo` puts before each reply: the last message's text when its role is the
+    reply's (the reply continues it), else nothing, as vLLM does."""
+    if not request.echo or request.messages[-1].role != reply_role:
         return ""
     return request.messages[-1].text()
 
@@ -119,7 +119,7 @@ def _logprob(logprob: float, rank: int, token_id: int, token_text) -> dict[str, 
 def echo_logprobs(
     prompt_token_ids: list[int],
     entries: list[TokenLogprobs | None] | None,
-    token_text: Callable[[int], str],
+    token_text: TokenTexts,
     num_top: int,
 ) -> CompletionLogprobs:
     """The prompt's part of a completion's legacy logprobs under echo, as OpenAI gives it: each
@@ -129,10 +129,9 @@ def echo_logprobs(
     offset = 0
     for position, token_id in enumerate(prompt_token_ids):
         entry = entries[position] if entries is not None and position < len(entries) else None
-        text = token_text(token_id)
-        result.tokens.append(text)
+        result.tokens.append(token_text(token_id))
         result.text_offset.append(offset)
-        offset += len(text)
+        offset += len(token_text.text(token_id))
         result.token_logprobs.append(None if entry is None else entry.logprob)
         result.top_logprobs.append(
             None if entry is None else legacy_top_logprobs(entry, token_text, num_top)

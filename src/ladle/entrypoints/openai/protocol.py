@@ -10,7 +10,8 @@ runs with --allow-unknown-fields), so no field is silently ignored.
 
 Beyond OpenAI's fields, both requests take vLLM's sampling extras: top_k, min_p,
 repetition_penalty, min_tokens, ignore_eos, stop_token_ids, skip_special_tokens,
-include_stop_str_in_output, priority, allowed_token_ids, structured_outputs, return_token_ids;
+include_stop_str_in_output, priority, allowed_token_ids, structured_outputs, return_token_ids,
+return_tokens_as_token_ids;
 and chat takes tools, tool_choice, parallel_tool_calls and chat_template_kwargs.
 """
 
@@ -114,6 +115,8 @@ class _SamplingFields(_Strict):
     prompt_logprobs: api_field("logprobs") | None = None
     # vLLM's disaggregated-serving proxy protocol (kv_transfer_fields.py).
     kv_transfer_params: dict[str, Any] | None = None
+    # vLLM's: logprobs name tokens `token_id:N` (as --return-tokens-as-token-ids does).
+    return_tokens_as_token_ids: StrictBool | None = None
 
 
 class CompletionRequest(_SamplingFields):
@@ -318,7 +321,7 @@ class ToolCall(BaseModel):
 
 
 class ChatResponseMessage(BaseModel):
-    role: Literal["assistant"] = "assistant"
+    role: str = "assistant"  # --response-role, or the last message's (add_generation_prompt false)
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[ToolCall] = Field(default_factory=list)
@@ -371,7 +374,7 @@ class ChatCompletionResponse(_TokenIdsWhenAsked):
 class ChatDelta(BaseModel):
     """Only the fields a chunk changes are sent, as OpenAI does."""
 
-    role: Literal["assistant"] | None = None
+    role: str | None = None
     content: str | None = None
     reasoning_content: str | None = None
     tool_calls: list[DeltaToolCall] | None = None

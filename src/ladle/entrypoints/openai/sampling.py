@@ -85,9 +85,13 @@ def resolve_max_tokens(
     max_model_len: int,
     prompt_param: str,
     max_tokens_param: str = "max_tokens",
+    ceiling: int | None = None,
 ) -> int:
     """The number of tokens to generate: the request's, or all the room left when it gives
-    none. Raises BadRequestError (naming the limit) when the request cannot fit."""
+    none. Raises BadRequestError (naming the limit) when the request cannot fit.
+
+    ceiling: --override-generation-config's max_new_tokens, which vLLM applies as the most any
+    request generates (the default of those that give none, a cap on those that ask more)."""
     if requested is not None and requested < 1:
         raise BadRequestError(
             f"{max_tokens_param} must be at least 1, got {requested}", param=max_tokens_param
@@ -112,6 +116,8 @@ def resolve_max_tokens(
             param=max_tokens_param,
             code="context_length_exceeded",
         )
+    if ceiling is not None:
+        requested = min(requested, int(ceiling))
     return requested
 
 

@@ -43,6 +43,7 @@ from ladle.entrypoints.openai.errors import (
 )
 from ladle.entrypoints.openai.kv_release import release_handoffs
 from ladle.entrypoints.openai.protocol import ModelCard, ModelList
+from ladle.entrypoints.openai.request_id_header import RequestIdHeaderMiddleware
 from ladle.entrypoints.openai.request_log import RequestLogMiddleware
 from ladle.entrypoints.openai.serving_chat import OpenAIServingChat
 from ladle.entrypoints.openai.serving_completions import OpenAIServingCompletion
@@ -83,6 +84,9 @@ class ServerSettings:
     model_root: str | None = None  # /v1/models' `root`: the model as given (vLLM's)
     cors: CorsSettings = CorsSettings()
     serves_api_docs: bool = True  # GET /docs and /openapi.json (vLLM's --disable-fastapi-docs)
+    response_role: str = "assistant"  # vLLM's --response-role: the chat reply's role
+    return_tokens_as_token_ids: bool = False  # vLLM's: logprobs name tokens `token_id:N`
+    request_id_headers: bool = False  # vLLM's --enable-request-id-headers (request_id_header.py)
 
 
 @dataclass
@@ -109,10 +113,13 @@ def build_app(
         chat = OpenAIServingChat(
             client, settings.served_model_name, settings.allow_unknown_fields,
             settings.tool_call_parser, settings.reasoning_parser,
+            response_role=settings.response_role,
+            return_tokens_as_token_ids=settings.return_tokens_as_token_ids,
         )
         handler_set = _Handlers(
             completions=OpenAIServingCompletion(
-                client, settings.served_model_name, settings.allow_unknown_fields
+                client, settings.served_model_name, settings.allow_unknown_fields,
+                return_tokens_as_token_ids=settings.return_tokens_as_token_ids,
             ),
             chat=chat,
             tokenization=OpenAIServingTokenization(client, settings.served_model_name, chat),
@@ -130,6 +137,8 @@ def build_app(
     _add_error_handlers(app, client, on_refusal)
     if settings.log_requests:
         app.add_middleware(RequestLogMiddleware)
+    if settings.request_id_headers:
+        app.add_middleware(RequestIdHeaderMiddleware)
     if settings.cors.allowed_origins:
         app.add_middleware(
             CORSMiddleware,

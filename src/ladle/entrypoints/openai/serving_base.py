@@ -43,12 +43,25 @@ class OpenAIServing:
         client: AsyncEngineClient,
         served_model_name: str,
         allow_unknown_fields: bool = False,
+        return_tokens_as_token_ids: bool = False,
     ) -> None:
+        """return_tokens_as_token_ids: vLLM's server flag, logprobs name every token
+        `token_id:N` (a request may ask for it too)."""
         self.client = client
         self.served_model_name = served_model_name
         self.other_model_names: frozenset[str] = frozenset()  # also accepted (server.py)
         self.allow_unknown_fields = allow_unknown_fields
         self.token_texts = TokenTexts(client.tokenizer)
+        self._token_id_names = TokenTexts(client.tokenizer, as_token_ids=True)
+        self.return_tokens_as_token_ids = return_tokens_as_token_ids
+
+    def logprob_names(self, request) -> TokenTexts:
+        """How the request's logprobs name tokens: by text, or `token_id:N` when the server
+        flag or the request's return_tokens_as_token_ids asks (prompt_logprobs'
+        decoded_token stays the text)."""
+        if self.return_tokens_as_token_ids or request.return_tokens_as_token_ids:
+            return self._token_id_names
+        return self.token_texts
 
     def parse_checked(self, request_class: type[RequestModel], body: bytes) -> RequestModel:
         """Parse a request body and check what every route checks first: a known model and a

@@ -66,8 +66,14 @@ class OpenAIServingChat(OpenAIServing):
         allow_unknown_fields: bool = False,
         tool_call_parser: str | None = None,
         reasoning_parser: str | None = None,
+        response_role: str = "assistant",
+        return_tokens_as_token_ids: bool = False,
     ) -> None:
-        super().__init__(client, served_model_name, allow_unknown_fields)
+        """response_role: vLLM's --response-role, the role of the reply's message."""
+        super().__init__(
+            client, served_model_name, allow_unknown_fields, return_tokens_as_token_ids
+        )
+        self.response_role = response_role
         template = client.tokenizer.hf_tokenizer.chat_template if client.tokenizer else None
         template = template if isinstance(template, str) else None
         self.tool_parser = select_tool_parser(tool_call_parser, template)
@@ -110,7 +116,7 @@ class OpenAIServingChat(OpenAIServing):
             request.max_completion_tokens if request.max_completion_tokens is not None
             else request.max_tokens,
             len(prompt_token_ids), info.max_model_len, "messages",
-            max_tokens_param,
+            max_tokens_param, ceiling=self.client.sampling_defaults.get("max_tokens"),
         )
         num_top = request.top_logprobs or 0
         params = build_sampling_params(
@@ -195,6 +201,14 @@ class OpenAIServingChat(OpenAIServing):
 
     # ----- response ----------------------------------------------------------------------------
 
+    def reply_role(self, request: ChatCompletionRequest) -> str:
+        """As vLLM: the server's response role when the template adds a generation prompt;
+        otherwise the reply continues the last message (continue_final_message), so it is that
+        message's role."""
+        if request.add_generation_prompt:
+            return self.response_role
+        return request.messages[-1].role
+
     @staticmethod
     async def _collect(stream: RequestStream) -> RequestOutput:
         last = None
@@ -214,20 +228,23 @@ class OpenAIServingChat(OpenAIServing):
         """return_token_ids: the generated ids are the raw ones, whatever the reasoning and
         tool parsers made of their text (echo's text has no ids: it is the prompt's)."""
         num_top = request.top_logprobs or 0
-        echo = chat_echo_text(request)
+        role = self.reply_role(request)
+        echo = chat_echo_text(request, role)
+        names = self.logprob_names(request)
         choices = []
         for completion in output.outputs:
             message = ChatResponseMessage(content=completion.text)
             finish_reason = completion.finish_reason
             if not shaper.is_plain:
                 message, finish_reason = shaper.whole(completion.text, finish_reason)
+            message.role = role
             if echo:
                 message.content = echo + (message.content or "")
             choices.append(ChatCompletionChoice(
                 index=completion.index,
                 message=message,
                 logprobs=(
-                    chat_logprobs(completion.logprobs or [], self.token_texts, num_top)
+                    chat_logprobs(completion.logprobs or [], names, num_top)
                     if request.logprobs else None
                 ),
                 finish_reason=finish_reason,
@@ -260,6 +277,7 @@ class OpenAIServingChat(OpenAIServing):
         num_prompt_tokens = len(prompt_token_ids)
         return_ids = request.return_token_ids
         num_top = request.top_logprobs or 0
+        names = self.logprob_names(request)
         include_usage = bool(request.stream_options and request.stream_options.include_usage)
         continuous_usage = wants_continuous_usage(request.stream_options)
         num_completion_tokens = 0
@@ -278,12 +296,11 @@ class OpenAIServingChat(OpenAIServing):
 
         try:
             # OpenAI opens each choice with the role and empty content (echo: the echoed text).
-            echo = chat_echo_text(request)
+            role = self.reply_role(request)
+            echo = chat_echo_text(request, role)
             opening_ids = list(prompt_token_ids) if return_ids else None
             for index in range(request.n):
-                yield chunk(
-                    [chat_choice(index, {"role": "assistant", "content": echo})], opening_ids
-                )
+                yield chunk([chat_choice(index, {"role": role, "content": echo})], opening_ids)
             finish_sent = [False] * request.n
             shaped = None if shaper.is_plain else [shaper.stream() for _ in range(request.n)]
             final = None
@@ -294,7 +311,7 @@ class OpenAIServingChat(OpenAIServing):
                     logprobs = None
                     if request.logprobs and completion.logprobs_delta:
                         logprobs = chat_logprobs(
-                            completion.logprobs_delta, self.token_texts, num_top
+                            completion.logprobs_delta, names, num_top
                         )
                     finishing = (
                         completion.finish_reason is not None and not finish_sent[completion.index]

@@ -153,7 +153,10 @@ class OpenAIServingCompletion(OpenAIServing):
         info = self.client.info
         # An explicit null is OpenAI's default (16), as an absent field is.
         requested = DEFAULT_MAX_TOKENS if request.max_tokens is None else request.max_tokens
-        max_tokens = resolve_max_tokens(requested, len(token_ids), info.max_model_len, "prompt")
+        max_tokens = resolve_max_tokens(
+            requested, len(token_ids), info.max_model_len, "prompt",
+            ceiling=self.client.sampling_defaults.get("max_tokens"),
+        )
         params = build_sampling_params(
             request,
             max_tokens,
@@ -170,7 +173,8 @@ class OpenAIServingCompletion(OpenAIServing):
 
     def _echo_logprobs(self, request: CompletionRequest, output: RequestOutput):
         return echo_logprobs(
-            output.prompt_token_ids, output.prompt_logprobs, self.token_texts, request.logprobs
+            output.prompt_token_ids, output.prompt_logprobs, self.logprob_names(request),
+            request.logprobs,
         )
 
     def _echo_text(self, text: str | None, token_ids: list[int]) -> str:
@@ -205,7 +209,7 @@ class OpenAIServingCompletion(OpenAIServing):
                 if request.logprobs is not None:
                     echoed = self._echo_logprobs(request, output) if request.echo else None
                     logprobs = completion_logprobs(
-                        completion.logprobs or [], self.token_texts, num_top,
+                        completion.logprobs or [], self.logprob_names(request), num_top,
                         _end_offset(echoed),
                     )
                     if echoed is not None:
@@ -274,7 +278,7 @@ class OpenAIServingCompletion(OpenAIServing):
                     logprobs = None
                     if request.logprobs is not None and completion.logprobs_delta:
                         logprobs = completion_logprobs_fields(
-                            completion.logprobs_delta, self.token_texts, num_top,
+                            completion.logprobs_delta, self.logprob_names(request), num_top,
                             text_offsets[index],
                         )
                     if echoed is not None:
