@@ -1,7 +1,8 @@
 """Tensor parallelism over NCCL on two and four GPUs: a tiny float32 model gives the one-GPU
-engine's greedy tokens with two and four ranks (four ranks replicate the model's two KV heads), with decode graphs (which capture the all-reduces and the logits'
-all-gather) and without; seeded sampling agrees too, since every rank draws from the same
-gathered logits with the same generator."""
+engine's greedy tokens with two and four ranks (four ranks replicate the model's two KV heads),
+with decode graphs (which capture the all-reduces and the logits' all-gather) and without;
+seeded sampling agrees too, since every rank draws from the same gathered logits with the same
+generator."""
 
 from __future__ import annotations
 
@@ -52,7 +53,9 @@ def test_split_ranks_give_one_gpus_tokens(model_path, enforce_eager, tensor_para
     if torch.cuda.device_count() < tensor_parallel_size:
         pytest.skip(f"needs {tensor_parallel_size} GPUs")
     expected = _run(model_path, enforce_eager=enforce_eager)
-    split = _run(model_path, enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size)
+    split = _run(
+        model_path, enforce_eager=enforce_eager, tensor_parallel_size=tensor_parallel_size
+    )
     same = sum(a == b for a, b in zip(expected, split))
     # float32 sums in another order may flip a near-tie; nearly every request must match.
     assert same >= len(expected) - 2, f"{same} of {len(expected)} requests match"
