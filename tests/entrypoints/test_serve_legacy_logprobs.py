@@ -61,3 +61,35 @@ def test_echoed_prompt_tokens_hold_themselves_too(openai_client):
         logprobs.tokens[1:], logprobs.token_logprobs[1:], logprobs.top_logprobs[1:], strict=True
     ):
         assert top[token] == token_logprob and 1 <= len(top) <= 2
+
+
+@pytest.mark.parametrize("echo", [False, True])
+@pytest.mark.parametrize("by_id", [False, True])
+def test_text_offsets_count_each_tokens_text_streamed_or_not(
+    openai_client, offline_llm, echo, by_id
+):
+    """text_offset is where each token's own text starts, counted through the echoed prompt;
+    streamed offsets equal the whole response's whatever the chunks held (a token that is part
+    of a character holds the streamed text back), and `token_id:N` names do not move them."""
+    body = dict(
+        model=SERVED_NAME, prompt=PROMPT, max_tokens=MAX_TOKENS, temperature=0, logprobs=0,
+        echo=echo,
+        extra_body={"ignore_eos": True, "return_token_ids": True,
+                    "return_tokens_as_token_ids": by_id},
+    )
+    choice = openai_client.completions.create(**body).choices[0]
+    token_ids = (choice.prompt_token_ids if echo else []) + choice.token_ids
+    decode = offline_llm.get_tokenizer().decode
+    expected, offset = [], 0
+    for token_id in token_ids:
+        expected.append(offset)
+        offset += len(decode([token_id]))
+    assert choice.logprobs.text_offset == expected
+    streamed = [
+        start
+        for chunk in openai_client.completions.create(**body, stream=True)
+        for streamed_choice in chunk.choices
+        if streamed_choice.logprobs is not None
+        for start in streamed_choice.logprobs.text_offset
+    ]
+    assert streamed == expected

@@ -16,7 +16,11 @@ from fastapi.responses import JSONResponse, Response
 
 from ladle.entrypoints.openai.errors import BadRequestError
 from ladle.entrypoints.openai.kv_transfer_fields import check_kv_transfer_params
-from ladle.entrypoints.openai.logprobs import completion_logprobs, completion_logprobs_fields
+from ladle.entrypoints.openai.logprobs import (
+    TokenTexts,
+    completion_logprobs,
+    completion_logprobs_fields,
+)
 from ladle.entrypoints.openai.prompt_options import (
     check_prompt_logprobs,
     echo_logprobs,
@@ -208,9 +212,10 @@ class OpenAIServingCompletion(OpenAIServing):
                 logprobs = None
                 if request.logprobs is not None:
                     echoed = self._echo_logprobs(request, output) if request.echo else None
+                    names = self.logprob_names(request)
                     logprobs = completion_logprobs(
-                        completion.logprobs or [], self.logprob_names(request), num_top,
-                        _end_offset(echoed),
+                        completion.logprobs or [], names, num_top,
+                        _end_offset(echoed, output.prompt_token_ids, names),
                     )
                     if echoed is not None:
                         logprobs = join_logprobs(echoed, logprobs)
@@ -274,19 +279,27 @@ class OpenAIServingCompletion(OpenAIServing):
                         if request.logprobs is not None:
                             echoed = self._echo_logprobs(request, output)
                             # logprob offsets run on through the prompt tokens' own texts
-                            text_offsets[index] = _end_offset(echoed)
+                            text_offsets[index] = _end_offset(
+                                echoed, output.prompt_token_ids, self.logprob_names(request)
+                            )
                     logprobs = None
                     if request.logprobs is not None and completion.logprobs_delta:
+                        names = self.logprob_names(request)
                         logprobs = completion_logprobs_fields(
-                            completion.logprobs_delta, self.logprob_names(request), num_top,
-                            text_offsets[index],
+                            completion.logprobs_delta, names, num_top, text_offsets[index]
+                        )
+                        # On past these tokens' own texts, as the whole response counts them:
+                        # the streamed text may hold back a token's partial character, and
+                        # offsets must not depend on how the tokens fell into chunks.
+                        last_token_id = completion.logprobs_delta[-1].token_id
+                        text_offsets[index] = logprobs["text_offset"][-1] + len(
+                            names.text(last_token_id)
                         )
                     if echoed is not None:
                         generated = CompletionLogprobs(**logprobs) if logprobs else None
                         logprobs = join_logprobs(
                             echoed, generated or CompletionLogprobs()
                         ).model_dump()
-                    text_offsets[index] += len(text if echoed is None else completion.text_delta)
                     finishing = completion.finish_reason is not None and not finish_sent[index]
                     new_ids = completion.token_ids_delta if request.return_token_ids else []
                     if not text and logprobs is None and not finishing and not new_ids:
@@ -331,8 +344,12 @@ class OpenAIServingCompletion(OpenAIServing):
                 stream.close()
 
 
-def _end_offset(logprobs: CompletionLogprobs | None) -> int:
-    """Where the text after these tokens starts (0 without them)."""
+def _end_offset(
+    logprobs: CompletionLogprobs | None, token_ids: list[int], names: TokenTexts
+) -> int:
+    """Where the text after these tokens (token_ids, which logprobs describe) starts: the last
+    one's offset plus its text's length, not its name's (a `token_id:N` label is no text);
+    0 without them."""
     if logprobs is None or not logprobs.tokens:
         return 0
-    return logprobs.text_offset[-1] + len(logprobs.tokens[-1])
+    return logprobs.text_offset[-1] + len(names.text(token_ids[-1]))
