@@ -24,6 +24,8 @@ import threading
 import time
 from pathlib import Path
 
+from ladle.bench.serve_run import run_event_loop, run_plan
+
 SERVING_LINE = re.compile(r"\[ladle\] serving .* on (http://[^ ]+?) ")
 MODES = (
     ("disaggregated 1P1D", "1p1d", ["--disaggregate", "1P1D"]),
@@ -101,8 +103,6 @@ def run_comparison(plan, serve_args: str, disaggregate_args: str = "",
                    replicas: bool = False) -> int:
     """Run `plan` (a BenchPlan; its base_url is ignored) against both modes: 1P1D and two
     replicas, or (replicas) two replicas and one."""
-    from ladle.bench.serve_run import run_event_loop, run_plan
-
     flag = "--compare-replicas" if replicas else "--compare-disaggregation"
     if not serve_args:
         raise ValueError(

@@ -31,6 +31,7 @@ from tqdm import tqdm
 # benchmark: `ladle` builds this module's parser for every command, `ladle serve` included,
 # whose API process must not wait 1.5-3 s for torch before spawning the engine.
 from ladle.bench import rank_profiles
+from ladle.bench.edit_workload import edit_conversations
 from ladle.bench.workloads import (
     TokenWorkload,
     WorkloadRequest,
@@ -146,6 +147,7 @@ def gpu_busy_fraction(engine, requests: list[WorkloadRequest], num_steps: int = 
     info = engine.executor.info
     if info.device_type != "cuda" or engine.config.parallel.world_size > 1:
         return None  # the profiler sees this process's kernels only
+    # torch (~1 s) loads with the engine, not for `ladle serve --help` (which builds this parser).
     import torch
     from torch.profiler import ProfilerActivity, profile
 
@@ -178,6 +180,7 @@ def gpu_busy_fraction(engine, requests: list[WorkloadRequest], num_steps: int = 
 def run_hf_peer(llm, requests: list[WorkloadRequest]) -> dict:
     """HF transformers' generate_batch on the same prompts; one fixed output length (the
     median of the workload's) since generate_batch takes one generation config."""
+    # torch and transformers (~1.5 s together): the run needs them, `ladle serve --help` not.
     import torch
     from transformers import GenerationConfig
 
@@ -252,8 +255,7 @@ def _workload_from_args(args: argparse.Namespace) -> TokenWorkload:
 
 def _edit_requests(llm, args: argparse.Namespace) -> list[WorkloadRequest]:
     """The edit class (edit_workload.py) through the model's chat template, EOS on."""
-    from ladle.bench.edit_workload import edit_conversations
-    from ladle.bench.serve_workloads import edit_texts
+    from ladle.bench.serve_workloads import edit_texts  # imports aiohttp (`bench` extra), numpy
 
     tokenizer = llm.tokenizer
     if tokenizer is None:
@@ -379,6 +381,7 @@ def _apply_synthetic_acceptance(args: argparse.Namespace, options: dict) -> None
 
 
 def run_bench(args: argparse.Namespace) -> int:
+    # The engine and torch (~1 s) load to run, not for `ladle serve --help`.
     import torch
 
     from ladle import LLM

@@ -31,6 +31,7 @@ process with the host tier off (--kv-offloading-size 0) and prints the ratios.
 from __future__ import annotations
 
 import argparse
+import gc
 import itertools
 import json
 import random
@@ -204,8 +205,7 @@ def _ms(seconds: float | None) -> float | None:
 
 def _run_one(model: str, options: dict, workload: MultiturnWorkload, multiple: float,
              conversations: list[Conversation] | None) -> tuple[dict, list[Conversation]]:
-    import gc
-
+    # The engine and torch (~1 s) load to run, not for `ladle serve --help`.
     import torch
 
     from ladle import LLM

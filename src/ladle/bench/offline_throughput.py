@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
 import statistics
 import time
@@ -21,6 +22,7 @@ import time
 import torch
 
 from ladle import LLM, SamplingParams
+from ladle.model.loader.presets import get_preset
 
 
 def make_workload(
@@ -51,7 +53,7 @@ def run_ladle(llm: LLM, prompts: list[list[int]], output_lens: list[int]) -> tup
 
 
 def run_hf(model, prompts: list[list[int]], output_len: int) -> tuple[float, int]:
-    from transformers import GenerationConfig
+    from transformers import GenerationConfig  # ~0.5 s: only the HF peer run needs it
 
     config = GenerationConfig(
         max_new_tokens=output_len, do_sample=False, eos_token_id=None, pad_token_id=0
@@ -66,17 +68,13 @@ def run_hf(model, prompts: list[list[int]], output_len: int) -> tuple[float, int
 def load_hf_peer(model_path: str | None, preset: str | None, dtype: torch.dtype, device: str):
     """The same model in HF transformers: the same file, or for a dummy preset the same shape
     with HF's own random initialisation (throughput does not depend on the values)."""
-    from transformers import AutoConfig, AutoModelForCausalLM
+    from transformers import AutoConfig, AutoModelForCausalLM  # ~0.5 s: only the HF peer run
 
     if model_path is None:
-        from ladle.model.loader.presets import get_preset
-
         values = dict(get_preset(preset))
         config = AutoConfig.for_model(values.pop("model_type"), **values)
         return AutoModelForCausalLM.from_config(config, dtype=dtype).to(device).eval()
     if model_path.endswith(".gguf"):
-        import os
-
         folder, name = os.path.split(model_path)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=dtype)
     else:

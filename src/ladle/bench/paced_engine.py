@@ -19,6 +19,13 @@ import os
 import random
 import time
 
+import zmq
+
+from ladle.engine.core_process import EngineCoreLoop
+from ladle.engine.gc_policy import freeze_startup_objects
+from ladle.model.default_model import resolve_default_model
+from ladle.model.tokenizer import load_tokenizer
+from ladle.protocol import wire
 from ladle.protocol.messages import (
     EngineCoreOutput,
     EngineCoreRequest,
@@ -103,8 +110,6 @@ def paced_token_ids(tokenizer_source: str | None, vocab_size: int) -> list[int]:
     if tokenizer_source is None:
         rng = random.Random(0)
         return [rng.randrange(vocab_size) for _ in range(65_536)]
-    from ladle.model.tokenizer import load_tokenizer
-
     tokenizer = load_tokenizer(tokenizer_source).hf_tokenizer
     with open(__file__, encoding="utf-8") as handle:
         text = handle.read()
@@ -117,8 +122,6 @@ def _tokenizer_source() -> str | None:
         return None
     if named:
         return named
-    from ladle.model.default_model import resolve_default_model
-
     return str(resolve_default_model(show_progress=False))
 
 
@@ -126,12 +129,9 @@ def paced_engine_core(
     engine_options_json: str, input_address: str, output_address: str, parent_pid: int
 ) -> None:
     """The engine-core process entry, with run_engine_core's signature (the spawn target)."""
-    import zmq
-
-    from ladle.engine.core_process import EngineCoreLoop
-    from ladle.engine.gc_policy import freeze_startup_objects
+    # The loader imports torch (~1 s): only this engine-core process needs it, not the API
+    # process that imports this module to name the spawn target (paced_serve.py).
     from ladle.model.loader import _dummy_arch_config
-    from ladle.protocol import wire
 
     context = zmq.Context()
     input_socket = context.socket(zmq.PULL)

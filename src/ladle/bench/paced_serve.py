@@ -13,10 +13,16 @@ client) add; its CPU time per output token says how close it runs to a full core
 from __future__ import annotations
 
 import argparse
+import atexit
+import cProfile
+import gc
 import os
 import sys
+import time
 
+import ladle.frontend.client as client_module
 from ladle.bench.paced_engine import STEP_MS_ENV, TOKENIZER_ENV, paced_engine_core
+from ladle.cli.main import main as ladle_main
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -43,14 +49,9 @@ def main(argv: list[str] | None = None) -> int:
     os.environ[STEP_MS_ENV] = str(args.step_ms)
     if args.paced_tokenizer is not None:
         os.environ[TOKENIZER_ENV] = args.paced_tokenizer
-    import ladle.frontend.client as client_module
-    from ladle.cli.main import main as ladle_main
-
     client_module.run_engine_core = paced_engine_core  # what AsyncEngineClient spawns
     if args.profile is None:
         return ladle_main(["serve", *serve_args])
-    import cProfile
-
     profiler = cProfile.Profile()
     try:
         return profiler.runcall(ladle_main, ["serve", *serve_args])
@@ -60,10 +61,6 @@ def main(argv: list[str] | None = None) -> int:
 
 def _install_gc_probe() -> None:
     """Collections per generation and the time spent in them (gc.callbacks), printed at exit."""
-    import atexit
-    import gc
-    import time
-
     seconds = [0.0, 0.0, 0.0]
     counts = [0, 0, 0]
     longest = [0.0]

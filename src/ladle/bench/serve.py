@@ -23,6 +23,7 @@ import time
 from pathlib import Path
 
 from ladle.bench.vllm_serve_flags import add_vllm_spellings, apply_vllm_spellings
+from ladle.bench.workloads import WORKLOADS
 
 DEFAULT_NUM_PROMPTS = 200
 
@@ -200,10 +201,11 @@ def _parse_concurrency(text: str | None) -> list[int | None]:
 
 
 def run_bench_serve(args: argparse.Namespace) -> int:
+    # The HTTP client side (aiohttp and httpx of the `bench` extra, numpy: ~0.25 s) loads to
+    # run, not for `ladle serve --help`, which builds this parser.
     from ladle.bench.serve_run import BenchPlan, run_event_loop, run_plan
     from ladle.bench.serve_stats import parse_slo
     from ladle.bench.serve_workloads import parse_mix
-    from ladle.bench.workloads import WORKLOADS
 
     apply_vllm_spellings(args)
     for flag in ("speculative_config", "synthetic_acceptance"):
@@ -268,7 +270,7 @@ def run_bench_serve(args: argparse.Namespace) -> int:
         request_timeout=args.request_timeout,
     )
     if args.compare_disaggregation or args.compare_replicas:
-        from ladle.bench.disagg_compare import run_comparison
+        from ladle.bench.disagg_compare import run_comparison  # imports serve_run (see above)
 
         if args.compare_disaggregation and args.compare_replicas:
             raise SystemExit("--compare-disaggregation and --compare-replicas: pick one")

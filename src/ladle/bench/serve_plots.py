@@ -16,6 +16,8 @@ from ladle.bench.serve_stats import RequestRecord, latency_samples
 
 
 def _pyplot():
+    # matplotlib is optional (the `bench` extra) and its backend must be chosen before pyplot
+    # is imported.
     import matplotlib
 
     matplotlib.use("Agg")

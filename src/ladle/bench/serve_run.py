@@ -18,12 +18,16 @@ from typing import Any, TypeVar
 import aiohttp
 import httpx
 import numpy as np
+from tqdm import tqdm
 
 import ladle
 from ladle.bench.serve_client import BenchRequest, send_request
+from ladle.bench.serve_plots import plot_runs
 from ladle.bench.serve_scrape import MetricsPoller, scrape, server_report
 from ladle.bench.serve_stats import RequestRecord, format_summary, summarize
 from ladle.bench.serve_workloads import WorkloadOptions, build_workload, tool_definitions
+from ladle.model.default_model import resolve_default_model
+from ladle.model.tokenizer import load_tokenizer
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 T = TypeVar("T")
@@ -97,12 +101,8 @@ def resolve_tokenizer(plan: BenchPlan, model: str):
     """The server's tokenizer for sizing text prompts, or None (token-id prompts)."""
     if plan.token_ids:
         return None
-    from ladle.model.tokenizer import load_tokenizer
-
     source = plan.tokenizer
     if source is None and model == DEFAULT_SERVED_NAME:
-        from ladle.model.default_model import resolve_default_model
-
         source = str(resolve_default_model(show_progress=False))
     if source is None and Path(model).exists():
         source = model
@@ -161,8 +161,6 @@ async def run_point(
     limit = asyncio.Semaphore(concurrency) if concurrency else contextlib.nullcontext()
     progress = None
     if plan.progress:
-        from tqdm import tqdm
-
         label = "inf" if math.isinf(rate) else f"{rate:g}/s"
         progress = tqdm(total=len(requests), desc=f"rate {label}", file=sys.stderr, leave=False)
     before = await scrape(http, plan.base_url)
@@ -217,7 +215,7 @@ def run_event_loop(main: Coroutine[Any, Any, T]) -> T:
     """asyncio.run on uvloop when it is installed: its loop costs the client about half the CPU
     per streamed event of asyncio's own (scripts/served_path_bench.py)."""
     try:
-        import uvloop
+        import uvloop  # optional: not a dependency of ladle nor of its `bench` extra
     except ImportError:
         return asyncio.run(main)
     return uvloop.run(main)
@@ -340,8 +338,6 @@ async def run_plan(plan: BenchPlan) -> dict | None:
             best = max(result["runs"], key=lambda r: r["summary"]["request_throughput"])
             result["saturation_request_throughput"] = best["summary"]["request_throughput"]
         if plan.plots:
-            from ladle.bench.serve_plots import plot_runs
-
             result["plots"] = plot_runs(result["runs"], all_records, plan.output_dir, plan.label)
         write_json(plan.output_dir / "results.json", result)
         return result

@@ -10,6 +10,7 @@ import asyncio
 from dataclasses import dataclass, field
 
 import httpx
+from prometheus_client.parser import text_string_to_metric_families
 
 
 def parse_metrics(text: str) -> dict[str, float]:
@@ -18,8 +19,6 @@ def parse_metrics(text: str) -> dict[str, float]:
     Counts add up across label sets; a fraction (a `_perc` gauge such as KV usage) is averaged,
     since two replicas each 60% full are 60% full, not 120%.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
     values: dict[str, float] = {}
     label_sets: dict[str, int] = {}
     for family in text_string_to_metric_families(text):

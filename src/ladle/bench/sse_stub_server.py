@@ -160,7 +160,7 @@ def main() -> None:
     start = time.perf_counter()
     try:
         try:
-            import uvloop
+            import uvloop  # optional: not a dependency of ladle
 
             uvloop.run(serve(args.host, args.port, args.step_ms / 1000))
         except ImportError:

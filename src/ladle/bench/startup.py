@@ -23,6 +23,7 @@ import shlex
 import statistics
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 from ladle.bench.startup_runs import (
@@ -31,6 +32,7 @@ from ladle.bench.startup_runs import (
     run_offline_once,
     run_serve_once,
 )
+from ladle.model.default_model import default_model_if_cached
 
 # Short, and every id below every vocabulary ladle runs (tiny presets have 512).
 PROMPT_TOKEN_IDS = [1, 17, 42, 99, 123, 7, 300]
@@ -132,14 +134,14 @@ def _model_and_flags(args: argparse.Namespace) -> tuple[str | None, list[str]]:
 
 
 def _is_preset(name: str) -> bool:
+    # The loader imports torch (~1 s): `ladle serve --help` builds this subcommand's parser.
     from ladle.model.loader.presets import get_preset
 
     return not Path(name).expanduser().exists() and get_preset(name) is not None
 
 
 def _write_checkpoint(model: str, out_dir: str) -> Path:
-    import time
-
+    # torch (~1 s) loads to write the checkpoint, not for `ladle serve --help`.
     import torch
 
     from ladle.model.loader.random_checkpoint import write_random_checkpoint
@@ -153,8 +155,6 @@ def _write_checkpoint(model: str, out_dir: str) -> Path:
 
 def _model_files(model: str | None) -> list[Path]:
     if model is None:
-        from ladle.model.default_model import default_model_if_cached
-
         cached = default_model_if_cached()
         return [cached] if cached is not None else []
     path = Path(model).expanduser()

@@ -17,12 +17,13 @@ import argparse  # noqa: E402  (after the clock: the imports are part of the sta
 import json  # noqa: E402
 import sys  # noqa: E402
 
+from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args  # noqa: E402
+from ladle.sampling.params import SamplingParams  # noqa: E402
+
 RESULT_PREFIX = "LADLE_STARTUP_RESULT "
 
 
 def build_parser() -> argparse.ArgumentParser:
-    from ladle.cli.engine_args import add_engine_arguments
-
     parser = argparse.ArgumentParser(prog="ladle.bench.startup_child")
     parser.add_argument("model", nargs="?", default=None)
     parser.add_argument("--prompt-token-ids", required=True, help="comma-separated token ids")
@@ -32,9 +33,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    from ladle.cli.engine_args import engine_options_from_args
+    # The engine (torch, ~1 s) loads in the child only: the parent (`ladle bench startup`, whose
+    # parser `ladle serve --help` builds) imports this module for RESULT_PREFIX.
     from ladle.entrypoints.llm import LLM
-    from ladle.sampling.params import SamplingParams
 
     imported = time.perf_counter()
     llm = LLM(args.model, **engine_options_from_args(args))

@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -126,8 +127,6 @@ def run_offline_once(
 
 
 def _kill_after(child: subprocess.Popen, timeout_s: float):
-    import threading
-
     timer = threading.Timer(timeout_s, child.kill)
     timer.daemon = True
     timer.start()

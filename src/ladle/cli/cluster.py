@@ -11,11 +11,15 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import socket
 import sys
+import tempfile
 import threading
 from typing import Any
+
+from ladle.entrypoints.openai.http_server_options import HttpServerOptions
 
 RAY_MISSING = (
     "--replicas and --ray-address run ladle on Ray Serve, which is not installed; "
@@ -28,10 +32,13 @@ def run_cluster(
     args: argparse.Namespace, model: str | None, served_name: str, engine_options: dict[str, Any]
 ) -> int:
     try:
+        # Ray is optional (the `ray` extra) and costs ~0.3 s to import: only cluster serving
+        # loads it, not `ladle serve --help` nor a single-process server.
         import ray
         from ray import serve
     except ImportError:
         raise ValueError(RAY_MISSING) from None
+    # These import Ray at module level (see above).
     from ladle.entrypoints.cluster.app import build_app, build_replicas
     from ladle.entrypoints.cluster.front_server import bind_socket
 
@@ -108,8 +115,6 @@ def serve_front_with_flags(
     replicas: str,
 ) -> int:
     """The front (front_server.py) in --api-server-count processes until SIGTERM / Ctrl-C."""
-    from ladle.entrypoints.openai.http_server_options import HttpServerOptions
-
     options = HttpServerOptions.from_args(args)
     count = api_server_count(args)
     port = listener.getsockname()[1]
@@ -128,6 +133,7 @@ def serve_front_with_flags(
 
 def api_server_count(args: argparse.Namespace) -> int:
     """--api-server-count, or its default for the replicas asked (the most, when autoscaling)."""
+    # front_processes imports Ray at module level (optional, ~0.3 s to import).
     from ladle.entrypoints.cluster.front_processes import (
         can_share_a_port,
         default_api_server_count,
@@ -153,9 +159,8 @@ def serve_front(
     """The front in `count` processes on `listener`'s port (this one and count-1 started here,
     which bind it too: `listener` must have SO_REUSEPORT when count > 1), for the replicas of
     application APP_NAME on the Ray cluster this process belongs to."""
-    import shutil
-    import tempfile
-
+    # Ray and front_processes (which imports it) are optional and ~0.3 s to import: only cluster
+    # serving loads them.
     import ray
 
     from ladle.entrypoints.cluster.front_processes import (
@@ -192,7 +197,7 @@ def serve_front(
 def _serve_on_cluster(app: Any, args: argparse.Namespace, served_name: str, replicas: str) -> int:
     """Deploys `app` behind Ray Serve's proxy on the cluster until SIGTERM / Ctrl-C, then
     deletes only this application."""
-    from ray import serve
+    from ray import serve  # optional, ~0.3 s: loaded only when serving on a cluster
 
     stop = threading.Event()
     for signum in (signal.SIGTERM, signal.SIGINT):
@@ -210,7 +215,7 @@ def _serve_on_cluster(app: Any, args: argparse.Namespace, served_name: str, repl
         print(f"ladle: error: the Ray Serve deployment failed: {error}", file=sys.stderr)
         return 1
     finally:
-        import ray
+        import ray  # optional, ~0.3 s: loaded only when serving on a cluster
 
         try:
             serve.delete(APP_NAME)
@@ -250,7 +255,7 @@ def _start_serving(app: Any, host: str, port: int) -> int:
 
     Port 0 picks a free one now, after ray.init (whose own processes have taken theirs), and on
     the rare loss of that port to another process before the proxy binds it, picks again."""
-    from ray import serve
+    from ray import serve  # optional, ~0.3 s: loaded only when serving on a cluster
 
     num_attempts = 1 if port else 3
     for attempt in range(1, num_attempts + 1):

@@ -11,7 +11,9 @@ import shutil
 import subprocess
 from collections.abc import Callable
 
+from ladle.frontend.disagg_client import DisaggregatedClient
 from ladle.frontend.disagg_routing import SplitPolicy
+from ladle.frontend.local_replicas import LocalReplicasClient
 from ladle.kv_transfer.config import Disaggregation
 
 
@@ -73,15 +75,11 @@ def build_disaggregated_client(
     if (split_policy.min_prompt_tokens or split_policy.is_auto) and text is None:
         raise ValueError("--disaggregate-min-prompt goes with --disaggregate")
     if text is None:
-        from ladle.frontend.local_replicas import LocalReplicasClient
-
         return LocalReplicasClient(
             engine_options, metrics, admission, num_local_replicas,
             restart_policy=restart_policy, on_fatal=on_fatal,
             devices=instance_devices(num_local_replicas, device),
         )
-    from ladle.frontend.disagg_client import DisaggregatedClient
-
     disaggregation = Disaggregation.parse(text)
     devices = instance_devices(disaggregation.num_instances, device)
     return DisaggregatedClient(

@@ -14,10 +14,12 @@ from ladle.bench.serve import add_parser as add_bench_serve_parser
 from ladle.bench.startup import add_bench_startup_parser
 from ladle.bench.workloads import describe_workloads
 from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args, expand_config_file
+from ladle.cli.generate import run_generate
 from ladle.cli.quantize import add_quantize_parser
 from ladle.cli.train_draft import add_train_draft_parser
 from ladle.model.arch_config import UnsupportedModelError
 from ladle.model.load_errors import ModelLoadError
+from ladle.sampling.params import SamplingParams
 
 try:
     from ladle.cli.serve import add_serve_parser
@@ -45,9 +47,7 @@ def _add_sampling_arguments(parser: argparse.ArgumentParser) -> None:
 
 
 def _run_generate(args: argparse.Namespace) -> int:
-    from ladle.cli.generate import run_generate
-    from ladle.entrypoints.llm import LLM
-    from ladle.sampling.params import SamplingParams
+    from ladle.entrypoints.llm import LLM  # the engine imports torch (~1 s): not for --help
 
     params = SamplingParams(
         max_tokens=args.max_tokens,

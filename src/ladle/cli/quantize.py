@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from pathlib import Path
 
 from ladle.config import CHECKPOINT_FORMATS, SUPPORTED_DTYPE_NAMES, supported_dtypes
 
@@ -138,8 +139,7 @@ def add_quantize_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_quantize(args: argparse.Namespace) -> int:
-    from pathlib import Path
-
+    # The model code imports torch (~1 s): `ladle serve --help` builds this subcommand's parser.
     from ladle.model.layers.quant.float_projections import parse_float_projections
     from ladle.model.loader.hub import looks_like_hub_id, resolve_hub_model
     from ladle.model.loader.quantized_writer import write_quantized_checkpoint
@@ -201,6 +201,7 @@ def run_quantize(args: argparse.Namespace) -> int:
 
 def _float_layers(args: argparse.Namespace, source) -> set[int]:
     """The decoder layers left unquantized: the last --float-last-layers, or the method's."""
+    # Imported here, as in run_quantize: they import torch (~1 s).
     from ladle.model.layers.quant import default_float_layers
     from ladle.model.loader.gguf_source import gguf_hf_config, is_gguf_file
     from ladle.model.loader.safetensors import read_hf_config
@@ -216,8 +217,7 @@ def _calibrate(
     args: argparse.Namespace, source, dtype, float_layers: set[int], float_projections
 ) -> dict:
     """GPTQ's calibration pass over the model (model/loader/calibration.py)."""
-    from pathlib import Path
-
+    # Imported here, as in run_quantize: they import torch (~1 s).
     from ladle.model.layers.quant import get_quant_method
     from ladle.model.loader.calibration import calibrate_checkpoint
     from ladle.model.loader.calibration_text import calibration_texts, token_windows

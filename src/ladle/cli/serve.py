@@ -18,10 +18,20 @@ from collections.abc import Callable
 # the server extra is installed.
 import uvicorn
 
+from ladle.cli.durations import parse_duration
 from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args
 from ladle.cli.vllm_server_flags import add_vllm_server_arguments
+from ladle.config import EngineConfig
+from ladle.entrypoints.chat_template import apply_chat_template_override, load_chat_template
+from ladle.entrypoints.openai.live_stats import LiveStatsLogger
 from ladle.entrypoints.openai.reasoning_parsers import REASONING_PARSERS
+from ladle.entrypoints.openai.request_log import enable_request_logging
 from ladle.entrypoints.openai.tool_parsers import TOOL_PARSERS
+from ladle.frontend.admission import AdmissionController
+from ladle.frontend.restart_policy import RestartPolicy
+from ladle.frontend.slo_admission import TtftSloAdmission
+from ladle.model.default_model import resolve_default_model
+from ladle.threads import configure_api_process_threads
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 API_KEY_ENV = "LADLE_API_KEY"
@@ -263,16 +273,13 @@ def add_serve_parser(subparsers: argparse._SubParsersAction) -> None:
 
 
 def run_serve(args: argparse.Namespace) -> int:
-    from ladle.config import EngineConfig
+    # The server stack (fastapi, pydantic, zmq, tokenizers, prometheus_client, uvicorn's HTTP
+    # protocol: ~0.35 s) loads only to serve, not for `ladle serve --help` nor other commands.
+    from ladle.cli.disagg import build_disaggregated_client
     from ladle.entrypoints.openai.http_server_options import HttpServerOptions
-    from ladle.entrypoints.openai.live_stats import LiveStatsLogger
-    from ladle.entrypoints.openai.request_log import enable_request_logging
     from ladle.entrypoints.openai.server import CorsSettings, ServerSettings, build_app
-    from ladle.frontend.admission import AdmissionController
     from ladle.frontend.client import AsyncEngineClient, EngineStartError
     from ladle.frontend.metrics import ServerMetrics
-    from ladle.frontend.restart_policy import RestartPolicy
-    from ladle.threads import configure_api_process_threads
 
     if args.max_request_bytes < 1:
         raise ValueError(f"--max-request-bytes must be >= 1, got {args.max_request_bytes}")
@@ -288,16 +295,12 @@ def run_serve(args: argparse.Namespace) -> int:
             raise ValueError(f"{flag} must be > 0, got {value}")
     chat_template = None
     if args.chat_template is not None:
-        from ladle.entrypoints.chat_template import load_chat_template
-
         chat_template = load_chat_template(args.chat_template)
     options = engine_options_from_args(args)
     if args.tokenizer:
         options["tokenizer"] = args.tokenizer
     model = args.model
     if model is None and options["load_format"] != "dummy":
-        from ladle.model.default_model import resolve_default_model
-
         model = str(resolve_default_model())
         served_name = DEFAULT_SERVED_NAME
     else:
@@ -322,7 +325,7 @@ def run_serve(args: argparse.Namespace) -> int:
         if args.enable_request_id_headers:
             # The front relays the replicas' responses and sets its own headers.
             raise ValueError("--enable-request-id-headers is not supported with --replicas")
-        from ladle.cli.cluster import run_cluster
+        from ladle.cli.cluster import run_cluster  # Ray's front: only --replicas loads it
 
         return run_cluster(args, model, served_name, options)
     if args.api_server_count not in (None, 1):
@@ -333,9 +336,6 @@ def run_serve(args: argparse.Namespace) -> int:
     metrics = ServerMetrics(served_name)
     admission = AdmissionController(args.max_queued_requests, args.max_queued_tokens)
     if args.ttft_slo is not None:
-        from ladle.cli.durations import parse_duration
-        from ladle.frontend.slo_admission import TtftSloAdmission
-
         admission = TtftSloAdmission(
             admission,
             parse_duration(args.ttft_slo),
@@ -354,8 +354,6 @@ def run_serve(args: argparse.Namespace) -> int:
         server.should_exit = True
 
     if args.disaggregate is not None or args.local_replicas != 1:
-        from ladle.cli.disagg import build_disaggregated_client
-
         client = build_disaggregated_client(
             args.disaggregate, args.local_replicas, {"model": model, **options}, metrics,
             admission, restart_policy, on_fatal, min_prompt_tokens=args.disaggregate_min_prompt,
@@ -420,8 +418,6 @@ def run_serve(args: argparse.Namespace) -> int:
             return 1
         configure_api_process_threads()  # again: loading the tokenizer may have imported torch
         if chat_template is not None and client.tokenizer is not None:
-            from ladle.entrypoints.chat_template import apply_chat_template_override
-
             apply_chat_template_override(client.tokenizer.hf_tokenizer, chat_template)
         log_stats = args.stats_interval > 0 and not args.disable_log_stats
         stats_task = asyncio.create_task(live_stats.run()) if log_stats else None

@@ -144,6 +144,7 @@ def parse_layer_ids(text: str | None) -> tuple[int, int, int] | None:
 
 
 def run_train_draft(args: argparse.Namespace) -> int:
+    # The training pipeline imports torch (~1 s): `ladle serve --help` builds this parser.
     from ladle.spec_decode.train.pipeline import TrainDraftOptions, train_draft
 
     options = TrainDraftOptions(

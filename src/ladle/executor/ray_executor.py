@@ -11,6 +11,7 @@ the shutdown are shared.
 
 from __future__ import annotations
 
+import os
 import pickle
 import socket
 import subprocess
@@ -29,9 +30,7 @@ class _RankActor:
 
     def address(self) -> tuple[str, int, int]:
         """(this node's IP, a free TCP port on it, this process's pid)."""
-        import os
-
-        import ray
+        import ray  # optional, ~0.25 s: only the ray backend loads it (see _start_workers)
 
         with socket.socket() as probe:
             probe.bind(("", 0))
@@ -61,7 +60,7 @@ class RayWorkerHandle:
         self.pid = pid
 
     def poll(self) -> int | None:
-        import ray
+        import ray  # optional, ~0.25 s: only the ray backend loads it (see _start_workers)
 
         done, _ = ray.wait([self.run_ref], timeout=0)
         if not done:
@@ -73,7 +72,7 @@ class RayWorkerHandle:
             return 1
 
     def wait(self, timeout: float | None = None) -> int:
-        import ray
+        import ray  # optional, ~0.25 s: only the ray backend loads it (see _start_workers)
 
         done, _ = ray.wait([self.run_ref], timeout=timeout)
         if not done:
@@ -81,14 +80,14 @@ class RayWorkerHandle:
         return self.poll() or 0
 
     def kill(self) -> None:
-        import ray
+        import ray  # optional, ~0.25 s: only the ray backend loads it (see _start_workers)
 
         ray.kill(self.actor, no_restart=True)
 
 
 class RayExecutor(MultiprocessExecutor):
     def __init__(self, config: EngineConfig) -> None:
-        import ray
+        import ray  # optional, ~0.25 s: only the ray backend loads it (see _start_workers)
 
         if not ray.is_initialized():
             # A cluster the environment names (RAY_ADDRESS), else a local one.
@@ -108,6 +107,8 @@ class RayExecutor(MultiprocessExecutor):
         output_address: str,
         ready_address: str,
     ) -> list[RayWorkerHandle]:
+        # Ray is optional and ~0.25 s to import: the engine imports this module through
+        # executor/factory.py whatever the backend, only the ray backend loads Ray.
         import ray
         from ray.util.placement_group import placement_group
         from ray.util.scheduling_strategies import PlacementGroupSchedulingStrategy
@@ -155,7 +156,7 @@ class RayExecutor(MultiprocessExecutor):
     def shutdown(self) -> None:
         super().shutdown()
         if self._placement_group is not None:
-            import ray
+            import ray  # optional, ~0.25 s: only the ray backend loads it (see _start_workers)
 
             for handle in self._processes:
                 handle.kill()

@@ -25,9 +25,12 @@ from __future__ import annotations
 
 from typing import Any
 
+import ray
 from ray import serve
 from ray.serve.config import RequestRouterConfig
 
+from ladle.cli.durations import parse_duration
+from ladle.config import EngineConfig
 from ladle.entrypoints.cluster.front import ENGINE_DEPLOYMENT_NAME, FrontSettings
 from ladle.entrypoints.cluster.ingress import LadleIngress
 from ladle.entrypoints.cluster.prefix_routing import (
@@ -38,6 +41,8 @@ from ladle.entrypoints.cluster.prefix_routing import (
 from ladle.entrypoints.cluster.replica import LadleReplica
 from ladle.entrypoints.cluster.replica_settings import ReplicaServerSettings
 from ladle.entrypoints.cluster.round_robin import ROUTING_POLICIES
+from ladle.frontend.tokenizer_source import resolve_tokenizer_source
+from ladle.model.default_model import resolve_default_model
 
 DEFAULT_SERVED_NAME = "SmolLM2-135M-Instruct"
 _ROUTER_CLASS = "ladle.entrypoints.cluster.request_router:PrefixAwareRequestRouter"
@@ -102,9 +107,6 @@ def build_replicas(
     replica_http_host: where each replica's own HTTP server listens (None: its node's IP).
     Raises ValueError on bad options, naming the field.
     """
-    from ladle.cli.durations import parse_duration
-    from ladle.config import EngineConfig
-
     if num_replicas < 1:
         raise ValueError(f"num_replicas must be >= 1, got {num_replicas}")
     if routing not in ROUTING_POLICIES:
@@ -112,8 +114,6 @@ def build_replicas(
     if shutdown_timeout < 0:
         raise ValueError(f"shutdown_timeout must be >= 0, got {shutdown_timeout}")
     if model is None and engine_options.get("load_format") != "dummy":
-        from ladle.model.default_model import resolve_default_model
-
         model = str(resolve_default_model())
         served_model_name = served_model_name or DEFAULT_SERVED_NAME
     served_model_name = served_model_name or str(model)
@@ -184,7 +184,7 @@ def routing_tokenizer_source(config: Any, model: str | None) -> str | None:
     """The tokenizer the replicas run with, found as the engine finds it, for the front's
     prefix keys. A preset of random weights has no tokenizer of its own: its name is never
     looked up on the hub (offline, that lookup retried for ~25 s before every start)."""
-    from ladle.frontend.tokenizer_source import resolve_tokenizer_source
+    # The loader imports torch (~1 s), which the driver and front processes need not load.
     from ladle.model.loader.presets import get_preset
 
     is_preset = model is not None and get_preset(model) is not None
@@ -207,10 +207,8 @@ def _runs_on_cuda(device: str) -> bool:
         return True
     if device != "auto":
         return False
-    import ray
-
     if ray.is_initialized() and ray.cluster_resources().get("GPU", 0) > 0:
         return True
-    import torch
+    import torch  # ~1 s, for the one question: the driver runs no model
 
     return torch.cuda.is_available()

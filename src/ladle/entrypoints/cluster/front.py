@@ -34,6 +34,7 @@ from collections.abc import AsyncIterator, Awaitable, Callable
 from typing import Any
 
 import aiohttp
+from ray import serve
 from ray.exceptions import RayError
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response, StreamingResponse
@@ -101,8 +102,6 @@ def _cut_stream_event(error: BaseException) -> bytes:
 
 def num_running_replicas(app_name: str) -> int:
     """LadleReplica replicas of application `app_name` that Ray Serve reports RUNNING (blocks)."""
-    from ray import serve
-
     status = serve.status().applications.get(app_name)
     if status is None:
         return 0

@@ -36,8 +36,16 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from ladle.entrypoints.cluster.front import FrontSettings
-from ladle.entrypoints.cluster.front_peers import peer_socket_path
+from ray import serve
+
+from ladle.entrypoints.cluster.front import (
+    ENGINE_DEPLOYMENT_NAME,
+    FrontSettings,
+    ReplicaFront,
+    num_running_replicas,
+)
+from ladle.entrypoints.cluster.front_peers import FrontPeers, peer_socket_path
+from ladle.entrypoints.cluster.front_server import FrontServer, build_front_app
 from ladle.entrypoints.openai.http_server_options import HttpServerOptions
 
 logger = logging.getLogger("ladle.cluster")
@@ -103,16 +111,6 @@ def serve_front_process(
 ) -> bool:
     """ReplicaFront under uvicorn on `listener` until SIGTERM / Ctrl-C (or, in another front
     process, until the first one is gone); True if it served. Ray must be initialised."""
-    from ray import serve
-
-    from ladle.entrypoints.cluster.front import (
-        ENGINE_DEPLOYMENT_NAME,
-        ReplicaFront,
-        num_running_replicas,
-    )
-    from ladle.entrypoints.cluster.front_peers import FrontPeers
-    from ladle.entrypoints.cluster.front_server import FrontServer, build_front_app
-
     engine = serve.get_deployment_handle(ENGINE_DEPLOYMENT_NAME, spec.app_name)
     peers = FrontPeers(spec.peers_dir, index, spec.count) if spec.count > 1 else None
     extra: dict[str, Any] = (
@@ -134,7 +132,7 @@ def serve_front_process(
 def find_front_workers(root_pid: int) -> list[Any]:
     """The front processes after the first, under the `ladle serve` process root_pid (psutil
     processes; for benchmarks and tests, which watch them from outside)."""
-    import psutil
+    import psutil  # a test dependency only (the `test` extra): benchmarks and tests call this
 
     workers = []
     for child in psutil.Process(root_pid).children(recursive=True):

@@ -10,15 +10,15 @@ from __future__ import annotations
 import os
 import sys
 
+import ray
+
+from ladle.entrypoints.cluster.front_processes import FrontProcessSpec, serve_front_process
+from ladle.entrypoints.cluster.front_server import bind_socket
+
 
 def main() -> int:
-    from ladle.entrypoints.cluster.front_processes import FrontProcessSpec, serve_front_process
-    from ladle.entrypoints.cluster.front_server import bind_socket
-
     spec, index = FrontProcessSpec.from_json(sys.stdin.read())
     parent_pid = os.getppid()
-    import ray
-
     # Its own logs only: the replicas' lines already reach the first process's output.
     ray.init(address=spec.ray_address, include_dashboard=False, log_to_driver=False)
     # Bound only now, ready to serve: from its bind on, the kernel hands this socket its share

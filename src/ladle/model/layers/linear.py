@@ -9,16 +9,22 @@ the single-device versions, kept explicit so that change is local.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 import torch.nn.functional as F
 from torch import nn
 
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.group_quant import GroupQuantizedRows
-from ladle.model.layers.quant.act_order import load_input_permutation
-from ladle.model.layers.quant.base import QuantMethod
 from ladle.model.layers.quantized_linear import hold_quantized_rows, quantized_matmul
 from ladle.model.layers.weight_loading import default_weight_loader
+from ladle.model.load_errors import ModelLoadError
+
+if TYPE_CHECKING:
+    # Only the annotation names it: the quant package sits above Linear (its model walks find
+    # Linears), so importing it here at run time would make the two import each other.
+    from ladle.model.layers.quant.base import QuantMethod
 
 
 class Linear(nn.Module):
@@ -71,13 +77,26 @@ class Linear(nn.Module):
         `adopt_native_weights_` stacks the shards. An act-order input permutation is the whole
         input's, the same in every shard."""
         if param is self.input_permutation:
-            load_input_permutation(self, loaded_weight, shard_id)
+            self.load_input_permutation(loaded_weight, shard_id)
             return
         start, num_rows = self.shard_rows(shard_id)
         if isinstance(loaded_weight, GroupQuantizedRows):
             hold_quantized_rows(self, param, loaded_weight, start, num_rows, self.input_size)
             return
         default_weight_loader(param.data.narrow(0, start, num_rows), loaded_weight)
+
+    def load_input_permutation(self, loaded: torch.Tensor, shard_id: str | int | None) -> None:
+        """Copy one projection's act-order permutation into the layer's (quant/act_order.py
+        gives it the identity first); the shards of a merged layer must bring the same one: they
+        share the input the layer gathers."""
+        loaded = loaded.to(self.input_permutation.device, torch.int64)
+        if self.input_permutation_shards and not torch.equal(self.input_permutation.data, loaded):
+            raise ModelLoadError(
+                "its act-order input permutation differs from the other projections of the same "
+                "input, which ladle runs in one matmul"
+            )
+        self.input_permutation.data.copy_(loaded)
+        self.input_permutation_shards.add(shard_id)
 
     def extra_repr(self) -> str:
         return f"in={self.input_size}, out={self.output_size}, bias={self.bias is not None}"

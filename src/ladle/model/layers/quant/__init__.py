@@ -24,6 +24,7 @@ from collections.abc import Collection
 import torch
 from torch import nn
 
+from ladle.model.layers.linear import Linear
 from ladle.model.layers.quant.base import QuantMethod, canonical_tensors, install_canonical_
 from ladle.model.layers.quant.fp8 import Fp8Method
 from ladle.model.layers.quant.input_fusion import link_quantized_inputs_
@@ -73,9 +74,7 @@ def in_layers(name: str, layer_indices: Collection[int]) -> bool:
     return match is not None and int(match[1]) in layer_indices
 
 
-def _linears(model: nn.Module) -> list[tuple[str, nn.Module]]:
-    from ladle.model.layers.linear import Linear
-
+def _linears(model: nn.Module) -> list[tuple[str, Linear]]:
     return [(name, module) for name, module in model.named_modules() if isinstance(module, Linear)]
 
 

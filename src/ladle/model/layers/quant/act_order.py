@@ -19,34 +19,18 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from ladle.model.load_errors import ModelLoadError
-
 PERMUTATION = "input_permutation"
 
 
 def add_input_permutations_(model: nn.Module) -> None:
     """Give every quantized Linear an input_permutation parameter (the identity) for an
-    act-order checkpoint to fill: every one of its projections brings one."""
+    act-order checkpoint to fill: every one of its projections brings one, and
+    `Linear.load_input_permutation` checks that the shards of a merged layer agree."""
     for module in model.modules():
         if getattr(module, "quant_method", None) is not None:
             identity = torch.arange(module.input_size, device=_device(module))
             module.input_permutation = nn.Parameter(identity, requires_grad=False)
             module.input_permutation_shards = set()
-
-
-def load_input_permutation(
-    layer: nn.Module, loaded: torch.Tensor, shard_id: str | int | None
-) -> None:
-    """Copy one projection's permutation into the layer's; the shards of a merged layer must
-    bring the same one (they share the input the layer gathers)."""
-    loaded = loaded.to(layer.input_permutation.device, torch.int64)
-    if layer.input_permutation_shards and not torch.equal(layer.input_permutation.data, loaded):
-        raise ModelLoadError(
-            "its act-order input permutation differs from the other projections of the same "
-            "input, which ladle runs in one matmul"
-        )
-    layer.input_permutation.data.copy_(loaded)
-    layer.input_permutation_shards.add(shard_id)
 
 
 def drop_identity_permutations_(model: nn.Module) -> None:
