@@ -4,8 +4,10 @@
 # device call:
 #   host    - "drafts_on_device": false: drafts on the host, drafted steps synchronous (the
 #             behaviour before this change);
-#   device  - drafts on the device, drafted steps overlapped, the torch path (~75 launches);
-#   kernels - the same with LADLE_DRAFT_KERNELS=1 (kernels/draft_steps.py, three launches).
+#   device  - drafts on the device, drafted steps overlapped, the torch path (~75 launches,
+#             LADLE_DRAFT_KERNELS=0);
+#   kernels - the same with the fused kernels (kernels/draft_steps.py, three launches; the
+#             default on CUDA since 2026-11-28).
 # Each `ladle bench latency` also runs the same requests without speculation on the same engine.
 # Summary lines (decode ms/token with and without speculation) land in $OUT/spec_overlap.log.
 # ORDER: the modes in the order they run (repeat them to alternate on a busy machine).
