@@ -160,3 +160,19 @@ def test_python_dash_m_ladle_runs_the_cli():
     )
     assert result.returncode == 0
     assert "throughput" in result.stdout and "latency" in result.stdout
+
+
+def test_the_warm_up_runs_a_one_request_workload_as_timed_and_cuts_a_many_request_one():
+    """W3's warm-up is its one request as timed; W2's is 4 requests cut to a few tokens, so a
+    --profile-ranks window of steps 100-150 falls in the timed run, not in a warm-up of up to
+    1,024 tokens a request."""
+    from ladle.bench.engine_bench import WARMUP_TOKENS, warmup_requests
+    from ladle.bench.workloads import W2, W3_SMALL, build_requests
+
+    w3 = build_requests(W3_SMALL)
+    assert warmup_requests(w3) == w3
+    w2 = build_requests(W2)
+    warmup = warmup_requests(w2)
+    assert [r.prompt_token_ids for r in warmup] == [r.prompt_token_ids for r in w2[:4]]
+    assert [r.max_tokens for r in warmup] == [min(r.max_tokens, WARMUP_TOKENS) for r in w2[:4]]
+    assert max(r.max_tokens for r in w2[:4]) > 100 >= sum(r.max_tokens for r in warmup)

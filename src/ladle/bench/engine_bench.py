@@ -207,8 +207,18 @@ def run_hf_peer(llm, requests: list[WorkloadRequest]) -> dict:
     return {"max_new_tokens": max_new, "seconds": elapsed, "tokens_per_s": generated / elapsed}
 
 
-# Tokens each warm-up request generates at most (several decode steps and graph buckets).
+# Tokens each warm-up request of a many-request workload generates at most.
 WARMUP_TOKENS = 16
+
+
+def warmup_requests(requests: list[WorkloadRequest]) -> list[WorkloadRequest]:
+    """What runs before the timed runs, so first-call costs (kernel builds, graphs' first
+    replays) stay out of them: a one-request workload (W3) runs as timed, the same steps; a
+    many-request one runs its first 4 requests cut to WARMUP_TOKENS, not to W2's outputs of up
+    to 1,024 tokens, into which --profile-ranks' step window would otherwise fall."""
+    if len(requests) == 1:
+        return requests
+    return [replace(r, max_tokens=min(r.max_tokens, WARMUP_TOKENS)) for r in requests[:4]]
 EDIT_WORKLOAD = "edit"
 EDIT_NUM_REQUESTS = 12
 
@@ -414,11 +424,7 @@ def run_bench(args: argparse.Namespace) -> int:
         ]
     ceilings = measure_ceilings(device, info.dtype)
     show = not args.no_progress
-    # A few requests cut to WARMUP_TOKENS: the first-call costs (kernel builds, graphs'
-    # first replays) stay out of the timings without a warm-up as long as W2's outputs,
-    # which --profile-ranks' step window would otherwise fall into.
-    warmup = [replace(r, max_tokens=min(r.max_tokens, WARMUP_TOKENS)) for r in requests[:4]]
-    run_engine(engine, warmup, "warm-up", show_progress=False)
+    run_engine(engine, warmup_requests(requests), "warm-up", show_progress=False)
     if device.type == "cuda":
         torch.cuda.reset_peak_memory_stats()
     runs, speculation = _spec_runs(engine, requests, args, show)
