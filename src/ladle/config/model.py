@@ -87,8 +87,9 @@ class ModelConfig:
         default="auto",
         metadata={
             "help": "auto: the model's generation_config.json (or GGUF metadata) sets the "
-            "sampling defaults of requests; vllm: ladle's defaults; or a folder with a "
-            "generation_config.json"
+            "sampling defaults of requests (its max_new_tokens: the default max_tokens, and "
+            "the most a served request generates); vllm: ladle's defaults; or a folder with "
+            "a generation_config.json"
         },
     )
     override_generation_config: dict = field(

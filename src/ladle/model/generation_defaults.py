@@ -5,6 +5,9 @@ Model authors ship recommended sampling settings in `generation_config.json` (Qw
 (`general.sampling.*`). With generation_config='auto' (the default) they become the defaults of
 every request that does not set the field; 'vllm' (or 'ladle') keeps ladle's defaults
 (temperature 1, no truncation); a folder path reads that folder's generation_config.json.
+generation_config.json's `max_new_tokens` becomes `max_tokens`, which in vLLM's reading (and the
+server's, entrypoints/openai/sampling.py) is the default of requests that give none and a
+ceiling on those that ask more; GGUF metadata has no such key.
 --override-generation-config's values (config/generation_overrides.py) are laid on top, whatever
 generation_config says, as vLLM does.
 
@@ -29,6 +32,8 @@ _HF_KEYS = {
     "min_p": "min_p",
     "repetition_penalty": "repetition_penalty",
 }
+# Not a sampling field: transformers honours it under greedy decoding (do_sample false) too.
+_HF_LENGTH_KEY = "max_new_tokens"
 # GGUF metadata key -> SamplingParams field (llama.cpp's general.sampling.* names)
 _GGUF_KEYS = {
     "general.sampling.temp": "temperature",
@@ -68,9 +73,12 @@ def describe_defaults(defaults: dict[str, Any], overridden: bool = False) -> str
     source = "the model's generation config"
     if overridden:
         source += " and --override-generation-config"
+    kept = "requests that set a field keep their value"
+    if "max_tokens" in defaults:
+        kept += f", but a served request generates at most max_tokens={defaults['max_tokens']}"
     return (
-        f"[ladle] sampling defaults from {source}: {settings} (requests that set a field keep "
-        "their value; --generation-config vllm turns the model's off)"
+        f"[ladle] sampling defaults from {source}: {settings} ({kept}; --generation-config "
+        "vllm turns the model's off)"
     )
 
 
@@ -84,9 +92,11 @@ def _from_json(path: Path) -> dict[str, Any]:
     if not isinstance(config, dict):
         return {}
     # do_sample=false means greedy in transformers; its sampling fields are then unused.
-    if config.get("do_sample") is False:
-        return {}
-    return _clean({field: config.get(key) for key, field in _HF_KEYS.items()})
+    values = {}
+    if config.get("do_sample") is not False:
+        values = {field: config.get(key) for key, field in _HF_KEYS.items()}
+    values["max_tokens"] = config.get(_HF_LENGTH_KEY)  # after the sampling fields in the log
+    return _clean(values)
 
 
 def _from_gguf(path: Path) -> dict[str, Any]:
@@ -112,6 +122,12 @@ def _clean(values: dict[str, Any]) -> dict[str, Any]:
             value = int(value)
             if value <= 0:  # 0 means "off" in transformers and llama.cpp; -1 in ladle
                 continue
+        elif field == "max_tokens":
+            # A count below 1 or a fraction is no max_tokens; a model file holding one supplies
+            # no length rather than stopping the server (as with the other fields).
+            if value < 1 or not float(value).is_integer():
+                continue
+            value = int(value)
         else:
             value = float(value)
             # Values equal to ladle's own defaults change nothing; leave them out of the log.

@@ -90,8 +90,9 @@ def resolve_max_tokens(
     """The number of tokens to generate: the request's, or all the room left when it gives
     none. Raises BadRequestError (naming the limit) when the request cannot fit.
 
-    ceiling: --override-generation-config's max_new_tokens, which vLLM applies as the most any
-    request generates (the default of those that give none, a cap on those that ask more)."""
+    ceiling: the generation config's max_new_tokens (the model's generation_config.json, or
+    --override-generation-config's over it), which vLLM applies as the most any request
+    generates (the default of those that give none, a cap on those that ask more)."""
     if requested is not None and requested < 1:
         raise BadRequestError(
             f"{max_tokens_param} must be at least 1, got {requested}", param=max_tokens_param
