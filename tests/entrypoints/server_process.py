@@ -57,6 +57,16 @@ class ServerProcess:
     def headers(self) -> dict[str, str]:
         return {"Authorization": f"Bearer {self.api_key}"} if self.api_key else {}
 
+    def openai_client(self, timeout: float = 60):
+        """The official openai client on this server's /v1, with its key, no retries (a test
+        sees the first answer)."""
+        import openai
+
+        return openai.OpenAI(
+            base_url=f"{self.base_url}/v1", api_key=self.api_key or "none", max_retries=0,
+            timeout=timeout,
+        )
+
     def start(self, timeout_s: float = 180.0) -> ServerProcess:
         command = [sys.executable, "-m", "ladle.cli", "serve", *self.args, "--port", "0"]
         if self.api_key:

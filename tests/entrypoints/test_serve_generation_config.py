@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import shutil
 
-import openai
 import pytest
 
 from tests.entrypoints.conftest import API_KEY, TINY_ENGINE_ARGS
@@ -35,9 +34,7 @@ def server(tiny_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=60
-    )
+    return server.openai_client()
 
 
 def test_start_up_log_names_it(server) -> None:

@@ -31,9 +31,7 @@ def skip_server(tiny_model_path, tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def client(skip_server):
-    return openai.OpenAI(
-        base_url=f"{skip_server.base_url}/v1", api_key="none", max_retries=0, timeout=60
-    )
+    return skip_server.openai_client()
 
 
 @pytest.fixture(scope="module")

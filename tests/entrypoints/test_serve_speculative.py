@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 
-import openai
 import pytest
 
 from ladle import SamplingParams
@@ -34,9 +33,7 @@ def speculative_server(tiny_model_path):
 
 @pytest.fixture()
 def client(speculative_server):
-    return openai.OpenAI(
-        base_url=f"{speculative_server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=60
-    )
+    return speculative_server.openai_client()
 
 
 def test_streamed_completions_equal_offline_without_speculation(

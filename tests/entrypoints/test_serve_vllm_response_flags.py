@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import httpx
-import openai
 import pytest
 
 from ladle.model.generation_defaults import sampling_defaults_of
@@ -40,9 +39,7 @@ def server(tiny_model_path):
 
 @pytest.fixture(scope="module")
 def client(server):
-    return openai.OpenAI(
-        base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0, timeout=60
-    )
+    return server.openai_client()
 
 
 @pytest.fixture(scope="module")

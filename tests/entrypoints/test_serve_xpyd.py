@@ -46,8 +46,7 @@ def server(tiny_model_path):
 
 
 def openai_client(server) -> openai.OpenAI:
-    return openai.OpenAI(base_url=f"{server.base_url}/v1", api_key=API_KEY, max_retries=0,
-                         timeout=60)
+    return server.openai_client()
 
 
 def engine_pids(server) -> dict[str, int]:
