@@ -5,7 +5,8 @@
 #   PHASE=70b bash scripts/tp4_round.sh   # 70B: start-up with an empty Triton cache at TP=4,
 #        W3-70b TP=4, W2-70b TP=4 and TP=2 x PP=2 (each rank's collective time from
 #        --profile-ranks), then W2-70b TP=2 in bf16 (GPUs 0,1) beside fp8 weights (GPUs 2,3)
-#   PHASE=w2 bash scripts/tp4_round.sh    # W3-8b at TP=4, then the W2-70b runs of PHASE=70b
+#   PHASE=w2 bash scripts/tp4_round.sh    # the W2-70b runs of PHASE=70b, TP=4 profiled in
+#        decode and in prefill, after the symmetric-memory all-reduce tests
 #   PHASE=pp bash scripts/tp4_round.sh    # W2-70b at TP=2 x PP=2 with --profile-ranks, then the
 #        pipeline parity tests (-pp 2 and -tp 2 -pp 2, graphs on and off)
 #   PHASE=8b bash scripts/tp4_round.sh    # the 4-GPU parity tests (-tp 2/4, -pp 2, -tp 2 -pp 2),
@@ -85,10 +86,14 @@ if [ "$PHASE" = 70b ]; then
     --quantization fp8 --profile-ranks &
   wait
 elif [ "$PHASE" = w2 ]; then
-  # W2-70b only, each rank profiling its timed steps (the start-up and W3-70b targets are
-  # met), after W3-8b at TP=4 (its target was missed by 1%).
+  # W2-70b, each rank profiling its timed steps (the start-up and W3-70b targets are met):
+  # TP=4 in steady decode (steps 100-150) and in the prefill steps (18-32, after the warm-up's
+  # ~17), TP=2 x PP=2, then TP=2 bf16 beside fp8; first the symmetric-memory all-reduce tests and W3-8b at TP=4.
+  tests tests-all-reduce 120 0,1,2,3 tests/gpu/test_fast_all_reduce_gpu.py -s --timeout=110
   bench W3-8b-tp4 90 0,1,2,3 latency --workload W3-8b --runs 3 --no-busy -tp 4
   bench W2-70b-tp4 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4 --profile-ranks
+  bench W2-70b-tp4-prefill 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4 \
+    --profile-ranks 18:14
   bench W2-70b-tp2pp2 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2 \
     --profile-ranks
   bench W2-70b-tp2 180 0,1 throughput --workload W2-70b --runs 1 --no-busy -tp 2 --profile-ranks &

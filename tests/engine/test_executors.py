@@ -8,6 +8,7 @@ import os
 import signal
 
 import pytest
+import torch
 
 from ladle import LLM, SamplingParams
 from ladle.protocol.messages import EngineCoreRequest
@@ -82,7 +83,7 @@ def test_an_idle_worker_leaves_once_its_engine_is_gone():
     inputs.bind("inproc://plans")
     outputs.bind("inproc://results")
     try:
-        worker = SimpleNamespace(sends_results=True)
+        worker = SimpleNamespace(sends_results=True, device=torch.device("cpu"))
         loop = _WorkerLoop(worker, inputs, outputs, parent_pid=os.getppid() + 1)
         started = time.monotonic()
         loop.run()  # returns instead of waiting for ever

@@ -121,7 +121,9 @@ def test_a_pipeline_stage_does_not_probe_alone(stages):
         return SimpleNamespace(is_ready=lambda: True)
 
     stage = PipelineStage(index=stages - 1, size=stages)
-    worker = SimpleNamespace(execute=execute, stage=stage, sends_results=True)
+    worker = SimpleNamespace(
+        execute=execute, stage=stage, sends_results=True, device=torch.device("cpu")
+    )
     loop = _WorkerLoop(worker, inputs=None, outputs=None, parent_pid=None)
     plan = StepPlan(
         scheduled=[ScheduledRequest("ok", 1, 3, 0), ScheduledRequest("poison", 1, 3, 0)]

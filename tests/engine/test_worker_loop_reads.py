@@ -7,13 +7,17 @@ speculation at -tp 2 gave other tokens than without it (a race: ~2 runs in 3 at 
 
 from __future__ import annotations
 
+import threading
 from types import SimpleNamespace
 
+import msgspec
 import pytest
+import torch
+import zmq
 
 from ladle.distributed.pipeline import PipelineStage
-from ladle.executor.multiprocess import ExecuteStep, SampleStep, _WorkerLoop
-from ladle.protocol.step import ScheduledRequest, StepPlan
+from ladle.executor.multiprocess import ExecuteStep, SampleStep, StopWorker, _WorkerLoop
+from ladle.protocol.step import ScheduledRequest, StepPlan, StepResult
 
 
 class _Rank:
@@ -23,6 +27,7 @@ class _Rank:
         self.events: list[str] = []
         self.stage = PipelineStage(index=0, size=1)
         self.sends_results = sends_results
+        self.device = torch.device("cpu")
 
     def execute(self, plan: StepPlan, masks=None):
         self.events.append(f"launch {plan.scheduled[0].request_id}")
@@ -72,3 +77,60 @@ def test_a_split_step_samples_after_the_step_the_engine_read_in_between():
     loop._execute(ExecuteStep(_plan("b"), split=True, num_results_read=0))
     loop._sample(SampleStep(num_results_read=1))
     assert rank.events == ["launch a", "forward b", "read a", "sample b"]
+
+
+class _BusyGpu(_Rank):
+    """A result-sending rank on a GPU (the device is only read for its type) whose step "a"
+    runs until step "b" has been launched behind it, as a long decode step runs on while the
+    engine's next plan crosses."""
+
+    def __init__(self) -> None:
+        super().__init__(sends_results=True)
+        self.device = torch.device("cuda")
+        self.b_launched = threading.Event()
+
+    def execute(self, plan: StepPlan, masks=None):
+        name = plan.scheduled[0].request_id
+        self.events.append(f"launch {name}")
+        if name == "b":
+            self.b_launched.set()
+
+        def result():
+            if name == "a":
+                self.b_launched.wait(1.0)  # a rank blocked here could never launch "b"
+            self.events.append(f"read {name}")
+            return StepResult(request_ids=[name], token_ids=[[1]])
+
+        return SimpleNamespace(
+            is_ready=lambda: name != "a" or self.b_launched.is_set(), result=result
+        )
+
+
+def test_a_gpu_rank_launches_the_next_plan_before_its_running_step_ends():
+    """The plan for "b" comes 50 ms after "a" was launched (the engine was busy): the rank
+    launches it while "a" still runs, and only then reads and sends "a"."""
+    context = zmq.Context()
+    inputs, feeder = context.socket(zmq.PULL), context.socket(zmq.PUSH)
+    outputs, collector = context.socket(zmq.PUSH), context.socket(zmq.PULL)
+    inputs.bind("inproc://gpu-plans")
+    feeder.connect("inproc://gpu-plans")
+    outputs.bind("inproc://gpu-results")
+    collector.connect("inproc://gpu-results")
+    rank = _BusyGpu()
+    loop = _WorkerLoop(rank, inputs, outputs, parent_pid=None)
+    thread = threading.Thread(target=loop.run, daemon=True)
+    encoder = msgspec.msgpack.Encoder()
+    try:
+        thread.start()
+        feeder.send(encoder.encode(ExecuteStep(_plan("a"))))
+        threading.Event().wait(0.05)
+        feeder.send(encoder.encode(ExecuteStep(_plan("b"))))
+        assert collector.poll(3000) and collector.recv()
+        assert collector.poll(3000) and collector.recv()
+        feeder.send(encoder.encode(StopWorker()))
+        thread.join(3)
+    finally:
+        for socket in (inputs, feeder, outputs, collector):
+            socket.close(linger=0)
+        context.term()
+    assert rank.events == ["launch a", "launch b", "read a", "read b"]

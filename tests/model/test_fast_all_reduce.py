@@ -1,5 +1,5 @@
-"""The small-message all-reduce's start-up choice and its place in TensorParallel (CPU side; the
-one-shot kernel itself runs on 2 GPUs: tests/gpu/test_tensor_parallel_gpu.py and
+"""The symmetric-memory all-reduces' start-up choice and its place in TensorParallel (CPU side; the
+kernels themselves run on 2 and 4 GPUs: tests/gpu/test_tensor_parallel_gpu.py and
 scripts/tp_round.sh)."""
 
 from __future__ import annotations
@@ -8,17 +8,46 @@ import dataclasses
 
 import torch
 
-from ladle.distributed.fast_all_reduce import size_limit, with_fast_all_reduce
+from ladle.distributed.fast_all_reduce import (
+    NCCL,
+    ONE_SHOT,
+    PROBE_BYTES,
+    TWO_SHOT,
+    SymmetricMemoryAllReduce,
+    describe,
+    fastest_methods,
+    with_fast_all_reduce,
+)
 from ladle.distributed.tensor_parallel import TensorParallel
 
 
-def test_the_limit_is_the_unbroken_run_of_faster_sizes_from_the_smallest():
-    sizes = (8, 64, 256, 1024)
-    assert size_limit(sizes, [18, 19, 22, 40], [6, 7, 15, 60]) == 256
-    assert size_limit(sizes, [18, 19, 22, 40], [6, 7, 15, 30]) == 1024
-    # A loss breaks the run: a faster size past it is not trusted.
-    assert size_limit(sizes, [18, 19, 22, 40], [6, 25, 15, 30]) == 8
-    assert size_limit(sizes, [18, 19, 22, 40], [20, 7, 15, 30]) == 0
+def test_each_size_takes_its_fastest_method_and_nccl_wins_ties():
+    timings = {
+        NCCL: [16, 17, 18, 24, 46, 80],
+        ONE_SHOT: [7, 9, 11, 19, 60, 120],
+        TWO_SHOT: [12, 13, 14, 19, 21, 80],
+    }
+    methods = fastest_methods(timings)
+    # 1 MiB: one-shot and two-shot tie, the first listed of the two wins; 8 MiB: a tie with
+    # NCCL keeps NCCL.
+    assert methods == (ONE_SHOT, ONE_SHOT, ONE_SHOT, ONE_SHOT, TWO_SHOT, NCCL)
+    assert describe(PROBE_BYTES, methods) == (
+        "one-shot up to 1024 KiB, two-shot up to 4096 KiB, NCCL above"
+    )
+
+
+def test_a_message_goes_to_the_method_of_the_smallest_probe_size_that_holds_it():
+    buffer = torch.empty(16)
+    fast = SymmetricMemoryAllReduce(
+        buffer, "g", sizes=(8, 64, 256), methods=(ONE_SHOT, NCCL, TWO_SHOT)
+    )
+    assert [fast.method_for(n) for n in (1, 8, 9, 64, 65, 256, 257)] == [
+        ONE_SHOT, ONE_SHOT, NCCL, NCCL, TWO_SHOT, TWO_SHOT, NCCL
+    ]
+    # takes() also asks for the buffer's dtype and a contiguous tensor.
+    assert fast.takes(torch.empty(2)) and not fast.takes(torch.empty(10))  # 40 bytes: NCCL's
+    assert not fast.takes(torch.empty(2, dtype=torch.float64))
+    assert not fast.takes(torch.empty(2, 2).t())
 
 
 class _Doubling:

@@ -1,26 +1,32 @@
-"""A small-message all-reduce over symmetric memory, for tensor parallelism's decode steps.
+"""All-reduces over symmetric memory for tensor parallelism's decode steps, each used at the
+message sizes where start-up measured it faster than NCCL.
 
 An 8B decode token at TP=2 makes 64 all-reduces of 8 KiB (two per layer). NCCL takes ~18 us for
 one inside a CUDA graph on two H200s (NV18), which is 1.15 ms a token against 2.2 ms of weight
 reads per GPU; what it spends is protocol and synchronisation, not bytes. A one-shot all-reduce
-over symmetric memory (torch.distributed._symmetric_memory) is one kernel: each rank copies its
-partial into a buffer every rank has mapped, and every rank reads all the peers' buffers over
-NVLink and sums them. That is peer-to-peer loads, not NVLink multicast (which is off on the
-machines ladle is measured on and must stay off), so it works wherever the GPUs see each other.
+over symmetric memory (torch.distributed._symmetric_memory) is one kernel: each rank stages its
+partial in a buffer every rank has mapped, and every rank reads all the peers' buffers over
+NVLink and sums them. At a large batch's messages (the 70B's 256 decode rows: 4 MiB) NCCL picks
+its low-latency ring protocol and takes ~46 us on four H200s, while reading every peer's whole
+message is too many bytes for one-shot; a two-shot all-reduce (each rank sums its 1/N of the
+message from all peers, then every rank gathers the N sums) moves the bytes a ring moves in two
+synchronised steps. Both are peer-to-peer loads, not NVLink multicast (which is off on the
+machines ladle is measured on and must stay off), so they work wherever the GPUs see each other.
 
-It is used only where it measures faster and gives NCCL's sums. At start-up `choose` times both
-paths at the message sizes a step makes, takes the largest size up to which the one-shot path is
-faster on every rank (the ranks agree through a MAX all-reduce of their timings), and checks its
-sums against NCCL's on random data. Anything that fails (no symmetric memory in this torch, no
-peer access, a wrong sum) leaves NCCL in charge and says why in the start-up log.
+At start-up `choose` times NCCL, one-shot and two-shot at the message sizes a step makes, keeps
+the fastest at each size (the ranks agree through a MAX all-reduce of their timings), and checks
+the symmetric-memory sums against NCCL's on random data. Anything that fails (no symmetric memory
+in this torch, no peer access, a wrong sum) leaves NCCL in charge and says why in the start-up
+log.
 """
 
 from __future__ import annotations
 
+import bisect
 import dataclasses
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -28,46 +34,69 @@ import torch.distributed as dist
 
 from ladle.distributed.tensor_parallel import TensorParallel
 
-# The buffer each rank maps: the largest message the one-shot path may take (bytes).
-MAX_BYTES = 1 << 20
+NCCL, ONE_SHOT, TWO_SHOT = "nccl", "one-shot", "two-shot"
+_METHODS = (NCCL, ONE_SHOT, TWO_SHOT)
+# The buffer each rank maps: the largest message a symmetric-memory path may take (bytes): 512
+# decode rows of the 70B's 8,192-wide hidden state in bf16. Prefill chunks are larger; NCCL's
+# bandwidth protocols serve those.
+MAX_BYTES = 8 << 20
 # Message sizes timed at start-up (bytes): a decode step's 8 KiB (8B, batch 1) up to a large
 # batch's rows.
-PROBE_BYTES = (8 << 10, 64 << 10, 256 << 10, 1 << 20)
+PROBE_BYTES = (8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20)
 PROBE_ITERATIONS = 30
 
 
 @dataclass
 class SymmetricMemoryAllReduce:
-    """The one-shot all-reduce for messages up to max_bytes of one dtype (the sums come back
-    in `partial` or, with the fused staging op, in a new tensor: callers take the result)."""
+    """The symmetric-memory all-reduces of one dtype, each at the sizes where it measured
+    fastest: `methods[i]` serves messages above `sizes[i - 1]` bytes up to `sizes[i]`, NCCL
+    above the last size."""
 
     buffer: torch.Tensor  # flat, allocated in symmetric memory and rendezvoused
     group_name: str
-    max_bytes: int
+    sizes: tuple[int, ...] = PROBE_BYTES
+    methods: tuple[str, ...] = field(default=(ONE_SHOT,) * len(PROBE_BYTES))
     # Whether this torch has the op that stages the partial and reduces in one kernel: a
     # decode token at TP=4 on the 8B makes 64 of these, and a separate staging copy is one
     # more launch each (~2 us inside a graph).
     fused_copy: bool = False
+    has_two_shot: bool = False  # older torch has only the one-shot op
+
+    def available(self, method: str) -> bool:
+        return method != TWO_SHOT or self.has_two_shot
+
+    def method_for(self, nbytes: int) -> str:
+        index = bisect.bisect_left(self.sizes, nbytes)
+        return self.methods[index] if index < len(self.sizes) else NCCL
 
     def takes(self, tensor: torch.Tensor) -> bool:
         return (
             tensor.dtype == self.buffer.dtype
             and tensor.is_contiguous()
-            and tensor.numel() * tensor.element_size() <= self.max_bytes
+            and self.method_for(tensor.numel() * tensor.element_size()) != NCCL
         )
 
     def __call__(self, partial: torch.Tensor) -> torch.Tensor:
+        """The sums over ranks, in `partial` or a new tensor (callers take the result)."""
+        method = self.method_for(partial.numel() * partial.element_size())
+        return self.run(method, partial)
+
+    def run(self, method: str, partial: torch.Tensor) -> torch.Tensor:
         staged = self.buffer[: partial.numel()].view(partial.shape)
-        if self.fused_copy:
+        if method == ONE_SHOT and self.fused_copy:
             # A fresh output: the kernel's blocks stage and sum different slices, so writing
             # the sums over `partial` could overwrite a slice another block has yet to stage.
             total = torch.empty_like(partial)
             torch.ops.symm_mem.one_shot_all_reduce_copy_out(
-                staged, partial, "sum", self.group_name, total
+                self.buffer[: partial.numel()], partial.view(-1), "sum", self.group_name,
+                total.view(-1),
             )
             return total
         staged.copy_(partial)
-        torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, partial)
+        if method == ONE_SHOT:
+            torch.ops.symm_mem.one_shot_all_reduce_out(staged, "sum", self.group_name, partial)
+        else:
+            torch.ops.symm_mem.two_shot_all_reduce_out(staged, "sum", self.group_name, partial)
         return partial
 
 
@@ -82,8 +111,11 @@ def build(group: Any, device: torch.device, dtype: torch.dtype) -> SymmetricMemo
     element_size = torch.empty((), dtype=dtype).element_size()
     buffer = symm_mem.empty(MAX_BYTES // element_size, dtype=dtype, device=device)
     symm_mem.rendezvous(buffer, group_name)
-    fused_copy = hasattr(torch.ops.symm_mem, "one_shot_all_reduce_copy_out")
-    return SymmetricMemoryAllReduce(buffer, group_name, MAX_BYTES, fused_copy)
+    ops = torch.ops.symm_mem
+    return SymmetricMemoryAllReduce(
+        buffer, group_name, fused_copy=hasattr(ops, "one_shot_all_reduce_copy_out"),
+        has_two_shot=hasattr(ops, "two_shot_all_reduce_out"),
+    )
 
 
 def choose(
@@ -117,20 +149,18 @@ def choose(
     if not _everyone(sums_agree, group, device):
         return None, f"all-reduce: NCCL (one-shot sums differ from NCCL's {reason})".strip()
     try:
-        nccl_us, fast_us = _time_both(fast, group, device, dtype)
+        timings = _time_methods(fast, group, device, dtype)
     except Exception as error:  # noqa: BLE001
-        return None, f"all-reduce: NCCL (timing the one-shot path failed: {error})"
-    timings = ", ".join(
-        f"{size >> 10} KiB {a:.1f}/{b:.1f} us" for size, a, b in zip(PROBE_BYTES, nccl_us, fast_us)
+        return None, f"all-reduce: NCCL (timing the symmetric-memory paths failed: {error})"
+    fast.methods = fastest_methods(timings)
+    measured = ", ".join(
+        f"{size >> 10} KiB " + "/".join(f"{timings[m][i]:.1f}" for m in _METHODS)
+        for i, size in enumerate(PROBE_BYTES)
     )
-    limit = size_limit(PROBE_BYTES, nccl_us, fast_us)
-    if limit == 0:
-        return None, f"all-reduce: NCCL (one-shot slower at every size; NCCL/one-shot {timings})"
-    fast.max_bytes = limit
-    return fast, (
-        f"all-reduce: one-shot over symmetric memory up to {limit >> 10} KiB, NCCL above "
-        f"(NCCL/one-shot {timings})"
-    )
+    table = f"(NCCL/one-shot/two-shot us: {measured})"
+    if all(method == NCCL for method in fast.methods):
+        return None, f"all-reduce: NCCL (symmetric memory slower at every size; {table})"
+    return fast, f"all-reduce: {describe(PROBE_BYTES, fast.methods)} {table}"
 
 
 def peers_reachable(
@@ -158,15 +188,27 @@ def _device_index(device: torch.device) -> int:
     return device.index if device.index is not None else torch.cuda.current_device()
 
 
-def size_limit(sizes: tuple[int, ...], nccl_us: list[float], fast_us: list[float]) -> int:
-    """The largest size of the unbroken run, from the smallest, at which the one-shot path
-    was faster (0: none); a size past a loss is not trusted."""
-    limit = 0
-    for size, nccl, fast in zip(sizes, nccl_us, fast_us):
-        if fast >= nccl:
-            break
-        limit = size
-    return limit
+def fastest_methods(timings: dict[str, list[float]]) -> tuple[str, ...]:
+    """At each probe size, the method with the least time (NCCL on a tie: no gain, no risk)."""
+    count = len(timings[NCCL])
+    return tuple(
+        min(_METHODS, key=lambda method: (timings[method][i], method != NCCL))
+        for i in range(count)
+    )
+
+
+def describe(sizes: tuple[int, ...], methods: tuple[str, ...]) -> str:
+    """'one-shot up to 1024 KiB, two-shot up to 8192 KiB, NCCL above' for the start-up log."""
+    runs: list[tuple[str, int]] = []
+    for size, method in zip(sizes, methods):
+        if runs and runs[-1][0] == method:
+            runs[-1] = (method, size)
+        else:
+            runs.append((method, size))
+    if runs and runs[-1][0] == NCCL:
+        runs.pop()  # past the last symmetric-memory size everything is NCCL's anyway
+    named = [(("NCCL" if method == NCCL else method), size) for method, size in runs]
+    return ", ".join(f"{method} up to {size >> 10} KiB" for method, size in named) + ", NCCL above"
 
 
 def _probe(size_bytes: int, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
@@ -182,28 +224,39 @@ def _everyone(ok: bool, group: Any, device: torch.device) -> bool:
 
 
 def _sums_agree(fast, group, device, dtype) -> bool:
-    """Whether the one-shot sums equal NCCL's on random data (up to summation order)."""
+    """Whether both symmetric-memory sums equal NCCL's on random data (up to summation
+    order), at every probe size."""
     agree = True
     for size in PROBE_BYTES:
         data = _probe(size, dtype, device)
         want = data.clone()
         dist.all_reduce(want, group=group)
-        got = fast(data.clone())
-        agree &= torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
+        for method in (m for m in (ONE_SHOT, TWO_SHOT) if fast.available(m)):
+            got = fast.run(method, data.clone())
+            agree &= torch.allclose(got.float(), want.float(), rtol=1e-2, atol=1e-2)
     return agree
 
 
-def _time_both(fast, group, device, dtype) -> tuple[list[float], list[float]]:
-    """Microseconds per all-reduce at each probe size, NCCL and one-shot, the slowest rank's.
+def _time_methods(fast, group, device, dtype) -> dict[str, list[float]]:
+    """Microseconds per all-reduce of each method at each probe size, the slowest rank's.
     Timed as decode steps run them: PROBE_ITERATIONS calls captured in one CUDA graph, so the
-    host's launch cost is not counted for either."""
+    host's launch cost is not counted for any."""
+    runners = {
+        NCCL: lambda t: dist.all_reduce(t, group=group),
+        ONE_SHOT: lambda t: fast.run(ONE_SHOT, t),
+        TWO_SHOT: lambda t: fast.run(TWO_SHOT, t),
+    }
     results = []
     for size in PROBE_BYTES:
         data = _probe(size, dtype, device)
-        pair = []
-        for run in (lambda t: dist.all_reduce(t, group=group), fast):
+        row = []
+        for method in _METHODS:
+            if not fast.available(method):
+                row.append(float("inf"))
+                continue
+            run = runners[method]
             for _ in range(3):
-                run(data)  # warm up outside the capture (NCCL and the kernel set themselves up)
+                run(data)  # warm up outside the capture (NCCL and the kernels set themselves up)
             torch.cuda.synchronize(device)
             graph = torch.cuda.CUDAGraph()
             with torch.cuda.graph(graph):
@@ -215,21 +268,23 @@ def _time_both(fast, group, device, dtype) -> tuple[list[float], list[float]]:
             for _ in range(3):
                 graph.replay()
             torch.cuda.synchronize(device)
-            pair.append((time.perf_counter() - started) / (3 * PROBE_ITERATIONS) * 1e6)
+            row.append((time.perf_counter() - started) / (3 * PROBE_ITERATIONS) * 1e6)
             del graph
-        results.append(pair)
+        results.append(row)
     timings = torch.tensor(results, dtype=torch.float64, device=device)
     dist.all_reduce(timings, op=dist.ReduceOp.MAX, group=group)  # every rank decides alike
-    nccl_us = [float(value) for value in timings[:, 0].tolist()]
-    fast_us = [float(value) for value in timings[:, 1].tolist()]
-    return nccl_us, fast_us
+    return {
+        method: [float(value) for value in timings[:, column].tolist()]
+        for column, method in enumerate(_METHODS)
+    }
 
 
 def with_fast_all_reduce(
     tp: TensorParallel, device: torch.device, dtype: torch.dtype, disabled: bool = False
 ) -> TensorParallel:
-    """tp with the one-shot all-reduce where start-up measures it faster (CUDA, several ranks;
-    `--disable-custom-all-reduce`, vLLM's flag, keeps NCCL). Collective over tp's ranks."""
+    """tp with the symmetric-memory all-reduces where start-up measures them faster (CUDA,
+    several ranks; `--disable-custom-all-reduce`, vLLM's flag, keeps NCCL). Collective over
+    tp's ranks."""
     if tp.size == 1 or device.type != "cuda" or disabled:
         return tp
     fast, line = choose(tp.group, device, dtype)
