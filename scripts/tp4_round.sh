@@ -7,6 +7,8 @@
 #        --profile-ranks), then W2-70b TP=2 in bf16 (GPUs 0,1) beside fp8 weights (GPUs 2,3)
 #   PHASE=w2 bash scripts/tp4_round.sh    # the W2-70b runs of PHASE=70b, TP=4 profiled in
 #        decode and in prefill, after the symmetric-memory all-reduce tests
+#   PHASE=w2clean bash scripts/tp4_round.sh  # W2-70b TP=4 and TP=2 x PP=2 alternated, twice,
+#        without the profiler
 #   PHASE=pp bash scripts/tp4_round.sh    # W2-70b at TP=2 x PP=2 with --profile-ranks, then the
 #        pipeline parity tests (-pp 2 and -tp 2 -pp 2, graphs on and off)
 #   PHASE=8b bash scripts/tp4_round.sh    # the 4-GPU parity tests (-tp 2/4, -pp 2, -tp 2 -pp 2),
@@ -100,6 +102,14 @@ elif [ "$PHASE" = w2 ]; then
   bench W2-70b-tp2-fp8 180 2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 \
     --quantization fp8 --profile-ranks &
   wait
+elif [ "$PHASE" = w2clean ]; then
+  # W2-70b without the profiler (a profiled window of decode steps costs a run ~15%): TP=4 and
+  # TP=2 x PP=2 alternated, after the symmetric-memory all-reduce tests.
+  tests tests-all-reduce 120 0,1,2,3 tests/gpu/test_fast_all_reduce_gpu.py -s --timeout=110
+  bench W2-70b-tp4-a 120 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4
+  bench W2-70b-tp2pp2-a 120 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2
+  bench W2-70b-tp4-b 120 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4
+  bench W2-70b-tp2pp2-b 120 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2
 elif [ "$PHASE" = pp ]; then
   bench W2-70b-tp2pp2 200 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2 \
     --profile-ranks

@@ -39,14 +39,16 @@ def test_each_size_takes_its_fastest_method_and_nccl_wins_ties():
 def test_a_message_goes_to_the_method_of_the_smallest_probe_size_that_holds_it():
     buffer = torch.empty(16)
     fast = SymmetricMemoryAllReduce(
-        buffer, "g", sizes=(8, 64, 256), methods=(ONE_SHOT, NCCL, TWO_SHOT)
+        buffer, "g", sizes=(16, 64, 256), methods=(ONE_SHOT, NCCL, TWO_SHOT)
     )
-    assert [fast.method_for(n) for n in (1, 8, 9, 64, 65, 256, 257)] == [
+    assert [fast.method_for(n) for n in (1, 16, 17, 64, 65, 256, 257)] == [
         ONE_SHOT, ONE_SHOT, NCCL, NCCL, TWO_SHOT, TWO_SHOT, NCCL
     ]
-    # takes() also asks for the buffer's dtype and a contiguous tensor.
-    assert fast.takes(torch.empty(2)) and not fast.takes(torch.empty(10))  # 40 bytes: NCCL's
-    assert not fast.takes(torch.empty(2, dtype=torch.float64))
+    # takes() also asks for the buffer's dtype, a contiguous tensor and whole 16-byte granules.
+    assert fast.takes(torch.empty(4)) and fast.takes(torch.empty(64))
+    assert not fast.takes(torch.empty(10))  # 40 bytes: NCCL's table entry
+    assert not fast.takes(torch.empty(2))  # 8 bytes: not a granule
+    assert not fast.takes(torch.empty(4, dtype=torch.float64))
     assert not fast.takes(torch.empty(2, 2).t())
 
 

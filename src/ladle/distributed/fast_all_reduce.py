@@ -44,6 +44,8 @@ MAX_BYTES = 8 << 20
 # batch's rows.
 PROBE_BYTES = (8 << 10, 64 << 10, 256 << 10, 1 << 20, 4 << 20, 8 << 20)
 PROBE_ITERATIONS = 30
+# The granule of a message the symmetric-memory paths take (bytes); others go to NCCL.
+ALIGN_BYTES = 16
 
 
 @dataclass
@@ -70,10 +72,14 @@ class SymmetricMemoryAllReduce:
         return self.methods[index] if index < len(self.sizes) else NCCL
 
     def takes(self, tensor: torch.Tensor) -> bool:
+        nbytes = tensor.numel() * tensor.element_size()
         return (
             tensor.dtype == self.buffer.dtype
             and tensor.is_contiguous()
-            and self.method_for(tensor.numel() * tensor.element_size()) != NCCL
+            # torch's kernels load whole words (one-shot refuses a size that is not a multiple
+            # of 4 bytes); a model's rows always are (hidden sizes are multiples of 16 bytes).
+            and nbytes % ALIGN_BYTES == 0
+            and self.method_for(nbytes) != NCCL
         )
 
     def __call__(self, partial: torch.Tensor) -> torch.Tensor:
