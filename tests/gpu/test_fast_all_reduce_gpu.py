@@ -78,9 +78,11 @@ def test_symmetric_memory_sums_equal_nccls(world):
     results = mp.Manager().dict()
     mp.spawn(_worker, args=(world, _free_port(), results), nprocs=world, join=True)
     worsts = [results[rank][0] for rank in range(world)]
-    # bf16 sums in another order: a unit or two in the last place (2**-8 relative), where a
-    # missed or doubled peer would be off by a whole addend.
-    assert max(worsts) <= 0.02, worsts
+    # bf16 sums in another order: NCCL's ring rounds its partial sums to bf16 at every hop (3 at
+    # four ranks), so the two differ by a few units in the last place of the partials (4 ranks
+    # on the H200s: 0.023 at worst), where a missed or doubled peer would be off by a whole
+    # unit-normal addend somewhere among the millions of elements (> 0.5).
+    assert max(worsts) <= 0.06, worsts
     tables = {results[rank][1] for rank in range(world)}
     assert len(tables) == 1, tables  # every rank routes a message the same way
     print(results[0][2])
