@@ -71,6 +71,35 @@ def test_w1_like_run_builds_no_kernel_after_start_up(tmp_path, enforce_eager):
     assert built.num_builds == 0, f"built while serving: {built.names}"
 
 
+def test_speculative_run_with_device_drafts_builds_no_kernel_after_start_up(tmp_path):
+    """Drafts made on the device (the CUDA default) at every load: one request, then 8, then
+    64 (the batches at which a served 0.6B first stalled ~0.45 s with them on), with n-gram
+    widths that cross multiples of 16 from step to step."""
+    from helpers.tiny_models import save_tiny_model
+
+    assert start_compile_log(), "Triton's compile hooks are missing: nothing can be counted"
+    path = save_tiny_model(tmp_path, "qwen3", **SHAPE)
+    llm = LLM(
+        path,
+        dtype="bfloat16",
+        num_kv_blocks=4096,
+        max_num_seqs=64,
+        speculative_config={
+            "method": "ngram", "num_speculative_tokens": 4, "adaptive": False,
+            "synthetic_acceptance": 0.6,
+        },
+    )
+    requests = build_requests(W1, 73)
+    before = compile_totals()
+    for batch in (requests[:1], requests[1:9], requests[9:]):
+        prompts = [r.prompt_token_ids for r in batch]
+        params = [_params(i, r.seed, min(r.max_tokens, 40)) for i, r in enumerate(batch)]
+        outputs = llm.generate(prompts, params, use_tqdm=False)
+        assert [len(o.outputs[0].token_ids) for o in outputs] == [p.max_tokens for p in params]
+    built = compile_totals().since(before)
+    assert built.num_builds == 0, f"built while serving: {built.names}"
+
+
 def test_compile_log_counts_a_new_variant():
     """The counter can fail: a kernel launched with a hidden size never used before builds."""
     from ladle.kernels.rms_norm import rms_norm

@@ -27,7 +27,16 @@ DRAFTS = 16  # config.MAX_SPECULATIVE_TOKENS
 ENDS = 256  # n-gram ends compared per loop iteration
 
 
-@triton.jit
+# Per-step values stay out of Triton's specialisation keys (kernels/compile_log.py): the n-gram
+# width changes every step (divisible by 16 at some steps, not at others) and the pointers may
+# be views at any offset, and each new key is a build while serving, in series with the GPU.
+@triton.jit(
+    do_not_specialize=["history_stride", "width", "min_n"],
+    do_not_specialize_on_alignment=[
+        "history_ptr", "lengths_ptr", "slots_ptr", "first_tokens_ptr", "counts_ptr",
+        "input_ids_ptr",
+    ],
+)
 def _ngram_kernel(
     history_ptr,
     history_stride,
@@ -88,7 +97,14 @@ def ngram_drafts_(
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["block_table_stride", "block_size"],
+    do_not_specialize_on_alignment=[
+        "rejected_ptr", "request_slots_ptr", "shifted_ptr", "query_start_ptr", "row_first_ptr",
+        "row_count_ptr", "block_table_ptr", "positions_ptr", "slot_mapping_ptr", "seq_lens_ptr",
+        "steps_ptr",
+    ],
+)
 def _move_back_kernel(
     rejected_ptr,
     request_slots_ptr,
@@ -149,7 +165,14 @@ def move_back_(
     )  # fmt: skip
 
 
-@triton.jit
+@triton.jit(
+    do_not_specialize=["acceptance", "history_stride", "margin"],
+    do_not_specialize_on_alignment=[
+        "sampled_ptr", "input_ids_ptr", "row_draft_index_ptr", "first_rows_ptr",
+        "num_drafts_ptr", "request_slots_ptr", "coins_ptr", "row_tokens_ptr",
+        "num_accepted_ptr", "last_sampled_ptr", "rejected_ptr", "history_ptr", "lengths_ptr",
+    ],
+)
 def _judge_kernel(
     sampled_ptr,
     input_ids_ptr,
