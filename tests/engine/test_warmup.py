@@ -39,6 +39,45 @@ def test_warm_up_leaves_no_trace(tiny_model_path):
     assert engine.get_stats().prefix_cache_hits == 0
 
 
+def test_warm_up_drafts_through_every_sampling_feature_then_forgets_it(tiny_model_path):
+    """With speculation on, the warm-up's drafting requests verify drafts (so the draft and
+    verify kernels are built at start-up) alone and beside every sampling feature, and the
+    speculator forgets them: no metrics, no load measurements, and the same tokens after."""
+    path = tiny_model_path("qwen3")
+    spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
+    options = dict(block_size=4, num_kv_blocks=400, max_num_batched_tokens=64, max_num_seqs=16,
+                   speculative_config=spec)  # fmt: skip
+    prompts = [[5, 6, 7, 8, 5, 6, 7, 8, 5, 6], [3, 4, 3, 4, 3]]
+    params = [
+        SamplingParams(temperature=0.0, max_tokens=12, ignore_eos=True),
+        SamplingParams(temperature=0.8, seed=7, max_tokens=12, ignore_eos=True),
+    ]
+    cold = LLM(path, **options)
+    expected = [o.outputs[0].token_ids for o in cold.generate(prompts, params, use_tqdm=False)]
+
+    warm = LLM(path, **options)
+    engine = warm.engine
+    speculator = engine.speculator
+    seen = {}
+    forget = speculator.forget_warm_up
+
+    def forget_after_counting():
+        seen["drafts"] = speculator.stats.num_drafts
+        seen["levels"] = set(speculator.governor.levels)
+        forget()
+
+    speculator.forget_warm_up = forget_after_counting
+    warm_up(engine)
+    assert seen["drafts"] >= 2, seen  # verified drafts alone and in the batch
+    assert {1, 8} <= seen["levels"], seen  # one request, then the sampling features' batch
+    assert speculator.stats.num_drafts == 0 and not speculator.governor.levels
+    assert not speculator.acceptance and not engine.has_unfinished_requests()
+    stats = engine.get_stats()
+    assert stats.num_free_blocks == stats.num_total_blocks
+    got = [o.outputs[0].token_ids for o in warm.generate(prompts, params, use_tqdm=False)]
+    assert got == expected
+
+
 def test_memory_probe_runs_the_real_step_and_keeps_the_cache(tiny_model_path):
     """The probe (run on CUDA before the KV cache is sized) goes through execute on dummy
     requests with a one-block cache; the engine's own cache must come back untouched."""

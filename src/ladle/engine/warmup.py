@@ -9,7 +9,11 @@ new prompt with the decodes of the earlier ones), then one prompt of a full toke
 they cycle through the sampling features; last, a full batch (max_num_seqs requests) prefills
 and decodes together, the widest sampler batch and, in eager mode, the unsplit decode attention.
 Decode-only steps replay the CUDA graphs captured at start-up (their capture built the decode
-variants of every bucket).
+variants of every bucket). With speculative decoding on, requests with a repeating prompt (so
+the n-gram and suffix proposers find drafts) decode long enough to draft, alone and as a batch,
+through every sampling feature: the draft kernels, the verify steps and the rejection
+samplers are built here, not in a first user's step; the speculator then forgets them (its
+load measurements, acceptance estimates, metrics and suffix table).
 
 The kernels keep per-step values (batch sizes, offsets of metadata slices, split factors) out of
 Triton's specialisation keys, so the variants are few and these steps build them all: a later
@@ -33,6 +37,7 @@ if TYPE_CHECKING:
     from ladle.core.kv_cache_manager import KVCacheManager
     from ladle.executor.base import Executor
     from ladle.protocol.messages import EngineCoreOutput
+    from ladle.spec_decode.speculator import Speculator
 
 
 class WarmableEngine(Protocol):
@@ -49,6 +54,9 @@ class WarmableEngine(Protocol):
     def step(self) -> list[EngineCoreOutput]: ...
 
     def has_unfinished_requests(self) -> bool: ...
+
+    speculator: Speculator | None
+
 
 # Every one brings its own seed: the engine's seed stream (for requests without one) must be
 # where it would be without a warm-up.
@@ -132,10 +140,49 @@ def _warm_up_steps(engine: WarmableEngine) -> int:
             )
         )
     num_steps += _run_to_completion(engine)
+    if engine.speculator is not None:
+        num_steps += _warm_up_drafted_steps(engine, engine.speculator, rng)
     manager = engine.kv_cache_manager
     manager.reset_prefix_cache()  # both tiers: the idle flush settled the last copies
     manager.prefix_cache_queries = manager.prefix_cache_hits = 0
     manager.host_cache_queries = manager.host_cache_hits = 0
+    return num_steps
+
+
+# A drafting request's prompt: this pattern repeated, so every n-gram suffix has an earlier match.
+DRAFTING_PATTERN_LEN = 4
+DRAFTING_PATTERN_REPEATS = 8
+
+
+def _warm_up_drafted_steps(
+    engine: WarmableEngine, speculator: Speculator, rng: random.Random
+) -> int:
+    """One drafting request alone, then one per sampling feature together, each decoding for
+    several drafted steps; then the speculator forgets the warm-up."""
+    k = speculator.config.num_speculative_tokens
+    decode_tokens = 3 * (k + 1) + 2  # a few verify steps even when every draft is accepted
+    repeats = min(
+        DRAFTING_PATTERN_REPEATS,
+        (engine.max_model_len - decode_tokens - 1) // DRAFTING_PATTERN_LEN,
+    )
+    if repeats < 2:
+        return 0  # a context too short to draft in: nothing to build
+    num_steps = 0
+    for batch, params_list in enumerate(([WARMUP_PARAMS[0]], list(WARMUP_PARAMS))):
+        for index, params in enumerate(params_list):
+            pattern = [rng.randrange(1, engine.vocab_size) for _ in range(DRAFTING_PATTERN_LEN)]
+            engine.add_request(
+                EngineCoreRequest(
+                    request_id=f"__warmup_drafts_{batch}_{index}",
+                    prompt_token_ids=pattern * repeats,
+                    sampling_params=dataclasses.replace(
+                        params, max_tokens=decode_tokens, min_tokens=0, ignore_eos=True
+                    ),
+                    eos_token_ids=(0,),
+                )
+            )
+        num_steps += _run_to_completion(engine)
+    speculator.forget_warm_up()
     return num_steps
 
 

@@ -160,6 +160,15 @@ class Speculator:
         if forget is not None:
             forget()
 
+    def forget_warm_up(self) -> None:
+        """Start serving as if the start-up warm-up's drafted requests had never run: fresh load
+        measurements, acceptance estimates and metrics, an empty suffix table."""
+        self.governor = SpeculationGovernor()
+        self.acceptance.clear()
+        self.stats = SpecDecodeStats.empty(self.config.num_speculative_tokens)
+        self.speculating = True
+        self.forget_history()
+
     def release(self, request: Request) -> None:
         self.acceptance.pop(request.request_id, None)
         self.proposer.release(request.request_id, request.output_token_ids)
