@@ -2,7 +2,7 @@
 by phase (issue 38: the GPU was busy 73.4% of W1's decode, 482 copies in 96 steps).
 
     python scripts/step_host_ops.py [--requests 128] [--steps 32] [--prompt-len 32]
-        [--device cpu|cuda] [--eager] [--json PATH]
+        [--device cpu|cuda] [--eager] [--speculative-config JSON] [--json PATH]
 
 Runs the engine (LLM's loop: engine.step, then output processing) on --requests greedy requests
 of --prompt-len tokens, and over --steps steady decode steps (every request past its prompt):
@@ -58,6 +58,8 @@ def _build_llm(args) -> LLM:
         options["enforce_eager"] = True
     if args.kv_offloading_size:
         options["kv_offloading_size"] = args.kv_offloading_size
+    if args.speculative_config:
+        options["speculative_config"] = json.loads(args.speculative_config)
     llm = LLM("qwen3-0.6b", **options)
     if args.device == "cpu" and not args.eager:
         install_emulated_graphs(llm.engine.executor.worker)
@@ -176,6 +178,11 @@ def main() -> None:
     parser.add_argument(
         "--kv-offloading-size", type=float, default=0.0,
         help="GiB of KV host tier (0: off); with it on, every block that fills is stored",
+    )
+    parser.add_argument(
+        "--speculative-config", default=None,
+        help='speculation as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
+        '"drafts_on_device": true}\' (its steps count as any others: drafted or not)',
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
