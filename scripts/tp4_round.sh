@@ -70,6 +70,23 @@ tests() {  # tests NAME TIMEOUT_S GPUS FILES...
   pack
 }
 
+# The W2-70b runs, each rank profiling its timed steps 100-150: TP=4 (with `prefill`, also a
+# TP=4 run profiling steps 18-32), TP=2 x PP=2, then TP=2 in bf16 (GPUs 0,1) beside fp8 weights
+# (GPUs 2,3): two runs side by side on disjoint GPU pairs (the host has cores to spare for both).
+w2_profiled() {
+  bench W2-70b-tp4 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4 --profile-ranks
+  if [ "${1:-}" = prefill ]; then
+    bench W2-70b-tp4-prefill 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4 \
+      --profile-ranks 18:14
+  fi
+  bench W2-70b-tp2pp2 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2 \
+    --profile-ranks
+  bench W2-70b-tp2 180 0,1 throughput --workload W2-70b --runs 1 --no-busy -tp 2 --profile-ranks &
+  bench W2-70b-tp2-fp8 180 2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 \
+    --quantization fp8 --profile-ranks &
+  wait
+}
+
 if [ "$PHASE" = 70b ]; then
   if [ "$(left)" -gt 200 ]; then
     CUDA_VISIBLE_DEVICES=0,1,2,3 timeout 200 python3 -m ladle bench startup llama-3.1-70b \
@@ -79,29 +96,14 @@ if [ "$PHASE" = 70b ]; then
     pack
   fi
   bench W3-70b-tp4 120 0,1,2,3 latency --workload W3-70b --runs 3 --no-busy -tp 4 --profile-ranks 20:40
-  bench W2-70b-tp4 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4 --profile-ranks
-  bench W2-70b-tp2pp2 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2 \
-    --profile-ranks
-  # Two TP=2 runs side by side on disjoint GPU pairs (the host has cores to spare for both).
-  bench W2-70b-tp2 180 0,1 throughput --workload W2-70b --runs 1 --no-busy -tp 2 --profile-ranks &
-  bench W2-70b-tp2-fp8 180 2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 \
-    --quantization fp8 --profile-ranks &
-  wait
+  w2_profiled
 elif [ "$PHASE" = w2 ]; then
-  # W2-70b, each rank profiling its timed steps (the start-up and W3-70b targets are met):
-  # TP=4 in steady decode (steps 100-150) and in the prefill steps (18-32, after the warm-up's
-  # ~17), TP=2 x PP=2, then TP=2 bf16 beside fp8; first the symmetric-memory all-reduce tests and W3-8b at TP=4.
+  # The start-up and W3-70b targets are met: the symmetric-memory all-reduce tests and W3-8b at
+  # TP=4 first, then the W2-70b runs, TP=4 also profiled in its prefill steps (18-32, after the
+  # warm-up's ~17).
   tests tests-all-reduce 120 0,1,2,3 tests/gpu/test_fast_all_reduce_gpu.py -s --timeout=110
   bench W3-8b-tp4 90 0,1,2,3 latency --workload W3-8b --runs 3 --no-busy -tp 4
-  bench W2-70b-tp4 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4 --profile-ranks
-  bench W2-70b-tp4-prefill 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 4 \
-    --profile-ranks 18:14
-  bench W2-70b-tp2pp2 150 0,1,2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 -pp 2 \
-    --profile-ranks
-  bench W2-70b-tp2 180 0,1 throughput --workload W2-70b --runs 1 --no-busy -tp 2 --profile-ranks &
-  bench W2-70b-tp2-fp8 180 2,3 throughput --workload W2-70b --runs 1 --no-busy -tp 2 \
-    --quantization fp8 --profile-ranks &
-  wait
+  w2_profiled prefill
 elif [ "$PHASE" = w2clean ]; then
   # W2-70b without the profiler (a profiled window of decode steps costs a run ~15%): TP=4 and
   # TP=2 x PP=2 alternated, after the symmetric-memory all-reduce tests.

@@ -47,20 +47,18 @@ def _params(index: int, seed: int, max_tokens: int) -> SamplingParams:
     return SamplingParams(temperature=0.6, **common)
 
 
-@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
-def test_w1_like_run_builds_no_kernel_after_start_up(tmp_path, enforce_eager):
+def _counted_engine(tmp_path, **options) -> LLM:
+    """A tiny bf16 engine with Triton's builds counted from before its start-up."""
     from helpers.tiny_models import save_tiny_model
 
     assert start_compile_log(), "Triton's compile hooks are missing: nothing can be counted"
     path = save_tiny_model(tmp_path, "qwen3", **SHAPE)
-    llm = LLM(
-        path,
-        dtype="bfloat16",
-        num_kv_blocks=4096,
-        max_num_seqs=64,
-        max_num_batched_tokens=2048,
-        enforce_eager=enforce_eager,
-    )
+    return LLM(path, dtype="bfloat16", num_kv_blocks=4096, max_num_seqs=64, **options)
+
+
+@pytest.mark.parametrize("enforce_eager", [False, True], ids=["graphs", "eager"])
+def test_w1_like_run_builds_no_kernel_after_start_up(tmp_path, enforce_eager):
+    llm = _counted_engine(tmp_path, max_num_batched_tokens=2048, enforce_eager=enforce_eager)
     requests = build_requests(W1, 96)
     prompts = [r.prompt_token_ids for r in requests]
     params = [_params(i, r.seed, min(r.max_tokens, 48)) for i, r in enumerate(requests)]
@@ -72,23 +70,13 @@ def test_w1_like_run_builds_no_kernel_after_start_up(tmp_path, enforce_eager):
 
 
 def test_speculative_run_with_device_drafts_builds_no_kernel_after_start_up(tmp_path):
-    """Drafts made on the device (the CUDA default) at every load: one request, then 8, then
-    64 (the batches at which a served 0.6B first stalled ~0.45 s with them on), with n-gram
-    widths that cross multiples of 16 from step to step."""
-    from helpers.tiny_models import save_tiny_model
-
-    assert start_compile_log(), "Triton's compile hooks are missing: nothing can be counted"
-    path = save_tiny_model(tmp_path, "qwen3", **SHAPE)
-    llm = LLM(
-        path,
-        dtype="bfloat16",
-        num_kv_blocks=4096,
-        max_num_seqs=64,
-        speculative_config={
-            "method": "ngram", "num_speculative_tokens": 4, "adaptive": False,
-            "synthetic_acceptance": 0.6,
-        },
-    )
+    """Drafts made on the device (the CUDA default) at one load after another: one request,
+    then 8, then 64 (a served 0.6B stalled up to ~0.45 s at each new load with them on), with
+    n-gram widths that cross multiples of 16 from step to step."""
+    llm = _counted_engine(tmp_path, speculative_config={
+        "method": "ngram", "num_speculative_tokens": 4, "adaptive": False,
+        "synthetic_acceptance": 0.6,
+    })  # fmt: skip
     requests = build_requests(W1, 73)
     before = compile_totals()
     for batch in (requests[:1], requests[1:9], requests[9:]):
