@@ -90,3 +90,76 @@ def test_a_256_stream_step_frame_runs_no_collection_after_start_up():
             gc.callbacks.remove(count)
         gc.unfreeze()
         gc.set_threshold(*saved)
+
+
+def test_an_offline_run_pauses_the_scans_of_what_was_alive_and_restores_them():
+    """During the run: the objects alive at its start are out of the collector's reach and a
+    full collection among them does not happen; after it: the thresholds are back, nothing is
+    frozen, and a cycle dropped during the run (a dropped engine's, say) is collectable."""
+    import weakref
+
+    from ladle.engine.gc_policy import (
+        SERVING_FULL_COLLECTION_EVERY,
+        SERVING_YOUNG_COLLECTION_AFTER,
+        collector_paused_during_run,
+    )
+
+    class Node:
+        pass
+
+    node = Node()
+    node.self = node
+    dropped = weakref.ref(node)
+    saved = gc.get_threshold()
+    gc.unfreeze()
+    try:
+        gc.set_threshold(700, 10, 10)
+        with collector_paused_during_run():
+            assert gc.get_freeze_count() > 0
+            assert gc.get_threshold() == (
+                SERVING_YOUNG_COLLECTION_AFTER, 10, SERVING_FULL_COLLECTION_EVERY
+            )
+            assert not any(obj is node for obj in gc.get_objects())
+            del node
+            gc.collect()
+            assert dropped() is not None  # frozen: no collection reaches it during the run
+        assert gc.get_freeze_count() == 0 and gc.get_threshold() == (700, 10, 10)
+        gc.collect()
+        assert dropped() is None  # after the run, as if nothing had been frozen
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*saved)
+
+
+def test_a_serving_process_keeps_its_frozen_start_up_objects_through_a_run():
+    from ladle.engine.gc_policy import collector_paused_during_run
+
+    saved = gc.get_threshold()
+    gc.unfreeze()
+    try:
+        freeze_startup_objects()
+        frozen, thresholds = gc.get_freeze_count(), gc.get_threshold()
+        with collector_paused_during_run():
+            pass
+        assert gc.get_freeze_count() >= frozen and gc.get_threshold() == thresholds
+    finally:
+        gc.unfreeze()
+        gc.set_threshold(*saved)
+
+
+def test_llm_generate_runs_with_the_collector_paused(tiny_model_path):
+    from ladle import LLM, SamplingParams
+
+    llm = LLM(tiny_model_path("llama"), block_size=4, num_kv_blocks=64)
+    frozen_during_steps: list[int] = []
+    step = llm.engine.step
+
+    def counting_step():
+        frozen_during_steps.append(gc.get_freeze_count())
+        return step()
+
+    llm.engine.step = counting_step
+    gc.unfreeze()
+    llm.generate([[5, 6, 7]], SamplingParams(max_tokens=3, ignore_eos=True), use_tqdm=False)
+    assert frozen_during_steps and min(frozen_during_steps) > 0
+    assert gc.get_freeze_count() == 0

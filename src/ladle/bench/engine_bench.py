@@ -40,6 +40,7 @@ from ladle.bench.workloads import (
     get_workload,
 )
 from ladle.cli.engine_args import add_engine_arguments, engine_options_from_args
+from ladle.engine.gc_policy import collector_paused_during_run
 from ladle.kernels.compile_log import compile_totals
 
 
@@ -71,29 +72,31 @@ def run_engine(engine, requests: list[WorkloadRequest], tag: str, show_progress:
         engine.add_request(request.core_request(request_id))
         arrival[request_id] = started
     progress = tqdm(total=len(requests), desc=tag, disable=not show_progress, dynamic_ncols=True)
-    while engine.has_unfinished_requests():
-        outputs = engine.step()
-        num_steps += 1
-        now = time.perf_counter()
-        for output in outputs:
-            count = len(output.new_token_ids)
-            if not count:
-                continue
-            num_generated += count
-            previous = last_token.get(output.request_id)
-            if previous is None:
-                ttfts.append(now - arrival[output.request_id])
-                first_token[output.request_id] = now
-                num_decoded += count - 1
-            else:
-                itls.append(now - previous)
-                num_decoded += count
-            last_token[output.request_id] = now
-            if output.finish_reason is not None:
-                progress.update(1)
-        progress.set_postfix_str(
-            f"{num_generated / max(now - started, 1e-9):.0f} tok/s", refresh=False
-        )
+    # As LLM.generate runs: the collector leaves the engine's objects alone (gc_policy.py).
+    with collector_paused_during_run():
+        while engine.has_unfinished_requests():
+            outputs = engine.step()
+            num_steps += 1
+            now = time.perf_counter()
+            for output in outputs:
+                count = len(output.new_token_ids)
+                if not count:
+                    continue
+                num_generated += count
+                previous = last_token.get(output.request_id)
+                if previous is None:
+                    ttfts.append(now - arrival[output.request_id])
+                    first_token[output.request_id] = now
+                    num_decoded += count - 1
+                else:
+                    itls.append(now - previous)
+                    num_decoded += count
+                last_token[output.request_id] = now
+                if output.finish_reason is not None:
+                    progress.update(1)
+            progress.set_postfix_str(
+                f"{num_generated / max(now - started, 1e-9):.0f} tok/s", refresh=False
+            )
     progress.close()
     elapsed = time.perf_counter() - started
     decode_seconds = sum(last_token[r] - first_token[r] for r in first_token)

@@ -31,14 +31,21 @@ interleaved runs): 21.0 -> 18.4 us of CPU per token, the collector's 2.2-3.0 us 
 a collection; only cyclic garbage waits longer, and a collection of 20,000 young objects takes
 about a millisecond.
 
-Only processes that hold one engine for life freeze (the engine-core process, the API process):
-an offline program may build and drop several LLMs, and a dropped engine's reference cycles,
-once frozen, would keep its KV cache allocated.
+Only processes that hold one engine for life freeze for good (the engine-core process, the API
+process): an offline program may build and drop several LLMs, and a dropped engine's reference
+cycles, once frozen, would keep its KV cache allocated. An offline run (`LLM.generate`, a
+benchmark's timed loop) pauses the collector's scans of what was alive when it began for as
+long as it runs, and unfreezes when it ends (`collector_paused_during_run`): a full collection
+among the engine's objects stalled a W2-70b decode step 67 ms at TP=4 (rank 0's GPU idle,
+waiting for the engine's next plan; docs/benchmarks.md, session 46), and took 134 ms over the
+~480,000 tracked objects of a tiny engine on this project's CPU.
 """
 
 from __future__ import annotations
 
+import contextlib
 import gc
+from collections.abc import Iterator
 
 # Middle-generation collections between two full ones while serving (Python's default: 10).
 SERVING_FULL_COLLECTION_EVERY = 100
@@ -54,3 +61,23 @@ def freeze_startup_objects() -> None:
     gc.freeze()
     _, middle, _ = gc.get_threshold()
     gc.set_threshold(SERVING_YOUNG_COLLECTION_AFTER, middle, SERVING_FULL_COLLECTION_EVERY)
+
+
+@contextlib.contextmanager
+def collector_paused_during_run() -> Iterator[None]:
+    """For an offline run: what is alive when it begins leaves the collector's scans and
+    collections are as rare as while serving; when it ends, everything is as it was (gc.unfreeze
+    and the thresholds), so a dropped engine's cycles stay collectable. Garbage made during the
+    run is collected as usual. Does nothing where objects are frozen already (a serving process
+    froze its start-up objects for good) or the program turned the collector off."""
+    if gc.get_freeze_count() > 0 or not gc.isenabled():
+        yield
+        return
+    saved = gc.get_threshold()
+    gc.freeze()
+    gc.set_threshold(SERVING_YOUNG_COLLECTION_AFTER, saved[1], SERVING_FULL_COLLECTION_EVERY)
+    try:
+        yield
+    finally:
+        gc.set_threshold(*saved)
+        gc.unfreeze()

@@ -10,6 +10,7 @@ from collections.abc import Iterator, Sequence
 
 from ladle.config import EngineConfig
 from ladle.engine.engine_core import EngineCore
+from ladle.engine.gc_policy import collector_paused_during_run
 from ladle.entrypoints.chat_messages import check_chat_options, text_only_conversation
 from ladle.entrypoints.chat_template import load_chat_template
 from ladle.entrypoints.metrics_reader import Metric, OfflineTotals, metrics_snapshot
@@ -317,7 +318,8 @@ class LLM:
         for _ in results:
             progress.finish_prompt(0)
         try:
-            self._drive(results, progress, max_tokens_of)
+            with collector_paused_during_run():
+                self._drive(results, progress, max_tokens_of)
         except BaseException:
             # Ctrl-C or a bug: leave no request of this call behind to run inside the next one.
             for request_id in order:
