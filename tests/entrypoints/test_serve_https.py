@@ -10,6 +10,7 @@ import ipaddress
 import ssl
 import subprocess
 import sys
+import time
 
 import httpx
 import openai
@@ -67,18 +68,26 @@ def test_serve_speaks_https_with_the_given_certificate(tiny_model_path, tmp_path
     ]  # fmt: skip
     with ServerProcess(args, verify=trusting) as server:
         assert server.base_url.startswith("https://")
-        client = openai.OpenAI(
-            base_url=f"{server.base_url}/v1",
-            api_key="none",
-            max_retries=0,
-            http_client=httpx.Client(verify=trusting),
-        )
-        completion = client.completions.create(model="tiny", prompt="hi", max_tokens=3)
+        # Closed before the server stops: an open keep-alive connection holds its graceful
+        # shutdown to uvicorn's timeout.
+        with httpx.Client(verify=trusting) as http:
+            client = openai.OpenAI(
+                base_url=f"{server.base_url}/v1", api_key="none", max_retries=0, http_client=http
+            )
+            completion = client.completions.create(model="tiny", prompt="hi", max_tokens=3)
         assert completion.usage.completion_tokens == 3
         with pytest.raises(httpx.ConnectError):  # a client that does not trust it is refused
             httpx.get(f"{server.base_url}/health")
         for path in ("/docs", "/openapi.json"):
             assert httpx.get(f"{server.base_url}{path}", verify=trusting).status_code == 404
+        # A client that keeps its TLS connection open and idle does not hold the drain: it
+        # held it for the whole --shutdown-timeout (30 s) before the server aborted such
+        # connections.
+        with httpx.Client(verify=trusting) as idle:
+            assert idle.get(f"{server.base_url}/health").status_code == 200
+            started = time.monotonic()
+            server.stop(timeout_s=60)
+            assert time.monotonic() - started < 10
 
 
 def test_lone_or_missing_tls_files_are_refused_naming_the_flag(tmp_path) -> None:

@@ -71,10 +71,23 @@ class _RequestDeadline:
         transport.close()
 
 
+class _AbortIdleTlsAtShutdown:
+    """At shutdown uvicorn closes an idle kept-alive connection. Over TLS, close() waits for the
+    client's close_notify (asyncio's ssl_shutdown_timeout, 30 s), which an idle client never
+    sends, so one idle HTTPS client held the drain for the whole --shutdown-timeout (30.2 s
+    against 0.3 s over plain HTTP). Nothing is in flight there: the connection is aborted."""
+
+    def shutdown(self) -> None:
+        super().shutdown()  # type: ignore[misc]
+        transport = self.transport  # type: ignore[attr-defined]
+        if transport.is_closing() and transport.get_extra_info("sslcontext") is not None:
+            transport.abort()
+
+
 def make_timed_protocol(request_timeout_s: float) -> type[H11Protocol]:
     """An H11Protocol class (for uvicorn.Config(http=...)) with this request deadline."""
 
-    class TimedH11Protocol(_RequestDeadline, H11Protocol):
+    class TimedH11Protocol(_RequestDeadline, _AbortIdleTlsAtShutdown, H11Protocol):
         _request_timeout_s = request_timeout_s
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
@@ -110,7 +123,7 @@ def make_timed_httptools_protocol(request_timeout_s: float) -> type:
     with Ray Serve, uvicorn[standard])."""
     from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-    class TimedHttpToolsProtocol(_RequestDeadline, HttpToolsProtocol):
+    class TimedHttpToolsProtocol(_RequestDeadline, _AbortIdleTlsAtShutdown, HttpToolsProtocol):
         _request_timeout_s = request_timeout_s
         _receiving = True  # from the connection's opening: a silent client gets the 408
         _head_bytes = 0
