@@ -134,3 +134,49 @@ def test_a_gpu_rank_launches_the_next_plan_before_its_running_step_ends():
             socket.close(linger=0)
         context.term()
     assert rank.events == ["launch a", "launch b", "read a", "read b"]
+
+
+def test_a_worker_process_freezes_its_start_up_objects_before_it_reports_ready(monkeypatch):
+    """A worker serves one engine for life: once built, its objects leave the collector's
+    scans (a full collection in one rank would stall every rank at its next collective)."""
+    import gc
+
+    from ladle.executor import multiprocess
+
+    seen = {}
+
+    class _Built(_Rank):
+        def __init__(self, config, rank, rendezvous, device_index) -> None:
+            super().__init__(sends_results=True)
+            self.info = {"rank": rank}
+
+    monkeypatch.setattr(multiprocess, "Worker", _Built)
+    context = zmq.Context()
+    feeder, ready, collector = (context.socket(kind) for kind in (zmq.PUSH, zmq.PULL, zmq.PULL))
+    # The worker makes its own zmq context, which cannot reach this one's inproc endpoints.
+    address = {
+        name: f"tcp://127.0.0.1:{socket.bind_to_random_port('tcp://127.0.0.1')}"
+        for name, socket in (("plans", feeder), ("ready", ready), ("results", collector))
+    }
+    saved = gc.get_threshold()
+    gc.unfreeze()
+    try:
+        thread = threading.Thread(target=multiprocess.run_worker, kwargs=dict(
+            config=None, rank=0, input_address=address["plans"],
+            output_address=address["results"], ready_address=address["ready"],
+            watch_parent=False,
+        ), daemon=True)  # fmt: skip
+        thread.start()
+        assert ready.poll(5000)
+        seen["ready"] = ready.recv_pyobj()
+        seen["frozen"] = gc.get_freeze_count()
+        feeder.send(msgspec.msgpack.Encoder().encode(StopWorker()))
+        thread.join(5)
+    finally:
+        for socket in (feeder, ready, collector):
+            socket.close(linger=0)
+        context.term()
+        gc.unfreeze()
+        gc.set_threshold(*saved)
+    assert seen["ready"] == ("ready", 0, {"rank": 0})
+    assert seen["frozen"] > 0

@@ -32,7 +32,7 @@ a collection; only cyclic garbage waits longer, and a collection of 20,000 young
 about a millisecond.
 
 Only processes that hold one engine for life freeze for good (the engine-core process, the API
-process): an offline program may build and drop several LLMs, and a dropped engine's reference
+process, the workers of a multi-process engine): an offline program may build and drop several LLMs, and a dropped engine's reference
 cycles, once frozen, would keep its KV cache allocated. An offline run (`LLM.generate`, a
 benchmark's timed loop) pauses the collector's scans of what was alive when it began for as
 long as it runs, and unfreezes when it ends (`collector_paused_during_run`): a full collection

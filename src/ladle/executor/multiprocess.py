@@ -38,6 +38,7 @@ import zmq
 
 from ladle.config import EngineConfig
 from ladle.distributed.process_group import leave
+from ladle.engine.gc_policy import freeze_startup_objects
 from ladle.executor.base import Executor, StartGrammarFill, StepFuture
 from ladle.executor.fault_isolation import may_be_attributed, run_isolating_faults
 from ladle.protocol.step import GrammarMasks, StepPlan, StepResult
@@ -171,6 +172,10 @@ def run_worker(
         ready.send_pyobj(("error", rank, f"{type(error).__name__}: {error}"))
         ready.close()
         return
+    # A worker process serves one engine for life: its start-up objects (the model, the graphs)
+    # leave the collector's scans. A full collection in one rank stalls every rank at its next
+    # collective.
+    freeze_startup_objects()
     ready.send_pyobj(("ready", rank, worker.info))
     ready.close()
     try:
