@@ -1,11 +1,13 @@
 """The GPU's idle time between engine steps, from the torch profiler (issue 8, overlap).
 
     python scripts/step_gap.py --workload W1 --num-requests 256 [--no-async-scheduling]
+        [--speculative-config JSON] [--top-kernels N]
 
 Runs the workload's requests to their steady decode phase (every prompt in), then profiles
 --steps engine steps: wall time, the union of the CUDA kernels' intervals (busy), and the idle
 time per step (wall - busy, over the steps) with the median and largest single gap between two
-kernels. Prints one JSON line.
+kernels, and the kernel count per step. --top-kernels N adds the N kernels of most GPU time
+(us per step, launches per step). Prints one JSON line.
 """
 
 from __future__ import annotations
@@ -30,6 +32,10 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--enforce-eager", action="store_true")
+    parser.add_argument(
+        "--speculative-config", default=None, help="speculation as JSON (vLLM's spelling)"
+    )
+    parser.add_argument("--top-kernels", type=int, default=0)
     args = parser.parse_args()
     workload = get_workload(args.workload)
     llm = LLM(
@@ -37,6 +43,9 @@ def main() -> None:
         load_format="dummy",
         async_scheduling=args.async_scheduling,
         enforce_eager=args.enforce_eager,
+        speculative_config=json.loads(args.speculative_config)
+        if args.speculative_config
+        else None,
     )
     engine = llm.engine
     requests = build_requests(workload)[: args.num_requests]
@@ -58,11 +67,14 @@ def main() -> None:
             engine.step()
         torch.cuda.synchronize()
         wall = time.perf_counter() - started
-    kernels = sorted(
-        (event.time_range.start, event.time_range.end)
-        for event in prof.events()
-        if event.device_type == torch.autograd.DeviceType.CUDA
-    )
+    kernel_events = [
+        event for event in prof.events() if event.device_type == torch.autograd.DeviceType.CUDA
+    ]
+    kernels = sorted((event.time_range.start, event.time_range.end) for event in kernel_events)
+    by_name: dict[str, list[float]] = {}
+    for event in kernel_events:
+        by_name.setdefault(event.name, []).append(event.time_range.end - event.time_range.start)
+    top = sorted(by_name.items(), key=lambda item: -sum(item[1]))[: args.top_kernels]
     busy_us, gaps = busy_and_gaps(kernels)
     span_us = kernels[-1][1] - kernels[0][0]
     print(
@@ -79,6 +91,11 @@ def main() -> None:
                 "busy_fraction_of_kernel_span": busy_us / span_us,
                 "median_gap_us": statistics.median(gaps) if gaps else 0.0,
                 "largest_gap_us": max(gaps, default=0.0),
+                "kernels_per_step": len(kernels) / args.steps,
+                "top_kernels_us_and_launches_per_step": [
+                    [name[:80], round(sum(times) / args.steps, 1), len(times) / args.steps]
+                    for name, times in top
+                ],
             }
         ),
         flush=True,

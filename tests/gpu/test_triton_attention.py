@@ -192,6 +192,21 @@ def test_decode_batch_split_kv(num_splits, heads):
     check_case(case, "cuda", seed=num_splits or 0)
 
 
+
+# Verify steps: k + 1 query tokens a request over a cached context, beside a decode and a short
+# chunk; few tiles, so the launch splits the context (default: chosen from the tile count).
+VERIFY = [(5, 700), (5, 64), (3, 1500), (1, 40), (17, 300)]
+
+
+@needs_cuda
+@pytest.mark.parametrize("num_splits", [None, 1, 5])
+@pytest.mark.parametrize("heads", [(16, 8), (32, 8)])
+def test_verify_step_split_kv(num_splits, heads):
+    num_heads, num_kv_heads = heads
+    case = Case(VERIFY, num_heads=num_heads, num_kv_heads=num_kv_heads, head_dim=128)
+    case.num_splits = num_splits
+    check_case(case, "cuda", seed=num_splits or 0)
+
 # One long fresh prompt (no cached context, >= 512 tokens) takes SDPA
 # (attention/fresh_prefill.py), decodes in front of it the paged decode launch; a cached prefix,
 # a short prompt, or several prompts keep the paged launch.
@@ -355,6 +370,30 @@ INTERPRETED_CASES = [
         block_size=8,
         dtype=torch.float32,
         block_rows=16,
+    ),
+    # Verify steps (a few query tokens a request over a cached context), split: each split
+    # writes a partial per query row and the last to arrive merges every token of its tile.
+    Case(
+        [(5, 40), (5, 70), (3, 21), (1, 9)],
+        num_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        block_size=8,
+        dtype=torch.float32,
+        block_n=16,
+        num_splits=3,
+    ),
+    # A split launch with several tiles a request (8-token tiles) and a padding token.
+    Case(
+        [(20, 60), (1, 30), (9, 9)],
+        num_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        block_size=8,
+        dtype=torch.float32,
+        block_rows=16,
+        num_splits=4,
+        num_padding_tokens=1,
     ),
     # More splits than context tiles: empty splits must merge to nothing.
     Case(

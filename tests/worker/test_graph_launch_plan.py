@@ -62,9 +62,11 @@ def test_decode_step_sizes_its_splits_for_the_padded_batch():
 
 def test_small_mixed_step_takes_the_prefill_graph_launches():
     buckets = _buckets()
-    # Ten decodes beside one prompt chunk of 200 tokens: the (256, 16) bucket holds it.
+    # Ten decodes beside one prompt chunk of 200 tokens: the (256, 16) bucket holds it, and the
+    # eager launch is sized as the graph's (its split-KV factor follows the bucket's tiles).
     metadata = buckets.eager_metadata(_metadata([1] * 10 + [200]), 210)
-    assert metadata.graph_launches and metadata.launch_num_reqs is None
+    assert metadata.graph_launches
+    assert (metadata.launch_num_tokens, metadata.launch_num_reqs) == (256, 16)
     # The original is untouched (the same step may be built again by a caller).
     assert not _metadata([1] * 10 + [200]).graph_launches
 

@@ -37,9 +37,11 @@ class AttentionMetadata:
     # layout that the replays bring. Set on the template and on an eager step that fits a prefill
     # bucket, so that graphs never change a step's numbers.
     graph_launches: bool = False
-    # The request count a decode launch is sized for (its split-KV factor), when a graph bucket
-    # pads the step beyond num_reqs; None: num_reqs. Set for the same reason as graph_launches.
+    # The request and token counts an attention launch is sized for (its split-KV factor), when
+    # a graph bucket pads the step beyond num_reqs and num_tokens; None: the step's own. Set for
+    # the same reason as graph_launches.
     launch_num_reqs: int | None = None
+    launch_num_tokens: int | None = None
     # What a backend derives from this step's metadata once and reuses in every layer (the CPU
     # backend's gather indices and mask); empty when the step starts.
     backend_cache: dict[str, Any] = field(default_factory=dict, repr=False, compare=False)

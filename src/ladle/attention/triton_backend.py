@@ -93,6 +93,7 @@ class TritonAttentionBackend:
             scale=scale,
             num_leading_decodes=leading,
             launch_num_reqs=metadata.launch_num_reqs,
+            launch_num_tokens=metadata.launch_num_tokens,
             config=self.config,
             k_scale=k_scale,
             v_scale=v_scale,

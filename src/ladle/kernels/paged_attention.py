@@ -24,10 +24,20 @@ normalised output, so each tile costs one conversion per element and no extra mu
 When every query is one token (decode), tile i is simply request i, and the context can be split
 over num_splits programs (split-KV) so that small batches of long contexts still fill the GPU.
 The grid then depends only on the batch size, which CUDA graphs need. The splits merge without a
-second launch: each writes its float32 partial output and log-sum-exp, then takes a ticket from
-its (request, kv head) counter (kernels/split_counters.py); the split that arrives last combines
-all of them in split order (so the result does not depend on arrival order) and resets the
-counter. At batch 1 on an H100 the merge launch it replaces cost ~2 us of each layer's step.
+second launch: each writes its float32 partial output and log-sum-exp per query row, then takes
+a ticket from its (tile, kv head) counter (kernels/split_counters.py); the split that arrives
+last combines all of them in split order (so the result does not depend on arrival order) and
+resets the counter. At batch 1 on an H100 the merge launch it replaces cost ~2 us of each
+layer's step.
+
+A launch with longer queries splits too when its tiles are too few to fill the GPU: a
+speculative verify step (k + 1 query tokens a request) or a small chunk over a long context. Its
+split count follows the tile count that the launch is sized for (a prefill graph's bucket, also
+when such a step runs eagerly), so graphs and eager runs sum alike. Unsplit, a batch-1 verify
+step's attention was 19 us a layer against the decode's ~5 on the Qwen3-0.6B shape (H200): one
+program per tile walked the whole context. Its splits merge in a second launch, one program per
+(query token, kv head): merged by the last split to arrive, a tile's tokens would be combined
+one after another, two trips to L2 each.
 """
 
 from __future__ import annotations
@@ -153,8 +163,8 @@ def _paged_attention_kernel(
     block_tables_ptr,
     query_start_loc_ptr,
     seq_lens_ptr,
-    split_output_ptr,  # [num_reqs, num_heads, num_splits, HEAD_DIM] fp32, when IS_SPLIT
-    split_lse_ptr,  # [num_reqs, num_heads, num_splits] fp32 (log2 units)
+    split_output_ptr,  # [num_tokens, num_heads, num_splits, HEAD_DIM] fp32, when IS_SPLIT
+    split_lse_ptr,  # [num_tokens, num_heads, num_splits] fp32 (log2 units)
     counter_ptr,  # [num_reqs * num_kv_heads] int32 arrival tickets, zero between launches
     k_scale_ptr,  # [1] fp32, read when KV_FP8
     v_scale_ptr,
@@ -179,6 +189,7 @@ def _paged_attention_kernel(
     BLOCK_SIZE: tl.constexpr,
     TILES_ARE_REQUESTS: tl.constexpr,
     IS_SPLIT: tl.constexpr,
+    MERGE_ON_ARRIVAL: tl.constexpr = True,
     KV_FP8: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
     SPLITS_PADDED: tl.constexpr = 1,
@@ -305,32 +316,33 @@ def _paged_attention_kernel(
     if IS_SPLIT:
         # Always written, also by an empty split (sum 0 -> lse -inf), so the merge reads no garbage.
         lse = tl.where(row_sum == 0.0, float("-inf"), row_max + tl.log2(safe_sum))
-        first_split_row = (request.to(tl.int64) * num_heads + head) * num_splits
+        first_split_row = (query_rows * num_heads + head) * num_splits
         tl.store(split_lse_ptr + first_split_row + split, lse, mask=is_row_valid)
         tl.store(
             split_output_ptr + (first_split_row + split)[:, None] * HEAD_DIM + dims[None, :],
             accumulator,
             mask=is_row_valid[:, None],
         )
-        counter = counter_ptr + request * tl.num_programs(1) + kv_head
-        if arrives_last(counter, num_splits):
-            _merge_splits(
-                output_ptr,
-                split_output_ptr,
-                split_lse_ptr,
-                query_start.to(tl.int64) * stride_output_token,  # the decode's one token
-                stride_output_head,
-                request,
-                kv_head,
-                num_heads,
-                num_splits,
-                GROUP,
-                GROUP_PADDED,
-                HEAD_DIM,
-                SPLITS_PADDED,
-                SPLIT_CHUNK,
-            )
-            reset_counter(counter)
+        if MERGE_ON_ARRIVAL:  # a decode tile: one query token
+            counter = counter_ptr + tile * tl.num_programs(1) + kv_head
+            if arrives_last(counter, num_splits):
+                _merge_splits(
+                    output_ptr,
+                    split_output_ptr,
+                    split_lse_ptr,
+                    query_start.to(tl.int64) * stride_output_token,
+                    stride_output_head,
+                    query_start.to(tl.int64),
+                    kv_head,
+                    num_heads,
+                    num_splits,
+                    GROUP,
+                    GROUP_PADDED,
+                    HEAD_DIM,
+                    SPLITS_PADDED,
+                    SPLIT_CHUNK,
+                )
+                reset_counter(counter)
     else:
         output_offsets = query_rows * stride_output_token + head * stride_output_head
         tl.store(
@@ -347,7 +359,7 @@ def _merge_splits(
     split_lse_ptr,
     token_offset,
     stride_output_head,
-    request,
+    query_row,
     kv_head,
     num_heads,
     num_splits,
@@ -357,14 +369,14 @@ def _merge_splits(
     SPLITS_PADDED: tl.constexpr,
     SPLIT_CHUNK: tl.constexpr,
 ):
-    """Write the decode token's output for the GROUP query heads of kv_head: each split's
+    """Write one query token's output for the GROUP query heads of kv_head: each split's
     normalised output weighted by exp2(its lse - the largest lse). SPLIT_CHUNK splits' partials
     are loaded at once (a serial loop over single splits cost ~7 us at batch 1 on an H100, as
     many L2 round trips as splits); they come from L2 (.cg), since other programs wrote them."""
     heads_in_group = tl.arange(0, GROUP_PADDED)
     is_head = heads_in_group < GROUP
     head = kv_head * GROUP + heads_in_group
-    first_rows = (request.to(tl.int64) * num_heads + head) * num_splits  # [GROUP_PADDED]
+    first_rows = (query_row * num_heads + head) * num_splits  # [GROUP_PADDED]
     splits = tl.arange(0, SPLITS_PADDED)
     lse = tl.load(
         split_lse_ptr + first_rows[:, None] + splits[None, :],
@@ -404,6 +416,53 @@ def _merge_splits(
     )
 
 
+@triton.jit(
+    do_not_specialize=["num_reqs", "num_splits"],
+    do_not_specialize_on_alignment=["query_start_loc_ptr"],
+)
+def _merge_split_rows_kernel(
+    output_ptr,
+    split_output_ptr,
+    split_lse_ptr,
+    query_start_loc_ptr,
+    num_reqs,
+    num_heads,
+    num_splits,
+    stride_output_token,
+    stride_output_head,
+    GROUP: tl.constexpr,
+    GROUP_PADDED: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    SPLITS_PADDED: tl.constexpr,
+    SPLIT_CHUNK: tl.constexpr,
+):
+    """The merge of a split launch with longer queries: one program per (query token, kv head);
+    tokens outside the launch's requests (decodes launched apart, padding) are left alone."""
+    row = tl.program_id(0)
+    kv_head = tl.program_id(1)
+    first_row = tl.load(query_start_loc_ptr)
+    end_row = tl.load(query_start_loc_ptr + num_reqs)
+    if (row < first_row) | (row >= end_row):
+        return
+    row = row.to(tl.int64)
+    _merge_splits(
+        output_ptr,
+        split_output_ptr,
+        split_lse_ptr,
+        row * stride_output_token,
+        stride_output_head,
+        row,
+        kv_head,
+        num_heads,
+        num_splits,
+        GROUP,
+        GROUP_PADDED,
+        HEAD_DIM,
+        SPLITS_PADDED,
+        SPLIT_CHUNK,
+    )
+
+
 @dataclass(frozen=True)
 class LaunchConfig:
     """Tile shape and compiler settings of one launch; None fields take the defaults."""
@@ -420,9 +479,10 @@ def _num_multiprocessors(device_index: int) -> int:
     return torch.cuda.get_device_properties(device_index).multi_processor_count
 
 
-def choose_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) -> int:
-    """Split-KV factor for a decode batch: none once the batch alone gives two programs per
-    multiprocessor, else about eight programs per multiprocessor, at most 16.
+def choose_num_splits(num_tiles: int, num_kv_heads: int, device: torch.device) -> int:
+    """Split-KV factor for a launch of num_tiles query tiles (a decode's requests): none once the
+    tiles alone give two programs per multiprocessor, else about eight programs per
+    multiprocessor, at most 16.
 
     Measured on an H100 (scripts/fp8_kv_decode_sweep.py --wide, 8B heads): 64 x 1024 and 128 x
     768 ran 6-28% faster unsplit than with the 2-3 splits that "eight per SM" gave them (the
@@ -434,7 +494,7 @@ def choose_num_splits(num_reqs: int, num_kv_heads: int, device: torch.device) ->
     if device.type != "cuda":
         return 1
     multiprocessors = _num_multiprocessors(device.index or 0)
-    programs = max(1, num_reqs * num_kv_heads)
+    programs = max(1, num_tiles * num_kv_heads)
     if programs >= 2 * multiprocessors:
         return 1
     return max(1, min(MAX_SPLITS, triton.cdiv(8 * multiprocessors, programs)))
@@ -460,6 +520,7 @@ def paged_attention(
     scale: float,
     num_leading_decodes: int = 0,
     launch_num_reqs: int | None = None,
+    launch_num_tokens: int | None = None,
     output: torch.Tensor | None = None,
     config: LaunchConfig | None = None,
     k_scale: torch.Tensor | None = None,
@@ -473,9 +534,10 @@ def paged_attention(
     metadata.query_start_loc_host), those get the decode launch and the rest the prefill launch,
     so decodes do not pay for prefill-sized query tiles. Output rows past the last request
     (padding tokens) are left unwritten. A float8 e4m3 kv_cache needs k_scale and v_scale
-    (float32, one element each: the layer's dequantization scales). launch_num_reqs: size a
-    decode launch's split-KV factor as for this many requests (a CUDA graph bucket's padded
-    count), so a step gives the same numbers eagerly as from its graph.
+    (float32, one element each: the layer's dequantization scales). launch_num_reqs and
+    launch_num_tokens: size the launch's split-KV factor as for this many requests and tokens
+    (a CUDA graph bucket's padded counts), so a step gives the same numbers eagerly as from its
+    graph.
     """
     num_tokens, num_heads, head_dim = query.shape
     _, _, block_size, num_kv_heads, cache_head_dim = kv_cache.shape
@@ -511,6 +573,7 @@ def paged_attention(
             config,
             kv_scales,
             launch_num_reqs,
+            launch_num_tokens,
         )
         return output
     decodes = slice(0, num_leading_decodes)
@@ -554,6 +617,7 @@ def _launch(
     config: LaunchConfig,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
     launch_num_reqs: int | None = None,
+    launch_num_tokens: int | None = None,
 ) -> None:
     num_tokens, num_heads, head_dim = query.shape
     num_kv_heads, block_size = kv_cache.shape[3], kv_cache.shape[2]
@@ -589,19 +653,28 @@ def _launch(
         block_n = config.block_n or 64
         num_warps = config.num_warps or 4
         num_stages = config.num_stages or 2
-        num_splits = 1
-        grid = (num_tokens // block_m + num_reqs, num_kv_heads, 1)
+        num_tiles = num_tokens // block_m + num_reqs
+        sizing_tiles = (launch_num_tokens or num_tokens) // block_m + max(
+            num_reqs, launch_num_reqs or 0
+        )
+        num_splits = config.num_splits or choose_num_splits(
+            sizing_tiles, num_kv_heads, query.device
+        )
+        grid = (num_tiles, num_kv_heads, num_splits)
 
     if num_splits > 1:
         split_output = torch.empty(
-            (num_reqs, num_heads, num_splits, head_dim), dtype=torch.float32, device=query.device
+            (num_tokens, num_heads, num_splits, head_dim), dtype=torch.float32, device=query.device
         )
         split_lse = torch.empty(
-            (num_reqs, num_heads, num_splits), dtype=torch.float32, device=query.device
+            (num_tokens, num_heads, num_splits), dtype=torch.float32, device=query.device
         )
     else:
         split_output = split_lse = output  # unused
-    counters = counter_buffer(query.device) if num_splits > 1 else seq_lens  # seq_lens: unused
+    merge_on_arrival = is_decode
+    counters = counter_buffer(query.device) if num_splits > 1 and is_decode else seq_lens
+    # Splits merged per load: a [group, chunk, head_dim] float32 tile of at most 8192.
+    split_chunk = max(1, min(MAX_SPLITS, 8192 // (group_padded * head_dim)))
 
     _paged_attention_kernel[grid](
         output,
@@ -637,11 +710,28 @@ def _launch(
         BLOCK_SIZE=block_size,
         TILES_ARE_REQUESTS=is_decode,
         IS_SPLIT=num_splits > 1,
+        MERGE_ON_ARRIVAL=merge_on_arrival,
         KV_FP8=kv_scales is not None,
         SPLITS_PADDED=MAX_SPLITS,
-        # Splits merged per load: a [group, chunk, head_dim] float32 tile of at most 8192.
-        SPLIT_CHUNK=max(1, min(MAX_SPLITS, 8192 // (group_padded * head_dim))),
+        SPLIT_CHUNK=split_chunk,
         num_warps=num_warps,
         num_stages=num_stages,
         **pdl_launch(query.device, num_reqs, eligible=is_decode),  # the decode chain
     )
+    if num_splits > 1 and not merge_on_arrival:
+        _merge_split_rows_kernel[(num_tokens, num_kv_heads)](
+            output,
+            split_output,
+            split_lse,
+            query_start_loc,
+            num_reqs,
+            num_heads,
+            num_splits,
+            output.stride(0),
+            output.stride(1),
+            GROUP=group,
+            GROUP_PADDED=group_padded,
+            HEAD_DIM=head_dim,
+            SPLITS_PADDED=MAX_SPLITS,
+            SPLIT_CHUNK=split_chunk,
+        )

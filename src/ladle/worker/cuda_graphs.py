@@ -288,8 +288,15 @@ class DecodeGraphs:
         if self._is_decode_step(num_reqs, num_tokens, metadata.max_query_len, width):
             padded = padded_batch_size(num_reqs, self.batch_sizes)
             return dataclasses.replace(metadata, launch_num_reqs=padded)
-        if self.prefill is not None and self.prefill.bucket_for(num_reqs, num_tokens, width):
-            return dataclasses.replace(metadata, graph_launches=True)
+        bucket = self.prefill.bucket_for(num_reqs, num_tokens, width) if self.prefill else None
+        if bucket is not None:
+            padded_tokens, padded_reqs = bucket
+            return dataclasses.replace(
+                metadata,
+                graph_launches=True,
+                launch_num_tokens=padded_tokens,
+                launch_num_reqs=padded_reqs,
+            )
         return metadata
 
     def run(

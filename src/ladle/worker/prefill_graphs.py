@@ -182,6 +182,8 @@ class PrefillGraphs:
             query_start_loc_host=starts,
             seq_lens_host=lengths,
             graph_launches=True,
+            launch_num_tokens=num_tokens,
+            launch_num_reqs=num_reqs,
         )
 
     @torch.inference_mode()
