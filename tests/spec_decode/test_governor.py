@@ -73,3 +73,38 @@ def test_retries_that_confirm_the_answer_come_ever_more_rarely():
     modes, _ = _drive(governor, 3, (MAX_EXPLORE_EVERY + 40) * EPOCH_STEPS, now,
                       lambda s: 0.0005 if s else 0.001)
     assert modes[-20 * EPOCH_STEPS::EPOCH_STEPS].count(False) <= 1
+
+
+def test_a_new_level_starts_from_what_its_neighbours_measured():
+    governor = SpeculationGovernor()
+    now = 0.0
+    # Speculation wins at 8 running and loses at 32 (each learnt over a few epochs).
+    _, now = _drive(governor, 8, 6 * EPOCH_STEPS, now, lambda s: 0.001 if s else 0.002)
+    _, now = _drive(governor, 32, 6 * EPOCH_STEPS, now, lambda s: 0.002 if s else 0.001)
+    assert governor.levels[8].better_mode() is True
+    assert governor.levels[32].better_mode() is False
+    # A heavier load than one where it lost: off from the first epoch, on only once explored.
+    modes, now = _drive(governor, 200, (EXPLORE_EVERY + 4) * EPOCH_STEPS, now,
+                        lambda s: 0.002 if s else 0.001)
+    epochs = modes[::EPOCH_STEPS]
+    assert epochs[:EXPLORE_EVERY] == [False] * EXPLORE_EVERY
+    assert epochs.count(True) == 1  # the exploration, after EXPLORE_EVERY epochs
+    assert governor.levels[256].better_mode() is False
+    # A lighter load than one where it won: on from the first epoch.
+    modes, now = _drive(governor, 2, 4 * EPOCH_STEPS, now, lambda s: 0.001 if s else 0.002)
+    assert modes[::EPOCH_STEPS] == [True] * 4
+    # Between a win below and a loss above there is no hint: one epoch of each first.
+    modes, now = _drive(governor, 16, 3 * EPOCH_STEPS, now, lambda s: 0.001 if s else 0.002)
+    assert modes[::EPOCH_STEPS][:2] == [True, False]
+
+
+def test_a_hint_that_was_wrong_is_undone_at_the_first_exploration():
+    governor = SpeculationGovernor()
+    now = 0.0
+    _, now = _drive(governor, 4, 6 * EPOCH_STEPS, now, lambda s: 0.002 if s else 0.001)
+    # At 64 running speculation wins after all (the hint said off).
+    modes, now = _drive(governor, 64, (EXPLORE_EVERY + 12) * EPOCH_STEPS, now,
+                        lambda s: 0.0005 if s else 0.001)
+    epochs = modes[::EPOCH_STEPS]
+    assert epochs[:EXPLORE_EVERY] == [False] * EXPLORE_EVERY
+    assert epochs[EXPLORE_EVERY:] == [True] * 12  # explored, won, kept

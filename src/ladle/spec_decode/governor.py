@@ -13,6 +13,13 @@ EXPLORE_EVERY epochs (so a level whose answer changes is noticed). Each retry th
 answer doubles the wait before the next, up to MAX_EXPLORE_EVERY, so where speculation never pays
 its cost falls from 1/16 of the epochs towards 1/256; a retry that finds the answer changed
 starts the waits over.
+
+A level seen for the first time starts from what its neighbours measured: speculation pays less
+the more requests share a step, so if it lost at a lighter load it starts off here, and if it won
+at a heavier load it starts on; the other mode waits for the first exploration. Without that,
+every new level paid one epoch in each mode first, and a batch that drains from 256 requests
+visits each level once and briefly (S1 at 256 in flight on the 0.6B shape, H200: 18% of the
+request-steps drafted, 0.949x of no speculation overall; not yet measured with the hints).
 """
 
 from __future__ import annotations
@@ -38,6 +45,9 @@ class _Level:
     num_epochs: int = 0
     explore_every: int = EXPLORE_EVERY
     epochs_since_explore: int = 0
+    # The mode the neighbouring levels' measurements point to (None: no hint); it runs first and
+    # the other waits for an exploration.
+    prior: bool | None = None
 
     def better_mode(self) -> bool | None:
         if self.rate_on is None or self.rate_off is None:
@@ -46,10 +56,14 @@ class _Level:
 
     def next_mode(self) -> bool:
         """True: speculate in the next epoch."""
-        if self.rate_on is None:
-            return True
-        if self.rate_off is None:
-            return False
+        if self.rate_on is None or self.rate_off is None:
+            measured = self.rate_on is not None or self.rate_off is not None
+            hinted = self.prior if self.prior is not None else True
+            if measured and self.epochs_since_explore >= self.explore_every:
+                return self.rate_on is None  # the unmeasured mode's first epoch
+            if not measured or self.prior is not None:
+                return hinted
+            return self.rate_on is None
         better = self.better_mode()
         return better != (self.epochs_since_explore >= self.explore_every)
 
@@ -59,6 +73,10 @@ class _Level:
         previous = getattr(self, name)
         setattr(self, name, rate if previous is None else previous + SMOOTHING * (rate - previous))
         self.num_epochs += 1
+        if was_better is None and self.better_mode() is not None and self.prior is not None:
+            # The hinted level's first exploration: the waits run from here.
+            self.epochs_since_explore = 0
+            return
         if was_better is None or speculating == was_better:
             self.epochs_since_explore += 1
             return
@@ -90,9 +108,20 @@ class SpeculationGovernor:
         if level != self._level or self._epoch_steps >= EPOCH_STEPS:
             self._end_epoch(now)
             self._level = level
-            self.speculating = self.levels.setdefault(level, _Level()).next_mode()
+            if level not in self.levels:
+                self.levels[level] = _Level(prior=self._neighbours_hint(level))
+            self.speculating = self.levels[level].next_mode()
         self._epoch_steps += 1
         return self.speculating
+
+    def _neighbours_hint(self, level: int) -> bool | None:
+        """Off if speculation lost at some lighter load, on if it won at some heavier one."""
+        answers = {other: state.better_mode() for other, state in self.levels.items()}
+        if any(answer is False for other, answer in answers.items() if other < level):
+            return False
+        if any(answer is True for other, answer in answers.items() if other > level):
+            return True
+        return None
 
     def observe_outputs(self, num_tokens: int) -> None:
         self._epoch_tokens += num_tokens
