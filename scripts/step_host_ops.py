@@ -16,10 +16,11 @@ of --prompt-len tokens, and over --steps steady decode steps (every request past
   each is about one launch: a kernel, a cudaMemcpyAsync or a memset.
 
 On the CPU (the default) the model is W1's 0.6B shape shrunk to one small layer and a 4,096-id
-vocabulary, so the forward is small; the decode graph path is emulated (tests/helpers), so a
-step takes the graph path's code as on the GPU. Two launches of the GPU step do not show as ops
-on the CPU: the pinned host-to-device copy of the step's inputs and the device-to-host copy of
-the sampled ids (one each per step). --device cuda runs the same on the GPU with real graphs
+vocabulary, so the forward is small; the decode and prefill graph paths are emulated
+(tests/helpers), so a step takes the graph path's code as on the GPU (a drafted step's verify
+replays a prefill graph). Two launches of the GPU step do not show as ops on the CPU: the pinned
+host-to-device copy of the step's inputs and the device-to-host copy of the sampled ids (one
+each per step). --device cuda runs the same on the GPU with real graphs
 (the op counts are then the GPU's launches; the phase times include the launches' host cost).
 """
 
@@ -37,7 +38,11 @@ from ladle import LLM, SamplingParams
 from ladle.worker.model_runner import LaunchedStep
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tests"))
-from helpers.emulated_graphs import EmulatedGraph, install_emulated_graphs  # noqa: E402
+from helpers.emulated_graphs import (  # noqa: E402
+    EmulatedGraph,
+    EmulatedPrefillGraph,
+    install_emulated_graphs,
+)
 from helpers.host_ops import TINY_LAYER, PhaseTimer, SiteOpCounter, step_halves  # noqa: E402
 
 FORWARD_PHASE = "model forward / graph replay (GPU work)"
@@ -62,7 +67,8 @@ def _build_llm(args) -> LLM:
         options["speculative_config"] = json.loads(args.speculative_config)
     llm = LLM("qwen3-0.6b", **options)
     if args.device == "cpu" and not args.eager:
-        install_emulated_graphs(llm.engine.executor.worker)
+        # Prefill graphs too: a drafted step's verify replays one on the GPU.
+        install_emulated_graphs(llm.engine.executor.worker, prefill=True)
     return llm
 
 
@@ -107,6 +113,7 @@ def _time_phases(llm: LLM, args) -> dict:
     timer.wrap(runner, step_halves(runner)[0], "launch forward (rest: device ids, graph inputs)")
     timer.wrap(runner.model, "forward", FORWARD_PHASE)
     timer.wrap(EmulatedGraph, "replay", FORWARD_PHASE)
+    timer.wrap(EmulatedPrefillGraph, "replay", FORWARD_PHASE)
     timer.wrap(runner.model, "compute_logits", "logits (GPU work)")
     timer.wrap(runner, step_halves(runner)[1], "sample (metadata, sampler, id copy)")
     timer.wrap(LaunchedStep, "result", "read sampled ids")
@@ -133,6 +140,7 @@ def _count_ops(llm: LLM, args) -> dict:
     counter = SiteOpCounter()
     counter.excluded(runner.model, "forward")
     counter.excluded(EmulatedGraph, "replay")
+    counter.excluded(EmulatedPrefillGraph, "replay")
     counted = [0]
 
     def on_step(measured: bool) -> None:

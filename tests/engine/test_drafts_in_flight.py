@@ -316,3 +316,39 @@ def test_moved_back_decode_steps_replay_the_decode_graphs(model_path, engine_off
     for prompt, tokens in zip(prompts, expected):  # one at a time: the steps are its alone
         assert first_token_ids(llm.generate([prompt], params, use_tqdm=False)) == [tokens]
     assert moved_back_decodes > 0 and graphed == moved_back_decodes
+
+
+def test_verify_steps_replay_the_prefill_graphs(model_path, engine_off):
+    """Verify steps (k + 1 tokens a request) fit the prefill graphs' buckets: with those graphs
+    (emulated on the CPU, padding requests and all) their tokens equal those without
+    speculation, and the drafted steps really replayed a prefill graph."""
+    llm = LLM(model_path, async_scheduling=True, speculative_config=NGRAM, **ENGINE_OPTIONS)
+    worker = llm.engine.executor.worker
+    install_emulated_graphs(worker, prefill=True)
+    prefill = worker.runner.graph_buckets.prefill
+    assert prefill is not None and prefill.buckets
+    original = prefill.run
+    drafted_replays = 0
+
+    def counting_run(bucket, input_ids, positions, metadata):
+        nonlocal drafted_replays
+        starts = metadata.query_start_loc_host
+        lengths = [b - a for a, b in zip(starts, starts[1:])]
+        if all(1 < length <= NGRAM["num_speculative_tokens"] + 1 for length in lengths):
+            drafted_replays += 1
+        return original(bucket, input_ids, positions, metadata)
+
+    prefill.run = counting_run
+    try:
+        prompts = repetitive_prompts(6, seed=11)
+        params = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+        expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
+        for prompt, tokens in zip(prompts, expected):  # one at a time: batch-1 verify steps
+            assert first_token_ids(llm.generate([prompt], params, use_tqdm=False)) == [tokens]
+        got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))  # all at once
+        assert got == expected
+        assert drafted_replays > 0
+        assert llm.engine.get_stats().spec_decode.num_accepted_tokens > 20
+    finally:
+        prefill.run = original
+    _assert_no_blocks_held(llm)

@@ -1,9 +1,11 @@
-"""CUDA graphs emulated on the CPU, so CPU tests and scripts can take the decode graph path.
+"""CUDA graphs emulated on the CPU, so CPU tests and scripts can take the graph paths.
 
 install_emulated_graphs(runner) gives a CPU ModelRunner a DecodeGraphs whose "graphs" run the
 model eagerly on the graphs' static buffers: a step then goes through DecodeGraphs.run (its
 copies into the static buffers, the padding rows) and the runner's graph-path code, as on the
-GPU, where only a real replay can show that path's mistakes.
+GPU, where only a real replay can show that path's mistakes. With prefill=True small steps with
+longer queries (prompt chunks, speculative verify steps) replay emulated prefill graphs too
+(PrefillGraphs.run: the padding requests, the copies into its buffers).
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ import torch
 
 from ladle.attention.metadata import AttentionMetadata
 from ladle.worker.cuda_graphs import DecodeGraphs
+from ladle.worker.prefill_graphs import PrefillGraphs
 
 
 class EmulatedGraph:
@@ -42,12 +45,55 @@ class EmulatedGraph:
         self.output.copy_(hidden)
 
 
-def install_emulated_graphs(worker) -> None:
+class EmulatedPrefillGraph:
+    """A prefill bucket's stand-in: replay() runs the model eagerly on the prefill graphs' static
+    buffers, the layout (real and padding requests) read back from them, with the launches a
+    captured template takes (graph_launches, the bucket's sizes)."""
+
+    def __init__(self, runner, prefill: PrefillGraphs, bucket: tuple[int, int]) -> None:
+        self.runner, self.prefill, self.bucket = runner, prefill, bucket
+        self.output = torch.zeros(bucket[0], runner.arch.hidden_size, dtype=runner.dtype)
+
+    def replay(self) -> None:
+        static, (num_tokens, num_reqs) = self.prefill.static, self.bucket
+        starts = static.query_start_loc[: num_reqs + 1].tolist()
+        seq_lens = static.seq_lens[:num_reqs]
+        metadata = AttentionMetadata(
+            slot_mapping=static.slot_mapping[:num_tokens],
+            query_start_loc=static.query_start_loc[: num_reqs + 1],
+            seq_lens=seq_lens,
+            block_tables=static.block_tables[:num_reqs],
+            max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
+            max_seq_len=int(seq_lens.max()),
+            block_size=self.prefill.block_size,
+            query_start_loc_host=starts,
+            seq_lens_host=seq_lens.tolist(),
+            graph_launches=True,
+            launch_num_tokens=num_tokens,
+            launch_num_reqs=num_reqs,
+        )
+        hidden = self.runner.model(
+            static.input_ids[:num_tokens],
+            static.positions[:num_tokens],
+            self.runner.kv_caches,
+            metadata,
+        )
+        self.output.copy_(hidden)
+
+
+def install_emulated_graphs(worker, prefill: bool = False) -> None:
     """Give a CPU worker's runner decode "graphs" (EmulatedGraph) so its steps take the graph
-    path."""
+    path; with prefill, prefill "graphs" (EmulatedPrefillGraph) as well."""
     runner = worker
     graphs = worker._graph_buckets()
-    graphs.prefill = None  # prompt steps run eagerly here
+    if prefill and graphs.prefill is not None:
+        graphs.prefill.static = graphs.prefill._allocate_static()
+        for bucket in graphs.prefill.buckets:
+            emulated = EmulatedPrefillGraph(runner, graphs.prefill, bucket)
+            graphs.prefill._graphs[bucket] = emulated
+            graphs.prefill._outputs[bucket] = emulated.output
+    else:
+        graphs.prefill = None  # prompt steps run eagerly here
     graphs.static = graphs._allocate_static()
     for batch_size in graphs.batch_sizes:
         graph = EmulatedGraph(runner, graphs, batch_size)

@@ -32,10 +32,11 @@ a collection; only cyclic garbage waits longer, and a collection of 20,000 young
 about a millisecond.
 
 Only processes that hold one engine for life freeze for good (the engine-core process, the API
-process, the workers of a multi-process engine): an offline program may build and drop several LLMs, and a dropped engine's reference
-cycles, once frozen, would keep its KV cache allocated. An offline run (`LLM.generate`, a
-benchmark's timed loop) pauses the collector's scans of what was alive when it began for as
-long as it runs, and unfreezes when it ends (`collector_paused_during_run`): a full collection
+process, the workers of a multi-process engine): an offline program may build and drop several
+LLMs, and a dropped engine's reference cycles, once frozen, would keep its KV cache allocated.
+An offline run (`LLM.generate`, a benchmark's timed loop) pauses the collector's scans of what
+was alive when it began for as long as it runs, and unfreezes when it ends
+(`collector_paused_during_run`): a full collection
 among the engine's objects stalled a W2-70b decode step 67 ms at TP=4 (rank 0's GPU idle,
 waiting for the engine's next plan; docs/benchmarks.md, session 46), and took 134 ms over the
 ~480,000 tracked objects of a tiny engine on this project's CPU.
