@@ -17,6 +17,29 @@ from ladle.worker.cuda_graphs import DecodeGraphs
 from ladle.worker.prefill_graphs import PrefillGraphs
 
 
+def _replay_eagerly(runner, static, num_tokens, starts, block_size, output, **launches) -> None:
+    """Run the model eagerly over the first num_tokens tokens of a graph's static buffers, the
+    requests' query offsets `starts` (host), their context lengths read back, into output."""
+    num_reqs = len(starts) - 1
+    seq_lens = static.seq_lens[:num_reqs]
+    metadata = AttentionMetadata(
+        slot_mapping=static.slot_mapping[:num_tokens],
+        query_start_loc=static.query_start_loc[: num_reqs + 1],
+        seq_lens=seq_lens,
+        block_tables=static.block_tables[:num_reqs],
+        max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
+        max_seq_len=int(seq_lens.max()),
+        block_size=block_size,
+        query_start_loc_host=starts,
+        seq_lens_host=seq_lens.tolist(),
+        **launches,
+    )
+    hidden = runner.model(
+        static.input_ids[:num_tokens], static.positions[:num_tokens], runner.kv_caches, metadata
+    )
+    output.copy_(hidden)
+
+
 class EmulatedGraph:
     """Stands in for a captured CUDA graph on the CPU: replay() runs the model eagerly on the
     graphs' static buffers (the context lengths read back from them) into a fixed output."""
@@ -26,23 +49,11 @@ class EmulatedGraph:
         self.output = torch.zeros(batch_size, runner.arch.hidden_size, dtype=runner.dtype)
 
     def replay(self) -> None:
-        static, size = self.graphs.static, self.batch_size
-        seq_lens = static.seq_lens[:size]
-        metadata = AttentionMetadata(
-            slot_mapping=static.slot_mapping[:size],
-            query_start_loc=static.query_start_loc[: size + 1],
-            seq_lens=seq_lens,
-            block_tables=static.block_tables[:size],
-            max_query_len=1,
-            max_seq_len=int(seq_lens.max()),
-            block_size=self.graphs.block_size,
-            query_start_loc_host=list(range(size + 1)),
-            seq_lens_host=seq_lens.tolist(),
+        size = self.batch_size
+        _replay_eagerly(
+            self.runner, self.graphs.static, size, list(range(size + 1)),
+            self.graphs.block_size, self.output,
         )
-        hidden = self.runner.model(
-            static.input_ids[:size], static.positions[:size], self.runner.kv_caches, metadata
-        )
-        self.output.copy_(hidden)
 
 
 class EmulatedPrefillGraph:
@@ -56,29 +67,11 @@ class EmulatedPrefillGraph:
 
     def replay(self) -> None:
         static, (num_tokens, num_reqs) = self.prefill.static, self.bucket
-        starts = static.query_start_loc[: num_reqs + 1].tolist()
-        seq_lens = static.seq_lens[:num_reqs]
-        metadata = AttentionMetadata(
-            slot_mapping=static.slot_mapping[:num_tokens],
-            query_start_loc=static.query_start_loc[: num_reqs + 1],
-            seq_lens=seq_lens,
-            block_tables=static.block_tables[:num_reqs],
-            max_query_len=max(b - a for a, b in zip(starts, starts[1:])),
-            max_seq_len=int(seq_lens.max()),
-            block_size=self.prefill.block_size,
-            query_start_loc_host=starts,
-            seq_lens_host=seq_lens.tolist(),
-            graph_launches=True,
-            launch_num_tokens=num_tokens,
-            launch_num_reqs=num_reqs,
+        _replay_eagerly(
+            self.runner, static, num_tokens, static.query_start_loc[: num_reqs + 1].tolist(),
+            self.prefill.block_size, self.output,
+            graph_launches=True, launch_num_tokens=num_tokens, launch_num_reqs=num_reqs,
         )
-        hidden = self.runner.model(
-            static.input_ids[:num_tokens],
-            static.positions[:num_tokens],
-            self.runner.kv_caches,
-            metadata,
-        )
-        self.output.copy_(hidden)
 
 
 def install_emulated_graphs(worker, prefill: bool = False) -> None:
