@@ -221,6 +221,43 @@ class PrefillGraphs:
     ) -> torch.Tensor:
         """Replay bucket (from bucket_for) for this step; returns [num_tokens, hidden] states
         (a view into the graph's output, valid until the next replay)."""
+        static = self.static
+        assert static is not None, "run before capture"
+        if self.device.type == "cuda":
+            # One launch instead of fill_inputs_with_torch's 14 (kernels/prefill_graph_inputs.py).
+            from ladle.kernels.prefill_graph_inputs import fill_prefill_inputs
+
+            padded_tokens, padded_reqs = bucket
+            fill_prefill_inputs(
+                static.input_ids,
+                static.positions,
+                static.slot_mapping,
+                static.query_start_loc,
+                static.seq_lens,
+                static.block_tables,
+                input_ids,
+                positions,
+                metadata.slot_mapping,
+                metadata.query_start_loc,
+                metadata.seq_lens,
+                metadata.block_tables,
+                padded_tokens,
+                padded_reqs,
+            )
+        else:
+            self.fill_inputs_with_torch(bucket, input_ids, positions, metadata)
+        self._graphs[bucket].replay()
+        return self._outputs[bucket][: input_ids.shape[0]]
+
+    def fill_inputs_with_torch(
+        self,
+        bucket: tuple[int, int],
+        input_ids: torch.Tensor,
+        positions: torch.Tensor,
+        metadata: AttentionMetadata,
+    ) -> None:
+        """The step's inputs and the bucket's padding into the static buffers, in torch calls
+        (the CPU's path, and the reference of kernels/prefill_graph_inputs.py)."""
         padded_tokens, padded_reqs = bucket
         num_tokens = input_ids.shape[0]
         num_reqs = metadata.num_reqs
@@ -249,5 +286,3 @@ class PrefillGraphs:
         starts.add_(num_tokens)
         torch.sub(starts[1:], starts[:-1], out=static.seq_lens[num_reqs:padded_reqs])
         static.block_tables[num_reqs:padded_reqs].zero_()
-        self._graphs[bucket].replay()
-        return self._outputs[bucket][:num_tokens]
