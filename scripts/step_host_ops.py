@@ -2,7 +2,8 @@
 by phase (issue 38: the GPU was busy 73.4% of W1's decode, 482 copies in 96 steps).
 
     python scripts/step_host_ops.py [--requests 128] [--steps 32] [--prompt-len 32]
-        [--device cpu|cuda] [--eager] [--speculative-config JSON] [--json PATH]
+        [--device cpu|cuda] [--eager] [--speculative-config JSON] [--python-profile N]
+        [--json PATH]
 
 Runs the engine (LLM's loop: engine.step, then output processing) on --requests greedy requests
 of --prompt-len tokens, and over --steps steady decode steps (every request past its prompt):
@@ -13,7 +14,11 @@ of --prompt-len tokens, and over --steps steady decode steps (every request past
   replays are the GPU's work and are timed apart;
 - pass 2 counts the aten ops the host dispatches outside the model forward and outside graph
   replays (a TorchDispatchMode), by op and by the first src/ladle line on the stack. On CUDA
-  each is about one launch: a kernel, a cudaMemcpyAsync or a memset.
+  each is about one launch: a kernel, a cudaMemcpyAsync or a memset. Triton kernels launched
+  outside graph captures are counted beside them, by kernel (the dispatch mode does not see
+  them, and each costs the host more than an aten op);
+- with --python-profile N, pass 3 runs the measured steps under cProfile and prints the N
+  functions of most own time (ladle's, torch's and Triton's launch code), per step.
 
 On the CPU (the default) the model is W1's 0.6B shape shrunk to one small layer and a 4,096-id
 vocabulary, so the forward is small; the decode and prefill graph paths are emulated
@@ -27,7 +32,11 @@ each per step). --device cuda runs the same on the GPU with real graphs
 from __future__ import annotations
 
 import argparse
+import collections
+import cProfile
+import io
 import json
+import pstats
 import sys
 import time
 from pathlib import Path
@@ -147,7 +156,8 @@ def _count_ops(llm: LLM, args) -> dict:
         counter.counting = measured
         counted[0] += measured
 
-    with counter:
+    triton_launches: collections.Counter[str] = collections.Counter()
+    with counter, _counting_triton_launches(triton_launches, counter):
         _run(llm, args, "count", on_step)
     num_steps = max(counted[0], 1)
     by_site: dict[str, dict[str, float]] = {}
@@ -158,7 +168,81 @@ def _count_ops(llm: LLM, args) -> dict:
         "ops_per_step": counter.total() / num_steps,
         "ops_by_name": {op: count / num_steps for op, count in counter.by_op().most_common()},
         "ops_by_site": by_site,
+        "triton_launches_per_step": {
+            name: count / num_steps for name, count in triton_launches.most_common()
+        },
     }
+
+
+class _counting_triton_launches:
+    """Counts Triton kernel launches by kernel name while counter.counting (and no graph is
+    being captured: a captured launch costs nothing at replay)."""
+
+    def __init__(self, launches: collections.Counter, counter: SiteOpCounter) -> None:
+        self.launches, self.counter = launches, counter
+        self.original = None
+
+    def __enter__(self):
+        try:
+            from triton.runtime.jit import JITFunction
+        except ImportError:
+            return self
+        self.original = original = JITFunction.run
+        launches, counter = self.launches, self.counter
+
+        def run(fn, *args, **kwargs):
+            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+            if counter.counting and not kwargs.get("warmup") and not capturing:
+                launches[getattr(fn, "__name__", repr(fn))] += 1
+            return original(fn, *args, **kwargs)
+
+        JITFunction.run = run
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.original is not None:
+            from triton.runtime.jit import JITFunction
+
+            JITFunction.run = self.original
+
+
+def _profile_python(llm: LLM, args) -> str:
+    """The measured steps under cProfile: the functions of most own time, us per step."""
+    profiler = cProfile.Profile(time.thread_time)
+    counted = [0]
+
+    def on_step(measured: bool) -> None:
+        if measured and not counted[1:]:
+            counted.append(True)
+            profiler.enable()
+        elif not measured and counted[1:]:
+            profiler.disable()
+            counted.pop()
+        counted[0] += measured
+
+    _run(llm, args, "profile", on_step)
+    profiler.disable()
+    stream = io.StringIO()
+    stats = pstats.Stats(profiler, stream=stream)
+    num_steps = max(counted[0], 1)
+    rows = []
+    for (path, line, name), (calls, _, own, cumulative, _) in stats.stats.items():
+        rows.append((own, cumulative, calls, f"{_short_path(path)}:{line} {name}"))
+    rows.sort(reverse=True)
+    lines = [f"python profile, {num_steps} steps: own us / cumulative us / calls, per step"]
+    for own, cumulative, calls, where in rows[: args.python_profile]:
+        lines.append(
+            f"  {own / num_steps * 1e6:8.1f} {cumulative / num_steps * 1e6:9.1f} "
+            f"{calls / num_steps:6.2f}  {where}"
+        )
+    return "\n".join(lines)
+
+
+def _short_path(path: str) -> str:
+    for marker in ("/ladle/", "/torch/", "/triton/"):
+        if marker in path:
+            return marker.strip("/") + "/" + path.split(marker, 1)[1]
+    return path.rsplit("/", 1)[-1]
 
 
 def _print_table(result: dict) -> None:
@@ -173,6 +257,10 @@ def _print_table(result: dict) -> None:
     for site, ops in result["ops_by_site"].items():
         described = ", ".join(f"{op} {count:.2f}" for op, count in ops.items())
         print(f"  {site}: {described}")
+    launches = result["triton_launches_per_step"]
+    print(f"Triton launches per step outside graphs: {sum(launches.values()):.2f}")
+    for name, count in launches.items():
+        print(f"  {count:7.2f}  {name}")
 
 
 def main() -> None:
@@ -184,13 +272,23 @@ def main() -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--eager", action="store_true", help="no (emulated) graphs")
     parser.add_argument(
-        "--kv-offloading-size", type=float, default=0.0,
+        "--kv-offloading-size",
+        type=float,
+        default=0.0,
         help="GiB of KV host tier (0: off); with it on, every block that fills is stored",
     )
     parser.add_argument(
-        "--speculative-config", default=None,
+        "--speculative-config",
+        default=None,
         help='speculation as JSON, e.g. \'{"method": "ngram", "num_speculative_tokens": 4, '
         '"drafts_on_device": true}\' (its steps count as any others: drafted or not)',
+    )
+    parser.add_argument(
+        "--python-profile",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also profile the measured steps with cProfile and print the N costliest functions",
     )
     parser.add_argument("--json", type=Path, default=None, help="also write the result here")
     args = parser.parse_args()
@@ -207,6 +305,8 @@ def main() -> None:
     result.update(_time_phases(llm, args))
     result.update(_count_ops(llm, args))
     _print_table(result)
+    if args.python_profile:
+        print(_profile_python(llm, args))
     if args.json is not None:
         args.json.write_text(json.dumps(result, indent=1))
 

@@ -22,6 +22,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.launch import launch
+
 ROWS = 32  # a request's rows or tokens in a drafted step: k + 1 <= 17
 DRAFTS = 16  # config.MAX_SPECULATIVE_TOKENS
 ENDS = 256  # n-gram ends compared per loop iteration
@@ -91,7 +93,9 @@ def ngram_drafts_(
 ) -> None:
     """Each drafting request's drafts (slots[i]'s history, counts[i] of them) into input_ids
     from index first_tokens[i]; width: the tokens any of them can have."""
-    _ngram_kernel[(slots.shape[0],)](
+    launch(
+        _ngram_kernel,
+        (slots.shape[0],),
         history, history.stride(0), lengths, slots, first_tokens, counts, input_ids,
         width, min_n, MAX_N=max_n, ENDS=ENDS, DRAFTS=DRAFTS,
     )  # fmt: skip
@@ -159,7 +163,9 @@ def move_back_(
 ) -> None:
     """Move each shifted request's step back by rejected[its slot], in place (every request
     of the step has a program; the others change nothing)."""
-    _move_back_kernel[(request_slots.shape[0],)](
+    launch(
+        _move_back_kernel,
+        (request_slots.shape[0],),
         rejected, request_slots, shifted, query_start_loc, row_first, row_count, block_table,
         block_table.stride(0), block_size, positions, slot_mapping, seq_lens, steps, ROWS=ROWS,
     )  # fmt: skip
@@ -243,7 +249,9 @@ def judge_(
     length. coins: each row's synthetic coin (None: drafts are checked against the rows)."""
     row_tokens = torch.empty_like(sampled)
     num_accepted = torch.empty(first_rows.shape[0], dtype=torch.long, device=sampled.device)
-    _judge_kernel[(first_rows.shape[0],)](
+    launch(
+        _judge_kernel,
+        (first_rows.shape[0],),
         sampled, input_ids, row_draft_index, first_rows, num_drafts, request_slots,
         coins if coins is not None else sampled, acceptance, row_tokens, num_accepted,
         last_sampled, rejected, history, history.stride(0), margin, lengths,

@@ -17,6 +17,7 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.launch import launch
 from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
 
 # Four rows per program, 2048-wide K tiles, 4 warps: the best of 48 configurations summed over
@@ -102,7 +103,9 @@ def gemv(
     n, k = weight.shape
     out = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
     block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
-    _gemv_kernel[(triton.cdiv(n, BLOCK_N),)](
+    launch(
+        _gemv_kernel,
+        (triton.cdiv(n, BLOCK_N),),
         x,
         weight,
         bias if bias is not None else weight,

@@ -18,6 +18,7 @@ import triton
 import triton.language as tl
 from triton.language.extra import libdevice
 
+from ladle.kernels.launch import launch
 from ladle.sample import rng
 
 # Kernels may read module globals only as constexprs.
@@ -163,7 +164,9 @@ def gumbel_argmax(
     num_chunks = triton.cdiv(vocab_size, _TOKENS_PER_PROGRAM)
     best_values = torch.empty(num_reqs, num_chunks, dtype=torch.float32, device=logits.device)
     best_tokens = torch.empty(num_reqs, num_chunks, dtype=torch.int32, device=logits.device)
-    _gumbel_argmax_partial_kernel[(num_reqs, num_chunks)](
+    launch(
+        _gumbel_argmax_partial_kernel,
+        (num_reqs, num_chunks),
         best_values,
         best_tokens,
         noise if noise is not None else best_values,
@@ -181,7 +184,9 @@ def gumbel_argmax(
         NOISE=add_noise,
         num_warps=8,
     )
-    _merge_chunks_kernel[(num_reqs,)](
+    launch(
+        _merge_chunks_kernel,
+        (num_reqs,),
         output,
         best_values,
         best_tokens,

@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.launch import launch
+
 BLOCK_T = 1024  # tokens a program
 BLOCK_W = 512  # block-table columns a loop trip
 
@@ -128,7 +130,9 @@ def fill_prefill_inputs(
     assert static_tables.is_contiguous() and block_tables.stride(1) == 1
     pad_base, pad_extra = divmod(padded_tokens - num_tokens, num_pads)
     num_token_programs = triton.cdiv(padded_tokens, BLOCK_T)
-    _fill_prefill_inputs_kernel[(num_token_programs + padded_reqs,)](
+    launch(
+        _fill_prefill_inputs_kernel,
+        (num_token_programs + padded_reqs,),
         input_ids,
         positions,
         slot_mapping,
