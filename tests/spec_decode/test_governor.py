@@ -108,3 +108,36 @@ def test_a_hint_that_was_wrong_is_undone_at_the_first_exploration():
     epochs = modes[::EPOCH_STEPS]
     assert epochs[:EXPLORE_EVERY] == [False] * EXPLORE_EVERY
     assert epochs[EXPLORE_EVERY:] == [True] * 12  # explored, won, kept
+
+
+def test_a_draining_batch_does_not_favour_the_mode_it_measured_first():
+    """Requests finish while a level is measured: the mode measured first (on, at a new level
+    without hints) runs with more requests. Each step takes 10 ms whatever the batch (not
+    compute-bound) and gives one token a request; speculation costs 5% more a step and gives
+    nothing more. Compared per request, off wins; compared as batch rates, on would (its epoch
+    had ~16 more requests, about 10% more tokens a second)."""
+    reports = []
+    governor = SpeculationGovernor(report=reports.append)
+    now, running = 0.0, 250
+    while running > 150:
+        speculating = governor.begin_step(running, now)
+        governor.observe_outputs(running)
+        now += 0.0105 if speculating else 0.010
+        running -= 1
+    level = governor.levels[256]
+    assert level.rate_on is not None and level.rate_off is not None
+    assert level.better_mode() is False
+    assert reports[0].startswith("speculation off at <= 256 running")
+
+
+def test_each_change_of_mind_is_reported_once():
+    reports = []
+    governor = SpeculationGovernor(report=reports.append)
+    now = 0.0
+    _, now = _drive(governor, 3, 6 * EPOCH_STEPS, now, lambda s: 0.001 if s else 0.002)
+    assert reports == [reports[0]] and reports[0].startswith("speculation on at <= 4 running")
+    # The workload changes: an exploration finds off better, once; then no more lines.
+    _, now = _drive(governor, 3, (EXPLORE_EVERY + 40) * EPOCH_STEPS, now,
+                    lambda s: 0.004 if s else 0.002)
+    assert len(reports) == 2 and reports[1].startswith("speculation off at <= 4 running")
+    assert governor.describe().startswith("speculation off at <= 4 running")

@@ -109,7 +109,11 @@ class EngineCore:
         speculative = config.scheduler.speculative
         # Drafts for decodes (speculative decoding); None when the config has no
         # speculative_config.
-        self.speculator = Speculator(speculative) if speculative is not None else None
+        self.speculator = None
+        if speculative is not None:
+            self.speculator = Speculator(
+                speculative, report=_print_ladle_line if print_budget else None
+            )
         self.overlaps = overlap_enabled(config.scheduler, info.device_type)
         # Submitted steps kept unread at most: 2 with overlap, one per pipeline stage under
         # pipeline parallelism (micro-batches, engine/overlap.py), else 1.
@@ -530,3 +534,7 @@ class EngineCore:
                 copy.deepcopy(self.speculator.stats) if self.speculator is not None else None
             ),
         )
+
+
+def _print_ladle_line(line: str) -> None:
+    print(f"[ladle] {line}", file=sys.stderr, flush=True)

@@ -10,7 +10,7 @@ of whether speculation pays at this load).
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Protocol
 
 from ladle.config import SpeculativeConfig
@@ -53,10 +53,17 @@ def build_token_proposer(config: SpeculativeConfig) -> TokenProposer:
 
 
 class Speculator:
-    def __init__(self, config: SpeculativeConfig, proposer: TokenProposer | None = None) -> None:
+    def __init__(
+        self,
+        config: SpeculativeConfig,
+        proposer: TokenProposer | None = None,
+        report: Callable[[str], None] | None = None,
+    ) -> None:
+        """report: where the governor's changes of mind go (one line each; None: nowhere)."""
         self.config = config
         self.proposer = proposer if proposer is not None else build_token_proposer(config)
-        self.governor = SpeculationGovernor()
+        self.report = report
+        self.governor = SpeculationGovernor(report)
         self.acceptance: dict[str, AcceptanceEstimate] = {}
         self.stats = SpecDecodeStats.empty(config.num_speculative_tokens)
         self.speculating = True  # this step's: the governor's choice when adaptive
@@ -163,7 +170,7 @@ class Speculator:
     def forget_warm_up(self) -> None:
         """Start serving as if the start-up warm-up's drafted requests had never run: fresh load
         measurements, acceptance estimates and metrics, an empty suffix table."""
-        self.governor = SpeculationGovernor()
+        self.governor = SpeculationGovernor(self.report)
         self.acceptance.clear()
         self.stats = SpecDecodeStats.empty(self.config.num_speculative_tokens)
         self.speculating = True
