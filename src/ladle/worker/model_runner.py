@@ -52,6 +52,7 @@ from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.prompt_logprobs import compute_prompt_logprobs
 from ladle.worker.request_states import RequestStates
 from ladle.worker.shared_samples import DraftedRows, SharedSample, SharedSamples
+from ladle.worker.step_events import record_event
 from ladle.worker.step_inputs import StepInputBuilder
 
 # Decode batches above this run eagerly: past it, one step's kernels outlast their launches.
@@ -543,7 +544,7 @@ class ModelRunner:
         copied = None
         if self.device.type == "cuda":
             copied = torch.cuda.Event()
-            copied.record()
+            record_event(copied, self.device)
         return LaunchedStep(
             plan,
             forward.sampling_rows,

@@ -41,6 +41,7 @@ from ladle.sample.metadata import ROW_DTYPES, pack_sampling_rows, unpack_samplin
 from ladle.worker.cuda_graphs import DecodeGraphs, pack_decode_words
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
+from ladle.worker.step_events import record_event
 
 # The parts shipped as int64 (see the module docstring); the others go as int32.
 _INT64_PARTS = frozenset(
@@ -370,7 +371,7 @@ class StepInputBuilder:
             # One event per staging buffer, recorded again each time (waited for above).
             if copy_done is None:
                 copy_done = self._copy_done[turn] = torch.cuda.Event()
-            copy_done.record()
+            record_event(copy_done, self.device)
         views = self._views[turn].get((names, sizes))
         if views is None:
             views = _split_views(on_device, names, sizes, num_wide_words)
