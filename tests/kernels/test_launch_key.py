@@ -72,3 +72,16 @@ def test_bound_values_follow_the_kernel_order_with_defaults():
     assert launches.bound_values((x,), {"scale": 2.0, "n": 3, "BLOCK": 16}) == [
         x, 3, 2.0, 16, False,
     ]
+
+
+def test_a_launch_hook_counts_as_set_only_when_one_is_installed():
+    from ladle.kernels.launch import _hooked
+
+    def hook(metadata):
+        return None
+
+    # Triton 3.6: chains, empty when no profiler installed one; earlier versions: None.
+    assert not _hooked(SimpleNamespace(calls=[]))
+    assert _hooked(SimpleNamespace(calls=[hook]))
+    assert not _hooked(None)
+    assert _hooked(hook)

@@ -141,3 +141,33 @@ def test_each_change_of_mind_is_reported_once():
                     lambda s: 0.004 if s else 0.002)
     assert len(reports) == 2 and reports[1].startswith("speculation off at <= 4 running")
     assert governor.describe().startswith("speculation off at <= 4 running")
+
+
+def test_a_prefill_in_the_first_epoch_does_not_decide_the_level():
+    """One request in flight: each new request's first step computes its prompt and takes 40
+    ms; decode steps take 1 ms plain and 1.2 ms drafted for 2 tokens. The first epoch (on)
+    holds a prefill: counted whole it would measure speculation at a fifth of off's rate."""
+    governor = SpeculationGovernor()
+    now = 0.0
+    epochs = []
+    for step in range(8 * EPOCH_STEPS):
+        speculating = governor.begin_step(1, now)
+        if step % EPOCH_STEPS == 0:
+            epochs.append(speculating)
+        with_prompt = step % 200 == 0
+        governor.observe_outputs(2 if speculating else 1, with_prompt)
+        now += 0.040 if with_prompt else (0.0012 if speculating else 0.001)
+    assert epochs[:2] == [True, False]
+    assert governor.levels[1].better_mode() is True
+    assert epochs[2:] == [True] * 6
+
+
+def test_where_every_step_computes_prompt_tokens_epochs_are_measured_whole():
+    governor = SpeculationGovernor()
+    now = 0.0
+    for _ in range(4 * EPOCH_STEPS):
+        speculating = governor.begin_step(100, now)
+        governor.observe_outputs(100, True)
+        now += 0.011 if speculating else 0.010
+    level = governor.levels[128]
+    assert level.rate_on is not None and level.better_mode() is False

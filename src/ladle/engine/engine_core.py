@@ -327,7 +327,9 @@ class EngineCore:
         graphed = self.executor.num_graph_steps > self._graph_steps_before
         self._record_step(plan, previous, started, launch_seconds, graphed)
         if self.speculator is not None:
-            self.speculator.observe_outputs(sum(len(o.new_token_ids) for o in outputs))
+            self.speculator.observe_outputs(
+                sum(len(o.new_token_ids) for o in outputs), plan.num_prefill_tokens > 0
+            )
         if not plan.scheduled and not outputs:
             self._wait_for_grammars()
         self._forget_when_idle()

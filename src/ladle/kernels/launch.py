@@ -97,6 +97,13 @@ def _launches_of(kernel) -> _KernelLaunches | None:
     return launches
 
 
+def _hooked(hook) -> bool:
+    """Whether a launch hook is set: Triton 3.6's are chains, empty when none is; earlier
+    versions' are None then."""
+    calls = getattr(hook, "calls", None)
+    return bool(calls) if calls is not None else hook is not None
+
+
 def launch(kernel, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
     """kernel[grid](*args, **kwargs), on the current CUDA device and stream."""
     launches = _launches_of(kernel)
@@ -112,7 +119,12 @@ def launch(kernel, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
     except TypeError:  # an unhashable value: let Triton specialise it
         kernel[grid](*args, **kwargs)
         return
-    if compiled is None or knobs.runtime.launch_enter_hook is not None:
+    runtime = knobs.runtime
+    if (
+        compiled is None
+        or _hooked(runtime.launch_enter_hook)
+        or _hooked(runtime.launch_exit_hook)
+    ):
         compiled = kernel[grid](*args, **kwargs)
         if hasattr(compiled, "result"):  # asynchronous compilation's future
             compiled = compiled.result()
@@ -126,7 +138,7 @@ def launch(kernel, grid: Sequence[int], *args: Any, **kwargs: Any) -> None:
         compiled.function,
         compiled.packed_metadata,
         None,  # launch metadata: only a launch hook reads it
+        None,  # no launch hooks (a profiler's would have taken Triton's path above)
         None,
-        knobs.runtime.launch_exit_hook,
         *launches.bound_values(args, kwargs),
     )

@@ -98,34 +98,77 @@ class _Level:
             self.explore_every = EXPLORE_EVERY
 
 
+@dataclass
+class _Tally:
+    """Steps of an epoch: their seconds, output tokens and running requests summed."""
+
+    steps: int = 0
+    seconds: float = 0.0
+    tokens: int = 0
+    request_steps: int = 0
+
+    def add(self, seconds: float, tokens: int, num_running: int) -> None:
+        self.steps += 1
+        self.seconds += seconds
+        self.tokens += tokens
+        self.request_steps += num_running
+
+    def rate_per_request(self) -> float | None:
+        if self.steps < MIN_EPOCH_STEPS or self.seconds <= 0 or self.request_steps <= 0:
+            return None
+        return self.tokens / self.seconds / (self.request_steps / self.steps)
+
+
 class SpeculationGovernor:
     """Per load level, speculation on or off by the measured output rate of each.
 
     The engine calls begin_step(running requests, now) before each step is scheduled and
-    observe_outputs(tokens) with each step's outputs; speculating says what the step does."""
+    observe_outputs(tokens, with_prompt) once per step it launched: the tokens that came back
+    meanwhile, and whether that step computed prompt tokens. speculating says what the step does.
+
+    A step with prompt tokens is slow for a reason that is not the mode: an epoch whose decode-
+    only steps are enough to measure (MIN_EPOCH_STEPS) is measured on those alone. At one request
+    in flight a new request's prefill fell in the first epoch of speculation and measured it at
+    an eighth of its rate (H200, 0.6B shape); where prompts arrive every step, as under heavy
+    load, the epoch is measured whole, in both modes alike."""
 
     def __init__(self, report: Callable[[str], None] | None = None) -> None:
         self.levels: dict[int, _Level] = {}
         self.speculating = True
         self.report = report
         self._level = -1
-        self._epoch_start = 0.0
-        self._epoch_steps = 0
-        self._epoch_tokens = 0
-        self._epoch_request_steps = 0  # running requests summed over the epoch's steps
+        self._epoch_steps = 0  # steps begun in this epoch
+        self._all = _Tally()  # the epoch's closed steps
+        self._decodes = _Tally()  # those without prompt tokens
+        # The step in progress: when it began, its running count, its tokens, prompt or not.
+        self._step_start: float | None = None
+        self._step_running = 0
+        self._step_tokens = 0
+        self._step_with_prompt = False
 
     def begin_step(self, num_running: int, now: float) -> bool:
         """Whether the step about to be scheduled speculates."""
+        self._close_step(now)
         level = load_level(num_running)
         if level != self._level or self._epoch_steps >= EPOCH_STEPS:
-            self._end_epoch(now)
+            self._end_epoch()
             self._level = level
             if level not in self.levels:
                 self.levels[level] = _Level(prior=self._neighbours_hint(level))
             self.speculating = self.levels[level].next_mode()
         self._epoch_steps += 1
-        self._epoch_request_steps += num_running
+        self._step_start = now
+        self._step_running = num_running
         return self.speculating
+
+    def _close_step(self, now: float) -> None:
+        if self._step_start is not None:
+            seconds = now - self._step_start
+            self._all.add(seconds, self._step_tokens, self._step_running)
+            if not self._step_with_prompt:
+                self._decodes.add(seconds, self._step_tokens, self._step_running)
+        self._step_tokens = 0
+        self._step_with_prompt = False
 
     def _neighbours_hint(self, level: int) -> bool | None:
         """Off if speculation lost at some lighter load, on if it won at some heavier one."""
@@ -136,22 +179,25 @@ class SpeculationGovernor:
             return True
         return None
 
-    def observe_outputs(self, num_tokens: int) -> None:
-        self._epoch_tokens += num_tokens
+    def observe_outputs(self, num_tokens: int, with_prompt: bool = False) -> None:
+        """The step launched last came with num_tokens new tokens (its predecessors'), and
+        computed prompt tokens if with_prompt."""
+        self._step_tokens += num_tokens
+        self._step_with_prompt |= with_prompt
 
-    def _end_epoch(self, now: float) -> None:
-        seconds = now - self._epoch_start
-        if self._level > 0 and self._epoch_steps >= MIN_EPOCH_STEPS and seconds > 0:
-            mean_running = self._epoch_request_steps / self._epoch_steps
+    def _end_epoch(self) -> None:
+        rate = self._decodes.rate_per_request()
+        if rate is None:
+            rate = self._all.rate_per_request()
+        if self._level > 0 and rate is not None:
             state = self.levels[self._level]
             answer = state.better_mode()
-            state.record(self.speculating, self._epoch_tokens / seconds / mean_running)
+            state.record(self.speculating, rate)
             if self.report is not None and state.better_mode() != answer:
                 self.report(self._describe_level(self._level, state))
-        self._epoch_start = now
         self._epoch_steps = 0
-        self._epoch_tokens = 0
-        self._epoch_request_steps = 0
+        self._all = _Tally()
+        self._decodes = _Tally()
 
     @staticmethod
     def _describe_level(level: int, state: _Level) -> str:

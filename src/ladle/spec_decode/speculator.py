@@ -73,9 +73,10 @@ class Speculator:
         if self.config.adaptive:
             self.speculating = self.governor.begin_step(num_running, time.perf_counter())
 
-    def observe_outputs(self, num_tokens: int) -> None:
-        """A step call returned num_tokens new tokens (the governor's measure)."""
-        self.governor.observe_outputs(num_tokens)
+    def observe_outputs(self, num_tokens: int, with_prompt: bool = False) -> None:
+        """A step call returned num_tokens new tokens, and the step it launched computed
+        prompt tokens if with_prompt (the governor's measure)."""
+        self.governor.observe_outputs(num_tokens, with_prompt)
 
     def _adaptive_length(self, request: Request, limit: int) -> int:
         """The request's draft length in this step: 0 while the governor has speculation off,

@@ -190,6 +190,8 @@ class PrefillGraphs:
     def capture(self, pool, times: CaptureTimes) -> None:
         """Capture every bucket, largest first, into pool (shared with the decode graphs)."""
         static = self.static = self._allocate_static()
+        if self.device.type == "cuda" and self.buckets:
+            self._build_input_kernel()
         for index, bucket in enumerate(sorted(self.buckets, reverse=True)):
             num_tokens, num_reqs = bucket
             metadata = self._capture_metadata(num_tokens, num_reqs)
@@ -203,6 +205,28 @@ class PrefillGraphs:
             )
             self._graphs[bucket] = graph
             self._outputs[bucket] = output
+
+    def _build_input_kernel(self) -> None:
+        """Build the input-filling kernel's variants now, not under a user: a step's input ids
+        are int32 when the host wrote them and int64 when read from the device (the sampled
+        ids), and each dtype is a variant of its own. One request of one token into the
+        smallest bucket (the capture writes the buffers next anyway); the other inputs have
+        the dtypes a step's builder ships (worker/step_inputs.py)."""
+        from ladle.kernels.prefill_graph_inputs import fill_prefill_inputs
+
+        static, device = self.static, self.device
+        assert static is not None
+        zeros = functools.partial(torch.zeros, device=device)
+        starts = torch.tensor([0, 1], dtype=torch.int32, device=device)
+        lengths = torch.ones(1, dtype=torch.int32, device=device)
+        table = zeros((1, 1), dtype=torch.int32)
+        for ids_dtype in (torch.int32, torch.int64):
+            fill_prefill_inputs(
+                static.input_ids, static.positions, static.slot_mapping, static.query_start_loc,
+                static.seq_lens, static.block_tables, zeros(1, dtype=ids_dtype),
+                zeros(1, dtype=torch.int64), zeros(1, dtype=torch.int64), starts, lengths, table,
+                *min(self.buckets),
+            )  # fmt: skip
 
     def bucket_for(self, num_reqs: int, num_tokens: int, width: int) -> tuple[int, int] | None:
         """The bucket that holds this step, or None (then it runs eagerly: no graph, no graph
