@@ -23,7 +23,7 @@ class _Adaptive:
     def propose(self, request, max_num_tokens):
         return []
 
-    def begin_step(self, num_decodes):
+    def begin_step(self, num_decodes, prefill_backlog=False):
         pass
 
     def may_draft(self, request):

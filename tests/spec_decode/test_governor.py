@@ -171,3 +171,34 @@ def test_where_every_step_computes_prompt_tokens_epochs_are_measured_whole():
         now += 0.011 if speculating else 0.010
     level = governor.levels[128]
     assert level.rate_on is not None and level.better_mode() is False
+
+
+def test_no_step_speculates_or_is_measured_while_prompts_back_up():
+    governor = SpeculationGovernor()
+    now = 0.0
+    _, now = _drive(governor, 3, 4 * EPOCH_STEPS, now, lambda s: 0.001 if s else 0.002)
+    assert governor.begin_step(3, now) is True  # speculation won here
+    level = governor.levels[4]
+    epochs_before, rate_on_before = level.num_epochs, level.rate_on
+    for _ in range(10 * EPOCH_STEPS):  # a burst of arrivals: slow, prompt-heavy steps
+        now += 0.050
+        assert governor.begin_step(3, now, prefill_backlog=True) is False
+        governor.observe_outputs(1, True)
+    assert (level.num_epochs, level.rate_on) == (epochs_before, rate_on_before)
+    assert governor.begin_step(3, now) is True  # the burst is admitted: on again
+
+
+def test_the_pause_before_a_request_is_not_timed_as_a_step():
+    """A benchmark's probe request, then seconds of nothing, then the run: the probe's last
+    step must not be timed across the pause (it measured speculation at an eighth)."""
+    governor = SpeculationGovernor()
+    now = 0.0
+    for _ in range(5):  # the probe: a few drafted steps
+        governor.begin_step(1, now)
+        governor.observe_outputs(2)
+        now += 0.0012
+    governor.went_idle()
+    now += 5.0
+    modes, now = _drive(governor, 1, 4 * EPOCH_STEPS, now, lambda s: 0.0006 if s else 0.001)
+    assert governor.levels[1].better_mode() is True
+    assert modes[::EPOCH_STEPS][2:] == [True, True]

@@ -77,7 +77,7 @@ class _Rule:
     def __init__(self, may: bool) -> None:
         self.may = may
 
-    def begin_step(self, num_decodes: int) -> None:
+    def begin_step(self, num_decodes: int, prefill_backlog: bool = False) -> None:
         pass
 
     def may_draft(self, request: Request) -> bool:

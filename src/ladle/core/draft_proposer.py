@@ -24,8 +24,9 @@ class DraftProposer(Protocol):
 class AdaptiveDraftProposer(DraftProposer, Protocol):
     """A proposer that also learns from what the steps verified (spec_decode/speculator.py)."""
 
-    def begin_step(self, num_decodes: int) -> None:
-        """A step is being scheduled with this many running requests."""
+    def begin_step(self, num_decodes: int, prefill_backlog: bool = False) -> None:
+        """A step is being scheduled with this many running requests; prefill_backlog: more
+        prompt tokens wait than one step computes."""
         ...
 
     def may_draft(self, request: Request) -> bool:

@@ -131,7 +131,12 @@ class Scheduler:
         now = time.monotonic()
         adaptive = self._adaptive_proposer()
         if adaptive is not None:
-            adaptive.begin_step(len(self.running))
+            # More prompt tokens waiting than one step computes: a drafted step's verify
+            # tokens would come out of their budget (spec_decode/governor.py).
+            backlog = bool(self.waiting) and self.waiting.has_more_prompt_tokens_than(
+                self.config.max_num_batched_tokens
+            )
+            adaptive.begin_step(len(self.running), backlog)
         if self.micro_batches is not None:
             self.micro_batches.begin_step(self.running)
 

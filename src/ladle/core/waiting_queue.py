@@ -46,5 +46,16 @@ class WaitingQueue:
         """Called after the request was marked finished; the heap entry goes lazily."""
         self._num_live -= 1
 
+    def has_more_prompt_tokens_than(self, limit: int) -> bool:
+        """Whether the waiting requests' prompt tokens still to compute exceed limit (stops
+        counting once they do)."""
+        total = 0
+        for _, _, _, request in self._heap:
+            if not request.is_finished:
+                total += request.num_prompt_tokens - request.num_computed_tokens
+                if total > limit:
+                    return True
+        return False
+
     def __len__(self) -> int:
         return self._num_live

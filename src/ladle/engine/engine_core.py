@@ -290,6 +290,8 @@ class EngineCore:
             previous = in_flight.popleft()
             outputs += self._read(previous)  # the device runs the later steps meanwhile
         self._after_step(plan, previous, outputs, started, launch_seconds)
+        if self.speculator is not None and not self.has_unfinished_requests():
+            self.speculator.went_idle()
         return outputs
 
     @property

@@ -21,6 +21,11 @@ every new level paid one epoch in each mode first, and a batch that drains from 
 visits each level once and briefly (S1 at 256 in flight on the 0.6B shape, H200: 18% of the
 request-steps drafted, 0.949x of no speculation overall; with the hints, 0.957x).
 
+While more prompt tokens wait than one step computes (a burst of arrivals) no step speculates:
+a drafted step's verify tokens come out of the prefills' budget, and every waiting request's
+first token comes later. S1 at 256 in flight on the 8B shape (H200) lost 10% to drafting in its
+ramp-up, at levels where steady decoding had measured it a win.
+
 The rate compared is per running request (output tokens per second over the epoch's mean running
 count). A level spans a factor of two in requests, and a batch draining through it measures one
 mode at the top of that range and the other further down: compared as whole-batch rates, the mode
@@ -146,9 +151,14 @@ class SpeculationGovernor:
         self._step_tokens = 0
         self._step_with_prompt = False
 
-    def begin_step(self, num_running: int, now: float) -> bool:
-        """Whether the step about to be scheduled speculates."""
+    def begin_step(self, num_running: int, now: float, prefill_backlog: bool = False) -> bool:
+        """Whether the step about to be scheduled speculates. prefill_backlog: more prompt
+        tokens wait than one step computes; the step then does not speculate and is not
+        measured."""
         self._close_step(now)
+        if prefill_backlog:
+            self._step_start = None
+            return False
         level = load_level(num_running)
         if level != self._level or self._epoch_steps >= EPOCH_STEPS:
             self._end_epoch()
@@ -160,6 +170,11 @@ class SpeculationGovernor:
         self._step_start = now
         self._step_running = num_running
         return self.speculating
+
+    def went_idle(self) -> None:
+        """No request is left: the step in progress would be timed across the pause until
+        the next request (seconds, for a benchmark's probe request before its run)."""
+        self._step_start = None
 
     def _close_step(self, now: float) -> None:
         if self._step_start is not None:

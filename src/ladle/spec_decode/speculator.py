@@ -68,10 +68,17 @@ class Speculator:
         self.stats = SpecDecodeStats.empty(config.num_speculative_tokens)
         self.speculating = True  # this step's: the governor's choice when adaptive
 
-    def begin_step(self, num_running: int) -> None:
-        """A new step is being scheduled with this many running requests."""
+    def begin_step(self, num_running: int, prefill_backlog: bool = False) -> None:
+        """A new step is being scheduled with this many running requests (prefill_backlog:
+        more prompt tokens wait than one step computes)."""
         if self.config.adaptive:
-            self.speculating = self.governor.begin_step(num_running, time.perf_counter())
+            self.speculating = self.governor.begin_step(
+                num_running, time.perf_counter(), prefill_backlog
+            )
+
+    def went_idle(self) -> None:
+        """The engine has no request left: what comes next starts after a pause."""
+        self.governor.went_idle()
 
     def observe_outputs(self, num_tokens: int, with_prompt: bool = False) -> None:
         """A step call returned num_tokens new tokens, and the step it launched computed
