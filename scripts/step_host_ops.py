@@ -176,34 +176,47 @@ def _count_ops(llm: LLM, args) -> dict:
 
 class _counting_triton_launches:
     """Counts Triton kernel launches by kernel name while counter.counting (and no graph is
-    being captured: a captured launch costs nothing at replay)."""
+    being captured: a captured launch costs nothing at replay): those through Triton's launch
+    path (JITFunction.run) and those kernels/launch.py sends to the compiled kernel directly."""
 
     def __init__(self, launches: collections.Counter, counter: SiteOpCounter) -> None:
         self.launches, self.counter = launches, counter
-        self.original = None
+        self.restore = []
+
+    def _counts(self) -> bool:
+        capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
+        return self.counter.counting and not capturing
 
     def __enter__(self):
         try:
             from triton.runtime.jit import JITFunction
         except ImportError:
             return self
-        self.original = original = JITFunction.run
-        launches, counter = self.launches, self.counter
+        from ladle.kernels.launch import _KernelLaunches
+
+        launches = self.launches
+        through_triton, direct = JITFunction.run, _KernelLaunches.bound_values
 
         def run(fn, *args, **kwargs):
-            capturing = torch.cuda.is_available() and torch.cuda.is_current_stream_capturing()
-            if counter.counting and not kwargs.get("warmup") and not capturing:
+            if not kwargs.get("warmup") and self._counts():
                 launches[getattr(fn, "__name__", repr(fn))] += 1
-            return original(fn, *args, **kwargs)
+            return through_triton(fn, *args, **kwargs)
 
-        JITFunction.run = run
+        def bound_values(kernel_launches, *args, **kwargs):  # only the direct path calls it
+            if self._counts():
+                launches[kernel_launches.kernel.__name__] += 1
+            return direct(kernel_launches, *args, **kwargs)
+
+        JITFunction.run, _KernelLaunches.bound_values = run, bound_values
+        self.restore = [
+            (JITFunction, "run", through_triton),
+            (_KernelLaunches, "bound_values", direct),
+        ]
         return self
 
     def __exit__(self, *exc) -> None:
-        if self.original is not None:
-            from triton.runtime.jit import JITFunction
-
-            JITFunction.run = self.original
+        for owner, name, original in self.restore:
+            setattr(owner, name, original)
 
 
 def _profile_python(llm: LLM, args) -> str:
