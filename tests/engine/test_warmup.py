@@ -42,7 +42,8 @@ def test_warm_up_leaves_no_trace(tiny_model_path):
 def test_warm_up_drafts_through_every_sampling_feature_then_forgets_it(tiny_model_path):
     """With speculation on, the warm-up's drafting requests verify drafts (so the draft and
     verify kernels are built at start-up) alone and beside every sampling feature, and the
-    speculator forgets them: no metrics, no load measurements, and the same tokens after."""
+    speculator forgets them: no metrics, no load measurements (none reported), and the same
+    tokens after."""
     path = tiny_model_path("qwen3")
     spec = {"method": "ngram", "num_speculative_tokens": 3, "prompt_lookup_min": 1}
     options = dict(block_size=4, num_kv_blocks=400, max_num_batched_tokens=64, max_num_seqs=16,
@@ -67,7 +68,10 @@ def test_warm_up_drafts_through_every_sampling_feature_then_forgets_it(tiny_mode
         forget()
 
     speculator.forget_warm_up = forget_after_counting
+    reports = []  # the governor's changes of mind: none from the warm-up, then the users'
+    speculator.report = speculator.governor.report = reports.append
     warm_up(engine)
+    assert reports == [] and speculator.governor.report == reports.append
     assert seen["drafts"] >= 2, seen  # verified drafts alone and in the batch
     assert {1, 8} <= seen["levels"], seen  # one request, then the sampling features' batch
     assert speculator.stats.num_drafts == 0 and not speculator.governor.levels

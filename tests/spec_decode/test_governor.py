@@ -202,3 +202,22 @@ def test_the_pause_before_a_request_is_not_timed_as_a_step():
     modes, now = _drive(governor, 1, 4 * EPOCH_STEPS, now, lambda s: 0.0006 if s else 0.001)
     assert governor.levels[1].better_mode() is True
     assert modes[::EPOCH_STEPS][2:] == [True, True]
+
+
+def test_the_step_after_a_prompt_step_is_not_measured_either():
+    """With overlapped scheduling the host waits for a step's tokens in the step after it: a
+    40 ms prefill shows as the next step's time. Measured there, it would halve the rate of
+    the mode whose epoch it fell in."""
+    governor = SpeculationGovernor()
+    now = 0.0
+    epochs = []
+    for step in range(8 * EPOCH_STEPS):
+        speculating = governor.begin_step(1, now)
+        if step % EPOCH_STEPS == 0:
+            epochs.append(speculating)
+        with_prompt = step % 200 == 0
+        governor.observe_outputs(2 if speculating else 1, with_prompt)
+        follows_prompt = step % 200 == 1
+        now += 0.040 if follows_prompt else (0.0012 if speculating else 0.001)
+    assert epochs[:2] == [True, False]
+    assert governor.levels[1].better_mode() is True

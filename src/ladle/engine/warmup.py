@@ -98,6 +98,8 @@ def warm_up(engine: WarmableEngine) -> int:
     # Small steps with prompt tokens replay prefill graphs (their capture built their kernel
     # variants); the same steps run eagerly here, so the eager path's variants are built too
     # (a larger batch with a short prompt runs eagerly later).
+    if engine.speculator is not None:
+        engine.speculator.begin_warm_up()  # its drafted steps end with forget_warm_up
     graphs = engine.executor.graphs
     prefill_graphs = graphs.prefill if graphs is not None else None
     if graphs is not None:

@@ -131,11 +131,12 @@ class SpeculationGovernor:
     observe_outputs(tokens, with_prompt) once per step it launched: the tokens that came back
     meanwhile, and whether that step computed prompt tokens. speculating says what the step does.
 
-    A step with prompt tokens is slow for a reason that is not the mode: an epoch whose decode-
-    only steps are enough to measure (MIN_EPOCH_STEPS) is measured on those alone. At one request
-    in flight a new request's prefill fell in the first epoch of speculation and measured it at
-    an eighth of its rate (H200, 0.6B shape); where prompts arrive every step, as under heavy
-    load, the epoch is measured whole, in both modes alike."""
+    A step with prompt tokens is slow for a reason that is not the mode, and so is the step after
+    it (with overlapped scheduling the host waits there for the prompt step's device work): an
+    epoch with enough other steps to measure (MIN_EPOCH_STEPS) is measured on those alone. At
+    one request in flight each request's prefill falls in some epoch, and the moving average
+    carried it for several; where prompts arrive every step, as under heavy load, the epoch is
+    measured whole, in both modes alike."""
 
     def __init__(self, report: Callable[[str], None] | None = None) -> None:
         self.levels: dict[int, _Level] = {}
@@ -150,6 +151,7 @@ class SpeculationGovernor:
         self._step_running = 0
         self._step_tokens = 0
         self._step_with_prompt = False
+        self._previous_with_prompt = False
 
     def begin_step(self, num_running: int, now: float, prefill_backlog: bool = False) -> bool:
         """Whether the step about to be scheduled speculates. prefill_backlog: more prompt
@@ -180,8 +182,11 @@ class SpeculationGovernor:
         if self._step_start is not None:
             seconds = now - self._step_start
             self._all.add(seconds, self._step_tokens, self._step_running)
-            if not self._step_with_prompt:
+            # With overlapped scheduling a step's time is mostly its predecessor's device work
+            # (the host waits for that step's tokens): the step after a prompt step carries it.
+            if not (self._step_with_prompt or self._previous_with_prompt):
                 self._decodes.add(seconds, self._step_tokens, self._step_running)
+        self._previous_with_prompt = self._step_with_prompt
         self._step_tokens = 0
         self._step_with_prompt = False
 

@@ -175,6 +175,11 @@ class Speculator:
         if forget is not None:
             forget()
 
+    def begin_warm_up(self) -> None:
+        """The start-up warm-up's steps follow: what the governor measures in them is no
+        user's load, so it reports nothing until forget_warm_up."""
+        self.governor.report = None
+
     def forget_warm_up(self) -> None:
         """Start serving as if the start-up warm-up's drafted requests had never run: fresh load
         measurements, acceptance estimates and metrics, an empty suffix table."""
