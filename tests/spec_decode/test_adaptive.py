@@ -5,11 +5,14 @@ from __future__ import annotations
 import pytest
 
 from ladle.spec_decode.adaptive import (
+    CHEAP_POSITION_CHANCE,
+    CHEAP_STEP_TOKENS,
     MIN_POSITION_CHANCE,
     PRIOR_ACCEPTANCE,
     AcceptanceEstimate,
     draft_length,
     expected_extra_tokens,
+    min_position_chance,
 )
 
 
@@ -28,6 +31,22 @@ def test_draft_length_keeps_the_positions_likely_to_be_accepted():
     assert draft_length(0.5, 4) == 2 and draft_length(0.6, 4) == 3
     assert draft_length(0.95, 4) == 4  # capped by the configured k
     assert draft_length(0.1, 4) == 0
+
+
+def test_a_step_that_fits_the_smallest_bucket_verifies_unlikely_positions_too():
+    # k = 4: 1 to 3 requests fill at most 15 of the bucket's 16 tokens at full length.
+    assert CHEAP_STEP_TOKENS == 16
+    assert [min_position_chance(n, 4) for n in (1, 3, 4, 64)] == [
+        CHEAP_POSITION_CHANCE, CHEAP_POSITION_CHANCE, MIN_POSITION_CHANCE, MIN_POSITION_CHANCE,
+    ]
+    assert min_position_chance(1, 15) == CHEAP_POSITION_CHANCE
+    assert min_position_chance(1, 16) == MIN_POSITION_CHANCE  # 17 tokens: the next bucket
+    # At acceptance 0.6: all 4 positions (0.6^4 = 0.13) instead of 3, for 6% more tokens.
+    cheap = draft_length(0.6, 4, CHEAP_POSITION_CHANCE)
+    assert cheap == 4 and draft_length(0.6, 4) == 3
+    gain = (1 + expected_extra_tokens(0.6, 4)) / (1 + expected_extra_tokens(0.6, 3))
+    assert gain == pytest.approx(1.06, abs=0.005)
+    assert draft_length(0.04, 4, CHEAP_POSITION_CHANCE) == 0
 
 
 def test_acceptance_estimate_learns_and_returns_to_the_prior():

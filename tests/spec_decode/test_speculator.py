@@ -41,7 +41,11 @@ def test_the_governor_keeps_speculation_where_it_measures_faster(monkeypatch):
     # Each level kept its own answer: back at batch 1 the step speculates, and drafts.
     speculator.begin_step(1)
     assert speculator.speculating and speculator.may_draft(request)
-    assert speculator.propose(request, 10) == [4, 5]  # the prior acceptance (0.5): 2 drafts
+    # The prior acceptance (0.5): 4 drafts in a step this small (adaptive.py: its verified
+    # positions cost nothing), 2 where each costs a token of the step.
+    assert speculator.propose(request, 10) == [4, 5, 1, 2]
+    speculator.begin_step(8)
+    assert speculator.propose(request, 10) == [4, 5]
     speculator.begin_step(256)
     assert not speculator.speculating and not speculator.may_draft(request)
     assert speculator.propose(request, 10) == []

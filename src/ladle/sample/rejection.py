@@ -104,22 +104,23 @@ def synthetic_emitted_tokens(
     rows: list[tuple[int, int]],
     drafts: list[list[int]],
     acceptance: float,
+    coin: random.Random,
 ) -> list[list[int]]:
     """emitted_tokens for benchmarks on random weights: each draft is accepted with probability
-    `acceptance` whatever the row says, and the first refused draft's row token ends the
-    request's tokens. The outputs are then not the model's; only the speed means anything."""
+    `acceptance` whatever the row says (coin: the runner's own seeded stream, so a run's coins
+    do not depend on what else ran in the process), and the first refused draft's row token
+    ends the request's tokens. The outputs are then not the model's; only the speed means
+    anything."""
     emitted: list[list[int]] = [[] for _ in drafts]
     stopped: set[int] = set()
     for token, (position, offset) in zip(row_tokens, rows):
         if position in stopped:
             continue
         request_drafts = drafts[position]
-        if offset < len(request_drafts) and _SYNTHETIC_COIN.random() < acceptance:
+        if offset < len(request_drafts) and coin.random() < acceptance:
             emitted[position].append(request_drafts[offset])
             continue
         emitted[position].append(token)
         stopped.add(position)
     return emitted
 
-
-_SYNTHETIC_COIN = random.Random(0)

@@ -15,7 +15,12 @@ from typing import TYPE_CHECKING, Protocol
 
 from ladle.config import SpeculativeConfig
 from ladle.protocol.messages import SpecDecodeStats
-from ladle.spec_decode.adaptive import AcceptanceEstimate, draft_length
+from ladle.spec_decode.adaptive import (
+    MIN_POSITION_CHANCE,
+    AcceptanceEstimate,
+    draft_length,
+    min_position_chance,
+)
 from ladle.spec_decode.governor import SpeculationGovernor
 from ladle.spec_decode.model_drafts import AutoProposer, ModelDraftStore
 from ladle.spec_decode.ngram import NgramProposer
@@ -67,6 +72,7 @@ class Speculator:
         self.acceptance: dict[str, AcceptanceEstimate] = {}
         self.stats = SpecDecodeStats.empty(config.num_speculative_tokens)
         self.speculating = True  # this step's: the governor's choice when adaptive
+        self.min_position_chance = MIN_POSITION_CHANCE  # this step's (adaptive.py)
 
     def begin_step(self, num_running: int, prefill_backlog: bool = False) -> None:
         """A new step is being scheduled with this many running requests (prefill_backlog:
@@ -74,6 +80,9 @@ class Speculator:
         if self.config.adaptive:
             self.speculating = self.governor.begin_step(
                 num_running, time.perf_counter(), prefill_backlog
+            )
+            self.min_position_chance = min_position_chance(
+                num_running, self.config.num_speculative_tokens
             )
 
     def went_idle(self) -> None:
@@ -95,7 +104,7 @@ class Speculator:
         estimate = self.acceptance.get(request.request_id)
         if estimate is None:
             estimate = self.acceptance[request.request_id] = AcceptanceEstimate()
-        length = draft_length(estimate.rate, limit)
+        length = draft_length(estimate.rate, limit, self.min_position_chance)
         if length == 0:
             estimate.decay()  # back towards the prior: the request is tried again later
         return length

@@ -27,6 +27,7 @@ the device (penalty_history.py).
 
 from __future__ import annotations
 
+import random
 from dataclasses import dataclass
 
 import torch
@@ -74,8 +75,10 @@ class LaunchedStep:
     states: RequestStates
     prompt_logprobs: dict | None = None
     kv_report: KVReport | None = None
-    # Benchmarks only: accept each draft with this probability instead of checking it.
+    # Benchmarks only: accept each draft with this probability instead of checking it, by
+    # the runner's coin.
     synthetic_acceptance: float | None = None
+    synthetic_coin: random.Random | None = None
     # The next step's model drafts, being computed (worker/drafter.py); None without.
     draft_batch: DraftBatch | None = None
     # A pipeline stage before the last: the ids the last stage samples, still on their way.
@@ -122,9 +125,11 @@ class LaunchedStep:
         elif self.synthetic_acceptance is None:
             emitted = emitted_tokens(sampled, self.sampling_rows, drafts)
         else:
+            assert self.synthetic_coin is not None
             emitted = synthetic_emitted_tokens(
-                sampled, self.sampling_rows, drafts, self.synthetic_acceptance
-            )
+                sampled, self.sampling_rows, drafts, self.synthetic_acceptance,
+                self.synthetic_coin,
+            )  # fmt: skip
         result.token_ids = token_ids = emitted
         if self.logprobs_host is not None:
             row_logprobs = logprobs_to_messages(self.logprobs_host, self.num_logprobs_per_row)
@@ -194,6 +199,7 @@ class ModelRunner:
         # Benchmarks of speculative decoding on random weights: each draft is accepted with
         # this probability, whatever the model says (the outputs are then not the model's).
         self.synthetic_acceptance: float | None = None
+        self.synthetic_coin = random.Random(0)
         # The draft network (draft model, EAGLE head), set by the Worker; None: drafts are
         # model-free (proposed on the host) or speculation is off.
         self.drafter: ModelDrafter | None = None
@@ -556,6 +562,7 @@ class ModelRunner:
             forward.prompt_logprobs,
             forward.kv_report,
             synthetic_acceptance=self.synthetic_acceptance,
+            synthetic_coin=self.synthetic_coin,
             draft_batch=draft_batch,
             verdict=verdict,
             accepted_host=accepted_host,
@@ -606,5 +613,6 @@ class ModelRunner:
             forward.prompt_logprobs,
             forward.kv_report,
             synthetic_acceptance=self.synthetic_acceptance,
+            synthetic_coin=self.synthetic_coin,
             shared=shared,
         )
