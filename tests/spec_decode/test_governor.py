@@ -143,10 +143,10 @@ def test_each_change_of_mind_is_reported_once():
     assert governor.describe().startswith("speculation off at <= 4 running")
 
 
-def test_a_prefill_in_the_first_epoch_does_not_decide_the_level():
-    """One request in flight: each new request's first step computes its prompt and takes 40
-    ms; decode steps take 1 ms plain and 1.2 ms drafted for 2 tokens. The first epoch (on)
-    holds a prefill: counted whole it would measure speculation at a fifth of off's rate."""
+def _one_request_at_a_time(slow_step_offset: int) -> tuple[SpeculationGovernor, list[bool]]:
+    """One request in flight: each new request's first step computes its prompt; the step at
+    slow_step_offset from it takes 40 ms, decode steps 1 ms plain and 1.2 ms drafted for 2
+    tokens. Returns the governor and each epoch's mode."""
     governor = SpeculationGovernor()
     now = 0.0
     epochs = []
@@ -154,9 +154,16 @@ def test_a_prefill_in_the_first_epoch_does_not_decide_the_level():
         speculating = governor.begin_step(1, now)
         if step % EPOCH_STEPS == 0:
             epochs.append(speculating)
-        with_prompt = step % 200 == 0
-        governor.observe_outputs(2 if speculating else 1, with_prompt)
-        now += 0.040 if with_prompt else (0.0012 if speculating else 0.001)
+        governor.observe_outputs(2 if speculating else 1, step % 200 == 0)
+        slow = step % 200 == slow_step_offset
+        now += 0.040 if slow else (0.0012 if speculating else 0.001)
+    return governor, epochs
+
+
+def test_a_prefill_in_the_first_epoch_does_not_decide_the_level():
+    """The first epoch (on) holds a prefill: counted whole it would measure speculation at a
+    fifth of off's rate."""
+    governor, epochs = _one_request_at_a_time(slow_step_offset=0)
     assert epochs[:2] == [True, False]
     assert governor.levels[1].better_mode() is True
     assert epochs[2:] == [True] * 6
@@ -208,16 +215,6 @@ def test_the_step_after_a_prompt_step_is_not_measured_either():
     """With overlapped scheduling the host waits for a step's tokens in the step after it: a
     40 ms prefill shows as the next step's time. Measured there, it would halve the rate of
     the mode whose epoch it fell in."""
-    governor = SpeculationGovernor()
-    now = 0.0
-    epochs = []
-    for step in range(8 * EPOCH_STEPS):
-        speculating = governor.begin_step(1, now)
-        if step % EPOCH_STEPS == 0:
-            epochs.append(speculating)
-        with_prompt = step % 200 == 0
-        governor.observe_outputs(2 if speculating else 1, with_prompt)
-        follows_prompt = step % 200 == 1
-        now += 0.040 if follows_prompt else (0.0012 if speculating else 0.001)
+    governor, epochs = _one_request_at_a_time(slow_step_offset=1)
     assert epochs[:2] == [True, False]
     assert governor.levels[1].better_mode() is True
