@@ -3,6 +3,8 @@ the live stats line of `ladle serve`."""
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from ladle.core.request import Request
@@ -10,7 +12,7 @@ from ladle.engine.step_meter import StepMeter, split_scheduled_tokens
 from ladle.entrypoints.openai.live_stats import LiveStatsLogger
 from ladle.frontend.admission import AdmissionController, QueueFullError
 from ladle.frontend.slo_admission import HEADROOM, TtftSloAdmission
-from ladle.protocol.messages import SchedulerStats
+from ladle.protocol.messages import SchedulerStats, SpecDecodeStats
 from ladle.sampling.params import SamplingParams
 
 
@@ -143,3 +145,35 @@ def test_a_full_batch_that_started_nothing_lately_refuses_a_queued_request():
     with pytest.raises(QueueFullError, match="0.00 starting per second") as refused:
         admission.admit("b", 1, 10)
     assert refused.value.retry_after_seconds == 60
+
+
+def test_live_stats_add_vllms_spec_decoding_line_over_the_interval():
+    def spec(drafts, drafted, accepted, per_position):
+        return SpecDecodeStats(
+            num_drafts=drafts,
+            num_draft_tokens=drafted,
+            num_accepted_tokens=accepted,
+            num_accepted_tokens_per_pos=per_position,
+            acceptance_length_counts=[0] * 5,
+        )
+
+    snapshots = [SchedulerStats(spec_decode=spec(10, 40, 20, [8, 6, 4, 2]))]
+    clock = [0.0]
+    logger = LiveStatsLogger(lambda: snapshots[-1], 5.0, lambda line: None, lambda: clock[0])
+    snapshots.append(
+        SchedulerStats(num_running_reqs=1, num_decode_tokens=50,
+                       spec_decode=spec(30, 120, 50, [24, 15, 8, 3]))
+    )  # fmt: skip
+    clock[0] = 10.0
+    main, spec_line = logger.line().split("\n")
+    assert main.startswith("[ladle] running 1 reqs")
+    # Over the interval: 20 drafted steps, 80 drafts, 30 accepted.
+    assert spec_line == (
+        "[ladle] SpecDecoding metrics: Mean acceptance length: 2.50, Accepted throughput: "
+        "3.00 tokens/s, Drafted throughput: 8.00 tokens/s, Accepted: 30 tokens, Drafted: 80 "
+        "tokens, Per-position acceptance rate: 0.800, 0.450, 0.200, 0.050, Avg Draft "
+        "acceptance rate: 37.5%"
+    )
+    snapshots.append(dataclasses.replace(snapshots[-1], num_decode_tokens=60))
+    clock[0] = 15.0
+    assert "\n" not in logger.line()  # nothing verified in this interval: no second line
