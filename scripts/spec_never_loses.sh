@@ -4,7 +4,8 @@
 # in flight, on the Qwen3-0.6B and Llama-3.1-8B shapes, in one device call. One server per model
 # and mode, prefix caching off (S1's seeded prompts repeat at each level). Fewer prompts at 1 and
 # 8 in flight (NUM_AT_1, NUM_AT_8) keep the call short; the others send S1's 256.
-# The summary (tok/s per level, on/off ratio) lands in $OUT/never_loses.log.
+# The summary (tok/s per level, on/off ratio) lands in $OUT/never_loses.log; each "on" server's
+# governor epochs in $OUT/never_loses/MODEL-on.governor.jsonl (LADLE_SPEC_GOVERNOR_TRACE).
 #   DEADLINE_S=540 MODELS="qwen3-0.6b llama-3.1-8b" bash scripts/spec_never_loses.sh
 set -uo pipefail
 DEADLINE_S=${DEADLINE_S:-540}
@@ -30,7 +31,9 @@ for model in $MODELS; do
     [ "$(left)" -gt 90 ] || { echo "skipped $model $mode: out of time" | tee -a "$LOG"; continue; }
     args=(serve "$model" --load-format dummy --no-enable-prefix-caching --port 8123)
     [ "$mode" = on ] && args+=(--speculative-config "$SPEC")
-    python3 -m ladle "${args[@]}" > "$OUT/never_loses/$model-$mode.server.log" 2>&1 &
+    # The governor's epochs (spec_decode/governor_trace.py), for the "on" servers.
+    LADLE_SPEC_GOVERNOR_TRACE=$OUT/never_loses/$model-$mode.governor.jsonl \
+      python3 -m ladle "${args[@]}" > "$OUT/never_loses/$model-$mode.server.log" 2>&1 &
     server=$!
     for _ in $(seq 240); do
       python3 -c "import urllib.request; urllib.request.urlopen('http://127.0.0.1:8123/health')" \

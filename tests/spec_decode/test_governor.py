@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 from ladle.spec_decode.governor import (
     EPOCH_STEPS,
     EXPLORE_EVERY,
@@ -218,3 +220,34 @@ def test_the_step_after_a_prompt_step_is_not_measured_either():
     governor, epochs = _one_request_at_a_time(slow_step_offset=1)
     assert epochs[:2] == [True, False]
     assert governor.levels[1].better_mode() is True
+
+
+def test_the_trace_records_each_epoch_as_it_was_measured():
+    records = []
+    governor = SpeculationGovernor(trace=records.append)
+    now = 0.0
+    for step in range(2 * EPOCH_STEPS + 1):
+        speculating = governor.begin_step(1, now)
+        governor.observe_outputs(2 if speculating else 1, step == 0)
+        now += 0.002
+    assert [r["speculating"] for r in records] == [True, False]
+    first = records[0]
+    assert (first["level"], first["steps"], first["decode_steps"]) == (1, EPOCH_STEPS, 14)
+    # The prompt step and the one after it are left out of the rate (not of the epoch).
+    assert first["rate"] == pytest.approx(first["decode_tokens"] / first["decode_seconds"])
+    assert first["decode_tokens"] == 2 * 14 and first["tokens"] == 2 * EPOCH_STEPS
+
+
+def test_the_trace_goes_to_the_file_the_environment_names(tmp_path, monkeypatch):
+    import json
+
+    from ladle.spec_decode.governor_trace import governor_trace_from_env
+
+    monkeypatch.delenv("LADLE_SPEC_GOVERNOR_TRACE", raising=False)
+    assert governor_trace_from_env() is None
+    path = tmp_path / "trace.jsonl"
+    monkeypatch.setenv("LADLE_SPEC_GOVERNOR_TRACE", str(path))
+    governor = SpeculationGovernor(trace=governor_trace_from_env())
+    _drive(governor, 2, 3 * EPOCH_STEPS, 0.0, lambda s: 0.001)
+    lines = [json.loads(line) for line in path.read_text().splitlines()]
+    assert [line["level"] for line in lines] == [2, 2]  # the third epoch has not ended

@@ -40,6 +40,7 @@ from ladle.protocol.messages import (
 )
 from ladle.protocol.step import KVTransferStats, StepPlan, StepResult
 from ladle.sampling.limits import check_field, check_top_k
+from ladle.spec_decode.governor_trace import governor_trace_from_env
 from ladle.spec_decode.placement import drafts_on_device
 from ladle.spec_decode.speculator import Speculator
 from ladle.startup_phases import describe_startup_phases
@@ -112,7 +113,9 @@ class EngineCore:
         self.speculator = None
         if speculative is not None:
             self.speculator = Speculator(
-                speculative, report=_print_ladle_line if print_budget else None
+                speculative,
+                report=_print_ladle_line if print_budget else None,
+                trace=governor_trace_from_env(),
             )
         self.overlaps = overlap_enabled(config.scheduler, info.device_type)
         # Submitted steps kept unread at most: 2 with overlap, one per pipeline stage under

@@ -138,10 +138,18 @@ class SpeculationGovernor:
     carried it for several; where prompts arrive every step, as under heavy load, the epoch is
     measured whole, in both modes alike."""
 
-    def __init__(self, report: Callable[[str], None] | None = None) -> None:
+    def __init__(
+        self,
+        report: Callable[[str], None] | None = None,
+        trace: Callable[[dict], None] | None = None,
+    ) -> None:
+        """report: each change of a level's answer, as a line. trace: each ended epoch, as a
+        record (level, mode, its steps and those measured, the rate recorded; for studying the
+        governor, engine_core's LADLE_SPEC_GOVERNOR_TRACE)."""
         self.levels: dict[int, _Level] = {}
         self.speculating = True
         self.report = report
+        self.trace = trace
         self._level = -1
         self._epoch_steps = 0  # steps begun in this epoch
         self._all = _Tally()  # the epoch's closed steps
@@ -209,6 +217,21 @@ class SpeculationGovernor:
         rate = self._decodes.rate_per_request()
         if rate is None:
             rate = self._all.rate_per_request()
+        if self.trace is not None and self._all.steps:
+            self.trace(
+                {
+                    "level": self._level,
+                    "speculating": self.speculating,
+                    "steps": self._all.steps,
+                    "seconds": self._all.seconds,
+                    "tokens": self._all.tokens,
+                    "request_steps": self._all.request_steps,
+                    "decode_steps": self._decodes.steps,
+                    "decode_seconds": self._decodes.seconds,
+                    "decode_tokens": self._decodes.tokens,
+                    "rate": rate if self._level > 0 else None,
+                }
+            )
         if self._level > 0 and rate is not None:
             state = self.levels[self._level]
             answer = state.better_mode()

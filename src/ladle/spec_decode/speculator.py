@@ -63,12 +63,14 @@ class Speculator:
         config: SpeculativeConfig,
         proposer: TokenProposer | None = None,
         report: Callable[[str], None] | None = None,
+        trace: Callable[[dict], None] | None = None,
     ) -> None:
-        """report: where the governor's changes of mind go (one line each; None: nowhere)."""
+        """report: where the governor's changes of mind go (one line each; None: nowhere);
+        trace: where its epochs go (governor.py)."""
         self.config = config
         self.proposer = proposer if proposer is not None else build_token_proposer(config)
-        self.report = report
-        self.governor = SpeculationGovernor(report)
+        self.report, self.trace = report, trace
+        self.governor = SpeculationGovernor(report, trace)
         self.acceptance: dict[str, AcceptanceEstimate] = {}
         self.stats = SpecDecodeStats.empty(config.num_speculative_tokens)
         self.speculating = True  # this step's: the governor's choice when adaptive
@@ -186,13 +188,13 @@ class Speculator:
 
     def begin_warm_up(self) -> None:
         """The start-up warm-up's steps follow: what the governor measures in them is no
-        user's load, so it reports nothing until forget_warm_up."""
-        self.governor.report = None
+        user's load, so it reports and traces nothing until forget_warm_up."""
+        self.governor.report = self.governor.trace = None
 
     def forget_warm_up(self) -> None:
         """Start serving as if the start-up warm-up's drafted requests had never run: fresh load
         measurements, acceptance estimates and metrics, an empty suffix table."""
-        self.governor = SpeculationGovernor(self.report)
+        self.governor = SpeculationGovernor(self.report, self.trace)
         self.acceptance.clear()
         self.stats = SpecDecodeStats.empty(self.config.num_speculative_tokens)
         self.speculating = True
