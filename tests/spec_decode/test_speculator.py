@@ -115,3 +115,15 @@ def test_a_request_the_rule_will_not_draft_stays_overlapped():
         else:
             assert [s.request_id for s in second.scheduled] == ["a"]
             assert second.scheduled[0].draft_token_ids == []
+
+
+def test_a_stats_snapshot_is_not_changed_by_later_counting():
+    speculator = Speculator(SpeculativeConfig(method="ngram", num_speculative_tokens=3))
+    speculator.observe("a", num_drafted=3, num_accepted=2)
+    snapshot = speculator.stats.snapshot()
+    assert snapshot == speculator.stats
+    speculator.observe("a", num_drafted=3, num_accepted=3)
+    assert snapshot.num_drafts == 1 and snapshot.num_accepted_tokens == 2
+    assert snapshot.num_accepted_tokens_per_pos == [1, 1, 0]
+    assert snapshot.acceptance_length_counts == [0, 0, 1, 0]
+    assert speculator.stats.num_accepted_tokens_per_pos == [2, 2, 1]

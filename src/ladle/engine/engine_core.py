@@ -8,7 +8,6 @@ plain StepPlans and StepResults (protocol/step.py).
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 import random
 import sys
@@ -538,7 +537,7 @@ class EngineCore:
                 self.scheduler.handoffs, self.scheduler.pulls, self.kv_transfer_totals
             ),
             spec_decode=(
-                copy.deepcopy(self.speculator.stats) if self.speculator is not None else None
+                self.speculator.stats.snapshot() if self.speculator is not None else None
             ),
         )
 
