@@ -57,3 +57,23 @@ def test_each_rank_reports_its_time_in_collectives(monkeypatch):
         assert 0 < summary["collective_ms_per_step"] < summary["wall_ms_per_step"]
     rows = dict(rank_profiles.table_rows(summaries))
     assert "rank 1 step wall/busy/collectives (ms)" in rows
+
+
+def test_the_python_profile_covers_the_same_window(monkeypatch, tmp_path):
+    """LADLE_PROFILE_PYTHON=1: the window's cProfile names the step's own Python functions (the
+    scheduler's schedule runs once a step) with their per-step counts."""
+    monkeypatch.setenv("LADLE_TORCH_PROFILER_DIR", str(tmp_path))
+    monkeypatch.setenv("LADLE_PROFILE_STEPS", "2:4")
+    monkeypatch.setenv("LADLE_PROFILE_PYTHON", "1")
+    llm = LLM("tiny-llama", load_format="dummy", max_num_seqs=4)
+    llm.generate([{"prompt_token_ids": [5, 6, 7]}], SamplingParams(max_tokens=12, ignore_eos=True),
+                 use_tqdm=False)  # fmt: skip
+    import pstats
+
+    stats = pstats.Stats(str(tmp_path / "rank0.pstats"))
+    schedules = [calls for (file, _, name), (_, calls, *_) in stats.stats.items()
+                 if name == "schedule" and file.endswith("scheduler.py")]  # fmt: skip
+    assert schedules == [4]
+    text = (tmp_path / "rank0.python.txt").read_text().splitlines()
+    assert text[0].startswith("4 steps")
+    assert len(text) > 10

@@ -8,13 +8,21 @@ skips the first 100 steps of each rank, profiles the next 50 and writes, per ran
 `rank{R}.json` (wall and kernel-busy ms per step, idle gaps, the kernels by GPU time) and
 `rank{R}.trace.json` (a Chrome trace). The window ends with a device synchronisation, so the
 steps after it are not timed by anything here.
+
+LADLE_PROFILE_PYTHON=1 adds cProfile over the same window, in the thread that launches the steps
+(the engine core's, for one GPU): `rank{R}.pstats` and `rank{R}.python.txt` (functions by own
+time a step). It answers what the torch profile cannot: which Python code holds a step's host
+time, e.g. in `ladle serve`'s engine process, where no script's profiler reaches. cProfile slows
+the host severalfold, so read the wall figures of that window as inflated.
 """
 
 from __future__ import annotations
 
 import collections
+import cProfile
 import json
 import os
+import pstats
 import re
 import sys
 import time
@@ -26,6 +34,8 @@ from ladle.bench.gpu_timing import busy_and_gaps
 
 DIRECTORY_ENV = "LADLE_TORCH_PROFILER_DIR"
 WINDOW_ENV = "LADLE_PROFILE_STEPS"
+PYTHON_ENV = "LADLE_PROFILE_PYTHON"
+TOP_FUNCTIONS = 40
 DEFAULT_WINDOW = (100, 50)
 TOP_KERNELS = 25
 # What a collective is called in a profile: NCCL's and the one-shot all-reduce's kernels on CUDA,
@@ -37,11 +47,14 @@ COLLECTIVE = re.compile(r"nccl|all_?reduce|all_?gather|reduce_?scatter|all_?to_?
 class StepProfiler:
     """Counts a rank's steps; profiles steps [skip, skip + count) and writes the summary."""
 
-    def __init__(self, directory: Path, rank: int, device: torch.device, skip: int, count: int):
+    def __init__(self, directory: Path, rank: int, device: torch.device, skip: int, count: int,
+                 python: bool = False):  # fmt: skip
         self.directory, self.rank, self.device = directory, rank, device
         self.skip, self.count = skip, count
+        self.python = python
         self.steps = 0
         self._profile = None
+        self._python_profile: cProfile.Profile | None = None
         self._started = 0.0
 
     @classmethod
@@ -60,7 +73,8 @@ class StepProfiler:
                 ) from None
         if skip < 0 or count < 1:
             raise ValueError(f"{WINDOW_ENV} needs SKIP >= 0 and COUNT >= 1; got {window!r}")
-        return cls(Path(directory), rank, device, skip, count)
+        python = os.environ.get(PYTHON_ENV, "") not in ("", "0")
+        return cls(Path(directory), rank, device, skip, count, python)
 
     def step_starts(self) -> None:
         """Called as each step is launched."""
@@ -79,15 +93,23 @@ class StepProfiler:
             torch.cuda.synchronize(self.device)
         self._profile = profile(activities=activities)
         self._profile.__enter__()
+        if self.python:
+            self._python_profile = cProfile.Profile()
+            self._python_profile.enable()
         self._started = time.perf_counter()
 
     def _finish(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
         wall = time.perf_counter() - self._started
+        python_profile, self._python_profile = self._python_profile, None
+        if python_profile is not None:
+            python_profile.disable()
         profile, self._profile = self._profile, None
         profile.__exit__(None, None, None)
         self.directory.mkdir(parents=True, exist_ok=True)
+        if python_profile is not None:
+            self._write_python_profile(python_profile)
         profile.export_chrome_trace(str(self.directory / f"rank{self.rank}.trace.json"))
         summary = summarize(profile.events(), self.count, wall)
         (self.directory / f"rank{self.rank}.json").write_text(json.dumps(summary, indent=1))
@@ -97,6 +119,31 @@ class StepProfiler:
             f"{summary['kernel_busy_ms_per_step']} ms/step -> {self.directory}",
             file=sys.stderr, flush=True,
         )
+
+
+    def _write_python_profile(self, python_profile: cProfile.Profile) -> None:
+        python_profile.dump_stats(str(self.directory / f"rank{self.rank}.pstats"))
+        lines = [f"{self.count} steps; own and cumulative us a step, calls a step"]
+        lines += [
+            f"{row['own_us']:>9.1f} {row['cumulative_us']:>9.1f} {row['calls']:>7.2f}  "
+            f"{row['function']}"
+            for row in python_functions(pstats.Stats(python_profile), self.count)
+        ]
+        (self.directory / f"rank{self.rank}.python.txt").write_text("\n".join(lines) + "\n")
+
+
+def python_functions(stats: pstats.Stats, steps: int, top: int = TOP_FUNCTIONS) -> list[dict]:
+    """The functions with the most own time: own and cumulative microseconds and calls a step."""
+    rows = [
+        {
+            "function": f"{Path(file).name}:{line}({name})",
+            "own_us": own * 1e6 / steps,
+            "cumulative_us": cumulative * 1e6 / steps,
+            "calls": calls / steps,
+        }
+        for (file, line, name), (_, calls, own, cumulative, _) in stats.stats.items()
+    ]
+    return sorted(rows, key=lambda row: -row["own_us"])[:top]
 
 
 def summarize(events, steps: int, wall_seconds: float) -> dict:
