@@ -193,6 +193,71 @@ def test_rotary_with_cache_write_equals_rotary_then_reshape_and_cache(
     assert torch.equal(flat_cache[:, untouched], original[:, untouched])
 
 
+@pytest.mark.parametrize("num_tokens", [1, 7, 300])
+@pytest.mark.parametrize("num_heads,num_kv_heads,head_dim", [(16, 8, 128), (14, 2, 64), (5, 1, 96)])
+@pytest.mark.parametrize("write_cache", [False, True])
+def test_rotary_with_qk_norm_equals_the_norms_then_rotary(
+    num_tokens, num_heads, num_kv_heads, head_dim, write_cache
+):
+    """Qwen3's per-head q/k norms inside the rotary launch leave the query, key (and cache)
+    that the two norm launches followed by the rotary launch leave, on strided views of qkv.
+    The variance sums in another order, so a normalised element may round the other way: a few
+    elements (under 1%) may differ, each by at most one bf16 unit in the last place of a
+    normalised value of magnitude up to 4 (the weights are about 1) carried through the
+    rotation; values stay untouched."""
+    from ladle.kernels.reshape_and_cache import reshape_and_cache
+    from ladle.kernels.rotary import QKNorm, rotary_embedding_
+
+    dtype = torch.bfloat16
+    generator = torch.Generator(device="cuda").manual_seed(num_tokens * 7 + head_dim)
+    with torch.device("cuda"):
+        from ladle.model.layers.rotary import RotaryEmbedding
+
+        rotary = RotaryEmbedding(head_dim, 8192, 1e6).to(dtype)
+    query_norm = make_norm(head_dim, dtype, generator)
+    key_norm = make_norm(head_dim, dtype, generator)
+    positions = torch.randint(0, 8192, (num_tokens,), generator=generator, device="cuda")
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    qkv = (torch.randn(num_tokens, q_size + 2 * kv_size, generator=generator, device="cuda") * 4)
+    qkv = qkv.to(dtype)
+    cache = torch.zeros(2, 32, 16, num_kv_heads, head_dim, device="cuda", dtype=dtype)
+    slots = torch.randperm(32 * 16, generator=generator, device="cuda")[:num_tokens].clone()
+
+    def split(tensor):
+        query = tensor[:, :q_size].view(num_tokens, num_heads, head_dim)
+        key = tensor[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
+        value = tensor[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)
+        return query, key, value
+
+    with fused(True):
+        expected_qkv, expected_cache = qkv.clone(), cache.clone()
+        query, key, value = split(expected_qkv)
+        query, key = query_norm(query), key_norm(key)
+        rotary_embedding_(positions, query, key, rotary.cos_sin_cache)
+        if write_cache:
+            reshape_and_cache(key, value, expected_cache, slots)
+        expected_query, expected_key = query, key
+
+        actual_qkv, actual_cache = qkv.clone(), cache.clone()
+        query, key, value = split(actual_qkv)
+        norms = rotary.may_norm_heads(query, key, query_norm, key_norm)
+        assert norms == QKNorm(query_norm.weight, key_norm.weight, query_norm.eps)
+        if write_cache:
+            rotary_embedding_(positions, query, key, rotary.cos_sin_cache, value, actual_cache,
+                              slots, qk_norm=norms)  # fmt: skip
+        else:
+            rotary_embedding_(positions, query, key, rotary.cos_sin_cache, qk_norm=norms)
+
+    for actual, expected in ((query, expected_query), (key, expected_key)):
+        differ = actual != expected
+        assert differ.float().mean().item() < 0.01
+        assert (actual.float() - expected.float()).abs().max().item() <= 2 * 4 * 2**-7
+    if write_cache:
+        differ = actual_cache != expected_cache
+        assert differ.float().mean().item() < 0.01
+    assert torch.equal(actual_qkv[:, q_size + kv_size :], qkv[:, q_size + kv_size :])
+
+
 @pytest.mark.parametrize("num_rows", ROWS)
 @pytest.mark.parametrize("width", [1, 7, 1024, 1025, 4864])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])

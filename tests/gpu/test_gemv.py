@@ -103,3 +103,34 @@ def test_gemv_reads_what_the_norm_before_it_wrote():
         expected = reference()
         error = ((static_out.float() - expected).norm() / expected.norm()).item()
         assert error < 2e-2
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("width,k", [(1, 16), (7, 100), (33, 1029), (3072, 1024), (14336, 4096)])
+def test_gate_up_silu_is_the_gemv_then_silu_and_mul_bit_for_bit(dtype, width, k):
+    """One launch for the MLP's gate-up GEMV and SiLU-and-mul: the same bits as the two kernels
+    it replaces, at odd widths (a program's features past the end) and the 0.6B / 8B shapes."""
+    from ladle.kernels.activation import silu_and_mul
+    from ladle.kernels.gemv import gate_up_silu, gemv
+
+    generator = torch.Generator(device="cuda").manual_seed(width * 31 + k)
+    x = torch.randn(1, k, device="cuda", dtype=dtype, generator=generator)
+    weight = torch.randn(2 * width, k, device="cuda", dtype=dtype, generator=generator) / k**0.5
+    got = gate_up_silu(x, weight)
+    assert got.shape == (1, width) and got.dtype == dtype
+    assert torch.equal(got, silu_and_mul(gemv(x, weight)))
+
+
+def test_the_mlp_at_batch_one_takes_the_fused_launch_with_the_same_output():
+    """LlamaMLP at one row on CUDA: gate_up_silu (one launch fewer) gives what the projection,
+    SiLU-and-mul and the down projection give as separate launches; at two rows it is not used."""
+    from ladle.model.models.llama import LlamaMLP
+
+    mlp = LlamaMLP(1024, 3072).cuda().to(torch.bfloat16)
+    for parameter in mlp.parameters():
+        torch.nn.init.normal_(parameter, std=0.03)
+    x = torch.randn(1, 1024, device="cuda", dtype=torch.bfloat16)
+    assert mlp.gate_up_proj.gate_up_silu(x) is not None
+    assert mlp.gate_up_proj.gate_up_silu(torch.cat([x, x])) is None
+    separate = mlp.down_proj(mlp.act_fn(mlp.gate_up_proj(x)))
+    assert torch.equal(mlp(x), separate)

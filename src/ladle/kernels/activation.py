@@ -31,7 +31,7 @@ FUSED_QUANT_MAX_WIDTH = 32768
 
 
 @triton.jit
-def _silu_times_up(gate, up, dtype: tl.constexpr):
+def silu_times_up(gate, up, dtype: tl.constexpr):
     """silu(gate) * up from float32 inputs with torch's roundings to `dtype` (silu, then the
     product)."""
     silu = tl.math.div_rn(gate, 1.0 + libdevice.exp(-gate)).to(dtype).to(tl.float32)
@@ -56,7 +56,7 @@ def _silu_and_mul_kernel(
     row_input = input_ptr + row * stride_input_row
     gate = tl.load(row_input + columns, mask=is_column, other=0.0).to(tl.float32)
     up = tl.load(row_input + width + columns, mask=is_column, other=0.0).to(tl.float32)
-    output = _silu_times_up(gate, up, dtype)
+    output = silu_times_up(gate, up, dtype)
     tl.store(output_ptr + row * stride_output_row + columns, output, mask=is_column)
 
 
@@ -81,7 +81,7 @@ def _silu_and_mul_quant_kernel(
     gate = tl.load(row_input + columns, mask=is_column, other=0.0).to(tl.float32)
     up = tl.load(row_input + width + columns, mask=is_column, other=0.0).to(tl.float32)
     # Padding columns give silu(0) * 0 = 0, which leaves the row's max alone.
-    output = _silu_times_up(gate, up, input_ptr.dtype.element_ty).to(tl.float32)
+    output = silu_times_up(gate, up, input_ptr.dtype.element_ty).to(tl.float32)
     store_quantized_row(
         codes_ptr + row * stride_codes_row + columns,
         scale_ptr + row,

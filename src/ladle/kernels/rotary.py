@@ -8,11 +8,18 @@ Given the layer's paged cache, the same program also writes the token's rotated 
 values into their cache slot, as kernels/reshape_and_cache.py would (the same codes, float8 too):
 one launch a layer fewer, which at batch 1 is ~2 us of an H100 decode step per layer.
 
+Given Qwen3's per-head q/k norm weights (`qk_norm`), the program first normalises each head as
+kernels/rms_norm.py would (the same roundings; only the variance's summation order differs), so
+the two norm launches of a layer go too: at batch 1 on the Qwen3-0.6B shape, 56 of a decode
+step's ~340 launches.
+
 Same rounding as the torch layer (model/layers/rotary.py, as HF computes it in the model dtype):
 each product and each sum is rounded to the tensor's dtype, so bf16 results are bit-identical.
 """
 
 from __future__ import annotations
+
+from typing import NamedTuple
 
 import torch
 import triton
@@ -20,6 +27,14 @@ import triton.language as tl
 
 from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
 from ladle.kernels.reshape_and_cache import cache_codes
+
+
+class QKNorm(NamedTuple):
+    """Per-head RMSNorm weights for the query and key heads (Qwen3) and the norms' epsilon."""
+
+    query_weight: torch.Tensor
+    key_weight: torch.Tensor
+    eps: float
 
 
 @triton.jit
@@ -31,9 +46,12 @@ def _rotate_heads(
     num_heads,
     cos,
     sin,
+    norm_weight_ptr,
+    eps,
     HALF: tl.constexpr,
     HEADS_PADDED: tl.constexpr,
     HALF_PADDED: tl.constexpr,
+    NORM: tl.constexpr,
 ):
     dtype = pointer.dtype.element_ty
     heads = tl.arange(0, HEADS_PADDED)
@@ -42,6 +60,16 @@ def _rotate_heads(
     first = pointer + token * stride_token + heads[:, None] * stride_head + dims[None, :]
     x1 = tl.load(first, mask=mask, other=0.0).to(tl.float32)
     x2 = tl.load(first + HALF, mask=mask, other=0.0).to(tl.float32)
+    if NORM:
+        # RMSNorm over each head (both halves), rounded as kernels/rms_norm.py rounds: the
+        # normalised head to the dtype, then its product with the weight.
+        variance = (tl.sum(x1 * x1, axis=1) + tl.sum(x2 * x2, axis=1)) / (2 * HALF)
+        inverse = tl.rsqrt(variance + eps)[:, None]
+        is_dim = dims < HALF
+        weight1 = tl.load(norm_weight_ptr + dims, mask=is_dim, other=0.0).to(tl.float32)
+        weight2 = tl.load(norm_weight_ptr + HALF + dims, mask=is_dim, other=0.0).to(tl.float32)
+        x1 = ((x1 * inverse).to(dtype).to(tl.float32) * weight1[None, :]).to(dtype).to(tl.float32)
+        x2 = ((x2 * inverse).to(dtype).to(tl.float32) * weight2[None, :]).to(dtype).to(tl.float32)
     # Round each product and sum to the dtype, as the eager bf16 ops do.
     x1_cos = (x1 * cos).to(dtype).to(tl.float32)
     x2_sin = (x2 * sin).to(dtype).to(tl.float32)
@@ -100,6 +128,9 @@ def _rotary_kernel(
     slot_mapping_ptr,
     k_scale_ptr,  # [1] float32, read when QUANTIZE
     v_scale_ptr,
+    query_norm_ptr,  # [head_dim] each, read when NORM
+    key_norm_ptr,
+    eps,
     num_query_heads,
     num_key_heads,
     stride_query_token,
@@ -115,6 +146,7 @@ def _rotary_kernel(
     KEY_HEADS_PADDED: tl.constexpr,
     WRITE_CACHE: tl.constexpr = False,
     QUANTIZE: tl.constexpr = False,
+    NORM: tl.constexpr = False,
     USE_PDL: tl.constexpr = False,
 ):
     enter_dependent_launch(USE_PDL)  # kernels/pdl.py
@@ -133,9 +165,12 @@ def _rotary_kernel(
         num_query_heads,
         cos,
         sin,
+        query_norm_ptr,
+        eps,
         HALF,
         QUERY_HEADS_PADDED,
         HALF_PADDED,
+        NORM,
     )
     key1, key2 = _rotate_heads(
         key_ptr,
@@ -145,9 +180,12 @@ def _rotary_kernel(
         num_key_heads,
         cos,
         sin,
+        key_norm_ptr,
+        eps,
         HALF,
         KEY_HEADS_PADDED,
         HALF_PADDED,
+        NORM,
     )
     if WRITE_CACHE:
         slot = tl.load(slot_mapping_ptr + token).to(tl.int64)  # < 0: padding, no write
@@ -189,10 +227,14 @@ def rotary_embedding_(
     kv_cache: torch.Tensor | None = None,
     slot_mapping: torch.Tensor | None = None,
     kv_scales: tuple[torch.Tensor, torch.Tensor] | None = None,
+    qk_norm: QKNorm | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """Rotate query [num_tokens, num_heads, head_dim] and key [num_tokens, num_kv_heads, head_dim]
     in place at positions [num_tokens]; returns (query, key). Needs query, key and the table in
     one dtype and unit stride on head_dim.
+
+    Given qk_norm, each query and key head is RMS-normalised with its weight ([head_dim], the
+    tensors' dtype) first, in the same launch (Qwen3's q_norm and k_norm).
 
     Given kv_cache (the layer's contiguous [2, num_blocks, block_size, num_kv_heads, head_dim]),
     the rotated keys and value (shaped like key) also go into the cache at slot_mapping
@@ -220,6 +262,12 @@ def rotary_embedding_(
         value = key_cache = value_cache = key
         slot_mapping = positions
     k_scale, v_scale = kv_scales if quantize else (positions, positions)
+    if qk_norm is not None:
+        for weight in (qk_norm.query_weight, qk_norm.key_weight):
+            assert weight.shape == (head_dim,) and weight.dtype == query.dtype
+        query_norm, key_norm, eps = qk_norm.query_weight, qk_norm.key_weight, qk_norm.eps
+    else:
+        query_norm, key_norm, eps = positions, positions, 0.0  # never read
     _rotary_kernel[(num_tokens,)](
         query,
         key,
@@ -231,6 +279,9 @@ def rotary_embedding_(
         slot_mapping,
         k_scale,
         v_scale,
+        query_norm,
+        key_norm,
+        eps,
         num_query_heads,
         num_key_heads,
         query.stride(0),
@@ -246,6 +297,7 @@ def rotary_embedding_(
         KEY_HEADS_PADDED=triton.next_power_of_2(num_key_heads),
         WRITE_CACHE=write_cache,
         QUANTIZE=quantize,
+        NORM=qk_norm is not None,
         num_warps=4,
         **pdl_launch(query.device, num_tokens),
         # No mul+add contraction into FMAs: float32 results then round as the eager ops do.

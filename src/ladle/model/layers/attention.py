@@ -3,6 +3,8 @@ slice of the paged KV cache and the step's metadata, to the attention backend.""
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 import torch
 from torch import nn
 
@@ -10,6 +12,9 @@ from ladle.attention.base import AttentionBackend, KVScales
 from ladle.attention.kv_quant import is_fp8_kv_cache
 from ladle.attention.metadata import AttentionMetadata
 from ladle.model.layers.rotary import RotaryEmbedding
+
+if TYPE_CHECKING:
+    from ladle.kernels.rotary import QKNorm
 
 
 class Attention(nn.Module):
@@ -83,14 +88,23 @@ class Attention(nn.Module):
         value: torch.Tensor,  # [num_tokens, num_kv_heads, head_dim] or flat
         kv_cache: torch.Tensor,
         metadata: AttentionMetadata,
+        qk_norm: QKNorm | None = None,
     ) -> bool:
         """Rotate query and key in place and write this step's keys and values into kv_cache in
-        one launch where the rotary's fused kernel applies (CUDA); False, with nothing done,
-        elsewhere. Called before forward(..., cache_written=True), so hooks on forward still
-        see the rotated keys (worker/kv_calibration.py reads them)."""
+        one launch where the rotary's fused kernel applies (CUDA), normalising the heads first
+        given qk_norm; False, with nothing done, elsewhere. Called before forward(...,
+        cache_written=True), so hooks on forward still see the rotated keys
+        (worker/kv_calibration.py reads them)."""
         value = value.view(query.shape[0], self.num_kv_heads, self.head_dim)
         return rotary.rotate_and_cache_(
-            positions, query, key, value, kv_cache, metadata.slot_mapping, self._kv_scales(kv_cache)
+            positions,
+            query,
+            key,
+            value,
+            kv_cache,
+            metadata.slot_mapping,
+            self._kv_scales(kv_cache),
+            qk_norm,
         )
 
     def _kv_scales(self, kv_cache: torch.Tensor) -> KVScales | None:

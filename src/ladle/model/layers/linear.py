@@ -110,6 +110,24 @@ class MergedLinear(Linear):
         super().__init__(input_size, sum(output_sizes), bias)
         self.output_sizes = list(output_sizes)
 
+    def gate_up_silu(self, x: torch.Tensor) -> torch.Tensor | None:
+        """silu(gate) * up of this [gate; up] layer's output for one row on CUDA, in one GEMV
+        launch (kernels/gemv.py: gate_up_silu); None where that kernel does not apply
+        (quantized, permuted or biased weights, more rows, unequal halves, the CPU): the
+        caller then runs the projection and SiLU-and-mul."""
+        plain = (
+            self.input_permutation is None
+            and self.quant_method is None
+            and self.quantization is None
+            and self.bias is None
+        )
+        halves = len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
+        if not (plain and halves and x.shape[0] == 1 and use_fused_kernels(x)):
+            return None
+        from ladle.kernels.gemv import gate_up_silu, gemv_applies  # CUDA only, as above
+
+        return gate_up_silu(x, self.weight) if gemv_applies(x, self.weight) else None
+
     def shard_rows(self, shard_id: str | int | None) -> tuple[int, int]:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):
             raise ValueError(f"{type(self).__name__} has no shard {shard_id!r}")

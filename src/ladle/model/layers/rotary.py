@@ -7,11 +7,16 @@ indexed by each token's position, so a flattened batch of any mix of requests ne
 from __future__ import annotations
 
 import math
+from typing import TYPE_CHECKING
 
 import torch
 from torch import nn
 
 from ladle.kernels.dispatch import use_fused_kernels
+
+if TYPE_CHECKING:
+    from ladle.kernels.rotary import QKNorm
+    from ladle.model.layers.norm import RMSNorm
 
 
 def compute_inv_freq(head_dim: int, base: float, rope_scaling: dict | None) -> torch.Tensor:
@@ -79,19 +84,25 @@ class RotaryEmbedding(nn.Module):
         self.cos_sin_cache.copy_(torch.cat((freqs.cos(), freqs.sin()), dim=-1))
 
     def forward(
-        self, positions: torch.Tensor, query: torch.Tensor, key: torch.Tensor
+        self,
+        positions: torch.Tensor,
+        query: torch.Tensor,
+        key: torch.Tensor,
+        qk_norm: QKNorm | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """query [num_tokens, num_heads, head_dim], key [num_tokens, num_kv_heads, head_dim].
 
         On CUDA both are rotated in place by one Triton launch (kernels/rotary.py) and returned;
-        elsewhere new tensors are returned and the inputs are left alone.
+        elsewhere new tensors are returned and the inputs are left alone. qk_norm (only where
+        `may_norm_heads` said yes): the launch normalises each head first.
         """
         if use_fused_kernels(query) and self._may_fuse(query, key):
             # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
             # triton; tests/model/test_fused_kernel_dispatch.py).
             from ladle.kernels.rotary import rotary_embedding_
 
-            return rotary_embedding_(positions, query, key, self.cos_sin_cache)
+            return rotary_embedding_(positions, query, key, self.cos_sin_cache, qk_norm=qk_norm)
+        assert qk_norm is None, "the heads' norm is fused only into the CUDA rotary kernel"
         cos, sin = self.cos_sin_cache[positions].unsqueeze(1).chunk(2, dim=-1)
         return _rotate(query, cos, sin), _rotate(key, cos, sin)
 
@@ -104,10 +115,12 @@ class RotaryEmbedding(nn.Module):
         kv_cache: torch.Tensor,
         slot_mapping: torch.Tensor,
         kv_scales: tuple[torch.Tensor, torch.Tensor] | None,
+        qk_norm: QKNorm | None = None,
     ) -> bool:
         """On CUDA, rotate query and key in place and write the step's keys and values into the
-        paged cache in the same launch (kernels/rotary.py); returns False, having done nothing,
-        where that kernel does not apply (the caller then rotates and the backend writes)."""
+        paged cache in the same launch (kernels/rotary.py), normalising the heads first given
+        qk_norm; returns False, having done nothing, where that kernel does not apply (the caller
+        then rotates and the backend writes)."""
         if not (
             use_fused_kernels(query)
             and self._may_fuse(query, key)
@@ -120,9 +133,33 @@ class RotaryEmbedding(nn.Module):
         from ladle.kernels.rotary import rotary_embedding_
 
         rotary_embedding_(
-            positions, query, key, self.cos_sin_cache, value, kv_cache, slot_mapping, kv_scales
+            positions,
+            query,
+            key,
+            self.cos_sin_cache,
+            value,
+            kv_cache,
+            slot_mapping,
+            kv_scales,
+            qk_norm,
         )
         return True
+
+    def may_norm_heads(
+        self, query: torch.Tensor, key: torch.Tensor, query_norm: RMSNorm, key_norm: RMSNorm
+    ) -> QKNorm | None:
+        """Qwen3's per-head q/k norms as the rotary kernel takes them, to run in its launch
+        (two launches a layer fewer), where that kernel rotates these heads and the norms'
+        weights share their dtype; else None (the caller runs the norms)."""
+        if not (use_fused_kernels(query) and self._may_fuse(query, key)):
+            return None
+        if not query_norm.weight.dtype == key_norm.weight.dtype == query.dtype:
+            return None
+        if query_norm.eps != key_norm.eps:
+            return None
+        from ladle.kernels.rotary import QKNorm  # as above: CUDA only
+
+        return QKNorm(query_norm.weight, key_norm.weight, query_norm.eps)
 
     def step_tables(self, positions: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(cos, signed sin), each [num_tokens, 1, head_dim], for `rotate_with_tables`: built

@@ -130,17 +130,20 @@ class LlamaAttention(nn.Module):
         query, key, value = self.qkv_proj.split(qkv)
         query = query.view(num_tokens, self.num_heads, self.head_dim)
         key = key.view(num_tokens, self.num_kv_heads, self.head_dim)
-        if self.q_norm is not None:
-            # Qwen3 normalises each head before rotary.
-            query = self.q_norm(query)
-            key = self.k_norm(key)
         rotary = self._rotary[0]
+        qk_norm = None
+        if self.q_norm is not None:
+            # Qwen3 normalises each head before rotary: on CUDA in the rotary's own launch.
+            qk_norm = rotary.may_norm_heads(query, key, self.q_norm, self.k_norm)
+            if qk_norm is None:
+                query = self.q_norm(query)
+                key = self.k_norm(key)
         # On CUDA one launch rotates and writes the cache; elsewhere the backend writes it.
         cache_written = self.attn.rotate_and_cache_(
-            rotary, positions, query, key, value, kv_cache, attn_metadata
+            rotary, positions, query, key, value, kv_cache, attn_metadata, qk_norm
         )
         if not cache_written:
-            query, key = rotary(positions, query, key)
+            query, key = rotary(positions, query, key, qk_norm)
         output = self.attn(query, key, value, kv_cache, attn_metadata, cache_written)
         return self.o_proj(output)
 
@@ -160,7 +163,11 @@ class LlamaMLP(nn.Module):
         self.down_proj = RowParallelLinear(intermediate_size, hidden_size, tp)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        return self.down_proj(self.act_fn(self.gate_up_proj(x)))
+        # At batch 1 on CUDA the projection and SiLU-and-mul are one launch.
+        activated = self.gate_up_proj.gate_up_silu(x)
+        if activated is None:
+            activated = self.act_fn(self.gate_up_proj(x))
+        return self.down_proj(activated)
 
 
 class LlamaDecoderLayer(nn.Module):
