@@ -61,7 +61,8 @@ def test_each_rank_reports_its_time_in_collectives(monkeypatch):
 
 def test_the_python_profile_covers_the_same_window(monkeypatch, tmp_path):
     """LADLE_PROFILE_PYTHON=1: the window's cProfile names the step's own Python functions (the
-    scheduler's schedule runs once a step) with their per-step counts."""
+    scheduler's schedule runs once a step) with their per-step counts; no torch profile runs in
+    that window."""
     monkeypatch.setenv("LADLE_TORCH_PROFILER_DIR", str(tmp_path))
     monkeypatch.setenv("LADLE_PROFILE_STEPS", "2:4")
     monkeypatch.setenv("LADLE_PROFILE_PYTHON", "1")
@@ -77,3 +78,4 @@ def test_the_python_profile_covers_the_same_window(monkeypatch, tmp_path):
     text = (tmp_path / "rank0.python.txt").read_text().splitlines()
     assert text[0].startswith("4 steps")
     assert len(text) > 10
+    assert not (tmp_path / "rank0.trace.json").exists()

@@ -9,11 +9,13 @@ skips the first 100 steps of each rank, profiles the next 50 and writes, per ran
 `rank{R}.trace.json` (a Chrome trace). The window ends with a device synchronisation, so the
 steps after it are not timed by anything here.
 
-LADLE_PROFILE_PYTHON=1 adds cProfile over the same window, in the thread that launches the steps
-(the engine core's, for one GPU): `rank{R}.pstats` and `rank{R}.python.txt` (functions by own
-time a step). It answers what the torch profile cannot: which Python code holds a step's host
-time, e.g. in `ladle serve`'s engine process, where no script's profiler reaches. cProfile slows
-the host severalfold, so read the wall figures of that window as inflated.
+LADLE_PROFILE_PYTHON=1 runs cProfile over the window instead, in the thread that launches the
+steps (the engine core's, for one GPU): `rank{R}.pstats` and `rank{R}.python.txt` (functions by
+own time a step). It answers what the torch profile cannot: which Python code holds a step's host
+time, e.g. in `ladle serve`'s engine process, where no script's profiler reaches. Never both in
+one window: under the torch profiler a CUDA graph's replay held the host ~10x longer (its CUPTI
+hooks record every node: 364 us a batch-1 decode replay on an H200, against 35 us without).
+cProfile itself slows the host's Python about twofold; compare its figures with each other.
 """
 
 from __future__ import annotations
@@ -80,22 +82,27 @@ class StepProfiler:
         """Called as each step is launched."""
         if self.steps == self.skip:
             self._start()
-        elif self.steps == self.skip + self.count and self._profile is not None:
+        elif self.steps == self.skip + self.count and self._profiling():
             self._finish()
         self.steps += 1
+
+    def _profiling(self) -> bool:
+        return self._profile is not None or self._python_profile is not None
 
     def _start(self) -> None:
         from torch.profiler import ProfilerActivity, profile
 
-        activities = [ProfilerActivity.CPU]
         if self.device.type == "cuda":
-            activities.append(ProfilerActivity.CUDA)
             torch.cuda.synchronize(self.device)
-        self._profile = profile(activities=activities)
-        self._profile.__enter__()
         if self.python:
             self._python_profile = cProfile.Profile()
             self._python_profile.enable()
+        else:
+            activities = [ProfilerActivity.CPU]
+            if self.device.type == "cuda":
+                activities.append(ProfilerActivity.CUDA)
+            self._profile = profile(activities=activities)
+            self._profile.__enter__()
         self._started = time.perf_counter()
 
     def _finish(self) -> None:
@@ -103,13 +110,13 @@ class StepProfiler:
             torch.cuda.synchronize(self.device)
         wall = time.perf_counter() - self._started
         python_profile, self._python_profile = self._python_profile, None
-        if python_profile is not None:
-            python_profile.disable()
-        profile, self._profile = self._profile, None
-        profile.__exit__(None, None, None)
         self.directory.mkdir(parents=True, exist_ok=True)
         if python_profile is not None:
-            self._write_python_profile(python_profile)
+            python_profile.disable()
+            self._write_python_profile(python_profile, wall)
+            return
+        profile, self._profile = self._profile, None
+        profile.__exit__(None, None, None)
         profile.export_chrome_trace(str(self.directory / f"rank{self.rank}.trace.json"))
         summary = summarize(profile.events(), self.count, wall)
         (self.directory / f"rank{self.rank}.json").write_text(json.dumps(summary, indent=1))
@@ -121,9 +128,17 @@ class StepProfiler:
         )
 
 
-    def _write_python_profile(self, python_profile: cProfile.Profile) -> None:
+    def _write_python_profile(self, python_profile: cProfile.Profile, wall: float) -> None:
         python_profile.dump_stats(str(self.directory / f"rank{self.rank}.pstats"))
-        lines = [f"{self.count} steps; own and cumulative us a step, calls a step"]
+        wall_ms = round(wall * 1000 / self.count, 3)
+        print(
+            f"[ladle] rank {self.rank} profiled {self.count} steps in Python: wall {wall_ms} "
+            f"ms/step under cProfile -> {self.directory}",
+            file=sys.stderr,
+            flush=True,
+        )
+        lines = [f"{self.count} steps, {wall_ms} ms a step under cProfile; own and cumulative us "
+                 "a step, calls a step"]  # fmt: skip
         lines += [
             f"{row['own_us']:>9.1f} {row['cumulative_us']:>9.1f} {row['calls']:>7.2f}  "
             f"{row['function']}"
