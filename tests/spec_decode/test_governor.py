@@ -9,6 +9,7 @@ from ladle.spec_decode.governor import (
     EXPLORE_EVERY,
     MAX_EXPLORE_EVERY,
     MIN_EPOCH_STEPS,
+    WIN_MARGIN,
     SpeculationGovernor,
     load_level,
 )
@@ -251,3 +252,15 @@ def test_the_trace_goes_to_the_file_the_environment_names(tmp_path, monkeypatch)
     _drive(governor, 2, 3 * EPOCH_STEPS, 0.0, lambda s: 0.001)
     lines = [json.loads(line) for line in path.read_text().splitlines()]
     assert [line["level"] for line in lines] == [2, 2]  # the third epoch has not ended
+
+
+def test_a_tie_goes_to_plain_steps():
+    """Speculation that measures faster by less than WIN_MARGIN (here by half of it) does not
+    run beyond its explorations; by twice the margin it runs."""
+    for gain, expected in ((WIN_MARGIN / 2, False), (2 * WIN_MARGIN, True)):
+        governor = SpeculationGovernor()
+        modes, _ = _drive(governor, 3, 100 * EPOCH_STEPS, 0.0,
+                          lambda s, g=gain: 0.001 / (1 + g) if s else 0.001)  # fmt: skip
+        assert governor.levels[4].better_mode() is expected
+        later = modes[10 * EPOCH_STEPS :: EPOCH_STEPS]
+        assert later.count(expected) >= len(later) - len(later) // EXPLORE_EVERY - 1

@@ -32,6 +32,12 @@ mode at the top of that range and the other further down: compared as whole-batc
 measured first won by the batch it happened to have (up to 2x), not by what it did. A request's
 own rate varies far less across the range while steps are not compute-bound.
 
+Speculation runs only where it measured at least WIN_MARGIN faster than plain steps; a closer
+result is a tie and ties go to plain steps, the mode that cannot lose. At 128 and 256 in flight
+on the 0.6B shape (S1 served, H200, session 49) the two modes' epochs measured within a few
+percent of each other, on a batch whose per-request rate drifted up as it drained; a tie then
+went to speculation (the mode explored last, on the drift) and lost 6% and 8% overall.
+
 When a level's answer changes (first measured, or flipped by an exploration) the governor says so
 through its `report` callable: one line, so an operator can see where speculation is used.
 """
@@ -46,6 +52,7 @@ MIN_EPOCH_STEPS = 4  # an epoch cut short by a change of load level counts from 
 EXPLORE_EVERY = 16  # epochs in the better mode before the worse one is tried again (at first)
 MAX_EXPLORE_EVERY = 256
 SMOOTHING = 0.5  # weight of the newest epoch in a mode's average rate
+WIN_MARGIN = 0.05  # how much faster speculation must measure to run
 
 
 def load_level(num_running: int) -> int:
@@ -67,7 +74,7 @@ class _Level:
     def better_mode(self) -> bool | None:
         if self.rate_on is None or self.rate_off is None:
             return None
-        return self.rate_on >= self.rate_off
+        return self.rate_on >= self.rate_off * (1 + WIN_MARGIN)
 
     def next_mode(self) -> bool:
         """True: speculate in the next epoch."""
