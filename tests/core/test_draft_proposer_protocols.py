@@ -24,7 +24,7 @@ class _Adaptive:
         return []
 
     def begin_step(self, num_decodes, prefill_backlog=False):
-        pass
+        return True
 
     def may_draft(self, request):
         return True

@@ -81,8 +81,8 @@ class _Rule:
     def __init__(self, may: bool) -> None:
         self.may = may
 
-    def begin_step(self, num_decodes: int, prefill_backlog: bool = False) -> None:
-        pass
+    def begin_step(self, num_decodes: int, prefill_backlog: bool = False) -> bool:
+        return self.may
 
     def may_draft(self, request: Request) -> bool:
         return self.may

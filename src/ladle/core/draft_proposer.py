@@ -24,9 +24,10 @@ class DraftProposer(Protocol):
 class AdaptiveDraftProposer(DraftProposer, Protocol):
     """A proposer that also learns from what the steps verified (spec_decode/speculator.py)."""
 
-    def begin_step(self, num_decodes: int, prefill_backlog: bool = False) -> None:
+    def begin_step(self, num_decodes: int, prefill_backlog: bool = False) -> bool:
         """A step is being scheduled with this many running requests; prefill_backlog: more
-        prompt tokens wait than one step computes."""
+        prompt tokens wait than one step computes. Returns whether any request may get drafts
+        in it (False: every may_draft says no, and the scheduler skips asking)."""
         ...
 
     def may_draft(self, request: Request) -> bool:

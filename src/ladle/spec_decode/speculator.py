@@ -69,6 +69,8 @@ class Speculator:
         trace: where its epochs go (governor.py)."""
         self.config = config
         self.proposer = proposer if proposer is not None else build_token_proposer(config)
+        # A class attribute of the proposer's: read once, not per request per step.
+        self._drafts_in_worker = bool(getattr(self.proposer, "drafts_in_worker", False))
         self.report, self.trace = report, trace
         self.governor = SpeculationGovernor(report, trace)
         self.acceptance: dict[str, AcceptanceEstimate] = {}
@@ -76,9 +78,10 @@ class Speculator:
         self.speculating = True  # this step's: the governor's choice when adaptive
         self.min_position_chance = MIN_POSITION_CHANCE  # this step's (adaptive.py)
 
-    def begin_step(self, num_running: int, prefill_backlog: bool = False) -> None:
+    def begin_step(self, num_running: int, prefill_backlog: bool = False) -> bool:
         """A new step is being scheduled with this many running requests (prefill_backlog:
-        more prompt tokens wait than one step computes)."""
+        more prompt tokens wait than one step computes); whether any request may get drafts
+        in it (False while the governor has speculation off)."""
         if self.config.adaptive:
             self.speculating = self.governor.begin_step(
                 num_running, time.perf_counter(), prefill_backlog
@@ -86,6 +89,7 @@ class Speculator:
             self.min_position_chance = min_position_chance(
                 num_running, self.config.num_speculative_tokens
             )
+        return self.speculating or not self.config.adaptive
 
     def went_idle(self) -> None:
         """The engine has no request left: what comes next starts after a pause."""
@@ -142,7 +146,7 @@ class Speculator:
     @property
     def drafts_in_worker(self) -> bool:
         """Whether a network in the worker drafts (its drafts come back with each step)."""
-        return getattr(self.proposer, "drafts_in_worker", False)
+        return self._drafts_in_worker
 
     def num_lookahead_tokens(self, request: Request) -> int:
         """How many tokens the worker's network should draft for the request after the step
