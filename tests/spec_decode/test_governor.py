@@ -8,6 +8,7 @@ from ladle.spec_decode.governor import (
     EPOCH_STEPS,
     EXPLORE_EVERY,
     MAX_EXPLORE_EVERY,
+    MAX_LEVEL_FIRST_ON,
     MIN_EPOCH_STEPS,
     WIN_MARGIN,
     SpeculationGovernor,
@@ -264,3 +265,15 @@ def test_a_tie_goes_to_plain_steps():
         assert governor.levels[4].better_mode() is expected
         later = modes[10 * EPOCH_STEPS :: EPOCH_STEPS]
         assert later.count(expected) >= len(later) - len(later) // EXPLORE_EVERY - 1
+
+
+def test_a_heavy_first_level_starts_with_plain_steps():
+    """The first level measured is a heavy one (a burst of 256 requests): its first epoch runs
+    plain steps and the drafted one follows, where a light level's first epoch drafts."""
+    heavy = 4 * MAX_LEVEL_FIRST_ON
+    for running, first in ((heavy, False), (MAX_LEVEL_FIRST_ON, True)):
+        governor = SpeculationGovernor()
+        modes, _ = _drive(governor, running, 3 * EPOCH_STEPS, 0.0,
+                          lambda s: 0.002 if s else 0.001)  # fmt: skip
+        assert modes[::EPOCH_STEPS][:2] == [first, not first]
+        assert governor.levels[load_level(running)].better_mode() is False
