@@ -36,6 +36,16 @@ def relative_error(actual: torch.Tensor, expected: torch.Tensor) -> float:
     return ((actual.double() - expected).norm() / expected.norm().clamp_min(1e-30)).item()
 
 
+def split_qkv(qkv: torch.Tensor, num_heads: int, num_kv_heads: int, head_dim: int):
+    """(query, key, value): [tokens, heads, head_dim] views of a merged qkv output."""
+    num_tokens = qkv.shape[0]
+    q_size, kv_size = num_heads * head_dim, num_kv_heads * head_dim
+    query = qkv[:, :q_size].view(num_tokens, num_heads, head_dim)
+    key = qkv[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
+    value = qkv[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)
+    return query, key, value
+
+
 def make_norm(hidden: int, dtype: torch.dtype, generator: torch.Generator):
     from ladle.model.layers.norm import RMSNorm
 
@@ -161,10 +171,7 @@ def test_rotary_with_cache_write_equals_rotary_then_reshape_and_cache(
         )
 
     def split(tensor):
-        query = tensor[:, :q_size].view(num_tokens, num_heads, head_dim)
-        key = tensor[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
-        value = tensor[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)
-        return query, key, value
+        return split_qkv(tensor, num_heads, num_kv_heads, head_dim)
 
     with fused(True):
         expected_qkv, expected_cache = qkv.clone(), cache.clone()
@@ -224,10 +231,7 @@ def test_rotary_with_qk_norm_equals_the_norms_then_rotary(
     slots = torch.randperm(32 * 16, generator=generator, device="cuda")[:num_tokens].clone()
 
     def split(tensor):
-        query = tensor[:, :q_size].view(num_tokens, num_heads, head_dim)
-        key = tensor[:, q_size : q_size + kv_size].view(num_tokens, num_kv_heads, head_dim)
-        value = tensor[:, q_size + kv_size :].view(num_tokens, num_kv_heads, head_dim)
-        return query, key, value
+        return split_qkv(tensor, num_heads, num_kv_heads, head_dim)
 
     with fused(True):
         expected_qkv, expected_cache = qkv.clone(), cache.clone()
