@@ -66,9 +66,11 @@ def test_every_candidate_compiles_for_hopper_within_shared_memory(weight_type, s
                     assert "cp.async" in compiled.asm["ptx"]  # the K loop is pipelined
     for block_n, block_k, warps in ROWS_SHAPES:
         constants = dict(TOP_K=8, SCALES=scales, SCALE_GROUP=128, BLOCK_N=block_n,
-                         BLOCK_K=block_k)  # fmt: skip
-        for kernel in (fused_moe._rows_gate_up_kernel, fused_moe._rows_down_kernel):
-            _compile(kernel, _types(weight_type, "*bf16"), constants, warps, 3)
+                         BLOCK_K=block_k, USE_PDL=True)  # fmt: skip
+        for kernel, more in ((fused_moe._rows_gate_up_kernel, {}),
+                             (fused_moe._rows_down_kernel, {"SLOTS": 8})):  # fmt: skip
+            compiled = _compile(kernel, _types(weight_type, "*bf16"), constants | more, warps, 3)
+            assert "griddepcontrol.wait" in compiled.asm["ptx"]  # in the decode step's PDL chain
 
 
 def test_alignment_and_routing_compile_for_hopper():
@@ -85,7 +87,7 @@ def test_alignment_and_routing_compile_for_hopper():
         moe_routing._topk_softmax_kernel,
         dict(logits_ptr="*bf16", weights_ptr="*bf16", ids_ptr="*i64", counts_ptr="*i64",
              num_experts="i32", stride_logits="i32"),  # fmt: skip
-        dict(TOP_K=8, EXPERTS_POW2=128, RENORMALIZE=True, COUNT=True),
+        dict(TOP_K=8, EXPERTS_POW2=128, RENORMALIZE=True, COUNT=True, USE_PDL=True),
         1,
         1,
     )

@@ -11,14 +11,18 @@ Gate-up (one launch): intermediate[a] = silu(x[t] W_gate[e]^T) * (x[t] W_up[e]^T
     product is rounded once to the hidden dtype. [T * k, I].
 Down (one launch): out[t] = sum_j topk_weights[t, j] * intermediate[t * k + j] W_down[e]^T.
     Grouped tiles add each row's weighted product into a float32 [T, H] with atomics (the
-    top-k sum fused; a cast to the hidden dtype follows); rows tiles loop over a token's k
-    experts in one program and store the sum.
+    top-k sum fused; a cast to the hidden dtype follows); rows tiles load a token's k experts'
+    rows as one tile and store the sum.
 
 Tile kinds (moe_tiles.py): `rows` reads, per program, one assignment's (or one token's) expert
 weights as a matrix-vector product: nothing is sorted, and a batch of one reads exactly its k
-chosen experts. `grouped` takes the sorted, padded blocks of moe_align.py and runs tensor-core
-tiles of block_m rows of one expert; blocks of experts nobody chose do not exist, and the blocks
-past the step's rows (the grid is sized for the worst case) exit at once.
+chosen experts. Like the dense GEMV (gemv.py) a rows program loads all its weight rows' K tile
+at once (gate-up: a feature's gate and up rows; down: a column's rows of all k experts), so
+each program has many bytes in flight: decode is bound by how fast these few MB arrive. Rows
+launches take part in the decode step's PDL chain (pdl.py). `grouped` takes the sorted, padded
+blocks of moe_align.py and runs tensor-core tiles of block_m rows of one expert; blocks of
+experts nobody chose do not exist, and the blocks past the step's rows (the grid is sized for
+the worst case) exit at once.
 
 fp8 experts (weights float8_e4m3fn): scales per output channel [E, N] or per row and group of
 `scale_group` inputs [E, N, G] (a checkpoint's 128x128 blocks, repeated over their rows, as
@@ -36,6 +40,7 @@ import triton.language as tl
 
 from ladle.kernels.moe_align import ExpertBlocks, align_to_expert_blocks
 from ladle.kernels.moe_tiles import GROUP_SCALES, ExpertStacks, MoePlan, MoeTile
+from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
 
 
 @triton.jit
@@ -203,24 +208,28 @@ def _grouped_down_kernel(
 
 
 @triton.jit
-def _row_times_weight(
-    x_row, w_rows, scale_rows, is_n, K, SCALES: tl.constexpr, SCALE_GROUP: tl.constexpr,
-    BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+def _sum_rows_over_k(
+    x_rows, x_mask, w_rows, w_mask, scale_rows, K, SCALES: tl.constexpr,
+    SCALE_GROUP: tl.constexpr, ROWS_A: tl.constexpr, ROWS_B: tl.constexpr,
+    BLOCK_K: tl.constexpr,
 ):  # fmt: skip
-    """float32 [BLOCK_N]: one input row times BLOCK_N weight rows (per-channel scales not yet
-    applied; group scales applied per element)."""
-    acc = tl.zeros((BLOCK_N, BLOCK_K), dtype=tl.float32)
+    """float32 [ROWS_A, ROWS_B]: each weight row (w_rows: pointers to the rows' starts) dotted
+    with its input row (x_rows: [ROWS_A, 1] or [1, 1] pointers, broadcast over the rest), all
+    rows' BLOCK_K-wide tiles loaded at once; group scales (SCALES == 2; scale_rows point at each
+    row's first group, groups 1 apart) applied per element, per-channel ones left to the caller."""
+    acc = tl.zeros((ROWS_A, ROWS_B), dtype=tl.float32)
     for start in range(0, K, BLOCK_K):
-        cols = start + tl.arange(0, BLOCK_K)
+        cols = (start + tl.arange(0, BLOCK_K))[None, None, :]
         in_k = cols < K
-        x = tl.load(x_row + cols, mask=in_k, other=0.0).to(tl.float32)
-        mask = is_n[:, None] & in_k[None, :]
-        w = tl.load(w_rows + cols[None, :], mask=mask, other=0.0, eviction_policy="evict_first")
+        x = tl.load(x_rows[:, :, None] + cols, mask=x_mask[:, :, None] & in_k, other=0.0)
+        mask = w_mask[:, :, None] & in_k
+        # Each weight byte is read once: keep it out of the way of what is reused (x).
+        w = tl.load(w_rows[:, :, None] + cols, mask=mask, other=0.0, eviction_policy="evict_first")
         w = w.to(tl.float32)
         if SCALES == 2:
-            w *= tl.load(scale_rows + cols[None, :] // SCALE_GROUP, mask=mask, other=0.0)
-        acc += w * x[None, :]
-    return tl.sum(acc, axis=1)
+            w *= tl.load(scale_rows[:, :, None] + cols // SCALE_GROUP, mask=mask, other=0.0)
+        acc += tl.sum(w * x.to(tl.float32), axis=2)
+    return acc
 
 
 @triton.jit
@@ -243,28 +252,33 @@ def _rows_gate_up_kernel(
     SCALE_GROUP: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    """BLOCK_N features of one assignment: their gate rows (n) and up rows (N + n) of the
+    assignment's expert in one [2, BLOCK_N] tile, so a program keeps twice the bytes in flight
+    that one half would."""
+    allow_next_kernel(USE_PDL)  # kernels/pdl.py
     pid_n = tl.program_id(0)
     assignment = tl.program_id(1).to(tl.int64)
-    expert = tl.load(topk_ids_ptr + assignment).to(tl.int64)
-    x_row = x_ptr + (assignment // TOP_K) * stride_x
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    is_n = offs_n < N
-    w_expert = w_ptr + expert * stride_we
-    gate_rows = w_expert + offs_n[:, None].to(tl.int64) * stride_wn
-    up_rows = w_expert + (offs_n[:, None] + N).to(tl.int64) * stride_wn
-    gate_scales = scale_ptr + expert * stride_se + offs_n * stride_sn
-    up_scales = scale_ptr + expert * stride_se + (offs_n + N) * stride_sn
-    gate = _row_times_weight(x_row, gate_rows, gate_scales[:, None], is_n, K, SCALES,
-                             SCALE_GROUP, BLOCK_N, BLOCK_K)  # fmt: skip
-    up = _row_times_weight(x_row, up_rows, up_scales[:, None], is_n, K, SCALES, SCALE_GROUP,
-                           BLOCK_N, BLOCK_K)  # fmt: skip
+    halves = tl.arange(0, 2)[:, None]  # 0: gate, 1: up
+    rows = halves * N + offs_n[None, :]
+    row_mask = (halves < 2) & (offs_n < N)[None, :]
+    # The expert id is the routing kernel's output.
+    wait_for_previous_kernel(USE_PDL)
+    expert = tl.load(topk_ids_ptr + assignment).to(tl.int64)
+    w_rows = w_ptr + expert * stride_we + rows.to(tl.int64) * stride_wn
+    scales = scale_ptr + expert * stride_se + rows * stride_sn
+    x_row = x_ptr + (assignment // TOP_K) * stride_x + tl.zeros((1, 1), dtype=tl.int64)
+    sums = _sum_rows_over_k(x_row, tl.full((1, 1), 1, tl.int1), w_rows, row_mask, scales, K, SCALES,
+                            SCALE_GROUP, 2, BLOCK_N, BLOCK_K)  # fmt: skip
     if SCALES == 1:
-        gate *= tl.load(gate_scales, mask=is_n, other=0.0)
-        up *= tl.load(up_scales, mask=is_n, other=0.0)
+        sums *= tl.load(scales, mask=row_mask, other=0.0)
+    gate = tl.sum(tl.where(halves == 0, sums, 0.0), axis=0)
+    up = tl.sum(tl.where(halves == 1, sums, 0.0), axis=0)
     result = _silu_times(gate, up)
     tl.store(out_ptr + assignment * stride_out + offs_n, result.to(out_ptr.dtype.element_ty),
-             mask=is_n)  # fmt: skip
+             mask=offs_n < N)  # fmt: skip
 
 
 @triton.jit
@@ -286,26 +300,35 @@ def _rows_down_kernel(
     TOP_K: tl.constexpr,
     SCALES: tl.constexpr,
     SCALE_GROUP: tl.constexpr,
+    SLOTS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    """BLOCK_N output columns of one token: the rows of all its top-k experts in one
+    [SLOTS, BLOCK_N] tile (SLOTS: top_k rounded up to a power of two), weighted and summed."""
+    allow_next_kernel(USE_PDL)  # kernels/pdl.py
     pid_n = tl.program_id(0)
     token = tl.program_id(1).to(tl.int64)
+    slots = tl.arange(0, SLOTS)
+    is_slot = slots < TOP_K
+    assignments = token * TOP_K + slots
     offs_n = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
-    is_n = offs_n < N
-    total = tl.zeros((BLOCK_N,), dtype=tl.float32)
-    for slot in range(TOP_K):
-        assignment = token * TOP_K + slot
-        expert = tl.load(topk_ids_ptr + assignment).to(tl.int64)
-        routing_weight = tl.load(routing_weights_ptr + assignment).to(tl.float32)
-        w_rows = w_ptr + expert * stride_we + offs_n[:, None].to(tl.int64) * stride_wn
-        scales = scale_ptr + expert * stride_se + offs_n * stride_sn
-        product = _row_times_weight(x_ptr + assignment * stride_x, w_rows, scales[:, None], is_n,
-                                    K, SCALES, SCALE_GROUP, BLOCK_N, BLOCK_K)  # fmt: skip
-        if SCALES == 1:
-            product *= tl.load(scales, mask=is_n, other=0.0)
-        total += product * routing_weight
-    tl.store(out_ptr + token * stride_out + offs_n, total.to(out_ptr.dtype.element_ty), mask=is_n)
+    row_mask = is_slot[:, None] & (offs_n < N)[None, :]
+    # The expert ids, routing weights and intermediate rows are earlier kernels' outputs.
+    wait_for_previous_kernel(USE_PDL)
+    experts = tl.load(topk_ids_ptr + assignments, mask=is_slot, other=0).to(tl.int64)
+    routing = tl.load(routing_weights_ptr + assignments, mask=is_slot, other=0.0)
+    w_rows = w_ptr + experts[:, None] * stride_we + offs_n[None, :].to(tl.int64) * stride_wn
+    scales = scale_ptr + experts[:, None] * stride_se + offs_n[None, :] * stride_sn
+    x_rows = x_ptr + assignments[:, None] * stride_x
+    products = _sum_rows_over_k(x_rows, is_slot[:, None], w_rows, row_mask, scales, K, SCALES,
+                                SCALE_GROUP, SLOTS, BLOCK_N, BLOCK_K)  # fmt: skip
+    if SCALES == 1:
+        products *= tl.load(scales, mask=row_mask, other=0.0)
+    total = tl.sum(products * routing.to(tl.float32)[:, None], axis=0)
+    tl.store(out_ptr + token * stride_out + offs_n, total.to(out_ptr.dtype.element_ty),
+             mask=offs_n < N)  # fmt: skip
 
 
 def _scale_args(scale: torch.Tensor | None, weight: torch.Tensor) -> tuple[torch.Tensor, int, int]:
@@ -349,6 +372,7 @@ def launch_gate_up(
         _rows_gate_up_kernel[grid](
             hidden, w, scale, out, topk_ids, intermediate_size, hidden_size, hidden.stride(0),
             w.stride(0), w.stride(1), stride_se, stride_sn, out.stride(0), **common,
+            **pdl_launch(hidden.device, num_tokens),
         )  # fmt: skip
         return out
     assert blocks is not None and blocks.block_m == tile.block_m
@@ -392,7 +416,8 @@ def launch_down(
         _rows_down_kernel[grid](
             intermediate, w, scale, out, topk_ids, routing_weights, hidden_size,
             intermediate_size, intermediate.stride(0), w.stride(0), w.stride(1), stride_se,
-            stride_sn, out.stride(0), **common,
+            stride_sn, out.stride(0), SLOTS=triton.next_power_of_2(top_k), **common,
+            **pdl_launch(intermediate.device, num_tokens),
         )  # fmt: skip
         return out
     assert blocks is not None and blocks.block_m == tile.block_m

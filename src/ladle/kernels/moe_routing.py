@@ -15,6 +15,8 @@ import torch
 import triton
 import triton.language as tl
 
+from ladle.kernels.pdl import enter_dependent_launch, pdl_launch
+
 
 @triton.jit
 def _top_slot(remaining, experts, EXPERTS_POW2: tl.constexpr):
@@ -36,7 +38,9 @@ def _topk_softmax_kernel(
     EXPERTS_POW2: tl.constexpr,
     RENORMALIZE: tl.constexpr,
     COUNT: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    enter_dependent_launch(USE_PDL)  # reads the router's logits at once (kernels/pdl.py)
     token = tl.program_id(0).to(tl.int64)
     experts = tl.arange(0, EXPERTS_POW2)
     is_expert = experts < num_experts
@@ -93,5 +97,6 @@ def topk_softmax(
         RENORMALIZE=renormalize,
         COUNT=expert_counts is not None,
         num_warps=1 if num_experts <= 256 else 4,
+        **pdl_launch(logits.device, num_tokens),
     )
     return weights, ids

@@ -43,11 +43,17 @@ from ladle.kernels.moe_tiles import (
 from ladle.kernels.parallel_builds import builds_only
 
 # Bump when a kernel changes what a tile means: old cached tables are then ignored.
-TUNING_VERSION = 2
+TUNING_VERSION = 3
 # Rows tiles are candidates up to this many tokens (beyond, every expert's weight would be read
 # by many programs).
 ROWS_MAX_TOKENS = 32
-ROWS_SHAPES = ((4, 512, 4), (8, 256, 4), (16, 256, 4), (16, 128, 4), (32, 128, 8))  # n, k, warps
+# (n, k, warps). A rows program loads 2 x n (gate-up) or top_k x n (down) weight rows of k
+# inputs at once: these keep that tile at 2-16 K elements, from whole 2,048-wide rows to
+# 256-wide slices of many rows.
+ROWS_SHAPES = (
+    (1, 1024, 4), (2, 512, 4), (2, 1024, 4), (2, 2048, 8), (4, 256, 4), (4, 512, 4),
+    (4, 1024, 8), (8, 256, 4), (16, 256, 4),
+)  # fmt: skip
 # Grouped tiles by block_m: (block_n, block_k, num_warps, num_stages). Gate-up keeps two
 # accumulators and two weight tiles a step, so the largest tiles stay within registers and
 # shared memory.

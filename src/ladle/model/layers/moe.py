@@ -85,9 +85,14 @@ class TopKRouter(nn.Module):
         count in one Triton launch (kernels/moe_routing.py), for the fused path."""
         # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
         # triton; tests/model/test_fused_kernel_dispatch.py).
+        from ladle.kernels.gemv import gemv, gemv_applies
         from ladle.kernels.moe_routing import topk_softmax
 
-        logits = F.linear(hidden_states, self.weight)
+        if gemv_applies(hidden_states, self.weight):
+            # Batch 1: the GEMV, in the decode step's PDL chain (kernels/pdl.py), not cuBLAS.
+            logits = gemv(hidden_states, self.weight)
+        else:
+            logits = F.linear(hidden_states, self.weight)
         weights, expert_ids = topk_softmax(
             logits, self.top_k, self.norm_topk_prob, hidden_states.dtype, expert_counts
         )
@@ -128,10 +133,14 @@ class StackedExperts(nn.Module):
         intermediate_size: int,
         first_expert: int = 0,
         split: tuple[int, int] = (0, 1),
+        expert_parallel: bool = False,
     ) -> None:
         super().__init__()
         self.num_experts = num_experts
         self.first_expert = first_expert
+        # Expert-parallel routing names one past the stack for other ranks' experts
+        # (local_routing).
+        self.expert_parallel = expert_parallel
         self.split = split
         self.hidden_size = hidden_size
         self.intermediate_size = intermediate_size
@@ -176,11 +185,15 @@ class StackedExperts(nn.Module):
             from ladle.kernels.fused_moe import fused_experts
 
             table = self.tile_table or default_table(self.scale_group)
+            expert_ids = routing.expert_ids
+            if self.expert_parallel:
+                # Clamped: another rank's assignments (weight 0) then add nothing. One launch a
+                # layer, so only where such ids occur.
+                expert_ids = expert_ids.clamp(max=self.num_experts - 1)
             return fused_experts(
                 hidden_states.contiguous(),
                 routing.weights.contiguous(),
-                # Clamped: another expert-parallel rank's assignments (weight 0) add nothing.
-                routing.expert_ids.clamp(max=self.num_experts - 1).contiguous(),
+                expert_ids.contiguous(),
                 self.stacks(),
                 table.plan_for(hidden_states.shape[0]),
             )
@@ -304,8 +317,9 @@ class SparseMoeBlock(nn.Module):
         if tp.size > 1 and tp.expert_parallel:
             local = tp.divide(num_experts, "the number of experts")
             self.experts = StackedExperts(
-                local, hidden_size, intermediate_size, first_expert=tp.rank * local
-            )
+                local, hidden_size, intermediate_size, first_expert=tp.rank * local,
+                expert_parallel=True,
+            )  # fmt: skip
         else:
             local_intermediate = tp.divide(intermediate_size, "the experts' intermediate size")
             self.experts = StackedExperts(
