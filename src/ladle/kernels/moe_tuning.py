@@ -10,8 +10,9 @@ call) and keeps the fastest plan:
   - rows tiles (small buckets): gate-up and down timed separately, no alignment;
   - grouped tiles: per block_m, the faster alignment (one Triton program or the torch sort)
     plus the fastest gate-up and down of that block_m.
-Every candidate is built once on a thread pool first (parallel_builds.py), so tuning costs the
-builds plus a few thousand short launches. The table is written to
+Every candidate is built once on a thread pool first (parallel_builds.py), then timed as a CUDA
+graph of a few calls replayed (GPU time, as a decode graph runs it, not Python's launching), so
+tuning costs the builds plus a few thousand short launches. The table is written to
   <ladle cache>/moe_tiles/<device>-<shape>-<dtype>-<weights>-triton<version>-v<N>.json
 and read back by the next start-up on the same device, shapes, dtype and Triton (no timing then;
 the warm-up still builds the chosen variants).
@@ -19,6 +20,7 @@ the warm-up still builds the chosen variants).
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import statistics
@@ -30,6 +32,7 @@ from pathlib import Path
 import torch
 import triton
 
+from ladle.bench.gpu_timing import calls_in_graph_us
 from ladle.kernels.fused_moe import check_plan_fits, launch_down, launch_gate_up
 from ladle.kernels.moe_align import TRITON_MAX_ASSIGNMENTS, align_to_expert_blocks
 from ladle.kernels.moe_tiles import (
@@ -42,8 +45,9 @@ from ladle.kernels.moe_tiles import (
 )
 from ladle.kernels.parallel_builds import builds_only
 
-# Bump when a kernel changes what a tile means: old cached tables are then ignored.
-TUNING_VERSION = 3
+# Bump when a kernel changes what a tile means or the timing changes what wins: old cached
+# tables are then ignored.
+TUNING_VERSION = 4
 # Rows tiles are candidates up to this many tokens (beyond, every expert's weight would be read
 # by many programs).
 ROWS_MAX_TOKENS = 32
@@ -131,16 +135,12 @@ def grouped_candidates(num_tokens: int, shape: MoeShape, scale_group: int) -> li
 
 
 def cuda_timer(run: Callable[[int], object]) -> float:
-    """Seconds a call of run(repetition) takes on the current stream (mean of REPETITIONS after
-    one untimed call)."""
-    run(0)
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    for repetition in range(REPETITIONS):
-        run(repetition)
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end) / 1000 / REPETITIONS
+    """Seconds a call of run(repetition) takes on the GPU: REPETITIONS calls replayed from one
+    CUDA graph, as a decode graph runs them. Timed as launched from Python, a batch-1 rows call
+    (~10 us of GPU) measured its launch instead: the first sweep on an H200 ranked tiles by host
+    time and kept ones that a decode graph then ran slowly."""
+    calls = [functools.partial(run, repetition) for repetition in range(REPETITIONS)]
+    return calls_in_graph_us(calls) / 1e6
 
 
 @dataclass
