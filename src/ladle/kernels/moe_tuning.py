@@ -68,7 +68,10 @@ GROUPED_SHAPES = {
     128: ((128, 64, 8, 3), (64, 64, 4, 4)),
 }
 NUM_ROUTINGS = 4  # routings rotated between repetitions
-REPETITIONS = 8
+# Graph replays timed per candidate: few, since each also runs the calls eagerly and once
+# before timing, and start-up pays for every candidate of every bucket up to the token budget
+# (five samples of four replays took the Qwen3-30B-A3B shape's tuning from 5 to 18 s).
+SAMPLES = 3
 
 Timer = Callable[[Callable[[int], object]], float]
 
@@ -135,12 +138,12 @@ def grouped_candidates(num_tokens: int, shape: MoeShape, scale_group: int) -> li
 
 
 def cuda_timer(run: Callable[[int], object]) -> float:
-    """Seconds a call of run(repetition) takes on the GPU: REPETITIONS calls replayed from one
-    CUDA graph, as a decode graph runs them. Timed as launched from Python, a batch-1 rows call
-    (~10 us of GPU) measured its launch instead: the first sweep on an H200 ranked tiles by host
-    time and kept ones that a decode graph then ran slowly."""
-    calls = [functools.partial(run, repetition) for repetition in range(REPETITIONS)]
-    return calls_in_graph_us(calls) / 1e6
+    """Seconds a call of run(repetition) takes on the GPU: one call per routing replayed from one
+    CUDA graph, as a decode graph runs them (the median of SAMPLES replays). Timed as launched
+    from Python, a batch-1 rows call (~10 us of GPU) measured its launch instead: the first sweep
+    on an H200 ranked tiles by host time and kept ones that a decode graph then ran slowly."""
+    calls = [functools.partial(run, repetition) for repetition in range(NUM_ROUTINGS)]
+    return calls_in_graph_us(calls, replays=1, samples=SAMPLES) / 1e6
 
 
 @dataclass
