@@ -69,8 +69,10 @@ class StepInputs:
     # device), else None.
     token_slots: torch.Tensor | None
     sampling_slots: torch.Tensor  # [num_sampling_reqs] int64 slot of each sampling request
-    # Every input id is -1 (a decode step whose tokens are all still on the device): the ids
-    # are the gather at token_slots alone, no merge with the shipped ones.
+    # Every input id is -1: each token is still on the device or is a draft the device fills
+    # in after (drafts_on_device.py). The ids are then the gather at token_slots alone, no
+    # merge with the shipped ones (a drafted batch-1 step in flight: two launches fewer; the
+    # drafts' rows read their slot's last token, as the merge gave them, until filled in).
     reads_only_device_ids: bool = False
     # A decode step whose graph inputs (but the ids) are in the graph's static buffers already.
     graph_inputs_written: bool = False
@@ -170,6 +172,7 @@ class StepInputBuilder:
 
         chunks = []
         num_device_ids = 0
+        num_device_drafts = 0
         for request_id, request, c in zip(request_ids, scheduled, computed.tolist()):
             drafts = request.draft_token_ids
             n = request.num_tokens - len(drafts)
@@ -177,7 +180,12 @@ class StepInputBuilder:
             if len(chunk) < n:  # the last token is still being sampled on the device
                 num_device_ids += n - len(chunk)
                 chunk = chunk + [-1] * (n - len(chunk))
-            chunks.append(chunk + drafts if drafts else chunk)
+            if drafts:
+                if drafts[0] < 0:  # placeholders the device drafter fills in (all -1)
+                    num_device_drafts += len(drafts)
+                chunks.append(chunk + drafts)
+            else:
+                chunks.append(chunk)
         input_ids = np.fromiter(
             itertools.chain.from_iterable(chunks), dtype=np.int64, count=num_tokens
         )
@@ -270,7 +278,8 @@ class StepInputBuilder:
             sampling_rows=sampling_rows,
             token_slots=device_views.get("token_slots"),
             sampling_slots=device_views["sampling_slots"],
-            reads_only_device_ids=num_device_ids == num_tokens,
+            reads_only_device_ids=bool(num_device_ids)
+            and num_device_ids + num_device_drafts == num_tokens,
             graph_inputs_written=graph_batch is not None,
             request_slots=device_views["request_slots"],
             extra=(
