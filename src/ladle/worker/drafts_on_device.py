@@ -19,8 +19,9 @@ Every index the device needs is known to the host when it builds the step: those
 in the step's one host-to-device copy (StepInputBuilder.build's extra_parts), so the device work
 is ~75 small launches a drafted step (the n-gram ~30) and no extra copy, or three with the
 fused kernels (kernels/draft_steps.py, LADLE_DRAFT_KERNELS=1). The host reads the
-verdict with the sampled ids (one copy more); it never waits for it earlier. The history costs
-slots x (max_n + max_model_len + 32) int32 on the device, allocated as the batch's slots grow.
+verdict with the sampled ids (one tensor, one copy: Verdict.words); it never waits for it
+earlier. The history costs slots x (max_n + max_model_len + 32) int32 on the device,
+allocated as the batch's slots grow.
 On the CPU the corrected sequence lengths are read back at once (the CPU attention reads host
 lengths, and there a read costs nothing); on CUDA the host keeps the upper bounds, which the
 Triton attention reads only as bounds.
@@ -70,6 +71,9 @@ class Verdict:
     num_accepted: torch.Tensor | None  # [sampling requests] int64; None: no drafts (all 0)
     first_rows: list[int]  # [sampling requests]: each one's first sampling row
     positions: list[int]  # [sampling requests]: each one's place in the plan
+    # row_tokens then num_accepted, one tensor (the two are views of it): the host reads the
+    # verdict with one copy (and one pinned buffer), not two. None: row_tokens alone.
+    words: torch.Tensor | None = None
 
     def emitted(
         self, num_scheduled: int, row_tokens: list[int], accepted: list[int]
@@ -392,14 +396,17 @@ class DeviceDrafts:
             coins = torch.rand(sampled.shape[0], generator=self._coins, device=self.device)
             accepts = coins < self.synthetic_acceptance
         num_requests = shape.first_rows.size
+        words = self._verdict_words(sampled.shape[0], num_requests)
+        row_tokens, num_accepted = words[: sampled.shape[0]], words[sampled.shape[0] :]
         leading = (accepts[extra["extra_grid"]] * extra["extra_grid_within"]).view(
             num_requests, shape.max_drafts + 1
         )
-        num_accepted = leading.cumprod(dim=1).sum(dim=1)
-        row_tokens = torch.where(
+        torch.sum(leading.cumprod(dim=1), dim=1, out=num_accepted)
+        torch.where(
             extra["extra_row_offsets"] < num_accepted[extra["extra_row_request"]],
             row_drafts,
             sampled,
+            out=row_tokens,
         )
         request_slots = extra["extra_request_slots"]
         bonus_rows = extra["extra_first_rows"] + num_accepted
@@ -410,7 +417,12 @@ class DeviceDrafts:
         at = extra["extra_row_base"] + self.lengths[extra["extra_row_slots"]]
         self.history.view(-1)[at] = row_tokens.to(torch.int32)
         self.lengths.index_add_(0, request_slots, num_accepted + 1)
-        return Verdict(row_tokens, num_accepted, shape.first_rows.tolist(), positions)
+        return Verdict(row_tokens, num_accepted, shape.first_rows.tolist(), positions, words)
+
+    def _verdict_words(self, num_rows: int, num_requests: int) -> torch.Tensor:
+        """A new [rows + requests] int64 tensor for a verdict's row tokens and accept counts
+        (Verdict.words; new each step: the host's copy of the last one may be in flight)."""
+        return torch.empty(num_rows + num_requests, dtype=torch.long, device=self.device)
 
     def _judge_in_kernel(
         self,
@@ -430,7 +442,9 @@ class DeviceDrafts:
         coins = None
         if self.synthetic_acceptance is not None and shape.max_drafts:
             coins = torch.rand(sampled.shape[0], generator=self._coins, device=self.device)
+        words = self._verdict_words(sampled.shape[0], shape.first_rows.size)
         row_tokens, num_accepted = judge_(
+            words,
             sampled,
             input_ids,
             extra["extra_row_draft_index"],
@@ -446,8 +460,9 @@ class DeviceDrafts:
             self.lengths,
         )
         positions = shape.row_positions[shape.first_rows].tolist()
-        accepted = num_accepted if shape.max_drafts else None
-        return Verdict(row_tokens, accepted, shape.first_rows.tolist(), positions)
+        if not shape.max_drafts:
+            return Verdict(row_tokens, None, shape.first_rows.tolist(), positions)
+        return Verdict(row_tokens, num_accepted, shape.first_rows.tolist(), positions, words)
 
     def _record_plain(
         self,

@@ -527,16 +527,20 @@ class ModelRunner:
                 self.batch.last_sampled,
             )
             sampled = verdict.row_tokens
-            if verdict.num_accepted is not None:
-                accepted_host = _to_host(verdict.num_accepted)
         else:
             write_last_tokens(
                 self.batch.last_sampled, sampled, forward.inputs.sampling_slots,
                 forward.sampling_rows, [scheduled.draft_token_ids for scheduled in plan.scheduled],
             )
         draft_batch = self._draft(forward, sampled)
-        # The one device-to-host copy of the step (plus logprobs, only when some row asked).
-        sampled_host = _to_host(sampled)
+        # The one device-to-host copy of the step (plus logprobs, only when some row asked):
+        # a verdict's accept counts ride with the tokens.
+        if verdict is not None and verdict.words is not None:
+            words_host = _to_host(verdict.words)
+            num_rows = sampled.shape[0]
+            sampled_host, accepted_host = words_host[:num_rows], words_host[num_rows:]
+        else:
+            sampled_host = _to_host(sampled)
         if draft_batch is not None:
             draft_batch.drafts = _to_host(draft_batch.drafts)
         logprobs_host = None
