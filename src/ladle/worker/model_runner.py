@@ -486,13 +486,21 @@ class ModelRunner:
             penalty_token_ids = self.penalty_history.token_ids(penalty_rows)
         # bad_words reads the host's output ids: with overlap on, a step with such rows is
         # sampled only once the step before is read (engine/split_launch.py). A row after j
-        # drafts sees them as outputs.
-        output_token_ids = [
-            state.output_token_ids + scheduled[p].draft_token_ids[:offset]
-            if offset
-            else state.output_token_ids
-            for state, (p, offset) in zip(row_states, forward.sampling_rows)
-        ]
+        # drafts sees them as outputs. Nothing else reads them (penalties read the device's
+        # copy): a row after drafts would copy its request's whole output for nothing.
+        flags = forward.sampling_flags
+        output_token_ids = None
+        if (
+            flags is None
+            or not flags.no_logit_edits
+            or (not flags.no_penalties and penalty_token_ids is None)
+        ):
+            output_token_ids = [
+                state.output_token_ids + scheduled[p].draft_token_ids[:offset]
+                if offset
+                else state.output_token_ids
+                for state, (p, offset) in zip(row_states, forward.sampling_rows)
+            ]
         metadata = build_sampling_metadata(
             [state.sampling_params for state in row_states],
             [state.sampling_seed for state in row_states],
@@ -503,7 +511,7 @@ class ModelRunner:
             device=self.device,
             rows=forward.inputs.sampling_rows,
             penalty_token_ids=penalty_token_ids,
-            flags=forward.sampling_flags,
+            flags=flags,
         )
         masks = grammar_bitmask.wait() if grammar_bitmask is not None else None
         sampler_output = self.sampler(logits, metadata, masks)
