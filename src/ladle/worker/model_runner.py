@@ -278,7 +278,7 @@ class ModelRunner:
         if device_drafts is not None:
             draft_shape = device_drafts.shape(plan, sampling_rows)
             extra_parts = device_drafts.extra_parts(draft_shape)
-            if draft_shape.shifted.any():
+            if draft_shape.any_shifted:
                 # Its inputs are moved on the device: a graph replay copies them from there,
                 # not from words the host wrote into the graph's buffers.
                 graph_words = None

@@ -104,8 +104,9 @@ class StepInputBuilder:
         # The device buffer each staging buffer is copied into (CUDA; on the CPU the staging
         # buffer itself is used), and the views last cut from it: ((names, sizes), views).
         self._device_buffers = [torch.empty(0, dtype=torch.int32, device=device) for _ in range(2)]
-        # Per turn, bounded (_remember): (names, sizes) of a layout -> its views, and number of
-        # sampling rows -> (gathered columns, their views). Steps with drafts vary both.
+        # Per turn, bounded (remember_bounded): (names, sizes) of a layout -> its views, and
+        # number of sampling rows -> (gathered columns, their views). Steps with drafts vary
+        # both.
         self._views: list[dict[tuple, dict[str, torch.Tensor]]] = [{}, {}]
         self._sampling_gathers: list[dict[int, tuple[torch.Tensor, dict]]] = [{}, {}]
         # (num_reqs, max_blocks) -> (the graph's table, its rows, their columns): _graph_tables.
@@ -298,7 +299,7 @@ class StepInputBuilder:
         if kept is None or kept[0] is not static_tables:  # a new capture: new buffers
             rows = static_tables[:num_reqs]
             kept = (static_tables, rows, rows[:, :max_blocks])
-            _remember(self._graph_table_views, key, kept)
+            remember_bounded(self._graph_table_views, key, kept)
         return kept[1], kept[2]
 
     def _gather_sampling_rows(
@@ -315,7 +316,7 @@ class StepInputBuilder:
                 (len(ROW_DTYPES), num_rows), dtype=torch.int32, device=self.device
             )
             gathered = (columns, unpack_sampling_columns(columns))
-            _remember(self._sampling_gathers[turn], num_rows, gathered)
+            remember_bounded(self._sampling_gathers[turn], num_rows, gathered)
         batch.gather_sampling_columns(slots, out=gathered[0])
         return dict(gathered[1])
 
@@ -384,7 +385,7 @@ class StepInputBuilder:
         views = self._views[turn].get((names, sizes))
         if views is None:
             views = _split_views(on_device, names, sizes, num_wide_words)
-            _remember(self._views[turn], (names, sizes), views)
+            remember_bounded(self._views[turn], (names, sizes), views)
         return views
 
 
@@ -406,11 +407,11 @@ def _split_names(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ..
         wide = tuple(n for n in names if n in _INT64_PARTS or n.startswith("extra_"))
         narrow = tuple(n for n in names if n not in wide)
         split = (wide, narrow)
-        _remember(_SPLITS, names, split)
+        remember_bounded(_SPLITS, names, split)
     return split
 
 
-def _remember(cache: dict, key, value) -> None:
+def remember_bounded(cache: dict, key, value) -> None:
     """cache[key] = value, the cache emptied first once it holds _MAX_REMEMBERED entries (a
     steady batch uses a few; bursts of varied layouts must not grow it without bound)."""
     if len(cache) >= _MAX_REMEMBERED:
