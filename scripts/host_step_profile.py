@@ -21,6 +21,13 @@ By default the decode graph path is emulated: the runner gets a DecodeGraphs who
 run the model eagerly on the graphs' static buffers, so the step takes the graph path's code
 (the static-buffer copies, the padding) as on the GPU. --eager takes the eager path instead.
 CPU numbers: compare them with each other (before/after a change), not with the H100's.
+
+With --speculative-config, n-gram drafts are made on the host on the CPU (drafted steps then
+wait for their result) unless the config says "drafts_on_device": true, which is the GPU's
+default path (spec_decode/placement.py): add it to measure what a served GPU's drafted step
+does on the host. The CPU still takes the torch path of kernels/draft_steps.py's three
+launches (~60 ops a drafted step that are three launches on the GPU), and its verify step runs
+the model eagerly, not through the prefill graphs (step_host_ops.py emulates those).
 """
 
 from __future__ import annotations

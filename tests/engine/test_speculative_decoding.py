@@ -186,6 +186,32 @@ def test_stop_strings_and_eos_inside_accepted_drafts(engines, engine_off, method
     assert len(ended_in_a_run) >= 3
 
 
+@pytest.mark.parametrize("method", METHODS)
+def test_bad_words_see_the_drafts_before_a_row_as_outputs(engines, engine_off, method):
+    """bad_words bans a word's last token once the output ends with the rest of it: a row
+    after drafts must see them as outputs (its request's output ids plus the drafts before
+    it), or a word that ends inside a drafted run is not banned there. Each request bans a
+    pair its greedy output writes; the tokens equal those without speculation, and the bans
+    change the outputs."""
+    prompts = repetitive_prompts(12, seed=3)
+    greedy = SamplingParams(temperature=0, max_tokens=24, ignore_eos=True)
+    reference = first_token_ids(engine_off.generate(prompts, greedy, use_tqdm=False))
+    params = [
+        SamplingParams(
+            temperature=0, max_tokens=24, ignore_eos=True,
+            bad_words_token_ids=[tokens[index : index + 2]],
+        )
+        for index, tokens in zip(range(3, 100), reference)
+    ]  # fmt: skip
+    expected = first_token_ids(engine_off.generate(prompts, params, use_tqdm=False))
+    llm = engines[(method, False)]
+    before = llm.engine.get_stats().spec_decode.num_accepted_tokens
+    got = first_token_ids(llm.generate(prompts, params, use_tqdm=False))
+    assert got == expected
+    assert sum(e != r for e, r in zip(expected, reference)) >= len(prompts) // 2
+    assert llm.engine.get_stats().spec_decode.num_accepted_tokens - before > 10
+
+
 @pytest.mark.parametrize(
     ("config", "message"),
     [

@@ -54,7 +54,7 @@ def _reference(plan: StepPlan, states: RequestStates, tables: dict[str, list[int
     }
 
 
-def _check_step(builder, batch, states, tables, plan: StepPlan) -> None:
+def _check_step(builder, batch, states, tables, plan: StepPlan):
     for scheduled in plan.scheduled:
         if scheduled.new_blocks is not None:
             table = tables.setdefault(scheduled.request_id, [])
@@ -93,6 +93,7 @@ def _check_step(builder, batch, states, tables, plan: StepPlan) -> None:
     ]
     expected_temperatures = torch.tensor(temperatures, dtype=torch.float32)
     assert torch.equal(inputs.sampling_rows["temperature"], expected_temperatures)
+    return inputs
 
 
 def test_steps_match_the_per_token_reference():
@@ -186,6 +187,44 @@ def test_steps_match_the_per_token_reference():
             new_requests=[renewed],
         ),
     )
+
+
+def test_device_draft_placeholders_are_read_on_the_device():
+    """Drafts the device fills in (-1 placeholders, core/drafts_in_flight.py) behind a last
+    token still on the device: every id is read on the device, no merge with the shipped ones;
+    behind a known last token (or beside a request whose ids the host knows) the ids merge."""
+    builder = StepInputBuilder(torch.device("cpu"), BLOCK_SIZE)
+    batch = PersistentBatch(max_blocks_per_seq=8, device=torch.device("cpu"), initial_slots=4)
+    states = RequestStates()
+    tables: dict[str, list[int]] = {}
+    new = [
+        NewRequest(name, prompt, SamplingParams(temperature=0.0), 7, [0])
+        for name, prompt in (("a", [11, 12, 13]), ("b", [21, 22]))
+    ]
+
+    def check(plan: StepPlan, reads_only: bool) -> None:
+        inputs = _check_step(builder, batch, states, tables, plan)
+        assert inputs.reads_only_device_ids == reads_only
+
+    check(
+        StepPlan(
+            scheduled=[
+                ScheduledRequest("a", 3, 0, 0, BlockUpdate(0, [3])),
+                ScheduledRequest("b", 2, 0, 0, BlockUpdate(0, [4])),
+            ],
+            new_requests=new,
+        ),
+        reads_only=False,
+    )
+    # "a"'s sampled token is on the device; two drafts to fill in after it.
+    drafted = ScheduledRequest("a", 3, 3, 1, BlockUpdate(0, [3, 5]), draft_token_ids=[-1, -1])
+    check(StepPlan(scheduled=[drafted]), reads_only=True)
+    # Beside "b", whose last token the host knows.
+    states.append_tokens("b", [23])
+    check(StepPlan(scheduled=[drafted, ScheduledRequest("b", 1, 2, 1)]), reads_only=False)
+    # "a"'s token known: only the drafts are -1.
+    states.append_tokens("a", [14])
+    check(StepPlan(scheduled=[drafted]), reads_only=False)
 
 
 def test_decode_words_follow_their_layout():

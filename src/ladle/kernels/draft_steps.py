@@ -230,6 +230,7 @@ def _judge_kernel(
 
 
 def judge_(
+    words: torch.Tensor,
     sampled: torch.Tensor,
     input_ids: torch.Tensor,
     row_draft_index: torch.Tensor,
@@ -245,10 +246,11 @@ def judge_(
     lengths: torch.Tensor,
 ) -> tuple[torch.Tensor, torch.Tensor]:
     """The verdict of a sampled step (module docstring): returns (each row's emitted token,
-    each request's accepted drafts); writes the slots' last token, rejected count, history and
-    length. coins: each row's synthetic coin (None: drafts are checked against the rows)."""
-    row_tokens = torch.empty_like(sampled)
-    num_accepted = torch.empty(first_rows.shape[0], dtype=torch.long, device=sampled.device)
+    each request's accepted drafts), views of words ([rows + requests] int64, the rows first:
+    the host reads both with one copy); writes the slots' last token, rejected count, history
+    and length. coins: each row's synthetic coin (None: drafts are checked against the rows)."""
+    num_rows = sampled.shape[0]
+    row_tokens, num_accepted = words[:num_rows], words[num_rows : num_rows + first_rows.shape[0]]
     launch(
         _judge_kernel,
         (first_rows.shape[0],),

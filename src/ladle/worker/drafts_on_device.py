@@ -19,8 +19,9 @@ Every index the device needs is known to the host when it builds the step: those
 in the step's one host-to-device copy (StepInputBuilder.build's extra_parts), so the device work
 is ~75 small launches a drafted step (the n-gram ~30) and no extra copy, or three with the
 fused kernels (kernels/draft_steps.py, LADLE_DRAFT_KERNELS=1). The host reads the
-verdict with the sampled ids (one copy more); it never waits for it earlier. The history costs
-slots x (max_n + max_model_len + 32) int32 on the device, allocated as the batch's slots grow.
+verdict with the sampled ids (one tensor, one copy: Verdict.words); it never waits for it
+earlier. The history costs slots x (max_n + max_model_len + 32) int32 on the device,
+allocated as the batch's slots grow.
 On the CPU the corrected sequence lengths are read back at once (the CPU attention reads host
 lengths, and there a read costs nothing); on CUDA the host keeps the upper bounds, which the
 Triton attention reads only as bounds.
@@ -40,7 +41,7 @@ from ladle.protocol.step import StepPlan
 from ladle.worker.device_ngram import ngram_drafts
 from ladle.worker.persistent_batch import PersistentBatch
 from ladle.worker.request_states import RequestStates
-from ladle.worker.step_inputs import ExtraParts, StepInputs
+from ladle.worker.step_inputs import ExtraParts, StepInputs, remember_bounded
 
 # The fused kernels run on CUDA with the fused kernels on (kernels/dispatch.py), where they
 # measured faster than the torch path (8B shape, batch 1: 1.58 against 1.63 ms/token);
@@ -70,6 +71,9 @@ class Verdict:
     num_accepted: torch.Tensor | None  # [sampling requests] int64; None: no drafts (all 0)
     first_rows: list[int]  # [sampling requests]: each one's first sampling row
     positions: list[int]  # [sampling requests]: each one's place in the plan
+    # row_tokens then num_accepted, one tensor (the two are views of it): the host reads the
+    # verdict with one copy (and one pinned buffer), not two. None: row_tokens alone.
+    words: torch.Tensor | None = None
 
     def emitted(
         self, num_scheduled: int, row_tokens: list[int], accepted: list[int]
@@ -86,7 +90,8 @@ class Verdict:
 
 @dataclass
 class StepShape:
-    """What the host knows of one step's drafts (DeviceDrafts.shape)."""
+    """What the host knows of one step's drafts (DeviceDrafts.shape): its layout alone, so a
+    shape is shared by the steps of that layout (read only)."""
 
     num_drafts: np.ndarray  # [scheduled] drafts each verifies
     drafting: np.ndarray  # plan positions whose drafts are made on the device
@@ -95,7 +100,22 @@ class StepShape:
     row_offsets: np.ndarray  # [rows] drafts before the row
     first_rows: np.ndarray  # [sampling requests]
     max_drafts: int  # over the sampling requests
-    ngram_width: int  # history columns the drafting requests can have
+    # The same facts as host values, read per step (a numpy call each would cost more).
+    any_shifted: bool
+    max_device_drafts: int  # over the drafting requests
+    drafting_positions: list[int]
+    first_row_list: list[int]
+    sampling_positions: list[int]  # [sampling requests]: each one's place in the plan
+    # The layout's key when the shape and its index arrays are kept (DeviceDrafts.shape).
+    layout: tuple | None = None
+
+
+# Drafted steps of at most this many requests keep their shape and index arrays per layout
+# (the requests' token and draft counts, which sample, which are moved back) and slots: a
+# small batch runs the same layout step after step, and building them is ~50 numpy calls,
+# ~42 us a batch-1 step on this CPU, in series with a host-bound verify step. Larger steps
+# change layout more often than they repeat it, and their key would cost more to build.
+MAX_REMEMBERED_REQUESTS = 8
 
 
 class DeviceDrafts:
@@ -127,6 +147,9 @@ class DeviceDrafts:
         self._ones_kept = torch.ones(0, dtype=torch.long, device=device)
         self._coins = torch.Generator(device=device)
         self._coins.manual_seed(0)
+        # Small steps' shapes by layout, and their index arrays by (layout, slots): shape().
+        self._shapes: dict[tuple, StepShape] = {}
+        self._parts: dict[tuple, dict[str, np.ndarray]] = {}
 
     def _fit(self, num_slots: int) -> None:
         """Grow with the persistent batch (its slots are these rows)."""
@@ -143,7 +166,34 @@ class DeviceDrafts:
     # ----- the host's side ---------------------------------------------------------------
 
     def shape(self, plan: StepPlan, sampling_rows: list[tuple[int, int]]) -> StepShape:
+        """The step's draft layout (kept per layout for small steps: StepShape.layout)."""
         scheduled = plan.scheduled
+        layout = None
+        if len(scheduled) <= MAX_REMEMBERED_REQUESTS:
+            # What decides every array of the shape and of extra_parts but the slots
+            # (sampling_rows follow from which requests sample and their draft counts).
+            layout = tuple(
+                [
+                    (
+                        s.num_tokens,
+                        len(s.draft_token_ids),
+                        s.output_index >= 0,
+                        bool(s.draft_token_ids) and s.draft_token_ids[0] < 0,
+                        s.num_unverified_before > 0,
+                    )
+                    for s in scheduled
+                ]
+            )
+            kept = self._shapes.get(layout)
+            if kept is not None:
+                return kept
+        shape = self._new_shape(scheduled, sampling_rows)
+        if layout is not None:
+            shape.layout = layout
+            remember_bounded(self._shapes, layout, shape)
+        return shape
+
+    def _new_shape(self, scheduled: list, sampling_rows: list[tuple[int, int]]) -> StepShape:
         num_drafts = np.fromiter(
             (len(s.draft_token_ids) for s in scheduled), dtype=np.int64, count=len(scheduled)
         )
@@ -157,12 +207,6 @@ class DeviceDrafts:
         rows = np.asarray(sampling_rows, dtype=np.int64).reshape(-1, 2)
         row_positions, row_offsets = rows[:, 0], rows[:, 1]
         first_rows = np.flatnonzero(row_offsets == 0)
-        ngram_width = 0
-        if drafting.size:
-            ngram_width = 1 + max(
-                scheduled[p].num_computed_before + scheduled[p].num_tokens
-                for p in drafting.tolist()
-            )
         return StepShape(
             num_drafts=num_drafts,
             drafting=drafting,
@@ -171,11 +215,37 @@ class DeviceDrafts:
             row_offsets=row_offsets,
             first_rows=first_rows,
             max_drafts=int(num_drafts[row_positions[first_rows]].max()) if first_rows.size else 0,
-            ngram_width=min(self.max_n + ngram_width, self.width),
+            any_shifted=bool(shifted.any()),
+            max_device_drafts=int(num_drafts[drafting].max()) if drafting.size else 0,
+            drafting_positions=drafting.tolist(),
+            first_row_list=first_rows.tolist(),
+            sampling_positions=row_positions[first_rows].tolist(),
         )
 
+    def _ngram_width(self, plan: StepPlan, shape: StepShape) -> int:
+        """History columns the drafting requests can have in this step (a step's value, not
+        its layout's: it grows with the requests)."""
+        scheduled = plan.scheduled
+        width = 1 + max(
+            scheduled[p].num_computed_before + scheduled[p].num_tokens
+            for p in shape.drafting_positions
+        )
+        return min(self.max_n + width, self.width)
+
     def extra_parts(self, shape: StepShape) -> ExtraParts:
-        """The step's index arrays, for the step's one copy (StepInputBuilder.build)."""
+        """The step's index arrays, for the step's one copy (StepInputBuilder.build); kept
+        with the shape's layout and the slots (read only: the builder copies them)."""
+
+        def kept_parts(
+            slots: np.ndarray, query_start_loc: np.ndarray, logits_indices: np.ndarray
+        ) -> dict[str, np.ndarray]:
+            # query_start_loc and logits_indices follow from the layout.
+            key = (shape.layout, slots.tobytes())
+            out = self._parts.get(key)
+            if out is None:
+                out = parts(slots, query_start_loc, logits_indices)
+                remember_bounded(self._parts, key, out)
+            return out
 
         def parts(
             slots: np.ndarray, query_start_loc: np.ndarray, logits_indices: np.ndarray
@@ -231,7 +301,7 @@ class DeviceDrafts:
                 )
             return out
 
-        return parts
+        return parts if shape.layout is None else kept_parts
 
     # ----- before the forward ------------------------------------------------------------
 
@@ -251,13 +321,13 @@ class DeviceDrafts:
             self._record_new_requests(plan, batch, states)
         extra = inputs.extra
         if self.kernels:
-            return self._prepare_in_kernels(shape, inputs, input_ids, batch)
-        if shape.drafting.size:
+            return self._prepare_in_kernels(plan, shape, inputs, input_ids, batch)
+        if shape.drafting_positions:
             slots = extra["extra_draft_slots"]
             drafts = ngram_drafts(
-                self.history[slots, : shape.ngram_width],
+                self.history[slots, : self._ngram_width(plan, shape)],
                 self.lengths[slots],
-                int(shape.num_drafts[shape.drafting].max()),
+                shape.max_device_drafts,
                 self.min_n,
                 self.max_n,
             )
@@ -270,6 +340,7 @@ class DeviceDrafts:
 
     def _prepare_in_kernels(
         self,
+        plan: StepPlan,
         shape: StepShape,
         inputs: StepInputs,
         input_ids: torch.Tensor,
@@ -281,7 +352,7 @@ class DeviceDrafts:
         from ladle.kernels.draft_steps import move_back_, ngram_drafts_
 
         extra = inputs.extra
-        if shape.drafting.size:
+        if shape.drafting_positions:
             ngram_drafts_(
                 self.history,
                 self.lengths,
@@ -289,7 +360,7 @@ class DeviceDrafts:
                 extra["extra_draft_first_tokens"],
                 extra["extra_draft_counts"],
                 input_ids,
-                shape.ngram_width - self.max_n,
+                self._ngram_width(plan, shape) - self.max_n,
                 self.min_n,
                 self.max_n,
             )
@@ -376,7 +447,7 @@ class DeviceDrafts:
         """The step's verdict (module docstring); writes each sampling request's last token,
         rejected drafts and emitted tokens into its slot."""
         extra = inputs.extra
-        positions = shape.row_positions[shape.first_rows].tolist()
+        positions = shape.sampling_positions
         if self.kernels:
             return self._judge_in_kernel(shape, inputs, input_ids, sampled, last_sampled)
         if not shape.max_drafts:
@@ -392,14 +463,17 @@ class DeviceDrafts:
             coins = torch.rand(sampled.shape[0], generator=self._coins, device=self.device)
             accepts = coins < self.synthetic_acceptance
         num_requests = shape.first_rows.size
+        words = self._verdict_words(sampled.shape[0], num_requests)
+        row_tokens, num_accepted = words[: sampled.shape[0]], words[sampled.shape[0] :]
         leading = (accepts[extra["extra_grid"]] * extra["extra_grid_within"]).view(
             num_requests, shape.max_drafts + 1
         )
-        num_accepted = leading.cumprod(dim=1).sum(dim=1)
-        row_tokens = torch.where(
+        torch.sum(leading.cumprod(dim=1), dim=1, out=num_accepted)
+        torch.where(
             extra["extra_row_offsets"] < num_accepted[extra["extra_row_request"]],
             row_drafts,
             sampled,
+            out=row_tokens,
         )
         request_slots = extra["extra_request_slots"]
         bonus_rows = extra["extra_first_rows"] + num_accepted
@@ -410,7 +484,12 @@ class DeviceDrafts:
         at = extra["extra_row_base"] + self.lengths[extra["extra_row_slots"]]
         self.history.view(-1)[at] = row_tokens.to(torch.int32)
         self.lengths.index_add_(0, request_slots, num_accepted + 1)
-        return Verdict(row_tokens, num_accepted, shape.first_rows.tolist(), positions)
+        return Verdict(row_tokens, num_accepted, shape.first_row_list, positions, words)
+
+    def _verdict_words(self, num_rows: int, num_requests: int) -> torch.Tensor:
+        """A new [rows + requests] int64 tensor for a verdict's row tokens and accept counts
+        (Verdict.words; new each step: the host's copy of the last one may be in flight)."""
+        return torch.empty(num_rows + num_requests, dtype=torch.long, device=self.device)
 
     def _judge_in_kernel(
         self,
@@ -430,7 +509,9 @@ class DeviceDrafts:
         coins = None
         if self.synthetic_acceptance is not None and shape.max_drafts:
             coins = torch.rand(sampled.shape[0], generator=self._coins, device=self.device)
+        words = self._verdict_words(sampled.shape[0], shape.first_rows.size)
         row_tokens, num_accepted = judge_(
+            words,
             sampled,
             input_ids,
             extra["extra_row_draft_index"],
@@ -445,9 +526,10 @@ class DeviceDrafts:
             self.max_n,
             self.lengths,
         )
-        positions = shape.row_positions[shape.first_rows].tolist()
-        accepted = num_accepted if shape.max_drafts else None
-        return Verdict(row_tokens, accepted, shape.first_rows.tolist(), positions)
+        positions = shape.sampling_positions
+        if not shape.max_drafts:
+            return Verdict(row_tokens, None, shape.first_row_list, positions)
+        return Verdict(row_tokens, num_accepted, shape.first_row_list, positions, words)
 
     def _record_plain(
         self,

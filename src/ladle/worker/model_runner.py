@@ -278,7 +278,7 @@ class ModelRunner:
         if device_drafts is not None:
             draft_shape = device_drafts.shape(plan, sampling_rows)
             extra_parts = device_drafts.extra_parts(draft_shape)
-            if draft_shape.shifted.any():
+            if draft_shape.any_shifted:
                 # Its inputs are moved on the device: a graph replay copies them from there,
                 # not from words the host wrote into the graph's buffers.
                 graph_words = None
@@ -486,13 +486,21 @@ class ModelRunner:
             penalty_token_ids = self.penalty_history.token_ids(penalty_rows)
         # bad_words reads the host's output ids: with overlap on, a step with such rows is
         # sampled only once the step before is read (engine/split_launch.py). A row after j
-        # drafts sees them as outputs.
-        output_token_ids = [
-            state.output_token_ids + scheduled[p].draft_token_ids[:offset]
-            if offset
-            else state.output_token_ids
-            for state, (p, offset) in zip(row_states, forward.sampling_rows)
-        ]
+        # drafts sees them as outputs. Nothing else reads them (penalties read the device's
+        # copy): a row after drafts would copy its request's whole output for nothing.
+        flags = forward.sampling_flags
+        output_token_ids = None
+        if (
+            flags is None
+            or not flags.no_logit_edits
+            or (not flags.no_penalties and penalty_token_ids is None)
+        ):
+            output_token_ids = [
+                state.output_token_ids + scheduled[p].draft_token_ids[:offset]
+                if offset
+                else state.output_token_ids
+                for state, (p, offset) in zip(row_states, forward.sampling_rows)
+            ]
         metadata = build_sampling_metadata(
             [state.sampling_params for state in row_states],
             [state.sampling_seed for state in row_states],
@@ -503,7 +511,7 @@ class ModelRunner:
             device=self.device,
             rows=forward.inputs.sampling_rows,
             penalty_token_ids=penalty_token_ids,
-            flags=forward.sampling_flags,
+            flags=flags,
         )
         masks = grammar_bitmask.wait() if grammar_bitmask is not None else None
         sampler_output = self.sampler(logits, metadata, masks)
@@ -527,16 +535,20 @@ class ModelRunner:
                 self.batch.last_sampled,
             )
             sampled = verdict.row_tokens
-            if verdict.num_accepted is not None:
-                accepted_host = _to_host(verdict.num_accepted)
         else:
             write_last_tokens(
                 self.batch.last_sampled, sampled, forward.inputs.sampling_slots,
                 forward.sampling_rows, [scheduled.draft_token_ids for scheduled in plan.scheduled],
             )
         draft_batch = self._draft(forward, sampled)
-        # The one device-to-host copy of the step (plus logprobs, only when some row asked).
-        sampled_host = _to_host(sampled)
+        # The one device-to-host copy of the step (plus logprobs, only when some row asked):
+        # a verdict's accept counts ride with the tokens.
+        if verdict is not None and verdict.words is not None:
+            words_host = _to_host(verdict.words)
+            num_rows = sampled.shape[0]
+            sampled_host, accepted_host = words_host[:num_rows], words_host[num_rows:]
+        else:
+            sampled_host = _to_host(sampled)
         if draft_batch is not None:
             draft_batch.drafts = _to_host(draft_batch.drafts)
         logprobs_host = None

@@ -69,8 +69,10 @@ class StepInputs:
     # device), else None.
     token_slots: torch.Tensor | None
     sampling_slots: torch.Tensor  # [num_sampling_reqs] int64 slot of each sampling request
-    # Every input id is -1 (a decode step whose tokens are all still on the device): the ids
-    # are the gather at token_slots alone, no merge with the shipped ones.
+    # Every input id is -1: each token is still on the device or is a draft the device fills
+    # in after (drafts_on_device.py). The ids are then the gather at token_slots alone, no
+    # merge with the shipped ones (a drafted batch-1 step in flight: two launches fewer; the
+    # drafts' rows read their slot's last token, as the merge gave them, until filled in).
     reads_only_device_ids: bool = False
     # A decode step whose graph inputs (but the ids) are in the graph's static buffers already.
     graph_inputs_written: bool = False
@@ -102,8 +104,9 @@ class StepInputBuilder:
         # The device buffer each staging buffer is copied into (CUDA; on the CPU the staging
         # buffer itself is used), and the views last cut from it: ((names, sizes), views).
         self._device_buffers = [torch.empty(0, dtype=torch.int32, device=device) for _ in range(2)]
-        # Per turn, bounded (_remember): (names, sizes) of a layout -> its views, and number of
-        # sampling rows -> (gathered columns, their views). Steps with drafts vary both.
+        # Per turn, bounded (remember_bounded): (names, sizes) of a layout -> its views, and
+        # number of sampling rows -> (gathered columns, their views). Steps with drafts vary
+        # both.
         self._views: list[dict[tuple, dict[str, torch.Tensor]]] = [{}, {}]
         self._sampling_gathers: list[dict[int, tuple[torch.Tensor, dict]]] = [{}, {}]
         # (num_reqs, max_blocks) -> (the graph's table, its rows, their columns): _graph_tables.
@@ -170,6 +173,7 @@ class StepInputBuilder:
 
         chunks = []
         num_device_ids = 0
+        num_device_drafts = 0
         for request_id, request, c in zip(request_ids, scheduled, computed.tolist()):
             drafts = request.draft_token_ids
             n = request.num_tokens - len(drafts)
@@ -177,7 +181,12 @@ class StepInputBuilder:
             if len(chunk) < n:  # the last token is still being sampled on the device
                 num_device_ids += n - len(chunk)
                 chunk = chunk + [-1] * (n - len(chunk))
-            chunks.append(chunk + drafts if drafts else chunk)
+            if drafts:
+                if drafts[0] < 0:  # placeholders the device drafter fills in (all -1)
+                    num_device_drafts += len(drafts)
+                chunks.append(chunk + drafts)
+            else:
+                chunks.append(chunk)
         input_ids = np.fromiter(
             itertools.chain.from_iterable(chunks), dtype=np.int64, count=num_tokens
         )
@@ -270,7 +279,8 @@ class StepInputBuilder:
             sampling_rows=sampling_rows,
             token_slots=device_views.get("token_slots"),
             sampling_slots=device_views["sampling_slots"],
-            reads_only_device_ids=num_device_ids == num_tokens,
+            reads_only_device_ids=bool(num_device_ids)
+            and num_device_ids + num_device_drafts == num_tokens,
             graph_inputs_written=graph_batch is not None,
             request_slots=device_views["request_slots"],
             extra=(
@@ -289,7 +299,7 @@ class StepInputBuilder:
         if kept is None or kept[0] is not static_tables:  # a new capture: new buffers
             rows = static_tables[:num_reqs]
             kept = (static_tables, rows, rows[:, :max_blocks])
-            _remember(self._graph_table_views, key, kept)
+            remember_bounded(self._graph_table_views, key, kept)
         return kept[1], kept[2]
 
     def _gather_sampling_rows(
@@ -306,7 +316,7 @@ class StepInputBuilder:
                 (len(ROW_DTYPES), num_rows), dtype=torch.int32, device=self.device
             )
             gathered = (columns, unpack_sampling_columns(columns))
-            _remember(self._sampling_gathers[turn], num_rows, gathered)
+            remember_bounded(self._sampling_gathers[turn], num_rows, gathered)
         batch.gather_sampling_columns(slots, out=gathered[0])
         return dict(gathered[1])
 
@@ -375,7 +385,7 @@ class StepInputBuilder:
         views = self._views[turn].get((names, sizes))
         if views is None:
             views = _split_views(on_device, names, sizes, num_wide_words)
-            _remember(self._views[turn], (names, sizes), views)
+            remember_bounded(self._views[turn], (names, sizes), views)
         return views
 
 
@@ -397,11 +407,11 @@ def _split_names(names: tuple[str, ...]) -> tuple[tuple[str, ...], tuple[str, ..
         wide = tuple(n for n in names if n in _INT64_PARTS or n.startswith("extra_"))
         narrow = tuple(n for n in names if n not in wide)
         split = (wide, narrow)
-        _remember(_SPLITS, names, split)
+        remember_bounded(_SPLITS, names, split)
     return split
 
 
-def _remember(cache: dict, key, value) -> None:
+def remember_bounded(cache: dict, key, value) -> None:
     """cache[key] = value, the cache emptied first once it holds _MAX_REMEMBERED entries (a
     steady batch uses a few; bursts of varied layouts must not grow it without bound)."""
     if len(cache) >= _MAX_REMEMBERED:
