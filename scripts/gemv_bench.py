@@ -2,7 +2,8 @@
 shapes one rank of a tensor-parallel group reads (column-parallel qkv / gate_up / LM head keep
 K and split N; row-parallel o / down split K).
 
-    python scripts/gemv_bench.py [--model llama-3.1-8b|llama-3.1-70b] [--tp 1 2 4] [--json out.json]
+    python scripts/gemv_bench.py [--model llama-3.1-8b|llama-3.1-70b|qwen3-0.6b|qwen3-30b-a3b]
+        [--tp 1 2 4] [--json out.json]
 
 Each case runs 24 calls back to back inside one CUDA graph (as a decode graph runs them), each
 on its own weight (a ring larger than the 50 MB L2, so every call reads HBM), random bf16
@@ -30,6 +31,21 @@ MODELS = {  # name: (N, K) of each weight at one GPU
         "down": (4096, 14336),
         "lm_head": (128256, 4096),
     },
+    # Small shapes, where a decode step is many short GEMVs (issues 35, 38): the 0.6B's N = 1024
+    # projections give the default tile few programs.
+    "qwen3-0.6b": {
+        "qkv": (4096, 1024),
+        "o": (1024, 2048),
+        "gate_up": (6144, 1024),
+        "down": (1024, 3072),
+        "lm_head": (151936, 1024),
+    },
+    "qwen3-30b-a3b": {  # the attention projections and the router; the experts: moe_tile_sweep.py
+        "qkv": (5120, 2048),
+        "o": (2048, 4096),
+        "router": (128, 2048),
+        "lm_head": (151936, 2048),
+    },
     "llama-3.1-70b": {
         "qkv": (10240, 8192),
         "o": (8192, 8192),
@@ -39,13 +55,17 @@ MODELS = {  # name: (N, K) of each weight at one GPU
     },
 }
 ROW_PARALLEL = ("o", "down")  # split along K; the others along N
+REPLICATED = ("router",)  # every rank holds it whole
 
 
 def rank_shapes(model: str, tp: int) -> dict[str, tuple[int, int]]:
     """Each weight's (N, K) on one rank of a TP group of size tp."""
     shapes = {}
     for name, (n, k) in MODELS[model].items():
-        shapes[name] = (n, k // tp) if name in ROW_PARALLEL else (n // tp, k)
+        if name in REPLICATED:
+            shapes[name] = (n, k)
+        else:
+            shapes[name] = (n, k // tp) if name in ROW_PARALLEL else (n // tp, k)
     return shapes
 
 
