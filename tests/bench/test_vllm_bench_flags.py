@@ -82,3 +82,18 @@ def test_random_lengths_without_the_random_dataset_are_refused():
     args = build_parser().parse_args(["bench", "serve", "--random-input-len", "8"])
     with pytest.raises(ValueError, match="--random-input-len .* --dataset-name random"):
         apply_vllm_spellings(args)
+
+
+def test_logprobs_flag_reaches_every_request():
+    """`--temperature 0.6 --logprobs 0` runs W3 with S1's served sampling options (the sampled
+    token's logprob each step, as `ladle bench serve --token-ids` asks)."""
+    from ladle.bench.workloads import build_requests
+
+    args = build_parser().parse_args(
+        ["bench", "latency", "--workload", "W3", "--temperature", "0.6", "--logprobs", "0"]
+    )
+    workload = _workload_from_args(args)
+    params = build_requests(workload)[0].core_request("r").sampling_params
+    assert (params.temperature, params.logprobs) == (0.6, 0)
+    default = _workload_from_args(build_parser().parse_args(["bench", "latency"]))
+    assert build_requests(default)[0].core_request("r").sampling_params.logprobs is None

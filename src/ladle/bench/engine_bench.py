@@ -263,6 +263,8 @@ def _workload_from_args(args: argparse.Namespace) -> TokenWorkload:
         changes["num_requests"] = args.num_requests
     if args.temperature is not None:
         changes["temperature"] = args.temperature
+    if args.logprobs is not None:
+        changes["logprobs"] = args.logprobs
     return replace(workload, **changes) if changes else workload
 
 
@@ -613,6 +615,11 @@ def add_bench_parsers(commands) -> None:
         sub.add_argument("--output-len", type=int, nargs="+", default=None, metavar="LEN",
                          help="LEN (every output, as vLLM's flag) or MIN MAX")
         sub.add_argument("--temperature", type=float, default=None)
+        sub.add_argument(
+            "--logprobs", type=int, default=None, metavar="K",
+            help="each request asks for K top logprobs (0: the sampled token's alone, as "
+            "`ladle bench serve --token-ids` asks)",
+        )
         sub.add_argument("--runs", "--num-iters", type=int, default=3,
                          help="timed runs; the median is reported")
         sub.add_argument("--peer", choices=["none", "hf"], default="none")

@@ -39,6 +39,9 @@ class TokenWorkload:
     seed: int = 0
     fixed_input_len: int | None = None  # W3: one exact prompt length instead of a range
     concurrency: tuple[int, ...] = ()  # served workloads: the in-flight levels to run at
+    # Logprobs each request asks for (None: none). `--logprobs 0` asks, as `ladle bench serve
+    # --token-ids` does, for the sampled token's logprob alone: the served request's step.
+    logprobs: int | None = None
 
 
 @dataclass(frozen=True)
@@ -50,6 +53,7 @@ class WorkloadRequest:
     temperature: float
     seed: int
     ignore_eos: bool = True  # token-id workloads run to max_tokens; text ones (edit) stop at EOS
+    logprobs: int | None = None
 
     def core_request(self, request_id: str, max_tokens: int | None = None) -> EngineCoreRequest:
         """The engine-core request that runs it: EOS ignored, its own seed; max_tokens replaces
@@ -62,6 +66,7 @@ class WorkloadRequest:
                 max_tokens=self.max_tokens if max_tokens is None else max_tokens,
                 ignore_eos=self.ignore_eos,
                 seed=self.seed,
+                logprobs=self.logprobs,
             ),
         )
 
@@ -114,7 +119,11 @@ def build_requests(
             length = rng.randint(*workload.input_len)
         prompt = [rng.randint(0, workload.max_token_id) for _ in range(length)]
         max_tokens = rng.randint(*workload.output_len)
-        requests.append(WorkloadRequest(prompt, max_tokens, workload.temperature, seed=index))
+        requests.append(
+            WorkloadRequest(
+                prompt, max_tokens, workload.temperature, seed=index, logprobs=workload.logprobs
+            )
+        )
     return requests
 
 
