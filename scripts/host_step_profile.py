@@ -1,7 +1,7 @@
 """The host's work per decode step at batch 1, measured on the CPU (issue 8, W3).
 
     python scripts/host_step_profile.py [--steps 200] [--no-async-scheduling] [--eager]
-        [--no-phases] [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
+        [--no-phases] [--temperature T] [--logprobs K] [--speculative-config '{"method": "ngram", "num_speculative_tokens": 4,
                                 "adaptive": false, "synthetic_acceptance": 0.6}']
 
 W3 on the H100 is host-bound: the GPU waits for the Python that schedules, builds the inputs,
@@ -16,6 +16,11 @@ and reports:
 - the aten ops a decode step dispatches outside the model forward (a TorchDispatchMode with
   the forward excluded), by name: on CUDA nearly each is one kernel launch (a copy, a gather)
   at ~9 us of host time each, except views, which this count leaves out.
+
+--temperature 0.6 --logprobs 0 gives the request S1's served sampling options (`ladle bench
+serve --token-ids` asks for the sampled token's logprob) instead of W3's greedy ones. On the CPU
+a random row draws through the torch path (sample/rng.py: ~70 ops a step) where CUDA runs one
+fused kernel pair, so only the logprob path's ops compare with the GPU's.
 
 By default the decode graph path is emulated: the runner gets a DecodeGraphs whose "graphs"
 run the model eagerly on the graphs' static buffers, so the step takes the graph path's code
@@ -61,7 +66,13 @@ def _generate(llm, timer: PhaseTimer, counter: SiteOpCounter, args, count_ops: b
     """One W3-like request through LLM._drive's loop; times (or counts the ops of) the decode
     steps after WARM_UP_STEPS. Returns the step times, the tokens and the cProfile, if any."""
     engine = llm.engine
-    params = SamplingParams(temperature=0.0, max_tokens=args.steps + WARM_UP_STEPS + 4)
+    params = SamplingParams(
+        temperature=args.temperature,
+        max_tokens=args.steps + WARM_UP_STEPS + 4,
+        logprobs=args.logprobs,
+        seed=0,
+        ignore_eos=True,
+    )
     prompt = [(7 * i + 3) % 4000 + 10 for i in range(args.prompt_len)]
     llm._submit(f"profile-{count_ops}", None, prompt, params, time.monotonic(), 0)
     step_times: list[float] = []
@@ -95,6 +106,10 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=200, help="decode steps measured")
     parser.add_argument("--prompt-len", type=int, default=512)
+    # W3 is greedy without logprobs; S1 through `ladle bench serve --token-ids` samples at 0.6
+    # and asks for the sampled token's logprob (--temperature 0.6 --logprobs 0).
+    parser.add_argument("--temperature", type=float, default=0.0)
+    parser.add_argument("--logprobs", type=int, default=None)
     parser.add_argument("--async-scheduling", action=argparse.BooleanOptionalAction, default=True)
     parser.add_argument("--eager", action="store_true", help="the eager path, no emulated graphs")
     parser.add_argument("--cprofile", type=int, default=0, help="also print the N costliest calls")
@@ -159,6 +174,8 @@ def main() -> None:
             {
                 "path": "eager" if args.eager else "emulated graphs",
                 "speculative_config": args.speculative_config,
+                "temperature": args.temperature,
+                "logprobs": args.logprobs,
                 "async_scheduling": args.async_scheduling,
                 "steps": len(step_times),
                 "step_us_median": round(statistics.median(step_times) * 1e6, 1),
