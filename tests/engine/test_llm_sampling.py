@@ -111,3 +111,32 @@ def test_logprobs_match_greedy_choice(llm):
         for token_id, position in zip(completion.token_ids, completion.logprobs)
     )
     assert math.isclose(completion.cumulative_logprob, expected_sum, rel_tol=1e-6)
+
+
+def test_sampled_token_logprob_alone_matches_top_k_and_the_prompt_logprobs_reference(llm):
+    """`logprobs: 0` (every token-id stream of `ladle bench serve`) takes the sampler's short
+    path and the runner's packed copy: the seeded tokens are those of a request without
+    logprobs, the sampled logprob and rank those a top-3 request reports, and the logprob the
+    model's own log-softmax at that position (the prompt logprobs of prompt + output)."""
+    def run(num_logprobs):
+        params = SamplingParams(
+            temperature=0.8, seed=7, max_tokens=10, ignore_eos=True, logprobs=num_logprobs
+        )
+        return llm.generate([PROMPTS[2]], params, use_tqdm=False)[0].outputs[0]
+
+    plain, alone, top = run(None), run(0), run(3)
+    assert alone.token_ids == plain.token_ids == top.token_ids
+    assert len(alone.logprobs) == len(alone.token_ids)
+    for token_id, only, with_top in zip(alone.token_ids, alone.logprobs, top.logprobs):
+        assert list(only) == [token_id]
+        assert only[token_id].logprob == with_top[token_id].logprob
+        assert only[token_id].rank == with_top[token_id].rank
+    sequence = PROMPTS[2] + list(alone.token_ids)
+    reference = llm.generate(
+        [sequence], SamplingParams(max_tokens=1, prompt_logprobs=0), use_tqdm=False
+    )[0].prompt_logprobs
+    for index, token_id in enumerate(alone.token_ids):
+        expected = reference[len(PROMPTS[2]) + index][token_id]
+        assert math.isclose(alone.logprobs[index][token_id].logprob, expected.logprob,
+                            rel_tol=1e-4, abs_tol=1e-4)
+        assert alone.logprobs[index][token_id].rank == expected.rank

@@ -105,3 +105,33 @@ def test_sampled_and_stopping_rows_identical_with_overlap_on_and_off(model_path)
     assert device_reads > 0
     assert got == want
     assert all(want[i][1] == "stop" for i in range(0, 48, 3))
+
+
+def test_sampled_token_logprob_alone_matches_a_top_k_request(model_path):
+    """`logprobs: 0` (every token-id stream of `ladle bench serve`) on the overlapped graph path:
+    the sampler's short path (no top-k, no joins) and the runner's one packed copy of the
+    logprob tensors give the seeded tokens of a request without logprobs, and the sampled
+    logprob and rank a top-3 request reports, bit for bit."""
+    rng = random.Random(2)
+    prompts = [[rng.randrange(4, 500) for _ in range(rng.randint(5, 300))] for _ in range(6)]
+    # No prefix cache: a cached prompt's first token comes from another launch than a prefill's.
+    llm = LLM(
+        str(model_path), dtype="bfloat16", num_kv_blocks=4096, max_num_seqs=64,
+        max_num_batched_tokens=1024, async_scheduling=True, enable_prefix_caching=False,
+    )
+
+    def run(num_logprobs):
+        params = [
+            SamplingParams(temperature=0.6, seed=index, max_tokens=16, ignore_eos=True,
+                           logprobs=num_logprobs)
+            for index in range(len(prompts))
+        ]
+        return [o.outputs[0] for o in llm.generate(prompts, params, use_tqdm=False)]
+
+    plain, alone, top = run(None), run(0), run(3)
+    for without, only, with_top in zip(plain, alone, top):
+        assert only.token_ids == without.token_ids == with_top.token_ids
+        for token_id, entry, top_entry in zip(only.token_ids, only.logprobs, with_top.logprobs):
+            assert list(entry) == [token_id]
+            assert entry[token_id].logprob == top_entry[token_id].logprob
+            assert entry[token_id].rank == top_entry[token_id].rank

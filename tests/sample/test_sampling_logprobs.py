@@ -1,9 +1,11 @@
 """Logprobs and ranks of the raw distribution, and their conversion into TokenLogprobs."""
 
+import pytest
 import torch
 
 from ladle.protocol.messages import TokenLogprobs
 from ladle.sample import Sampler, SamplerOutput, build_sampling_metadata, logprobs_to_messages
+from ladle.sample.logprobs import gather_logprobs, pack_logprobs, unpack_logprobs
 from ladle.sampling.params import SamplingParams
 
 VOCAB = 300
@@ -70,3 +72,39 @@ def test_messages_trim_to_each_requests_own_k() -> None:
     assert messages[0] == TokenLogprobs(token_id=4, logprob=-1.5, rank=2, top_token_ids=[1, 4, 5],
                                         top_logprobs=[-0.5, -1.5, -2.0])
     assert messages[2] == TokenLogprobs(token_id=2, logprob=-2.5, rank=3)
+
+
+def test_sampled_token_alone_equals_the_first_column_of_a_top_k_request() -> None:
+    """logprobs=0 skips the top-k and the joins; its sampled logprob and rank are the same
+    numbers, bit for bit, as a request for top candidates gets in column 0."""
+    generator = torch.Generator().manual_seed(3)
+    raw = torch.log_softmax(torch.randn(5, VOCAB, generator=generator) * 3, dim=-1)
+    sampled = torch.tensor([0, 7, VOCAB - 1, 42, 7])
+    alone_ids, alone_logprobs, alone_ranks = gather_logprobs(raw, sampled, 0)
+    top_ids, top_logprobs, top_ranks = gather_logprobs(raw, sampled, 4)
+    assert alone_ids.shape == alone_logprobs.shape == (5, 1)
+    assert torch.equal(alone_ids, top_ids[:, :1]) and torch.equal(alone_ids[:, 0], sampled)
+    assert torch.equal(alone_logprobs, top_logprobs[:, :1])
+    assert torch.equal(alone_ranks, top_ranks)
+    expected_ranks = [int((raw[row] > raw[row, sampled[row]]).sum()) + 1 for row in range(5)]
+    assert alone_ranks.tolist() == expected_ranks
+
+
+@pytest.mark.parametrize("num_logprobs", [0, 1, 5])
+@pytest.mark.parametrize("num_rows", [1, 3])
+def test_packed_logprobs_unpack_to_the_same_tensors(num_logprobs: int, num_rows: int) -> None:
+    """The runner copies a step's logprob tensors to the host as one byte buffer."""
+    generator = torch.Generator().manual_seed(num_rows * 10 + num_logprobs)
+    raw = torch.log_softmax(torch.randn(num_rows, VOCAB, generator=generator), dim=-1)
+    sampled = torch.randint(0, VOCAB, (num_rows,), generator=generator)
+    token_ids, logprobs, ranks = gather_logprobs(raw, sampled, num_logprobs)
+    output = SamplerOutput(sampled, token_ids, logprobs, ranks)
+    packed = pack_logprobs(output)
+    assert packed.dtype == torch.uint8 and packed.dim() == 1
+    unpacked = unpack_logprobs(packed.clone(), sampled, num_logprobs + 1)
+    assert torch.equal(unpacked.sampled_token_ids, sampled)
+    assert torch.equal(unpacked.logprob_token_ids, token_ids)
+    assert torch.equal(unpacked.logprobs, logprobs)
+    assert torch.equal(unpacked.sampled_ranks, ranks)
+    width = [num_logprobs] * num_rows
+    assert logprobs_to_messages(unpacked, width) == logprobs_to_messages(output, width)

@@ -28,13 +28,13 @@ the device (penalty_history.py).
 from __future__ import annotations
 
 import random
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import torch
 
 from ladle.distributed.pipeline import SINGLE_STAGE, PipelineStage
 from ladle.protocol.step import KV_PULL, KVTransferStats, StepPlan, StepResult
-from ladle.sample.logprobs import logprobs_to_messages
+from ladle.sample.logprobs import logprobs_to_messages, pack_logprobs, unpack_logprobs
 from ladle.sample.metadata import SamplingFlags, build_sampling_metadata
 from ladle.sample.output import SamplerOutput
 from ladle.sample.rejection import emitted_tokens, synthetic_emitted_tokens
@@ -153,6 +153,17 @@ def _to_host(tensor: torch.Tensor) -> torch.Tensor:
         return tensor
     host = torch.empty(tensor.shape, dtype=tensor.dtype, pin_memory=True)
     return host.copy_(tensor, non_blocking=True)
+
+
+def _logprobs_to_host(output: SamplerOutput, sampled_host: torch.Tensor) -> SamplerOutput:
+    """The step's logprob tensors on the host: one packed copy where they need one (three
+    copies cost a GPU step at batch 1 two more launches and pinned buffers); the CPU's are
+    final already."""
+    assert output.logprobs is not None
+    if output.logprobs.device.type == "cpu":
+        return replace(output, sampled_token_ids=sampled_host)
+    packed = _to_host(pack_logprobs(output))
+    return unpack_logprobs(packed, sampled_host, output.logprobs.shape[1])
 
 
 class ModelRunner:
@@ -553,12 +564,7 @@ class ModelRunner:
             draft_batch.drafts = _to_host(draft_batch.drafts)
         logprobs_host = None
         if metadata.flags.max_num_logprobs is not None:
-            logprobs_host = SamplerOutput(
-                sampled_token_ids=sampled_host,
-                logprob_token_ids=_to_host(sampler_output.logprob_token_ids),
-                logprobs=_to_host(sampler_output.logprobs),
-                sampled_ranks=_to_host(sampler_output.sampled_ranks),
-            )
+            logprobs_host = _logprobs_to_host(sampler_output, sampled_host)
         copied = None
         if self.device.type == "cuda":
             copied = torch.cuda.Event()
