@@ -3,7 +3,7 @@ by phase (issue 38: the GPU was busy 73.4% of W1's decode, 482 copies in 96 step
 
     python scripts/step_host_ops.py [--requests 128] [--steps 32] [--prompt-len 32]
         [--device cpu|cuda] [--eager] [--speculative-config JSON] [--python-profile N]
-        [--json PATH]
+        [--temperature T] [--logprobs K] [--json PATH]
 
 Runs the engine (LLM's loop: engine.step, then output processing) on --requests greedy requests
 of --prompt-len tokens, and over --steps steady decode steps (every request past its prompt):
@@ -92,7 +92,8 @@ def _run(llm: LLM, args, tag: str, on_step) -> list[float]:
     is measured. Returns each measured step's host seconds (thread time)."""
     engine = llm.engine
     params = SamplingParams(
-        temperature=args.temperature, max_tokens=args.steps + WARM_UP_STEPS + 8, ignore_eos=True
+        temperature=args.temperature, max_tokens=args.steps + WARM_UP_STEPS + 8, ignore_eos=True,
+        logprobs=args.logprobs,
     )
     vocab = engine.vocab_size
     for index in range(args.requests):
@@ -282,6 +283,8 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=32, help="steady decode steps measured")
     parser.add_argument("--prompt-len", type=int, default=32)
     parser.add_argument("--temperature", type=float, default=0.0)
+    # S1 through `ladle bench serve --token-ids` asks for the sampled token's logprob: 0.
+    parser.add_argument("--logprobs", type=int, default=None)
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--eager", action="store_true", help="no (emulated) graphs")
     parser.add_argument(
@@ -312,6 +315,7 @@ def main() -> None:
         "device": args.device,
         "requests": args.requests,
         "temperature": args.temperature,
+        "logprobs": args.logprobs,
         "path": "eager" if args.eager else "graphs",
     }
     # Timing first: the dispatch mode of the count slows every op down.
