@@ -1,6 +1,7 @@
-"""The fused Triton kernels (kernels/{rms_norm,rotary,activation,gumbel_sample}.py) against the
-torch code they replace, at awkward sizes: rows 1, 7, a block, a block + 1 and long; hidden sizes
-that are not powers of two; strided views as the model passes them; and inside a CUDA graph.
+"""The fused Triton kernels (kernels/{rms_norm,rotary,activation,gumbel_sample,sampled_logprob}.py)
+against the torch code they replace, at awkward sizes: rows 1, 7, a block, a block + 1 and long;
+hidden sizes that are not powers of two; strided views as the model passes them; and inside a
+CUDA graph.
 
 The torch reference is each layer's own CPU-path code, run on the same device with the fused
 kernels switched off (ladle.kernels.dispatch.set_fused_kernels).
@@ -386,6 +387,71 @@ def test_sampler_tokens_identical_with_fused_kernels(params, num_reqs, logits_dt
         actual = sampler(logits, metadata).sampled_token_ids
     assert torch.equal(actual, expected)
     assert torch.equal(logits, before)  # the caller's logits are never changed
+
+
+@pytest.mark.parametrize("num_reqs,vocab_size", [(1, 151936), (1, 128256), (3, 8193), (7, 5000)])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_sampled_logprob_and_rank_match_the_torch_path(num_reqs, vocab_size, dtype):
+    """kernels/sampled_logprob.py (`logprobs: 0`) against the torch path (float32 log-softmax,
+    gather, strictly-greater count): the same ranks, the logprob within float32 rounding of a
+    long sum (both against float64), ties sharing the best rank."""
+    from ladle.kernels.sampled_logprob import sampled_logprob_and_rank
+    from ladle.sample.logprobs import gather_logprobs
+
+    generator = torch.Generator(device="cuda").manual_seed(vocab_size + num_reqs)
+    logits = (torch.randn(num_reqs, vocab_size, device="cuda", generator=generator) * 4).to(dtype)
+    sampled = torch.randint(0, vocab_size, (num_reqs,), device="cuda", generator=generator)
+    logits[0, 10] = logits[0, vocab_size - 3] = logits[0].max() + 1  # a tie across chunks
+    sampled[0] = vocab_size - 3
+    token_ids, logprobs, ranks = sampled_logprob_and_rank(logits, sampled)
+    expected_ids, expected_logprobs, expected_ranks = gather_logprobs(
+        torch.log_softmax(logits.float(), dim=-1), sampled, 0
+    )
+    exact = torch.log_softmax(logits.double(), dim=-1).gather(1, sampled[:, None].long())
+    assert torch.equal(token_ids, expected_ids)
+    assert torch.equal(ranks, expected_ranks) and ranks[0].item() == 1
+    torch.testing.assert_close(logprobs, expected_logprobs, rtol=1e-6, atol=2e-6)
+    torch.testing.assert_close(logprobs.double(), exact, rtol=1e-6, atol=2e-6)
+
+
+@pytest.mark.parametrize("logits_dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("num_reqs", [1, 7])
+def test_sampler_sampled_logprob_alone_leaves_tokens_and_matches_the_torch_path(
+    num_reqs, logits_dtype
+):
+    """logprobs=0 on CUDA takes kernels/sampled_logprob.py, not a float32 copy and a full
+    log-softmax: the seeded tokens are those of the torch path, the ranks too, the logprobs
+    within float32 rounding; penalised rows report the raw distribution's."""
+    from ladle import SamplingParams
+    from ladle.sample.metadata import build_sampling_metadata
+    from ladle.sample.sampler import Sampler
+
+    vocab_size = 151936
+    generator = torch.Generator(device="cuda").manual_seed(num_reqs)
+    logits = (torch.randn(num_reqs, vocab_size, generator=generator, device="cuda") * 3).bfloat16()
+    logits = logits.to(logits_dtype)
+    sampling = [
+        SamplingParams(
+            temperature=(0.6, 0.0, 1.0)[row % 3], seed=row, logprobs=0,
+            repetition_penalty=1.3 if row == 2 else 1.0,
+        )
+        for row in range(num_reqs)
+    ]
+    metadata = build_sampling_metadata(
+        sampling, seeds=list(range(num_reqs)), num_output_tokens=[3] * num_reqs,
+        vocab_size=vocab_size, prompt_token_ids=[[row, 7] for row in range(num_reqs)],
+        output_token_ids=[[row * 5] for row in range(num_reqs)], device="cuda",
+    )
+    before = logits.clone()
+    with fused(False):
+        expected = Sampler()(logits, metadata)
+    with fused(True):
+        actual = Sampler()(logits, metadata)
+    assert torch.equal(logits, before)
+    assert torch.equal(actual.sampled_token_ids, expected.sampled_token_ids)
+    assert torch.equal(actual.logprob_token_ids, expected.logprob_token_ids)
+    assert torch.equal(actual.sampled_ranks, expected.sampled_ranks)
+    torch.testing.assert_close(actual.logprobs, expected.logprobs, rtol=1e-6, atol=2e-6)
 
 
 def test_kernels_replay_in_a_cuda_graph():

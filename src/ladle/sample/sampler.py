@@ -3,7 +3,8 @@
 Order, per row: grammar bitmask (constrained rows only) -> min_tokens bans -> repetition /
 frequency / presence penalties -> greedy rows take the argmax of the penalised logits ->
 temperature -> min-p -> top-k -> top-p -> sample. Logprobs are those of the raw logits, before
-any of it.
+any of it; on CUDA a batch whose requests ask for the sampled token's alone (`logprobs: 0`) gets
+it from kernels/sampled_logprob.py, without a log-softmax over the whole vocabulary.
 
 No Python loop over requests or the vocabulary and no host sync: what differs per request is a row
 tensor, what the whole batch can skip is a host flag (SamplingFlags). Random rows draw with the
@@ -47,6 +48,12 @@ class Sampler(nn.Module):
         raw_logits = logits
         # The fused draw reads the logits without changing them: no copy when nothing else does.
         fused = use_fused_kernels(logits)
+        num_logprobs = flags.max_num_logprobs
+        # The sampled token's logprob alone (`logprobs: 0`) reads the raw logits after the draw
+        # (kernels/sampled_logprob.py): no float32 copy and no full log-softmax for it.
+        # (Not with a draft model's probabilities: that draw divides the logits in place.)
+        sampled_logprob_only = fused and num_logprobs == 0 and metadata.draft_probs is None
+        needs_log_softmax = num_logprobs is not None and not sampled_logprob_only
         only_reads = flags.all_greedy or (
             fused and flags.no_min_p and flags.no_top_k and flags.no_top_p
         )
@@ -60,10 +67,10 @@ class Sampler(nn.Module):
         # The fused kernels read any float dtype and work in float32 (widening is exact), so 16-bit
         # logits that are only read need no float32 copy of the whole [num_reqs, vocab] (0.1 ms
         # at 256 rows of a 128k vocabulary on an H100).
-        if may_modify or flags.max_num_logprobs is not None or not fused:
+        if may_modify or needs_log_softmax or not fused:
             logits = logits.to(torch.float32)
         raw_logprobs = None
-        if flags.max_num_logprobs is not None:
+        if needs_log_softmax:
             raw_logprobs = torch.log_softmax(logits, dim=-1)
         if may_modify and logits is raw_logits:
             logits = logits.clone()  # every step below works in place; the caller's tensor stays
@@ -92,9 +99,18 @@ class Sampler(nn.Module):
             )
         sampled = self._sample(logits, metadata)
 
-        if raw_logprobs is None:
+        if num_logprobs is None:
             return SamplerOutput(sampled_token_ids=sampled)
-        token_ids, logprobs, ranks = gather_logprobs(raw_logprobs, sampled, flags.max_num_logprobs)
+        if sampled_logprob_only:
+            # Imported here: a Triton kernel's file loads only once it runs (a CPU install has no
+            # triton; tests/model/test_fused_kernel_dispatch.py). raw_logits is unchanged: every
+            # step above that works in place works on a copy.
+            from ladle.kernels.sampled_logprob import sampled_logprob_and_rank
+
+            token_ids, logprobs, ranks = sampled_logprob_and_rank(raw_logits, sampled)
+        else:
+            assert raw_logprobs is not None
+            token_ids, logprobs, ranks = gather_logprobs(raw_logprobs, sampled, num_logprobs)
         return SamplerOutput(
             sampled_token_ids=sampled,
             logprob_token_ids=token_ids,
