@@ -78,9 +78,15 @@ def triton_gemv(x, w, out, block_n, block_k, warps, stages):
         out,
         n,
         k,
+        x,  # no norm prologue: its operands unused
+        x,
+        x,
+        0.0,
         HAS_BIAS=False,
         BLOCK_N=block_n,
         BLOCK_K=min(block_k, k),
+        NORM=False,
+        HAS_RESIDUAL=False,
         num_warps=warps,
         num_stages=stages,
     )

@@ -134,3 +134,144 @@ def test_the_mlp_at_batch_one_takes_the_fused_launch_with_the_same_output():
     assert mlp.gate_up_proj.gate_up_silu(torch.cat([x, x])) is None
     separate = mlp.down_proj(mlp.act_fn(mlp.gate_up_proj(x)))
     assert torch.equal(mlp(x), separate)
+
+
+def _norm_case(k: int, dtype: torch.dtype, seed: int):
+    generator = torch.Generator(device="cuda").manual_seed(seed)
+    x = torch.randn(1, k, device="cuda", dtype=dtype, generator=generator)
+    residual = torch.randn(1, k, device="cuda", dtype=dtype, generator=generator)
+    norm_weight = (torch.rand(k, device="cuda", generator=generator) + 0.5).to(dtype)
+    return x, residual, norm_weight
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+@pytest.mark.parametrize("n,k", [(7, 100), (4096, 1024), (1024, 2048 - 5), (6144, 2048)])
+@pytest.mark.parametrize("with_residual", [True, False])
+def test_gemv_norm_prologue_matches_the_norm_kernel_then_the_gemv(dtype, n, k, with_residual):
+    """The GEMV with the RMSNorm folded in against rms_norm's kernel then the plain GEMV: the new
+    residual bit for bit, the product within the rounding of a normalised element that the
+    variance's different summation order can move by one unit."""
+    from ladle.kernels.gemv import gemv
+    from ladle.kernels.rms_norm import rms_norm
+
+    x, residual, norm_weight = _norm_case(k, dtype, seed=n + k)
+    weight = torch.randn(n, k, device="cuda", dtype=dtype) / k**0.5
+    new_residual = torch.empty_like(residual) if with_residual else None
+    got = gemv(
+        x,
+        weight,
+        norm_weight=norm_weight,
+        eps=1e-6,
+        residual=residual if with_residual else None,
+        new_residual=new_residual,
+    )
+    separate_residual = residual.clone()
+    normed = rms_norm(x, norm_weight, 1e-6, residual=separate_residual if with_residual else None)
+    expected = gemv(normed, weight)
+    if with_residual:
+        assert torch.equal(new_residual, separate_residual)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=1e-2, atol=1e-2)
+    error = (got.float() - expected.float()).norm() / expected.float().norm()
+    assert error < 3e-3
+
+
+@pytest.mark.parametrize("width,k", [(33, 1029), (3072, 1024), (6144, 2048)])
+def test_gate_up_silu_norm_prologue_matches_the_separate_kernels(width, k):
+    from ladle.kernels.activation import silu_and_mul
+    from ladle.kernels.gemv import gate_up_silu, gemv
+    from ladle.kernels.rms_norm import rms_norm
+
+    x, residual, norm_weight = _norm_case(k, torch.bfloat16, seed=width)
+    weight = torch.randn(2 * width, k, device="cuda", dtype=torch.bfloat16) / k**0.5
+    new_residual = torch.empty_like(residual)
+    got = gate_up_silu(
+        x, weight, norm_weight=norm_weight, eps=1e-6, residual=residual, new_residual=new_residual
+    )
+    separate_residual = residual.clone()
+    expected = silu_and_mul(gemv(rms_norm(x, norm_weight, 1e-6, separate_residual), weight))
+    assert torch.equal(new_residual, separate_residual)
+    torch.testing.assert_close(got.float(), expected.float(), rtol=2e-2, atol=2e-2)
+    error = (got.float() - expected.float()).norm() / expected.float().norm()
+    assert error < 3e-3
+
+
+def test_norm_prologue_reads_what_the_kernel_before_it_wrote():
+    """Under PDL the GEMV's norm prologue reads x and the residual only after its wait: a graph
+    of four chained norm-GEMV launches, replayed on fresh inputs, gives the separate kernels'
+    result each time (a read before the wait would see the previous replay's activations)."""
+    from ladle.bench.gpu_timing import capture_graph
+    from ladle.kernels.gemv import gemv
+    from ladle.kernels.rms_norm import rms_norm
+
+    hidden = 2048
+    weights = [torch.randn(hidden, hidden, device="cuda").to(torch.bfloat16) / 40 for _ in range(4)]
+    norm_weight = (torch.rand(hidden, device="cuda") + 0.5).to(torch.bfloat16)
+    static_x = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+    static_residual = torch.randn(1, hidden, device="cuda").to(torch.bfloat16)
+
+    def step():
+        x, residual = static_x, static_residual
+        for weight in weights:
+            new_residual = torch.empty_like(residual)
+            x = gemv(
+                x, weight, norm_weight=norm_weight, eps=1e-6, residual=residual,
+                new_residual=new_residual,
+            )  # fmt: skip
+            residual = new_residual
+        return torch.cat([x, residual])
+
+    def reference():
+        x, residual = static_x, static_residual.clone()
+        for weight in weights:
+            x = gemv(rms_norm(x, norm_weight, 1e-6, residual=residual), weight)
+        return torch.cat([x, residual])
+
+    graph, static_out = capture_graph(step)
+    for _ in range(4):
+        static_x.copy_(torch.randn(1, hidden, device="cuda").to(torch.bfloat16))
+        static_residual.copy_(torch.randn(1, hidden, device="cuda").to(torch.bfloat16))
+        graph.replay()
+        expected = reference()
+        error = ((static_out.float() - expected.float()).norm() / expected.float().norm()).item()
+        assert error < 1e-2
+
+
+def test_a_decoder_layer_at_batch_one_folds_its_norms_into_its_gemvs():
+    """A Llama decoder layer at one row on CUDA hands both norms to the projections after them
+    (DeferredNorm), and its output and residual match the layer with every norm its own launch;
+    at two rows, or with a hook watching the projection's input, nothing is deferred."""
+    from ladle.model.layers.deferred_norm import DeferredNorm, set_norm_prologue
+    from ladle.model.models.llama import LlamaMLP
+
+    mlp = LlamaMLP(1024, 3072).cuda().to(torch.bfloat16)
+    for parameter in mlp.parameters():
+        torch.nn.init.normal_(parameter, std=0.03)
+    from ladle.model.layers.norm import RMSNorm
+
+    norm = RMSNorm(1024, 1e-6).cuda().to(torch.bfloat16)
+    torch.nn.init.uniform_(norm.weight, 0.5, 1.5)
+    x, residual, _ = _norm_case(1024, torch.bfloat16, seed=3)
+
+    deferred, new_residual = norm(x, residual.clone(), into=mlp.gate_up_proj)
+    assert isinstance(deferred, DeferredNorm)
+    fused = mlp(deferred)
+    previous = set_norm_prologue(False)
+    try:
+        plain_residual = residual.clone()
+        normed, plain_residual = norm(x, plain_residual, into=mlp.gate_up_proj)
+        assert isinstance(normed, torch.Tensor)
+        plain = mlp(normed)
+    finally:
+        set_norm_prologue(previous)
+    assert torch.equal(new_residual, plain_residual)
+    torch.testing.assert_close(fused.float(), plain.float(), rtol=2e-2, atol=2e-2)
+
+    two_rows = torch.cat([x, x])
+    normed, _ = norm(two_rows, torch.cat([residual, residual]), into=mlp.gate_up_proj)
+    assert isinstance(normed, torch.Tensor)
+    handle = mlp.gate_up_proj.register_forward_pre_hook(lambda module, inputs: None)
+    try:
+        normed, _ = norm(x, residual.clone(), into=mlp.gate_up_proj)
+        assert isinstance(normed, torch.Tensor)
+    finally:
+        handle.remove()

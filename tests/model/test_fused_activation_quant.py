@@ -132,8 +132,8 @@ def _handing_over_quantized(forward):
     def quantize(output: torch.Tensor) -> QuantizedActivation:
         return QuantizedActivation(*quantize_activation_fp8(output), output.dtype)
 
-    def wrapped(self, *args):
-        output = forward(self, *args)
+    def wrapped(self, *args, **kwargs):
+        output = forward(self, *args, **kwargs)
         if self.output_quantization is None:
             return output
         if isinstance(output, tuple):

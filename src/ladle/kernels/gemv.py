@@ -51,22 +51,65 @@ def _load_weight_tile(w_ptr, rows, row_mask, cols, col_mask, K):
 
 
 @triton.jit
-def _dot_rows(x_ptr, w_ptr, rows, row_mask, K, BLOCK_K: tl.constexpr, USE_PDL: tl.constexpr):
-    """The float32 dot products of weight rows `rows` (any row indices) with the row x."""
-    # The first weight tile is loaded before waiting for the kernel that writes x (under PDL,
-    # kernels/pdl.py: it may still be running), the rest in the loop.
+def _normalized_row(
+    x, residual_ptr, gamma, new_residual_ptr, cols, col_mask, K, eps, HAS_RESIDUAL: tl.constexpr
+):
+    """What rms_norm returns for the row x (all K columns in this one tile), in float32, with
+    kernels/rms_norm.py's roundings: the residual sum rounded to x's dtype (with a residual; the
+    first program also stores it, the new residual stream, into new_residual, a buffer no
+    program reads), normalised and rounded, times the norm weight gamma and rounded. Only the
+    variance's summation order differs from that kernel's."""
+    dtype = x.dtype
+    s = x.to(tl.float32)
+    if HAS_RESIDUAL:
+        residual = tl.load(residual_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        s = (s + residual).to(dtype)
+        tl.store(new_residual_ptr + cols, s, mask=col_mask & (tl.program_id(0) == 0))
+        s = s.to(tl.float32)
+    inverse_rms = tl.rsqrt(tl.sum(s * s, axis=0) / K + eps)
+    normalized = (s * inverse_rms).to(dtype).to(tl.float32)
+    return (normalized * gamma.to(tl.float32)).to(dtype).to(tl.float32)
+
+
+@triton.jit
+def _dot_rows(
+    x_ptr,
+    w_ptr,
+    rows,
+    row_mask,
+    K,
+    residual_ptr,
+    norm_ptr,
+    new_residual_ptr,
+    eps,
+    BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
+    USE_PDL: tl.constexpr,
+):
+    """The float32 dot products of weight rows `rows` (any row indices) with the row x, or with
+    the RMSNorm of x (+ residual) when NORM (the norm's launch folded into this one; K must then
+    fit one BLOCK_K tile)."""
+    # The first weight tile (and the norm weight) is loaded before waiting for the kernel that
+    # writes x (under PDL, kernels/pdl.py: it may still be running), the rest in the loop.
     cols = tl.arange(0, BLOCK_K)
     col_mask = cols < K
     w = _load_weight_tile(w_ptr, rows, row_mask, cols, col_mask, K)
+    if NORM:
+        gamma = tl.load(norm_ptr + cols, mask=col_mask, other=0.0)
     wait_for_previous_kernel(USE_PDL)
-    x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
-    acc = w.to(tl.float32) * x[None, :]
+    x = tl.load(x_ptr + cols, mask=col_mask, other=0.0)
+    if NORM:
+        x = _normalized_row(
+            x, residual_ptr, gamma, new_residual_ptr, cols, col_mask, K, eps, HAS_RESIDUAL
+        )
+    acc = w.to(tl.float32) * x.to(tl.float32)[None, :]
     for start in range(BLOCK_K, K, BLOCK_K):
         cols = start + tl.arange(0, BLOCK_K)
         col_mask = cols < K
-        x = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
+        x_tile = tl.load(x_ptr + cols, mask=col_mask, other=0.0).to(tl.float32)
         w = _load_weight_tile(w_ptr, rows, row_mask, cols, col_mask, K)
-        acc += w.to(tl.float32) * x[None, :]
+        acc += w.to(tl.float32) * x_tile[None, :]
     return tl.sum(acc, axis=1)
 
 
@@ -78,15 +121,35 @@ def _gemv_kernel(
     out_ptr,
     N,
     K,
+    residual_ptr,
+    norm_ptr,
+    new_residual_ptr,
+    eps,
     HAS_BIAS: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     allow_next_kernel(USE_PDL)  # kernels/pdl.py
     rows = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
     row_mask = rows < N
-    result = _dot_rows(x_ptr, w_ptr, rows, row_mask, K, BLOCK_K, USE_PDL)
+    result = _dot_rows(
+        x_ptr,
+        w_ptr,
+        rows,
+        row_mask,
+        K,
+        residual_ptr,
+        norm_ptr,
+        new_residual_ptr,
+        eps,
+        BLOCK_K,
+        NORM,
+        HAS_RESIDUAL,
+        USE_PDL,
+    )
     if HAS_BIAS:
         result += tl.load(bias_ptr + rows, mask=row_mask, other=0.0).to(tl.float32)
     rounded = result.to(w_ptr.dtype.element_ty)
@@ -100,8 +163,14 @@ def _gate_up_silu_kernel(
     out_ptr,
     WIDTH,
     K,
+    residual_ptr,
+    norm_ptr,
+    new_residual_ptr,
+    eps,
     BLOCK_N: tl.constexpr,
     BLOCK_K: tl.constexpr,
+    NORM: tl.constexpr,
+    HAS_RESIDUAL: tl.constexpr,
     USE_PDL: tl.constexpr = False,
 ):
     """silu(gate) * up for BLOCK_N features: the program reads their gate rows (w[j]) and up
@@ -111,7 +180,21 @@ def _gate_up_silu_kernel(
     features = tl.program_id(0) * BLOCK_N + pairs // 2
     is_feature = features < WIDTH
     rows = features + (pairs % 2) * WIDTH
-    result = _dot_rows(x_ptr, w_ptr, rows, is_feature, K, BLOCK_K, USE_PDL)
+    result = _dot_rows(
+        x_ptr,
+        w_ptr,
+        rows,
+        is_feature,
+        K,
+        residual_ptr,
+        norm_ptr,
+        new_residual_ptr,
+        eps,
+        BLOCK_K,
+        NORM,
+        HAS_RESIDUAL,
+        USE_PDL,
+    )
     # Each projection's output rounded to the weight's dtype, as the GEMV stores it and
     # SiLU-and-mul reads it back.
     rounded = result.to(w_ptr.dtype.element_ty).to(tl.float32)
@@ -135,14 +218,68 @@ def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
     )
 
 
-def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+def norm_prologue_applies(
+    x: torch.Tensor, norm_weight: torch.Tensor, residual: torch.Tensor | None
+) -> bool:
+    """Whether the GEMV can apply this RMSNorm (and residual add) to its row first: a row that
+    fits one K tile (the norm needs all of it before the first product), a norm weight and
+    residual of the row's dtype and size, contiguous."""
+    fits = x.shape[1] <= MAX_BLOCK_K
+    fits = fits and norm_weight.dtype == x.dtype and norm_weight.shape == (x.shape[1],)
+    fits = fits and norm_weight.is_contiguous()
+    if residual is not None:
+        fits = fits and residual.shape == x.shape and residual.dtype == x.dtype
+        fits = fits and residual.is_contiguous()
+    return fits
+
+
+def _norm_arguments(
+    x: torch.Tensor,
+    norm_weight: torch.Tensor | None,
+    eps: float,
+    residual: torch.Tensor | None,
+    new_residual: torch.Tensor | None,
+) -> tuple[tuple, dict[str, bool]]:
+    """The kernels' norm operands (x stands in for the unused ones) and their constexprs."""
+    if norm_weight is None:
+        return (x, x, x, 0.0), {"NORM": False, "HAS_RESIDUAL": False}
+    if x.shape[1] > MAX_BLOCK_K:
+        raise ValueError(f"the GEMV's norm prologue takes rows up to {MAX_BLOCK_K} wide")
+    if residual is not None and (new_residual is None or new_residual.data_ptr() in (
+        residual.data_ptr(),
+        x.data_ptr(),
+    )):
+        # Every program reads x and the residual while the first writes the sum: into a
+        # buffer that no program reads, never in place.
+        raise ValueError("the GEMV's norm prologue needs a separate new_residual buffer")
+    has_residual = residual is not None
+    operands = (
+        residual if has_residual else x,
+        norm_weight,
+        new_residual if has_residual else x,
+        eps,
+    )
+    return operands, {"NORM": True, "HAS_RESIDUAL": has_residual}
+
+
+def gate_up_silu(
+    x: torch.Tensor,
+    weight: torch.Tensor,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    new_residual: torch.Tensor | None = None,
+) -> torch.Tensor:
     """silu(x gate^T) * (x up^T) for x [1, K] and the merged weight [gate; up] [2 * d, K] ->
     [1, d] in x's dtype: the gate-up GEMV and SiLU-and-mul in one launch, the same bits as
-    `silu_and_mul(gemv(x, weight))` (gemv_applies(x, weight) must hold)."""
+    `silu_and_mul(gemv(x, weight))` (gemv_applies(x, weight) must hold). With norm_weight the
+    row is first RMSNorm(x (+ residual)) as in gemv."""
     n, k = weight.shape
     assert n % 2 == 0, "a merged [gate; up] weight has an even number of rows"
     width = n // 2
     out = torch.empty((1, width), dtype=x.dtype, device=x.device)
+    norm_operands, norm_flags = _norm_arguments(x, norm_weight, eps, residual, new_residual)
     launch(
         _gate_up_silu_kernel,
         (triton.cdiv(width, GATED_BLOCK_N),),
@@ -151,8 +288,10 @@ def gate_up_silu(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
         out,
         width,
         k,
+        *norm_operands,
         BLOCK_N=GATED_BLOCK_N,
         BLOCK_K=min(MAX_BLOCK_K, triton.next_power_of_2(k)),
+        **norm_flags,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
         **pdl_launch(x.device),
@@ -165,11 +304,23 @@ def gemv(
     weight: torch.Tensor,
     bias: torch.Tensor | None = None,
     out_dtype: torch.dtype | None = None,
+    *,
+    norm_weight: torch.Tensor | None = None,
+    eps: float = 0.0,
+    residual: torch.Tensor | None = None,
+    new_residual: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x [1, K] times weight [N, K]^T (+ bias [N]) -> [1, N] in out_dtype (default x's)."""
+    """x [1, K] times weight [N, K]^T (+ bias [N]) -> [1, N] in out_dtype (default x's).
+
+    With norm_weight, the row multiplied is RMSNorm(x + residual) (residual optional), as
+    kernels/rms_norm.py would return it: the norm's launch folded into this one (a batch-1
+    decode step is a chain of launches a few microseconds each). The sum x + residual, the next
+    residual stream, is written into new_residual (a separate buffer: every program reads
+    residual while one writes). norm_prologue_applies() says when the operands fit."""
     n, k = weight.shape
     out = torch.empty((1, n), dtype=out_dtype or x.dtype, device=x.device)
     block_k = min(MAX_BLOCK_K, triton.next_power_of_2(k))
+    norm_operands, norm_flags = _norm_arguments(x, norm_weight, eps, residual, new_residual)
     launch(
         _gemv_kernel,
         (triton.cdiv(n, BLOCK_N),),
@@ -179,9 +330,11 @@ def gemv(
         out,
         n,
         k,
+        *norm_operands,
         HAS_BIAS=bias is not None,
         BLOCK_N=BLOCK_N,
         BLOCK_K=block_k,
+        **norm_flags,
         num_warps=NUM_WARPS,
         num_stages=NUM_STAGES,
         **pdl_launch(x.device),

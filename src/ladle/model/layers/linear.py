@@ -16,6 +16,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from ladle.kernels.dispatch import use_fused_kernels
+from ladle.model.layers.deferred_norm import DeferredNorm
 from ladle.model.layers.group_quant import GroupQuantizedRows
 from ladle.model.layers.quantized_linear import hold_quantized_rows, quantized_matmul
 from ladle.model.layers.weight_loading import default_weight_loader
@@ -45,7 +46,13 @@ class Linear(nn.Module):
         # An instance attribute, so that the parameter can take its name.
         self.input_permutation: nn.Parameter | None = None
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def forward(self, x: torch.Tensor | DeferredNorm) -> torch.Tensor:
+        if isinstance(x, DeferredNorm):
+            if self.runs_gemv(x.x):
+                from ladle.kernels.gemv import gemv  # CUDA only, as below
+
+                return gemv(x.x, self.weight, self.bias, **x.gemv_operands())
+            x = x.materialize()
         if self.input_permutation is not None:
             x = x.index_select(-1, self.input_permutation)
         if self.quant_method is not None:
@@ -61,6 +68,31 @@ class Linear(nn.Module):
             if gemv_applies(x, self.weight):
                 return gemv(x, self.weight, self.bias)
         return F.linear(x, self.weight, self.bias)
+
+    def runs_gemv(self, x: torch.Tensor) -> bool:
+        """Whether forward(x) is ladle's batch-1 GEMV on these plain weights (one row on CUDA)."""
+        plain = (
+            self.input_permutation is None
+            and self.quant_method is None
+            and self.quantization is None
+        )
+        if not (plain and x.shape[0] == 1 and use_fused_kernels(x)):
+            return False
+        from ladle.kernels.gemv import gemv_applies  # CUDA only, as in forward
+
+        return gemv_applies(x, self.weight)
+
+    def takes_deferred_norm(
+        self, x: torch.Tensor, norm_weight: torch.Tensor, residual: torch.Tensor | None
+    ) -> bool:
+        """Whether this layer can run the RMSNorm (norm_weight, residual) of its input x inside
+        its own GEMV launch (layers/deferred_norm.py). Not while hooks watch this layer's
+        input (calibration records it): they would see the DeferredNorm."""
+        if self._forward_pre_hooks or self._forward_hooks or not self.runs_gemv(x):
+            return False
+        from ladle.kernels.gemv import norm_prologue_applies
+
+        return norm_prologue_applies(x, norm_weight, residual)
 
     def shard_rows(self, shard_id: str | int | None) -> tuple[int, int]:
         """(first row, number of rows) of the parameter that one checkpoint tensor fills."""
@@ -110,23 +142,21 @@ class MergedLinear(Linear):
         super().__init__(input_size, sum(output_sizes), bias)
         self.output_sizes = list(output_sizes)
 
-    def gate_up_silu(self, x: torch.Tensor) -> torch.Tensor | None:
+    def gate_up_silu(self, x: torch.Tensor | DeferredNorm) -> torch.Tensor | None:
         """silu(gate) * up of this [gate; up] layer's output for one row on CUDA, in one GEMV
-        launch (kernels/gemv.py: gate_up_silu); None where that kernel does not apply
-        (quantized, permuted or biased weights, more rows, unequal halves, the CPU): the
-        caller then runs the projection and SiLU-and-mul."""
-        plain = (
-            self.input_permutation is None
-            and self.quant_method is None
-            and self.quantization is None
-            and self.bias is None
-        )
+        launch (kernels/gemv.py: gate_up_silu; a DeferredNorm input is normalised in the same
+        launch); None where that kernel does not apply (quantized, permuted or biased weights,
+        more rows, unequal halves, the CPU): the caller then runs the projection and
+        SiLU-and-mul."""
+        row = x.x if isinstance(x, DeferredNorm) else x
         halves = len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
-        if not (plain and halves and x.shape[0] == 1 and use_fused_kernels(x)):
+        if not (halves and self.bias is None and self.runs_gemv(row)):
             return None
-        from ladle.kernels.gemv import gate_up_silu, gemv_applies  # CUDA only, as above
+        from ladle.kernels.gemv import gate_up_silu  # CUDA only, as above
 
-        return gate_up_silu(x, self.weight) if gemv_applies(x, self.weight) else None
+        if isinstance(x, DeferredNorm):
+            return gate_up_silu(x.x, self.weight, **x.gemv_operands())
+        return gate_up_silu(x, self.weight)
 
     def shard_rows(self, shard_id: str | int | None) -> tuple[int, int]:
         if not isinstance(shard_id, int) or not 0 <= shard_id < len(self.output_sizes):

@@ -8,10 +8,12 @@ from torch import nn
 
 from ladle.kernels.cpu_native.decode_ops import add_rms_norm
 from ladle.kernels.dispatch import use_fused_kernels
+from ladle.model.layers.deferred_norm import DeferredNorm, norm_prologue_enabled
 from ladle.model.layers.quantized_activation import QuantizedActivation
 
-# What a norm returns: its output, or that output quantized for an fp8 projection.
-NormOutput = torch.Tensor | QuantizedActivation
+# What a norm returns: its output, that output quantized for an fp8 projection, or the norm
+# itself for its consumer's GEMV to run (deferred_norm.py).
+NormOutput = torch.Tensor | QuantizedActivation | DeferredNorm
 
 
 class RMSNorm(nn.Module):
@@ -27,6 +29,10 @@ class RMSNorm(nn.Module):
     When its output feeds an fp8 projection, `output_quantization` is set at load
     (quant/input_fusion.py) and the CUDA kernel returns that output quantized per token, a
     QuantizedActivation, in place of the bf16 tensor.
+
+    `into` names the projection that alone consumes the output: where it can fold the norm into
+    its batch-1 GEMV (Linear.takes_deferred_norm), the norm returns a DeferredNorm and a fresh
+    residual buffer that the projection's launch fills (deferred_norm.py).
     """
 
     # The code dtype the consumer takes its input in, or None (a plain tensor); set at load.
@@ -51,9 +57,12 @@ class RMSNorm(nn.Module):
         return self.weight * (x32 * torch.rsqrt(variance + self.eps)).to(input_dtype)
 
     def forward(
-        self, x: torch.Tensor, residual: torch.Tensor | None = None
+        self, x: torch.Tensor, residual: torch.Tensor | None = None, into: nn.Module | None = None
     ) -> NormOutput | tuple[NormOutput, torch.Tensor]:
         if use_fused_kernels(x):
+            deferred = self._defer_to(into, x, residual)
+            if deferred is not None:
+                return deferred if residual is None else (deferred, deferred.new_residual)
             return self._forward_fused(x, residual)
         # On the CPU, float32: one C call (kernels/cpu_native), the residual updated in place
         # as on CUDA; None where it does not apply.
@@ -64,6 +73,17 @@ class RMSNorm(nn.Module):
             return self._normalize(x)
         residual = x + residual
         return self._normalize(residual), residual
+
+    def _defer_to(
+        self, consumer: nn.Module | None, x: torch.Tensor, residual: torch.Tensor | None
+    ) -> DeferredNorm | None:
+        """This norm for `consumer` to run in its GEMV, or None where it runs here."""
+        if consumer is None or self.output_quantization is not None:
+            return None
+        if not (norm_prologue_enabled() and consumer.takes_deferred_norm(x, self.weight, residual)):
+            return None
+        new_residual = None if residual is None else torch.empty_like(residual)
+        return DeferredNorm(x, self.weight, self.eps, residual, new_residual)
 
     def _forward_fused(
         self, x: torch.Tensor, residual: torch.Tensor | None

@@ -213,15 +213,21 @@ class LlamaDecoderLayer(nn.Module):
         attn_metadata: AttentionMetadata,
         rotary_tables: tuple[torch.Tensor, torch.Tensor] | None = None,
     ) -> tuple[torch.Tensor, torch.Tensor]:
+        # Each norm feeds one projection, which may run it in its own batch-1 GEMV launch
+        # (layers/deferred_norm.py); a MoE block's router and experts share theirs.
+        qkv_proj = self.self_attn.qkv_proj
+        gate_up_proj = self.mlp.gate_up_proj if isinstance(self.mlp, LlamaMLP) else None
         if residual is None:
             residual = hidden_states
-            hidden_states = self.input_layernorm(hidden_states)
+            hidden_states = self.input_layernorm(hidden_states, into=qkv_proj)
         else:
-            hidden_states, residual = self.input_layernorm(hidden_states, residual)
+            hidden_states, residual = self.input_layernorm(hidden_states, residual, into=qkv_proj)
         hidden_states = self.self_attn(
             positions, hidden_states, kv_cache, attn_metadata, rotary_tables
         )
-        hidden_states, residual = self.post_attention_layernorm(hidden_states, residual)
+        hidden_states, residual = self.post_attention_layernorm(
+            hidden_states, residual, into=gate_up_proj
+        )
         return self.mlp(hidden_states), residual
 
 
