@@ -51,10 +51,21 @@ class Fp8GemvTile:
     num_stages: int
 
 
-# A first choice, to be replaced by scripts/gemv_bench.py --fp8's sweep on the H200: the bf16
-# GEMV's 4 rows and 4 warps, with K tiles twice as wide so that a tile holds the bf16 one's bytes
-# (16 KiB a program in flight).
+# A first choice, to be replaced by the sweep of scripts/fp8_gemm_bench.py --one-row on the H200:
+# the bf16 GEMV's 4 rows and 4 warps, with K tiles twice as wide so that a tile holds the bf16
+# one's bytes (16 KiB a program in flight).
 DEFAULT_TILE = Fp8GemvTile(block_n=4, max_block_k=4096, num_warps=4, num_stages=3)
+# The tiles the sweep times: 32 to 128 weight codes a thread per K tile (fewer leave the loads
+# short of bytes in flight; more spill or cost programs per SM: 4 x 4096 on 4 warps is 92
+# registers on sm_90a). The loop's loads feed no dot, so Triton does not pipeline them and the
+# stage count changes nothing (the same SASS at 1 and 3 stages).
+CANDIDATE_TILES = tuple(
+    Fp8GemvTile(block_n, block_k, warps, 3)
+    for warps in (4, 8)
+    for block_n in (2, 4, 8, 16)
+    for block_k in (1024, 2048, 4096, 8192)
+    if 32 * 32 * warps <= block_n * block_k <= 128 * 32 * warps
+)
 
 
 # Inputs a thread sums on its own before the sum joins the accumulator: one 16-byte load of

@@ -10,11 +10,14 @@ RMSNorm already made (its codes times its scale). On an H200 the 8B shape at bat
 
 Every decision here depends on shapes, dtypes and settings fixed at load (one row, CUDA,
 LADLE_FUSED_KERNELS, the layer's `runs_fp8_gemv` set by finalize), never on values: a CUDA
-graph captured for batch 1 replays the same kernels. Triton and the kernel module are imported
-only once a call takes this path (a CPU install has no triton).
+graph captured for batch 1 replays the same kernels. LADLE_FP8_GEMV=0 in the environment at
+load keeps one row on the W8A8 path (the benchmarks' before/after). Triton and the kernel module
+are imported only once a call takes this path (a CPU install has no triton).
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 from torch import nn
@@ -22,11 +25,16 @@ from torch import nn
 from ladle.kernels.dispatch import use_fused_kernels
 from ladle.model.layers.quantized_activation import QuantizedActivation
 
+FP8_GEMV_ENV = "LADLE_FP8_GEMV"
+
 
 def can_run_fp8_gemv(device: torch.device) -> bool:
-    """Whether the fp8 GEMV runs on `device`: NVIDIA from Ada (sm_89) on, where Triton widens
-    e4m3 in hardware (older GPUs have no e4m3 type in Triton; ROCm's fp8 is another format)."""
+    """Whether one row takes the fp8 GEMV on `device` (asked at load): NVIDIA from Ada (sm_89)
+    on, where Triton widens e4m3 in hardware (older GPUs have no e4m3 type in Triton; ROCm's fp8
+    is another format), unless LADLE_FP8_GEMV=0."""
     if device.type != "cuda" or torch.version.hip is not None:
+        return False
+    if os.environ.get(FP8_GEMV_ENV, "1") == "0":
         return False
     return torch.cuda.get_device_capability(device) >= (8, 9)
 
