@@ -51,10 +51,13 @@ class Fp8GemvTile:
     num_stages: int
 
 
-# A first choice, to be replaced by the sweep of scripts/fp8_gemm_bench.py --one-row on the H200:
-# the bf16 GEMV's 4 rows and 4 warps, with K tiles twice as wide so that a tile holds the bf16
-# one's bytes (16 KiB a program in flight).
-DEFAULT_TILE = Fp8GemvTile(block_n=4, max_block_k=4096, num_warps=4, num_stages=3)
+# Eight rows a program, 2048-wide K tiles, 4 warps: the best of CANDIDATE_TILES summed over the
+# 8B's four projections as batch 1 runs them (qkv and gate_up on a QuantizedActivation, gate_up
+# fused with SiLU-and-mul), 56.3 us a layer against 59.1 for 4 x 4096 and 54.6 had each shape
+# its best; qkv 6.9 us (3.6 TB/s of fp8 weight), o 5.9, gate_up 27.3 (4.3 TB/s), down 16.2, where
+# the W8A8 path (quantize, GEMM, SiLU-and-mul) took 14.0, 10.6, 32.4 and 29.8 and the bf16 GEMV
+# 12.4, 8.6, 53.0 and 27.0 (scripts/fp8_gemm_bench.py --one-row on an H200, 2026-11-29).
+DEFAULT_TILE = Fp8GemvTile(block_n=8, max_block_k=2048, num_warps=4, num_stages=3)
 # The tiles the sweep times: 32 to 128 weight codes a thread per K tile (fewer leave the loads
 # short of bytes in flight; more spill or cost programs per SM: 4 x 4096 on 4 warps is 92
 # registers on sm_90a). The loop's loads feed no dot, so Triton does not pipeline them and the
