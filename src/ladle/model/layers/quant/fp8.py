@@ -11,6 +11,9 @@ Where _scaled_mm cannot run (the CPU, a GPU before Ada, sizes not a multiple of 
 numbers are computed by dequantizing both sides: slower, same quantization error. On the CPU
 the weight is dequantized to float32 once at load (4 bytes a weight; the load says so).
 
+At one row on CUDA (batch-1 decode) the projections take the fp8 GEMV instead
+(fp8_one_row.py): the weight's codes times x as it comes, no per-token quantization.
+
 The input may also come already quantized (a QuantizedActivation from an RMSNorm or SiLU-and-mul
 kernel that quantized its own output, quant/input_fusion.py): its codes and scales are the ones
 quantize_activation_fp8 would compute from the bf16 tensor, so the result is the same.
@@ -23,6 +26,11 @@ import torch.nn.functional as F
 from torch import nn
 
 from ladle.model.layers.quant.base import PerRowScaledMethod, add_bias, flatten_tokens
+from ladle.model.layers.quant.fp8_one_row import (
+    can_run_fp8_gemv,
+    one_row_gate_up_silu,
+    one_row_matmul,
+)
 from ladle.model.layers.quantized_activation import QuantizedActivation
 
 FP8_DTYPE = torch.float8_e4m3fn
@@ -187,6 +195,7 @@ class Fp8Method(PerRowScaledMethod):
         weight = layer.weight.data
         rows, cols = weight.shape
         layer.use_scaled_mm = can_use_scaled_mm(weight.device) and rows % 16 == 0 and cols % 16 == 0
+        layer.runs_fp8_gemv = can_run_fp8_gemv(weight.device)
         if not weight.is_cuda:
             # The CPU has no fp8 matmul (torch._scaled_mm there is a reference loop, 2 ms for
             # a 1536 x 576 weight at batch 1): the weight is dequantized to float32 once, the
@@ -200,7 +209,15 @@ class Fp8Method(PerRowScaledMethod):
         # Only the _scaled_mm / Triton GEMM path takes codes straight from the producer.
         return FP8_DTYPE if layer.use_scaled_mm else None
 
+    def gate_up_silu(
+        self, layer: nn.Module, x: torch.Tensor | QuantizedActivation
+    ) -> torch.Tensor | None:
+        return one_row_gate_up_silu(layer, x, scale_group=0)
+
     def apply(self, layer: nn.Module, x: torch.Tensor | QuantizedActivation) -> torch.Tensor:
+        output = one_row_matmul(layer, x, scale_group=0)  # one row on CUDA, else None
+        if output is not None:
+            return output
         if layer.use_scaled_mm:
             return fp8_linear(x, layer.weight.t(), layer.weight_scale[None, :], layer.bias)
         codes, scale, leading, dtype = activation_codes(x)

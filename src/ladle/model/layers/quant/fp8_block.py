@@ -15,7 +15,9 @@ every weight to e4m3 a second time.
 On the GPU, 128x128 blocks whose projections are whole blocks (inputs a multiple of 512) run
 through cuBLASLt's block-scaled GEMM (torch._scaled_mm, Hopper with CUDA 12.9+), except
 projections of fewer than 8192 inputs at decode sizes; those, and other block sizes, run through
-kernels/fp8_matmul.py's grouped tiles (Ada or newer; older GPUs dequantize per call). The CPU
+kernels/fp8_matmul.py's grouped tiles (Ada or newer; older GPUs dequantize per call), except one
+row (batch-1 decode), which takes the fp8 GEMV with the block scales and x unquantized
+(fp8_one_row.py). The CPU
 has no fp8 matmul: the weight is dequantized to float32 once at load, and the activations are
 quantized by the same rule (kernels/per_token_rule.py), so it computes the GPU's numbers.
 """
@@ -28,6 +30,11 @@ from torch import nn
 
 from ladle.model.layers.quant.base import QuantMethod, TensorSpec, add_bias, flatten_tokens
 from ladle.model.layers.quant.fp8 import FP8_DTYPE, FP8_MAX, MIN_SCALE
+from ladle.model.layers.quant.fp8_one_row import (
+    can_run_fp8_gemv,
+    one_row_gate_up_silu,
+    one_row_matmul,
+)
 
 # Block widths (inputs) ladle runs: one K step of the GPU kernel each, so a power of two.
 BLOCK_COLUMNS = (32, 64, 128, 256)
@@ -192,6 +199,7 @@ class Fp8BlockMethod(QuantMethod):
     def finalize(self, layer: nn.Module) -> None:
         weight = layer.weight.data
         layer.use_fp8_kernel = _fp8_kernels_run_on(weight.device)
+        layer.runs_fp8_gemv = can_run_fp8_gemv(weight.device)
         layer.cublas_weight_scale = None
         if layer.use_fp8_kernel and can_use_block_scaled_mm(weight.device):
             layer.cublas_weight_scale = cublas_weight_scales(
@@ -205,7 +213,13 @@ class Fp8BlockMethod(QuantMethod):
             layer.weight = None
             layer.register_buffer("weight_dequantized", dequantized)
 
+    def gate_up_silu(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor | None:
+        return one_row_gate_up_silu(layer, x, self.block_columns)
+
     def apply(self, layer: nn.Module, x: torch.Tensor) -> torch.Tensor:
+        output = one_row_matmul(layer, x, self.block_columns)  # one row on CUDA, else None
+        if output is not None:
+            return output
         x2, leading = flatten_tokens(x)
         decode_tiles_win = x2.shape[0] <= TRITON_MAX_ROWS and x2.shape[1] < DEEP_INPUTS
         if layer.cublas_weight_scale is not None and not decode_tiles_win:
