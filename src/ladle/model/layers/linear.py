@@ -145,12 +145,17 @@ class MergedLinear(Linear):
     def gate_up_silu(self, x: torch.Tensor | DeferredNorm) -> torch.Tensor | None:
         """silu(gate) * up of this [gate; up] layer's output for one row on CUDA, in one GEMV
         launch (kernels/gemv.py: gate_up_silu; a DeferredNorm input is normalised in the same
-        launch); None where that kernel does not apply (quantized, permuted or biased weights,
-        more rows, unequal halves, the CPU): the caller then runs the projection and
-        SiLU-and-mul."""
+        launch), or the quantization method's (QuantMethod.gate_up_silu); None where neither
+        applies (permuted or biased weights, more rows, unequal halves, the CPU): the caller
+        then runs the projection and SiLU-and-mul."""
         row = x.x if isinstance(x, DeferredNorm) else x
         halves = len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
-        if not (halves and self.bias is None and self.runs_gemv(row)):
+        if not halves or self.bias is not None:
+            return None
+        if self.quant_method is not None and self.input_permutation is None:
+            # The quantized weight's own fused launch (fp8: quant/fp8_one_row.py), or None.
+            return self.quant_method.gate_up_silu(self, x)
+        if not self.runs_gemv(row):
             return None
         from ladle.kernels.gemv import gate_up_silu  # CUDA only, as above
 

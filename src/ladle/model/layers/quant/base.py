@@ -10,20 +10,17 @@ A method has two layouts:
 Quantizing in memory and loading a quantized checkpoint both pass through the canonical tensors,
 which is why the two give the same logits.
 
-A quantized merged layer (MergedLinear: gate_up) also changes class, to a subclass whose
-gate_up_silu asks the method (QuantMethod.gate_up_silu) for the MLP's fused gate-up and
-SiLU-and-mul at one row: the float layer's own fused launch reads a float weight.
+A quantized merged layer's gate_up_silu (MergedLinear, linear.py) asks its method
+(QuantMethod.gate_up_silu) for the MLP's fused gate-up and SiLU-and-mul at one row: the float
+layer's own fused launch reads a float weight.
 """
 
 from __future__ import annotations
 
-import functools
 from abc import ABC, abstractmethod
 
 import torch
 from torch import nn
-
-from ladle.model.layers.linear import MergedLinear
 
 TensorSpec = tuple[tuple[int, ...], torch.dtype]
 
@@ -106,26 +103,6 @@ def install_canonical_(
             )
         setattr(layer, name, nn.Parameter(value.to(device), requires_grad=False))
     layer.quant_method = method
-    if isinstance(layer, MergedLinear) and not isinstance(layer, QuantizedGateUp):
-        # As torch.nn.utils.parametrize does: the instance keeps its state, its class gains
-        # the override (linear.py's own gate_up_silu is the float weight's).
-        layer.__class__ = _quantized_class(type(layer))
-
-
-class QuantizedGateUp:
-    """Mixed into a quantized MergedLinear's class by install_canonical_: gate_up_silu (what
-    LlamaMLP calls first) takes the quantization method's fused gate-up and SiLU-and-mul."""
-
-    def gate_up_silu(self, x: torch.Tensor) -> torch.Tensor | None:
-        halves = len(self.output_sizes) == 2 and self.output_sizes[0] == self.output_sizes[1]
-        if not halves or self.bias is not None or self.input_permutation is not None:
-            return None
-        return self.quant_method.gate_up_silu(self, x)
-
-
-@functools.cache
-def _quantized_class(cls: type) -> type:
-    return type(f"Quantized{cls.__name__}", (QuantizedGateUp, cls), {})
 
 
 def canonical_tensors(layer: nn.Module) -> dict[str, torch.Tensor]:
