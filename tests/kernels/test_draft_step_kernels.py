@@ -10,18 +10,12 @@ compiled on a GPU in tests/gpu/test_draft_step_kernels_gpu.py.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from helpers.interpreter import interpreted, parent_only, run_in_interpreter_child
 
 from ladle import LLM, SamplingParams
 
 pytest.importorskip("triton")
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter child")
 
 # Device drafts are opt-in (config/speculative.py, until measured on a GPU).
 NGRAM = {
@@ -34,21 +28,9 @@ OPTIONS = {"cpu_kv_cache_gib": 0.1, "block_size": 4, "max_num_seqs": 16}
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child")
+@parent_only
 def test_kernels_under_the_interpreter():
-    source = str(Path(__file__).resolve().parents[2] / "src")
-    tests = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, tests, env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout.strip().splitlines()[-1]
+    run_in_interpreter_child(__file__)
 
 
 def repetitive_prompts(count: int) -> list[dict]:

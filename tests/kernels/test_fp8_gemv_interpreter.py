@@ -11,41 +11,23 @@ bytes and widens itself); the bf16 runs at the 8B's shapes are in tests/gpu/test
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
 import torch
 import torch.nn.functional as F
+from helpers.interpreter import interpreted, parent_only, run_in_interpreter_child
 
 from ladle.model.layers.quant.fp8 import FP8_DTYPE, quantize_fp8_per_row
 from ladle.model.layers.quant.fp8_block import expand_groups, quantize_fp8_blocks
 
 pytest.importorskip("triton")
-# Triton decides interpreted or compiled when it (and each kernel) is imported: the kernel tests
-# run in a child pytest started with TRITON_INTERPRET=1, and only there.
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter child")
 
 
 @pytest.mark.slow  # ~15 s on a 2-core machine
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child")
+@parent_only
 def test_kernels_under_the_interpreter():
-    source = str(Path(__file__).resolve().parents[2] / "src")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout.strip().splitlines()[-1]
+    run_in_interpreter_child(__file__)
 
 
 @pytest.fixture

@@ -10,41 +10,21 @@ tests/gpu/test_fused_moe_gpu.py.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from helpers.interpreter import interpreted, parent_only, run_in_interpreter_child
 
 from ladle.kernels.moe_tiles import MoePlan, MoeTile
 from ladle.model.layers.moe import grouped_experts_forward
 from ladle.model.layers.quant.fp8 import FP8_DTYPE
 
 pytest.importorskip("triton")
-# Triton decides interpreted or compiled when it (and each kernel) is imported, and the engine
-# imports it at start-up: the kernel tests run in a child pytest started with TRITON_INTERPRET=1,
-# and only there.
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter child")
 
 
 @pytest.mark.slow  # ~20 s on a 2-core machine
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child")
+@parent_only
 def test_kernels_under_the_interpreter():
-    source = str(Path(__file__).resolve().parents[2] / "src")
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout.strip().splitlines()[-1]
+    run_in_interpreter_child(__file__)
 
 
 @pytest.fixture(scope="module")

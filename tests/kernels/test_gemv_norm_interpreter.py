@@ -11,33 +11,16 @@ the bf16 runs of both kernels against the separate norm kernel are in tests/gpu/
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from helpers.interpreter import interpreted, parent_only, run_in_interpreter_child
 
 pytest.importorskip("triton")
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter child")
 
 
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child")
+@parent_only
 def test_kernels_under_the_interpreter():
-    source = str(Path(__file__).resolve().parents[2] / "src")
-    env = dict(os.environ, TRITON_INTERPRET="1", CUDA_VISIBLE_DEVICES="")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout.strip().splitlines()[-1]
+    run_in_interpreter_child(__file__)
 
 
 EPS = 1e-6

@@ -10,35 +10,17 @@ checked on a GPU in tests/gpu/test_fused_kernels.py.
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
 import torch
+from helpers.interpreter import interpreted, parent_only, run_in_interpreter_child
 
 pytest.importorskip("triton")
-IN_INTERPRETER = os.environ.get("TRITON_INTERPRET") == "1"
-interpreted = pytest.mark.skipif(not IN_INTERPRETER, reason="runs in the interpreter child")
 
 
 @pytest.mark.slow
-@pytest.mark.skipif(IN_INTERPRETER, reason="this is the child")
+@parent_only
 def test_kernel_under_the_interpreter():
-    source = str(Path(__file__).resolve().parents[2] / "src")
-    tests = str(Path(__file__).resolve().parents[1])
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    env["PYTHONPATH"] = os.pathsep.join(filter(None, [source, tests, env.get("PYTHONPATH")]))
-    result = subprocess.run(
-        [sys.executable, "-m", "pytest", __file__, "-q", "-p", "no:cacheprovider", "-x"],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=900,
-    )
-    assert result.returncode == 0, result.stdout[-6000:] + result.stderr[-2000:]
-    assert " passed" in result.stdout.strip().splitlines()[-1]
+    run_in_interpreter_child(__file__, timeout=900)
 
 
 def _reference(logits: torch.Tensor, sampled: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
