@@ -39,6 +39,28 @@ def silu_times_up(gate, up, dtype: tl.constexpr):
 
 
 @triton.jit
+def gate_up_rows(WIDTH, BLOCK_N: tl.constexpr):
+    """The rows of a merged [gate; up] weight (2 * WIDTH rows) that program_id(0)'s BLOCK_N
+    features read as one tile, gate and up interleaved (w[j], w[WIDTH + j], ...), and which of
+    them exist: the one-row GEMVs' fused gate-up (kernels/gemv.py, fp8_gemv.py)."""
+    pairs = tl.arange(0, 2 * BLOCK_N)
+    features = tl.program_id(0) * BLOCK_N + pairs // 2
+    return features + (pairs % 2) * WIDTH, features < WIDTH
+
+
+@triton.jit
+def store_silu_of_pairs(out_ptr, projected, WIDTH, BLOCK_N: tl.constexpr):
+    """silu(gate) * up of gate_up_rows' float32 products, stored for program_id(0)'s features.
+    Each projection is first rounded to the output dtype, as the projection would store it and
+    SiLU-and-mul read it back on the path of two launches."""
+    rounded = projected.to(out_ptr.dtype.element_ty).to(tl.float32)
+    gate, up = tl.split(tl.reshape(rounded, (BLOCK_N, 2)))
+    output = silu_times_up(gate, up, out_ptr.dtype.element_ty)
+    outputs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
+    tl.store(out_ptr + outputs, output, mask=outputs < WIDTH)
+
+
+@triton.jit
 def _silu_and_mul_kernel(
     output_ptr,
     input_ptr,

@@ -33,7 +33,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.activation import silu_times_up
+from ladle.kernels.activation import gate_up_rows, store_silu_of_pairs
 from ladle.kernels.launch import launch
 from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
 
@@ -205,21 +205,12 @@ def _fp8_gate_up_silu_kernel(
     """silu(gate) * up for BLOCK_N features: the program reads their gate rows (w[j]) and up
     rows (w[WIDTH + j]) interleaved in one tile, then pairs the two halves of the result."""
     allow_next_kernel(USE_PDL)  # kernels/pdl.py
-    pairs = tl.arange(0, 2 * BLOCK_N)
-    features = tl.program_id(0) * BLOCK_N + pairs // 2
-    is_feature = features < WIDTH
-    rows = features + (pairs % 2) * WIDTH
+    rows, is_feature = gate_up_rows(WIDTH, BLOCK_N)
     result = _scaled_sums(
         x_ptr, x_scale_ptr, w_ptr, scale_ptr, rows, is_feature, K, num_groups, SCALE_GROUP,
         HAS_X_SCALE, BLOCK_K, USE_PDL,
     )  # fmt: skip
-    # Each projection's output rounded to the output dtype, as the projection stores it and
-    # SiLU-and-mul reads it back on the path of two launches.
-    rounded = result.to(out_ptr.dtype.element_ty).to(tl.float32)
-    gate, up = tl.split(tl.reshape(rounded, (BLOCK_N, 2)))
-    output = silu_times_up(gate, up, out_ptr.dtype.element_ty)
-    outputs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + outputs, output, mask=outputs < WIDTH)
+    store_silu_of_pairs(out_ptr, result, WIDTH, BLOCK_N)
 
 
 def fp8_gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:

@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from ladle.kernels.activation import silu_times_up
+from ladle.kernels.activation import gate_up_rows, store_silu_of_pairs
 from ladle.kernels.launch import launch
 from ladle.kernels.pdl import allow_next_kernel, pdl_launch, wait_for_previous_kernel
 
@@ -176,10 +176,7 @@ def _gate_up_silu_kernel(
     """silu(gate) * up for BLOCK_N features: the program reads their gate rows (w[j]) and up
     rows (w[WIDTH + j]) interleaved in one tile, then pairs the two halves of the result."""
     allow_next_kernel(USE_PDL)  # kernels/pdl.py
-    pairs = tl.arange(0, 2 * BLOCK_N)
-    features = tl.program_id(0) * BLOCK_N + pairs // 2
-    is_feature = features < WIDTH
-    rows = features + (pairs % 2) * WIDTH
+    rows, is_feature = gate_up_rows(WIDTH, BLOCK_N)
     result = _dot_rows(
         x_ptr,
         w_ptr,
@@ -195,13 +192,8 @@ def _gate_up_silu_kernel(
         HAS_RESIDUAL,
         USE_PDL,
     )
-    # Each projection's output rounded to the weight's dtype, as the GEMV stores it and
-    # SiLU-and-mul reads it back.
-    rounded = result.to(w_ptr.dtype.element_ty).to(tl.float32)
-    gate, up = tl.split(tl.reshape(rounded, (BLOCK_N, 2)))
-    output = silu_times_up(gate, up, out_ptr.dtype.element_ty)
-    outputs = tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)
-    tl.store(out_ptr + outputs, output, mask=outputs < WIDTH)
+    # The weight's dtype is the output's (gemv_applies).
+    store_silu_of_pairs(out_ptr, result, WIDTH, BLOCK_N)
 
 
 def gemv_applies(x: torch.Tensor, weight: torch.Tensor) -> bool:
